@@ -1,0 +1,108 @@
+//! Least-load selection (`load_based`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use router_state::{EngineReportedLoadTable, Worker};
+
+use crate::admission::{EngineAdmission, admit};
+use crate::error::PickError;
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::walk::first_admitted;
+
+/// Chooses the least loaded candidate.
+///
+/// Load is the engine's reported running plus waiting requests, corrected by the
+/// requests this router dispatched since the report, when every candidate has a fresh
+/// report; otherwise it is the router-local in-flight count for all candidates, so the
+/// two scales are never mixed. Ties are broken by a rotating start position, so equal
+/// engines share traffic instead of the first one taking it all. A rejected engine is
+/// passed over for the next least loaded admissible one.
+#[derive(Debug)]
+pub struct LeastLoadPolicy {
+    load: Arc<EngineReportedLoadTable>,
+    admission: Arc<dyn EngineAdmission>,
+    rotor: AtomicUsize,
+}
+
+impl LeastLoadPolicy {
+    /// A policy reading load from `load`.
+    pub fn new(load: Arc<EngineReportedLoadTable>, admission: Arc<dyn EngineAdmission>) -> Self {
+        Self {
+            load,
+            admission,
+            rotor: AtomicUsize::new(0),
+        }
+    }
+
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let n = engines.len();
+        if n == 0 {
+            return Err(PickError::NoCandidates {
+                stage: request.stage,
+            });
+        }
+        let snapshot = self.load.snapshot();
+        let observations: Vec<_> = engines.iter().map(|e| snapshot.observe(e.id())).collect();
+        let reported: Option<Vec<u64>> = observations
+            .iter()
+            .map(|o| o.corrected_reported_requests())
+            .collect();
+        let (scores, reason) = match reported {
+            Some(scores) => (scores, PickReason::LeastLoadReported),
+            None => (
+                observations.iter().map(|o| o.in_flight).collect(),
+                PickReason::LeastLoadLocal,
+            ),
+        };
+        let reason = if n == 1 {
+            PickReason::SingleCandidate
+        } else {
+            reason
+        };
+        let start = self.rotor.fetch_add(1, Ordering::Relaxed) % n;
+        let rotated = |k: usize| (start + k) % n;
+        let best = (0..n)
+            .map(rotated)
+            .min_by_key(|&i| scores[i])
+            .expect("at least one candidate");
+        let engine = &engines[best];
+        let Some(rejection) = admit(
+            self.admission.as_ref(),
+            engine,
+            &observations[best].metrics(),
+            request.stage,
+        )?
+        else {
+            return Ok(Pick {
+                engine: Arc::clone(engine),
+                reason,
+            });
+        };
+        let mut order: Vec<usize> = (0..n).map(rotated).filter(|&i| i != best).collect();
+        order.sort_by_key(|&i| scores[i]);
+        first_admitted(
+            engines,
+            order,
+            &snapshot,
+            self.admission.as_ref(),
+            request,
+            reason,
+            vec![rejection],
+        )
+    }
+}
+
+impl Policy for LeastLoadPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(std::future::ready(self.select(engines, request)))
+    }
+}

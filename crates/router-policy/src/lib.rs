@@ -1,0 +1,64 @@
+//! Engine-selection policies: given one engine group's candidates and a request's
+//! facts, choose one engine that passes admission.
+//!
+//! Every policy implements the object-safe [`Policy`] trait and returns a boxed
+//! future, so a policy that consults a remote prefix indexer and one that answers at
+//! once share one interface. A policy owns the state handles it reads (the load table,
+//! and later the affinity store and prefix index), given at construction; a request
+//! carries only facts and candidates. Admission ([`EngineAdmission`],
+//! [`AdmissionLimits`]) is a separate acceptance step each policy calls where its
+//! algorithm needs it, so ordering (the policy) and acceptance (the caps) stay apart.
+//! This crate does no network I/O of its own.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use router_policy::{AdmissionLimits, PickRequest, Policy, PowerOfTwoPolicy};
+//! use router_state::{EngineReportedLoadTable, Role, Worker};
+//!
+//! let load = Arc::new(EngineReportedLoadTable::default());
+//! let caps = AdmissionLimits { max_inflight_requests: Some(8), ..Default::default() };
+//! let policy = PowerOfTwoPolicy::with_seed(Arc::clone(&load), Arc::new(caps), 7);
+//!
+//! let engines: Vec<Arc<Worker>> = ["A1", "A2", "A3"]
+//!     .into_iter()
+//!     .map(|id| Arc::new(Worker::new(id, format!("http://{id}:8000"), "chat", Role::Plain)))
+//!     .collect();
+//! // A1 is busy: power-of-two prefers an idle engine whenever A1 is sampled.
+//! let _busy: Vec<_> = (0..4).map(|_| load.acquire(engines[0].id())).collect();
+//!
+//! let request = PickRequest::new("chat", Role::Plain, "any-length", 512);
+//! # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+//! let pick = policy.pick(&engines, &request).await?;
+//! assert_ne!(pick.engine.id().as_str(), "A1");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod admission;
+mod config;
+mod dropped;
+mod error;
+mod least_load;
+mod policy;
+mod power_of_two;
+mod pressure;
+mod random;
+mod rng;
+mod round_robin;
+mod walk;
+
+pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
+pub use config::{
+    LoadBasedConfig, PolicyConfig, PolicyConfigError, PolicyHandles, PowerOfTwoConfig,
+    RandomConfig, RoundRobinConfig,
+};
+pub use dropped::{
+    DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,
+};
+pub use error::{LimitExceeded, PickError, Rejection};
+pub use least_load::LeastLoadPolicy;
+pub use policy::{BoxFuture, Pick, PickReason, PickRequest, Policy, pick_fallback};
+pub use power_of_two::PowerOfTwoPolicy;
+pub use random::RandomPolicy;
+pub use round_robin::RoundRobinPolicy;

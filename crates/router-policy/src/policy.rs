@@ -1,0 +1,164 @@
+//! The policy contract: request facts in, one admitted engine (or a typed failure) out.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use router_state::{Role, Worker};
+
+use crate::error::PickError;
+
+/// A boxed, sendable future, so [`Policy`] stays object-safe and a policy may await
+/// remote lookups.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Chooses one engine from a candidate set.
+///
+/// `engines` is the exact candidate set of one engine group, sorted by id, healthy and
+/// of the request's stage. A policy returns an engine from that set that passed its
+/// admission check, or a [`PickError`]; it never looks outside the set, never chooses
+/// another bucket, and never crosses a PD role boundary. Policies own the state
+/// handles they read (load table, affinity store, prefix index), which are given at
+/// construction; requests carry only facts.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// Picks one engine for `request` from `engines`.
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>>;
+}
+
+/// Runs a nested fallback policy on the same candidates and request.
+///
+/// The fallback reads its own state; the caller checks admission of the engine it
+/// returns when the caller's admission differs from the fallback's.
+pub fn pick_fallback<'a>(
+    fallback: &'a dyn Policy,
+    engines: &'a [Arc<Worker>],
+    request: &'a PickRequest<'a>,
+) -> BoxFuture<'a, Result<Pick, PickError>> {
+    fallback.pick(engines, request)
+}
+
+/// The facts of one stage of one request, as a bucket hands them to a group's policy.
+///
+/// It carries no HTTP body, handles or load observations: policies read those from
+/// their own state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PickRequest<'a> {
+    /// The model clients asked for.
+    pub model: &'a str,
+    /// Plain, prefill or decode: the role of the engine being picked.
+    pub stage: Role,
+    /// Id of the bucket the pick is made in.
+    pub bucket_id: &'a str,
+    /// Prompt length in tokens.
+    pub input_tokens: u64,
+    /// Prompt plus maximum output, when the output budget is known.
+    pub expected_peak_tokens: Option<u64>,
+    /// Prompt token ids, when the router tokenized the request.
+    pub token_ids: Option<&'a [u32]>,
+    /// Session key (from the session header), for session-aware policies.
+    pub session_key: Option<&'a str>,
+    /// Routing key (from the routing-key header), for sticky policies.
+    pub routing_key: Option<&'a str>,
+}
+
+impl<'a> PickRequest<'a> {
+    /// A request with no peak, token ids or keys.
+    pub fn new(model: &'a str, stage: Role, bucket_id: &'a str, input_tokens: u64) -> Self {
+        Self {
+            model,
+            stage,
+            bucket_id,
+            input_tokens,
+            expected_peak_tokens: None,
+            token_ids: None,
+            session_key: None,
+            routing_key: None,
+        }
+    }
+
+    /// Sets the expected peak (prompt plus maximum output).
+    pub fn with_expected_peak(mut self, tokens: Option<u64>) -> Self {
+        self.expected_peak_tokens = tokens;
+        self
+    }
+
+    /// Sets the prompt's token ids.
+    pub fn with_token_ids(mut self, token_ids: Option<&'a [u32]>) -> Self {
+        self.token_ids = token_ids;
+        self
+    }
+
+    /// Sets the session key.
+    pub fn with_session_key(mut self, key: Option<&'a str>) -> Self {
+        self.session_key = key;
+        self
+    }
+
+    /// Sets the routing key.
+    pub fn with_routing_key(mut self, key: Option<&'a str>) -> Self {
+        self.routing_key = key;
+        self
+    }
+}
+
+/// A successful pick: an engine from the candidate set that passed admission.
+#[derive(Debug, Clone)]
+pub struct Pick {
+    /// The chosen engine (the candidate's own `Arc`).
+    pub engine: Arc<Worker>,
+    /// Why it was chosen, for metrics and traces.
+    pub reason: PickReason,
+}
+
+/// What a pick was decided on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PickReason {
+    /// The only candidate.
+    SingleCandidate,
+    /// The next engine in rotation.
+    RoundRobin,
+    /// A uniformly random engine.
+    Random,
+    /// The lower-pressure engine of two samples, by reported load.
+    PowerOfTwoReported,
+    /// The lower-pressure engine of two samples, by router-local in-flight requests
+    /// (a sampled engine lacked a fresh native report).
+    PowerOfTwoLocal,
+    /// The least loaded engine by reported load plus dispatches since the report.
+    LeastLoadReported,
+    /// The least loaded engine by router-local in-flight requests (a candidate lacked
+    /// a fresh report).
+    LeastLoadLocal,
+    /// The policy's first choice was rejected by admission and the next admissible
+    /// engine in its own order was taken.
+    NextAdmitted,
+}
+
+impl PickReason {
+    /// Stable label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PickReason::SingleCandidate => "single_candidate",
+            PickReason::RoundRobin => "round_robin",
+            PickReason::Random => "random",
+            PickReason::PowerOfTwoReported => "power_of_two_reported",
+            PickReason::PowerOfTwoLocal => "power_of_two_local",
+            PickReason::LeastLoadReported => "least_load_reported",
+            PickReason::LeastLoadLocal => "least_load_local",
+            PickReason::NextAdmitted => "next_admitted",
+        }
+    }
+}
+
+impl fmt::Display for PickReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,103 @@
+//! Power-of-two choices with stage-aware pressure comparison.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use router_state::{EngineReportedLoadTable, Worker};
+
+use crate::admission::{EngineAdmission, admit};
+use crate::error::PickError;
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::pressure::{Basis, compare};
+use crate::rng::SharedRng;
+
+/// Samples two distinct candidates uniformly and keeps the one under lower stage
+/// pressure (a complete tie keeps the first sampled); a single candidate is taken
+/// directly. Admission runs exactly once, on the chosen engine, against the
+/// observation it was chosen on: a rejection is returned to the bucket loop, with no
+/// resampling and no switch to the other sample.
+#[derive(Debug)]
+pub struct PowerOfTwoPolicy {
+    load: Arc<EngineReportedLoadTable>,
+    admission: Arc<dyn EngineAdmission>,
+    rng: SharedRng,
+}
+
+impl PowerOfTwoPolicy {
+    /// A policy seeded from process randomness.
+    pub fn new(load: Arc<EngineReportedLoadTable>, admission: Arc<dyn EngineAdmission>) -> Self {
+        Self {
+            load,
+            admission,
+            rng: SharedRng::from_entropy(),
+        }
+    }
+
+    /// A policy with a fixed seed: the same samples for the same inputs.
+    pub fn with_seed(
+        load: Arc<EngineReportedLoadTable>,
+        admission: Arc<dyn EngineAdmission>,
+        seed: u64,
+    ) -> Self {
+        Self {
+            load,
+            admission,
+            rng: SharedRng::from_seed(seed),
+        }
+    }
+
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let stage = request.stage;
+        if engines.is_empty() {
+            return Err(PickError::NoCandidates { stage });
+        }
+        let snapshot = self.load.snapshot();
+        let (engine, observation, reason) = if let [only] = engines {
+            (
+                only,
+                snapshot.observe(only.id()),
+                PickReason::SingleCandidate,
+            )
+        } else {
+            let (i, j) = self.rng.two_distinct(engines.len());
+            let (a, b) = (&engines[i], &engines[j]);
+            let (oa, ob) = (snapshot.observe(a.id()), snapshot.observe(b.id()));
+            let (order, basis) = compare(stage, &oa, &ob);
+            let reason = match basis {
+                Basis::Reported => PickReason::PowerOfTwoReported,
+                Basis::Local => PickReason::PowerOfTwoLocal,
+            };
+            if order == Ordering::Greater {
+                (b, ob, reason)
+            } else {
+                (a, oa, reason)
+            }
+        };
+        match admit(
+            self.admission.as_ref(),
+            engine,
+            &observation.metrics(),
+            stage,
+        )? {
+            None => Ok(Pick {
+                engine: Arc::clone(engine),
+                reason,
+            }),
+            Some(rejection) => Err(PickError::AdmissionRejected { stage, rejection }),
+        }
+    }
+}
+
+impl Policy for PowerOfTwoPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(std::future::ready(self.select(engines, request)))
+    }
+}

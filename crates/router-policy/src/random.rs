@@ -1,0 +1,102 @@
+//! Uniform random choice.
+
+use std::sync::Arc;
+
+use router_state::{EngineReportedLoadTable, Worker};
+
+use crate::admission::{EngineAdmission, admit};
+use crate::error::PickError;
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::rng::SharedRng;
+
+/// Chooses a candidate uniformly at random. When admission rejects it, the choice is
+/// made again uniformly among the admitted candidates; when all are rejected the pick
+/// fails with every rejection.
+#[derive(Debug)]
+pub struct RandomPolicy {
+    load: Arc<EngineReportedLoadTable>,
+    admission: Arc<dyn EngineAdmission>,
+    rng: SharedRng,
+}
+
+impl RandomPolicy {
+    /// A policy seeded from process randomness.
+    pub fn new(load: Arc<EngineReportedLoadTable>, admission: Arc<dyn EngineAdmission>) -> Self {
+        Self {
+            load,
+            admission,
+            rng: SharedRng::from_entropy(),
+        }
+    }
+
+    /// A policy with a fixed seed: the same picks for the same inputs.
+    pub fn with_seed(
+        load: Arc<EngineReportedLoadTable>,
+        admission: Arc<dyn EngineAdmission>,
+        seed: u64,
+    ) -> Self {
+        Self {
+            load,
+            admission,
+            rng: SharedRng::from_seed(seed),
+        }
+    }
+
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let n = engines.len();
+        if n == 0 {
+            return Err(PickError::NoCandidates {
+                stage: request.stage,
+            });
+        }
+        let snapshot = self.load.snapshot();
+        let check = |engine: &Worker| {
+            let metrics = snapshot.observe(engine.id()).metrics();
+            admit(self.admission.as_ref(), engine, &metrics, request.stage)
+        };
+        let first = self.rng.index(n);
+        let Some(first_rejection) = check(&engines[first])? else {
+            let reason = if n == 1 {
+                PickReason::SingleCandidate
+            } else {
+                PickReason::Random
+            };
+            return Ok(Pick {
+                engine: Arc::clone(&engines[first]),
+                reason,
+            });
+        };
+        let mut rejections = vec![first_rejection];
+        let mut admitted = Vec::new();
+        for (index, engine) in engines.iter().enumerate().filter(|(i, _)| *i != first) {
+            match check(engine)? {
+                None => admitted.push(index),
+                Some(rejection) => rejections.push(rejection),
+            }
+        }
+        if admitted.is_empty() {
+            return Err(PickError::NoAdmissibleEngine {
+                stage: request.stage,
+                rejections,
+            });
+        }
+        Ok(Pick {
+            engine: Arc::clone(&engines[admitted[self.rng.index(admitted.len())]]),
+            reason: PickReason::NextAdmitted,
+        })
+    }
+}
+
+impl Policy for RandomPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(std::future::ready(self.select(engines, request)))
+    }
+}

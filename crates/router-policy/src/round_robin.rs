@@ -1,0 +1,71 @@
+//! Rotation over the candidates with a cursor owned by the policy instance.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use router_state::{EngineReportedLoadTable, Worker};
+
+use crate::admission::EngineAdmission;
+use crate::error::PickError;
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::walk::first_admitted;
+
+/// Takes the candidates in turn. Each instance (one per engine group) has its own
+/// cursor, so `n` consecutive picks over an unchanged set of `n` candidates visit each
+/// once. A rejected engine is skipped for the next admissible one in rotation order;
+/// when all are rejected the pick fails with every rejection.
+#[derive(Debug)]
+pub struct RoundRobinPolicy {
+    load: Arc<EngineReportedLoadTable>,
+    admission: Arc<dyn EngineAdmission>,
+    cursor: AtomicUsize,
+}
+
+impl RoundRobinPolicy {
+    /// A policy reading load for admission from `load`.
+    pub fn new(load: Arc<EngineReportedLoadTable>, admission: Arc<dyn EngineAdmission>) -> Self {
+        Self {
+            load,
+            admission,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let n = engines.len();
+        if n == 0 {
+            return Err(PickError::NoCandidates {
+                stage: request.stage,
+            });
+        }
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
+        let reason = if n == 1 {
+            PickReason::SingleCandidate
+        } else {
+            PickReason::RoundRobin
+        };
+        first_admitted(
+            engines,
+            (0..n).map(|k| (start + k) % n),
+            &self.load.snapshot(),
+            self.admission.as_ref(),
+            request,
+            reason,
+            Vec::new(),
+        )
+    }
+}
+
+impl Policy for RoundRobinPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(std::future::ready(self.select(engines, request)))
+    }
+}

@@ -1,0 +1,53 @@
+//! Shared router state: the engines a router can use, the load they report, and the
+//! requests the router has in flight to them.
+//!
+//! Everything here is read on every routed request and written by background tasks
+//! (discovery, health checks, load-feed subscribers), so each table is published as an
+//! immutable snapshot behind an atomic pointer ([`arc_swap`]): a reader never blocks a
+//! writer or another reader, and one request sees one consistent view. Request
+//! accounting is the exception: in-flight counts are atomics behind an RAII
+//! [`InflightGuard`], so no error path or cancelled future can leak load. This crate
+//! knows nothing of policies, buckets or HTTP.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use router_state::{EngineReportedLoadTable, LoadReport, Role, Worker, WorkerRegistry};
+//!
+//! let registry = WorkerRegistry::new();
+//! registry.add(Worker::new("A1", "http://127.0.0.1:31011", "chat-model", Role::Plain))?;
+//! let snapshot = registry.snapshot();
+//! let engine = Arc::clone(&snapshot.model_workers("chat-model")[0]);
+//!
+//! let load = EngineReportedLoadTable::default();
+//! load.register(engine.id(), engine.dp_size());
+//! // ["LoadStat", running 3, waiting 1, used KV 900, capacity 4096, rank 0]
+//! let report = LoadReport::decode(&[
+//!     0x96, 0xa8, b'L', b'o', b'a', b'd', b'S', b't', b'a', b't', 3, 1, 0xcd, 0x03, 0x84,
+//!     0xcd, 0x10, 0x00, 0,
+//! ])?;
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+//! load.ingest(engine.id(), 0, report, tokio::time::Instant::now())?;
+//! let guard = load.acquire(engine.id());
+//! let seen = load.snapshot().observe(engine.id());
+//! assert_eq!(seen.metrics().running_requests, Some(3));
+//! assert_eq!(seen.in_flight, 1);
+//! drop(guard);
+//! assert_eq!(load.in_flight(engine.id()), 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod load_monitor;
+mod registry;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
+mod worker;
+
+pub use load_monitor::{
+    DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,
+    IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot, LoadTableConfig,
+    NativeAggregate, NativeLoad, ReportedLoad,
+};
+pub use registry::{ModelMode, RegistryError, RegistrySnapshot, WorkerRegistry};
+pub use worker::{Health, Role, Worker, WorkerId};

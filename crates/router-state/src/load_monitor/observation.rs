@@ -1,0 +1,111 @@
+//! What a policy sees of one engine's load at the moment it picks.
+
+use tokio::time::Instant;
+
+/// An engine's aggregated report: every expected rank reported within the freshness
+/// window, and counts are summed across ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReportedLoad {
+    /// Running requests.
+    pub running_requests: u64,
+    /// Requests waiting in the engine's queue.
+    pub waiting_requests: u64,
+    /// KV-cache tokens in use.
+    pub used_kv_tokens: u64,
+    /// KV-cache capacity in tokens, when every rank reports one.
+    pub max_kv_tokens: Option<u64>,
+    /// Native fields, when every rank sends the native extension.
+    pub native: Option<NativeAggregate>,
+    /// Receipt time of the oldest rank report in this aggregate.
+    pub received_at: Instant,
+}
+
+/// The native extension summed across ranks, with derived prefill speed and queue time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NativeAggregate {
+    /// Prompt tokens waiting for prefill that the prefix cache does not cover.
+    pub waiting_uncached_tokens: u64,
+    /// KV tokens in use plus the tokens of queued requests.
+    pub total_tokens: u64,
+    /// Running-request limit.
+    pub max_running_requests: u64,
+    /// Uncached prompt tokens prefilled per second, from the counters of consecutive
+    /// reports; `None` unless every rank has a measurement.
+    pub prefill_tokens_per_sec: Option<f64>,
+    /// Estimated time to prefill the waiting uncached tokens, in milliseconds.
+    pub prefill_queue_ms: Option<f64>,
+}
+
+impl ReportedLoad {
+    /// The native fields when the report also carries a valid capacity (known KV
+    /// capacity and running limit), the precondition for comparing reported pressure.
+    pub fn native_with_capacity(&self) -> Option<&NativeAggregate> {
+        self.native
+            .as_ref()
+            .filter(|n| self.max_kv_tokens.is_some() && n.max_running_requests > 0)
+    }
+}
+
+/// One engine's load as captured by a [`LoadSnapshot`](super::LoadSnapshot).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineObservation {
+    /// The engine's aggregated report; `None` when missing, stale or rank-incomplete.
+    pub reported: Option<ReportedLoad>,
+    /// Requests this router has in flight to the engine. Always known.
+    pub in_flight: u64,
+    /// Requests this router dispatched to the engine after the report was captured,
+    /// which the report cannot reflect yet. Zero without a report.
+    pub dispatched_since_report: u64,
+}
+
+impl EngineObservation {
+    /// The observation of an engine the table has never seen.
+    pub const UNKNOWN: EngineObservation = EngineObservation {
+        reported: None,
+        in_flight: 0,
+        dispatched_since_report: 0,
+    };
+
+    /// The metrics admission checks read.
+    pub fn metrics(&self) -> EngineMetrics {
+        let reported = self.reported.as_ref();
+        EngineMetrics {
+            running_requests: reported.map(|r| r.running_requests),
+            waiting_requests: reported.map(|r| r.waiting_requests),
+            kv_tokens: reported.map(|r| r.native.map_or(r.used_kv_tokens, |n| n.total_tokens)),
+            pending_prefill_tokens: reported
+                .and_then(|r| r.native)
+                .map(|n| n.waiting_uncached_tokens),
+            inflight_requests: self.in_flight,
+        }
+    }
+
+    /// Reported running plus waiting requests, corrected by the dispatches the report
+    /// has not seen yet; `None` without a fresh report.
+    pub fn corrected_reported_requests(&self) -> Option<u64> {
+        self.reported.map(|r| {
+            r.running_requests
+                .saturating_add(r.waiting_requests)
+                .saturating_add(self.dispatched_since_report)
+        })
+    }
+}
+
+/// Per-engine metrics that admission caps compare against.
+///
+/// Reported metrics are `None` without a fresh, complete report, never zero; a cap on
+/// an unknown metric admits. The router-local in-flight count is always known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineMetrics {
+    /// Reported running requests.
+    pub running_requests: Option<u64>,
+    /// Reported waiting requests.
+    pub waiting_requests: Option<u64>,
+    /// Reported total KV tokens: the native `num_total_tokens` (in use plus queued),
+    /// or the KV tokens in use for a basic report.
+    pub kv_tokens: Option<u64>,
+    /// Reported waiting uncached prompt tokens (native reports only).
+    pub pending_prefill_tokens: Option<u64>,
+    /// Router-local in-flight requests.
+    pub inflight_requests: u64,
+}

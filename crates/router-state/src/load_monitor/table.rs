@@ -1,0 +1,335 @@
+//! The engine load table: reported load per rank, aggregated per engine, plus the
+//! router's own in-flight and dispatch counters.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tokio::time::Instant;
+
+use super::load_stat::LoadReport;
+use super::observation::{EngineObservation, NativeAggregate, ReportedLoad};
+use crate::worker::WorkerId;
+
+/// Default time a rank's report stays fresh after the router receives it.
+pub const DEFAULT_FRESHNESS: Duration = Duration::from_secs(5);
+
+/// Settings of an [`EngineReportedLoadTable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadTableConfig {
+    /// How long a rank's report counts as fresh, measured from receipt.
+    pub freshness: Duration,
+}
+
+impl Default for LoadTableConfig {
+    fn default() -> Self {
+        Self {
+            freshness: DEFAULT_FRESHNESS,
+        }
+    }
+}
+
+/// Why a report was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// The engine is not registered in the table (it may have just been removed).
+    #[error("engine {0} is not registered in the load table")]
+    UnknownEngine(WorkerId),
+    /// The rank is outside the engine's data-parallel size.
+    #[error("engine {id} has {dp_size} data-parallel ranks; rank {rank} is out of range")]
+    RankOutOfRange {
+        /// The engine.
+        id: WorkerId,
+        /// The rank of the socket the report came from.
+        rank: u32,
+        /// The engine's rank count.
+        dp_size: u32,
+    },
+}
+
+/// Reported engine load and router-local request accounting, shared by every policy.
+///
+/// Reports are aggregated per engine when they arrive, so capturing a
+/// [`LoadSnapshot`] for a pick is one atomic load and reading an engine from it is one
+/// hash lookup, whatever the fleet size.
+#[derive(Debug, Default)]
+pub struct EngineReportedLoadTable {
+    config: LoadTableConfig,
+    engines: ArcSwap<FxHashMap<WorkerId, Arc<EngineSlot>>>,
+    write: Mutex<()>,
+}
+
+#[derive(Debug)]
+struct EngineSlot {
+    in_flight: AtomicU64,
+    /// Total dispatches ever made to the engine; the dispatch correction is the
+    /// difference between now and the value recorded with a report.
+    dispatched: AtomicU64,
+    ranks: Mutex<Vec<Option<RankSample>>>,
+    published: ArcSwapOption<Published>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RankSample {
+    report: LoadReport,
+    received_at: Instant,
+    dispatched_at_receipt: u64,
+    prefill_tokens_per_sec: Option<f64>,
+}
+
+#[derive(Debug)]
+struct Published {
+    load: ReportedLoad,
+    dispatched_at_report: u64,
+}
+
+impl EngineSlot {
+    fn new(dp_size: NonZeroU32) -> Self {
+        Self {
+            in_flight: AtomicU64::new(0),
+            dispatched: AtomicU64::new(0),
+            ranks: Mutex::new(vec![None; dp_size.get() as usize]),
+            published: ArcSwapOption::empty(),
+        }
+    }
+}
+
+impl EngineReportedLoadTable {
+    /// An empty table.
+    pub fn new(config: LoadTableConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    /// The table's settings.
+    pub fn config(&self) -> LoadTableConfig {
+        self.config
+    }
+
+    /// Starts tracking an engine with `dp_size` ranks. Registering a known engine with a
+    /// different rank count forgets its reports (the ranks changed), keeping counters.
+    pub fn register(&self, id: &WorkerId, dp_size: NonZeroU32) {
+        let _write = self.write.lock();
+        let engines = self.engines.load();
+        if let Some(slot) = engines.get(id) {
+            let mut ranks = slot.ranks.lock();
+            if ranks.len() != dp_size.get() as usize {
+                *ranks = vec![None; dp_size.get() as usize];
+                slot.published.store(None);
+            }
+            return;
+        }
+        let mut next = FxHashMap::clone(&engines);
+        next.insert(id.clone(), Arc::new(EngineSlot::new(dp_size)));
+        self.engines.store(Arc::new(next));
+    }
+
+    /// Stops tracking an engine; its reports are dropped. Guards still held for it
+    /// release normally. Returns whether it was tracked.
+    pub fn unregister(&self, id: &WorkerId) -> bool {
+        let _write = self.write.lock();
+        let engines = self.engines.load();
+        if !engines.contains_key(id) {
+            return false;
+        }
+        let mut next = FxHashMap::clone(&engines);
+        next.remove(id);
+        self.engines.store(Arc::new(next));
+        true
+    }
+
+    /// Applies one rank's report, received at `received_at`.
+    ///
+    /// # Errors
+    /// An unregistered engine or a rank beyond its data-parallel size.
+    pub fn ingest(
+        &self,
+        id: &WorkerId,
+        rank: u32,
+        report: LoadReport,
+        received_at: Instant,
+    ) -> Result<(), IngestError> {
+        let engines = self.engines.load();
+        let slot = engines
+            .get(id)
+            .ok_or_else(|| IngestError::UnknownEngine(id.clone()))?;
+        let mut ranks = slot.ranks.lock();
+        let dp_size = ranks.len() as u32;
+        let Some(entry) = ranks.get_mut(rank as usize) else {
+            return Err(IngestError::RankOutOfRange {
+                id: id.clone(),
+                rank,
+                dp_size,
+            });
+        };
+        let prefill_tokens_per_sec = entry
+            .as_ref()
+            .and_then(|previous| prefill_speed(&previous.report, &report));
+        *entry = Some(RankSample {
+            report,
+            received_at,
+            dispatched_at_receipt: slot.dispatched.load(Ordering::Relaxed),
+            prefill_tokens_per_sec,
+        });
+        slot.published.store(aggregate(&ranks).map(Arc::new));
+        Ok(())
+    }
+
+    /// Captures the table for one pick at the current (tokio) time.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        LoadSnapshot {
+            engines: self.engines.load_full(),
+            now: Instant::now(),
+            freshness: self.config.freshness,
+        }
+    }
+
+    /// Counts a request dispatched to `id` until the returned guard drops. Unregistered
+    /// engines are tracked from their first guard on.
+    pub fn acquire(&self, id: &WorkerId) -> InflightGuard {
+        let slot = match self.engines.load().get(id) {
+            Some(slot) => Arc::clone(slot),
+            None => self.slot_for_guard(id),
+        };
+        slot.in_flight.fetch_add(1, Ordering::Relaxed);
+        slot.dispatched.fetch_add(1, Ordering::Relaxed);
+        InflightGuard { slot }
+    }
+
+    /// Requests this router currently has in flight to `id`.
+    pub fn in_flight(&self, id: &WorkerId) -> u64 {
+        self.engines
+            .load()
+            .get(id)
+            .map_or(0, |slot| slot.in_flight.load(Ordering::Relaxed))
+    }
+
+    fn slot_for_guard(&self, id: &WorkerId) -> Arc<EngineSlot> {
+        let _write = self.write.lock();
+        let engines = self.engines.load();
+        if let Some(slot) = engines.get(id) {
+            return Arc::clone(slot);
+        }
+        let slot = Arc::new(EngineSlot::new(NonZeroU32::MIN));
+        let mut next = FxHashMap::clone(&engines);
+        next.insert(id.clone(), Arc::clone(&slot));
+        self.engines.store(Arc::new(next));
+        slot
+    }
+}
+
+/// Prefill speed of one rank between two consecutive native reports, when both
+/// counters advanced; counters that go backwards (a restarted publisher) give none.
+fn prefill_speed(previous: &LoadReport, next: &LoadReport) -> Option<f64> {
+    let (previous, next) = (previous.native?, next.native?);
+    let tokens = next
+        .prefill_uncached_tokens_total
+        .checked_sub(previous.prefill_uncached_tokens_total)?;
+    let busy_us = next
+        .prefill_busy_us_total
+        .checked_sub(previous.prefill_busy_us_total)?;
+    (tokens > 0 && busy_us > 0).then(|| 1e6 * tokens as f64 / busy_us as f64)
+}
+
+/// Sums the ranks of one engine; `None` unless every rank has a report.
+fn aggregate(ranks: &[Option<RankSample>]) -> Option<Published> {
+    let samples: Vec<&RankSample> = ranks.iter().map(Option::as_ref).collect::<Option<_>>()?;
+    let oldest = samples.iter().min_by_key(|s| s.received_at)?;
+    let sum =
+        |f: fn(&RankSample) -> u64| samples.iter().fold(0u64, |acc, s| acc.saturating_add(f(s)));
+    let sum_opt = |f: fn(&RankSample) -> Option<u64>| {
+        samples
+            .iter()
+            .try_fold(0u64, |acc, s| f(s).map(|v| acc.saturating_add(v)))
+    };
+    let native = samples.iter().all(|s| s.report.native.is_some()).then(|| {
+        let waiting_uncached_tokens =
+            sum(|s| s.report.native.map_or(0, |n| n.waiting_uncached_tokens));
+        let speed = samples
+            .iter()
+            .try_fold(0f64, |acc, s| s.prefill_tokens_per_sec.map(|v| acc + v));
+        NativeAggregate {
+            waiting_uncached_tokens,
+            total_tokens: sum(|s| s.report.native.map_or(0, |n| n.total_tokens)),
+            max_running_requests: sum(|s| s.report.native.map_or(0, |n| n.max_running_requests)),
+            prefill_tokens_per_sec: speed,
+            prefill_queue_ms: speed
+                .filter(|v| *v > 0.0)
+                .map(|v| 1000.0 * waiting_uncached_tokens as f64 / v),
+        }
+    });
+    Some(Published {
+        load: ReportedLoad {
+            running_requests: sum(|s| s.report.running_requests),
+            waiting_requests: sum(|s| s.report.waiting_requests),
+            used_kv_tokens: sum(|s| s.report.used_kv_tokens),
+            max_kv_tokens: sum_opt(|s| s.report.max_kv_tokens),
+            native,
+            received_at: oldest.received_at,
+        },
+        dispatched_at_report: oldest.dispatched_at_receipt,
+    })
+}
+
+/// The load table as captured for one pick.
+///
+/// Reading an engine applies the freshness window against the capture time, so a pick
+/// and the admission check after it see the same observation.
+#[derive(Debug, Clone)]
+pub struct LoadSnapshot {
+    engines: Arc<FxHashMap<WorkerId, Arc<EngineSlot>>>,
+    now: Instant,
+    freshness: Duration,
+}
+
+impl LoadSnapshot {
+    /// The capture time.
+    pub fn captured_at(&self) -> Instant {
+        self.now
+    }
+
+    /// One engine's observation; [`EngineObservation::UNKNOWN`] for an engine the
+    /// table does not track.
+    pub fn observe(&self, id: &WorkerId) -> EngineObservation {
+        let Some(slot) = self.engines.get(id) else {
+            return EngineObservation::UNKNOWN;
+        };
+        let in_flight = slot.in_flight.load(Ordering::Relaxed);
+        let published = slot.published.load();
+        let fresh = published
+            .as_deref()
+            .filter(|p| self.now.saturating_duration_since(p.load.received_at) < self.freshness);
+        EngineObservation {
+            reported: fresh.map(|p| p.load),
+            in_flight,
+            dispatched_since_report: fresh.map_or(0, |p| {
+                slot.dispatched
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(p.dispatched_at_report)
+            }),
+        }
+    }
+}
+
+/// Counts one request in flight to one engine until dropped.
+///
+/// Dropping is the only way to release it, so every path (success, error, panic
+/// unwinding, a cancelled future) releases exactly once.
+#[derive(Debug)]
+#[must_use = "the request counts as in flight only while the guard lives"]
+pub struct InflightGuard {
+    slot: Arc<EngineSlot>,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.slot.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,391 @@
+//! The live engine set: membership, model, role and health, read as immutable snapshots.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::worker::{Health, Role, Worker, WorkerId};
+
+/// Whether a model is served by plain engines or by prefill/decode pairs.
+///
+/// A model is never both: mixing would let a plain request land on half of a PD pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelMode {
+    /// Every engine of the model has [`Role::Plain`].
+    Plain,
+    /// Every engine of the model is a prefill or a decode engine.
+    Pd,
+}
+
+impl ModelMode {
+    /// The mode an engine of `role` implies for its model.
+    pub fn of(role: Role) -> Self {
+        if role.is_pd() {
+            ModelMode::Pd
+        } else {
+            ModelMode::Plain
+        }
+    }
+
+    /// Lower-case name used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelMode::Plain => "plain",
+            ModelMode::Pd => "prefill/decode",
+        }
+    }
+}
+
+/// Why the registry refused a change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// An engine id must be a non-empty string.
+    #[error("engine id must not be empty")]
+    EmptyId,
+    /// An engine must name the model it serves.
+    #[error("engine {id} must name the model it serves")]
+    EmptyModel {
+        /// The engine being added.
+        id: WorkerId,
+    },
+    /// Another engine already has this id.
+    #[error("engine {id} is already registered")]
+    DuplicateId {
+        /// The id in use.
+        id: WorkerId,
+    },
+    /// No engine has this id.
+    #[error("engine {id} is not registered")]
+    UnknownWorker {
+        /// The id looked up.
+        id: WorkerId,
+    },
+    /// Adding the engine would mix plain and prefill/decode engines in one model.
+    #[error(
+        "engine {id} is a {role} engine, but model {model:?} is served by {} engines; \
+         a model is either all plain or all prefill/decode",
+        existing.as_str()
+    )]
+    MixedModel {
+        /// The engine being added.
+        id: WorkerId,
+        /// Its model.
+        model: String,
+        /// Its role.
+        role: Role,
+        /// The mode the model already has.
+        existing: ModelMode,
+    },
+}
+
+/// One immutable view of the registry.
+///
+/// Readers hold an `Arc<RegistrySnapshot>` for as long as a request needs a stable view;
+/// writers publish a new snapshot with a higher [`version`](Self::version).
+#[derive(Debug, Default)]
+pub struct RegistrySnapshot {
+    version: u64,
+    by_id: FxHashMap<WorkerId, Arc<Worker>>,
+    models: BTreeMap<Arc<str>, ModelWorkers>,
+}
+
+#[derive(Debug, Clone)]
+struct ModelWorkers {
+    mode: ModelMode,
+    /// Sorted by id: the stable order candidate sets are built in.
+    workers: Vec<Arc<Worker>>,
+}
+
+impl RegistrySnapshot {
+    /// Increases by one with every change to the registry.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Number of engines.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether no engine is registered.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// The engine with this id.
+    pub fn get(&self, id: &str) -> Option<&Arc<Worker>> {
+        self.by_id.get(id)
+    }
+
+    /// The engines serving `model`, sorted by id; empty for an unknown model.
+    pub fn model_workers(&self, model: &str) -> &[Arc<Worker>] {
+        self.models.get(model).map_or(&[], |m| &m.workers)
+    }
+
+    /// Whether `model` is served by plain or PD engines, if it has any engine.
+    pub fn model_mode(&self, model: &str) -> Option<ModelMode> {
+        self.models.get(model).map(|m| m.mode)
+    }
+
+    /// Names of the models with at least one engine, in sorted order.
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        self.models.keys().map(|m| &**m)
+    }
+
+    /// Every engine, grouped by model and sorted by id within a model.
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        self.models.values().flat_map(|m| m.workers.iter())
+    }
+
+    /// Whether at least one healthy engine exists.
+    pub fn any_healthy(&self) -> bool {
+        self.by_id.values().any(|w| w.is_healthy())
+    }
+
+    fn with_worker(&self, worker: Arc<Worker>) -> Self {
+        let mut next = self.clone_next();
+        let entry = next
+            .models
+            .entry(Arc::from(worker.model()))
+            .or_insert_with(|| ModelWorkers {
+                mode: ModelMode::of(worker.role()),
+                workers: Vec::new(),
+            });
+        let at = entry
+            .workers
+            .binary_search_by(|w| w.id().cmp(worker.id()))
+            .unwrap_or_else(|at| at);
+        if entry.workers.get(at).is_some_and(|w| w.id() == worker.id()) {
+            entry.workers[at] = Arc::clone(&worker);
+        } else {
+            entry.workers.insert(at, Arc::clone(&worker));
+        }
+        next.by_id.insert(worker.id().clone(), worker);
+        next
+    }
+
+    fn without_worker(&self, worker: &Worker) -> Self {
+        let mut next = self.clone_next();
+        next.by_id.remove(worker.id());
+        if let Some(entry) = next.models.get_mut(worker.model()) {
+            entry.workers.retain(|w| w.id() != worker.id());
+            if entry.workers.is_empty() {
+                next.models.remove(worker.model());
+            }
+        }
+        next
+    }
+
+    fn clone_next(&self) -> Self {
+        Self {
+            version: self.version + 1,
+            by_id: self.by_id.clone(),
+            models: self.models.clone(),
+        }
+    }
+}
+
+/// Live engines, their model membership, role and health.
+///
+/// Reads are lock-free ([`snapshot`](Self::snapshot) is one atomic load); writes are
+/// serialised and publish a whole new snapshot, which suits a table that changes on
+/// discovery and health transitions but is read on every request.
+#[derive(Debug, Default)]
+pub struct WorkerRegistry {
+    current: ArcSwap<RegistrySnapshot>,
+    write: Mutex<()>,
+}
+
+impl WorkerRegistry {
+    /// An empty registry at version 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current view.
+    pub fn snapshot(&self) -> Arc<RegistrySnapshot> {
+        self.current.load_full()
+    }
+
+    /// Adds an engine and returns the new version.
+    ///
+    /// # Errors
+    /// Empty id or model, a duplicate id, or a role that would mix plain and PD engines
+    /// in the engine's model.
+    pub fn add(&self, worker: Worker) -> Result<u64, RegistryError> {
+        if worker.id().as_str().is_empty() {
+            return Err(RegistryError::EmptyId);
+        }
+        if worker.model().is_empty() {
+            return Err(RegistryError::EmptyModel {
+                id: worker.id().clone(),
+            });
+        }
+        let _write = self.write.lock();
+        let current = self.current.load();
+        if current.get(worker.id().as_str()).is_some() {
+            return Err(RegistryError::DuplicateId {
+                id: worker.id().clone(),
+            });
+        }
+        if let Some(existing) = current.model_mode(worker.model())
+            && existing != ModelMode::of(worker.role())
+        {
+            return Err(RegistryError::MixedModel {
+                id: worker.id().clone(),
+                model: worker.model().to_owned(),
+                role: worker.role(),
+                existing,
+            });
+        }
+        let next = current.with_worker(Arc::new(worker));
+        Ok(self.publish(next))
+    }
+
+    /// Removes an engine and returns it.
+    ///
+    /// # Errors
+    /// [`RegistryError::UnknownWorker`] when no engine has this id.
+    pub fn remove(&self, id: &str) -> Result<Arc<Worker>, RegistryError> {
+        let _write = self.write.lock();
+        let current = self.current.load();
+        let worker = current
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RegistryError::UnknownWorker { id: id.into() })?;
+        let next = current.without_worker(&worker);
+        self.publish(next);
+        Ok(worker)
+    }
+
+    /// Sets an engine's health. Returns whether it changed; an unchanged health
+    /// publishes nothing and keeps the version.
+    ///
+    /// # Errors
+    /// [`RegistryError::UnknownWorker`] when no engine has this id.
+    pub fn set_health(&self, id: &str, health: Health) -> Result<bool, RegistryError> {
+        let _write = self.write.lock();
+        let current = self.current.load();
+        let worker = current
+            .get(id)
+            .ok_or_else(|| RegistryError::UnknownWorker { id: id.into() })?;
+        if worker.health() == health {
+            return Ok(false);
+        }
+        let updated = Arc::new(Worker::clone(worker).with_health(health));
+        let next = current.with_worker(updated);
+        self.publish(next);
+        Ok(true)
+    }
+
+    fn publish(&self, next: RegistrySnapshot) -> u64 {
+        let version = next.version;
+        self.current.store(Arc::new(next));
+        version
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(id: &str) -> Worker {
+        Worker::new(id, format!("http://{id}"), "m", Role::Plain)
+    }
+
+    #[test]
+    fn add_keeps_model_workers_sorted_and_bumps_version() {
+        let registry = WorkerRegistry::new();
+        assert_eq!(registry.add(plain("b")).unwrap(), 1);
+        assert_eq!(registry.add(plain("a")).unwrap(), 2);
+        assert_eq!(registry.add(plain("c")).unwrap(), 3);
+        let snap = registry.snapshot();
+        let ids: Vec<_> = snap
+            .model_workers("m")
+            .iter()
+            .map(|w| w.id().as_str())
+            .collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(snap.model_mode("m"), Some(ModelMode::Plain));
+        assert!(snap.model_workers("other").is_empty());
+    }
+
+    #[test]
+    fn rejects_empty_id_empty_model_and_duplicates() {
+        let registry = WorkerRegistry::new();
+        assert_eq!(registry.add(plain("")), Err(RegistryError::EmptyId));
+        let err = registry
+            .add(Worker::new("x", "http://x", "", Role::Plain))
+            .unwrap_err();
+        assert_eq!(err.to_string(), "engine x must name the model it serves");
+        registry.add(plain("a")).unwrap();
+        let err = registry.add(plain("a")).unwrap_err();
+        assert_eq!(err.to_string(), "engine a is already registered");
+    }
+
+    #[test]
+    fn a_model_never_mixes_plain_and_pd_engines() {
+        let registry = WorkerRegistry::new();
+        registry.add(plain("a")).unwrap();
+        let err = registry
+            .add(Worker::new("p", "http://p", "m", Role::Prefill))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "engine p is a prefill engine, but model \"m\" is served by plain engines; \
+             a model is either all plain or all prefill/decode"
+        );
+        registry
+            .add(Worker::new("p", "http://p", "pd", Role::Prefill))
+            .unwrap();
+        registry
+            .add(Worker::new("d", "http://d", "pd", Role::Decode))
+            .unwrap();
+        let err = registry
+            .add(Worker::new("q", "http://q", "pd", Role::Plain))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("served by prefill/decode engines"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn removing_the_last_engine_forgets_the_model_mode() {
+        let registry = WorkerRegistry::new();
+        registry.add(plain("a")).unwrap();
+        assert_eq!(registry.remove("a").unwrap().id().as_str(), "a");
+        assert_eq!(registry.snapshot().model_mode("m"), None);
+        registry
+            .add(Worker::new("p", "http://p", "m", Role::Prefill))
+            .unwrap();
+        let err = registry.remove("a").unwrap_err();
+        assert_eq!(err.to_string(), "engine a is not registered");
+    }
+
+    #[test]
+    fn health_updates_replace_the_worker_and_leave_old_snapshots_alone() {
+        let registry = WorkerRegistry::new();
+        registry.add(plain("a")).unwrap();
+        let before = registry.snapshot();
+        assert!(registry.set_health("a", Health::Unhealthy).unwrap());
+        assert!(!registry.set_health("a", Health::Unhealthy).unwrap());
+        let after = registry.snapshot();
+        assert_eq!(after.version(), before.version() + 1);
+        assert!(before.get("a").unwrap().is_healthy());
+        assert!(!after.get("a").unwrap().is_healthy());
+        assert!(!Arc::ptr_eq(
+            before.get("a").unwrap(),
+            after.get("a").unwrap()
+        ));
+        assert!(!after.any_healthy());
+        assert!(matches!(
+            registry.set_health("zz", Health::Healthy),
+            Err(RegistryError::UnknownWorker { .. })
+        ));
+    }
+}

@@ -1,0 +1,192 @@
+//! One engine as the router sees it.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+/// Stable identifier of an engine, unique within a router.
+///
+/// Ids are what configuration, metrics, response headers and error messages name; they
+/// never contain the engine's URL unless an operator chose to make them so.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkerId(Arc<str>);
+
+impl WorkerId {
+    /// Wraps an id string.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Borrow<str> for WorkerId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for WorkerId {
+    fn from(id: &str) -> Self {
+        Self(id.into())
+    }
+}
+
+impl From<String> for WorkerId {
+    fn from(id: String) -> Self {
+        Self(id.into())
+    }
+}
+
+/// What an engine does in a request: serve it whole, or one side of a
+/// prefill/decode (PD) pair. The same values name the stage of a pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// Serves a whole request.
+    Plain,
+    /// Computes the prompt's KV cache and hands it to a decode engine.
+    Prefill,
+    /// Receives the KV cache from a prefill engine and generates tokens.
+    Decode,
+}
+
+impl Role {
+    /// Lower-case name used in configuration, metrics and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Plain => "plain",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+
+    /// Whether this role belongs to a prefill/decode pair.
+    pub fn is_pd(self) -> bool {
+        !matches!(self, Role::Plain)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether the health checker currently lets an engine take requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Health {
+    /// Routable.
+    Healthy,
+    /// Left out of every candidate set until it recovers.
+    Unhealthy,
+}
+
+/// An engine: its identity, address, model, role and serving shape.
+///
+/// A `Worker` is immutable. The registry replaces the `Arc<Worker>` when any field
+/// changes (health included), so a snapshot of candidates never changes under a pick,
+/// and pointer identity distinguishes a candidate from a newer engine with the same id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worker {
+    id: WorkerId,
+    url: Arc<str>,
+    model: Arc<str>,
+    role: Role,
+    bootstrap_port: Option<u16>,
+    dp_size: NonZeroU32,
+    health: Health,
+}
+
+impl Worker {
+    /// A healthy engine with one data-parallel rank and no bootstrap port.
+    pub fn new(
+        id: impl Into<WorkerId>,
+        url: impl Into<Arc<str>>,
+        model: impl Into<Arc<str>>,
+        role: Role,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            url: url.into(),
+            model: model.into(),
+            role,
+            bootstrap_port: None,
+            dp_size: NonZeroU32::MIN,
+            health: Health::Healthy,
+        }
+    }
+
+    /// Sets the port of the prefill engine's KV-transfer bootstrap server.
+    pub fn with_bootstrap_port(mut self, port: u16) -> Self {
+        self.bootstrap_port = Some(port);
+        self
+    }
+
+    /// Sets the number of data-parallel ranks (each publishes its own load and events).
+    pub fn with_dp_size(mut self, dp_size: NonZeroU32) -> Self {
+        self.dp_size = dp_size;
+        self
+    }
+
+    /// Sets the health state.
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The engine's stable id.
+    pub fn id(&self) -> &WorkerId {
+        &self.id
+    }
+
+    /// Base URL the router sends requests to, e.g. `http://10.0.0.7:30000`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The model this engine serves (the `model` field clients send).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Plain, prefill or decode.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Bootstrap port of a prefill engine, when known.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.bootstrap_port
+    }
+
+    /// Number of data-parallel ranks.
+    pub fn dp_size(&self) -> NonZeroU32 {
+        self.dp_size
+    }
+
+    /// Current health.
+    pub fn health(&self) -> Health {
+        self.health
+    }
+
+    /// Whether the engine may be offered as a candidate.
+    pub fn is_healthy(&self) -> bool {
+        self.health == Health::Healthy
+    }
+}
