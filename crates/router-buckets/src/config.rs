@@ -1,0 +1,344 @@
+//! Bucket configuration (serde + JSON Schema), validation with field paths, and
+//! construction of a model's [`BucketResolver`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use router_policy::{PolicyConfig, PolicyHandles};
+use router_state::{ModelMode, Role, WorkerId};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
+use crate::group::EngineGroup;
+use crate::resolver::BucketResolver;
+
+/// One bucket as configured.
+///
+/// ```yaml
+/// id: short-context
+/// rank: 10
+/// limits: {min: 0, max: 4096}
+/// max_context_tokens: 8192
+/// groups:
+///   pd:
+///     prefill: {worker_ids: [P1], policy: {type: power_of_two}}
+///     decode: {worker_ids: [D1]}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BucketConfig {
+    /// Unique, non-empty id; appears in metrics and the `x-switchyard-bucket` header.
+    pub id: String,
+    /// Tie-breaker between buckets of equal capacity; lower is tried first.
+    #[serde(default)]
+    pub rank: i32,
+    /// Accepted prompt lengths in tokens (inclusive); default 0 to unbounded.
+    #[serde(default)]
+    pub limits: TokenLimits,
+    /// Longest prompt plus output the bucket's engines hold; absent = unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_context_tokens: Option<u64>,
+    /// The bucket's engine groups: `plain`, or `pd` with `prefill` and `decode`.
+    pub groups: GroupsConfig,
+}
+
+/// A bucket's groups.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum GroupsConfig {
+    /// One group of plain engines.
+    Plain(GroupConfig),
+    /// A prefill group and a decode group; both are required.
+    Pd(PdGroupsConfig),
+}
+
+/// The two groups of a PD bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PdGroupsConfig {
+    /// The prefill group.
+    pub prefill: GroupConfig,
+    /// The decode group.
+    pub decode: GroupConfig,
+}
+
+/// One engine group.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    /// Member engine ids; absent = every healthy engine of the model in this role,
+    /// `[]` = none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_ids: Option<Vec<String>>,
+    /// The group's policy; absent = the default policy for the role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyConfig>,
+}
+
+/// A configuration error and the path of the field it concerns, relative to the
+/// model (e.g. `buckets[1].groups.pd.decode.worker_ids[0]`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct BucketConfigError {
+    /// Path of the offending field.
+    pub path: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl BucketConfigError {
+    fn at(path: impl fmt::Display, message: impl fmt::Display) -> Self {
+        Self {
+            path: path.to_string(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// The engines a model's configuration declares, by id and role; membership is
+/// validated against it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelRoster {
+    engines: BTreeMap<WorkerId, Role>,
+}
+
+impl ModelRoster {
+    /// A roster of `(id, role)` pairs.
+    pub fn new(engines: impl IntoIterator<Item = (WorkerId, Role)>) -> Self {
+        Self {
+            engines: engines.into_iter().collect(),
+        }
+    }
+
+    /// The role of the engine with this id.
+    pub fn role_of(&self, id: &str) -> Option<Role> {
+        self.engines.get(id).copied()
+    }
+
+    /// Plain or PD, from the declared engines; plain when none are declared.
+    pub fn mode(&self) -> ModelMode {
+        self.engines
+            .values()
+            .next()
+            .map_or(ModelMode::Plain, |role| ModelMode::of(*role))
+    }
+}
+
+/// The policy a group gets when it names none, per role.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DefaultPolicies {
+    /// For plain groups.
+    pub plain: PolicyConfig,
+    /// For prefill groups.
+    pub prefill: PolicyConfig,
+    /// For decode groups.
+    pub decode: PolicyConfig,
+}
+
+impl DefaultPolicies {
+    /// The same policy for every role.
+    pub fn uniform(policy: PolicyConfig) -> Self {
+        Self {
+            plain: policy.clone(),
+            prefill: policy.clone(),
+            decode: policy,
+        }
+    }
+
+    fn for_role(&self, role: Role) -> &PolicyConfig {
+        match role {
+            Role::Plain => &self.plain,
+            Role::Prefill => &self.prefill,
+            Role::Decode => &self.decode,
+        }
+    }
+}
+
+/// Id of the bucket built when a model configures none.
+pub const CATCH_ALL_BUCKET: &str = "default";
+
+/// Validates a model's bucket configuration and builds its resolver. `buckets: None`
+/// builds one catch-all bucket (every length, every engine, default policies) of the
+/// roster's mode.
+///
+/// # Errors
+/// The first invalid field, with its path.
+pub fn build_resolver(
+    buckets: Option<&[BucketConfig]>,
+    roster: &ModelRoster,
+    defaults: &DefaultPolicies,
+    handles: &PolicyHandles,
+) -> Result<BucketResolver, BucketConfigError> {
+    let catch_all;
+    let configs = match buckets {
+        Some([]) => {
+            return Err(BucketConfigError::at(
+                "buckets",
+                "must list at least one bucket; omit it for one catch-all bucket",
+            ));
+        }
+        Some(configs) => configs,
+        None => {
+            catch_all = [catch_all_config(roster.mode())];
+            &catch_all
+        }
+    };
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut built = Vec::with_capacity(configs.len());
+    for (i, config) in configs.iter().enumerate() {
+        let path = format!("buckets[{i}]");
+        if let Some(first) = seen.insert(&config.id, i) {
+            return Err(BucketConfigError::at(
+                format!("{path}.id"),
+                format_args!(
+                    "duplicate bucket id {:?} (also buckets[{first}])",
+                    config.id
+                ),
+            ));
+        }
+        built.push(build_bucket(&path, config, roster, defaults, handles)?);
+    }
+    BucketResolver::new(built).map_err(|e| BucketConfigError::at("buckets", e))
+}
+
+fn catch_all_config(mode: ModelMode) -> BucketConfig {
+    BucketConfig {
+        id: CATCH_ALL_BUCKET.to_owned(),
+        rank: 0,
+        limits: TokenLimits::default(),
+        max_context_tokens: None,
+        groups: match mode {
+            ModelMode::Plain => GroupsConfig::Plain(GroupConfig::default()),
+            ModelMode::Pd => GroupsConfig::Pd(PdGroupsConfig {
+                prefill: GroupConfig::default(),
+                decode: GroupConfig::default(),
+            }),
+        },
+    }
+}
+
+fn build_bucket(
+    path: &str,
+    config: &BucketConfig,
+    roster: &ModelRoster,
+    defaults: &DefaultPolicies,
+    handles: &PolicyHandles,
+) -> Result<Bucket, BucketConfigError> {
+    let groups = match (&config.groups, roster.mode()) {
+        (GroupsConfig::Plain(group), ModelMode::Plain) => {
+            let path = format!("{path}.groups.plain");
+            BucketGroups::Plain(build_group(
+                &path,
+                group,
+                Role::Plain,
+                roster,
+                defaults,
+                handles,
+            )?)
+        }
+        (GroupsConfig::Pd(pd), ModelMode::Pd) => {
+            let path = format!("{path}.groups.pd");
+            BucketGroups::Pd {
+                prefill: build_group(
+                    &format!("{path}.prefill"),
+                    &pd.prefill,
+                    Role::Prefill,
+                    roster,
+                    defaults,
+                    handles,
+                )?,
+                decode: build_group(
+                    &format!("{path}.decode"),
+                    &pd.decode,
+                    Role::Decode,
+                    roster,
+                    defaults,
+                    handles,
+                )?,
+            }
+        }
+        (GroupsConfig::Plain(_), ModelMode::Pd) => {
+            return Err(BucketConfigError::at(
+                format!("{path}.groups.plain"),
+                "the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
+            ));
+        }
+        (GroupsConfig::Pd(_), ModelMode::Plain) => {
+            return Err(BucketConfigError::at(
+                format!("{path}.groups.pd"),
+                "the model is served by plain engines; use groups.plain",
+            ));
+        }
+    };
+    Bucket::new(
+        config.id.as_str(),
+        config.rank,
+        config.limits,
+        config.max_context_tokens,
+        groups,
+    )
+    .map_err(|e| match e {
+        BucketError::EmptyId => BucketConfigError::at(format!("{path}.id"), "must not be empty"),
+        BucketError::EmptyRange { min, max, .. } => BucketConfigError::at(
+            format!("{path}.limits"),
+            format_args!("min ({min}) is above max ({max})"),
+        ),
+        BucketError::ContextBelowRange { context, min, .. } => BucketConfigError::at(
+            format!("{path}.max_context_tokens"),
+            format_args!("{context} is below limits.min ({min}), so no request fits"),
+        ),
+        other => BucketConfigError::at(path, other),
+    })
+}
+
+fn build_group(
+    path: &str,
+    config: &GroupConfig,
+    role: Role,
+    roster: &ModelRoster,
+    defaults: &DefaultPolicies,
+    handles: &PolicyHandles,
+) -> Result<EngineGroup, BucketConfigError> {
+    let policy_config = config
+        .policy
+        .as_ref()
+        .unwrap_or_else(|| defaults.for_role(role));
+    let policy = policy_config
+        .build(handles)
+        .map_err(|e| BucketConfigError::at(format!("{path}.policy"), e))?;
+    let Some(ids) = &config.worker_ids else {
+        return Ok(EngineGroup::new(policy));
+    };
+    let mut members = BTreeSet::new();
+    for (k, id) in ids.iter().enumerate() {
+        let at = format!("{path}.worker_ids[{k}]");
+        match roster.role_of(id) {
+            _ if id.is_empty() => {
+                return Err(BucketConfigError::at(at, "engine id must not be empty"));
+            }
+            None => {
+                return Err(BucketConfigError::at(
+                    at,
+                    format_args!("unknown engine {id:?}"),
+                ));
+            }
+            Some(actual) if actual != role => {
+                return Err(BucketConfigError::at(
+                    at,
+                    format_args!(
+                        "engine {id:?} is a {actual} engine, but this group picks {role} engines"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+        if !members.insert(WorkerId::from(id.as_str())) {
+            return Err(BucketConfigError::at(
+                at,
+                format_args!("engine {id:?} is listed twice"),
+            ));
+        }
+    }
+    Ok(EngineGroup::with_members(policy, members))
+}

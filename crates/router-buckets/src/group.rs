@@ -1,0 +1,110 @@
+//! An engine group: membership plus one policy.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use router_policy::{Pick, PickError, PickRequest, Policy};
+use router_state::{RegistrySnapshot, Role, Worker, WorkerId};
+
+/// Which engines of the model and stage a group may pick from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Membership {
+    /// Every healthy engine serving the model in the group's role.
+    All,
+    /// Only these engines (an empty set means none).
+    Only(BTreeSet<WorkerId>),
+}
+
+impl Membership {
+    /// Whether the engine with this id is a member.
+    pub fn contains(&self, id: &WorkerId) -> bool {
+        match self {
+            Membership::All => true,
+            Membership::Only(ids) => ids.contains(id),
+        }
+    }
+}
+
+/// Engine membership and the policy that picks among the members.
+///
+/// The group references engines by id and resolves them from the live registry on each
+/// pick, so health and membership changes apply at once; the policy instance (and its
+/// state, e.g. a round-robin cursor) is reused across requests.
+#[derive(Debug, Clone)]
+pub struct EngineGroup {
+    membership: Membership,
+    policy: Arc<dyn Policy>,
+}
+
+impl EngineGroup {
+    /// A catch-all group: every healthy engine of the model in the picked role.
+    pub fn new(policy: Arc<dyn Policy>) -> Self {
+        Self {
+            membership: Membership::All,
+            policy,
+        }
+    }
+
+    /// A group of exactly these engines (none, if `ids` is empty).
+    pub fn with_members(policy: Arc<dyn Policy>, ids: impl IntoIterator<Item = WorkerId>) -> Self {
+        Self {
+            membership: Membership::Only(ids.into_iter().collect()),
+            policy,
+        }
+    }
+
+    /// The group's membership.
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// The group's policy.
+    pub fn policy(&self) -> &Arc<dyn Policy> {
+        &self.policy
+    }
+
+    /// The group's candidates for `model` and `stage`: healthy members in the stage's
+    /// role, sorted by id.
+    pub fn candidates(
+        &self,
+        workers: &RegistrySnapshot,
+        model: &str,
+        stage: Role,
+    ) -> Vec<Arc<Worker>> {
+        workers
+            .model_workers(model)
+            .iter()
+            .filter(|w| w.is_healthy() && w.role() == stage && self.membership.contains(w.id()))
+            .cloned()
+            .collect()
+    }
+
+    /// Resolves the candidates, runs the policy and checks that the engine it returns
+    /// is one of the candidates: the same `Arc`, not merely the same id.
+    ///
+    /// # Errors
+    /// [`PickError::NoCandidates`] without invoking the policy when no engine is
+    /// eligible, [`PickError::OutsideCandidates`] for a foreign result, and whatever
+    /// the policy returns.
+    pub async fn pick(
+        &self,
+        workers: &RegistrySnapshot,
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let candidates = self.candidates(workers, request.model, request.stage);
+        if candidates.is_empty() {
+            return Err(PickError::NoCandidates {
+                stage: request.stage,
+            });
+        }
+        let pick = self.policy.pick(&candidates, request).await?;
+        if candidates.iter().any(|c| Arc::ptr_eq(c, &pick.engine)) {
+            Ok(pick)
+        } else {
+            Err(PickError::OutsideCandidates {
+                stage: request.stage,
+                engine: pick.engine.id().clone(),
+            })
+        }
+    }
+}
