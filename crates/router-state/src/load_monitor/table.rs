@@ -185,7 +185,7 @@ impl EngineReportedLoadTable {
     /// Captures the table for one pick at the current (tokio) time.
     pub fn snapshot(&self) -> LoadSnapshot {
         LoadSnapshot {
-            engines: self.engines.load_full(),
+            engines: self.engines.load(),
             now: Instant::now(),
             freshness: self.config.freshness,
         }
@@ -282,9 +282,9 @@ fn aggregate(ranks: &[Option<RankSample>]) -> Option<Published> {
 ///
 /// Reading an engine applies the freshness window against the capture time, so a pick
 /// and the admission check after it see the same observation.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LoadSnapshot {
-    engines: Arc<FxHashMap<WorkerId, Arc<EngineSlot>>>,
+    engines: arc_swap::Guard<Arc<FxHashMap<WorkerId, Arc<EngineSlot>>>>,
     now: Instant,
     freshness: Duration,
 }

@@ -10,7 +10,7 @@ use crate::test_util::{basic_report, encode_load_stat, with_native};
 
 /// Payloads encoded by the real SGLang 0.5.23 publisher (see `gen_load_stat.py`).
 fn golden(name: &str) -> Vec<u8> {
-    let fixtures = include_str!("../../tests/fixtures/load_stat.txt");
+    let fixtures = include_str!("../../../../testdata/sglang/load_stat.txt");
     let hex = fixtures
         .lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
@@ -597,4 +597,12 @@ proptest! {
             prop_assert_eq!(table.in_flight(engine), 0, "in-flight returns to zero once every guard is gone");
         }
     }
+}
+
+#[test]
+fn snapshots_and_guards_can_cross_await_points_in_send_futures() {
+    fn send<T: Send + Sync>() {}
+    send::<LoadSnapshot>();
+    send::<InflightGuard>();
+    send::<EngineReportedLoadTable>();
 }
