@@ -1,0 +1,64 @@
+//! Project automation, run as `cargo xtask <task>`.
+//!
+//! - `ci`: everything CI checks (format, lints, tests, doc tests, tidy, licences).
+//! - `tidy`: the architecture and hygiene rules of `ARCHITECTURE.md`.
+//! - `bench`: the criterion benches of the routing hot paths.
+
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command-line tool reports on stdout and stderr"
+)]
+
+mod bench;
+mod ci;
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let task = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    let root = workspace_root();
+    std::env::set_current_dir(&root).with_context(|| format!("entering {}", root.display()))?;
+    match task.as_str() {
+        "ci" => ci::run(&root),
+        "tidy" => tidy::run(&root),
+        "bench" => bench::run(&rest),
+        _ => bail!("usage: cargo xtask <ci | tidy | bench [criterion args]>"),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_path_buf()
+}
+
+/// Runs one step, printing its name and duration; fails if the command fails.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a build tool reports wall-clock step durations"
+)]
+fn step(name: &str, command: &mut Command) -> anyhow::Result<()> {
+    eprintln!("==> {name}");
+    let started = Instant::now();
+    let status = command
+        .status()
+        .with_context(|| format!("starting {name}"))?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    eprintln!("    {name} passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
