@@ -246,3 +246,77 @@ fn least_load_passes_over_a_rejected_engine_in_load_order() {
         ("e2", PickReason::NextAdmitted)
     );
 }
+
+/// A policy that prefers engine `e2` and otherwise defers to a nested fallback, then
+/// checks the fallback's engine against its own, stricter admission.
+#[derive(Debug)]
+struct PreferE2 {
+    fallback: RoundRobinPolicy,
+    own: Arc<router_policy::AdmissionLimits>,
+    load: Arc<router_state::EngineReportedLoadTable>,
+}
+
+impl router_policy::Policy for PreferE2 {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<router_state::Worker>],
+        request: &'a router_policy::PickRequest<'a>,
+    ) -> router_policy::BoxFuture<'a, Result<router_policy::Pick, PickError>> {
+        Box::pin(async move {
+            if let Some(e2) = engines.iter().find(|e| e.id().as_str() == "e2") {
+                return Ok(router_policy::Pick {
+                    engine: Arc::clone(e2),
+                    reason: PickReason::RoundRobin,
+                });
+            }
+            let pick = router_policy::pick_fallback(&self.fallback, engines, request).await?;
+            let metrics = self.load.snapshot().observe(pick.engine.id()).metrics();
+            match router_policy::EngineAdmission::check(self.own.as_ref(), &pick.engine, &metrics) {
+                Ok(router_policy::AdmissionDecision::Allow) => Ok(pick),
+                Ok(router_policy::AdmissionDecision::Reject(exceeded)) => {
+                    Err(PickError::AdmissionRejected {
+                        stage: request.stage,
+                        rejection: router_policy::Rejection {
+                            engine: pick.engine.id().clone(),
+                            exceeded,
+                        },
+                    })
+                }
+                Err(e) => Err(PickError::InvalidSignal {
+                    stage: Some(request.stage),
+                    message: e.to_string(),
+                }),
+            }
+        })
+    }
+}
+
+#[test]
+fn a_nested_fallback_reads_its_own_state_and_the_owner_checks_its_answer() {
+    let rt = runtime();
+    let fleet = engines(2);
+    let load = table(&fleet);
+    let policy = PreferE2 {
+        fallback: RoundRobinPolicy::new(Arc::clone(&load), no_caps()),
+        own: caps(1),
+        load: Arc::clone(&load),
+    };
+    let first = pick(&rt, &policy, &fleet, Role::Plain).unwrap();
+    assert_eq!(
+        first.engine.id().as_str(),
+        "e0",
+        "no e2: the fallback's rotation starts at e0"
+    );
+    let second = pick(&rt, &policy, &fleet, Role::Plain).unwrap();
+    assert_eq!(
+        second.engine.id().as_str(),
+        "e1",
+        "the fallback keeps its own cursor"
+    );
+    let _busy = load.acquire(fleet[0].id());
+    let err = pick(&rt, &policy, &fleet, Role::Plain).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "plain engine e0: max_inflight_requests (1 >= 1)"
+    );
+}

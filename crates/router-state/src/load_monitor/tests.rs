@@ -35,6 +35,23 @@ fn id(s: &str) -> WorkerId {
     WorkerId::from(s)
 }
 
+fn feed(table: &EngineReportedLoadTable, engine: &str, rank: u32, report: LoadReport) {
+    table
+        .ingest(&id(engine), rank, report, Instant::now())
+        .expect("a registered engine and a rank in range");
+}
+
+fn reported(table: &EngineReportedLoadTable, engine: &str) -> Option<ReportedLoad> {
+    table.snapshot().observe(&id(engine)).reported
+}
+
+fn native_of(table: &EngineReportedLoadTable, engine: &str) -> NativeAggregate {
+    reported(table, engine)
+        .expect("a fresh report")
+        .native
+        .expect("a native aggregate")
+}
+
 fn two(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("non-zero")
 }
@@ -192,9 +209,7 @@ async fn a_report_goes_stale_after_the_freshness_window() {
         freshness: Duration::from_secs(5),
     });
     table.register(&id("a"), NonZeroU32::MIN);
-    table
-        .ingest(&id("a"), 0, basic_report(4, 2, 100, 1000), Instant::now())
-        .unwrap();
+    feed(&table, "a", 0, basic_report(4, 2, 100, 1000));
     advance(Duration::from_millis(4999)).await;
     let fresh = table.snapshot().observe(&id("a")).metrics();
     assert_eq!(
@@ -236,10 +251,8 @@ async fn an_engine_is_aggregated_only_when_every_rank_is_fresh() {
         "rank 1 missing"
     );
     advance(Duration::from_secs(3)).await;
-    table
-        .ingest(&id("a"), 1, basic_report(3, 4, 20, 200), Instant::now())
-        .unwrap();
-    let load = table.snapshot().observe(&id("a")).reported.unwrap();
+    feed(&table, "a", 1, basic_report(3, 4, 20, 200));
+    let load = reported(&table, "a").unwrap();
     assert_eq!(
         (
             load.running_requests,
@@ -272,21 +285,9 @@ async fn an_engine_is_aggregated_only_when_every_rank_is_fresh() {
 async fn unknown_capacity_on_any_rank_leaves_the_sum_unknown() {
     let table = EngineReportedLoadTable::default();
     table.register(&id("a"), two(2));
-    table
-        .ingest(&id("a"), 0, basic_report(1, 0, 10, 100), Instant::now())
-        .unwrap();
-    table
-        .ingest(&id("a"), 1, basic_report(1, 0, 10, 0), Instant::now())
-        .unwrap();
-    assert_eq!(
-        table
-            .snapshot()
-            .observe(&id("a"))
-            .reported
-            .unwrap()
-            .max_kv_tokens,
-        None
-    );
+    feed(&table, "a", 0, basic_report(1, 0, 10, 100));
+    feed(&table, "a", 1, basic_report(1, 0, 10, 0));
+    assert_eq!(reported(&table, "a").unwrap().max_kv_tokens, None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -296,31 +297,15 @@ async fn derives_prefill_speed_and_queue_time_from_native_counters() {
     let report = |uncached, tokens, busy| {
         with_native(basic_report(1, 1, 10, 100), native(uncached, tokens, busy))
     };
-    table
-        .ingest(&id("a"), 0, report(500, 1000, 1_000_000), Instant::now())
-        .unwrap();
-    let first = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 0, report(500, 1000, 1_000_000));
+    let first = native_of(&table, "a");
     assert_eq!(
         first.prefill_tokens_per_sec, None,
         "one sample gives no speed"
     );
     assert_eq!(first.prefill_queue_ms, None);
-    table
-        .ingest(&id("a"), 0, report(2000, 5000, 3_000_000), Instant::now())
-        .unwrap();
-    let second = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 0, report(2000, 5000, 3_000_000));
+    let second = native_of(&table, "a");
     assert_eq!(
         second.prefill_tokens_per_sec,
         Some(2000.0),
@@ -336,16 +321,8 @@ async fn derives_prefill_speed_and_queue_time_from_native_counters() {
         Some(9000),
         "native total tokens"
     );
-    table
-        .ingest(&id("a"), 0, report(2000, 5000, 3_000_000), Instant::now())
-        .unwrap();
-    let idle = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 0, report(2000, 5000, 3_000_000));
+    let idle = native_of(&table, "a");
     assert_eq!(
         idle.prefill_tokens_per_sec, None,
         "counters that did not advance give no speed"
@@ -357,33 +334,15 @@ async fn counters_going_backwards_reset_the_speed_baseline() {
     let table = EngineReportedLoadTable::default();
     table.register(&id("a"), NonZeroU32::MIN);
     let report = |tokens, busy| with_native(basic_report(1, 1, 10, 100), native(100, tokens, busy));
-    table
-        .ingest(&id("a"), 0, report(10_000, 5_000_000), Instant::now())
-        .unwrap();
-    table
-        .ingest(&id("a"), 0, report(200, 100_000), Instant::now())
-        .unwrap();
-    let restarted = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 0, report(10_000, 5_000_000));
+    feed(&table, "a", 0, report(200, 100_000));
+    let restarted = native_of(&table, "a");
     assert_eq!(
         restarted.prefill_tokens_per_sec, None,
         "a restarted publisher's counters give no speed"
     );
-    table
-        .ingest(&id("a"), 0, report(1200, 600_000), Instant::now())
-        .unwrap();
-    let next = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 0, report(1200, 600_000));
+    let next = native_of(&table, "a");
     assert_eq!(
         next.prefill_tokens_per_sec,
         Some(2000.0),
@@ -401,30 +360,14 @@ async fn speed_is_summed_only_when_every_rank_has_one() {
             .ingest(&id("a"), rank, report(tokens, 1_000_000), Instant::now())
             .unwrap();
     }
-    table
-        .ingest(&id("a"), 0, report(2000, 2_000_000), Instant::now())
-        .unwrap();
-    let partial = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 0, report(2000, 2_000_000));
+    let partial = native_of(&table, "a");
     assert_eq!(
         partial.prefill_tokens_per_sec, None,
         "rank 1 has no speed yet"
     );
-    table
-        .ingest(&id("a"), 1, report(4000, 2_000_000), Instant::now())
-        .unwrap();
-    let both = table
-        .snapshot()
-        .observe(&id("a"))
-        .reported
-        .unwrap()
-        .native
-        .unwrap();
+    feed(&table, "a", 1, report(4000, 2_000_000));
+    let both = native_of(&table, "a");
     assert_eq!(both.prefill_tokens_per_sec, Some(4000.0), "1000/s + 3000/s");
     assert_eq!(both.waiting_uncached_tokens, 600);
     assert_eq!(both.prefill_queue_ms, Some(150.0));
@@ -442,9 +385,7 @@ async fn a_mixed_basic_and_native_engine_has_no_native_aggregate() {
             Instant::now(),
         )
         .unwrap();
-    table
-        .ingest(&id("a"), 1, basic_report(1, 1, 10, 100), Instant::now())
-        .unwrap();
+    feed(&table, "a", 1, basic_report(1, 1, 10, 100));
     let seen = table.snapshot().observe(&id("a"));
     assert_eq!(seen.reported.unwrap().native, None);
     assert_eq!(seen.metrics().pending_prefill_tokens, None);
@@ -460,9 +401,7 @@ async fn dispatches_since_the_report_correct_reported_load() {
     let table = EngineReportedLoadTable::default();
     table.register(&id("a"), NonZeroU32::MIN);
     let before = table.acquire(&id("a"));
-    table
-        .ingest(&id("a"), 0, basic_report(2, 1, 10, 100), Instant::now())
-        .unwrap();
+    feed(&table, "a", 0, basic_report(2, 1, 10, 100));
     let guards: Vec<_> = (0..3).map(|_| table.acquire(&id("a"))).collect();
     let seen = table.snapshot().observe(&id("a"));
     assert_eq!((seen.in_flight, seen.dispatched_since_report), (4, 3));
@@ -475,9 +414,7 @@ async fn dispatches_since_the_report_correct_reported_load() {
         (0, 3),
         "completions do not undo dispatches"
     );
-    table
-        .ingest(&id("a"), 0, basic_report(2, 1, 10, 100), Instant::now())
-        .unwrap();
+    feed(&table, "a", 0, basic_report(2, 1, 10, 100));
     assert_eq!(
         table.snapshot().observe(&id("a")).dispatched_since_report,
         0
@@ -495,9 +432,7 @@ async fn registration_controls_which_reports_apply() {
         "engine a is not registered in the load table"
     );
     table.register(&id("a"), NonZeroU32::MIN);
-    table
-        .ingest(&id("a"), 0, basic_report(1, 1, 1, 1), Instant::now())
-        .unwrap();
+    feed(&table, "a", 0, basic_report(1, 1, 1, 1));
     table.register(&id("a"), NonZeroU32::MIN);
     assert!(
         table.snapshot().observe(&id("a")).reported.is_some(),
