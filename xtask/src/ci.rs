@@ -38,6 +38,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "doc tests",
         cargo().args(["test", "--locked", "--workspace", "--doc"]),
     )?;
+    crate::python::run(root)?;
     eprintln!("==> tidy");
     crate::tidy::run(root)?;
     let deny = ensure_cargo_deny(root)?;

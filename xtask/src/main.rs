@@ -1,6 +1,7 @@
 //! Project automation, run as `cargo xtask <task>`.
 //!
-//! - `ci`: everything CI checks (format, lints, tests, doc tests, tidy, licences).
+//! - `ci`: everything CI checks (format, lints, Rust and Python tests, doc tests, tidy,
+//!   licences), installing what the tests need.
 //! - `tidy`: the architecture and hygiene rules of `ARCHITECTURE.md`.
 //! - `bench`: the criterion benches of the routing hot paths.
 
@@ -12,6 +13,7 @@
 
 mod bench;
 mod ci;
+mod python;
 mod tidy;
 
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use engine_sim::{EngineSpec, SimEngine, encode_load_stat};
+use engine_sim::{EngineSpec, Served, SimEngine, encode_load_stat};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use router_buckets::{
@@ -141,6 +141,8 @@ struct Report {
     engines: BTreeMap<String, usize>,
     reasons: BTreeMap<&'static str, usize>,
     passed_over: usize,
+    prompt_tokens: u64,
+    cached_tokens: u64,
     ttft_ms: Vec<f64>,
 }
 
@@ -149,7 +151,7 @@ impl Report {
         self.completed + self.errors.values().sum::<usize>()
     }
 
-    fn record(&mut self, model: &str, selection: &Selection, ttft: Duration) {
+    fn record(&mut self, model: &str, selection: &Selection, served: &Served) {
         let pick = &selection.pick;
         self.completed += 1;
         self.passed_over += selection.passed_over.len();
@@ -161,7 +163,10 @@ impl Report {
             *self.engines.entry(p.engine.id().to_string()).or_default() += 1;
             *self.reasons.entry(p.reason.as_str()).or_default() += 1;
         }
-        self.ttft_ms.push(ttft.as_secs_f64() * 1000.0);
+        self.cached_tokens += served.cached_tokens;
+        self.prompt_tokens += served.prompt_tokens;
+        self.ttft_ms
+            .push(served.time_to_first_token.as_secs_f64() * 1000.0);
     }
 }
 
@@ -243,31 +248,46 @@ async fn client(
             } else {
                 "demo-pd"
             };
-            let prompt = if rng.next_u32() % 10 < 7 {
-                200 + u64::from(rng.next_u32() % 1800)
+            let length = if rng.next_u32() % 10 < 7 {
+                200 + rng.next_u32() % 1800
             } else {
-                3000 + u64::from(rng.next_u32() % 9000)
+                3000 + rng.next_u32() % 9000
             };
-            (model, prompt, 16 + u64::from(rng.next_u32() % 112))
+            (
+                model,
+                prompt_tokens(rng, length),
+                16 + u64::from(rng.next_u32() % 112),
+            )
         };
         let outcome = serve_one(&fleet, model, prompt, output).await;
         let mut r = report.lock().await;
         match outcome {
-            Ok((selection, ttft)) => r.record(model, &selection, ttft),
+            Ok((selection, served)) => r.record(model, &selection, &served),
             Err(code) => *r.errors.entry(code).or_default() += 1,
         }
     }
 }
 
+/// A prompt of `length` tokens: three quarters a shared system prompt (one of 16),
+/// the rest unique to the request, as in a fleet of chat applications.
+fn prompt_tokens(rng: &mut Xoshiro256PlusPlus, length: u32) -> Vec<u32> {
+    let system = rng.next_u32() % 16;
+    let shared = length * 3 / 4;
+    (0..shared)
+        .map(|i| system * 1_000_000 + i)
+        .chain((shared..length).map(|_| rng.next_u32()))
+        .collect()
+}
+
 /// Selects engines for one request, holds their in-flight guards, and lets the
-/// simulated engines serve it. Returns the selection and time to first token.
+/// simulated engines serve it. Returns the selection and how the engines served it.
 async fn serve_one(
     fleet: &Fleet,
     model: &str,
-    prompt: u64,
+    prompt: Vec<u32>,
     output: u64,
-) -> Result<(Selection, Duration), &'static str> {
-    let request = BucketRequest::new(model, prompt)
+) -> Result<(Selection, Served), &'static str> {
+    let request = BucketRequest::new(model, prompt.len() as u64)
         .with_max_output_tokens(Some(output))
         .map_err(|e| e.code())?;
     let resolver = fleet.resolvers.get(model).ok_or("model_not_found")?;
@@ -282,20 +302,24 @@ async fn serve_one(
         .map(|p| fleet.load.acquire(p.engine.id()))
         .collect();
     let engine = |id: &str| Arc::clone(&fleet.engines[id]);
-    let ttft = match &selection.pick.engines {
+    let served = match &selection.pick.engines {
         EnginePicks::Plain(pick) => {
             engine(pick.engine.id().as_str())
                 .serve(prompt, output)
                 .await
-                .time_to_first_token
         }
         EnginePicks::Pd { prefill, decode } => {
             let prefilled = engine(prefill.engine.id().as_str()).serve(prompt, 0).await;
-            let decoded = engine(decode.engine.id().as_str()).serve(0, output).await;
-            prefilled.total + decoded.time_to_first_token
+            let decoded = engine(decode.engine.id().as_str())
+                .serve(Vec::new(), output)
+                .await;
+            Served {
+                time_to_first_token: prefilled.total + decoded.time_to_first_token,
+                ..prefilled
+            }
         }
     };
-    Ok((selection, ttft))
+    Ok((selection, served))
 }
 
 async fn show_progress(report: Arc<Mutex<Report>>, total: usize) {
@@ -353,6 +377,12 @@ fn print_report(report: &Report, elapsed: Duration) {
             .copied()
             .unwrap_or(0.0)
     };
+    println!(
+        "prompt tokens: {}, of which cached: {} ({:.1}%)",
+        report.prompt_tokens,
+        report.cached_tokens,
+        100.0 * report.cached_tokens as f64 / report.prompt_tokens.max(1) as f64
+    );
     println!(
         "time to first token: p50 {:.1} ms, p99 {:.1} ms",
         pct(0.5),

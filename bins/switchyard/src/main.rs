@@ -7,6 +7,7 @@
 )]
 
 mod demo;
+mod sim_engine;
 
 use clap::{Parser, Subcommand};
 
@@ -23,11 +24,22 @@ enum Command {
     /// Route a simulated workload through the real selection core over simulated
     /// engines, then print a report.
     Demo(demo::DemoArgs),
+    /// Run one simulated SGLang-compatible engine (HTTP, KV events, load feed, PD
+    /// bootstrap, faults). Prints one JSON line with the bound ports once ready.
+    SimEngine(Box<engine_sim::SimConfig>),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::SimEngine(config) => sim_engine::run(*config),
     }
 }

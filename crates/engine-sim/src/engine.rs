@@ -1,22 +1,38 @@
-//! The queueing and timing model of one engine.
+//! The scheduling, caching and timing model of one engine.
+//!
+//! Each data-parallel rank has its own running slots, prefix cache and counters.
+//! A request waits for a slot, holds its cached prefix, prefills the uncached tokens at
+//! the prefill rate, caches its new pages (publishing KV events), then emits output
+//! tokens at the decode rate. Dropping a [`Run`] at any point (a client that went
+//! away) returns everything it held.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, sleep};
+
+use crate::cache::{PageKey, PrefixCache, page_keys};
+use crate::events::KvEvent;
+use crate::faults::Faults;
 
 /// How fast and how wide an engine is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineSpec {
-    /// Requests that run at once; the rest wait in arrival order.
+    /// Requests that run at once per rank; the rest wait in arrival order.
     pub max_running_requests: u32,
-    /// Prompt tokens prefilled per second, per running request.
+    /// Uncached prompt tokens prefilled per second per request (0 = instant).
     pub prefill_tokens_per_sec: f64,
-    /// Output tokens generated per second, per running request.
+    /// Output tokens generated per second per request (0 = instant).
     pub decode_tokens_per_sec: f64,
-    /// KV-cache capacity in tokens, as reported.
+    /// KV-cache capacity in tokens per rank.
     pub kv_capacity_tokens: u64,
+    /// Tokens per KV page.
+    pub page_size: u32,
+    /// Data-parallel ranks.
+    pub dp_size: u32,
 }
 
 impl Default for EngineSpec {
@@ -26,11 +42,13 @@ impl Default for EngineSpec {
             prefill_tokens_per_sec: 40_000.0,
             decode_tokens_per_sec: 1_000.0,
             kv_capacity_tokens: 1 << 20,
+            page_size: 16,
+            dp_size: 1,
         }
     }
 }
 
-/// The engine's queues and counters, in the terms of the `LoadStat` gauge.
+/// One rank's queues and counters, in the terms of the `LoadStat` gauge.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadSample {
     /// Requests running.
@@ -41,48 +59,152 @@ pub struct LoadSample {
     pub used_kv_tokens: u64,
     /// KV-cache capacity in tokens.
     pub max_kv_tokens: u64,
-    /// Prompt tokens of waiting requests (nothing is cached in this model).
+    /// Prompt tokens of waiting requests not covered by the prefix cache.
     pub waiting_uncached_tokens: u64,
     /// KV tokens in use plus the prompt tokens of waiting requests.
     pub total_tokens: u64,
     /// The running-request limit.
     pub max_running_requests: u64,
-    /// Counter: prompt tokens prefilled since start.
+    /// Counter: uncached prompt tokens prefilled since start.
     pub prefill_uncached_tokens_total: u64,
     /// Counter: microseconds spent prefilling since start.
     pub prefill_busy_us_total: u64,
 }
 
-/// How long one request took.
+/// How one request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Served {
+    /// Prompt length in tokens.
+    pub prompt_tokens: u64,
     /// Time spent waiting for a running slot.
     pub queued: Duration,
+    /// Prompt tokens found in the prefix cache.
+    pub cached_tokens: u64,
     /// Time from arrival to the first output token.
     pub time_to_first_token: Duration,
     /// Time from arrival to the last output token.
     pub total: Duration,
 }
 
-/// One simulated engine.
+/// A message to a rank's KV-event publisher.
+#[derive(Debug)]
+pub(crate) enum PublisherMsg {
+    /// Publish these events as one batch.
+    Batch(Vec<KvEvent>),
+    /// The engine restarted: sequence back to 0, replay history gone.
+    Restart,
+}
+
+#[derive(Debug)]
+pub(crate) struct Rank {
+    index: u32,
+    slots: Arc<Semaphore>,
+    state: Mutex<RankState>,
+    events: Option<mpsc::UnboundedSender<PublisherMsg>>,
+    /// Batches emitted since the last restart.
+    batches: AtomicU64,
+}
+
+#[derive(Debug)]
+struct RankState {
+    load: LoadSample,
+    cache: PrefixCache,
+}
+
+impl Rank {
+    fn emit(&self, events: Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        if let Some(tx) = &self.events {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            // A closed channel means the publisher is shutting down with the engine.
+            drop(tx.send(PublisherMsg::Batch(events)));
+        }
+    }
+
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
+    pub(crate) fn load(&self) -> LoadSample {
+        self.state.lock().load
+    }
+
+    #[cfg(test)]
+    pub(crate) fn cached_pages(&self) -> usize {
+        self.state.lock().cache.len()
+    }
+
+    /// Empties the cache as a flush does, publishing `AllBlocksCleared`.
+    fn flush(&self) {
+        self.state.lock().cache.clear();
+        self.emit(vec![KvEvent::Cleared]);
+    }
+
+    /// Empties the cache as an engine restart does: silently, with the publisher's
+    /// sequence back to 0.
+    fn restart(&self) {
+        self.state.lock().cache.clear();
+        self.batches.store(0, Ordering::Relaxed);
+        if let Some(tx) = &self.events {
+            drop(tx.send(PublisherMsg::Restart));
+        }
+    }
+}
+
+/// One simulated engine: `dp_size` ranks behind one front end.
 #[derive(Debug)]
 pub struct SimEngine {
     spec: EngineSpec,
-    slots: Semaphore,
-    state: Mutex<LoadSample>,
+    ranks: Vec<Arc<Rank>>,
+    next_rank: AtomicUsize,
+    faults: Arc<Faults>,
 }
 
 impl SimEngine {
-    /// An idle engine.
+    /// An idle engine with no event publishing and no faults.
     pub fn new(spec: EngineSpec) -> Self {
+        Self::build(
+            spec,
+            Arc::new(Faults::new(Default::default(), 0)),
+            Vec::new(),
+        )
+    }
+
+    /// An engine whose rank `r` sends its KV events to `publishers[r]` (none when
+    /// `publishers` is empty).
+    pub(crate) fn build(
+        spec: EngineSpec,
+        faults: Arc<Faults>,
+        publishers: Vec<mpsc::UnboundedSender<PublisherMsg>>,
+    ) -> Self {
+        let mut publishers = publishers.into_iter();
+        let ranks = (0..spec.dp_size.max(1))
+            .map(|index| {
+                Arc::new(Rank {
+                    index,
+                    slots: Arc::new(Semaphore::new(spec.max_running_requests as usize)),
+                    state: Mutex::new(RankState {
+                        load: LoadSample {
+                            max_kv_tokens: spec.kv_capacity_tokens,
+                            max_running_requests: u64::from(spec.max_running_requests),
+                            ..LoadSample::default()
+                        },
+                        cache: PrefixCache::new(
+                            (spec.kv_capacity_tokens / u64::from(spec.page_size)) as usize,
+                        ),
+                    }),
+                    events: publishers.next(),
+                    batches: AtomicU64::new(0),
+                })
+            })
+            .collect();
         Self {
             spec,
-            slots: Semaphore::new(spec.max_running_requests as usize),
-            state: Mutex::new(LoadSample {
-                max_kv_tokens: spec.kv_capacity_tokens,
-                max_running_requests: u64::from(spec.max_running_requests),
-                ..LoadSample::default()
-            }),
+            ranks,
+            next_rank: AtomicUsize::new(0),
+            faults,
         }
     }
 
@@ -91,193 +213,236 @@ impl SimEngine {
         self.spec
     }
 
-    /// The current queues and counters.
+    /// The summed load of every rank.
     pub fn load(&self) -> LoadSample {
-        *self.state.lock()
+        self.ranks
+            .iter()
+            .map(|r| r.load())
+            .fold(LoadSample::default(), |a, b| LoadSample {
+                running_requests: a.running_requests + b.running_requests,
+                waiting_requests: a.waiting_requests + b.waiting_requests,
+                used_kv_tokens: a.used_kv_tokens + b.used_kv_tokens,
+                max_kv_tokens: a.max_kv_tokens + b.max_kv_tokens,
+                waiting_uncached_tokens: a.waiting_uncached_tokens + b.waiting_uncached_tokens,
+                total_tokens: a.total_tokens + b.total_tokens,
+                max_running_requests: a.max_running_requests + b.max_running_requests,
+                prefill_uncached_tokens_total: a.prefill_uncached_tokens_total
+                    + b.prefill_uncached_tokens_total,
+                prefill_busy_us_total: a.prefill_busy_us_total + b.prefill_busy_us_total,
+            })
     }
 
-    /// Serves one request: waits for a slot, prefills the prompt, then decodes the
-    /// output. Dropping the future (a client that went away) frees whatever the request
-    /// held, as an engine aborts a request whose connection closed.
-    pub async fn serve(&self, prompt_tokens: u64, output_tokens: u64) -> Served {
-        let arrived = Instant::now();
-        let mut request = Tracked::waiting(self, prompt_tokens);
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
-        request.start_running();
-        let queued = arrived.elapsed();
-        let prefill =
-            Duration::from_secs_f64(prompt_tokens as f64 / self.spec.prefill_tokens_per_sec);
-        sleep(prefill).await;
-        request.prefilled(prefill);
-        let time_to_first_token = arrived.elapsed();
-        let decode =
-            Duration::from_secs_f64(output_tokens as f64 / self.spec.decode_tokens_per_sec);
-        sleep(decode).await;
+    pub(crate) fn ranks(&self) -> &[Arc<Rank>] {
+        &self.ranks
+    }
+
+    pub(crate) fn faults(&self) -> &Arc<Faults> {
+        &self.faults
+    }
+
+    /// Flushes every rank's cache, publishing `AllBlocksCleared` per rank.
+    pub fn flush_cache(&self) {
+        self.ranks.iter().for_each(|r| r.flush());
+    }
+
+    /// Restarts every rank's publisher, as an engine restart would.
+    pub fn restart_publishers(&self) {
+        self.ranks.iter().for_each(|r| r.restart());
+    }
+
+    /// Registers a request of `tokens` as waiting, on `rank` (modulo the rank count) or
+    /// the next rank in rotation.
+    pub fn start(&self, tokens: Vec<u32>, rank: Option<u64>) -> Run {
+        let index = match rank {
+            Some(r) => (r % self.ranks.len() as u64) as usize,
+            None => self.next_rank.fetch_add(1, Ordering::Relaxed) % self.ranks.len(),
+        };
+        let rank = Arc::clone(&self.ranks[index]);
+        let keys = page_keys(&tokens, self.spec.page_size as usize);
+        let prompt = tokens.len() as u64;
+        let uncached = {
+            let mut state = rank.state.lock();
+            let uncached =
+                prompt - (state.cache.peek(&keys) as u64 * u64::from(self.spec.page_size));
+            state.load.waiting_requests += 1;
+            state.load.waiting_uncached_tokens += uncached;
+            state.load.total_tokens += prompt;
+            uncached
+        };
+        Run {
+            spec: self.spec,
+            faults: Arc::clone(&self.faults),
+            rank,
+            tokens,
+            keys,
+            held: 0,
+            phase: Phase::Waiting { uncached },
+            generated: 0,
+            arrived: Instant::now(),
+        }
+    }
+
+    /// Serves a whole request in-process and reports its timing.
+    pub async fn serve(&self, tokens: Vec<u32>, output_tokens: u64) -> Served {
+        let mut run = self.start(tokens, None);
+        let queued = run.admit().await;
+        let cached_tokens = run.prefill().await;
+        let time_to_first_token = run.arrived.elapsed();
+        for _ in 0..output_tokens {
+            run.decode_token().await;
+        }
         Served {
+            prompt_tokens: run.prompt_tokens(),
             queued,
+            cached_tokens,
             time_to_first_token,
-            total: arrived.elapsed(),
+            total: run.arrived.elapsed(),
         }
     }
 }
 
-/// A request's share of the engine's counters, returned on drop at any stage.
-struct Tracked<'a> {
-    engine: &'a SimEngine,
-    prompt_tokens: u64,
-    running: bool,
+#[derive(Debug)]
+enum Phase {
+    Waiting { uncached: u64 },
+    Running { _permit: OwnedSemaphorePermit },
 }
 
-impl<'a> Tracked<'a> {
-    fn waiting(engine: &'a SimEngine, prompt_tokens: u64) -> Self {
-        let mut s = engine.state.lock();
-        s.waiting_requests += 1;
-        s.waiting_uncached_tokens += prompt_tokens;
-        s.total_tokens += prompt_tokens;
-        Self {
-            engine,
-            prompt_tokens,
-            running: false,
+/// One request's life on one rank. Dropping it at any phase returns its slot, its
+/// counters and its hold on cached pages.
+#[derive(Debug)]
+pub struct Run {
+    spec: EngineSpec,
+    faults: Arc<Faults>,
+    rank: Arc<Rank>,
+    tokens: Vec<u32>,
+    keys: Vec<PageKey>,
+    held: usize,
+    phase: Phase,
+    generated: u64,
+    arrived: Instant,
+}
+
+impl Run {
+    /// The rank serving the request.
+    pub fn rank(&self) -> u32 {
+        self.rank.index
+    }
+
+    /// Prompt length in tokens.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.tokens.len() as u64
+    }
+
+    /// Waits for a running slot; returns the time spent waiting.
+    pub async fn admit(&mut self) -> Duration {
+        let permit = Arc::clone(&self.rank.slots)
+            .acquire_owned()
+            .await
+            .expect("the slot semaphore is never closed");
+        let Phase::Waiting { uncached } = self.phase else {
+            return Duration::ZERO;
+        };
+        {
+            let mut state = self.rank.state.lock();
+            state.load.waiting_requests -= 1;
+            state.load.waiting_uncached_tokens -= uncached;
+            state.load.running_requests += 1;
+            state.load.used_kv_tokens += self.prompt_tokens();
         }
+        self.phase = Phase::Running { _permit: permit };
+        self.arrived.elapsed()
     }
 
-    fn start_running(&mut self) {
-        let mut s = self.engine.state.lock();
-        s.waiting_requests -= 1;
-        s.waiting_uncached_tokens -= self.prompt_tokens;
-        s.running_requests += 1;
-        s.used_kv_tokens += self.prompt_tokens;
-        self.running = true;
+    /// Prefills the prompt: holds its cached prefix, computes the rest at the
+    /// prefill rate, then caches the new pages and publishes them. Returns the prompt
+    /// tokens found in the cache.
+    pub async fn prefill(&mut self) -> u64 {
+        let page = u64::from(self.spec.page_size);
+        let matched = {
+            if self
+                .faults
+                .take_restart(self.rank.batches.load(Ordering::Relaxed))
+            {
+                self.rank.restart();
+            }
+            self.rank.state.lock().cache.hold_prefix(&self.keys)
+        };
+        self.held = matched;
+        let cached = matched as u64 * page;
+        let uncached = self.prompt_tokens() - cached;
+        let took = rate_delay(uncached, self.spec.prefill_tokens_per_sec);
+        if !took.is_zero() {
+            sleep(took).await;
+        }
+        let events = {
+            let mut state = self.rank.state.lock();
+            state.load.prefill_uncached_tokens_total += uncached;
+            state.load.prefill_busy_us_total += took.as_micros() as u64;
+            let change = state.cache.insert(&self.keys, matched);
+            self.held = change.held;
+            let mut events = Vec::new();
+            if !change.removed.is_empty() {
+                events.push(KvEvent::Removed {
+                    hashes: change.removed,
+                });
+            }
+            if !change.stored.is_empty() {
+                let first = self.held - change.stored.len();
+                let tokens = self.tokens[first * page as usize..self.held * page as usize].to_vec();
+                events.push(KvEvent::Stored {
+                    hashes: change.stored,
+                    parent: change.parent,
+                    tokens,
+                    block_size: self.spec.page_size,
+                });
+            }
+            events
+        };
+        self.rank.emit(events);
+        cached
     }
 
-    fn prefilled(&self, took: Duration) {
-        let mut s = self.engine.state.lock();
-        s.prefill_uncached_tokens_total += self.prompt_tokens;
-        s.prefill_busy_us_total += took.as_micros() as u64;
+    /// Emits one output token at the decode rate.
+    pub async fn decode_token(&mut self) {
+        let took = rate_delay(1, self.spec.decode_tokens_per_sec);
+        if !took.is_zero() {
+            sleep(took).await;
+        }
+        self.generated += 1;
+        let mut state = self.rank.state.lock();
+        state.load.used_kv_tokens += 1;
+        state.load.total_tokens += 1;
     }
 }
 
-impl Drop for Tracked<'_> {
+impl Drop for Run {
     fn drop(&mut self) {
-        let mut s = self.engine.state.lock();
-        s.total_tokens -= self.prompt_tokens;
-        if self.running {
-            s.running_requests -= 1;
-            s.used_kv_tokens -= self.prompt_tokens;
-        } else {
-            s.waiting_requests -= 1;
-            s.waiting_uncached_tokens -= self.prompt_tokens;
+        let mut state = self.rank.state.lock();
+        let prompt = self.prompt_tokens();
+        state.load.total_tokens -= prompt + self.generated;
+        match self.phase {
+            Phase::Waiting { uncached } => {
+                state.load.waiting_requests -= 1;
+                state.load.waiting_uncached_tokens -= uncached;
+            }
+            Phase::Running { .. } => {
+                state.load.running_requests -= 1;
+                state.load.used_kv_tokens -= prompt + self.generated;
+            }
         }
+        let held = &self.keys[..self.held];
+        state.cache.release(held);
+    }
+}
+
+/// `tokens` at `rate` per second, to the microsecond; zero for an instant (zero) rate.
+fn rate_delay(tokens: u64, rate: f64) -> Duration {
+    if rate > 0.0 && tokens > 0 {
+        Duration::from_micros((tokens as f64 * 1e6 / rate).round() as u64)
+    } else {
+        Duration::ZERO
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-
-    fn spec(slots: u32) -> EngineSpec {
-        EngineSpec {
-            max_running_requests: slots,
-            prefill_tokens_per_sec: 1000.0,
-            decode_tokens_per_sec: 100.0,
-            kv_capacity_tokens: 10_000,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn prefill_and_decode_take_tokens_over_their_rates() {
-        let engine = SimEngine::new(spec(4));
-        let served = engine.serve(500, 20).await;
-        assert_eq!(served.queued, Duration::ZERO);
-        assert_eq!(served.time_to_first_token, Duration::from_millis(500));
-        assert_eq!(served.total, Duration::from_millis(700));
-        let load = engine.load();
-        assert_eq!(
-            (
-                load.prefill_uncached_tokens_total,
-                load.prefill_busy_us_total
-            ),
-            (500, 500_000)
-        );
-        assert_eq!(
-            (
-                load.running_requests,
-                load.used_kv_tokens,
-                load.total_tokens
-            ),
-            (0, 0, 0)
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn requests_queue_behind_the_running_limit_and_report_it() {
-        let engine = Arc::new(SimEngine::new(spec(1)));
-        let first = tokio::spawn({
-            let engine = Arc::clone(&engine);
-            async move { engine.serve(1000, 0).await }
-        });
-        tokio::task::yield_now().await;
-        let second = tokio::spawn({
-            let engine = Arc::clone(&engine);
-            async move { engine.serve(300, 0).await }
-        });
-        tokio::task::yield_now().await;
-        let load = engine.load();
-        assert_eq!((load.running_requests, load.waiting_requests), (1, 1));
-        assert_eq!(
-            (
-                load.used_kv_tokens,
-                load.waiting_uncached_tokens,
-                load.total_tokens
-            ),
-            (1000, 300, 1300)
-        );
-        assert_eq!(first.await.unwrap().total, Duration::from_secs(1));
-        let second = second.await.unwrap();
-        assert_eq!(
-            second.queued,
-            Duration::from_secs(1),
-            "waited for the only slot"
-        );
-        assert_eq!(second.time_to_first_token, Duration::from_millis(1300));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_dropped_request_frees_its_slot_and_counters() {
-        let engine = Arc::new(SimEngine::new(spec(1)));
-        let running = tokio::spawn({
-            let engine = Arc::clone(&engine);
-            async move { engine.serve(1000, 1000).await }
-        });
-        let waiting = tokio::spawn({
-            let engine = Arc::clone(&engine);
-            async move { engine.serve(50, 0).await }
-        });
-        tokio::task::yield_now().await;
-        assert_eq!(engine.load().waiting_requests, 1);
-        waiting.abort();
-        running.abort();
-        assert!(running.await.unwrap_err().is_cancelled());
-        assert!(waiting.await.unwrap_err().is_cancelled());
-        let load = engine.load();
-        assert_eq!(
-            (
-                load.running_requests,
-                load.waiting_requests,
-                load.total_tokens
-            ),
-            (0, 0, 0)
-        );
-        assert_eq!(
-            engine.serve(10, 0).await.queued,
-            Duration::ZERO,
-            "the slot is free again"
-        );
-    }
-}
+mod tests;

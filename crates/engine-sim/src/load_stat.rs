@@ -5,23 +5,7 @@ use crate::engine::LoadSample;
 /// Encodes a native `LoadStat`: a msgpack array of the tag and ten integers (the rank
 /// as nil when absent), each in its smallest msgpack form, as msgspec does.
 pub fn encode_load_stat(sample: &LoadSample, dp_rank: Option<u32>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    let infallible = "writing to a Vec cannot fail";
-    rmp::encode::write_array_len(&mut out, 11).expect(infallible);
-    rmp::encode::write_str(&mut out, "LoadStat").expect(infallible);
-    let head = [
-        sample.running_requests,
-        sample.waiting_requests,
-        sample.used_kv_tokens,
-        sample.max_kv_tokens,
-    ];
-    for v in head {
-        rmp::encode::write_uint(&mut out, v).expect(infallible);
-    }
-    match dp_rank {
-        Some(rank) => drop(rmp::encode::write_uint(&mut out, u64::from(rank)).expect(infallible)),
-        None => rmp::encode::write_nil(&mut out).expect(infallible),
-    }
+    let mut out = encode_head(sample, dp_rank, 11);
     let native = [
         sample.waiting_uncached_tokens,
         sample.total_tokens,
@@ -30,7 +14,36 @@ pub fn encode_load_stat(sample: &LoadSample, dp_rank: Option<u32>) -> Vec<u8> {
         sample.prefill_busy_us_total,
     ];
     for v in native {
-        rmp::encode::write_uint(&mut out, v).expect(infallible);
+        rmp::encode::write_uint(&mut out, v).expect(INFALLIBLE);
+    }
+    out
+}
+
+/// Encodes the six-element `LoadStat` of publishers that predate the native fields.
+pub fn encode_basic_load_stat(sample: &LoadSample, dp_rank: Option<u32>) -> Vec<u8> {
+    encode_head(sample, dp_rank, 6)
+}
+
+const INFALLIBLE: &str = "writing to a Vec cannot fail";
+
+fn encode_head(sample: &LoadSample, dp_rank: Option<u32>, len: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    rmp::encode::write_array_len(&mut out, len).expect(INFALLIBLE);
+    rmp::encode::write_str(&mut out, "LoadStat").expect(INFALLIBLE);
+    let head = [
+        sample.running_requests,
+        sample.waiting_requests,
+        sample.used_kv_tokens,
+        sample.max_kv_tokens,
+    ];
+    for v in head {
+        rmp::encode::write_uint(&mut out, v).expect(INFALLIBLE);
+    }
+    match dp_rank {
+        Some(rank) => {
+            rmp::encode::write_uint(&mut out, u64::from(rank)).expect(INFALLIBLE);
+        }
+        None => rmp::encode::write_nil(&mut out).expect(INFALLIBLE),
     }
     out
 }

@@ -1,0 +1,412 @@
+//! `POST /v1/chat/completions` in the exact OpenAI shapes, JSON and SSE.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::bootstrap::{RoomInfo, fetch_room};
+use crate::config::EngineRole;
+use crate::engine::Run;
+use crate::server::AppState;
+use crate::tokenizer::{ChatMessage, output_word};
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    #[serde(default)]
+    messages: Vec<RawMessage>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    input_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    bootstrap_host: Option<String>,
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
+    #[serde(default)]
+    bootstrap_room: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+impl RawMessage {
+    fn flatten(&self) -> ChatMessage {
+        let content = match &self.content {
+            None => String::new(),
+            Some(Content::Text(text)) => text.clone(),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| p.text.as_deref())
+                .collect::<Vec<_>>()
+                .join(""),
+        };
+        ChatMessage {
+            role: self.role.clone(),
+            content,
+        }
+    }
+}
+
+/// An OpenAI-shaped error response.
+pub(crate) fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    let body = json!({"error": {"message": message.into(), "type": kind, "param": null, "code": status.as_u16()}});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn chat_completions(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    let request: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                format!("invalid request body: {e}"),
+            );
+        }
+    };
+    if request.messages.is_empty() && request.input_ids.is_none() {
+        return error_response(StatusCode::BAD_REQUEST, "messages must not be empty");
+    }
+    let faults = app.engine.faults().current();
+    if faults.slow_start_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.slow_start_ms)).await;
+    }
+    if faults.hang_before_first_byte {
+        std::future::pending::<()>().await;
+    }
+    if app.engine.faults().draw_error() {
+        return error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "simulated engine failure",
+        );
+    }
+    let tokens = match request.input_ids.clone() {
+        Some(ids) => ids,
+        None => {
+            let messages: Vec<ChatMessage> =
+                request.messages.iter().map(RawMessage::flatten).collect();
+            match app.tokenizer.encode_chat(&messages) {
+                Ok(tokens) => tokens,
+                Err(e) => return error_response(StatusCode::BAD_REQUEST, e),
+            }
+        }
+    };
+    if tokens.is_empty() {
+        return error_response(StatusCode::BAD_REQUEST, "the prompt has no tokens");
+    }
+    let run = match start_run(&app, &request, tokens).await {
+        Ok(run) => run,
+        Err(response) => return *response,
+    };
+    let limit = request.max_completion_tokens.or(request.max_tokens);
+    let wanted = limit.unwrap_or(u64::from(app.config.output_tokens));
+    let output_tokens = if app.config.role == EngineRole::Prefill {
+        wanted.min(1)
+    } else {
+        wanted
+    };
+    let generation = Generation {
+        app: Arc::clone(&app),
+        run,
+        id: format!("chatcmpl-{}", app.next_id()),
+        created: unix_seconds(),
+        output_tokens,
+        finish_reason: if limit == Some(output_tokens) {
+            "length"
+        } else {
+            "stop"
+        },
+        room: request.bootstrap_room,
+        cached_tokens: 0,
+        produced: 0,
+    };
+    if request.stream {
+        let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
+        stream_response(generation, include_usage, faults.disconnect_after_chunks)
+    } else {
+        json_response(generation).await
+    }
+}
+
+/// Registers the request on its rank; a decode engine first waits for its room.
+async fn start_run(
+    app: &AppState,
+    request: &ChatRequest,
+    tokens: Vec<u32>,
+) -> Result<Run, Box<Response>> {
+    let bad = |m: &str| Box::new(error_response(StatusCode::BAD_REQUEST, m));
+    match app.config.role {
+        EngineRole::Plain => Ok(app.engine.start(tokens, None)),
+        EngineRole::Prefill => {
+            let room = request
+                .bootstrap_room
+                .ok_or_else(|| bad("a prefill engine needs bootstrap_room"))?;
+            Ok(app.engine.start(tokens, Some(room)))
+        }
+        EngineRole::Decode => {
+            let (Some(host), Some(port), Some(room)) = (
+                &request.bootstrap_host,
+                request.bootstrap_port,
+                request.bootstrap_room,
+            ) else {
+                return Err(bad(
+                    "a decode engine needs bootstrap_host, bootstrap_port and bootstrap_room",
+                ));
+            };
+            let timeout = Duration::from_millis(app.config.bootstrap_timeout_ms);
+            fetch_room(&app.client, host, port, room, timeout)
+                .await
+                .map_err(|e| {
+                    Box::new(error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("KV transfer failed: {e}"),
+                    ))
+                })?;
+            Ok(app.engine.start(tokens, Some(room)))
+        }
+    }
+}
+
+/// One response being generated. Dropping it (a client that went away) drops the run
+/// and frees the engine slot.
+struct Generation {
+    app: Arc<AppState>,
+    run: Run,
+    id: String,
+    created: u64,
+    output_tokens: u64,
+    finish_reason: &'static str,
+    room: Option<u64>,
+    cached_tokens: u64,
+    produced: u64,
+}
+
+impl Generation {
+    /// Waits for a slot and computes the prompt (a decode engine received it).
+    async fn prefill(&mut self) {
+        self.run.admit().await;
+        if self.app.config.role == EngineRole::Decode {
+            return;
+        }
+        self.cached_tokens = self.run.prefill().await;
+        if let (Some(rooms), Some(room)) = (&self.app.rooms, self.room) {
+            rooms.mark_ready(RoomInfo {
+                room,
+                prompt_tokens: self.run.prompt_tokens(),
+            });
+        }
+    }
+
+    /// The next output word, or `None` when done.
+    async fn next_word(&mut self) -> Option<&'static str> {
+        if self.produced == self.output_tokens {
+            return None;
+        }
+        self.run.decode_token().await;
+        self.produced += 1;
+        Some(output_word(
+            self.run.prompt_tokens() as usize,
+            self.produced,
+        ))
+    }
+
+    fn usage(&self) -> Value {
+        let prompt = self.run.prompt_tokens();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": self.produced,
+            "total_tokens": prompt + self.produced,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Bytes {
+        let chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.app.config.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+        });
+        sse(&chunk)
+    }
+}
+
+async fn json_response(mut generation: Generation) -> Response {
+    generation.prefill().await;
+    let mut words = Vec::new();
+    while let Some(word) = generation.next_word().await {
+        words.push(word);
+    }
+    let body = json!({
+        "id": generation.id,
+        "object": "chat.completion",
+        "created": generation.created,
+        "model": generation.app.config.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": words.join(" ")},
+            "logprobs": null,
+            "finish_reason": generation.finish_reason,
+        }],
+        "usage": generation.usage(),
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+enum Step {
+    Role,
+    Words,
+    Finish,
+    Usage,
+    Done,
+    End,
+}
+
+struct StreamState {
+    generation: Generation,
+    step: Step,
+    include_usage: bool,
+    sent: u32,
+    disconnect_after: Option<u32>,
+}
+
+impl StreamState {
+    async fn next_event(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if self.disconnect_after.is_some_and(|n| self.sent >= n) {
+            // Let the server flush what was sent before the connection is cut.
+            tokio::task::yield_now().await;
+            return Some(Err(std::io::Error::other("simulated disconnect")));
+        }
+        let g = &mut self.generation;
+        let event = loop {
+            match self.step {
+                Step::Role => {
+                    g.prefill().await;
+                    self.step = Step::Words;
+                    break g.chunk(json!({"role": "assistant", "content": ""}), None);
+                }
+                Step::Words => match g.next_word().await {
+                    Some(word) => {
+                        let text = if g.produced == 1 {
+                            word.to_owned()
+                        } else {
+                            format!(" {word}")
+                        };
+                        break g.chunk(json!({"content": text}), None);
+                    }
+                    None => self.step = Step::Finish,
+                },
+                Step::Finish => {
+                    self.step = if self.include_usage {
+                        Step::Usage
+                    } else {
+                        Step::Done
+                    };
+                    break g.chunk(json!({}), Some(g.finish_reason));
+                }
+                Step::Usage => {
+                    self.step = Step::Done;
+                    break sse(&json!({
+                        "id": g.id,
+                        "object": "chat.completion.chunk",
+                        "created": g.created,
+                        "model": g.app.config.model,
+                        "choices": [],
+                        "usage": g.usage(),
+                    }));
+                }
+                Step::Done => {
+                    self.step = Step::End;
+                    break Bytes::from_static(b"data: [DONE]\n\n");
+                }
+                Step::End => return None,
+            }
+        };
+        self.sent += 1;
+        Some(Ok(event))
+    }
+}
+
+fn stream_response(
+    generation: Generation,
+    include_usage: bool,
+    disconnect_after: Option<u32>,
+) -> Response {
+    let state = StreamState {
+        generation,
+        step: Step::Role,
+        include_usage,
+        sent: 0,
+        disconnect_after,
+    };
+    let stream = futures_util::stream::unfold(state, |mut state| async move {
+        let event = state.next_event().await?;
+        Some((event, state))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("a static response head is valid")
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

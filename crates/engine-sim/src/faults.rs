@@ -1,0 +1,118 @@
+//! Faults a test can switch on at start (flags) or at runtime (`POST /admin/faults`).
+
+use parking_lot::Mutex;
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+/// The fault set. `POST /admin/faults` replaces it whole: fields left out are off.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Fraction of chat requests answered with HTTP 500 (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Accept chat requests but never send a byte.
+    #[arg(long)]
+    pub hang_before_first_byte: bool,
+    /// Cut streamed responses (closing the connection) after this many chunks.
+    #[arg(long)]
+    pub disconnect_after_chunks: Option<u32>,
+    /// Extra delay before the first byte of every chat response, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub slow_start_ms: u64,
+    /// Answer GET /health with 503.
+    #[arg(long)]
+    pub fail_health: bool,
+    /// Close the HTTP listener so connections are refused.
+    #[arg(long)]
+    pub refuse_connections: bool,
+    /// Leave the next K KV-event batches out of the live stream (a sequence gap);
+    /// they stay in the replay buffer.
+    #[arg(long, default_value_t = 0)]
+    pub drop_event_batches: u32,
+    /// Restart the KV-event publisher (sequence back to 0, cache and replay buffer
+    /// emptied, as after an engine restart) once this many batches were published.
+    #[arg(long)]
+    pub restart_publisher_after_batches: Option<u64>,
+}
+
+impl FaultConfig {
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// A message naming the setting at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.error_rate) {
+            return Err(format!(
+                "error_rate must be between 0 and 1, got {}",
+                self.error_rate
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The live fault set shared by every part of the engine.
+#[derive(Debug)]
+pub(crate) struct Faults {
+    config: Mutex<FaultConfig>,
+    rng: Mutex<Xoshiro256PlusPlus>,
+    refuse: watch::Sender<bool>,
+}
+
+impl Faults {
+    pub(crate) fn new(config: FaultConfig, seed: u64) -> Self {
+        let (refuse, _) = watch::channel(config.refuse_connections);
+        Self {
+            config: Mutex::new(config),
+            rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed)),
+            refuse,
+        }
+    }
+
+    pub(crate) fn current(&self) -> FaultConfig {
+        self.config.lock().clone()
+    }
+
+    pub(crate) fn replace(&self, config: FaultConfig) {
+        self.refuse.send_replace(config.refuse_connections);
+        *self.config.lock() = config;
+    }
+
+    /// Watches the refuse-connections switch.
+    pub(crate) fn refusing(&self) -> watch::Receiver<bool> {
+        self.refuse.subscribe()
+    }
+
+    /// Whether this request draws the error-rate fault.
+    pub(crate) fn draw_error(&self) -> bool {
+        let rate = self.config.lock().error_rate;
+        rate > 0.0 && (self.rng.lock().next_u64() as f64 / u64::MAX as f64) < rate
+    }
+
+    /// Consumes one dropped batch, if the drop fault has any left.
+    pub(crate) fn take_dropped_batch(&self) -> bool {
+        let mut config = self.config.lock();
+        if config.drop_event_batches == 0 {
+            return false;
+        }
+        config.drop_event_batches -= 1;
+        true
+    }
+
+    /// Whether the publisher restarts now, having published `published` batches;
+    /// the fault fires once.
+    pub(crate) fn take_restart(&self, published: u64) -> bool {
+        let mut config = self.config.lock();
+        if config
+            .restart_publisher_after_batches
+            .is_some_and(|n| published >= n)
+        {
+            config.restart_publisher_after_batches = None;
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,221 @@
+//! Turning chat messages into prompt tokens, and generating output text.
+//!
+//! With a Hugging Face `tokenizer.json` the engine renders the chat template from the
+//! `tokenizer_config.json` beside it and tokenizes the result as a real engine does.
+//! Without one it uses a deterministic built-in tokenizer: one token per
+//! whitespace-separated word, so equal prompts give equal tokens and shared prefixes
+//! share tokens.
+
+use std::path::Path;
+
+use minijinja::{Environment, ErrorKind, context};
+use serde::Serialize;
+
+/// One chat message with its content flattened to text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct ChatMessage {
+    pub(crate) role: String,
+    pub(crate) content: String,
+}
+
+/// Why a tokenizer could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("loading tokenizer {path}: {message}")]
+pub struct TokenizerError {
+    path: String,
+    message: String,
+}
+
+/// A prompt tokenizer.
+#[derive(Debug)]
+pub(crate) enum Tokenizer {
+    BuiltIn,
+    HuggingFace(Box<HfTokenizer>),
+}
+
+#[derive(Debug)]
+pub(crate) struct HfTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` and the chat template of the `tokenizer_config.json`
+    /// beside it.
+    pub(crate) fn load(path: &Path) -> Result<Self, TokenizerError> {
+        let error = |message: String| TokenizerError {
+            path: path.display().to_string(),
+            message,
+        };
+        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|e| error(e.to_string()))?;
+        let config_path = path.with_file_name("tokenizer_config.json");
+        let config: serde_json::Value = std::fs::read_to_string(&config_path)
+            .map_err(|e| error(format!("{}: {e}", config_path.display())))
+            .and_then(|text| {
+                serde_json::from_str(&text)
+                    .map_err(|e| error(format!("{}: {e}", config_path.display())))
+            })?;
+        let template = match &config["chat_template"] {
+            serde_json::Value::String(t) => t.clone(),
+            serde_json::Value::Array(named) => named
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str())
+                .ok_or_else(|| error("tokenizer_config.json has no default chat template".into()))?
+                .to_owned(),
+            _ => return Err(error("tokenizer_config.json has no chat_template".into())),
+        };
+        let special = |key: &str| match &config[key] {
+            serde_json::Value::String(s) => s.clone(),
+            value => value["content"].as_str().unwrap_or_default().to_owned(),
+        };
+        // Rendered as Hugging Face transformers renders chat templates (what SGLang
+        // uses): blocks trimmed and left-stripped, Python string methods available.
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_template_owned("chat", template)
+            .map_err(|e| error(e.to_string()))?;
+        Ok(Tokenizer::HuggingFace(Box::new(HfTokenizer {
+            tokenizer,
+            template: env,
+            bos_token: special("bos_token"),
+            eos_token: special("eos_token"),
+        })))
+    }
+
+    /// Renders the conversation for generation and tokenizes it.
+    pub(crate) fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+        match self {
+            Tokenizer::BuiltIn => {
+                let mut tokens = Vec::new();
+                for m in messages {
+                    tokens.push(word_token(&format!("<|{}|>", m.role)));
+                    tokens.extend(m.content.split_whitespace().map(word_token));
+                }
+                tokens.push(word_token("<|assistant|>"));
+                Ok(tokens)
+            }
+            Tokenizer::HuggingFace(hf) => {
+                let prompt = hf.render(messages)?;
+                let encoding = hf
+                    .tokenizer
+                    .encode(prompt, false)
+                    .map_err(|e| e.to_string())?;
+                Ok(encoding.get_ids().to_vec())
+            }
+        }
+    }
+}
+
+impl HfTokenizer {
+    fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        let template = self
+            .template
+            .get_template("chat")
+            .map_err(|e| e.to_string())?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(|e| format!("rendering the chat template: {e}"))
+    }
+}
+
+/// FNV-1a of a word, folded into a 50k vocabulary above the 256 reserved ids.
+fn word_token(word: &str) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in word.bytes() {
+        hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+    }
+    256 + hash % 50_000
+}
+
+const WORDS: &[&str] = &[
+    "the", "router", "sends", "each", "request", "to", "an", "engine", "that", "holds", "its",
+    "prefix", "and", "has", "room", "for", "one", "more", "so", "time", "to", "first", "token",
+    "stays", "low",
+];
+
+/// The text of output token `index` of a response whose prompt had `prompt_len`
+/// tokens: deterministic, one word per token.
+pub(crate) fn output_word(prompt_len: usize, index: u64) -> &'static str {
+    WORDS[(prompt_len + index as usize) % WORDS.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn the_built_in_tokenizer_is_deterministic_and_prefix_preserving() {
+        let t = Tokenizer::BuiltIn;
+        let short = t.encode_chat(&[message("user", "hello there")]).unwrap();
+        let again = t.encode_chat(&[message("user", "hello there")]).unwrap();
+        assert_eq!(short, again);
+        assert_eq!(short.len(), 4, "role marker, two words, generation marker");
+        let turn = t
+            .encode_chat(&[
+                message("user", "hello there"),
+                message("assistant", "hi"),
+                message("user", "more"),
+            ])
+            .unwrap();
+        assert_eq!(
+            turn[..3],
+            short[..3],
+            "a later turn extends the earlier prompt"
+        );
+        assert!(short.iter().all(|&id| (256..50_256).contains(&id)));
+    }
+
+    #[test]
+    fn a_hugging_face_tokenizer_renders_the_chat_template_then_tokenizes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/tokenizer-tiny/tokenizer.json");
+        let t = Tokenizer::load(&path).unwrap();
+        let ids = t
+            .encode_chat(&[
+                message("user", "hello world "),
+                message("assistant", "again"),
+            ])
+            .unwrap();
+        assert_eq!(
+            ids,
+            [1, 2, 4, 5, 3, 6, 3],
+            "<s> <|user|> hello world <|assistant|> again <|assistant|>"
+        );
+        let unknown = t.encode_chat(&[message("system", "x")]).unwrap();
+        assert_eq!(unknown, [1, 0, 0, 3], "unknown words map to [UNK]");
+    }
+
+    #[test]
+    fn a_missing_tokenizer_file_names_the_path() {
+        let err = Tokenizer::load(Path::new("/nonexistent/tokenizer.json")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("loading tokenizer /nonexistent/tokenizer.json:"),
+            "{err}"
+        );
+    }
+}

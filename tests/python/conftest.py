@@ -1,0 +1,87 @@
+"""Fixtures: simulated engines as real processes, and the real SGLang modules."""
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("SWITCHYARD_CACHE", ROOT / ".cache"))
+BINARY = Path(os.environ.get("SWITCHYARD_BIN", ROOT / "target" / "debug" / "switchyard"))
+
+
+class Sim:
+    """A `switchyard sim-engine` process on ports the OS picks."""
+
+    def __init__(self, args):
+        command = [str(BINARY), "sim-engine", "--port", "0", *args]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=10)
+            raise RuntimeError(f"sim-engine exited before it was ready: {command}")
+        ready = json.loads(line)
+        assert ready["event"] == "ready"
+        self.ports = ready["ports"]
+        self.url = f"http://{self.ports['http']}"
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            assert self.process.wait(timeout=20) == 0, "sim-engine stops cleanly on SIGTERM"
+
+
+@pytest.fixture
+def sim():
+    """Starts simulated engines; every one is stopped when the test ends."""
+    started = []
+
+    def start(*args):
+        engine = Sim([str(a) for a in args])
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang():
+    """The real SGLang publisher modules, loaded unmodified from the wheel with the
+    torch-importing package __init__ files bypassed by stub packages."""
+    root = CACHE / "sglang"
+    if not (root / "sglang" / "srt" / "disaggregation" / "kv_events.py").exists():
+        pytest.fail(f"the SGLang wheel is not unpacked in {root}: run `cargo xtask ci`")
+    for dotted in [
+        "sglang",
+        "sglang.srt",
+        "sglang.srt.utils",
+        "sglang.srt.disaggregation",
+        "sglang.srt.managers",
+        "sglang.srt.managers.scheduler_components",
+    ]:
+        module = types.ModuleType(dotted)
+        module.__path__ = [str(root / dotted.replace(".", "/"))]
+        sys.modules[dotted] = module
+
+    class Parallel:
+        num_dp_ranks = 1
+        attn_dp_size = 1
+        attn_dp_rank = 0
+        dp_rank = 0
+        pp_rank = 0
+        attn_tp_rank = 0
+        attn_cp_rank = 0
+
+    runtime_context = types.ModuleType("sglang.srt.runtime_context")
+    runtime_context.get_parallel = lambda: Parallel()
+    sys.modules["sglang.srt.runtime_context"] = runtime_context
+    kv_events = importlib.import_module("sglang.srt.disaggregation.kv_events")
+    load_publisher = importlib.import_module("sglang.srt.managers.scheduler_components.load_publisher")
+    return types.SimpleNamespace(kv_events=kv_events, load_publisher=load_publisher)

@@ -1,0 +1,60 @@
+//! The Python side of the suite: a venv with pinned packages, third-party test data
+//! (the real SGLang publisher modules, a real tokenizer), and pytest over `tests/python`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+
+use crate::{cargo, step};
+
+/// Installs what the Python tests need and runs them against the debug binary.
+pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
+    let cache = root.join(".cache");
+    let python = venv(&cache)?;
+    step(
+        "python packages (tests/python/requirements.txt)",
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--cache-dir",
+            ])
+            .arg(cache.join("pip"))
+            .args(["-r", "tests/python/requirements.txt"]),
+    )?;
+    step(
+        "third-party test data (SGLang wheel, Qwen3 tokenizer)",
+        Command::new(&python)
+            .arg("tests/python/fetch_testdata.py")
+            .arg(&cache),
+    )?;
+    step(
+        "build switchyard for the python tests",
+        cargo().args(["build", "--locked", "-p", "switchyard"]),
+    )?;
+    step(
+        "python tests (openai client, SGLang schema conformance, tokenizer parity)",
+        Command::new(&python)
+            .args(["-m", "pytest", "tests/python", "-q"])
+            .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
+            .env("SWITCHYARD_CACHE", &cache),
+    )
+}
+
+/// The venv's interpreter, creating the venv on first use.
+fn venv(cache: &Path) -> anyhow::Result<PathBuf> {
+    let dir = cache.join("venv");
+    let python = dir.join("bin/python");
+    if !python.exists() {
+        step(
+            "create the python venv (.cache/venv)",
+            Command::new("python3").args(["-m", "venv"]).arg(&dir),
+        )
+        .context("python3 with the venv module is needed for the Python tests")?;
+    }
+    Ok(python)
+}
