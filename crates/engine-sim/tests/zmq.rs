@@ -245,3 +245,18 @@ async fn a_publisher_restart_starts_the_sequence_again_at_zero() {
     assert_eq!(replayed, [0], "the replay history restarted too");
     engine.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_idle_engine_still_reports_its_load_every_second() {
+    let engine = engine(config()).await;
+    let mut sub = subscribe(engine.ports().load[0], "").await;
+    let (_, first_seq, first) = recv(&mut sub).await;
+    let (_, second_seq, second) = recv(&mut sub).await;
+    assert_eq!(
+        second_seq,
+        first_seq + 1,
+        "a heartbeat follows without any change"
+    );
+    assert_eq!(first, second, "an unchanged load is re-sent as is");
+    engine.shutdown().await;
+}
