@@ -96,32 +96,41 @@ impl BucketConfigError {
     }
 }
 
-/// The engines a model's configuration declares, by id and role; membership is
-/// validated against it.
+/// The engines a model's configuration declares, by id and (when known) role;
+/// membership is validated against it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelRoster {
-    engines: BTreeMap<WorkerId, Role>,
+    engines: BTreeMap<WorkerId, Option<Role>>,
 }
 
 impl ModelRoster {
     /// A roster of `(id, role)` pairs.
     pub fn new(engines: impl IntoIterator<Item = (WorkerId, Role)>) -> Self {
         Self {
-            engines: engines.into_iter().collect(),
+            engines: engines.into_iter().map(|(id, role)| (id, Some(role))).collect(),
         }
     }
 
-    /// The role of the engine with this id.
-    pub fn role_of(&self, id: &str) -> Option<Role> {
-        self.engines.get(id).copied()
+    /// Adds engines whose role is not known yet (it will be read from the engine);
+    /// membership naming them is accepted for any role.
+    pub fn with_unknown_roles(mut self, ids: impl IntoIterator<Item = WorkerId>) -> Self {
+        self.engines.extend(ids.into_iter().map(|id| (id, None)));
+        self
     }
 
-    /// Plain or PD, from the declared engines; plain when none are declared.
-    pub fn mode(&self) -> ModelMode {
-        self.engines
-            .values()
-            .next()
-            .map_or(ModelMode::Plain, |role| ModelMode::of(*role))
+    /// Whether the roster declares this engine.
+    pub fn contains(&self, id: &str) -> bool {
+        self.engines.contains_key(id)
+    }
+
+    /// The role of the engine with this id, when declared and known.
+    pub fn role_of(&self, id: &str) -> Option<Role> {
+        self.engines.get(id).copied().flatten()
+    }
+
+    /// Plain or PD, from the engines whose role is known; `None` when no role is.
+    pub fn mode(&self) -> Option<ModelMode> {
+        self.engines.values().flatten().next().map(|role| ModelMode::of(*role))
     }
 }
 
@@ -180,7 +189,7 @@ pub fn build_resolver(
         }
         Some(configs) => configs,
         None => {
-            catch_all = [catch_all_config(roster.mode())];
+            catch_all = [catch_all_config(roster.mode().unwrap_or(ModelMode::Plain))];
             &catch_all
         }
     };
@@ -226,7 +235,7 @@ fn build_bucket(
     handles: &PolicyHandles,
 ) -> Result<Bucket, BucketConfigError> {
     let groups = match (&config.groups, roster.mode()) {
-        (GroupsConfig::Plain(group), ModelMode::Plain) => {
+        (GroupsConfig::Plain(group), Some(ModelMode::Plain) | None) => {
             let path = format!("{path}.groups.plain");
             BucketGroups::Plain(build_group(
                 &path,
@@ -237,7 +246,7 @@ fn build_bucket(
                 handles,
             )?)
         }
-        (GroupsConfig::Pd(pd), ModelMode::Pd) => {
+        (GroupsConfig::Pd(pd), Some(ModelMode::Pd) | None) => {
             let path = format!("{path}.groups.pd");
             BucketGroups::Pd {
                 prefill: build_group(
@@ -258,13 +267,13 @@ fn build_bucket(
                 )?,
             }
         }
-        (GroupsConfig::Plain(_), ModelMode::Pd) => {
+        (GroupsConfig::Plain(_), Some(ModelMode::Pd)) => {
             return Err(BucketConfigError::at(
                 format!("{path}.groups.plain"),
                 "the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
             ));
         }
-        (GroupsConfig::Pd(_), ModelMode::Plain) => {
+        (GroupsConfig::Pd(_), Some(ModelMode::Plain)) => {
             return Err(BucketConfigError::at(
                 format!("{path}.groups.pd"),
                 "the model is served by plain engines; use groups.plain",
@@ -317,7 +326,7 @@ fn build_group(
             _ if id.is_empty() => {
                 return Err(BucketConfigError::at(at, "engine id must not be empty"));
             }
-            None => {
+            None if !roster.contains(id) => {
                 return Err(BucketConfigError::at(
                     at,
                     format_args!("unknown engine {id:?}"),
@@ -331,7 +340,7 @@ fn build_group(
                     ),
                 ));
             }
-            Some(_) => {}
+            _ => {}
         }
         if !members.insert(WorkerId::from(id.as_str())) {
             return Err(BucketConfigError::at(

@@ -239,3 +239,14 @@ fn round_trips_through_serde_and_publishes_a_schema() {
         assert!(schema.contains(field), "schema mentions {field}");
     }
 }
+
+#[test]
+fn engines_whose_role_is_not_known_yet_are_accepted_in_any_group() {
+    let roster = ModelRoster::default().with_unknown_roles(["X1".into(), "X2".into()]);
+    assert!(roster.contains("X1") && roster.role_of("X1").is_none());
+    assert_eq!(roster.mode(), None);
+    let json = r#"[{"id": "b", "groups": {"pd": {"prefill": {"worker_ids": ["X1"]}, "decode": {"worker_ids": ["X2"]}}}}]"#;
+    assert!(build(json, &roster).is_ok());
+    let err = build(r#"[{"id": "b", "groups": {"plain": {"worker_ids": ["X3"]}}}]"#, &roster).unwrap_err();
+    assert_eq!(err, "buckets[0].groups.plain.worker_ids[0]: unknown engine \"X3\"");
+}

@@ -38,12 +38,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod feed;
 mod load_monitor;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 mod worker;
 
+pub use feed::{
+    Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource, Sequence, decode_envelope, spawn_load_subscriber,
+};
 pub use load_monitor::{
     DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,
     IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot, LoadTableConfig,

@@ -1,0 +1,225 @@
+//! The ZeroMQ envelope engines publish in, and the load-feed subscriber.
+//!
+//! Every live message is three frames: topic, an 8-byte big-endian sequence (0xFF x 8
+//! means "publisher reset"), and one msgpack payload. Anything else is dropped and
+//! counted, never guessed at.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+use crate::load_monitor::{EngineReportedLoadTable, LoadReport};
+use crate::worker::WorkerId;
+
+/// A message's sequence frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sequence {
+    /// A batch number, counting from 0 at publisher start.
+    Number(u64),
+    /// The publisher reset (-1).
+    Reset,
+}
+
+/// One well-formed live message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The topic frame.
+    pub topic: Bytes,
+    /// The sequence frame.
+    pub sequence: Sequence,
+    /// The msgpack payload.
+    pub payload: Bytes,
+}
+
+/// Why a message was dropped before its payload was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// Not three frames.
+    #[error("expected 3 frames, got {0}")]
+    FrameCount(usize),
+    /// The sequence frame is not 8 bytes.
+    #[error("the sequence frame has {0} bytes, not 8")]
+    SequenceLength(usize),
+}
+
+impl EnvelopeError {
+    /// Short label for drop counters.
+    pub fn reason(self) -> &'static str {
+        match self {
+            EnvelopeError::FrameCount(_) => "frame_count",
+            EnvelopeError::SequenceLength(_) => "sequence_length",
+        }
+    }
+}
+
+/// Checks and splits a live message.
+///
+/// # Errors
+/// See [`EnvelopeError`].
+pub fn decode_envelope(frames: Vec<Bytes>) -> Result<Envelope, EnvelopeError> {
+    let [topic, sequence, payload]: [Bytes; 3] =
+        frames.try_into().map_err(|f: Vec<Bytes>| EnvelopeError::FrameCount(f.len()))?;
+    let raw: [u8; 8] = sequence
+        .as_ref()
+        .try_into()
+        .map_err(|_| EnvelopeError::SequenceLength(sequence.len()))?;
+    let sequence = match u64::from_be_bytes(raw) {
+        u64::MAX => Sequence::Reset,
+        n => Sequence::Number(n),
+    };
+    Ok(Envelope {
+        topic,
+        sequence,
+        payload,
+    })
+}
+
+/// Where one rank of one engine publishes its load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadFeedSource {
+    /// The engine.
+    pub engine: WorkerId,
+    /// The data-parallel rank (authoritative over the payload's rank).
+    pub rank: u32,
+    /// `tcp://host:port` of the rank's PUB socket.
+    pub endpoint: String,
+    /// Topic prefix to subscribe to.
+    pub topic: String,
+}
+
+/// Counters of a feed subscriber, shared with metrics.
+#[derive(Debug, Default)]
+pub struct FeedStats {
+    applied: AtomicU64,
+    applied_changed: Notify,
+    dropped_envelope: AtomicU64,
+    dropped_payload: AtomicU64,
+    dropped_unknown_engine: AtomicU64,
+    connect_failures: AtomicU64,
+}
+
+impl FeedStats {
+    /// Reports applied so far.
+    pub fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Relaxed)
+    }
+
+    /// Waits until more than `seen` reports have been applied; returns the new count.
+    pub async fn applied_after(&self, seen: u64) -> u64 {
+        loop {
+            let changed = self.applied_changed.notified();
+            let applied = self.applied();
+            if applied > seen {
+                return applied;
+            }
+            changed.await;
+        }
+    }
+
+    /// `(label, count)` for reports applied and every drop reason.
+    pub fn counts(&self) -> [(&'static str, u64); 5] {
+        [
+            ("applied", self.applied.load(Ordering::Relaxed)),
+            ("dropped_envelope", self.dropped_envelope.load(Ordering::Relaxed)),
+            ("dropped_payload", self.dropped_payload.load(Ordering::Relaxed)),
+            ("dropped_unknown_engine", self.dropped_unknown_engine.load(Ordering::Relaxed)),
+            ("connect_failures", self.connect_failures.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
+/// A running subscriber task; dropping the handle stops it.
+#[derive(Debug)]
+pub struct FeedHandle(JoinHandle<()>);
+
+impl Drop for FeedHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Subscribes to one rank's load feed and applies every report to `table`. The
+/// subscription reconnects with backoff until the handle is dropped.
+pub fn spawn_load_subscriber(
+    table: Arc<EngineReportedLoadTable>,
+    source: LoadFeedSource,
+    stats: Arc<FeedStats>,
+) -> FeedHandle {
+    FeedHandle(tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let mut sub = SubSocket::new();
+            let connected = sub.connect(&source.endpoint).await;
+            if let Err(e) = connected.and(sub.subscribe(&source.topic).await) {
+                stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(engine = %source.engine, rank = source.rank, error = %e, "load feed connect failed");
+                sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+            backoff = Duration::from_millis(50);
+            while let Ok(message) = sub.recv().await {
+                apply(&table, &source, &stats, message.into_vec());
+            }
+        }
+    }))
+}
+
+fn apply(table: &EngineReportedLoadTable, source: &LoadFeedSource, stats: &FeedStats, frames: Vec<Bytes>) {
+    let envelope = match decode_envelope(frames) {
+        Ok(e) if e.sequence != Sequence::Reset => e,
+        _ => {
+            stats.dropped_envelope.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let report = match LoadReport::decode(&envelope.payload) {
+        Ok(report) => report,
+        Err(e) => {
+            stats.dropped_payload.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(engine = %source.engine, reason = e.reason(), "load report dropped");
+            return;
+        }
+    };
+    match table.ingest(&source.engine, source.rank, report, Instant::now()) {
+        Ok(()) => {
+            stats.applied.fetch_add(1, Ordering::Relaxed);
+            stats.applied_changed.notify_waiters();
+        }
+        Err(_) => {
+            stats.dropped_unknown_engine.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(parts: &[&[u8]]) -> Vec<Bytes> {
+        parts.iter().map(|p| Bytes::copy_from_slice(p)).collect()
+    }
+
+    #[test]
+    fn decodes_the_three_frame_envelope() {
+        let e = decode_envelope(frames(&[b"load", &7u64.to_be_bytes(), b"\x90"])).unwrap();
+        assert_eq!((e.topic.as_ref(), e.sequence, e.payload.as_ref()), (&b"load"[..], Sequence::Number(7), &b"\x90"[..]));
+        let reset = decode_envelope(frames(&[b"", &[0xFF; 8], b""])).unwrap();
+        assert_eq!(reset.sequence, Sequence::Reset);
+    }
+
+    #[test]
+    fn drops_malformed_envelopes_with_a_reason() {
+        let two = decode_envelope(frames(&[b"", b"\x90"])).unwrap_err();
+        assert_eq!((two, two.reason()), (EnvelopeError::FrameCount(2), "frame_count"));
+        let short = decode_envelope(frames(&[b"", &[0, 1], b"\x90"])).unwrap_err();
+        assert_eq!(short.to_string(), "the sequence frame has 2 bytes, not 8");
+    }
+}
