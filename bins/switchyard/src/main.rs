@@ -7,8 +7,13 @@
 )]
 
 mod demo;
+mod serve;
 mod sim_engine;
 
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 
 /// Switchyard: bucket-first routing for fleets of SGLang and vLLM engines.
@@ -21,16 +26,35 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Route a simulated workload through the real selection core over simulated
-    /// engines, then print a report.
+    /// Run the router.
+    Serve(Box<serve::ServeArgs>),
+    /// Check a configuration file, or print the configuration's JSON Schema.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Start simulated engines and the router, run a chat workload through it, and
+    /// print a report.
     Demo(demo::DemoArgs),
     /// Run one simulated SGLang-compatible engine (HTTP, KV events, load feed, PD
     /// bootstrap, faults). Prints one JSON line with the bound ports once ready.
     SimEngine(Box<engine_sim::SimConfig>),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate FILE without contacting engines; exits non-zero with every problem.
+    Check {
+        /// The YAML configuration file.
+        file: PathBuf,
+    },
+    /// Print the configuration's JSON Schema.
+    Schema,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return explain_dropped_flag(e),
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -38,8 +62,35 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match cli.command {
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(*args),
+        Command::Config(ConfigCommand::Check { file }) => serve::check(&file),
+        Command::Config(ConfigCommand::Schema) => serve::schema(),
         Command::Demo(args) => demo::run(args),
         Command::SimEngine(config) => sim_engine::run(*config),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// Turns clap's "unexpected argument" for a flag of earlier routers into a message
+/// naming what replaced it.
+fn explain_dropped_flag(error: clap::Error) -> ExitCode {
+    if error.kind() == ErrorKind::UnknownArgument
+        && let Some(ContextValue::String(flag)) = error.get(ContextKind::InvalidArg)
+    {
+        let name = flag.split('=').next().unwrap_or(flag);
+        if let Some(dropped) =
+            router_policy::dropped_option(name).or_else(|| router_policy::dropped_policy_type(name))
+        {
+            eprintln!("error: {name} was removed: {}", dropped.replacement);
+            return ExitCode::from(2);
+        }
+    }
+    error.exit()
 }

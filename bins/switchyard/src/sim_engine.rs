@@ -17,17 +17,22 @@ pub(crate) fn run(config: engine_sim::SimConfig) -> anyhow::Result<()> {
         writeln!(stdout, "{ready}")?;
         stdout.flush()?;
         drop(stdout);
-        shutdown_signal().await?;
+        shutdown_signal().await;
         engine.shutdown().await;
         Ok(())
     })
 }
 
-async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+/// Resolves on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => drop(signal.recv().await),
+            Err(_) => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
     }
-    Ok(())
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
@@ -99,7 +99,15 @@ pub(crate) fn error_response(status: StatusCode, message: impl Into<String>) -> 
         .into_response()
 }
 
-pub(crate) async fn chat_completions(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+pub(crate) async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -112,6 +120,14 @@ pub(crate) async fn chat_completions(State(app): State<Arc<AppState>>, body: Byt
     if request.messages.is_empty() && request.input_ids.is_none() {
         return error_response(StatusCode::BAD_REQUEST, "messages must not be empty");
     }
+    app.remember(json!({
+        "stream": request.stream,
+        "max_tokens": request.max_completion_tokens.or(request.max_tokens),
+        "bootstrap_host": request.bootstrap_host,
+        "bootstrap_port": request.bootstrap_port,
+        "bootstrap_room": request.bootstrap_room,
+        "request_id": request_id,
+    }));
     let faults = app.engine.faults().current();
     if faults.slow_start_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.slow_start_ms)).await;

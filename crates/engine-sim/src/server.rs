@@ -81,11 +81,25 @@ pub(crate) struct AppState {
     pub(crate) client: reqwest::Client,
     ports: BoundPorts,
     ids: AtomicU64,
+    /// The routing-relevant fields of recent chat requests, newest last.
+    recent: parking_lot::Mutex<std::collections::VecDeque<Value>>,
 }
+
+/// How many recent requests `GET /admin/requests` keeps.
+const RECENT_REQUESTS: usize = 256;
 
 impl AppState {
     pub(crate) fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Remembers a chat request's routing-relevant fields for `GET /admin/requests`.
+    pub(crate) fn remember(&self, request: Value) {
+        let mut recent = self.recent.lock();
+        if recent.len() == RECENT_REQUESTS {
+            recent.pop_front();
+        }
+        recent.push_back(request);
     }
 }
 
@@ -244,6 +258,7 @@ pub async fn start(config: SimConfig) -> Result<RunningEngine, StartError> {
         client: reqwest::Client::new(),
         ports: ports.clone(),
         ids: AtomicU64::new(0),
+        recent: parking_lot::Mutex::default(),
     });
     if let (Some(listener), Some(addr)) = (admin_listener, ports.admin) {
         tasks.spawn(serve_http(
@@ -359,6 +374,7 @@ fn admin_routes() -> axum::Router<Arc<AppState>> {
     axum::Router::new()
         .route("/admin/faults", get(get_faults).post(set_faults))
         .route("/admin/restart_publisher", post(restart_publisher))
+        .route("/admin/requests", get(recent_requests))
 }
 
 async fn health(State(app): State<Arc<AppState>>) -> StatusCode {
@@ -462,6 +478,10 @@ async fn set_faults(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     }
     app.engine.faults().replace(config.clone());
     Json(config).into_response()
+}
+
+async fn recent_requests(State(app): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"requests": app.recent.lock().iter().cloned().collect::<Vec<_>>()}))
 }
 
 async fn restart_publisher(State(app): State<Arc<AppState>>) -> StatusCode {

@@ -43,14 +43,16 @@ pub struct BucketConfig {
     pub groups: GroupsConfig,
 }
 
-/// A bucket's groups.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum GroupsConfig {
+/// A bucket's groups: exactly one of `plain` or `pd`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupsConfig {
     /// One group of plain engines.
-    Plain(GroupConfig),
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plain: Option<GroupConfig>,
     /// A prefill group and a decode group; both are required.
-    Pd(PdGroupsConfig),
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pd: Option<PdGroupsConfig>,
 }
 
 /// The two groups of a PD bucket.
@@ -107,7 +109,10 @@ impl ModelRoster {
     /// A roster of `(id, role)` pairs.
     pub fn new(engines: impl IntoIterator<Item = (WorkerId, Role)>) -> Self {
         Self {
-            engines: engines.into_iter().map(|(id, role)| (id, Some(role))).collect(),
+            engines: engines
+                .into_iter()
+                .map(|(id, role)| (id, Some(role)))
+                .collect(),
         }
     }
 
@@ -130,7 +135,11 @@ impl ModelRoster {
 
     /// Plain or PD, from the engines whose role is known; `None` when no role is.
     pub fn mode(&self) -> Option<ModelMode> {
-        self.engines.values().flatten().next().map(|role| ModelMode::of(*role))
+        self.engines
+            .values()
+            .flatten()
+            .next()
+            .map(|role| ModelMode::of(*role))
     }
 }
 
@@ -218,11 +227,17 @@ fn catch_all_config(mode: ModelMode) -> BucketConfig {
         limits: TokenLimits::default(),
         max_context_tokens: None,
         groups: match mode {
-            ModelMode::Plain => GroupsConfig::Plain(GroupConfig::default()),
-            ModelMode::Pd => GroupsConfig::Pd(PdGroupsConfig {
-                prefill: GroupConfig::default(),
-                decode: GroupConfig::default(),
-            }),
+            ModelMode::Plain => GroupsConfig {
+                plain: Some(GroupConfig::default()),
+                pd: None,
+            },
+            ModelMode::Pd => GroupsConfig {
+                plain: None,
+                pd: Some(PdGroupsConfig {
+                    prefill: GroupConfig::default(),
+                    decode: GroupConfig::default(),
+                }),
+            },
         },
     }
 }
@@ -234,8 +249,20 @@ fn build_bucket(
     defaults: &DefaultPolicies,
     handles: &PolicyHandles,
 ) -> Result<Bucket, BucketConfigError> {
-    let groups = match (&config.groups, roster.mode()) {
-        (GroupsConfig::Plain(group), Some(ModelMode::Plain) | None) => {
+    let groups = match (&config.groups.plain, &config.groups.pd, roster.mode()) {
+        (Some(_), Some(_), _) => {
+            return Err(BucketConfigError::at(
+                format!("{path}.groups"),
+                "set either plain or pd, not both: a bucket is plain or prefill/decode",
+            ));
+        }
+        (None, None, _) => {
+            return Err(BucketConfigError::at(
+                format!("{path}.groups"),
+                "set plain or pd",
+            ));
+        }
+        (Some(group), None, Some(ModelMode::Plain) | None) => {
             let path = format!("{path}.groups.plain");
             BucketGroups::Plain(build_group(
                 &path,
@@ -246,7 +273,7 @@ fn build_bucket(
                 handles,
             )?)
         }
-        (GroupsConfig::Pd(pd), Some(ModelMode::Pd) | None) => {
+        (None, Some(pd), Some(ModelMode::Pd) | None) => {
             let path = format!("{path}.groups.pd");
             BucketGroups::Pd {
                 prefill: build_group(
@@ -267,13 +294,13 @@ fn build_bucket(
                 )?,
             }
         }
-        (GroupsConfig::Plain(_), Some(ModelMode::Pd)) => {
+        (Some(_), None, Some(ModelMode::Pd)) => {
             return Err(BucketConfigError::at(
                 format!("{path}.groups.plain"),
                 "the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
             ));
         }
-        (GroupsConfig::Pd(_), Some(ModelMode::Plain)) => {
+        (None, Some(_), Some(ModelMode::Plain)) => {
             return Err(BucketConfigError::at(
                 format!("{path}.groups.pd"),
                 "the model is served by plain engines; use groups.plain",

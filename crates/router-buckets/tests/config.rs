@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use router_buckets::{
-    BucketConfig, BucketGroups, CATCH_ALL_BUCKET, DefaultPolicies, GroupsConfig, Membership,
-    ModelRoster, build_resolver,
+    BucketConfig, BucketGroups, CATCH_ALL_BUCKET, DefaultPolicies, Membership, ModelRoster,
+    build_resolver,
 };
 use router_policy::{PolicyConfig, PolicyHandles};
 use router_state::Role;
@@ -118,7 +118,7 @@ fn parse_errors_name_the_problem() {
         ),
         (
             r#"[{"id": "b", "groups": {"mixed": {}}}]"#,
-            "unknown variant `mixed`, expected `plain` or `pd`",
+            "unknown field `mixed`, expected `plain` or `pd`",
         ),
         (
             r#"[{"id": "b", "limits": {"min": 1, "upper": 3}, "groups": {"plain": {}}}]"#,
@@ -198,6 +198,16 @@ fn validation_errors_name_their_path() {
             "buckets[0].groups.pd.decode.worker_ids[0]: engine \"P2\" is a prefill engine, but this group picks decode engines",
         ),
         (
+            plain(r#""groups": {}"#),
+            roster_plain(),
+            "buckets[0].groups: set plain or pd",
+        ),
+        (
+            plain(r#""groups": {"plain": {}, "pd": {"prefill": {}, "decode": {}}}"#),
+            roster_plain(),
+            "buckets[0].groups: set either plain or pd, not both: a bucket is plain or prefill/decode",
+        ),
+        (
             plain(r#""groups": {"plain": {}}"#),
             roster_pd(),
             "buckets[0].groups.plain: the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
@@ -226,7 +236,7 @@ fn round_trips_through_serde_and_publishes_a_schema() {
     let back: Vec<BucketConfig> =
         serde_json::from_str(&serde_json::to_string(&configs).unwrap()).unwrap();
     assert_eq!(configs, back);
-    assert!(matches!(configs[0].groups, GroupsConfig::Pd(_)));
+    assert!(configs[0].groups.pd.is_some() && configs[0].groups.plain.is_none());
     let schema = serde_json::to_string(&schemars::schema_for!(BucketConfig)).unwrap();
     for field in [
         "max_context_tokens",
@@ -247,6 +257,13 @@ fn engines_whose_role_is_not_known_yet_are_accepted_in_any_group() {
     assert_eq!(roster.mode(), None);
     let json = r#"[{"id": "b", "groups": {"pd": {"prefill": {"worker_ids": ["X1"]}, "decode": {"worker_ids": ["X2"]}}}}]"#;
     assert!(build(json, &roster).is_ok());
-    let err = build(r#"[{"id": "b", "groups": {"plain": {"worker_ids": ["X3"]}}}]"#, &roster).unwrap_err();
-    assert_eq!(err, "buckets[0].groups.plain.worker_ids[0]: unknown engine \"X3\"");
+    let err = build(
+        r#"[{"id": "b", "groups": {"plain": {"worker_ids": ["X3"]}}}]"#,
+        &roster,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        "buckets[0].groups.plain.worker_ids[0]: unknown engine \"X3\""
+    );
 }

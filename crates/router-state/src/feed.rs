@@ -64,8 +64,9 @@ impl EnvelopeError {
 /// # Errors
 /// See [`EnvelopeError`].
 pub fn decode_envelope(frames: Vec<Bytes>) -> Result<Envelope, EnvelopeError> {
-    let [topic, sequence, payload]: [Bytes; 3] =
-        frames.try_into().map_err(|f: Vec<Bytes>| EnvelopeError::FrameCount(f.len()))?;
+    let [topic, sequence, payload]: [Bytes; 3] = frames
+        .try_into()
+        .map_err(|f: Vec<Bytes>| EnvelopeError::FrameCount(f.len()))?;
     let raw: [u8; 8] = sequence
         .as_ref()
         .try_into()
@@ -127,10 +128,22 @@ impl FeedStats {
     pub fn counts(&self) -> [(&'static str, u64); 5] {
         [
             ("applied", self.applied.load(Ordering::Relaxed)),
-            ("dropped_envelope", self.dropped_envelope.load(Ordering::Relaxed)),
-            ("dropped_payload", self.dropped_payload.load(Ordering::Relaxed)),
-            ("dropped_unknown_engine", self.dropped_unknown_engine.load(Ordering::Relaxed)),
-            ("connect_failures", self.connect_failures.load(Ordering::Relaxed)),
+            (
+                "dropped_envelope",
+                self.dropped_envelope.load(Ordering::Relaxed),
+            ),
+            (
+                "dropped_payload",
+                self.dropped_payload.load(Ordering::Relaxed),
+            ),
+            (
+                "dropped_unknown_engine",
+                self.dropped_unknown_engine.load(Ordering::Relaxed),
+            ),
+            (
+                "connect_failures",
+                self.connect_failures.load(Ordering::Relaxed),
+            ),
         ]
     }
 }
@@ -172,7 +185,12 @@ pub fn spawn_load_subscriber(
     }))
 }
 
-fn apply(table: &EngineReportedLoadTable, source: &LoadFeedSource, stats: &FeedStats, frames: Vec<Bytes>) {
+fn apply(
+    table: &EngineReportedLoadTable,
+    source: &LoadFeedSource,
+    stats: &FeedStats,
+    frames: Vec<Bytes>,
+) {
     let envelope = match decode_envelope(frames) {
         Ok(e) if e.sequence != Sequence::Reset => e,
         _ => {
@@ -210,7 +228,10 @@ mod tests {
     #[test]
     fn decodes_the_three_frame_envelope() {
         let e = decode_envelope(frames(&[b"load", &7u64.to_be_bytes(), b"\x90"])).unwrap();
-        assert_eq!((e.topic.as_ref(), e.sequence, e.payload.as_ref()), (&b"load"[..], Sequence::Number(7), &b"\x90"[..]));
+        assert_eq!(
+            (e.topic.as_ref(), e.sequence, e.payload.as_ref()),
+            (&b"load"[..], Sequence::Number(7), &b"\x90"[..])
+        );
         let reset = decode_envelope(frames(&[b"", &[0xFF; 8], b""])).unwrap();
         assert_eq!(reset.sequence, Sequence::Reset);
     }
@@ -218,7 +239,10 @@ mod tests {
     #[test]
     fn drops_malformed_envelopes_with_a_reason() {
         let two = decode_envelope(frames(&[b"", b"\x90"])).unwrap_err();
-        assert_eq!((two, two.reason()), (EnvelopeError::FrameCount(2), "frame_count"));
+        assert_eq!(
+            (two, two.reason()),
+            (EnvelopeError::FrameCount(2), "frame_count")
+        );
         let short = decode_envelope(frames(&[b"", &[0, 1], b"\x90"])).unwrap_err();
         assert_eq!(short.to_string(), "the sequence frame has 2 bytes, not 8");
     }

@@ -46,7 +46,8 @@ pub mod test_util;
 mod worker;
 
 pub use feed::{
-    Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource, Sequence, decode_envelope, spawn_load_subscriber,
+    Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource, Sequence, decode_envelope,
+    spawn_load_subscriber,
 };
 pub use load_monitor::{
     DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,

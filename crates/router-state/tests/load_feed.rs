@@ -4,7 +4,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_state::{EngineReportedLoadTable, FeedStats, LoadFeedSource, WorkerId, spawn_load_subscriber};
+use router_state::{
+    EngineReportedLoadTable, FeedStats, LoadFeedSource, WorkerId, spawn_load_subscriber,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_from_a_real_feed_reach_the_table_and_track_the_engine() {
@@ -25,9 +27,18 @@ async fn reports_from_a_real_feed_reach_the_table_and_track_the_engine() {
     };
     let feed = spawn_load_subscriber(Arc::clone(&table), source, Arc::clone(&stats));
     let guard = Duration::from_secs(20);
-    let mut seen = tokio::time::timeout(guard, stats.applied_after(0)).await.expect("a first report arrives");
-    let idle = table.snapshot().observe(&id).reported.expect("a fresh report");
-    assert_eq!((idle.running_requests, idle.max_kv_tokens), (0, Some(1 << 20)));
+    let mut seen = tokio::time::timeout(guard, stats.applied_after(0))
+        .await
+        .expect("a first report arrives");
+    let idle = table
+        .snapshot()
+        .observe(&id)
+        .reported
+        .expect("a fresh report");
+    assert_eq!(
+        (idle.running_requests, idle.max_kv_tokens),
+        (0, Some(1 << 20))
+    );
     assert!(idle.native.is_some(), "the sim publishes native reports");
 
     let url = format!("{}/v1/chat/completions", engine.url());
@@ -36,13 +47,24 @@ async fn reports_from_a_real_feed_reach_the_table_and_track_the_engine() {
         reqwest::Client::new().post(url).json(&body).send().await
     });
     loop {
-        seen = tokio::time::timeout(guard, stats.applied_after(seen)).await.expect("reports keep arriving");
-        if table.snapshot().observe(&id).reported.is_some_and(|r| r.running_requests == 1) {
+        seen = tokio::time::timeout(guard, stats.applied_after(seen))
+            .await
+            .expect("reports keep arriving");
+        if table
+            .snapshot()
+            .observe(&id)
+            .reported
+            .is_some_and(|r| r.running_requests == 1)
+        {
             break;
         }
     }
     request.abort();
     drop(feed);
     engine.shutdown().await;
-    assert_eq!(stats.counts()[1..4].iter().map(|(_, n)| n).sum::<u64>(), 0, "nothing was dropped");
+    assert_eq!(
+        stats.counts()[1..4].iter().map(|(_, n)| n).sum::<u64>(),
+        0,
+        "nothing was dropped"
+    );
 }

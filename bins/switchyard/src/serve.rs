@@ -1,0 +1,255 @@
+//! `switchyard serve` and `switchyard config`: run the router from a YAML file or
+//! from flags for simple fleets, check a configuration, print its schema.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use router_http::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig};
+use router_policy::PolicyConfig;
+use serde_json::json;
+
+/// Options of `switchyard serve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// YAML configuration file (see docs/configuration.md). Without it, the fleet
+    /// flags below describe one model.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides the file's `listen`).
+    #[arg(long)]
+    host: Option<IpAddr>,
+    /// Port to listen on (overrides the file's `listen`).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The model name clients send (fleet flags).
+    #[arg(long)]
+    model: Option<String>,
+    /// Plain engines' base URLs (fleet flags).
+    #[arg(long, num_args = 1..)]
+    worker_urls: Vec<String>,
+    /// A prefill engine: `URL [BOOTSTRAP_PORT]` (repeatable; fleet flags).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
+    prefill: Vec<String>,
+    /// A decode engine's base URL (repeatable; fleet flags).
+    #[arg(long, action = clap::ArgAction::Append)]
+    decode: Vec<String>,
+    /// Policy of every group: round_robin, random, power_of_two, load_based.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Policy of prefill groups (overrides --policy).
+    #[arg(long)]
+    prefill_policy: Option<String>,
+    /// Policy of decode groups (overrides --policy).
+    #[arg(long)]
+    decode_policy: Option<String>,
+    /// Cap on requests in flight per engine (admission `max_inflight_requests`).
+    #[arg(long)]
+    max_in_flight: Option<u64>,
+    /// Eligibility filter of earlier routers: `overloaded` is the same as
+    /// --max-in-flight; `prefix_cache` was removed.
+    #[arg(long, value_enum)]
+    filter: Option<Filter>,
+    /// The model's tokenizer.json (fleet flags).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Bearer token for /workers.
+    #[arg(long)]
+    admin_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Filter {
+    Overloaded,
+    PrefixCache,
+}
+
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = config_from(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        router_http::serve(config, crate::sim_engine::shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
+}
+
+fn config_from(args: ServeArgs) -> anyhow::Result<RouterConfig> {
+    let fleet = args.model.is_some()
+        || !args.worker_urls.is_empty()
+        || !args.prefill.is_empty()
+        || !args.decode.is_empty()
+        || args.tokenizer.is_some();
+    let mut config = match (&args.config, fleet) {
+        (Some(_), true) => bail!(
+            "use either --config or the fleet flags (--model, --worker-urls, --prefill, --decode, --tokenizer)"
+        ),
+        (Some(path), false) => load(path)?,
+        (None, _) => fleet_config(&args)?,
+    };
+    if args.host.is_some() || args.port.is_some() {
+        config.listen = SocketAddr::new(
+            args.host.unwrap_or(config.listen.ip()),
+            args.port.unwrap_or(config.listen.port()),
+        );
+    }
+    if let Some(token) = args.admin_token {
+        config.admin.token = Some(token);
+    }
+    Ok(config)
+}
+
+fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
+    let model = args
+        .model
+        .clone()
+        .context("--model is required without --config")?;
+    let max_in_flight = match (args.filter, args.max_in_flight) {
+        (Some(Filter::PrefixCache), _) => bail!(
+            "--filter prefix_cache was removed: use a cache_aware policy with min_matched_tokens (not equivalent to the share filter)"
+        ),
+        (Some(Filter::Overloaded), None) => bail!("--filter overloaded needs --max-in-flight N"),
+        (_, cap) => cap,
+    };
+    let policy = |name: Option<&String>| -> anyhow::Result<Option<PolicyConfig>> {
+        let Some(name) = name.or(args.policy.as_ref()) else {
+            return Ok(max_in_flight.map(|cap| {
+                let mut p = PolicyConfig::default();
+                set_inflight(&mut p, cap);
+                p
+            }));
+        };
+        let mut value = json!({"type": name});
+        if let Some(cap) = max_in_flight {
+            value["admission"] = json!({"max_inflight_requests": cap});
+        }
+        serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--policy {name}: {e}"))
+    };
+    let mut engines = Vec::new();
+    for (i, url) in args.worker_urls.iter().enumerate() {
+        engines.push(engine(format!("worker-{i}"), url, EngineRole::Plain, None));
+    }
+    for (i, chunk) in prefill_pairs(&args.prefill)?.into_iter().enumerate() {
+        engines.push(engine(
+            format!("prefill-{i}"),
+            &chunk.0,
+            EngineRole::Prefill,
+            chunk.1,
+        ));
+    }
+    for (i, url) in args.decode.iter().enumerate() {
+        engines.push(engine(format!("decode-{i}"), url, EngineRole::Decode, None));
+    }
+    if engines.is_empty() {
+        bail!("no engines: pass --worker-urls, or --prefill and --decode, or --config FILE");
+    }
+    let mut config = RouterConfig::new(vec![ModelConfig {
+        tokenizer: args.tokenizer.clone(),
+        ..ModelConfig::new(model, engines)
+    }]);
+    config.policies = RolePolicies {
+        plain: policy(None)?,
+        prefill: policy(args.prefill_policy.as_ref())?,
+        decode: policy(args.decode_policy.as_ref())?,
+    };
+    Ok(config)
+}
+
+fn set_inflight(policy: &mut PolicyConfig, cap: u64) {
+    let admission = match policy {
+        PolicyConfig::RoundRobin(c) => &mut c.admission,
+        PolicyConfig::Random(c) => &mut c.admission,
+        PolicyConfig::PowerOfTwo(c) => &mut c.admission,
+        PolicyConfig::LoadBased(c) => &mut c.admission,
+    };
+    admission.max_inflight_requests = Some(cap);
+}
+
+/// `--prefill URL [PORT]` occurrences: clap appends values flatly, so a number
+/// following a URL is that URL's bootstrap port.
+fn prefill_pairs(values: &[String]) -> anyhow::Result<Vec<(String, Option<u16>)>> {
+    let mut pairs: Vec<(String, Option<u16>)> = Vec::new();
+    for value in values {
+        match (value.parse::<u16>(), pairs.last_mut()) {
+            (Ok(port), Some(last)) if last.1.is_none() => last.1 = Some(port),
+            (Ok(_), _) => bail!("--prefill {value}: a bootstrap port must follow a URL"),
+            (Err(_), _) => pairs.push((value.clone(), None)),
+        }
+    }
+    Ok(pairs)
+}
+
+fn engine(id: String, url: &str, role: EngineRole, bootstrap_port: Option<u16>) -> EngineConfig {
+    EngineConfig {
+        id,
+        url: url.trim_end_matches('/').to_owned(),
+        role: Some(role),
+        bootstrap_port,
+        dp_size: None,
+        load_port: None,
+    }
+}
+
+fn load(path: &Path) -> anyhow::Result<RouterConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    RouterConfig::from_yaml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// `switchyard config check FILE`: every problem, then a non-zero exit.
+pub(crate) fn check(path: &Path) -> anyhow::Result<()> {
+    let config = load(path)?;
+    let mut problems: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+    for (m, model) in config.models.iter().enumerate() {
+        if let Some(tokenizer) = &model.tokenizer
+            && let Err(e) = router_http::ChatTokenizer::load(tokenizer)
+        {
+            problems.push(format!("models[{m}].tokenizer: {e}"));
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "{}: {} problem(s)\n  {}",
+            path.display(),
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+    let engines: usize = config.models.iter().map(|m| m.engines.len()).sum();
+    println!(
+        "{}: ok ({} models, {engines} engines)",
+        path.display(),
+        config.models.len()
+    );
+    Ok(())
+}
+
+/// `switchyard config schema`.
+pub(crate) fn schema() -> anyhow::Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&RouterConfig::json_schema())?
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_flags_pair_urls_with_optional_bootstrap_ports() {
+        let values = ["http://p1:1", "9000", "http://p2:1"].map(String::from);
+        assert_eq!(
+            prefill_pairs(&values).unwrap(),
+            [
+                ("http://p1:1".to_owned(), Some(9000)),
+                ("http://p2:1".to_owned(), None)
+            ]
+        );
+        assert!(prefill_pairs(&["9000".to_owned()]).is_err());
+    }
+}

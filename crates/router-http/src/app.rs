@@ -1,0 +1,418 @@
+//! Application context: the shared services, started once, and engine lifecycle
+//! (introspection, registration, load feeds, health).
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolver};
+use router_policy::PolicyHandles;
+use router_state::{
+    EngineReportedLoadTable, FeedHandle, FeedStats, Health, LoadFeedSource, LoadTableConfig, Role,
+    Worker, WorkerId, WorkerRegistry, spawn_load_subscriber,
+};
+use tokio::time::Instant;
+
+use crate::config::{ConfigError, EngineConfig, RouterConfig, builtin_policies, roster_of};
+use crate::health::HealthBook;
+use crate::metrics::Metrics;
+use crate::tokenize::ChatTokenizer;
+use crate::upstream::{FeedEndpoint, ServerInfo, Upstream, parse_server_info};
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration has problems; each names its path.
+    #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Config(Vec<ConfigError>),
+    /// The listener could not be bound.
+    #[error("binding {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A model's routing: its buckets and, when configured, its tokenizer.
+#[derive(Debug)]
+pub(crate) struct ModelRoute {
+    pub(crate) resolver: BucketResolver,
+    pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
+}
+
+/// What the router keeps per engine beyond the registry.
+#[derive(Debug)]
+struct EngineRuntime {
+    config: EngineConfig,
+    model: String,
+    /// Whether `/server_info` was read; retried once the engine becomes healthy.
+    introspected: bool,
+    _feeds: Vec<FeedHandle>,
+}
+
+/// The shared services of a running router.
+#[derive(Debug)]
+pub struct AppContext {
+    pub(crate) registry: Arc<WorkerRegistry>,
+    pub(crate) load: Arc<EngineReportedLoadTable>,
+    pub(crate) routes: ArcSwap<HashMap<String, Arc<ModelRoute>>>,
+    pub(crate) health: HealthBook,
+    pub(crate) upstream: Upstream,
+    pub(crate) metrics: Metrics,
+    pub(crate) feed_stats: Arc<FeedStats>,
+    pub(crate) admin_token: Option<String>,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) config: RouterConfig,
+    handles: PolicyHandles,
+    defaults: DefaultPolicies,
+    engines: Mutex<HashMap<WorkerId, EngineRuntime>>,
+    rng: Mutex<Xoshiro256PlusPlus>,
+}
+
+impl AppContext {
+    /// Validates `config`, loads tokenizers, introspects and registers every engine,
+    /// starts their load feeds and builds every model's buckets.
+    ///
+    /// # Errors
+    /// Every configuration problem found, each with its path.
+    pub async fn new(config: RouterConfig) -> Result<Arc<Self>, StartError> {
+        let errors = config.validate();
+        if !errors.is_empty() {
+            return Err(StartError::Config(errors));
+        }
+        let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
+            freshness: Duration::from_millis(config.load.freshness_ms),
+        }));
+        let handles = PolicyHandles::new(Arc::clone(&load));
+        let defaults = config.policies.over(&builtin_policies());
+        let upstream = Upstream::new(&config.timeouts);
+        let ctx = Arc::new(Self {
+            registry: Arc::new(WorkerRegistry::new()),
+            load,
+            routes: ArcSwap::default(),
+            health: HealthBook::new(config.health),
+            upstream,
+            metrics: Metrics::new(),
+            feed_stats: Arc::default(),
+            admin_token: config.admin.token.clone(),
+            idle_timeout: Duration::from_millis(config.timeouts.idle_ms),
+            handles,
+            defaults,
+            engines: Mutex::default(),
+            rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
+            config,
+        });
+        let mut errors = Vec::new();
+        let mut routes = HashMap::new();
+        for (m, model) in ctx.config.models.iter().enumerate() {
+            let tokenizer = match &model.tokenizer {
+                Some(path) => match ChatTokenizer::load(path) {
+                    Ok(t) => Some(Arc::new(t)),
+                    Err(e) => {
+                        errors.push(ConfigError::at(format!("models[{m}].tokenizer"), e));
+                        None
+                    }
+                },
+                None => None,
+            };
+            let infos = futures_util::future::join_all(
+                model.engines.iter().map(|e| ctx.introspect(&e.url)),
+            )
+            .await;
+            let mut discovered = HashMap::new();
+            for (e, (engine, info)) in model.engines.iter().zip(infos).enumerate() {
+                match ctx.register(engine, &model.id, info) {
+                    Ok(role) => drop(discovered.insert(engine.id.clone(), role)),
+                    Err(message) => errors.push(ConfigError::at(
+                        format!("models[{m}].engines[{e}]"),
+                        message,
+                    )),
+                }
+            }
+            let roster = roster_of(model, |id| discovered.get(id).copied());
+            let model_defaults = model.policies.over(&ctx.defaults);
+            match build_resolver(
+                model.buckets.as_deref(),
+                &roster,
+                &model_defaults,
+                &ctx.handles,
+            ) {
+                Ok(resolver) => drop(routes.insert(
+                    model.id.clone(),
+                    Arc::new(ModelRoute {
+                        resolver,
+                        tokenizer,
+                    }),
+                )),
+                Err(e) => errors.push(ConfigError::at(
+                    format!("models[{m}].{}", e.path),
+                    e.message,
+                )),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(StartError::Config(errors));
+        }
+        ctx.routes.store(Arc::new(routes));
+        Ok(ctx)
+    }
+
+    /// The worker registry.
+    pub fn registry(&self) -> &Arc<WorkerRegistry> {
+        &self.registry
+    }
+
+    /// The engine load table.
+    pub fn load(&self) -> &Arc<EngineReportedLoadTable> {
+        &self.load
+    }
+
+    /// Reads an engine's `/server_info`: up to three attempts; `None` if unreachable.
+    async fn introspect(&self, url: &str) -> Option<ServerInfo> {
+        let mut wait = Duration::from_millis(100);
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            match self
+                .upstream
+                .get(url, "/server_info", Duration::from_secs(2))
+                .await
+            {
+                Ok((status, body)) if status.is_success() => {
+                    let info = serde_json::from_slice(&body).unwrap_or_default();
+                    return Some(parse_server_info(&info, url));
+                }
+                Ok((status, _)) if status.is_client_error() => return Some(ServerInfo::default()),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Registers one engine of `model` with what introspection found (configured
+    /// values win). Returns its role.
+    pub(crate) fn register(
+        &self,
+        config: &EngineConfig,
+        model: &str,
+        info: Option<ServerInfo>,
+    ) -> Result<Role, String> {
+        let known = info.clone().unwrap_or_default();
+        let role = config.role.map(Role::from).or(known.role).ok_or_else(|| {
+            if info.is_some() {
+                "the engine's /server_info does not say its role; set `role`".to_owned()
+            } else {
+                "the engine is unreachable, so its role is unknown; set `role`".to_owned()
+            }
+        })?;
+        let dp_size = config.dp_size.or(known.dp_size).unwrap_or(1);
+        let dp_size = NonZeroU32::new(dp_size).unwrap_or(NonZeroU32::MIN);
+        let mut worker =
+            Worker::new(config.id.as_str(), config.url.as_str(), model, role).with_dp_size(dp_size);
+        if let Some(port) = config.bootstrap_port.or(known.bootstrap_port) {
+            worker = worker.with_bootstrap_port(port);
+        }
+        let healthy = info.is_some();
+        let id = worker.id().clone();
+        self.registry
+            .add(worker.with_health(if healthy {
+                Health::Healthy
+            } else {
+                Health::Unhealthy
+            }))
+            .map_err(|e| e.to_string())?;
+        self.load.register(&id, dp_size);
+        self.health.insert(id.clone(), healthy);
+        let feeds = self.start_feeds(config, &id, dp_size, known.load_feed);
+        self.engines.lock().insert(
+            id,
+            EngineRuntime {
+                config: config.clone(),
+                model: model.to_owned(),
+                introspected: healthy,
+                _feeds: feeds,
+            },
+        );
+        Ok(role)
+    }
+
+    fn start_feeds(
+        &self,
+        config: &EngineConfig,
+        id: &WorkerId,
+        dp_size: NonZeroU32,
+        advertised: Option<FeedEndpoint>,
+    ) -> Vec<FeedHandle> {
+        let endpoint = match (config.load_port, advertised) {
+            (Some(port_base), advertised) => {
+                let host = config
+                    .url
+                    .parse::<http::Uri>()
+                    .ok()
+                    .and_then(|u| u.host().map(str::to_owned))
+                    .unwrap_or_default();
+                let topic = advertised.map_or_else(|| "load".to_owned(), |a| a.topic);
+                Some(FeedEndpoint {
+                    host,
+                    port_base,
+                    topic,
+                })
+            }
+            (None, advertised) => advertised,
+        };
+        let Some(endpoint) = endpoint else {
+            return Vec::new();
+        };
+        (0..dp_size.get())
+            .filter_map(|rank| {
+                let source = LoadFeedSource {
+                    engine: id.clone(),
+                    rank,
+                    endpoint: endpoint.rank_endpoint(rank)?,
+                    topic: endpoint.topic.clone(),
+                };
+                Some(spawn_load_subscriber(
+                    Arc::clone(&self.load),
+                    source,
+                    Arc::clone(&self.feed_stats),
+                ))
+            })
+            .collect()
+    }
+
+    /// Adds an engine at runtime (`POST /workers`). A model not served yet gets one
+    /// catch-all bucket of the engine's kind.
+    pub(crate) async fn add_engine(
+        &self,
+        config: EngineConfig,
+        model: String,
+    ) -> Result<Arc<Worker>, String> {
+        crate::upstream::check_engine_url(&config.url).map_err(|e| format!("url: {e}"))?;
+        if config.id.is_empty() || model.is_empty() {
+            return Err("id and model must not be empty".into());
+        }
+        if self.registry.snapshot().get(&config.id).is_some() {
+            return Err(format!("engine {} is already registered", config.id));
+        }
+        let info = self.introspect(&config.url).await;
+        let role = self.register(&config, &model, info)?;
+        if !self.routes.load().contains_key(&model) {
+            let roster = ModelRoster::new([(WorkerId::from(config.id.as_str()), role)]);
+            let resolver = build_resolver(None, &roster, &self.defaults, &self.handles)
+                .map_err(|e| e.to_string())?;
+            self.routes.rcu(|routes| {
+                let mut next = HashMap::clone(routes);
+                next.entry(model.clone()).or_insert_with(|| {
+                    Arc::new(ModelRoute {
+                        resolver: resolver.clone(),
+                        tokenizer: None,
+                    })
+                });
+                next
+            });
+        }
+        self.registry
+            .snapshot()
+            .get(&config.id)
+            .cloned()
+            .ok_or_else(|| "the engine was removed meanwhile".into())
+    }
+
+    /// Removes an engine: it leaves every candidate set, its load reports and feeds
+    /// are dropped; requests already dispatched to it finish.
+    pub(crate) fn remove_engine(&self, id: &str) -> Result<Arc<Worker>, String> {
+        let worker = self.registry.remove(id).map_err(|e| e.to_string())?;
+        self.load.unregister(worker.id());
+        self.health.remove(worker.id());
+        self.engines.lock().remove(worker.id());
+        Ok(worker)
+    }
+
+    /// Records a dispatch outcome for the engine's breaker.
+    pub(crate) fn record_dispatch(&self, id: &WorkerId, succeeded: bool) {
+        if let Some(routable) = self.health.record_dispatch(id, succeeded, Instant::now()) {
+            self.set_routable(id, routable);
+        }
+    }
+
+    fn set_routable(&self, id: &WorkerId, routable: bool) {
+        let health = if routable {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        };
+        if let Ok(true) = self.registry.set_health(id.as_str(), health) {
+            tracing::info!(engine = %id, routable, "engine routability changed");
+        }
+    }
+
+    /// Probes every engine once; engines that come back and were never introspected
+    /// are introspected again so their load feeds start.
+    pub(crate) async fn probe_all(&self) {
+        let snapshot = self.registry.snapshot();
+        let probes = snapshot.workers().map(|w| async move {
+            let passed = matches!(
+                self.upstream.get(w.url(), "/health", self.health.probe_timeout()).await,
+                Ok((status, _)) if status.is_success()
+            );
+            (Arc::clone(w), passed)
+        });
+        for (worker, passed) in futures_util::future::join_all(probes).await {
+            if let Some(routable) = self
+                .health
+                .record_probe(worker.id(), passed, Instant::now())
+            {
+                self.set_routable(worker.id(), routable);
+            }
+            if passed {
+                self.retry_introspection(&worker).await;
+            }
+        }
+    }
+
+    async fn retry_introspection(&self, worker: &Worker) {
+        let pending = {
+            let engines = self.engines.lock();
+            engines
+                .get(worker.id())
+                .filter(|e| !e.introspected)
+                .map(|e| (e.config.clone(), e.model.clone()))
+        };
+        let Some((config, _model)) = pending else {
+            return;
+        };
+        let Some(info) = self.introspect(worker.url()).await else {
+            return;
+        };
+        let feeds = self.start_feeds(&config, worker.id(), worker.dp_size(), info.load_feed);
+        if let Some(runtime) = self.engines.lock().get_mut(worker.id()) {
+            runtime.introspected = true;
+            runtime._feeds = feeds;
+        }
+    }
+
+    /// A fresh bootstrap room in `[0, 2^63)`.
+    pub(crate) fn next_room(&self) -> u64 {
+        self.rng.lock().next_u64() >> 1
+    }
+
+    /// A fresh request id.
+    pub(crate) fn next_request_id(&self) -> String {
+        format!("{:016x}", self.rng.lock().next_u64())
+    }
+}
+
+fn seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher, RandomState};
+    RandomState::new().build_hasher().finish()
+}

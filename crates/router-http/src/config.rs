@@ -1,0 +1,516 @@
+//! The router's YAML configuration: types with JSON Schema, parsing with field paths,
+//! and validation that names the path of every problem.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use router_buckets::{BucketConfig, DefaultPolicies, ModelRoster, build_resolver};
+use router_policy::{PolicyConfig, PolicyHandles};
+use router_state::{ModelMode, Role, WorkerId};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Address the router listens on.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The models served; each is a set of engines and its buckets.
+    pub models: Vec<ModelConfig>,
+    /// Default policy per role for groups that name none (`round_robin` for plain,
+    /// `power_of_two` for prefill and decode when absent).
+    #[serde(default)]
+    pub policies: RolePolicies,
+    /// Upstream timeouts.
+    #[serde(default)]
+    pub timeouts: TimeoutConfig,
+    /// Health probes and the circuit breaker.
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// Engine load reports.
+    #[serde(default)]
+    pub load: LoadConfig,
+    /// The worker admin API.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
+    #[serde(default = "default_grace")]
+    pub shutdown_grace_ms: u64,
+}
+
+impl RouterConfig {
+    /// A configuration of `models` with every other setting at its default.
+    pub fn new(models: Vec<ModelConfig>) -> Self {
+        Self {
+            listen: default_listen(),
+            models,
+            policies: RolePolicies::default(),
+            timeouts: TimeoutConfig::default(),
+            health: HealthConfig::default(),
+            load: LoadConfig::default(),
+            admin: AdminConfig::default(),
+            shutdown_grace_ms: default_grace(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8080))
+}
+
+fn default_grace() -> u64 {
+    30_000
+}
+
+/// One model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The `model` field clients send.
+    pub id: String,
+    /// Path to the model's `tokenizer.json`; the chat template comes from the
+    /// `tokenizer_config.json` beside it. Absent = prompt length estimated from size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+    /// KV page size in tokens, for prefix hashing.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// The model's engines.
+    #[serde(default)]
+    pub engines: Vec<EngineConfig>,
+    /// Buckets; absent = one catch-all bucket over every engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<Vec<BucketConfig>>,
+    /// Default policies of this model's groups, overriding the router-wide ones.
+    #[serde(default)]
+    pub policies: RolePolicies,
+}
+
+impl ModelConfig {
+    /// A model of `engines` with one catch-all bucket and default settings.
+    pub fn new(id: impl Into<String>, engines: Vec<EngineConfig>) -> Self {
+        Self {
+            id: id.into(),
+            tokenizer: None,
+            block_size: default_block_size(),
+            engines,
+            buckets: None,
+            policies: RolePolicies::default(),
+        }
+    }
+}
+
+fn default_block_size() -> u32 {
+    16
+}
+
+/// One engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Unique id across the router; appears in headers, metrics and errors.
+    pub id: String,
+    /// Base URL, e.g. `http://10.0.0.7:30000`.
+    pub url: String,
+    /// Plain, prefill or decode; absent = read from the engine's `/server_info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<EngineRole>,
+    /// A prefill engine's bootstrap port; absent = from `/server_info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
+    /// Data-parallel ranks; absent = from `/server_info`, else 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_size: Option<u32>,
+    /// Base port of the engine's `LoadStat` feed (rank r = base + r); absent = from
+    /// `/server_info`'s `kv_events` block, else no feed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_port: Option<u16>,
+}
+
+/// An engine role in configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineRole {
+    /// Serves whole requests.
+    Plain,
+    /// The prefill side of a PD pair.
+    Prefill,
+    /// The decode side of a PD pair.
+    Decode,
+}
+
+impl From<EngineRole> for Role {
+    fn from(role: EngineRole) -> Self {
+        match role {
+            EngineRole::Plain => Role::Plain,
+            EngineRole::Prefill => Role::Prefill,
+            EngineRole::Decode => Role::Decode,
+        }
+    }
+}
+
+/// Default policies per role.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RolePolicies {
+    /// For plain groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plain: Option<PolicyConfig>,
+    /// For prefill groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PolicyConfig>,
+    /// For decode groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<PolicyConfig>,
+}
+
+impl RolePolicies {
+    /// These defaults over `fallback`.
+    pub fn over(&self, fallback: &DefaultPolicies) -> DefaultPolicies {
+        DefaultPolicies {
+            plain: self.plain.clone().unwrap_or_else(|| fallback.plain.clone()),
+            prefill: self
+                .prefill
+                .clone()
+                .unwrap_or_else(|| fallback.prefill.clone()),
+            decode: self
+                .decode
+                .clone()
+                .unwrap_or_else(|| fallback.decode.clone()),
+        }
+    }
+}
+
+/// The built-in defaults: round-robin for plain groups, power-of-two for PD groups.
+pub(crate) fn builtin_policies() -> DefaultPolicies {
+    DefaultPolicies {
+        plain: PolicyConfig::RoundRobin(Default::default()),
+        prefill: PolicyConfig::PowerOfTwo(Default::default()),
+        decode: PolicyConfig::PowerOfTwo(Default::default()),
+    }
+}
+
+/// Upstream timeouts; each gives the client a 504.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutConfig {
+    /// Connecting to an engine, in milliseconds.
+    #[serde(default = "default_connect")]
+    pub connect_ms: u64,
+    /// From sending a request to the engine's response head, in milliseconds.
+    #[serde(default = "default_first_byte")]
+    pub first_byte_ms: u64,
+    /// Longest silence between two body chunks of a response, in milliseconds.
+    #[serde(default = "default_idle")]
+    pub idle_ms: u64,
+}
+
+fn default_connect() -> u64 {
+    2_000
+}
+fn default_first_byte() -> u64 {
+    300_000
+}
+fn default_idle() -> u64 {
+    120_000
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            connect_ms: default_connect(),
+            first_byte_ms: default_first_byte(),
+            idle_ms: default_idle(),
+        }
+    }
+}
+
+/// Health probes (`GET /health`) and the circuit breaker fed by dispatch failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Time between probes of an engine, in milliseconds.
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+    /// A probe's timeout, in milliseconds.
+    #[serde(default = "default_probe_timeout")]
+    pub timeout_ms: u64,
+    /// Consecutive failed probes that make an engine unhealthy.
+    #[serde(default = "default_failures")]
+    pub failure_threshold: u32,
+    /// Consecutive passed probes that make an unhealthy engine healthy again.
+    #[serde(default = "default_successes")]
+    pub success_threshold: u32,
+    /// Consecutive failed dispatches that open an engine's breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before one half-open probe, in milliseconds.
+    #[serde(default = "default_cooldown")]
+    pub breaker_cooldown_ms: u64,
+}
+
+fn default_interval() -> u64 {
+    2_000
+}
+fn default_probe_timeout() -> u64 {
+    2_000
+}
+fn default_failures() -> u32 {
+    3
+}
+fn default_successes() -> u32 {
+    2
+}
+fn default_breaker_failures() -> u32 {
+    5
+}
+fn default_cooldown() -> u64 {
+    10_000
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: default_interval(),
+            timeout_ms: default_probe_timeout(),
+            failure_threshold: default_failures(),
+            success_threshold: default_successes(),
+            breaker_failures: default_breaker_failures(),
+            breaker_cooldown_ms: default_cooldown(),
+        }
+    }
+}
+
+/// Engine load reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadConfig {
+    /// How long a rank's report stays fresh after receipt, in milliseconds.
+    #[serde(default = "default_freshness")]
+    pub freshness_ms: u64,
+}
+
+fn default_freshness() -> u64 {
+    5_000
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            freshness_ms: default_freshness(),
+        }
+    }
+}
+
+/// The `/workers` admin API.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bearer token the admin API requires; absent = the API is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// One configuration problem and where it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// Path of the offending field, e.g. `models[0].buckets[1].id`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn at(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Parses YAML; an error names the path of the field and its line.
+    ///
+    /// # Errors
+    /// The first syntax or type error.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let deserializer = serde_norway::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            // The YAML error may already start with (a prefix of) the path.
+            let message = match message.split_once(": ") {
+                Some((prefix, rest)) if !prefix.contains(' ') && path.starts_with(prefix) => {
+                    rest.to_owned()
+                }
+                _ => message,
+            };
+            let path = if path == "." {
+                "(root)".to_owned()
+            } else {
+                path
+            };
+            ConfigError::at(path, message)
+        })
+    }
+
+    /// The configuration's JSON Schema.
+    pub fn json_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(RouterConfig)).expect("a schema serializes")
+    }
+
+    /// Every problem a static check finds (no engine is contacted). Engines without a
+    /// configured role are accepted in any group: their role is read at startup.
+    pub fn validate(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        for (field, value) in [
+            ("timeouts.connect_ms", self.timeouts.connect_ms),
+            ("timeouts.first_byte_ms", self.timeouts.first_byte_ms),
+            ("timeouts.idle_ms", self.timeouts.idle_ms),
+            ("health.interval_ms", self.health.interval_ms),
+            ("health.timeout_ms", self.health.timeout_ms),
+            (
+                "health.failure_threshold",
+                u64::from(self.health.failure_threshold),
+            ),
+            (
+                "health.success_threshold",
+                u64::from(self.health.success_threshold),
+            ),
+            (
+                "health.breaker_failures",
+                u64::from(self.health.breaker_failures),
+            ),
+            ("load.freshness_ms", self.load.freshness_ms),
+        ] {
+            if value == 0 {
+                errors.push(ConfigError::at(field, "must be at least 1"));
+            }
+        }
+        if self.admin.token.as_deref() == Some("") {
+            errors.push(ConfigError::at(
+                "admin.token",
+                "must not be empty; omit it to leave the admin API open",
+            ));
+        }
+        if self.models.is_empty() {
+            errors.push(ConfigError::at("models", "must list at least one model"));
+        }
+        let defaults = self.policies.over(&builtin_policies());
+        for (role, policy) in [
+            ("plain", &self.policies.plain),
+            ("prefill", &self.policies.prefill),
+            ("decode", &self.policies.decode),
+        ] {
+            if let Some(Err(e)) = policy.as_ref().map(PolicyConfig::validate) {
+                errors.push(ConfigError::at(format!("policies.{role}"), e.to_string()));
+            }
+        }
+        let mut model_ids: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut engine_ids: BTreeMap<&str, String> = BTreeMap::new();
+        for (m, model) in self.models.iter().enumerate() {
+            let at = |field: &str| format!("models[{m}].{field}");
+            if model.id.is_empty() {
+                errors.push(ConfigError::at(at("id"), "must not be empty"));
+            } else if let Some(first) = model_ids.insert(&model.id, m) {
+                errors.push(ConfigError::at(
+                    at("id"),
+                    format!("duplicate model id {:?} (also models[{first}])", model.id),
+                ));
+            }
+            if model.block_size == 0 {
+                errors.push(ConfigError::at(at("block_size"), "must be at least 1"));
+            }
+            let mut mode: Option<(ModelMode, usize)> = None;
+            for (e, engine) in model.engines.iter().enumerate() {
+                let at = |field: &str| format!("models[{m}].engines[{e}].{field}");
+                if engine.id.is_empty() {
+                    errors.push(ConfigError::at(at("id"), "must not be empty"));
+                } else if let Some(first) = engine_ids.insert(&engine.id, at("id")) {
+                    errors.push(ConfigError::at(
+                        at("id"),
+                        format!("duplicate engine id {:?} (also {first})", engine.id),
+                    ));
+                }
+                if let Err(message) = crate::upstream::check_engine_url(&engine.url) {
+                    errors.push(ConfigError::at(at("url"), message));
+                }
+                if engine.dp_size == Some(0) {
+                    errors.push(ConfigError::at(at("dp_size"), "must be at least 1"));
+                }
+                if let Some(role) = engine.role {
+                    let this = ModelMode::of(role.into());
+                    match mode {
+                        Some((existing, first)) if existing != this => errors.push(ConfigError::at(
+                            at("role"),
+                            format!(
+                                "a {} engine cannot join a model served by {} engines (models[{m}].engines[{first}]); \
+                                 a model is either all plain or all prefill/decode",
+                                Role::from(role),
+                                existing.as_str()
+                            ),
+                        )),
+                        Some(_) => {}
+                        None => mode = Some((this, e)),
+                    }
+                }
+            }
+            let model_defaults = model.policies.over(&defaults);
+            for (role, policy) in [
+                ("plain", &model.policies.plain),
+                ("prefill", &model.policies.prefill),
+                ("decode", &model.policies.decode),
+            ] {
+                if let Some(Err(e)) = policy.as_ref().map(PolicyConfig::validate) {
+                    errors.push(ConfigError::at(
+                        at(&format!("policies.{role}")),
+                        e.to_string(),
+                    ));
+                }
+            }
+            let roster = roster_of(model, |_| None);
+            let handles = PolicyHandles::new(Default::default());
+            if let Err(e) =
+                build_resolver(model.buckets.as_deref(), &roster, &model_defaults, &handles)
+            {
+                errors.push(ConfigError::at(
+                    format!("models[{m}].{}", e.path),
+                    e.message,
+                ));
+            }
+        }
+        errors
+    }
+}
+
+/// The roster of a model's engines: configured roles, else `discovered(id)`, else
+/// not known yet.
+pub(crate) fn roster_of(
+    model: &ModelConfig,
+    discovered: impl Fn(&str) -> Option<Role>,
+) -> ModelRoster {
+    let (known, unknown): (Vec<_>, Vec<_>) = model
+        .engines
+        .iter()
+        .map(|e| {
+            (
+                WorkerId::from(e.id.as_str()),
+                e.role.map(Role::from).or_else(|| discovered(&e.id)),
+            )
+        })
+        .partition(|(_, role)| role.is_some());
+    ModelRoster::new(
+        known
+            .into_iter()
+            .map(|(id, role)| (id, role.expect("partitioned on a role"))),
+    )
+    .with_unknown_roles(unknown.into_iter().map(|(id, _)| id))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+models:
+  - id: chat-model
+    engines:
+      - {id: A1, url: "http://127.0.0.1:31011", role: plain}
+"#;
+
+fn errors(yaml: &str) -> Vec<String> {
+    match RouterConfig::from_yaml(yaml) {
+        Err(e) => vec![e.to_string()],
+        Ok(config) => config.validate().iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn the_minimal_config_takes_every_default() {
+    let config = RouterConfig::from_yaml(MINIMAL).unwrap();
+    assert!(config.validate().is_empty());
+    assert_eq!(config.listen, SocketAddr::from(([0, 0, 0, 0], 8080)));
+    assert_eq!(config.timeouts, TimeoutConfig::default());
+    assert_eq!(config.models[0].block_size, 16);
+    assert_eq!(config.models[0].buckets, None);
+}
+
+#[test]
+fn the_brief_example_parses_and_validates() {
+    let yaml = include_str!("../../../../docs/examples/router.yaml");
+    let config = RouterConfig::from_yaml(yaml).unwrap();
+    assert_eq!(config.validate(), Vec::<ConfigError>::new());
+    assert_eq!(config.models.len(), 2);
+}
+
+#[test]
+fn parse_errors_name_the_path() {
+    let unknown = errors("models: []\nlisten_port: 1\n");
+    assert!(
+        unknown[0].starts_with("listen_port: unknown field `listen_port`"),
+        "{unknown:?}"
+    );
+    let role = errors(
+        "models:\n  - id: m\n    engines:\n      - {id: A, url: 'http://a:1', role: prefil}\n",
+    );
+    assert!(
+        role[0].starts_with("models[0].engines[0].role: unknown variant `prefil`"),
+        "{role:?}"
+    );
+    let policy = errors(
+        "models:\n  - id: m\n    engines: [{id: A, url: 'http://a:1', role: plain}]\n    buckets:\n      - id: b\n        groups: {plain: {policy: {type: fused_score}}}\n",
+    );
+    assert!(
+        policy[0].starts_with(
+            "models[0].buckets[0].groups.plain.policy: policy type `fused_score` was removed"
+        ),
+        "{policy:?}"
+    );
+}
+
+#[test]
+fn validation_errors_name_their_path() {
+    let cases = [
+        ("models: []\n", "models: must list at least one model"),
+        (
+            "timeouts: {connect_ms: 0}\nmodels: [{id: m}]\n",
+            "timeouts.connect_ms: must be at least 1",
+        ),
+        (
+            "health: {failure_threshold: 0}\nmodels: [{id: m}]\n",
+            "health.failure_threshold: must be at least 1",
+        ),
+        (
+            "admin: {token: ''}\nmodels: [{id: m}]\n",
+            "admin.token: must not be empty; omit it to leave the admin API open",
+        ),
+        ("models: [{id: ''}]\n", "models[0].id: must not be empty"),
+        (
+            "models: [{id: m}, {id: m}]\n",
+            "models[1].id: duplicate model id \"m\" (also models[0])",
+        ),
+        (
+            "models: [{id: m, block_size: 0}]\n",
+            "models[0].block_size: must be at least 1",
+        ),
+        (
+            "models:\n  - {id: m, engines: [{id: A, url: 'http://a:1'}]}\n  - {id: n, engines: [{id: A, url: 'http://b:1'}]}\n",
+            "models[1].engines[0].id: duplicate engine id \"A\" (also models[0].engines[0].id)",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'https://a:1'}]}]\n",
+            "models[0].engines[0].url: must start with http:// (engines are reached over plain HTTP)",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'http://a:1', dp_size: 0}]}]\n",
+            "models[0].engines[0].dp_size: must be at least 1",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'http://a:1', role: plain}, {id: P, url: 'http://p:1', role: prefill}]}]\n",
+            "models[0].engines[1].role: a prefill engine cannot join a model served by plain engines (models[0].engines[0]); \
+             a model is either all plain or all prefill/decode",
+        ),
+        (
+            "policies: {decode: {type: random, admission: {max_running_requests: 0}}}\nmodels: [{id: m}]\n",
+            "policies.decode: admission.max_running_requests must be at least 1: a cap of 0 admits nothing",
+        ),
+        (
+            "models:\n  - id: m\n    engines: [{id: P1, url: 'http://p:1', role: prefill}, {id: D1, url: 'http://d:1', role: decode}]\n    buckets:\n      - id: b\n        groups: {pd: {prefill: {worker_ids: [P1]}, decode: {worker_ids: [P1]}}}\n",
+            "models[0].buckets[0].groups.pd.decode.worker_ids[0]: engine \"P1\" is a prefill engine, but this group picks decode engines",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        assert_eq!(errors(yaml), [expected], "{yaml}");
+    }
+}
+
+#[test]
+fn engines_without_a_role_are_checked_at_startup_not_statically() {
+    let yaml = "models:\n  - id: m\n    engines: [{id: X, url: 'http://x:1'}]\n    buckets: [{id: b, groups: {pd: {prefill: {worker_ids: [X]}, decode: {worker_ids: []}}}}]\n";
+    assert_eq!(errors(yaml), Vec::<String>::new());
+}
+
+#[test]
+fn the_schema_describes_the_config() {
+    let schema = RouterConfig::json_schema().to_string();
+    for field in [
+        "listen",
+        "models",
+        "buckets",
+        "worker_ids",
+        "first_byte_ms",
+        "breaker_cooldown_ms",
+        "max_inflight_requests",
+    ] {
+        assert!(schema.contains(field), "the schema names {field}");
+    }
+}

@@ -1,0 +1,271 @@
+//! Dispatch of a complete selection: one plain engine, or a prefill and a decode
+//! engine sent the same body with one bootstrap room, concurrently.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use router_buckets::{EnginePicks, Selection};
+use router_state::Worker;
+use tokio::time::Instant;
+
+use crate::app::AppContext;
+use crate::error::ApiError;
+use crate::metrics::StageLabels;
+use crate::relay::{Companion, RelayBody};
+use crate::upstream::UpstreamError;
+
+const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
+const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
+const PREFILL: HeaderName = HeaderName::from_static("x-switchyard-prefill");
+const DECODE: HeaderName = HeaderName::from_static("x-switchyard-decode");
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A leg in flight, owned so it can outlive the handler as the relay's companion.
+type Leg = Pin<Box<dyn Future<Output = Result<Response<Incoming>, ApiError>> + Send>>;
+
+/// What dispatch needs besides the selection.
+pub(crate) struct Outgoing {
+    pub(crate) body: Bytes,
+    pub(crate) model: String,
+    pub(crate) request_id: HeaderValue,
+    pub(crate) started: Instant,
+}
+
+/// Sends the request to the selected engines and relays the answer.
+pub(crate) async fn dispatch(
+    ctx: &Arc<AppContext>,
+    selection: Selection,
+    out: Outgoing,
+) -> Result<Response, ApiError> {
+    let bucket = HeaderValue::from_str(&selection.pick.bucket)
+        .map_err(|_| ApiError::upstream("invalid bucket id"))?;
+    match selection.pick.engines {
+        EnginePicks::Plain(pick) => {
+            let engine = pick.engine;
+            let guards = vec![ctx.load.acquire(engine.id())];
+            let response = send(ctx, &engine, "plain", out.body.clone(), &out.request_id).await?;
+            let mut headers = HeaderMap::new();
+            headers.insert(BUCKET, bucket);
+            headers.insert(ENGINE, id_header(&engine));
+            Ok(relay(ctx, response, None, headers, out, guards))
+        }
+        EnginePicks::Pd { prefill, decode } => {
+            let (prefill, decode) = (prefill.engine, decode.engine);
+            let guards = vec![
+                ctx.load.acquire(prefill.id()),
+                ctx.load.acquire(decode.id()),
+            ];
+            let body = with_bootstrap(&out.body, &prefill, ctx.next_room());
+            let mut prefill_leg: Leg = {
+                let ctx = Arc::clone(ctx);
+                let (prefill, body, request_id) =
+                    (Arc::clone(&prefill), body.clone(), out.request_id.clone());
+                Box::pin(async move { send(&ctx, &prefill, "prefill", body, &request_id).await })
+            };
+            let request_id = out.request_id.clone();
+            let decode_leg = send(ctx, &decode, "decode", body, &request_id);
+            tokio::pin!(decode_leg);
+            let mut prefill_response: Option<Response<Incoming>> = None;
+            let decode_response = loop {
+                tokio::select! {
+                    result = &mut prefill_leg, if prefill_response.is_none() => {
+                        // A failed prefill returns here, dropping (cancelling) the decode leg.
+                        prefill_response = Some(result?);
+                    }
+                    result = &mut decode_leg => break result?,
+                }
+            };
+            let companion: Companion = match prefill_response {
+                Some(response) => Box::pin(drain(response)),
+                None => Box::pin(async move {
+                    drain(prefill_leg.await.map_err(|e| e.message().to_owned())?).await
+                }),
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(BUCKET, bucket);
+            headers.insert(PREFILL, id_header(&prefill));
+            headers.insert(DECODE, id_header(&decode));
+            Ok(relay(
+                ctx,
+                decode_response,
+                Some(companion),
+                headers,
+                out,
+                guards,
+            ))
+        }
+    }
+}
+
+/// Sends one leg and waits for a successful response head. Engine 5xx answers and
+/// transport failures count against the engine's breaker and become 502 (504 for
+/// timeouts); 4xx answers are the client's and are returned as they are.
+async fn send(
+    ctx: &AppContext,
+    engine: &Worker,
+    stage: &'static str,
+    body: Bytes,
+    request_id: &HeaderValue,
+) -> Result<Response<Incoming>, ApiError> {
+    let request = Request::post(format!("{}/v1/chat/completions", engine.url()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(REQUEST_ID, request_id)
+        .body(Full::new(body))
+        .map_err(|_| {
+            ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()))
+        })?;
+    let sent = Instant::now();
+    let result = ctx.upstream.send(request).await;
+    ctx.metrics
+        .upstream_latency
+        .get_or_create(&StageLabels { stage })
+        .observe(sent.elapsed().as_secs_f64());
+    match result {
+        Ok(response) if response.status().is_server_error() => {
+            ctx.record_dispatch(engine.id(), false);
+            Err(ApiError::upstream(format!(
+                "{stage} engine {} failed with status {}",
+                engine.id(),
+                response.status()
+            )))
+        }
+        Ok(response) => {
+            ctx.record_dispatch(engine.id(), true);
+            Ok(response)
+        }
+        Err(e) => {
+            ctx.record_dispatch(engine.id(), false);
+            let message = format!("{stage} engine {}: {}", engine.id(), describe(&e));
+            Err(match e {
+                UpstreamError::Timeout(_) => ApiError::timeout(message),
+                UpstreamError::Connect(_) | UpstreamError::Transport(_) => {
+                    ApiError::upstream(message)
+                }
+            })
+        }
+    }
+}
+
+/// An upstream failure in words that never include the engine's address.
+fn describe(e: &UpstreamError) -> &'static str {
+    match e {
+        UpstreamError::Connect(_) => "connection failed",
+        UpstreamError::Timeout(what) => what,
+        UpstreamError::Transport(_) => "the connection broke",
+    }
+}
+
+/// Reads a leg's whole body; the PD prefill leg must run to completion for the KV
+/// hand-over, so it is driven alongside the decode stream.
+async fn drain(response: Response<Incoming>) -> Result<(), String> {
+    if !response.status().is_success() {
+        return Err(format!("status {}", response.status()));
+    }
+    response
+        .into_body()
+        .collect()
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn relay(
+    ctx: &Arc<AppContext>,
+    response: Response<Incoming>,
+    companion: Option<Companion>,
+    mut headers: HeaderMap,
+    out: Outgoing,
+    guards: Vec<router_state::InflightGuard>,
+) -> Response {
+    let (parts, body) = response.into_parts();
+    let status = parts.status;
+    let body = RelayBody::new(
+        body,
+        companion,
+        Arc::clone(ctx),
+        out.model,
+        out.started,
+        guards,
+    );
+    let mut response = Response::new(Body::new(body));
+    *response.status_mut() = status;
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(value) = parts.headers.get(&name) {
+            headers.insert(name, value.clone());
+        }
+    }
+    headers.insert(REQUEST_ID, out.request_id);
+    response.headers_mut().extend(headers);
+    response
+}
+
+fn id_header(engine: &Worker) -> HeaderValue {
+    HeaderValue::from_str(engine.id().as_str())
+        .unwrap_or_else(|_| HeaderValue::from_static("invalid-id"))
+}
+
+/// The body with the bootstrap fields appended to its top-level object (the body
+/// was validated as a JSON object; later keys win over any the client sent).
+fn with_bootstrap(body: &Bytes, prefill: &Worker, room: u64) -> Bytes {
+    let host = prefill
+        .url()
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
+        .unwrap_or_default();
+    let port = prefill
+        .bootstrap_port()
+        .map_or_else(|| "null".to_owned(), |p| p.to_string());
+    let fields = format!(
+        r#""bootstrap_host":{},"bootstrap_port":{port},"bootstrap_room":{room}}}"#,
+        serde_json::Value::String(host)
+    );
+    let trimmed = body.trim_ascii_end();
+    let object = trimmed.strip_suffix(b"}").unwrap_or(trimmed);
+    let empty = object.trim_ascii_end().ends_with(b"{");
+    let mut out = BytesMut::with_capacity(object.len() + fields.len() + 1);
+    out.extend_from_slice(object);
+    if !empty {
+        out.extend_from_slice(b",");
+    }
+    out.extend_from_slice(fields.as_bytes());
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use router_state::Role;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    #[test]
+    fn bootstrap_fields_are_appended_to_the_object() {
+        let prefill = Worker::new("P1", "http://10.0.0.5:30000", "m", Role::Prefill)
+            .with_bootstrap_port(8998);
+        let body = Bytes::from_static(br#"{"model":"m","messages":[],"bootstrap_room":1} "#);
+        let spliced: Value = serde_json::from_slice(&with_bootstrap(&body, &prefill, 42)).unwrap();
+        assert_eq!(spliced["bootstrap_host"], "10.0.0.5");
+        assert_eq!(spliced["bootstrap_port"], 8998);
+        assert_eq!(
+            spliced["bootstrap_room"], 42,
+            "the router's room wins over the client's"
+        );
+        assert_eq!(spliced["model"], "m");
+        let no_port = Worker::new("P2", "http://[::1]:1", "m", Role::Prefill);
+        let spliced: Value =
+            serde_json::from_slice(&with_bootstrap(&Bytes::from_static(b"{}"), &no_port, 7))
+                .unwrap();
+        assert_eq!(
+            spliced,
+            json!({"bootstrap_host": "::1", "bootstrap_port": null, "bootstrap_room": 7})
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! The one error type every handler returns: OpenAI-shaped, with a stable code.
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use router_buckets::SelectError;
+use router_policy::PickError;
+use serde_json::json;
+
+/// An error answered to a client as `{"error": {"message", "type", "param", "code"}}`.
+///
+/// Messages name engines by id only, never by URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    param: Option<String>,
+    retry_after: bool,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            param: None,
+            retry_after: false,
+        }
+    }
+
+    /// A 400 about one request parameter.
+    pub(crate) fn invalid(
+        code: &'static str,
+        param: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            param: Some(param.into()),
+            ..Self::new(StatusCode::BAD_REQUEST, code, message)
+        }
+    }
+
+    /// A 400 about the body as a whole.
+    pub(crate) fn bad_body(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_body", message)
+    }
+
+    /// 404 for a model the router does not serve.
+    pub(crate) fn model_not_found(model: &str) -> Self {
+        Self {
+            param: Some("model".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("model {model:?} is not served here"),
+            )
+        }
+    }
+
+    /// 413 for a body over the limit.
+    pub(crate) fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body exceeds {} MiB", limit >> 20),
+        )
+    }
+
+    /// 502: the engine failed.
+    pub(crate) fn upstream(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)
+    }
+
+    /// 504: the engine did not answer in time.
+    pub(crate) fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", message)
+    }
+
+    /// 401 for the admin API.
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required",
+        )
+    }
+
+    /// A 4xx of the admin API.
+    pub(crate) fn admin(status: StatusCode, message: impl Into<String>) -> Self {
+        Self::new(status, "invalid_worker", message)
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The request parameter at fault, if one is.
+    pub fn param(&self) -> Option<&str> {
+        self.param.as_deref()
+    }
+}
+
+impl From<SelectError> for ApiError {
+    fn from(e: SelectError) -> Self {
+        let code = e.code();
+        match e {
+            SelectError::NoMatchingBucket(error) => {
+                Self::new(StatusCode::BAD_REQUEST, code, error.to_string())
+            }
+            SelectError::AtCapacity { .. } | SelectError::Unavailable { .. } => Self {
+                retry_after: true,
+                ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string())
+            },
+            SelectError::Stopped { error, bucket } => {
+                let message = match bucket {
+                    Some(bucket) => format!("routing failed in bucket {bucket}: {error}"),
+                    None => format!("routing failed: {error}"),
+                };
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
+            }
+            _ => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+impl From<PickError> for ApiError {
+    fn from(e: PickError) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("routing failed: {e}"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}});
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+        if self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

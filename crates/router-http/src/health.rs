@@ -1,0 +1,249 @@
+//! Engine health: periodic probes with consecutive thresholds, and a circuit breaker
+//! fed by dispatch failures. An engine is routable when its probes pass and its
+//! breaker is closed; every change of that is written to the registry, which is what
+//! candidate sets are built from.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use router_state::WorkerId;
+use tokio::time::Instant;
+
+use crate::config::HealthConfig;
+
+/// The breaker of one engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Breaker {
+    /// Dispatches flow; counts consecutive dispatch failures.
+    Closed { failures: u32 },
+    /// No dispatches until the cool-down ends.
+    Open { until: Instant },
+}
+
+impl Breaker {
+    /// 0 closed, 1 open, for the breaker-state gauge.
+    pub(crate) fn gauge(self) -> f64 {
+        match self {
+            Breaker::Closed { .. } => 0.0,
+            Breaker::Open { .. } => 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct EngineHealth {
+    probes_pass: bool,
+    failures: u32,
+    successes: u32,
+    breaker: Breaker,
+}
+
+impl EngineHealth {
+    fn routable(&self) -> bool {
+        self.probes_pass && matches!(self.breaker, Breaker::Closed { .. })
+    }
+}
+
+/// Health of every engine.
+#[derive(Debug)]
+pub(crate) struct HealthBook {
+    config: HealthConfig,
+    engines: Mutex<HashMap<WorkerId, EngineHealth>>,
+}
+
+impl HealthBook {
+    pub(crate) fn new(config: HealthConfig) -> Self {
+        Self {
+            config,
+            engines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn interval(&self) -> Duration {
+        Duration::from_millis(self.config.interval_ms)
+    }
+
+    pub(crate) fn probe_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeout_ms)
+    }
+
+    /// Starts tracking an engine, healthy or not.
+    pub(crate) fn insert(&self, id: WorkerId, healthy: bool) {
+        self.engines.lock().insert(
+            id,
+            EngineHealth {
+                probes_pass: healthy,
+                failures: 0,
+                successes: 0,
+                breaker: Breaker::Closed { failures: 0 },
+            },
+        );
+    }
+
+    pub(crate) fn remove(&self, id: &WorkerId) {
+        self.engines.lock().remove(id);
+    }
+
+    /// The breaker of an engine, for metrics.
+    pub(crate) fn breaker(&self, id: &WorkerId) -> Option<Breaker> {
+        self.engines.lock().get(id).map(|h| h.breaker)
+    }
+
+    /// Records one probe at `now`. A probe after an open breaker's cool-down is its
+    /// half-open probe: it closes the breaker or opens it for another cool-down.
+    /// Returns the new routability when it changed.
+    pub(crate) fn record_probe(&self, id: &WorkerId, passed: bool, now: Instant) -> Option<bool> {
+        let config = self.config;
+        self.update(id, |h| {
+            if passed {
+                h.failures = 0;
+                h.successes = h.successes.saturating_add(1);
+                if !h.probes_pass && h.successes >= config.success_threshold {
+                    h.probes_pass = true;
+                }
+            } else {
+                h.successes = 0;
+                h.failures = h.failures.saturating_add(1);
+                if h.probes_pass && h.failures >= config.failure_threshold {
+                    h.probes_pass = false;
+                }
+            }
+            if let Breaker::Open { until } = h.breaker
+                && now >= until
+            {
+                h.breaker = if passed {
+                    Breaker::Closed { failures: 0 }
+                } else {
+                    Breaker::Open {
+                        until: now + Duration::from_millis(config.breaker_cooldown_ms),
+                    }
+                };
+            }
+        })
+    }
+
+    /// Records one dispatch outcome at `now`; consecutive failures open the breaker.
+    /// Returns the new routability when it changed.
+    pub(crate) fn record_dispatch(
+        &self,
+        id: &WorkerId,
+        succeeded: bool,
+        now: Instant,
+    ) -> Option<bool> {
+        let config = self.config;
+        self.update(id, |h| {
+            if let Breaker::Closed { failures } = &mut h.breaker {
+                if succeeded {
+                    *failures = 0;
+                } else {
+                    *failures += 1;
+                    if *failures >= config.breaker_failures {
+                        h.breaker = Breaker::Open {
+                            until: now + Duration::from_millis(config.breaker_cooldown_ms),
+                        };
+                    }
+                }
+            }
+        })
+    }
+
+    fn update(&self, id: &WorkerId, f: impl FnOnce(&mut EngineHealth)) -> Option<bool> {
+        let mut engines = self.engines.lock();
+        let health = engines.get_mut(id)?;
+        let before = health.routable();
+        f(health);
+        let after = health.routable();
+        (before != after).then_some(after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book() -> HealthBook {
+        HealthBook::new(HealthConfig {
+            failure_threshold: 2,
+            success_threshold: 2,
+            breaker_failures: 3,
+            breaker_cooldown_ms: 1000,
+            ..HealthConfig::default()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_need_consecutive_failures_and_successes() {
+        let book = book();
+        let id = WorkerId::from("e");
+        book.insert(id.clone(), true);
+        let now = Instant::now();
+        assert_eq!(
+            book.record_probe(&id, false, now),
+            None,
+            "one failure is tolerated"
+        );
+        assert_eq!(
+            book.record_probe(&id, true, now),
+            None,
+            "a pass resets the failure count"
+        );
+        assert_eq!(book.record_probe(&id, false, now), None);
+        assert_eq!(
+            book.record_probe(&id, false, now),
+            Some(false),
+            "two in a row make it unhealthy"
+        );
+        assert_eq!(
+            book.record_probe(&id, true, now),
+            None,
+            "one pass is not enough to return"
+        );
+        assert_eq!(book.record_probe(&id, true, now), Some(true));
+        assert_eq!(
+            book.record_probe(&WorkerId::from("unknown"), true, now),
+            None
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_opens_cools_down_and_takes_one_half_open_probe() {
+        let book = book();
+        let id = WorkerId::from("e");
+        book.insert(id.clone(), true);
+        let t0 = Instant::now();
+        assert_eq!(book.record_dispatch(&id, false, t0), None);
+        assert_eq!(
+            book.record_dispatch(&id, true, t0),
+            None,
+            "a success resets the count"
+        );
+        for _ in 0..2 {
+            assert_eq!(book.record_dispatch(&id, false, t0), None);
+        }
+        assert_eq!(
+            book.record_dispatch(&id, false, t0),
+            Some(false),
+            "three consecutive failures open it"
+        );
+        assert!(matches!(book.breaker(&id), Some(Breaker::Open { .. })));
+        assert_eq!(
+            book.record_probe(&id, true, t0 + Duration::from_millis(999)),
+            None,
+            "still cooling down"
+        );
+        let after = t0 + Duration::from_millis(1000);
+        assert_eq!(
+            book.record_probe(&id, false, after),
+            None,
+            "a failed half-open probe reopens it"
+        );
+        let later = after + Duration::from_millis(1000);
+        assert_eq!(
+            book.record_probe(&id, true, later),
+            Some(true),
+            "a passed half-open probe closes it"
+        );
+        assert_eq!(book.breaker(&id), Some(Breaker::Closed { failures: 0 }));
+    }
+}

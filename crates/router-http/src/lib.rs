@@ -1,0 +1,49 @@
+//! The Switchyard HTTP router: OpenAI-compatible chat in, the engine (or prefill and
+//! decode pair) that will serve it best out.
+//!
+//! A request is prepared once (validation, tokenization, expected peak), then the
+//! model's [`BucketResolver`](router_buckets::BucketResolver) runs the bucket loop
+//! over a registry snapshot; only a complete selection is dispatched, holding one
+//! in-flight guard per engine actually sent to, and the engine's answer is relayed
+//! frame by frame. Shared services (registry, load table and its ZeroMQ feeds, health
+//! checker, policies with their state) start once in [`AppContext`]. This is the only
+//! library crate with an HTTP stack.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = router_http::RouterConfig::from_yaml(r#"
+//! listen: 127.0.0.1:8080
+//! models:
+//!   - id: chat-model
+//!     engines:
+//!       - {id: A1, url: "http://127.0.0.1:31011", role: plain}
+//!       - {id: A2, url: "http://127.0.0.1:31012", role: plain}
+//! "#)?;
+//! let router = router_http::start(config).await?;
+//! println!("serving on {}", router.addr());
+//! router.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod app;
+mod config;
+mod dispatch;
+mod error;
+mod health;
+mod metrics;
+mod prepare;
+mod relay;
+mod routes;
+mod server;
+mod tokenize;
+mod upstream;
+
+pub use app::{AppContext, StartError};
+pub use config::{
+    AdminConfig, ConfigError, EngineConfig, EngineRole, HealthConfig, LoadConfig, ModelConfig,
+    RolePolicies, RouterConfig, TimeoutConfig,
+};
+pub use error::ApiError;
+pub use routes::MAX_BODY_BYTES;
+pub use server::{RunningRouter, serve, start};
+pub use tokenize::ChatTokenizer;

@@ -1,0 +1,207 @@
+use serde_json::json;
+
+use super::*;
+
+fn run(body: serde_json::Value) -> Result<Prepared, ApiError> {
+    let bytes = serde_json::to_vec(&body).unwrap();
+    prepare(&bytes, |model| {
+        if model == "m" {
+            Ok(None)
+        } else {
+            Err(ApiError::model_not_found(model))
+        }
+    })
+}
+
+fn chat(extra: serde_json::Value) -> serde_json::Value {
+    let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[test]
+fn prepares_the_routing_facts() {
+    let p = run(chat(
+        json!({"stream": true, "max_tokens": 100, "stream_options": {"include_usage": true}}),
+    ))
+    .unwrap();
+    assert_eq!(
+        (p.model.as_str(), p.stream, p.max_output_tokens, p.token_ids),
+        ("m", true, Some(100), None)
+    );
+    let body_len = serde_json::to_vec(&chat(
+        json!({"stream": true, "max_tokens": 100, "stream_options": {"include_usage": true}}),
+    ))
+    .unwrap()
+    .len();
+    assert_eq!(
+        p.input_tokens,
+        body_len as u64 / 4,
+        "without a tokenizer: about four bytes a token"
+    );
+    let p = run(chat(json!({"max_tokens": 10, "max_completion_tokens": 20}))).unwrap();
+    assert_eq!(p.max_output_tokens, Some(20), "max_completion_tokens wins");
+}
+
+#[test]
+fn every_invalid_field_gets_a_precise_400() {
+    let cases = [
+        (
+            json!({"messages": []}),
+            "missing_model",
+            "model",
+            "model is required",
+        ),
+        (
+            json!({"model": 3, "messages": []}),
+            "invalid_model",
+            "model",
+            "model must be a string",
+        ),
+        (
+            json!({"model": "", "messages": []}),
+            "invalid_model",
+            "model",
+            "model must not be empty",
+        ),
+        (
+            json!({"model": "m"}),
+            "invalid_messages",
+            "messages",
+            "messages is required",
+        ),
+        (
+            json!({"model": "m", "messages": {}}),
+            "invalid_messages",
+            "messages",
+            "messages must be an array of message objects",
+        ),
+        (
+            json!({"model": "m", "messages": []}),
+            "invalid_messages",
+            "messages",
+            "messages must not be empty",
+        ),
+        (
+            json!({"model": "m", "messages": [3]}),
+            "invalid_messages",
+            "messages[0]",
+            "messages[0] must be an object",
+        ),
+        (
+            json!({"model": "m", "messages": [{"content": "x"}]}),
+            "invalid_role",
+            "messages[0].role",
+            "messages[0].role is required",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user"}, {"role": "robot"}]}),
+            "invalid_role",
+            "messages[1].role",
+            "messages[1].role must be one of system, developer, user, assistant, tool, function",
+        ),
+        (
+            chat(json!({"temperature": 2.5})),
+            "invalid_parameter",
+            "temperature",
+            "temperature must be a number between 0 and 2",
+        ),
+        (
+            chat(json!({"top_p": 0})),
+            "invalid_parameter",
+            "top_p",
+            "top_p must be a number greater than 0 and at most 1",
+        ),
+        (
+            chat(json!({"presence_penalty": -3})),
+            "invalid_parameter",
+            "presence_penalty",
+            "presence_penalty must be a number between -2 and 2",
+        ),
+        (
+            chat(json!({"frequency_penalty": "x"})),
+            "invalid_parameter",
+            "frequency_penalty",
+            "frequency_penalty must be a number between -2 and 2",
+        ),
+        (
+            chat(json!({"n": 0})),
+            "invalid_parameter",
+            "n",
+            "n must be an integer from 1 to 128",
+        ),
+        (
+            chat(json!({"max_tokens": 0})),
+            "invalid_parameter",
+            "max_tokens",
+            "max_tokens must be an integer from 1 to 4294967295",
+        ),
+        (
+            chat(json!({"max_completion_tokens": 1.5})),
+            "invalid_parameter",
+            "max_completion_tokens",
+            "max_completion_tokens must be an integer from 1 to 4294967295",
+        ),
+        (
+            chat(json!({"stream": "yes"})),
+            "invalid_parameter",
+            "stream",
+            "stream must be a boolean",
+        ),
+        (
+            chat(json!({"stream_options": {"include_usage": true}})),
+            "invalid_parameter",
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        ),
+        (
+            chat(json!({"stream": true, "stream_options": {"include_usage": 1}})),
+            "invalid_parameter",
+            "stream_options.include_usage",
+            "include_usage must be a boolean",
+        ),
+    ];
+    for (body, code, param, message) in cases {
+        let err = run(body.clone()).unwrap_err();
+        assert_eq!(
+            (err.status().as_u16(), err.code(), err.message()),
+            (400, code, message),
+            "{body}"
+        );
+        assert_eq!(err.param(), Some(param), "{body}");
+    }
+}
+
+#[test]
+fn malformed_json_and_unknown_models() {
+    let err = prepare(b"{not json", |_| Ok(None)).unwrap_err();
+    assert_eq!(err.code(), "invalid_body");
+    assert!(
+        err.message()
+            .starts_with("the body is not a valid chat request"),
+        "{}",
+        err.message()
+    );
+    let err =
+        run(json!({"model": "other", "messages": [{"role": "user", "content": "x"}]})).unwrap_err();
+    assert_eq!(
+        (err.status().as_u16(), err.code(), err.message()),
+        (404, "model_not_found", "model \"other\" is not served here")
+    );
+}
+
+#[test]
+fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/tokenizer-tiny/tokenizer.json");
+    let tokenizer = ChatTokenizer::load(&path).unwrap();
+    let body = serde_json::to_vec(
+        &json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]}),
+    )
+    .unwrap();
+    let p = prepare(&body, |_| Ok(Some(&tokenizer))).unwrap();
+    assert_eq!(p.token_ids.as_deref(), Some(&[1, 2, 4, 5, 3][..]));
+    assert_eq!(p.input_tokens, 5);
+}

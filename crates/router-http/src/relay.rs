@@ -1,0 +1,179 @@
+//! The response body relayed from an engine to the client, frame by frame as it
+//! arrives (never buffered whole), holding the in-flight guards of every engine the
+//! request was dispatched to until the body ends or the client goes away.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use router_state::InflightGuard;
+use tokio::time::{Instant, Sleep, sleep};
+
+use crate::app::AppContext;
+use crate::metrics::{ModelLabels, RequestLabels};
+
+/// A leg that must run to completion alongside the relayed body (a PD prefill).
+pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// Why a relayed body stopped early.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RelayError {
+    #[error("the engine's response broke off: {0}")]
+    Upstream(#[from] hyper::Error),
+    #[error("the engine sent nothing for {0:?}")]
+    Idle(Duration),
+    #[error("the prefill leg failed: {0}")]
+    Companion(String),
+}
+
+/// How the request ended, for the request counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Pending,
+    Done,
+    Failed,
+}
+
+/// See the module documentation.
+pub(crate) struct RelayBody {
+    inner: Incoming,
+    companion: Option<Companion>,
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    ctx: Arc<AppContext>,
+    model: String,
+    started: Instant,
+    first_byte_seen: bool,
+    ending: Ending,
+    _guards: Vec<InflightGuard>,
+}
+
+impl std::fmt::Debug for RelayBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayBody")
+            .field("model", &self.model)
+            .field("ending", &self.ending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RelayBody {
+    pub(crate) fn new(
+        inner: Incoming,
+        companion: Option<Companion>,
+        ctx: Arc<AppContext>,
+        model: String,
+        started: Instant,
+        guards: Vec<InflightGuard>,
+    ) -> Self {
+        let idle_timeout = ctx.idle_timeout;
+        Self {
+            inner,
+            companion,
+            idle: Box::pin(sleep(idle_timeout)),
+            idle_timeout,
+            ctx,
+            model,
+            started,
+            first_byte_seen: false,
+            ending: Ending::Pending,
+            _guards: guards,
+        }
+    }
+
+    fn finish(&mut self, ending: Ending, code: &'static str) {
+        if self.ending != Ending::Pending {
+            return;
+        }
+        self.ending = ending;
+        let outcome = match ending {
+            Ending::Done => "ok",
+            Ending::Failed => "server_error",
+            Ending::Pending => "cancelled",
+        };
+        let labels = RequestLabels {
+            model: std::mem::take(&mut self.model),
+            outcome,
+            code,
+        };
+        self.ctx.metrics.requests.get_or_create(&labels).inc();
+    }
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let this = self.get_mut();
+        if let Some(companion) = this.companion.as_mut()
+            && let Poll::Ready(result) = companion.as_mut().poll(cx)
+        {
+            this.companion = None;
+            if let Err(e) = result {
+                this.finish(Ending::Failed, "prefill_failed");
+                return Poll::Ready(Some(Err(RelayError::Companion(e))));
+            }
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.idle.as_mut().reset(Instant::now() + this.idle_timeout);
+                if !this.first_byte_seen && frame.is_data() {
+                    this.first_byte_seen = true;
+                    let labels = ModelLabels {
+                        model: this.model.clone(),
+                    };
+                    this.ctx
+                        .metrics
+                        .time_to_first_token
+                        .get_or_create(&labels)
+                        .observe(this.started.elapsed().as_secs_f64());
+                }
+                if this.is_end_stream() {
+                    // A server writing a known length stops polling here.
+                    this.finish(Ending::Done, "ok");
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish(Ending::Failed, "upstream_error");
+                Poll::Ready(Some(Err(RelayError::Upstream(e))))
+            }
+            Poll::Ready(None) if this.companion.is_none() => {
+                this.finish(Ending::Done, "ok");
+                Poll::Ready(None)
+            }
+            // The decode answer is complete but the prefill leg is still running (or
+            // the decode answer has nothing new): wait, within the idle timeout.
+            Poll::Ready(None) | Poll::Pending => {
+                ready!(this.idle.as_mut().poll(cx));
+                this.finish(Ending::Failed, "upstream_timeout");
+                Poll::Ready(Some(Err(RelayError::Idle(this.idle_timeout))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream() && self.companion.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        // Dropped before the end: the client went away. Dropping `inner` and the
+        // companion closes both upstream requests, which is how engines learn of it.
+        self.finish(Ending::Pending, "client_disconnected");
+    }
+}

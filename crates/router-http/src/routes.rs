@@ -1,0 +1,336 @@
+//! The router's HTTP endpoints.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use router_buckets::{BucketRequest, EnginePicks};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::app::AppContext;
+use crate::config::{EngineConfig, EngineRole};
+use crate::dispatch::{Outgoing, REQUEST_ID, dispatch};
+use crate::error::ApiError;
+use crate::metrics::{Gauge, PickLabels, RequestLabels};
+use crate::prepare::prepare;
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Header carrying a session key.
+pub(crate) const SESSION_HEADER: &str = "x-session-id";
+/// Header carrying a routing key.
+pub(crate) const ROUTING_KEY_HEADER: &str = "x-switchyard-routing-key";
+
+pub(crate) fn router(ctx: Arc<AppContext>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/workers", get(list_workers).post(add_worker))
+        .route("/workers/{id}", delete(remove_worker))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(ctx)
+}
+
+async fn chat_completions(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let request_id = headers.get(REQUEST_ID).cloned().unwrap_or_else(|| {
+        HeaderValue::from_str(&ctx.next_request_id()).expect("hex is a valid header")
+    });
+    let (model, result) = route_chat(&ctx, &headers, body, started, request_id.clone()).await;
+    match result {
+        Ok(response) => response,
+        Err(error) => {
+            let outcome = if error.status().is_client_error() {
+                "client_error"
+            } else {
+                "server_error"
+            };
+            let labels = RequestLabels {
+                model,
+                outcome,
+                code: error.code(),
+            };
+            ctx.metrics.requests.get_or_create(&labels).inc();
+            tracing::debug!(code = error.code(), status = %error.status(), message = error.message(), "request failed");
+            let mut response = error.into_response();
+            response.headers_mut().insert(REQUEST_ID, request_id);
+            response
+        }
+    }
+}
+
+/// The model (for metrics; empty until known) and the response.
+async fn route_chat(
+    ctx: &Arc<AppContext>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    started: Instant,
+    request_id: HeaderValue,
+) -> (String, Result<Response, ApiError>) {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return (String::new(), Err(ApiError::too_large(MAX_BODY_BYTES)));
+        }
+        Err(rejection) => {
+            return (
+                String::new(),
+                Err(ApiError::bad_body(rejection.body_text())),
+            );
+        }
+    };
+    let routes = ctx.routes.load();
+    let mut route = None;
+    let prepared = prepare(&body, |model| {
+        let found = routes
+            .get(model)
+            .ok_or_else(|| ApiError::model_not_found(model))?;
+        route = Some(Arc::clone(found));
+        Ok(found.tokenizer.as_deref())
+    });
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => return (String::new(), Err(e)),
+    };
+    let route = route.expect("prepare resolved the model");
+    let model = prepared.model.clone();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+    };
+    let request = BucketRequest::new(&prepared.model, prepared.input_tokens)
+        .with_max_output_tokens(prepared.max_output_tokens)
+        .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()));
+    let request = match request {
+        Ok(r) => r
+            .with_token_ids(prepared.token_ids.as_deref())
+            .with_session_key(header(SESSION_HEADER))
+            .with_routing_key(header(ROUTING_KEY_HEADER)),
+        Err(e) => return (model, Err(e)),
+    };
+    let selection = match route
+        .resolver
+        .select(&ctx.registry.snapshot(), &request)
+        .await
+    {
+        Ok(selection) => selection,
+        Err(e) => return (model, Err(ApiError::from(e))),
+    };
+    for pick in selection.pick.engines.iter() {
+        let labels = PickLabels {
+            model: model.clone(),
+            bucket: selection.pick.bucket.to_string(),
+            stage: pick.engine.role().as_str(),
+            engine: pick.engine.id().to_string(),
+            reason: pick.reason.as_str(),
+        };
+        ctx.metrics.picks.get_or_create(&labels).inc();
+    }
+    if let EnginePicks::Pd { prefill, decode } = &selection.pick.engines {
+        tracing::debug!(bucket = %selection.pick.bucket, prefill = %prefill.engine.id(), decode = %decode.engine.id(), "selected");
+    }
+    let out = Outgoing {
+        body,
+        model: model.clone(),
+        request_id,
+        started,
+    };
+    (model, dispatch(ctx, selection, out).await)
+}
+
+async fn models(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
+    let mut ids: Vec<String> = ctx.routes.load().keys().cloned().collect();
+    ids.sort();
+    let data: Vec<Value> = ids
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "switchyard"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn ready(State(ctx): State<Arc<AppContext>>) -> Response {
+    if ctx.registry.snapshot().any_healthy() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no engine is routable\n").into_response()
+    }
+}
+
+async fn metrics(State(ctx): State<Arc<AppContext>>) -> Response {
+    let snapshot = ctx.registry.snapshot();
+    let load = ctx.load.snapshot();
+    let mut in_flight = Vec::new();
+    let mut healthy = Vec::new();
+    let mut breaker = Vec::new();
+    let mut report_age = Vec::new();
+    for worker in snapshot.workers() {
+        let engine = || vec![("engine", worker.id().to_string())];
+        let seen = load.observe(worker.id());
+        in_flight.push((engine(), seen.in_flight as f64));
+        healthy.push((engine(), if worker.is_healthy() { 1.0 } else { 0.0 }));
+        if let Some(state) = ctx.health.breaker(worker.id()) {
+            breaker.push((engine(), state.gauge()));
+        }
+        if let Some(reported) = seen.reported {
+            report_age.push((
+                engine(),
+                load.captured_at()
+                    .saturating_duration_since(reported.received_at)
+                    .as_secs_f64(),
+            ));
+        }
+    }
+    let feed = ctx
+        .feed_stats
+        .counts()
+        .iter()
+        .map(|(outcome, n)| (vec![("outcome", (*outcome).to_owned())], *n as f64))
+        .collect();
+    let gauges = [
+        Gauge {
+            name: "engine_in_flight",
+            help: "Requests this router has in flight per engine",
+            samples: in_flight,
+        },
+        Gauge {
+            name: "engine_healthy",
+            help: "Whether an engine is routable (probes pass, breaker closed)",
+            samples: healthy,
+        },
+        Gauge {
+            name: "engine_breaker_open",
+            help: "Whether an engine's circuit breaker is open",
+            samples: breaker,
+        },
+        Gauge {
+            name: "engine_load_report_age_seconds",
+            help: "Age of an engine's freshest complete load report (absent when none is fresh)",
+            samples: report_age,
+        },
+        Gauge {
+            name: "load_feed_messages",
+            help: "Load-feed messages by outcome since start",
+            samples: feed,
+        },
+    ];
+    let text = ctx.metrics.encode(&gauges);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+fn authorize(ctx: &AppContext, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &ctx.admin_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    // Compare in time independent of where the first difference is.
+    let equal = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if equal {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+async fn list_workers(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&ctx, &headers)?;
+    let snapshot = ctx.registry.snapshot();
+    let load = ctx.load.snapshot();
+    let workers: Vec<Value> = snapshot
+        .workers()
+        .map(|w| {
+            json!({
+                "id": w.id().as_str(), "url": w.url(), "model": w.model(), "role": w.role().as_str(),
+                "healthy": w.is_healthy(), "in_flight": load.observe(w.id()).in_flight,
+                "bootstrap_port": w.bootstrap_port(), "dp_size": w.dp_size().get(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"workers": workers})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddWorker {
+    id: String,
+    url: String,
+    model: String,
+    #[serde(default)]
+    role: Option<EngineRole>,
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
+    #[serde(default)]
+    dp_size: Option<u32>,
+    #[serde(default)]
+    load_port: Option<u16>,
+}
+
+async fn add_worker(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&ctx, &headers)?;
+    let add: AddWorker = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let config = EngineConfig {
+        id: add.id,
+        url: add.url,
+        role: add.role,
+        bootstrap_port: add.bootstrap_port,
+        dp_size: add.dp_size,
+        load_port: add.load_port,
+    };
+    let worker = ctx
+        .add_engine(config, add.model)
+        .await
+        .map_err(|e| ApiError::admin(StatusCode::BAD_REQUEST, e))?;
+    let body = json!({"id": worker.id().as_str(), "model": worker.model(), "role": worker.role().as_str(), "healthy": worker.is_healthy()});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn remove_worker(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    authorize(&ctx, &headers)?;
+    ctx.remove_engine(&id)
+        .map_err(|e| ApiError::admin(StatusCode::NOT_FOUND, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,129 @@
+//! Serving: the listener (TCP_NODELAY on every accepted socket), the health checker,
+//! and graceful shutdown that drains in-flight requests within a grace period.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::app::{AppContext, StartError};
+use crate::config::RouterConfig;
+use crate::routes::router;
+
+/// A router serving on a bound address.
+#[derive(Debug)]
+pub struct RunningRouter {
+    addr: SocketAddr,
+    ctx: Arc<AppContext>,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<()>,
+}
+
+impl RunningRouter {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The shared services.
+    pub fn context(&self) -> &Arc<AppContext> {
+        &self.ctx
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, then
+    /// returns.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        drop(self.server.await);
+    }
+
+    /// Waits until a shutdown started with `signal` completes.
+    async fn run_until(self, signal: impl Future<Output = ()>) {
+        signal.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        self.shutdown().await;
+    }
+}
+
+/// Builds the application from `config`, binds `config.listen` and starts serving.
+///
+/// # Errors
+/// See [`StartError`].
+pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let listen = config.listen;
+    let ctx = AppContext::new(config).await?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Listen {
+        addr: listen,
+        source,
+    })?;
+    let (stop, stopped) = watch::channel(false);
+    let health = {
+        let ctx = Arc::clone(&ctx);
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ctx.health.interval());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => ctx.probe_all().await,
+                    () = async { drop(stopped.wait_for(|s| *s).await) } => return,
+                }
+            }
+        })
+    };
+    let app = router(Arc::clone(&ctx));
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "setting TCP_NODELAY failed");
+        }
+    });
+    let server = tokio::spawn(async move {
+        let mut draining = stopped.clone();
+        let mut shutdown = stopped;
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            drop(shutdown.wait_for(|s| *s).await);
+        });
+        let deadline = async move {
+            drop(draining.wait_for(|s| *s).await);
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            result = serve => if let Err(e) = result {
+                tracing::error!(error = %e, "server failed");
+            },
+            () = deadline => tracing::warn!(?grace, "grace period over; closing remaining connections"),
+        }
+        health.abort();
+    });
+    tracing::info!(%addr, "switchyard listening");
+    Ok(RunningRouter {
+        addr,
+        ctx,
+        stop,
+        server,
+    })
+}
+
+/// Serves `config` until `signal` resolves, then shuts down gracefully.
+///
+/// # Errors
+/// See [`StartError`].
+pub async fn serve(
+    config: RouterConfig,
+    signal: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    start(config).await?.run_until(signal).await;
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Prompt tokenization with a model's `tokenizer.json` and chat template, rendered as
+//! Hugging Face transformers renders it (what SGLang and vLLM use).
+
+use std::path::Path;
+
+use minijinja::{Environment, ErrorKind, context};
+use serde_json::Value;
+
+/// A model's tokenizer and chat template, loaded once at startup.
+#[derive(Debug)]
+pub struct ChatTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it.
+    ///
+    /// # Errors
+    /// A message naming the file at fault.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let tokenizer = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let config_path = path.with_file_name("tokenizer_config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|e| format!("{}: {e}", config_path.display()))?;
+        let config: Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config_path.display()))?;
+        let template = match &config["chat_template"] {
+            Value::String(t) => t.clone(),
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str())
+                .map(str::to_owned)
+                .ok_or_else(|| format!("{}: no default chat template", config_path.display()))?,
+            _ => return Err(format!("{}: no chat_template", config_path.display())),
+        };
+        let special = |key: &str| match &config[key] {
+            Value::String(s) => s.clone(),
+            value => value["content"].as_str().unwrap_or_default().to_owned(),
+        };
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_template_owned("chat", template)
+            .map_err(|e| format!("{}: chat template: {e}", config_path.display()))?;
+        Ok(Self {
+            tokenizer,
+            template: env,
+            bos_token: special("bos_token"),
+            eos_token: special("eos_token"),
+        })
+    }
+
+    /// Renders `messages` (the request's array, content parts flattened to text) for
+    /// generation and returns the prompt's token ids.
+    ///
+    /// # Errors
+    /// The template or the tokenizer failed on this input.
+    pub fn encode(&self, messages: &[Value]) -> Result<Vec<u32>, String> {
+        let messages: Vec<Value> = messages.iter().map(flatten_content).collect();
+        let prompt = self
+            .template
+            .get_template("chat")
+            .and_then(|t| {
+                t.render(context! {
+                    messages => messages,
+                    add_generation_prompt => true,
+                    bos_token => self.bos_token,
+                    eos_token => self.eos_token,
+                })
+            })
+            .map_err(|e| format!("the chat template failed: {e}"))?;
+        let encoding = self
+            .tokenizer
+            .encode(prompt, false)
+            .map_err(|e| format!("tokenization failed: {e}"))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+}
+
+/// A message whose `content` is a list of parts, with the text parts joined.
+fn flatten_content(message: &Value) -> Value {
+    let Some(parts) = message["content"].as_array() else {
+        return message.clone();
+    };
+    let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+    let mut flat = message.clone();
+    flat["content"] = Value::String(text);
+    flat
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn renders_the_template_and_tokenizes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/tokenizer-tiny/tokenizer.json");
+        let t = ChatTokenizer::load(&path).unwrap();
+        let ids = t.encode(&[json!({"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]})]).unwrap();
+        assert_eq!(
+            ids,
+            [1, 2, 4, 5, 3],
+            "<s> <|user|> hello world <|assistant|>"
+        );
+        assert!(
+            ChatTokenizer::load(Path::new("/missing/tokenizer.json"))
+                .unwrap_err()
+                .starts_with("/missing/tokenizer.json")
+        );
+    }
+}

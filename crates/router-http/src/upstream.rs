@@ -1,0 +1,263 @@
+//! The pooled HTTP client to engines, and what engines report about themselves.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use router_state::Role;
+use serde_json::Value;
+
+use crate::config::TimeoutConfig;
+
+/// Checks that `url` is an `http://host:port` engine base URL.
+///
+/// # Errors
+/// What is wrong with it (without echoing it into client-facing messages).
+pub(crate) fn check_engine_url(url: &str) -> Result<(), String> {
+    let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("must start with http:// (engines are reached over plain HTTP)".into());
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("needs a host".into());
+    }
+    if uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+    {
+        return Err("must be a base URL without a path or query".into());
+    }
+    Ok(())
+}
+
+/// Why a request to an engine failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// The connection could not be made (refused, unreachable).
+    #[error("connection failed: {0}")]
+    Connect(String),
+    /// Connecting, or waiting for the response head, took too long.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+    /// The connection broke or the engine answered garbage.
+    #[error("transport error: {0}")]
+    Transport(String),
+}
+
+/// The HTTP client shared by dispatch, health probes and introspection.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+    first_byte: Duration,
+}
+
+impl Upstream {
+    pub(crate) fn new(timeouts: &TimeoutConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(timeouts.connect_ms)));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        Self {
+            client,
+            first_byte: Duration::from_millis(timeouts.first_byte_ms),
+        }
+    }
+
+    /// Sends `request` and waits for the response head within the first-byte timeout.
+    pub(crate) async fn send(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        self.send_within(request, self.first_byte).await
+    }
+
+    async fn send_within(
+        &self,
+        request: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Err(_) => Err(UpstreamError::Timeout(
+                "no response head within the first-byte timeout",
+            )),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) if e.is_connect() => {
+                if source_is_timeout(&e) {
+                    Err(UpstreamError::Timeout("connect timeout"))
+                } else {
+                    Err(UpstreamError::Connect(root_cause(&e)))
+                }
+            }
+            Ok(Err(e)) => Err(UpstreamError::Transport(root_cause(&e))),
+        }
+    }
+
+    /// `GET base + path` within `timeout`; the status and the whole body.
+    pub(crate) async fn get(
+        &self,
+        base: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), UpstreamError> {
+        let request = Request::get(format!("{base}{path}"))
+            .header(header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| UpstreamError::Transport(e.to_string()))?;
+        let response = self.send_within(request, timeout).await?;
+        let status = response.status();
+        let body = tokio::time::timeout(timeout, response.into_body().collect())
+            .await
+            .map_err(|_| UpstreamError::Timeout("body not received in time"))?
+            .map_err(|e| UpstreamError::Transport(e.to_string()))?
+            .to_bytes();
+        Ok((status, body))
+    }
+}
+
+fn source_is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(s) = cause.source() {
+        cause = s;
+    }
+    cause.to_string()
+}
+
+/// What an engine's `/server_info` says about it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServerInfo {
+    pub(crate) role: Option<Role>,
+    pub(crate) bootstrap_port: Option<u16>,
+    pub(crate) dp_size: Option<u32>,
+    pub(crate) load_feed: Option<FeedEndpoint>,
+}
+
+/// Where an engine publishes a ZeroMQ feed: rank r at `host:port_base + r`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FeedEndpoint {
+    pub(crate) host: String,
+    pub(crate) port_base: u16,
+    pub(crate) topic: String,
+}
+
+impl FeedEndpoint {
+    pub(crate) fn rank_endpoint(&self, rank: u32) -> Option<String> {
+        let port = self.port_base.checked_add(u16::try_from(rank).ok()?)?;
+        Some(format!("tcp://{}:{port}", self.host))
+    }
+}
+
+/// Reads `/server_info` fields the router uses; a wildcard publisher host means the
+/// engine URL's host.
+pub(crate) fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
+    let role = match info["disaggregation_mode"].as_str() {
+        Some("prefill") => Some(Role::Prefill),
+        Some("decode") => Some(Role::Decode),
+        Some("null") | None if info.get("disaggregation_mode").is_some() => Some(Role::Plain),
+        _ => None,
+    };
+    let kv = &info["kv_events"];
+    let engine_host = engine_url
+        .parse::<Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_owned))
+        .unwrap_or_default();
+    let load_feed = kv["load_endpoint_port_base"].as_u64().and_then(|port| {
+        let host = match kv["endpoint_host"].as_str() {
+            None | Some("*" | "0.0.0.0" | "::" | "[::]" | "") => engine_host.clone(),
+            Some(host) => host.to_owned(),
+        };
+        Some(FeedEndpoint {
+            host,
+            port_base: u16::try_from(port).ok()?,
+            topic: kv["load_topic"].as_str().unwrap_or("load").to_owned(),
+        })
+    });
+    ServerInfo {
+        role,
+        bootstrap_port: info["disaggregation_bootstrap_port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok()),
+        dp_size: info["dp_size"]
+            .as_u64()
+            .and_then(|d| u32::try_from(d).ok())
+            .filter(|d| *d > 0),
+        load_feed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn engine_urls_are_plain_http_base_urls() {
+        assert!(check_engine_url("http://10.0.0.7:30000").is_ok());
+        assert!(check_engine_url("http://engine-1:8000/").is_ok());
+        assert_eq!(
+            check_engine_url("https://e:1").unwrap_err(),
+            "must start with http:// (engines are reached over plain HTTP)"
+        );
+        assert_eq!(
+            check_engine_url("http://e:1/v1").unwrap_err(),
+            "must be a base URL without a path or query"
+        );
+        assert!(
+            check_engine_url("not a url")
+                .unwrap_err()
+                .starts_with("not a URL")
+        );
+    }
+
+    #[test]
+    fn reads_role_ports_and_the_load_feed_from_server_info() {
+        let info = json!({
+            "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998, "dp_size": 2,
+            "kv_events": {"endpoint_host": "*", "endpoint_port_base": 5557, "load_endpoint_port_base": 5560, "load_topic": "load"}
+        });
+        let parsed = parse_server_info(&info, "http://10.1.2.3:30000");
+        assert_eq!(
+            (parsed.role, parsed.bootstrap_port, parsed.dp_size),
+            (Some(Role::Prefill), Some(8998), Some(2))
+        );
+        let feed = parsed.load_feed.unwrap();
+        assert_eq!(
+            feed.rank_endpoint(1).unwrap(),
+            "tcp://10.1.2.3:5561",
+            "a wildcard host means the engine's host"
+        );
+        let plain = parse_server_info(
+            &json!({"disaggregation_mode": "null", "kv_events": null}),
+            "http://h:1",
+        );
+        assert_eq!((plain.role, plain.load_feed), (Some(Role::Plain), None));
+        assert_eq!(
+            parse_server_info(&json!({}), "http://h:1"),
+            ServerInfo::default(),
+            "vLLM has no /server_info fields"
+        );
+    }
+}

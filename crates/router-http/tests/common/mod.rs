@@ -1,0 +1,78 @@
+//! In-process simulated engines and routers for serving tests.
+
+#![allow(
+    dead_code,
+    reason = "each test file uses a different subset of the helpers"
+)]
+
+use engine_sim::{EngineRole as SimRole, RunningEngine, SimConfig};
+use router_http::{EngineConfig, EngineRole, ModelConfig, RouterConfig, RunningRouter};
+use serde_json::{Value, json};
+
+pub(crate) async fn sim(configure: impl FnOnce(&mut SimConfig)) -> RunningEngine {
+    let mut config = SimConfig::for_tests();
+    configure(&mut config);
+    engine_sim::start(config).await.expect("the engine starts")
+}
+
+pub(crate) async fn prefill_sim() -> RunningEngine {
+    sim(|c| {
+        c.role = SimRole::Prefill;
+        c.bootstrap_port = Some(0);
+    })
+    .await
+}
+
+pub(crate) async fn decode_sim() -> RunningEngine {
+    sim(|c| c.role = SimRole::Decode).await
+}
+
+pub(crate) fn engine(id: &str, sim: &RunningEngine, role: EngineRole) -> EngineConfig {
+    EngineConfig {
+        id: id.into(),
+        url: sim.url(),
+        role: Some(role),
+        bootstrap_port: None,
+        dp_size: None,
+        load_port: None,
+    }
+}
+
+pub(crate) fn config(models: Vec<ModelConfig>) -> RouterConfig {
+    let mut config = RouterConfig::new(models);
+    config.listen = "127.0.0.1:0".parse().expect("an address");
+    config.health.interval_ms = 50;
+    config.health.failure_threshold = 1;
+    config.health.success_threshold = 1;
+    config
+}
+
+pub(crate) async fn router(config: RouterConfig) -> RunningRouter {
+    router_http::start(config).await.expect("the router starts")
+}
+
+pub(crate) fn url(router: &RunningRouter, path: &str) -> String {
+    format!("http://{}{path}", router.addr())
+}
+
+pub(crate) fn chat(model: &str, prompt: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4})
+}
+
+pub(crate) async fn post(router: &RunningRouter, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url(router, "/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("the router answers")
+}
+
+pub(crate) async fn metrics(router: &RunningRouter) -> String {
+    reqwest::get(url(router, "/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text")
+}

@@ -1,0 +1,259 @@
+//! The serving path against in-process simulated engines over real sockets.
+
+mod common;
+
+use common::*;
+use router_http::{EngineRole, ModelConfig};
+use serde_json::Value;
+
+#[tokio::test]
+async fn plain_chat_is_relayed_with_routing_headers_and_counted() {
+    let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
+    let model = ModelConfig::new(
+        "m",
+        vec![
+            engine("A", &a, EngineRole::Plain),
+            engine("B", &b, EngineRole::Plain),
+        ],
+    );
+    let router = router(config(vec![model])).await;
+    let response = post(&router, &chat("m", "hello")).await;
+    assert_eq!(response.status(), 200);
+    let headers = response.headers().clone();
+    assert_eq!(headers["x-switchyard-bucket"], "default");
+    assert_eq!(
+        headers["x-switchyard-engine"], "A",
+        "round-robin starts with the first engine by id"
+    );
+    assert!(!headers["x-request-id"].is_empty());
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+    let second = post(&router, &chat("m", "again")).await;
+    assert_eq!(second.headers()["x-switchyard-engine"], "B");
+    second.bytes().await.unwrap();
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"switchyard_engine_in_flight{engine="A"} 0"#),
+        "{text}"
+    );
+    router.shutdown().await;
+}
+
+async fn recent_requests(sim: &engine_sim::RunningEngine) -> Vec<Value> {
+    let body: Value = reqwest::get(format!("{}/admin/requests", sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["requests"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn pd_legs_share_one_room_and_the_prefill_bootstrap_address() {
+    let (prefill, decode) = (prefill_sim().await, decode_sim().await);
+    let model = ModelConfig::new(
+        "m",
+        vec![
+            engine("P1", &prefill, EngineRole::Prefill),
+            engine("D1", &decode, EngineRole::Decode),
+        ],
+    );
+    let router = router(config(vec![model])).await;
+    for stream in [false, true] {
+        let mut body = chat("m", "pd please");
+        body["stream"] = stream.into();
+        let response = post(&router, &body).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            (
+                response.headers()["x-switchyard-prefill"].to_str().unwrap(),
+                response.headers()["x-switchyard-decode"].to_str().unwrap()
+            ),
+            ("P1", "D1")
+        );
+        let text = response.text().await.unwrap();
+        assert!(
+            if stream {
+                text.ends_with("data: [DONE]\n\n")
+            } else {
+                text.contains("\"completion_tokens\":4")
+            },
+            "{text}"
+        );
+    }
+    let (p, d) = (
+        recent_requests(&prefill).await,
+        recent_requests(&decode).await,
+    );
+    assert_eq!(p.len(), 2);
+    for (p, d) in p.iter().zip(&d) {
+        assert_eq!(
+            p["bootstrap_room"], d["bootstrap_room"],
+            "both legs carry one room"
+        );
+        assert_eq!(d["bootstrap_host"], "127.0.0.1");
+        assert_eq!(
+            d["bootstrap_port"],
+            prefill.ports().bootstrap.unwrap(),
+            "introspected from the prefill engine"
+        );
+        assert_eq!(
+            p["request_id"], d["request_id"],
+            "one request id for both legs"
+        );
+    }
+    assert_ne!(
+        p[0]["bootstrap_room"], p[1]["bootstrap_room"],
+        "a fresh room per request"
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_closing_mid_stream_aborts_both_pd_legs_and_releases_in_flight() {
+    let slow = |c: &mut engine_sim::SimConfig| {
+        c.decode_tokens_per_sec = 20.0;
+        c.kv_port = Some(0);
+        c.load_port = Some(0);
+    };
+    let prefill = sim(|c| {
+        slow(c);
+        c.role = engine_sim::EngineRole::Prefill;
+        c.bootstrap_port = Some(0);
+    })
+    .await;
+    let decode = sim(|c| {
+        slow(c);
+        c.role = engine_sim::EngineRole::Decode;
+    })
+    .await;
+    let model = ModelConfig::new(
+        "m",
+        vec![
+            engine("P1", &prefill, EngineRole::Prefill),
+            engine("D1", &decode, EngineRole::Decode),
+        ],
+    );
+    let router = router(config(vec![model])).await;
+    let watch = LoadWatch::new(&[("P1", &prefill), ("D1", &decode)]);
+    let mut body = chat("m", "a long answer");
+    body["stream"] = true.into();
+    body["max_tokens"] = 1000.into();
+    let response = post(&router, &body).await;
+    let mut stream = response.bytes_stream();
+    futures_util::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
+    watch.until("D1", |running| running == 1).await;
+    drop(stream);
+    watch.until("D1", |running| running == 0).await;
+    watch.until("P1", |running| running == 0).await;
+    let ctx = router.context();
+    assert_eq!(
+        ctx.load().in_flight(&"P1".into()) + ctx.load().in_flight(&"D1".into()),
+        0,
+        "the router's guards are gone"
+    );
+    assert!(
+        metrics(&router)
+            .await
+            .contains(r#"outcome="cancelled",code="client_disconnected"} 1"#)
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_completes_an_in_flight_stream() {
+    let engine_a = sim(|c| c.decode_tokens_per_sec = 50.0).await;
+    let model = ModelConfig::new("m", vec![engine("A", &engine_a, EngineRole::Plain)]);
+    let router = router(config(vec![model])).await;
+    let addr = router.addr();
+    let mut body = chat("m", "finish me");
+    body["stream"] = true.into();
+    body["max_tokens"] = 10.into();
+    let response = post(&router, &body).await;
+    let mut stream = response.bytes_stream();
+    let first = futures_util::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
+    let shutdown = tokio::spawn(router.shutdown());
+    let mut text = String::from_utf8(first.to_vec()).unwrap();
+    while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "the stream ran to its end: {text}"
+    );
+    shutdown.await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+}
+
+/// Load reports of simulated engines, as a router would receive them.
+struct LoadWatch {
+    table: std::sync::Arc<router_state::EngineReportedLoadTable>,
+    stats: std::sync::Arc<router_state::FeedStats>,
+    _feeds: Vec<router_state::FeedHandle>,
+}
+
+impl LoadWatch {
+    fn new(engines: &[(&str, &engine_sim::RunningEngine)]) -> Self {
+        let table = std::sync::Arc::new(router_state::EngineReportedLoadTable::default());
+        let stats = std::sync::Arc::new(router_state::FeedStats::default());
+        let feeds = engines
+            .iter()
+            .map(|(id, sim)| {
+                table.register(&(*id).into(), std::num::NonZeroU32::MIN);
+                let source = router_state::LoadFeedSource {
+                    engine: (*id).into(),
+                    rank: 0,
+                    endpoint: format!("tcp://127.0.0.1:{}", sim.ports().load[0]),
+                    topic: "load".into(),
+                };
+                router_state::spawn_load_subscriber(
+                    std::sync::Arc::clone(&table),
+                    source,
+                    std::sync::Arc::clone(&stats),
+                )
+            })
+            .collect();
+        Self {
+            table,
+            stats,
+            _feeds: feeds,
+        }
+    }
+
+    /// Waits for a report of `engine` whose running-request count satisfies `ok`.
+    async fn until(&self, engine: &str, ok: impl Fn(u64) -> bool) {
+        let id = router_state::WorkerId::from(engine);
+        let wait = async {
+            let mut seen = 0;
+            loop {
+                if self
+                    .table
+                    .snapshot()
+                    .observe(&id)
+                    .reported
+                    .is_some_and(|r| ok(r.running_requests))
+                {
+                    return;
+                }
+                seen = self.stats.applied_after(seen).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(20), wait)
+            .await
+            .expect("the engine reported the expected load");
+    }
+}
