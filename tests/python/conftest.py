@@ -36,6 +36,42 @@ class Sim:
             assert self.process.wait(timeout=20) == 0, "sim-engine stops cleanly on SIGTERM"
 
 
+class Router:
+    """A `switchyard serve` process on a port the OS picks."""
+
+    def __init__(self, config, directory):
+        path = Path(directory) / f"router-{id(self)}.yaml"
+        config = {"listen": "127.0.0.1:0", **config}
+        path.write_text(json.dumps(config))  # JSON is YAML
+        self.process = subprocess.Popen([str(BINARY), "serve", "--config", str(path)], stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=10)
+            raise RuntimeError(f"switchyard serve exited before it was ready (config {path})")
+        self.addr = json.loads(line)["addr"]
+        self.url = f"http://{self.addr}"
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            assert self.process.wait(timeout=40) == 0, "the router stops cleanly on SIGTERM"
+
+
+@pytest.fixture
+def router(tmp_path):
+    """Starts routers from a config dict; every one is stopped when the test ends."""
+    started = []
+
+    def start(config):
+        instance = Router(config, tmp_path)
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        instance.stop()
+
+
 @pytest.fixture
 def sim():
     """Starts simulated engines; every one is stopped when the test ends."""

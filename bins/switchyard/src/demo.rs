@@ -1,9 +1,5 @@
-//! `switchyard demo`: simulated engines, the real selection core, a workload, a report.
-//!
-//! Engines are in-process [`SimEngine`]s that publish their load as SGLang `LoadStat`
-//! payloads; the router side decodes those bytes into its load table exactly as it
-//! does for a real engine's feed, resolves buckets, runs the configured policies and
-//! holds in-flight guards while the engines serve.
+//! `switchyard demo`: simulated engines, the real router on a local port, a
+//! multi-turn shared-prefix chat workload over HTTP, and a report.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -11,136 +7,327 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use engine_sim::{EngineSpec, Served, SimEngine, encode_load_stat};
+use engine_sim::{EngineRole as SimRole, RunningEngine, SimConfig};
+use futures_util::StreamExt;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
-use router_buckets::{
-    BucketConfig, BucketRequest, BucketResolver, DefaultPolicies, EnginePicks, ModelRoster,
-    Selection, build_resolver,
-};
-use router_policy::PolicyHandles;
-use router_state::{EngineReportedLoadTable, LoadReport, Role, Worker, WorkerRegistry};
+use router_http::{EngineConfig, EngineRole, ModelConfig, RouterConfig};
+use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, interval};
 
 /// Options of `switchyard demo`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct DemoArgs {
-    /// Requests in the workload.
-    #[arg(long, default_value_t = 2000)]
-    requests: usize,
-    /// Requests in flight at once.
-    #[arg(long, default_value_t = 48)]
+    /// Conversations in the workload.
+    #[arg(long, default_value_t = 120)]
+    conversations: usize,
+    /// Turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    /// Conversations in flight at once.
+    #[arg(long, default_value_t = 24)]
     concurrency: usize,
-    /// Seed of the workload's random prompt and output lengths.
+    /// Seed of the workload.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Keep the router and engines running after the report, with commands to try.
+    #[arg(long)]
+    serve: bool,
+    /// Router port (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
 }
 
-/// The demo fleet: `(model, engine id, role, running slots)`.
-const ENGINES: &[(&str, &str, Role, u32)] = &[
-    ("demo-chat", "A1", Role::Plain, 8),
-    ("demo-chat", "A2", Role::Plain, 8),
-    ("demo-chat", "A3", Role::Plain, 16),
-    ("demo-chat", "A4", Role::Plain, 16),
-    ("demo-pd", "P1", Role::Prefill, 8),
-    ("demo-pd", "P2", Role::Prefill, 16),
-    ("demo-pd", "D1", Role::Decode, 8),
-    ("demo-pd", "D2", Role::Decode, 16),
+/// `(model, engine id, role, running slots)` of the demo fleet.
+const FLEET: &[(&str, &str, SimRole, u32)] = &[
+    ("demo-chat", "A1", SimRole::Plain, 8),
+    ("demo-chat", "A2", SimRole::Plain, 8),
+    ("demo-chat", "A3", SimRole::Plain, 16),
+    ("demo-pd", "P1", SimRole::Prefill, 8),
+    ("demo-pd", "D1", SimRole::Decode, 8),
+    ("demo-pd", "P2", SimRole::Prefill, 16),
+    ("demo-pd", "D2", SimRole::Decode, 16),
 ];
 
-/// Buckets per model, in the configuration schema operators write.
+/// The demo's buckets, in the schema operators write: short prompts on a small
+/// group with a waiting-queue cap, everything else (and the overflow) on the rest.
 const BUCKETS: &[(&str, &str)] = &[
     (
         "demo-chat",
-        r#"[
-        {"id": "short", "limits": {"max": 2048}, "max_context_tokens": 4096,
-         "groups": {"plain": {"worker_ids": ["A1", "A2"],
-                              "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}}}},
-        {"id": "long", "groups": {"plain": {"worker_ids": ["A3", "A4"], "policy": {"type": "load_based"}}}}]"#,
+        r#"[{"id": "short", "limits": {"max": 1500}, "max_context_tokens": 4096,
+             "groups": {"plain": {"worker_ids": ["A1", "A2"],
+                                  "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}}}},
+            {"id": "long", "groups": {"plain": {"worker_ids": ["A3"], "policy": {"type": "load_based"}}}}]"#,
     ),
     (
         "demo-pd",
-        r#"[
-        {"id": "short", "limits": {"max": 2048}, "max_context_tokens": 4096,
-         "groups": {"pd": {"prefill": {"worker_ids": ["P1"], "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}},
-                           "decode": {"worker_ids": ["D1"], "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}}}}},
-        {"id": "long", "groups": {"pd": {"prefill": {"worker_ids": ["P2"]}, "decode": {"worker_ids": ["D2"]}}}}]"#,
+        r#"[{"id": "short", "limits": {"max": 1500}, "max_context_tokens": 4096,
+             "groups": {"pd": {"prefill": {"worker_ids": ["P1"], "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}},
+                               "decode": {"worker_ids": ["D1"]}}}},
+            {"id": "long", "groups": {"pd": {"prefill": {"worker_ids": ["P2"]}, "decode": {"worker_ids": ["D2"]}}}}]"#,
     ),
 ];
 
-struct Fleet {
-    registry: WorkerRegistry,
-    load: Arc<EngineReportedLoadTable>,
-    resolvers: BTreeMap<&'static str, BucketResolver>,
-    engines: BTreeMap<&'static str, Arc<SimEngine>>,
+pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.concurrency > 0 && args.turns > 0,
+        "--concurrency and --turns must be at least 1"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(drive(args))
 }
 
-impl Fleet {
-    fn build() -> anyhow::Result<Self> {
-        let registry = WorkerRegistry::new();
-        let load = Arc::new(EngineReportedLoadTable::default());
-        let mut engines = BTreeMap::new();
-        for &(model, id, role, slots) in ENGINES {
-            let worker = Worker::new(id, format!("sim://{id}"), model, role);
-            load.register(worker.id(), worker.dp_size());
-            registry.add(worker)?;
-            let spec = EngineSpec {
-                max_running_requests: slots,
-                prefill_tokens_per_sec: 400_000.0,
-                decode_tokens_per_sec: 3_000.0,
-                ..EngineSpec::default()
-            };
-            engines.insert(id, Arc::new(SimEngine::new(spec)));
+async fn start_fleet() -> anyhow::Result<Vec<(&'static str, &'static str, SimRole, RunningEngine)>>
+{
+    let mut fleet = Vec::new();
+    for &(model, id, role, slots) in FLEET {
+        let mut config = SimConfig::for_tests();
+        config.model = model.into();
+        config.role = role;
+        config.max_running_requests = slots;
+        config.prefill_tokens_per_sec = 100_000.0;
+        config.decode_tokens_per_sec = 1_000.0;
+        config.kv_port = Some(0);
+        config.load_port = Some(0);
+        if role == SimRole::Prefill {
+            config.bootstrap_port = Some(0);
         }
-        let handles = PolicyHandles::new(Arc::clone(&load));
-        let mut resolvers = BTreeMap::new();
-        for &(model, json) in BUCKETS {
-            let configs: Vec<BucketConfig> =
-                serde_json::from_str(json).context("demo bucket configuration")?;
-            let roster = ModelRoster::new(
-                ENGINES
-                    .iter()
-                    .filter(|e| e.0 == model)
-                    .map(|&(_, id, role, _)| (id.into(), role)),
-            );
-            let resolver = build_resolver(
-                Some(&configs),
-                &roster,
-                &DefaultPolicies::default(),
-                &handles,
-            )
-            .with_context(|| format!("model {model}"))?;
-            resolvers.insert(model, resolver);
-        }
-        Ok(Self {
-            registry,
-            load,
-            resolvers,
-            engines,
-        })
+        let engine = engine_sim::start(config)
+            .await
+            .with_context(|| format!("starting simulated engine {id}"))?;
+        fleet.push((model, id, role, engine));
     }
+    Ok(fleet)
+}
 
-    /// Feeds every engine's `LoadStat` payload through the router's decoder into the
-    /// load table, as the ZMQ load feed would.
-    fn publish_load(&self) -> anyhow::Result<()> {
-        let now = Instant::now();
-        for (id, engine) in &self.engines {
-            let report = LoadReport::decode(&encode_load_stat(&engine.load(), Some(0)))?;
-            self.load.ingest(&(*id).into(), 0, report, now)?;
-        }
-        Ok(())
+fn router_config(
+    fleet: &[(&str, &str, SimRole, RunningEngine)],
+    port: u16,
+) -> anyhow::Result<RouterConfig> {
+    let mut models = Vec::new();
+    for &(model, buckets) in BUCKETS {
+        let engines = fleet
+            .iter()
+            .filter(|f| f.0 == model)
+            .map(|(_, id, role, engine)| EngineConfig {
+                id: (*id).into(),
+                url: engine.url(),
+                role: Some(match role {
+                    SimRole::Plain => EngineRole::Plain,
+                    SimRole::Prefill => EngineRole::Prefill,
+                    SimRole::Decode => EngineRole::Decode,
+                }),
+                bootstrap_port: None,
+                dp_size: None,
+                load_port: None,
+            })
+            .collect();
+        models.push(ModelConfig {
+            buckets: Some(serde_json::from_str(buckets).context("demo buckets")?),
+            ..ModelConfig::new(model, engines)
+        });
     }
+    let mut config = RouterConfig::new(models);
+    config.listen = ([127, 0, 0, 1], port).into();
+    Ok(config)
+}
+
+async fn drive(args: DemoArgs) -> anyhow::Result<()> {
+    let fleet = start_fleet().await?;
+    let router = router_http::start(router_config(&fleet, args.port)?)
+        .await
+        .context("starting the router")?;
+    let base = format!("http://{}", router.addr());
+    let total = args.conversations * args.turns;
+    println!(
+        "switchyard demo: {} simulated engines (demo-chat: plain, demo-pd: prefill/decode), router at {base}\n\
+         workload: {} conversations x {} turns sharing system prompts, {} at a time",
+        fleet.len(),
+        args.conversations,
+        args.turns,
+        args.concurrency
+    );
+    let report = Arc::new(Mutex::new(Report::default()));
+    let next = Arc::new(Mutex::new(0usize));
+    let progress = tokio::spawn(show_progress(Arc::clone(&report), total));
+    let started = Instant::now();
+    let client = reqwest::Client::new();
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (client, base, report, next) = (
+                client.clone(),
+                base.clone(),
+                Arc::clone(&report),
+                Arc::clone(&next),
+            );
+            let (conversations, turns, seed) = (args.conversations, args.turns, args.seed);
+            tokio::spawn(async move {
+                loop {
+                    let conversation = {
+                        let mut n = next.lock().await;
+                        if *n == conversations {
+                            return;
+                        }
+                        *n += 1;
+                        *n - 1
+                    };
+                    converse(&client, &base, conversation, turns, seed, &report).await;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await?;
+    }
+    progress.abort();
+    let report = report.lock().await;
+    eprintln!("\r{}", progress_bar(report.finished(), total));
+    report.print(started.elapsed());
+    if args.serve {
+        print_try_it(&base);
+        crate::sim_engine::shutdown_signal().await;
+    }
+    router.shutdown().await;
+    for (_, _, _, engine) in fleet {
+        engine.shutdown().await;
+    }
+    Ok(())
+}
+
+/// One multi-turn conversation: every turn resends the history plus a new message,
+/// so later turns share ever longer prefixes with earlier ones.
+async fn converse(
+    client: &reqwest::Client,
+    base: &str,
+    conversation: usize,
+    turns: usize,
+    seed: u64,
+    report: &Mutex<Report>,
+) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ conversation as u64);
+    let model = if conversation % 5 < 3 {
+        "demo-chat"
+    } else {
+        "demo-pd"
+    };
+    let system_words = if rng.next_u32() % 4 == 0 { 1200 } else { 300 };
+    let system = words(&format!("sys{}", conversation % 6), system_words);
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for turn in 0..turns {
+        messages.push(json!({"role": "user", "content": words(&format!("c{conversation}t{turn}"), 20 + rng.next_u32() as usize % 60)}));
+        let body = json!({
+            "model": model, "messages": messages, "max_tokens": 16 + rng.next_u32() % 48,
+            "stream": true, "stream_options": {"include_usage": true},
+        });
+        let outcome = one_turn(client, base, &body).await;
+        let mut report = report.lock().await;
+        match outcome {
+            Ok(turn) => {
+                messages.push(json!({"role": "assistant", "content": turn.text.clone()}));
+                report.record(model, turn);
+            }
+            Err(error) => {
+                *report.errors.entry(error).or_default() += 1;
+                return;
+            }
+        }
+    }
+}
+
+struct Turn {
+    bucket: String,
+    engines: Vec<String>,
+    text: String,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    ttft: Duration,
+}
+
+async fn one_turn(client: &reqwest::Client, base: &str, body: &Value) -> Result<Turn, String> {
+    let sent = Instant::now();
+    let response = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| format!("transport: {e}"))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        let code = response
+            .json::<Value>()
+            .await
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+        return Err(format!("{status} {}", code.unwrap_or_default()));
+    }
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let bucket = header("x-switchyard-bucket").unwrap_or_default();
+    let engines = [
+        "x-switchyard-engine",
+        "x-switchyard-prefill",
+        "x-switchyard-decode",
+    ]
+    .iter()
+    .filter_map(|h| header(h))
+    .collect();
+    let mut stream = response.bytes_stream();
+    let (mut text, mut buffer, mut ttft, mut usage) =
+        (String::new(), String::new(), None, Value::Null);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| format!("stream: {e}"))?;
+        ttft.get_or_insert_with(|| sent.elapsed());
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let Some(data) = event.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                continue;
+            }
+            let value: Value = serde_json::from_str(data).map_err(|e| format!("bad chunk: {e}"))?;
+            if let Some(content) = value["choices"][0]["delta"]["content"].as_str() {
+                text.push_str(content);
+            }
+            if !value["usage"].is_null() {
+                usage = value["usage"].clone();
+            }
+        }
+    }
+    Ok(Turn {
+        bucket,
+        engines,
+        text,
+        prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
+        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        ttft: ttft.unwrap_or_else(|| sent.elapsed()),
+    })
+}
+
+fn words(prefix: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("{prefix}w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[derive(Default)]
 struct Report {
     completed: usize,
-    errors: BTreeMap<&'static str, usize>,
+    errors: BTreeMap<String, usize>,
     buckets: BTreeMap<String, usize>,
     engines: BTreeMap<String, usize>,
-    reasons: BTreeMap<&'static str, usize>,
-    passed_over: usize,
     prompt_tokens: u64,
     cached_tokens: u64,
     ttft_ms: Vec<f64>,
@@ -151,175 +338,68 @@ impl Report {
         self.completed + self.errors.values().sum::<usize>()
     }
 
-    fn record(&mut self, model: &str, selection: &Selection, served: &Served) {
-        let pick = &selection.pick;
+    fn record(&mut self, model: &str, turn: Turn) {
         self.completed += 1;
-        self.passed_over += selection.passed_over.len();
         *self
             .buckets
-            .entry(format!("{model}/{}", pick.bucket))
+            .entry(format!("{model}/{}", turn.bucket))
             .or_default() += 1;
-        for p in pick.engines.iter() {
-            *self.engines.entry(p.engine.id().to_string()).or_default() += 1;
-            *self.reasons.entry(p.reason.as_str()).or_default() += 1;
+        for engine in turn.engines {
+            *self.engines.entry(engine).or_default() += 1;
         }
-        self.cached_tokens += served.cached_tokens;
-        self.prompt_tokens += served.prompt_tokens;
-        self.ttft_ms
-            .push(served.time_to_first_token.as_secs_f64() * 1000.0);
+        self.prompt_tokens += turn.prompt_tokens;
+        self.cached_tokens += turn.cached_tokens;
+        self.ttft_ms.push(turn.ttft.as_secs_f64() * 1000.0);
     }
-}
 
-pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_time()
-        .build()?;
-    runtime.block_on(drive(args))
-}
-
-async fn drive(args: DemoArgs) -> anyhow::Result<()> {
-    let fleet = Arc::new(Fleet::build()?);
-    println!(
-        "switchyard demo: {} simulated engines, models demo-chat (plain) and demo-pd (prefill/decode), \
-         {} requests at concurrency {}",
-        fleet.engines.len(),
-        args.requests,
-        args.concurrency
-    );
-    fleet.publish_load()?;
-    let feed = tokio::spawn({
-        let fleet = Arc::clone(&fleet);
-        async move {
-            let mut tick = interval(Duration::from_millis(20));
-            loop {
-                tick.tick().await;
-                if let Err(e) = fleet.publish_load() {
-                    eprintln!("load feed: {e}");
-                }
-            }
+    fn print(&self, elapsed: Duration) {
+        let errors: usize = self.errors.values().sum();
+        println!(
+            "requests: {} completed, {errors} failed in {:.2} s",
+            self.completed,
+            elapsed.as_secs_f64()
+        );
+        for (error, count) in &self.errors {
+            println!("  error {error:<28} {count:>6}");
         }
-    });
-    let workload = Arc::new(Mutex::new((
-        0usize,
-        Xoshiro256PlusPlus::seed_from_u64(args.seed),
-    )));
-    let report = Arc::new(Mutex::new(Report::default()));
-    let started = Instant::now();
-    let progress = tokio::spawn(show_progress(Arc::clone(&report), args.requests));
-    let clients: Vec<_> = (0..args.concurrency)
-        .map(|_| {
-            tokio::spawn(client(
-                Arc::clone(&fleet),
-                Arc::clone(&workload),
-                Arc::clone(&report),
-                args.requests,
-            ))
-        })
-        .collect();
-    for client in clients {
-        client.await?;
-    }
-    progress.abort();
-    feed.abort();
-    let elapsed = started.elapsed();
-    let report = report.lock().await;
-    eprintln!("\r{}", progress_bar(report.finished(), args.requests));
-    print_report(&report, elapsed);
-    Ok(())
-}
-
-async fn client(
-    fleet: Arc<Fleet>,
-    workload: Arc<Mutex<(usize, Xoshiro256PlusPlus)>>,
-    report: Arc<Mutex<Report>>,
-    total: usize,
-) {
-    loop {
-        let (model, prompt, output) = {
-            let mut w = workload.lock().await;
-            if w.0 == total {
-                return;
-            }
-            w.0 += 1;
-            let rng = &mut w.1;
-            let model = if rng.next_u32() % 10 < 6 {
-                "demo-chat"
-            } else {
-                "demo-pd"
-            };
-            let length = if rng.next_u32() % 10 < 7 {
-                200 + rng.next_u32() % 1800
-            } else {
-                3000 + rng.next_u32() % 9000
-            };
-            (
-                model,
-                prompt_tokens(rng, length),
-                16 + u64::from(rng.next_u32() % 112),
-            )
+        println!("picks by bucket:");
+        for (bucket, count) in &self.buckets {
+            println!("  {bucket:<30} {count:>6}");
+        }
+        println!("picks by engine:");
+        for (engine, count) in &self.engines {
+            println!("  {engine:<30} {count:>6}");
+        }
+        println!(
+            "prompt tokens: {}, of which cached at the engines: {} ({:.1}%)",
+            self.prompt_tokens,
+            self.cached_tokens,
+            100.0 * self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64
+        );
+        let mut ttft = self.ttft_ms.clone();
+        ttft.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            ttft.get(((ttft.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
         };
-        let outcome = serve_one(&fleet, model, prompt, output).await;
-        let mut r = report.lock().await;
-        match outcome {
-            Ok((selection, served)) => r.record(model, &selection, &served),
-            Err(code) => *r.errors.entry(code).or_default() += 1,
-        }
+        println!(
+            "time to first token: p50 {:.1} ms, p99 {:.1} ms",
+            pct(0.5),
+            pct(0.99)
+        );
     }
 }
 
-/// A prompt of `length` tokens: three quarters a shared system prompt (one of 16),
-/// the rest unique to the request, as in a fleet of chat applications.
-fn prompt_tokens(rng: &mut Xoshiro256PlusPlus, length: u32) -> Vec<u32> {
-    let system = rng.next_u32() % 16;
-    let shared = length * 3 / 4;
-    (0..shared)
-        .map(|i| system * 1_000_000 + i)
-        .chain((shared..length).map(|_| rng.next_u32()))
-        .collect()
-}
-
-/// Selects engines for one request, holds their in-flight guards, and lets the
-/// simulated engines serve it. Returns the selection and how the engines served it.
-async fn serve_one(
-    fleet: &Fleet,
-    model: &str,
-    prompt: Vec<u32>,
-    output: u64,
-) -> Result<(Selection, Served), &'static str> {
-    let request = BucketRequest::new(model, prompt.len() as u64)
-        .with_max_output_tokens(Some(output))
-        .map_err(|e| e.code())?;
-    let resolver = fleet.resolvers.get(model).ok_or("model_not_found")?;
-    let selection = resolver
-        .select(&fleet.registry.snapshot(), &request)
-        .await
-        .map_err(|e| e.code())?;
-    let _guards: Vec<_> = selection
-        .pick
-        .engines
-        .iter()
-        .map(|p| fleet.load.acquire(p.engine.id()))
-        .collect();
-    let engine = |id: &str| Arc::clone(&fleet.engines[id]);
-    let served = match &selection.pick.engines {
-        EnginePicks::Plain(pick) => {
-            engine(pick.engine.id().as_str())
-                .serve(prompt, output)
-                .await
-        }
-        EnginePicks::Pd { prefill, decode } => {
-            let prefilled = engine(prefill.engine.id().as_str()).serve(prompt, 0).await;
-            let decoded = engine(decode.engine.id().as_str())
-                .serve(Vec::new(), output)
-                .await;
-            Served {
-                time_to_first_token: prefilled.total + decoded.time_to_first_token,
-                ..prefilled
-            }
-        }
-    };
-    Ok((selection, served))
+fn print_try_it(base: &str) {
+    println!(
+        "\nThe router and engines keep running; try (Ctrl-C stops):\n\n\
+         curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\\n  \
+         -d '{{\"model\": \"demo-chat\", \"messages\": [{{\"role\": \"user\", \"content\": \"hello\"}}]}}'\n\n\
+         python3 -c 'from openai import OpenAI; c = OpenAI(base_url=\"{base}/v1\", api_key=\"-\"); \
+         print(c.chat.completions.create(model=\"demo-pd\", messages=[{{\"role\": \"user\", \"content\": \"hi\"}}]).choices[0].message.content)'\n\n\
+         curl -s {base}/metrics | grep switchyard_picks_total\n"
+    );
 }
 
 async fn show_progress(report: Arc<Mutex<Report>>, total: usize) {
@@ -337,55 +417,10 @@ async fn show_progress(report: Arc<Mutex<Report>>, total: usize) {
 }
 
 fn progress_bar(done: usize, total: usize) -> String {
-    let filled = (done * 30).checked_div(total).unwrap_or(30);
+    let filled = (done * 30).checked_div(total).unwrap_or(30).min(30);
     format!(
         "[{}{}] {done}/{total} requests",
         "#".repeat(filled),
         ".".repeat(30 - filled)
     )
-}
-
-fn print_report(report: &Report, elapsed: Duration) {
-    let errors: usize = report.errors.values().sum();
-    println!(
-        "requests: {} completed, {errors} failed in {:.2} s",
-        report.completed,
-        elapsed.as_secs_f64()
-    );
-    for (code, count) in &report.errors {
-        println!("  error {code:<24} {count:>6}");
-    }
-    println!(
-        "picks by bucket ({} fallbacks to a later bucket):",
-        report.passed_over
-    );
-    for (bucket, count) in &report.buckets {
-        println!("  {bucket:<30} {count:>6}");
-    }
-    println!("picks by engine:");
-    for (engine, count) in &report.engines {
-        println!("  {engine:<30} {count:>6}");
-    }
-    println!("picks by reason:");
-    for (reason, count) in &report.reasons {
-        println!("  {reason:<30} {count:>6}");
-    }
-    let mut ttft = report.ttft_ms.clone();
-    ttft.sort_by(f64::total_cmp);
-    let pct = |p: f64| {
-        ttft.get(((ttft.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    println!(
-        "prompt tokens: {}, of which cached: {} ({:.1}%)",
-        report.prompt_tokens,
-        report.cached_tokens,
-        100.0 * report.cached_tokens as f64 / report.prompt_tokens.max(1) as f64
-    );
-    println!(
-        "time to first token: p50 {:.1} ms, p99 {:.1} ms",
-        pct(0.5),
-        pct(0.99)
-    );
 }

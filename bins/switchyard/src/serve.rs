@@ -70,7 +70,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        router_http::serve(config, crate::sim_engine::shutdown_signal()).await?;
+        let router = router_http::start(config).await?;
+        println!("{}", json!({"event": "ready", "addr": router.addr()}));
+        crate::sim_engine::shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        router.shutdown().await;
         anyhow::Ok(())
     })
 }

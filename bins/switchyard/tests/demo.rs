@@ -1,16 +1,18 @@
-//! `switchyard demo` end to end: the binary routes a workload and prints its report.
+//! `switchyard demo` end to end: engines, router and workload in one process.
 
 use std::process::Command;
 
 #[test]
-fn the_demo_routes_every_request_and_reports_buckets_engines_and_latency() {
+fn the_demo_routes_a_multi_turn_workload_and_reports_it() {
     let output = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args([
             "demo",
-            "--requests",
-            "300",
+            "--conversations",
+            "20",
+            "--turns",
+            "3",
             "--concurrency",
-            "24",
+            "8",
             "--seed",
             "3",
         ])
@@ -23,24 +25,37 @@ fn the_demo_routes_every_request_and_reports_buckets_engines_and_latency() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        stdout.contains("requests: 300 completed, 0 failed"),
+        stdout.contains("requests: 60 completed, 0 failed"),
         "{stdout}"
     );
     for line in [
         "demo-chat/short",
-        "demo-chat/long",
-        "demo-pd/short",
-        "demo-pd/long",
+        "demo-pd/",
+        "prompt tokens:",
         "time to first token: p50",
     ] {
-        assert!(stdout.contains(line), "report lists {line}: {stdout}");
+        assert!(stdout.contains(line), "the report has {line}: {stdout}");
     }
-    for engine in ["A1", "A2", "A3", "A4", "P1", "P2", "D1", "D2"] {
+    for engine in ["A1", "A2", "P1", "D1"] {
         assert!(
             stdout.lines().any(|l| l.trim_start().starts_with(engine)),
-            "report counts engine {engine}: {stdout}"
+            "picks of {engine}: {stdout}"
         );
     }
+    let cached: u64 = stdout
+        .lines()
+        .find_map(|l| l.split("of which cached at the engines: ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a cached-token count");
+    assert!(
+        cached > 0,
+        "later turns reuse the engines' prefix caches: {stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("[##############################] 60/60 requests")
+    );
 }
 
 #[test]
@@ -50,5 +65,8 @@ fn the_demo_rejects_zero_concurrency() {
         .output()
         .expect("the binary runs");
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--concurrency must be at least 1"));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("--concurrency and --turns must be at least 1")
+    );
 }

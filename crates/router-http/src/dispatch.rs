@@ -25,6 +25,7 @@ const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
 const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
 const PREFILL: HeaderName = HeaderName::from_static("x-switchyard-prefill");
 const DECODE: HeaderName = HeaderName::from_static("x-switchyard-decode");
+const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-tokens");
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
@@ -33,6 +34,7 @@ type Leg = Pin<Box<dyn Future<Output = Result<Response<Incoming>, ApiError>> + S
 /// What dispatch needs besides the selection.
 pub(crate) struct Outgoing {
     pub(crate) body: Bytes,
+    pub(crate) prompt_tokens: u64,
     pub(crate) model: String,
     pub(crate) request_id: HeaderValue,
     pub(crate) started: Instant,
@@ -202,6 +204,7 @@ fn relay(
         }
     }
     headers.insert(REQUEST_ID, out.request_id);
+    headers.insert(PROMPT_TOKENS, HeaderValue::from(out.prompt_tokens));
     response.headers_mut().extend(headers);
     response
 }

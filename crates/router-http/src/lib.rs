@@ -45,5 +45,5 @@ pub use config::{
 };
 pub use error::ApiError;
 pub use routes::MAX_BODY_BYTES;
-pub use server::{RunningRouter, serve, start};
+pub use server::{RunningRouter, start};
 pub use tokenize::ChatTokenizer;

@@ -148,6 +148,7 @@ async fn route_chat(
     }
     let out = Outgoing {
         body,
+        prompt_tokens: prepared.input_tokens,
         model: model.clone(),
         request_id,
         started,

@@ -1,7 +1,6 @@
 //! Serving: the listener (TCP_NODELAY on every accepted socket), the health checker,
 //! and graceful shutdown that drains in-flight requests within a grace period.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,13 +39,6 @@ impl RunningRouter {
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
         drop(self.server.await);
-    }
-
-    /// Waits until a shutdown started with `signal` completes.
-    async fn run_until(self, signal: impl Future<Output = ()>) {
-        signal.await;
-        tracing::info!("shutting down: draining in-flight requests");
-        self.shutdown().await;
     }
 }
 
@@ -114,16 +106,4 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         stop,
         server,
     })
-}
-
-/// Serves `config` until `signal` resolves, then shuts down gracefully.
-///
-/// # Errors
-/// See [`StartError`].
-pub async fn serve(
-    config: RouterConfig,
-    signal: impl Future<Output = ()>,
-) -> Result<(), StartError> {
-    start(config).await?.run_until(signal).await;
-    Ok(())
 }

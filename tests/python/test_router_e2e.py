@@ -1,0 +1,254 @@
+"""The switchyard binary routing for simulated engines, called with the openai client."""
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import zmq
+
+from conftest import CACHE
+
+
+def client(router):
+    return openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+
+
+def engine(id_, sim, role):
+    return {"id": id_, "url": sim.url, "role": role}
+
+
+def plain_model(*sims, model="m", **extra):
+    return {"id": model, "engines": [engine(f"A{i + 1}", s, "plain") for i, s in enumerate(sims)], **extra}
+
+
+def pd_model(prefill, decode, model="m", **extra):
+    return {"id": model, "engines": [engine("P1", prefill, "prefill"), engine("D1", decode, "decode")], **extra}
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def raw_post(url, data, headers=None):
+    """POSTs bytes; returns (status, headers, body) for any status."""
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def wait_until(condition, what, timeout=20.0):
+    """Re-checks a condition that depends on periodic work (health probes) until it
+    holds; fails the test if it never does."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(0.02)
+
+
+def chat(router, model="m", **kwargs):
+    return client(router).chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": kwargs.pop("prompt", "hello there")}], **kwargs
+    )
+
+
+def streamed_text(raw):
+    stream = raw.parse()
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+class LoadFeed:
+    """An engine's LoadStat feed, to wait for its running-request count."""
+
+    def __init__(self, sim):
+        self.socket = zmq.Context.instance().socket(zmq.SUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RCVTIMEO, 20_000)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"load")
+        self.socket.connect(f"tcp://127.0.0.1:{sim.ports['load'][0]}")
+
+    def until_running(self, count):
+        import msgspec
+
+        while True:
+            _, _, payload = self.socket.recv_multipart()
+            if msgspec.msgpack.decode(payload)[1] == count:
+                return
+
+
+def test_plain_chat_with_and_without_streaming(sim, router):
+    a, b = sim(), sim()
+    r = router({"models": [plain_model(a, b)]})
+    raw = chat(r, max_tokens=5)
+    reply = raw.parse()
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
+    assert raw.headers["x-switchyard-bucket"] == "default"
+    assert raw.headers["x-switchyard-engine"] in ("A1", "A2")
+    assert raw.headers["x-request-id"]
+    raw = chat(r, max_tokens=3, stream=True, extra_headers={"x-request-id": "my-id-7"})
+    assert len(streamed_text(raw).split()) == 3
+    assert raw.headers["x-request-id"] == "my-id-7", "a client request id is echoed"
+    assert [m.id for m in client(r).models.list()] == ["m"]
+    assert urllib.request.urlopen(f"{r.url}/ready").status == 200
+
+
+def test_pd_chat_sends_one_room_and_the_prefill_bootstrap_address_to_both_legs(sim, router):
+    prefill = sim("--role", "prefill", "--bootstrap-port", 0)
+    decode = sim("--role", "decode")
+    r = router({"models": [pd_model(prefill, decode)]})
+    raw = chat(r, max_tokens=4)
+    assert raw.parse().usage.completion_tokens == 4
+    assert (raw.headers["x-switchyard-prefill"], raw.headers["x-switchyard-decode"]) == ("P1", "D1")
+    assert len(streamed_text(chat(r, max_tokens=4, stream=True)).split()) == 4
+    legs = zip(get_json(f"{prefill.url}/admin/requests")["requests"], get_json(f"{decode.url}/admin/requests")["requests"])
+    for p, d in legs:
+        assert p["bootstrap_room"] == d["bootstrap_room"] and 0 <= d["bootstrap_room"] < 2**63
+        assert d["bootstrap_host"] == "127.0.0.1"
+        assert d["bootstrap_port"] == prefill.ports["bootstrap"]
+
+
+def test_client_errors(sim, router):
+    r = router({"models": [plain_model(sim(), buckets=[{"id": "tiny", "limits": {"max": 50}, "groups": {"plain": {}}}])]})
+    status, _, body = raw_post(f"{r.url}/v1/chat/completions", b"{not json")
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_body"
+    with pytest.raises(openai.BadRequestError) as error:
+        client(r).chat.completions.create(model="m", messages=[{"role": "robot", "content": "x"}])
+    assert error.value.code == "invalid_role"
+    with pytest.raises(openai.NotFoundError) as error:
+        client(r).chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+    assert error.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as error:
+        chat(r, prompt="word " * 400)
+    assert error.value.code == "no_matching_bucket"
+    status, _, body = raw_post(f"{r.url}/v1/chat/completions", b" " * (33 << 20))
+    assert status == 413 and json.loads(body)["error"]["code"] == "body_too_large"
+
+
+def test_503_with_retry_after_when_every_engine_is_at_its_cap(sim, router):
+    slow = sim("--decode-tokens-per-sec", 20)
+    capped = {"type": "round_robin", "admission": {"max_inflight_requests": 1}}
+    r = router({"models": [plain_model(slow, policies={"plain": capped})]})
+    holding = chat(r, max_tokens=1000, stream=True).parse()
+    next(iter(holding))
+    with pytest.raises(openai.APIStatusError) as error:
+        chat(r, max_tokens=1)
+    assert error.value.status_code == 503
+    assert error.value.code == "at_capacity"
+    assert error.value.response.headers["retry-after"] == "1"
+    assert "A1: max_inflight_requests (1 >= 1)" in error.value.message
+    holding.close()
+
+
+def test_502_when_the_engine_fails_and_504_when_it_hangs(sim, router):
+    failing = {"id": "failing", "engines": [engine("F1", sim("--error-rate", 1), "plain")]}
+    hanging = {"id": "hanging", "engines": [engine("H1", sim("--hang-before-first-byte"), "plain")]}
+    r = router({"models": [failing, hanging], "timeouts": {"first_byte_ms": 300}})
+    with pytest.raises(openai.APIStatusError) as error:
+        chat(r, model="failing")
+    assert (error.value.status_code, error.value.code) == (502, "upstream_error")
+    assert "http://" not in error.value.message, "messages never leak engine URLs"
+    with pytest.raises(openai.APIStatusError) as error:
+        chat(r, model="hanging")
+    assert (error.value.status_code, error.value.code) == (504, "upstream_timeout")
+
+
+def test_a_short_request_falls_back_to_the_long_bucket_with_both_pd_legs(sim, router):
+    slow = ("--decode-tokens-per-sec", 20)
+    p_short, d_short = sim("--role", "prefill", "--bootstrap-port", 0, *slow), sim("--role", "decode", *slow)
+    p_long, d_long = sim("--role", "prefill", "--bootstrap-port", 0), sim("--role", "decode")
+    capped = {"type": "round_robin", "admission": {"max_inflight_requests": 1}}
+    model = {
+        "id": "m",
+        "engines": [engine("PS", p_short, "prefill"), engine("DS", d_short, "decode"), engine("PL", p_long, "prefill"), engine("DL", d_long, "decode")],
+        "buckets": [
+            {"id": "short", "limits": {"max": 4096}, "groups": {"pd": {"prefill": {"worker_ids": ["PS"], "policy": capped}, "decode": {"worker_ids": ["DS"], "policy": capped}}}},
+            {"id": "long", "groups": {"pd": {"prefill": {"worker_ids": ["PL"]}, "decode": {"worker_ids": ["DL"]}}}},
+        ],
+    }
+    r = router({"models": [model]})
+    first = chat(r, max_tokens=1000, stream=True)
+    assert first.headers["x-switchyard-bucket"] == "short"
+    holding = first.parse()
+    next(iter(holding))
+    raw = chat(r, max_tokens=2)
+    assert raw.headers["x-switchyard-bucket"] == "long"
+    assert (raw.headers["x-switchyard-prefill"], raw.headers["x-switchyard-decode"]) == ("PL", "DL")
+    holding.close()
+
+
+def test_a_client_closing_mid_stream_aborts_both_pd_legs(sim, router):
+    feeds = ("--kv-port", 0, "--load-port", 0, "--decode-tokens-per-sec", 20)
+    prefill = sim("--role", "prefill", "--bootstrap-port", 0, *feeds)
+    decode = sim("--role", "decode", *feeds)
+    r = router({"models": [pd_model(prefill, decode)]})
+    prefill_load, decode_load = LoadFeed(prefill), LoadFeed(decode)
+    stream = chat(r, max_tokens=1000, stream=True).parse()
+    next(iter(stream))
+    decode_load.until_running(1)
+    stream.close()
+    decode_load.until_running(0)
+    prefill_load.until_running(0)
+    with urllib.request.urlopen(f"{r.url}/metrics") as response:
+        metrics = response.read().decode()
+    assert 'switchyard_engine_in_flight{engine="P1"} 0' in metrics
+    assert 'switchyard_engine_in_flight{engine="D1"} 0' in metrics
+
+
+def test_a_failing_engine_leaves_the_candidates_and_returns_after_recovery(sim, router):
+    a, b = sim("--admin-port", 0), sim()
+    r = router({"models": [plain_model(a, b)], "health": {"interval_ms": 50, "failure_threshold": 1, "success_threshold": 1}})
+
+    def healthy(engine_id):
+        with urllib.request.urlopen(f"{r.url}/metrics") as response:
+            return f'switchyard_engine_healthy{{engine="{engine_id}"}} 1' in response.read().decode()
+
+    def set_faults(faults):
+        status, _, _ = raw_post(f"http://{a.ports['admin']}/admin/faults", json.dumps(faults).encode())
+        assert status == 200
+
+    set_faults({"fail_health": True})
+    wait_until(lambda: not healthy("A1"), "A1 leaving the candidates")
+    assert {chat(r).headers["x-switchyard-engine"] for _ in range(6)} == {"A2"}
+    set_faults({})
+    wait_until(lambda: healthy("A1"), "A1 returning")
+    assert {chat(r).headers["x-switchyard-engine"] for _ in range(6)} == {"A1", "A2"}
+
+
+def test_graceful_shutdown_completes_an_in_flight_stream(sim, router):
+    r = router({"models": [plain_model(sim("--decode-tokens-per-sec", 50))]})
+    stream = chat(r, max_tokens=20, stream=True).parse()
+    chunks = iter(stream)
+    next(chunks)
+    r.process.send_signal(signal.SIGTERM)
+    rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert r.process.wait(timeout=30) == 0
+
+
+def test_the_router_counts_prompt_tokens_as_the_engine_does_with_a_real_tokenizer(sim, router):
+    tokenizer = CACHE / "qwen3" / "tokenizer.json"
+    r = router({"models": [plain_model(sim("--tokenizer", tokenizer), tokenizer=str(tokenizer))]})
+    for prompt in ["Hello!", "Explain KV caches, in one line. 猫が好き 🐕"]:
+        raw = chat(r, prompt=prompt, max_tokens=1)
+        assert int(raw.headers["x-switchyard-prompt-tokens"]) == raw.parse().usage.prompt_tokens
+
+
+def test_worker_admin_requires_the_token_and_adds_and_removes_engines(sim, router):
+    a, b = sim(), sim()
+    r = router({"models": [plain_model(a)], "admin": {"token": "s3cret"}})
+    status, _, _ = raw_post(f"{r.url}/workers", json.dumps({"id": "B", "url": b.url, "model": "m"}).encode())
+    assert status == 401
+    auth = {"authorization": "Bearer s3cret"}
+    status, _, body = raw_post(f"{r.url}/workers", json.dumps({"id": "B", "url": b.url, "model": "m"}).encode(), auth)
+    assert status == 201 and json.loads(body)["role"] == "plain", body
+    assert {chat(r).headers["x-switchyard-engine"] for _ in range(4)} == {"A1", "B"}
+    request = urllib.request.Request(f"{r.url}/workers/B", method="DELETE", headers=auth)
+    assert urllib.request.urlopen(request).status == 204
+    assert {chat(r).headers["x-switchyard-engine"] for _ in range(4)} == {"A1"}
