@@ -4,6 +4,7 @@
 //!   licences), installing what the tests need.
 //! - `tidy`: the architecture and hygiene rules of `ARCHITECTURE.md`.
 //! - `bench`: the criterion benches of the routing hot paths.
+//! - `bench-e2e`: the side-by-side load benchmark (wrk) against peer routers.
 
 #![allow(
     clippy::print_stdout,
@@ -12,6 +13,7 @@
 )]
 
 mod bench;
+mod bench_e2e;
 mod ci;
 mod python;
 mod tidy;
@@ -32,7 +34,8 @@ fn main() -> anyhow::Result<()> {
         "ci" => ci::run(&root),
         "tidy" => tidy::run(&root),
         "bench" => bench::run(&rest),
-        _ => bail!("usage: cargo xtask <ci | tidy | bench [criterion args]>"),
+        "bench-e2e" => bench_e2e::run(&root, &rest),
+        _ => bail!("usage: cargo xtask <ci | tidy | bench [criterion args] | bench-e2e [options]>"),
     }
 }
 

@@ -16,6 +16,11 @@ use std::process::ExitCode;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 
+/// mimalloc: the request path allocates and frees many small buffers, which glibc's
+/// allocator serves measurably slower (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Switchyard: bucket-first routing for fleets of SGLang and vLLM engines.
 #[derive(Debug, Parser)]
 #[command(version, about)]

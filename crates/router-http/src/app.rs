@@ -44,6 +44,8 @@ pub enum StartError {
 /// A model's routing: its buckets and, when configured, its tokenizer.
 #[derive(Debug)]
 pub(crate) struct ModelRoute {
+    /// The model id, shared by every metric label of the model.
+    pub(crate) id: Arc<str>,
     pub(crate) resolver: BucketResolver,
     pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
 }
@@ -74,6 +76,8 @@ pub struct AppContext {
     handles: PolicyHandles,
     defaults: DefaultPolicies,
     engines: Mutex<HashMap<WorkerId, EngineRuntime>>,
+    /// Each engine's chat-completions URI, parsed once.
+    chat_uris: ArcSwap<HashMap<WorkerId, http::Uri>>,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -107,6 +111,7 @@ impl AppContext {
             handles,
             defaults,
             engines: Mutex::default(),
+            chat_uris: ArcSwap::default(),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
             config,
         });
@@ -148,6 +153,7 @@ impl AppContext {
                 Ok(resolver) => drop(routes.insert(
                     model.id.clone(),
                     Arc::new(ModelRoute {
+                        id: Arc::from(model.id.as_str()),
                         resolver,
                         tokenizer,
                     }),
@@ -233,6 +239,15 @@ impl AppContext {
             .map_err(|e| e.to_string())?;
         self.load.register(&id, dp_size);
         self.health.insert(id.clone(), healthy);
+        if let Ok(uri) =
+            format!("{}/v1/chat/completions", config.url.trim_end_matches('/')).parse::<http::Uri>()
+        {
+            self.chat_uris.rcu(|uris| {
+                let mut next = HashMap::clone(uris);
+                next.insert(id.clone(), uri.clone());
+                next
+            });
+        }
         let feeds = self.start_feeds(config, &id, dp_size, known.load_feed);
         self.engines.lock().insert(
             id,
@@ -314,6 +329,7 @@ impl AppContext {
                 let mut next = HashMap::clone(routes);
                 next.entry(model.clone()).or_insert_with(|| {
                     Arc::new(ModelRoute {
+                        id: Arc::from(model.as_str()),
                         resolver: resolver.clone(),
                         tokenizer: None,
                     })
@@ -335,6 +351,11 @@ impl AppContext {
         self.load.unregister(worker.id());
         self.health.remove(worker.id());
         self.engines.lock().remove(worker.id());
+        self.chat_uris.rcu(|uris| {
+            let mut next = HashMap::clone(uris);
+            next.remove(worker.id());
+            next
+        });
         Ok(worker)
     }
 
@@ -398,6 +419,14 @@ impl AppContext {
         if let Some(runtime) = self.engines.lock().get_mut(worker.id()) {
             runtime.introspected = true;
             runtime._feeds = feeds;
+        }
+    }
+
+    /// The engine's chat-completions URI.
+    pub(crate) fn chat_uri(&self, engine: &Worker) -> Option<http::Uri> {
+        match self.chat_uris.load().get(engine.id()) {
+            Some(uri) => Some(uri.clone()),
+            None => format!("{}/v1/chat/completions", engine.url()).parse().ok(),
         }
     }
 

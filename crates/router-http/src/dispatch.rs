@@ -35,7 +35,7 @@ type Leg = Pin<Box<dyn Future<Output = Result<Response<Incoming>, ApiError>> + S
 pub(crate) struct Outgoing {
     pub(crate) body: Bytes,
     pub(crate) prompt_tokens: u64,
-    pub(crate) model: String,
+    pub(crate) model: Arc<str>,
     pub(crate) request_id: HeaderValue,
     pub(crate) started: Instant,
 }
@@ -116,13 +116,13 @@ async fn send(
     body: Bytes,
     request_id: &HeaderValue,
 ) -> Result<Response<Incoming>, ApiError> {
-    let request = Request::post(format!("{}/v1/chat/completions", engine.url()))
+    let invalid =
+        || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
+    let request = Request::post(ctx.chat_uri(engine).ok_or_else(invalid)?)
         .header(header::CONTENT_TYPE, "application/json")
         .header(REQUEST_ID, request_id)
         .body(Full::new(body))
-        .map_err(|_| {
-            ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()))
-        })?;
+        .map_err(|_| invalid())?;
     let sent = Instant::now();
     let result = ctx.upstream.send(request).await;
     ctx.metrics

@@ -2,6 +2,7 @@
 //! per-engine gauges read from shared state at scrape time.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,17 +12,17 @@ use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
-    pub(crate) model: String,
+    pub(crate) model: Arc<str>,
     pub(crate) outcome: &'static str,
     pub(crate) code: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PickLabels {
-    pub(crate) model: String,
-    pub(crate) bucket: String,
+    pub(crate) model: Arc<str>,
+    pub(crate) bucket: Arc<str>,
     pub(crate) stage: &'static str,
-    pub(crate) engine: String,
+    pub(crate) engine: Arc<str>,
     pub(crate) reason: &'static str,
 }
 
@@ -32,7 +33,7 @@ pub(crate) struct StageLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ModelLabels {
-    pub(crate) model: String,
+    pub(crate) model: Arc<str>,
 }
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -145,7 +146,7 @@ mod tests {
         metrics
             .requests
             .get_or_create(&RequestLabels {
-                model: "m".into(),
+                model: Arc::from("m"),
                 outcome: "ok",
                 code: "ok",
             })

@@ -43,10 +43,12 @@ enum Ending {
 pub(crate) struct RelayBody {
     inner: Incoming,
     companion: Option<Companion>,
-    idle: Pin<Box<Sleep>>,
+    /// Armed when the engine first makes the body wait; most small answers
+    /// complete without ever needing it.
+    idle: Option<Pin<Box<Sleep>>>,
     idle_timeout: Duration,
     ctx: Arc<AppContext>,
-    model: String,
+    model: Arc<str>,
     started: Instant,
     first_byte_seen: bool,
     ending: Ending,
@@ -67,7 +69,7 @@ impl RelayBody {
         inner: Incoming,
         companion: Option<Companion>,
         ctx: Arc<AppContext>,
-        model: String,
+        model: Arc<str>,
         started: Instant,
         guards: Vec<InflightGuard>,
     ) -> Self {
@@ -75,7 +77,7 @@ impl RelayBody {
         Self {
             inner,
             companion,
-            idle: Box::pin(sleep(idle_timeout)),
+            idle: None,
             idle_timeout,
             ctx,
             model,
@@ -97,7 +99,7 @@ impl RelayBody {
             Ending::Pending => "cancelled",
         };
         let labels = RequestLabels {
-            model: std::mem::take(&mut self.model),
+            model: Arc::clone(&self.model),
             outcome,
             code,
         };
@@ -125,11 +127,13 @@ impl Body for RelayBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.idle.as_mut().reset(Instant::now() + this.idle_timeout);
+                if let Some(idle) = this.idle.as_mut() {
+                    idle.as_mut().reset(Instant::now() + this.idle_timeout);
+                }
                 if !this.first_byte_seen && frame.is_data() {
                     this.first_byte_seen = true;
                     let labels = ModelLabels {
-                        model: this.model.clone(),
+                        model: Arc::clone(&this.model),
                     };
                     this.ctx
                         .metrics
@@ -154,7 +158,9 @@ impl Body for RelayBody {
             // The decode answer is complete but the prefill leg is still running (or
             // the decode answer has nothing new): wait, within the idle timeout.
             Poll::Ready(None) | Poll::Pending => {
-                ready!(this.idle.as_mut().poll(cx));
+                let timeout = this.idle_timeout;
+                let idle = this.idle.get_or_insert_with(|| Box::pin(sleep(timeout)));
+                ready!(idle.as_mut().poll(cx));
                 this.finish(Ending::Failed, "upstream_timeout");
                 Poll::Ready(Some(Err(RelayError::Idle(this.idle_timeout))))
             }

@@ -74,6 +74,12 @@ async fn chat_completions(
     }
 }
 
+/// The metric label of a request whose model is not (yet) known: never the
+/// client's string, which would let clients create label values.
+fn unknown_model() -> Arc<str> {
+    Arc::from("")
+}
+
 /// The model (for metrics; empty until known) and the response.
 async fn route_chat(
     ctx: &Arc<AppContext>,
@@ -81,15 +87,15 @@ async fn route_chat(
     body: Result<Bytes, BytesRejection>,
     started: Instant,
     request_id: HeaderValue,
-) -> (String, Result<Response, ApiError>) {
+) -> (Arc<str>, Result<Response, ApiError>) {
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return (String::new(), Err(ApiError::too_large(MAX_BODY_BYTES)));
+            return (unknown_model(), Err(ApiError::too_large(MAX_BODY_BYTES)));
         }
         Err(rejection) => {
             return (
-                String::new(),
+                unknown_model(),
                 Err(ApiError::bad_body(rejection.body_text())),
             );
         }
@@ -105,10 +111,10 @@ async fn route_chat(
     });
     let prepared = match prepared {
         Ok(p) => p,
-        Err(e) => return (String::new(), Err(e)),
+        Err(e) => return (unknown_model(), Err(e)),
     };
     let route = route.expect("prepare resolved the model");
-    let model = prepared.model.clone();
+    let model = Arc::clone(&route.id);
     let header = |name: &str| {
         headers
             .get(name)
@@ -135,10 +141,10 @@ async fn route_chat(
     };
     for pick in selection.pick.engines.iter() {
         let labels = PickLabels {
-            model: model.clone(),
-            bucket: selection.pick.bucket.to_string(),
+            model: Arc::clone(&model),
+            bucket: Arc::clone(&selection.pick.bucket),
             stage: pick.engine.role().as_str(),
-            engine: pick.engine.id().to_string(),
+            engine: Arc::clone(pick.engine.id().as_arc_str()),
             reason: pick.reason.as_str(),
         };
         ctx.metrics.picks.get_or_create(&labels).inc();
@@ -149,7 +155,7 @@ async fn route_chat(
     let out = Outgoing {
         body,
         prompt_tokens: prepared.input_tokens,
-        model: model.clone(),
+        model: Arc::clone(&model),
         request_id,
         started,
     };

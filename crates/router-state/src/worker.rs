@@ -22,6 +22,11 @@ impl WorkerId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The shared string behind the id, for cheap clones (metric labels).
+    pub fn as_arc_str(&self) -> &Arc<str> {
+        &self.0
+    }
 }
 
 impl fmt::Debug for WorkerId {

@@ -1,0 +1,534 @@
+//! `cargo xtask bench-e2e`: side-by-side load benchmark against one simulated engine
+//! with delays off: direct, a minimal pass-through proxy (the floor), Switchyard, and
+//! the prebuilt peer routers from PyPI, in alternating rounds, with wrk.
+//!
+//! Options: `--rounds N` (3), `--duration SECONDS` (5), `--concurrency 1,32,128`,
+//! `--no-peers`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::{cargo, step};
+
+/// Peer routers and the versions benchmarked.
+const PEERS: &[(&str, &str)] = &[
+    ("smg", "1.13.0"),
+    ("sglang-router", "0.3.2"),
+    ("vllm-router", "0.1.17"),
+];
+
+struct Options {
+    rounds: usize,
+    duration: u64,
+    concurrency: Vec<u32>,
+    peers: bool,
+}
+
+fn options(args: &[String]) -> anyhow::Result<Options> {
+    let mut options = Options {
+        rounds: 3,
+        duration: 5,
+        concurrency: vec![1, 32, 128],
+        peers: true,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--rounds" => options.rounds = value()?.parse()?,
+            "--duration" => options.duration = value()?.parse()?,
+            "--concurrency" => {
+                options.concurrency = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--no-peers" => options.peers = false,
+            other => bail!("unknown option {other}"),
+        }
+    }
+    Ok(options)
+}
+
+/// A process under test, stopped on drop.
+struct Target {
+    name: String,
+    url: String,
+    process: Option<Child>,
+}
+
+impl Drop for Target {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a bench tool gives processes a moment to exit"
+    )]
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.process {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    requests_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    cpu_us_per_request: Option<f64>,
+    rss_mib: Option<f64>,
+}
+
+pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let options = options(args)?;
+    step(
+        "build switchyard and the pass-through proxy (release)",
+        cargo().args([
+            "build",
+            "--locked",
+            "--release",
+            "-p",
+            "switchyard",
+            "-p",
+            "switchyard-benches",
+            "--bin",
+            "switchyard",
+            "--bin",
+            "passthrough",
+        ]),
+    )?;
+    if Command::new("wrk").arg("--version").output().is_err() {
+        bail!("wrk is needed (Debian: apt-get install wrk)");
+    }
+    let release = root.join("target/release");
+    let mut engine_cmd = Command::new(release.join("switchyard"));
+    engine_cmd.args([
+        "sim-engine",
+        "--port",
+        "0",
+        "--prefill-tokens-per-sec",
+        "0",
+        "--decode-tokens-per-sec",
+        "0",
+        "--max-running-requests",
+        "1024",
+    ]);
+    let (engine, ready) = spawn_ready(engine_cmd)?;
+    let engine_url = format!("http://{}", json_field(&ready, &["ports", "http"])?);
+    let _engine = Target {
+        name: "engine".into(),
+        url: engine_url.clone(),
+        process: Some(engine),
+    };
+    let mut targets = vec![Target {
+        name: "direct".into(),
+        url: engine_url.clone(),
+        process: None,
+    }];
+    let port = free_port()?;
+    let mut passthrough = Command::new(release.join("passthrough"));
+    passthrough.args([format!("127.0.0.1:{port}"), engine_url.clone()]);
+    targets.push(start(passthrough, "pass-through", port)?);
+    let port = free_port()?;
+    let mut switchyard = Command::new(release.join("switchyard"));
+    switchyard
+        .args([
+            "serve",
+            "--model",
+            "sim-model",
+            "--policy",
+            "round_robin",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["--worker-urls", &engine_url])
+        .env("RUST_LOG", "warn");
+    targets.push(start(switchyard, "switchyard", port)?);
+    if options.peers {
+        for (peer, version) in PEERS {
+            let python = peer_venv(root, peer, version)?;
+            let (port, metrics) = (free_port()?, free_port()?);
+            let mut command = match *peer {
+                "smg" => {
+                    let mut c = Command::new(python.with_file_name("smg"));
+                    c.arg("launch");
+                    c
+                }
+                "sglang-router" => {
+                    let mut c = Command::new(&python);
+                    c.args(["-m", "sglang_router.launch_router"]);
+                    c
+                }
+                _ => Command::new(python.with_file_name("vllm-router")),
+            };
+            command
+                .args([
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "--policy",
+                    "round_robin",
+                ])
+                .args([
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    &metrics.to_string(),
+                ])
+                .args([
+                    "--log-level",
+                    if *peer == "vllm-router" {
+                        "warning"
+                    } else {
+                        "warn"
+                    },
+                ])
+                .args(["--worker-urls", &engine_url]);
+            targets.push(start(command, &format!("{peer} {version}"), port)?);
+        }
+    }
+    let scripts = [
+        ("JSON", root.join("benches/load/chat.lua")),
+        ("SSE", root.join("benches/load/chat-sse.lua")),
+    ];
+    let mut results: BTreeMap<(&str, u32, String), Vec<Sample>> = BTreeMap::new();
+    for (kind, script) in &scripts {
+        for &concurrency in &options.concurrency {
+            for round in 0..options.rounds {
+                let order: Vec<&Target> = targets
+                    .iter()
+                    .cycle()
+                    .skip(round)
+                    .take(targets.len())
+                    .collect();
+                for target in order {
+                    eprintln!(
+                        "==> {kind} c={concurrency} round {}/{}: {}",
+                        round + 1,
+                        options.rounds,
+                        target.name
+                    );
+                    let sample = measure(target, script, concurrency, options.duration)?;
+                    results
+                        .entry((kind, concurrency, target.name.clone()))
+                        .or_default()
+                        .push(sample);
+                }
+            }
+        }
+    }
+    print_report(&targets, &results, &options);
+    Ok(())
+}
+
+fn start(command: Command, name: &str, port: u16) -> anyhow::Result<Target> {
+    let mut command = command;
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    let target = Target {
+        name: name.into(),
+        url: format!("http://127.0.0.1:{port}"),
+        process: Some(child),
+    };
+    wait_ready(&target).with_context(|| format!("{name} never answered a chat request"))?;
+    Ok(target)
+}
+
+/// Sends chats until one succeeds (routers check their workers before serving).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a bench tool polls a starting process"
+)]
+fn wait_ready(target: &Target) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let body =
+        r#"{"model":"sim-model","messages":[{"role":"user","content":"ready?"}],"max_tokens":1}"#;
+    while Instant::now() < deadline {
+        let ok = Command::new("curl")
+            .args([
+                "-sf",
+                "-o",
+                "/dev/null",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                body,
+            ])
+            .arg(format!("{}/v1/chat/completions", target.url))
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("timed out")
+}
+
+fn measure(
+    target: &Target,
+    script: &Path,
+    concurrency: u32,
+    duration: u64,
+) -> anyhow::Result<Sample> {
+    let pid = target.process.as_ref().map(Child::id);
+    let cpu_before = pid.map(tree_cpu_ticks);
+    let output = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{concurrency}"),
+            &format!("-d{duration}s"),
+            "--latency",
+            "-s",
+        ])
+        .arg(script)
+        .arg(format!("{}/v1/chat/completions", target.url))
+        .output()
+        .context("running wrk")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if text.contains("Non-2xx") || text.contains("Socket errors") {
+        bail!("{} answered errors under load:\n{text}", target.name);
+    }
+    let requests: f64 = field_after(&text, "requests in").context("wrk request count")?;
+    let cpu = pid
+        .zip(cpu_before)
+        .map(|(pid, before)| (tree_cpu_ticks(pid) - before) as f64 * 10_000.0 / requests);
+    Ok(Sample {
+        requests_per_sec: field_after(&text, "Requests/sec:").context("wrk throughput")?,
+        p50_us: latency(&text, "50%").context("wrk p50")?,
+        p99_us: latency(&text, "99%").context("wrk p99")?,
+        cpu_us_per_request: cpu,
+        rss_mib: pid.map(|p| tree_rss_kib(p) as f64 / 1024.0),
+    })
+}
+
+/// `123 requests in` gives 123; `Requests/sec: 5.0` gives 5.0.
+fn field_after(text: &str, marker: &str) -> Option<f64> {
+    text.lines().find(|l| l.contains(marker)).and_then(|line| {
+        if marker.ends_with(':') {
+            line.split(marker).nth(1)?.trim().parse().ok()
+        } else {
+            line.split(marker).next()?.trim().parse().ok()
+        }
+    })
+}
+
+/// A latency percentile line (`50%  237.00us`) in microseconds.
+fn latency(text: &str, percentile: &str) -> Option<f64> {
+    let value = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(percentile))?
+        .trim();
+    let (number, unit) = value.split_at(value.find(|c: char| c.is_ascii_alphabetic())?);
+    let number: f64 = number.parse().ok()?;
+    Some(match unit {
+        "us" => number,
+        "ms" => number * 1_000.0,
+        "s" => number * 1_000_000.0,
+        _ => return None,
+    })
+}
+
+/// Pids of `pid` and every descendant.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut tree = vec![pid];
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return tree;
+    };
+    let parents: Vec<(u32, u32)> = entries
+        .filter_map(|e| {
+            let child: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            let parent = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((child, parent))
+        })
+        .collect();
+    let mut i = 0;
+    while i < tree.len() {
+        let current = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == current)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// User plus system CPU time of a process tree, in clock ticks (1/100 s).
+fn tree_cpu_ticks(pid: u32) -> u64 {
+    process_tree(pid)
+        .into_iter()
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+/// Resident memory of a process tree in KiB.
+fn tree_rss_kib(pid: u32) -> u64 {
+    process_tree(pid)
+        .into_iter()
+        .filter_map(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))?
+                .trim()
+                .trim_end_matches(" kB")
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn print_report(
+    targets: &[Target],
+    results: &BTreeMap<(&str, u32, String), Vec<Sample>>,
+    options: &Options,
+) {
+    println!(
+        "\nMedians of {} alternating rounds of {} s per cell; wrk -t1; one simulated engine with delays off.\n",
+        options.rounds, options.duration
+    );
+    for kind in ["JSON", "SSE"] {
+        for &c in &options.concurrency {
+            let stat = |name: &str, f: fn(&Sample) -> Option<f64>| {
+                results
+                    .get(&(kind, c, name.to_owned()))
+                    .map(|s| median(s.iter().filter_map(f)))
+            };
+            let direct_p50 = stat("direct", |s| Some(s.p50_us)).unwrap_or(f64::NAN);
+            let best_peer = targets
+                .iter()
+                .filter(|t| !["direct", "pass-through", "switchyard"].contains(&t.name.as_str()))
+                .filter_map(|t| stat(&t.name, |s| Some(s.requests_per_sec)))
+                .fold(f64::NAN, f64::max);
+            println!("{kind}, concurrency {c}\n");
+            println!(
+                "| target | req/s | p50 | p99 | added p50 | CPU/request | RSS | req/s vs best peer |"
+            );
+            println!("|---|---|---|---|---|---|---|---|");
+            for target in targets {
+                let name = target.name.as_str();
+                let (Some(rps), Some(p50), Some(p99)) = (
+                    stat(name, |s| Some(s.requests_per_sec)),
+                    stat(name, |s| Some(s.p50_us)),
+                    stat(name, |s| Some(s.p99_us)),
+                ) else {
+                    continue;
+                };
+                let cpu = stat(name, |s| s.cpu_us_per_request)
+                    .filter(|v| v.is_finite())
+                    .map_or("-".into(), |v| format!("{v:.0} us"));
+                let rss = stat(name, |s| s.rss_mib)
+                    .filter(|v| v.is_finite())
+                    .map_or("-".into(), |v| format!("{v:.1} MiB"));
+                let added = if name == "direct" {
+                    "-".into()
+                } else {
+                    format!("{:.0} us", p50 - direct_p50)
+                };
+                let ratio = if best_peer.is_finite() {
+                    format!("{:.2}x", rps / best_peer)
+                } else {
+                    "-".into()
+                };
+                println!(
+                    "| {name} | {rps:.0} | {p50:.0} us | {p99:.0} us | {added} | {cpu} | {rss} | {ratio} |"
+                );
+            }
+            println!();
+        }
+    }
+}
+
+/// Spawns a process that prints one JSON ready line on stdout; returns it and the line.
+fn spawn_ready(mut command: Command) -> anyhow::Result<(Child, serde_json::Value)> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    Ok((
+        child,
+        serde_json::from_str(&line).with_context(|| format!("ready line {line:?}"))?,
+    ))
+}
+
+fn json_field(value: &serde_json::Value, path: &[&str]) -> anyhow::Result<String> {
+    let field = path.iter().fold(value, |v, key| &v[key]);
+    field
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("no {} in {value}", path.join(".")))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The interpreter of a venv holding one peer router (each peer installs clashing
+/// console scripts, so each gets its own venv).
+fn peer_venv(root: &Path, peer: &str, version: &str) -> anyhow::Result<PathBuf> {
+    let dir = root
+        .join(".cache/bench")
+        .join(format!("venv-{peer}-{version}"));
+    let python = dir.join("bin/python");
+    if !python.exists() {
+        step(
+            &format!("create a venv for {peer}"),
+            Command::new("python3").args(["-m", "venv"]).arg(&dir),
+        )?;
+        step(
+            &format!("install {peer}=={version}"),
+            Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--cache-dir",
+                ])
+                .arg(root.join(".cache/pip"))
+                .arg(format!("{peer}=={version}")),
+        )?;
+    }
+    Ok(python)
+}
