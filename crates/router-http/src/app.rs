@@ -54,7 +54,6 @@ pub(crate) struct ModelRoute {
 #[derive(Debug)]
 struct EngineRuntime {
     config: EngineConfig,
-    model: String,
     /// Whether `/server_info` was read; retried once the engine becomes healthy.
     introspected: bool,
     _feeds: Vec<FeedHandle>,
@@ -253,7 +252,6 @@ impl AppContext {
             id,
             EngineRuntime {
                 config: config.clone(),
-                model: model.to_owned(),
                 introspected: healthy,
                 _feeds: feeds,
             },
@@ -407,9 +405,9 @@ impl AppContext {
             engines
                 .get(worker.id())
                 .filter(|e| !e.introspected)
-                .map(|e| (e.config.clone(), e.model.clone()))
+                .map(|e| e.config.clone())
         };
-        let Some((config, _model)) = pending else {
+        let Some(config) = pending else {
             return;
         };
         let Some(info) = self.introspect(worker.url()).await else {
