@@ -37,7 +37,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         cargo().args(["build", "--locked", "-p", "switchyard"]),
     )?;
     step(
-        "python tests (openai client, SGLang schema conformance, tokenizer parity)",
+        "python tests (router end to end, openai client, SGLang conformance, tokenizer parity)",
         Command::new(&python)
             .args(["-m", "pytest", "tests/python", "-q"])
             .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
