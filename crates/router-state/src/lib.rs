@@ -39,6 +39,7 @@
 //! ```
 
 mod feed;
+pub mod kv_events;
 mod load_monitor;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
