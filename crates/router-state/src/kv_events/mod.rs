@@ -1,8 +1,14 @@
-//! KV-cache events: the wire format engines publish, and (next) the prefix index fed
-//! from it.
+//! KV-cache events: the wire format engines publish, the router's content hash, and
+//! the prefix index fed from the events.
 
+mod hash;
+mod index;
 mod wire;
 
+pub use hash::{chain_hashes, namespace_seed};
+pub use index::{
+    ApplyOutcome, EngineMatch, IndexConfig, IndexSize, PrefixIndex, PrefixMatch, SkipReason,
+};
 pub use wire::{
     BatchError, BlockRemoved, BlockStored, EventError, KvBatch, KvEvent, Tier, decode_batch,
 };

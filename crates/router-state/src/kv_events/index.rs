@@ -1,0 +1,626 @@
+//! The prefix index: which engine (rank) holds which page, by the router's chain hash.
+//!
+//! Each node is one page position of one prefix, keyed by its chain hash; its owners
+//! are a bitset of sources (an engine rank's incarnation), so a lookup walks a
+//! request's chain hashes and intersects bitsets, one word per 64 sources. Each source
+//! keeps its engine's own hashes only to resolve parents and removals. Tiers are kept
+//! per copy: a removal on one tier leaves a copy on another. Memory is bounded by a
+//! node budget; past it, the least recently matched leaves are evicted.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use super::hash::{extend_chain, namespace_seed};
+use super::wire::{BlockRemoved, BlockStored, KvBatch, KvEvent, Tier};
+use crate::worker::WorkerId;
+
+/// Settings of a [`PrefixIndex`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexConfig {
+    /// The model's page size; stores of another size are skipped.
+    pub block_size: u32,
+    /// Most nodes kept; past it the least recently matched leaves are evicted.
+    pub max_nodes: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            max_nodes: 4 << 20,
+        }
+    }
+}
+
+/// Why an event was not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// The store's page size is not the model's.
+    BlockSizeMismatch,
+    /// The store's token count is not pages x page size.
+    Misaligned,
+    /// The store extends a page this source never announced.
+    UnknownParent,
+    /// The store belongs to a sliding-window, Mamba or unknown cache group.
+    NonAttentionGroup,
+    /// A removal names a page this source never announced.
+    UnknownBlock,
+}
+
+impl SkipReason {
+    /// Short label for counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::BlockSizeMismatch => "block_size_mismatch",
+            SkipReason::Misaligned => "misaligned",
+            SkipReason::UnknownParent => "unknown_parent",
+            SkipReason::NonAttentionGroup => "non_attention_group",
+            SkipReason::UnknownBlock => "unknown_block",
+        }
+    }
+}
+
+/// What one batch did to the index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    /// Pages stored.
+    pub stored: usize,
+    /// Pages removed.
+    pub removed: usize,
+    /// Whether the source was cleared.
+    pub cleared: bool,
+    /// Events skipped, with why.
+    pub skipped: Vec<SkipReason>,
+}
+
+/// One engine's match of a request's prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineMatch {
+    /// The engine.
+    pub engine: WorkerId,
+    /// Leading pages of the request the engine holds (on any tier, best rank).
+    pub blocks: usize,
+    /// Leading pages the engine holds on the device tier.
+    pub device_blocks: usize,
+}
+
+/// A request's prefix ownership.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Pages in the request's query.
+    pub query_blocks: usize,
+    /// Engines holding at least its first page, with their depths.
+    pub engines: Vec<EngineMatch>,
+}
+
+impl PrefixMatch {
+    /// The depth of `engine`, 0 when it holds nothing.
+    pub fn blocks_of(&self, engine: &WorkerId) -> usize {
+        self.engines
+            .iter()
+            .find(|m| m.engine == *engine)
+            .map_or(0, |m| m.blocks)
+    }
+}
+
+/// Sizes of the index, for gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexSize {
+    /// Nodes (distinct page positions).
+    pub nodes: usize,
+    /// (page, source) entries.
+    pub entries: usize,
+    /// Estimated heap bytes.
+    pub bytes: usize,
+}
+
+type Bits = SmallVec<[u64; 1]>;
+
+fn bit_set(bits: &mut Bits, slot: usize) {
+    let word = slot / 64;
+    if bits.len() <= word {
+        bits.resize(word + 1, 0);
+    }
+    bits[word] |= 1 << (slot % 64);
+}
+
+fn bit_clear(bits: &mut Bits, slot: usize) {
+    if let Some(word) = bits.get_mut(slot / 64) {
+        *word &= !(1 << (slot % 64));
+    }
+}
+
+fn bit_test(bits: &Bits, slot: usize) -> bool {
+    bits.get(slot / 64)
+        .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+}
+
+fn bits_empty(bits: &Bits) -> bool {
+    bits.iter().all(|w| *w == 0)
+}
+
+fn ones(bits: &Bits) -> impl Iterator<Item = usize> + '_ {
+    bits.iter().enumerate().flat_map(|(w, word)| {
+        (0..64)
+            .filter(move |b| word & (1 << b) != 0)
+            .map(move |b| w * 64 + b)
+    })
+}
+
+const DEVICE: u8 = 1;
+
+fn tier_bit(tier: Tier) -> u8 {
+    match tier {
+        Tier::Device => 1,
+        Tier::Host => 2,
+        Tier::Disk => 4,
+        Tier::External => 8,
+    }
+}
+
+#[derive(Debug)]
+struct Node {
+    parent: u64,
+    owners: Bits,
+    /// Tier masks of the owners holding something other than exactly a device copy.
+    other_tiers: Option<Box<FxHashMap<u32, u8>>>,
+    children: u32,
+    last_used: AtomicU32,
+}
+
+impl Node {
+    fn tiers_of(&self, slot: u32) -> u8 {
+        if !bit_test(&self.owners, slot as usize) {
+            return 0;
+        }
+        self.other_tiers
+            .as_ref()
+            .and_then(|t| t.get(&slot).copied())
+            .unwrap_or(DEVICE)
+    }
+
+    fn set_tiers(&mut self, slot: u32, mask: u8) {
+        if mask == 0 {
+            bit_clear(&mut self.owners, slot as usize);
+        } else {
+            bit_set(&mut self.owners, slot as usize);
+        }
+        if mask == DEVICE || mask == 0 {
+            if let Some(other) = &mut self.other_tiers {
+                other.remove(&slot);
+                if other.is_empty() {
+                    self.other_tiers = None;
+                }
+            }
+        } else {
+            self.other_tiers
+                .get_or_insert_with(Default::default)
+                .insert(slot, mask);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Source {
+    engine: WorkerId,
+    rank: u32,
+    /// Engine hash -> chain hash of the pages this source announced.
+    blocks: FxHashMap<u64, u64>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    nodes: FxHashMap<u64, Node>,
+    sources: Vec<Option<Source>>,
+    slots: FxHashMap<(WorkerId, u32), u32>,
+    degraded: Bits,
+    entries: usize,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    config: IndexConfig,
+    inner: RwLock<Inner>,
+    clock: AtomicU32,
+    evicted: AtomicU64,
+}
+
+impl PrefixIndex {
+    /// An empty index.
+    pub fn new(config: IndexConfig) -> Self {
+        Self {
+            config,
+            inner: RwLock::default(),
+            clock: AtomicU32::new(1),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// The index's settings.
+    pub fn config(&self) -> IndexConfig {
+        self.config
+    }
+
+    /// Chain hashes of a request's full pages (no namespace).
+    pub fn request_hashes(&self, tokens: &[u32]) -> Vec<u64> {
+        super::hash::chain_hashes(tokens, self.config.block_size as usize, 0)
+    }
+
+    /// Applies one batch from `engine`'s rank `rank`.
+    pub fn apply(&self, engine: &WorkerId, rank: u32, batch: &KvBatch) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        let mut inner = self.inner.write();
+        let slot = inner.slot(engine, rank);
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored(store) => match inner.store(slot, store, self.config.block_size) {
+                    Ok(n) => outcome.stored += n,
+                    Err(reason) => outcome.skipped.push(reason),
+                },
+                KvEvent::Removed(remove) => {
+                    let (removed, unknown) = inner.remove(slot, remove);
+                    outcome.removed += removed;
+                    outcome
+                        .skipped
+                        .extend((0..unknown).map(|_| SkipReason::UnknownBlock));
+                }
+                KvEvent::AllCleared => {
+                    inner.clear_slot(slot);
+                    outcome.cleared = true;
+                }
+            }
+        }
+        if inner.nodes.len() > self.config.max_nodes {
+            let evicted = inner.evict(self.config.max_nodes - self.config.max_nodes / 10);
+            self.evicted.fetch_add(evicted as u64, Ordering::Relaxed);
+        }
+        outcome
+    }
+
+    /// Forgets everything `engine`'s rank `rank` announced (a restart or an
+    /// unrepairable gap); its later events start a new incarnation.
+    pub fn clear_source(&self, engine: &WorkerId, rank: u32) {
+        let mut inner = self.inner.write();
+        if let Some(slot) = inner.slots.get(&(engine.clone(), rank)).copied() {
+            inner.clear_slot(slot);
+        }
+    }
+
+    /// Drops every entry of `engine` and frees its sources.
+    pub fn remove_engine(&self, engine: &WorkerId) {
+        let mut inner = self.inner.write();
+        let slots: Vec<u32> = inner
+            .slots
+            .iter()
+            .filter(|((e, _), _)| e == engine)
+            .map(|(_, s)| *s)
+            .collect();
+        for slot in slots {
+            inner.clear_slot(slot);
+            if let Some(source) = inner.sources[slot as usize].take() {
+                inner.slots.remove(&(source.engine, source.rank));
+            }
+            bit_clear(&mut inner.degraded, slot as usize);
+        }
+    }
+
+    /// Marks a source's ownership untrusted (a gap being repaired) or trusted again;
+    /// lookups ignore degraded sources.
+    pub fn set_degraded(&self, engine: &WorkerId, rank: u32, degraded: bool) {
+        let mut inner = self.inner.write();
+        let slot = inner.slot(engine, rank) as usize;
+        if degraded {
+            bit_set(&mut inner.degraded, slot);
+        } else {
+            bit_clear(&mut inner.degraded, slot);
+        }
+    }
+
+    /// Each engine's contiguous matched depth for a request's chain hashes.
+    pub fn lookup(&self, chain: &[u64]) -> PrefixMatch {
+        let inner = self.inner.read();
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut alive: Bits = SmallVec::new();
+        let mut device: Bits = SmallVec::new();
+        let mut depth: FxHashMap<u32, (usize, usize)> = FxHashMap::default();
+        let mut walked = 0;
+        for (i, hash) in chain.iter().enumerate() {
+            let Some(node) = inner.nodes.get(hash) else {
+                break;
+            };
+            node.last_used.store(now, Ordering::Relaxed);
+            let owners: Bits = node
+                .owners
+                .iter()
+                .enumerate()
+                .map(|(w, word)| word & !inner.degraded.get(w).copied().unwrap_or(0))
+                .collect();
+            let device_owners: Bits = match &node.other_tiers {
+                None => owners.clone(),
+                Some(other) => {
+                    let mut bits = owners.clone();
+                    for (slot, mask) in other.iter() {
+                        if mask & DEVICE == 0 {
+                            bit_clear(&mut bits, *slot as usize);
+                        }
+                    }
+                    bits
+                }
+            };
+            if i == 0 {
+                alive = owners;
+                device = device_owners;
+            } else {
+                for slot in ones(&device).collect::<Vec<_>>() {
+                    if !bit_test(&device_owners, slot) {
+                        depth.entry(slot as u32).or_default().1 = i;
+                        bit_clear(&mut device, slot);
+                    }
+                }
+                for slot in ones(&alive).collect::<Vec<_>>() {
+                    if !bit_test(&owners, slot) {
+                        depth.entry(slot as u32).or_default().0 = i;
+                        bit_clear(&mut alive, slot);
+                    }
+                }
+            }
+            walked = i + 1;
+            if bits_empty(&alive) {
+                break;
+            }
+        }
+        for slot in ones(&alive) {
+            depth.entry(slot as u32).or_default().0 = walked;
+        }
+        for slot in ones(&device) {
+            depth.entry(slot as u32).or_default().1 = walked;
+        }
+        let mut engines: Vec<EngineMatch> = Vec::new();
+        for (slot, (blocks, device_blocks)) in depth {
+            let Some(source) = inner.sources.get(slot as usize).and_then(Option::as_ref) else {
+                continue;
+            };
+            match engines.iter_mut().find(|m| m.engine == source.engine) {
+                Some(m) => {
+                    m.blocks = m.blocks.max(blocks);
+                    m.device_blocks = m.device_blocks.max(device_blocks);
+                }
+                None => engines.push(EngineMatch {
+                    engine: source.engine.clone(),
+                    blocks,
+                    device_blocks,
+                }),
+            }
+        }
+        engines.sort_by(|a, b| {
+            b.blocks
+                .cmp(&a.blocks)
+                .then_with(|| a.engine.cmp(&b.engine))
+        });
+        PrefixMatch {
+            query_blocks: chain.len(),
+            engines,
+        }
+    }
+
+    /// Current sizes.
+    pub fn size(&self) -> IndexSize {
+        let inner = self.inner.read();
+        let map_entries: usize = inner.sources.iter().flatten().map(|s| s.blocks.len()).sum();
+        IndexSize {
+            nodes: inner.nodes.len(),
+            entries: inner.entries,
+            bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
+                + map_entries * 17,
+        }
+    }
+
+    /// Nodes evicted for the budget since start.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Whether the given source holds the page with this chain hash (for tests and
+    /// diagnostics).
+    pub fn holds(&self, engine: &WorkerId, rank: u32, chain: u64) -> bool {
+        let inner = self.inner.read();
+        let Some(slot) = inner.slots.get(&(engine.clone(), rank)) else {
+            return false;
+        };
+        inner
+            .nodes
+            .get(&chain)
+            .is_some_and(|n| n.tiers_of(*slot) != 0)
+    }
+}
+
+impl Inner {
+    fn slot(&mut self, engine: &WorkerId, rank: u32) -> u32 {
+        if let Some(slot) = self.slots.get(&(engine.clone(), rank)) {
+            return *slot;
+        }
+        let slot = match self.sources.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.sources.push(None);
+                self.sources.len() - 1
+            }
+        };
+        self.sources[slot] = Some(Source {
+            engine: engine.clone(),
+            rank,
+            blocks: FxHashMap::default(),
+        });
+        self.slots.insert((engine.clone(), rank), slot as u32);
+        slot as u32
+    }
+
+    fn source(&mut self, slot: u32) -> &mut Source {
+        self.sources[slot as usize]
+            .as_mut()
+            .expect("a live slot has a source")
+    }
+
+    fn store(
+        &mut self,
+        slot: u32,
+        store: &BlockStored,
+        block_size: u32,
+    ) -> Result<usize, SkipReason> {
+        if store.block_size != block_size {
+            return Err(SkipReason::BlockSizeMismatch);
+        }
+        if store.tokens.len() != store.block_hashes.len() * block_size as usize {
+            return Err(SkipReason::Misaligned);
+        }
+        let attention = matches!(
+            store.group_kind.as_deref(),
+            Some("full_attention" | "mla_attention")
+        ) || (store.group_kind.is_none() && store.group_idx.unwrap_or(0) == 0);
+        if !attention {
+            return Err(SkipReason::NonAttentionGroup);
+        }
+        let seed = match store.parent {
+            None => namespace_seed(store.namespace.as_deref()),
+            Some(parent) => *self
+                .source(slot)
+                .blocks
+                .get(&parent)
+                .ok_or(SkipReason::UnknownParent)?,
+        };
+        let mut chain = Vec::with_capacity(store.block_hashes.len());
+        extend_chain(&mut chain, &store.tokens, block_size as usize, seed);
+        let mask = tier_bit(store.tier);
+        let mut parent = if store.parent.is_some() { seed } else { 0 };
+        for (engine_hash, hash) in store.block_hashes.iter().zip(&chain) {
+            if !self.nodes.contains_key(hash) {
+                if let Some(p) = self.nodes.get_mut(&parent).filter(|_| parent != 0) {
+                    p.children += 1;
+                }
+                let node = Node {
+                    parent,
+                    owners: SmallVec::new(),
+                    other_tiers: None,
+                    children: 0,
+                    last_used: AtomicU32::new(0),
+                };
+                self.nodes.insert(*hash, node);
+            }
+            let node = self.nodes.get_mut(hash).expect("present or just inserted");
+            let before = node.tiers_of(slot);
+            if before == 0 {
+                self.entries += 1;
+            }
+            node.set_tiers(slot, before | mask);
+            self.source(slot).blocks.insert(*engine_hash, *hash);
+            parent = *hash;
+        }
+        Ok(chain.len())
+    }
+
+    /// Returns (pages removed, unknown pages).
+    fn remove(&mut self, slot: u32, remove: &BlockRemoved) -> (usize, usize) {
+        let mask = remove.tier.map_or(0xff, tier_bit);
+        let (mut removed, mut unknown) = (0, 0);
+        for engine_hash in &remove.block_hashes {
+            let Some(hash) = self.source(slot).blocks.get(engine_hash).copied() else {
+                unknown += 1;
+                continue;
+            };
+            let Some(node) = self.nodes.get_mut(&hash) else {
+                self.source(slot).blocks.remove(engine_hash);
+                continue;
+            };
+            let left = node.tiers_of(slot) & !mask;
+            let had = node.tiers_of(slot) != 0;
+            node.set_tiers(slot, left);
+            if left == 0 {
+                if had {
+                    self.entries -= 1;
+                }
+                self.source(slot).blocks.remove(engine_hash);
+                self.prune(hash);
+            }
+            removed += 1;
+        }
+        (removed, unknown)
+    }
+
+    fn clear_slot(&mut self, slot: u32) {
+        let chains: Vec<u64> = self
+            .source(slot)
+            .blocks
+            .drain()
+            .map(|(_, chain)| chain)
+            .collect();
+        for hash in chains {
+            if let Some(node) = self.nodes.get_mut(&hash)
+                && node.tiers_of(slot) != 0
+            {
+                node.set_tiers(slot, 0);
+                self.entries -= 1;
+                self.prune(hash);
+            }
+        }
+    }
+
+    /// Deletes `hash` and its ancestors while they are ownerless leaves.
+    fn prune(&mut self, mut hash: u64) {
+        while let Some(node) = self.nodes.get(&hash) {
+            if node.children > 0 || !bits_empty(&node.owners) {
+                return;
+            }
+            let parent = node.parent;
+            self.nodes.remove(&hash);
+            match self.nodes.get_mut(&parent) {
+                Some(p) if parent != 0 => {
+                    p.children = p.children.saturating_sub(1);
+                    hash = parent;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Evicts least recently matched leaves until `target` nodes remain; returns how
+    /// many went. Sources keep their engine-hash entries of evicted pages until the
+    /// engine removes them (bounded by the engine's own cache).
+    fn evict(&mut self, target: usize) -> usize {
+        let before = self.nodes.len();
+        while self.nodes.len() > target {
+            let mut leaves: Vec<(u32, u64)> = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.children == 0)
+                .map(|(h, n)| (n.last_used.load(Ordering::Relaxed), *h))
+                .collect();
+            if leaves.is_empty() {
+                break;
+            }
+            leaves.sort_unstable();
+            let excess = self.nodes.len() - target;
+            for (_, hash) in leaves.into_iter().take(excess) {
+                let Some(node) = self.nodes.remove(&hash) else {
+                    continue;
+                };
+                self.entries -= ones(&node.owners).count();
+                if let Some(p) = self
+                    .nodes
+                    .get_mut(&node.parent)
+                    .filter(|_| node.parent != 0)
+                {
+                    p.children = p.children.saturating_sub(1);
+                }
+            }
+        }
+        before - self.nodes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

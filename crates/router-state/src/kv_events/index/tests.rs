@@ -1,0 +1,423 @@
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::kv_events::hash::chain_hashes;
+use crate::kv_events::wire::BlockRemoved;
+
+const BS: u32 = 4;
+
+fn id(s: &str) -> WorkerId {
+    WorkerId::from(s)
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, tier: Tier) -> KvEvent {
+    KvEvent::Stored(BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent,
+        tokens,
+        block_size: BS,
+        tier,
+        namespace: None,
+        group_idx: None,
+        group_kind: None,
+    })
+}
+
+fn batch(events: Vec<KvEvent>) -> KvBatch {
+    KvBatch {
+        ts: 0.0,
+        events,
+        dp_rank: None,
+        dropped: Vec::new(),
+    }
+}
+
+fn index() -> PrefixIndex {
+    PrefixIndex::new(IndexConfig {
+        block_size: BS,
+        max_nodes: 1 << 20,
+    })
+}
+
+#[test]
+fn stores_chain_under_their_parents_and_lookups_return_contiguous_depths() {
+    let index = index();
+    let tokens: Vec<u32> = (0..16).collect();
+    let chain = index.request_hashes(&tokens);
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(
+            &[10, 11],
+            None,
+            tokens[..8].to_vec(),
+            Tier::Device,
+        )]),
+    );
+    let outcome = index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(
+            &[12],
+            Some(11),
+            tokens[8..12].to_vec(),
+            Tier::Device,
+        )]),
+    );
+    assert_eq!(outcome.stored, 1);
+    index.apply(
+        &id("b"),
+        0,
+        &batch(vec![stored(
+            &[20],
+            None,
+            tokens[..4].to_vec(),
+            Tier::Device,
+        )]),
+    );
+    let found = index.lookup(&chain);
+    assert_eq!(found.query_blocks, 4);
+    assert_eq!(found.blocks_of(&id("a")), 3);
+    assert_eq!(found.blocks_of(&id("b")), 1);
+    assert_eq!(found.engines[0].engine, id("a"), "deepest first");
+    assert_eq!(index.size().entries, 4);
+    assert!(index.holds(&id("a"), 0, chain[2]));
+}
+
+#[test]
+fn skips_stores_that_do_not_fit_and_says_why() {
+    let index = index();
+    let mut wrong_size = stored(&[1], None, vec![0; 8], Tier::Device);
+    if let KvEvent::Stored(s) = &mut wrong_size {
+        s.block_size = 8;
+    }
+    let misaligned = stored(&[1, 2], None, vec![0; 5], Tier::Device);
+    let orphan = stored(&[3], Some(99), vec![0; 4], Tier::Device);
+    let mut window = stored(&[4], None, vec![0; 4], Tier::Device);
+    if let KvEvent::Stored(s) = &mut window {
+        s.group_idx = Some(1);
+    }
+    let outcome = index.apply(
+        &id("a"),
+        0,
+        &batch(vec![wrong_size, misaligned, orphan, window]),
+    );
+    let reasons: Vec<_> = outcome.skipped.iter().map(|r| r.as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "block_size_mismatch",
+            "misaligned",
+            "unknown_parent",
+            "non_attention_group"
+        ]
+    );
+    assert_eq!(index.size().nodes, 0);
+    let removal = index.apply(
+        &id("a"),
+        0,
+        &batch(vec![KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![77],
+            tier: None,
+        })]),
+    );
+    assert_eq!(removal.skipped, [SkipReason::UnknownBlock]);
+}
+
+#[test]
+fn a_removal_on_one_tier_keeps_the_copy_on_another() {
+    let index = index();
+    let tokens: Vec<u32> = (0..4).collect();
+    let chain = index.request_hashes(&tokens);
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![
+            stored(&[1], None, tokens.clone(), Tier::Device),
+            stored(&[1], None, tokens.clone(), Tier::Host),
+        ]),
+    );
+    assert_eq!(index.size().entries, 1, "one page, two copies");
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![1],
+            tier: Some(Tier::Device),
+        })]),
+    );
+    let found = index.lookup(&chain);
+    assert_eq!(
+        (found.engines[0].blocks, found.engines[0].device_blocks),
+        (1, 0),
+        "the host copy remains"
+    );
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![1],
+            tier: None,
+        })]),
+    );
+    assert!(index.lookup(&chain).engines.is_empty());
+    assert_eq!(
+        index.size(),
+        IndexSize {
+            nodes: 0,
+            entries: 0,
+            bytes: index.size().bytes
+        }
+    );
+}
+
+#[test]
+fn clears_restarts_degradation_and_engine_removal() {
+    let index = index();
+    let tokens: Vec<u32> = (0..8).collect();
+    let chain = index.request_hashes(&tokens);
+    for engine in ["a", "b"] {
+        index.apply(
+            &id(engine),
+            0,
+            &batch(vec![stored(&[1, 2], None, tokens.clone(), Tier::Device)]),
+        );
+    }
+    index.set_degraded(&id("b"), 0, true);
+    assert_eq!(
+        index.lookup(&chain).engines.len(),
+        1,
+        "a degraded source is not trusted"
+    );
+    index.set_degraded(&id("b"), 0, false);
+    index.apply(&id("a"), 0, &batch(vec![KvEvent::AllCleared]));
+    assert_eq!(index.lookup(&chain).blocks_of(&id("a")), 0);
+    index.clear_source(&id("b"), 0);
+    assert!(index.lookup(&chain).engines.is_empty());
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(&[1, 2], None, tokens.clone(), Tier::Device)]),
+    );
+    index.remove_engine(&id("a"));
+    assert_eq!(
+        index.size().nodes,
+        0,
+        "removing the engine drops its entries"
+    );
+}
+
+#[test]
+fn the_node_budget_evicts_least_recently_matched_leaves() {
+    let index = PrefixIndex::new(IndexConfig {
+        block_size: BS,
+        max_nodes: 10,
+    });
+    let prefixes: Vec<Vec<u32>> = (0..6).map(|p| (p * 100..p * 100 + 8).collect()).collect();
+    for (i, tokens) in prefixes.iter().enumerate() {
+        let base = i as u64 * 10;
+        index.apply(
+            &id("a"),
+            0,
+            &batch(vec![stored(
+                &[base, base + 1],
+                None,
+                tokens.clone(),
+                Tier::Device,
+            )]),
+        );
+        index.lookup(&index.request_hashes(&prefixes[0]));
+    }
+    let size = index.size();
+    assert!(size.nodes <= 10, "the budget holds: {size:?}");
+    assert!(index.evicted() > 0);
+    assert_eq!(
+        index
+            .lookup(&index.request_hashes(&prefixes[0]))
+            .blocks_of(&id("a")),
+        2,
+        "the prefix matched often survives"
+    );
+}
+
+/// A naive model: per source, the chain hashes it holds with their tier masks.
+#[derive(Default)]
+struct Model {
+    held: HashMap<(WorkerId, u32), HashMap<u64, (u64, u8)>>,
+}
+
+impl Model {
+    fn apply(&mut self, source: &(WorkerId, u32), event: &KvEvent) {
+        let held = self.held.entry(source.clone()).or_default();
+        match event {
+            KvEvent::Stored(s) => {
+                let seed = match s.parent {
+                    None => 0,
+                    Some(p) => match held.get(&p) {
+                        Some((chain, _)) => *chain,
+                        None => return,
+                    },
+                };
+                for (h, chain) in
+                    s.block_hashes
+                        .iter()
+                        .zip(chain_hashes(&s.tokens, BS as usize, seed))
+                {
+                    held.entry(*h).or_insert((chain, 0)).1 |= tier_bit(s.tier);
+                }
+            }
+            KvEvent::Removed(r) => {
+                let mask = r.tier.map_or(0xff, tier_bit);
+                for h in &r.block_hashes {
+                    if let Some(entry) = held.get_mut(h) {
+                        entry.1 &= !mask;
+                        if entry.1 == 0 {
+                            held.remove(h);
+                        }
+                    }
+                }
+            }
+            KvEvent::AllCleared => held.clear(),
+        }
+    }
+
+    fn depth(&self, engine: &WorkerId, chain: &[u64]) -> usize {
+        self.held
+            .iter()
+            .filter(|((e, _), _)| e == engine)
+            .map(|(_, held)| {
+                chain
+                    .iter()
+                    .take_while(|h| held.values().any(|(c, _)| c == *h))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store {
+        source: usize,
+        prefix: usize,
+        from: usize,
+        len: usize,
+        tier: usize,
+    },
+    Remove {
+        source: usize,
+        prefix: usize,
+        block: usize,
+        tier: Option<usize>,
+    },
+    Clear {
+        source: usize,
+    },
+    Restart {
+        source: usize,
+    },
+}
+
+const SOURCES: [(&str, u32); 4] = [("a", 0), ("a", 1), ("b", 0), ("c", 0)];
+
+fn prefix_tokens(prefix: usize) -> Vec<u32> {
+    // Prefixes 0 and 1 share their first two pages.
+    let start = if prefix < 2 { 0 } else { prefix as u32 * 1000 };
+    let mut tokens: Vec<u32> = (start..start + 8).collect();
+    tokens.extend((0..16).map(|i| prefix as u32 * 100 + i + 10_000));
+    tokens
+}
+
+/// The engine hash a source gives page `block` of `prefix`: deterministic per
+/// content, as within one engine incarnation.
+fn engine_hash(source: usize, prefix: usize, block: usize) -> u64 {
+    let chain = chain_hashes(&prefix_tokens(prefix), BS as usize, 0);
+    chain[block] ^ (source as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0usize..4, 0usize..4, 0usize..6, 1usize..4, 0usize..3)
+            .prop_map(|(source, prefix, from, len, tier)| Op::Store { source, prefix, from, len, tier }),
+        2 => (0usize..4, 0usize..4, 0usize..6, proptest::option::of(0usize..3))
+            .prop_map(|(source, prefix, block, tier)| Op::Remove { source, prefix, block, tier }),
+        1 => (0usize..4).prop_map(|source| Op::Clear { source }),
+        1 => (0usize..4).prop_map(|source| Op::Restart { source }),
+    ]
+}
+
+const TIERS: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
+
+proptest! {
+    #[test]
+    fn the_index_agrees_with_a_naive_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let index = index();
+        let mut model = Model::default();
+        for op in &ops {
+            let (source, event) = match *op {
+                Op::Store { source, prefix, from, len, tier } => {
+                    let tokens = prefix_tokens(prefix);
+                    let to = (from + len).min(6);
+                    let hashes: Vec<u64> = (from..to).map(|b| engine_hash(source, prefix, b)).collect();
+                    let parent = from.checked_sub(1).map(|b| engine_hash(source, prefix, b));
+                    let tokens = tokens[from * BS as usize..to * BS as usize].to_vec();
+                    (source, stored(&hashes, parent, tokens, TIERS[tier]))
+                }
+                Op::Remove { source, prefix, block, tier } => {
+                    let removed = BlockRemoved { block_hashes: vec![engine_hash(source, prefix, block)], tier: tier.map(|t| TIERS[t]) };
+                    (source, KvEvent::Removed(removed))
+                }
+                Op::Clear { source } | Op::Restart { source } => (source, KvEvent::AllCleared),
+            };
+            let key = (id(SOURCES[source].0), SOURCES[source].1);
+            if matches!(op, Op::Restart { .. }) {
+                index.clear_source(&key.0, key.1);
+            } else {
+                index.apply(&key.0, key.1, &batch(vec![event.clone()]));
+            }
+            model.apply(&key, &event);
+            for prefix in 0..4 {
+                let chain = chain_hashes(&prefix_tokens(prefix), BS as usize, 0);
+                let found = index.lookup(&chain);
+                for engine in ["a", "b", "c"] {
+                    prop_assert_eq!(
+                        found.blocks_of(&id(engine)),
+                        model.depth(&id(engine), &chain),
+                        "the index matches engine {} on prefix {} as the naive model does after {:?}", engine, prefix, op
+                    );
+                }
+            }
+        }
+        let entries: usize = model.held.values().map(|h| h.values().map(|(c, _)| *c).collect::<std::collections::HashSet<_>>().len()).sum();
+        prop_assert_eq!(index.size().entries, entries, "entry counts agree");
+    }
+
+    #[test]
+    fn a_small_budget_holds_and_never_invents_ownership(ops in proptest::collection::vec(op(), 1..60)) {
+        let index = PrefixIndex::new(IndexConfig { block_size: BS, max_nodes: 8 });
+        let mut model = Model::default();
+        for op in &ops {
+            if let Op::Store { source, prefix, from, len, tier } = *op {
+                let tokens = prefix_tokens(prefix);
+                let to = (from + len).min(6);
+                let hashes: Vec<u64> = (from..to).map(|b| engine_hash(source, prefix, b)).collect();
+                let parent = from.checked_sub(1).map(|b| engine_hash(source, prefix, b));
+                let event = stored(&hashes, parent, tokens[from * BS as usize..to * BS as usize].to_vec(), TIERS[tier]);
+                let key = (id(SOURCES[source].0), SOURCES[source].1);
+                index.apply(&key.0, key.1, &batch(vec![event.clone()]));
+                model.apply(&key, &event);
+            }
+            prop_assert!(index.size().nodes <= 8, "the node budget holds");
+            for prefix in 0..4 {
+                let chain = chain_hashes(&prefix_tokens(prefix), BS as usize, 0);
+                let found = index.lookup(&chain);
+                for engine in ["a", "b", "c"] {
+                    prop_assert!(found.blocks_of(&id(engine)) <= model.depth(&id(engine), &chain), "eviction only forgets");
+                }
+            }
+        }
+    }
+}
