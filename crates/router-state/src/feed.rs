@@ -152,6 +152,12 @@ impl FeedStats {
 #[derive(Debug)]
 pub struct FeedHandle(JoinHandle<()>);
 
+impl FeedHandle {
+    pub(crate) fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        Self(tokio::spawn(task))
+    }
+}
+
 impl Drop for FeedHandle {
     fn drop(&mut self) {
         self.0.abort();
@@ -165,7 +171,7 @@ pub fn spawn_load_subscriber(
     source: LoadFeedSource,
     stats: Arc<FeedStats>,
 ) -> FeedHandle {
-    FeedHandle(tokio::spawn(async move {
+    FeedHandle::spawn(async move {
         let mut backoff = Duration::from_millis(50);
         loop {
             let mut sub = SubSocket::new();
@@ -182,7 +188,7 @@ pub fn spawn_load_subscriber(
                 apply(&table, &source, &stats, message.into_vec());
             }
         }
-    }))
+    })
 }
 
 fn apply(

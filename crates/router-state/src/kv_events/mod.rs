@@ -3,12 +3,14 @@
 
 mod hash;
 mod index;
+mod subscriber;
 mod wire;
 
 pub use hash::{chain_hashes, namespace_seed};
 pub use index::{
     ApplyOutcome, EngineMatch, IndexConfig, IndexSize, PrefixIndex, PrefixMatch, SkipReason,
 };
+pub use subscriber::{KvFeedStats, KvSource, spawn_kv_subscriber};
 pub use wire::{
     BatchError, BlockRemoved, BlockStored, EventError, KvBatch, KvEvent, Tier, decode_batch,
 };

@@ -1,0 +1,359 @@
+//! One subscriber task per (engine, rank): a SUB socket for live batches and a
+//! DEALER for replay, keeping the index in step with the engine's cache.
+//!
+//! The source is *bootstrapping* until its history is replayed, *live* while
+//! sequence numbers arrive in order, and *degraded* while a gap is being repaired
+//! (lookups ignore it meanwhile). A forward gap asks the replay socket for the missing
+//! range; history that cannot be replayed (gone from the buffer, no replay socket, no
+//! end marker in time) clears the source. A sequence that goes backwards is a new
+//! incarnation of the publisher: the source is cleared before the batch is applied.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio::time::{sleep, timeout};
+use xxhash_rust::xxh3::xxh3_64;
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use super::index::PrefixIndex;
+use super::wire::decode_batch;
+use crate::feed::{FeedHandle, Sequence, decode_envelope};
+use crate::worker::WorkerId;
+
+/// How long a replay may go quiet before it counts as failed.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where one rank of one engine publishes KV events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvSource {
+    /// The engine.
+    pub engine: WorkerId,
+    /// The data-parallel rank (authoritative over the payload's rank).
+    pub rank: u32,
+    /// `tcp://host:port` of the rank's PUB socket.
+    pub endpoint: String,
+    /// `tcp://host:port` of the rank's replay ROUTER, if it has one.
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix to subscribe to.
+    pub topic: String,
+}
+
+/// Counters of the KV-event subscribers of one index, for metrics.
+#[derive(Debug, Default)]
+pub struct KvFeedStats {
+    applied: AtomicU64,
+    steps: AtomicU64,
+    stepped: Notify,
+    gaps: AtomicU64,
+    replays: AtomicU64,
+    replay_failures: AtomicU64,
+    restarts: AtomicU64,
+    clears: AtomicU64,
+    degraded: AtomicU64,
+    disconnects: AtomicU64,
+    dropped: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+impl KvFeedStats {
+    /// Batches applied so far.
+    pub fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Relaxed)
+    }
+
+    /// Messages (live batches, replays) fully handled so far. Whenever it moves, the
+    /// index reflects everything the subscribers had received.
+    pub fn steps(&self) -> u64 {
+        self.steps.load(Ordering::Relaxed)
+    }
+
+    /// Waits until more than `seen` steps are done; returns the count.
+    pub async fn steps_after(&self, seen: u64) -> u64 {
+        loop {
+            let changed = self.stepped.notified();
+            let steps = self.steps();
+            if steps > seen {
+                return steps;
+            }
+            changed.await;
+        }
+    }
+
+    fn step(&self) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.stepped.notify_waiters();
+    }
+
+    /// `(name, count)` of every counter: gaps, replays, replay failures, restarts,
+    /// clears, disconnects, sources degraded now.
+    pub fn counters(&self) -> [(&'static str, u64); 7] {
+        [
+            ("gaps", self.gaps.load(Ordering::Relaxed)),
+            ("replays", self.replays.load(Ordering::Relaxed)),
+            (
+                "replay_failures",
+                self.replay_failures.load(Ordering::Relaxed),
+            ),
+            ("restarts", self.restarts.load(Ordering::Relaxed)),
+            ("clears", self.clears.load(Ordering::Relaxed)),
+            ("disconnects", self.disconnects.load(Ordering::Relaxed)),
+            ("degraded_sources", self.degraded.load(Ordering::Relaxed)),
+        ]
+    }
+
+    /// Events and batches dropped or skipped, by reason.
+    pub fn dropped(&self) -> Vec<(&'static str, u64)> {
+        self.dropped.lock().iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    fn drop_reason(&self, reason: &'static str) {
+        *self.dropped.lock().entry(reason).or_default() += 1;
+    }
+}
+
+/// Subscribes to one source and keeps `index` in step with it until the handle is
+/// dropped.
+///
+/// A lost connection clears the source (the engine may come back as a new
+/// incarnation with an empty cache); the next connection replays its history again.
+pub fn spawn_kv_subscriber(
+    index: Arc<PrefixIndex>,
+    source: KvSource,
+    stats: Arc<KvFeedStats>,
+) -> FeedHandle {
+    FeedHandle::spawn(async move {
+        let mut stream = Stream {
+            index: &index,
+            source: &source,
+            stats: &stats,
+            next: None,
+            replayed: VecDeque::new(),
+        };
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let mut sub = SubSocket::new();
+            let mut monitor = sub.monitor();
+            let connected = sub.connect(&source.endpoint).await;
+            if connected.and(sub.subscribe(&source.topic).await).is_err() {
+                sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+            backoff = Duration::from_millis(50);
+            stream.bootstrap().await;
+            stats.step();
+            loop {
+                tokio::select! {
+                    message = sub.recv() => match message {
+                        Ok(message) => {
+                            stream.live(message.into_vec()).await;
+                            stats.step();
+                        }
+                        Err(_) => break,
+                    },
+                    event = monitor.next() => {
+                        if matches!(event, None | Some(SocketEvent::Disconnected(_))) {
+                            break;
+                        }
+                    }
+                }
+            }
+            stats.disconnects.fetch_add(1, Ordering::Relaxed);
+            stream.forget();
+            stats.step();
+        }
+    })
+}
+
+struct Stream<'a> {
+    index: &'a PrefixIndex,
+    source: &'a KvSource,
+    stats: &'a KvFeedStats,
+    /// The sequence number expected next, once known.
+    next: Option<u64>,
+    /// `(seq, payload digest)` of batches applied from a replay whose live copies
+    /// may still arrive. The digest tells a late copy from a new incarnation's batch
+    /// that reuses the number.
+    replayed: VecDeque<(u64, u64)>,
+}
+
+impl Stream<'_> {
+    /// Replays the engine's whole buffered history (when it has a replay socket).
+    async fn bootstrap(&mut self) {
+        if self.source.replay_endpoint.is_none() {
+            return;
+        }
+        if let Some(batches) = self.replay(0).await {
+            self.apply_all(&batches);
+            self.next = Some(self.next.unwrap_or(0));
+        }
+    }
+
+    async fn live(&mut self, frames: Vec<Bytes>) {
+        let envelope = match decode_envelope(frames) {
+            Ok(e) => e,
+            Err(e) => return self.stats.drop_reason(e.reason()),
+        };
+        let seq = match envelope.sequence {
+            Sequence::Reset => return self.forget(),
+            Sequence::Number(seq) => seq,
+        };
+        if self.is_replayed_copy(seq, &envelope.payload) {
+            return;
+        }
+        if self.next.is_some_and(|next| seq < next) {
+            // A new incarnation: nothing of the old one survives.
+            self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+            self.clear();
+            self.next = Some(0);
+        }
+        match self.next {
+            Some(next) if seq > next => {
+                self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                self.repair(next, seq, &envelope.payload).await;
+            }
+            _ => {
+                self.apply(&envelope.payload);
+                self.next = Some(seq + 1);
+            }
+        }
+    }
+
+    /// Fills `[next, seq)` from the replay socket, then applies `payload` (batch
+    /// `seq`) unless the replay already covered it. Lookups ignore the source
+    /// meanwhile.
+    async fn repair(&mut self, next: u64, seq: u64, payload: &[u8]) {
+        self.index
+            .set_degraded(&self.source.engine, self.source.rank, true);
+        self.stats.degraded.fetch_add(1, Ordering::Relaxed);
+        match self.replay(next).await {
+            Some(batches) if batches.first().is_some_and(|(first, _)| *first == next) => {
+                self.apply_all(&batches);
+            }
+            _ => {
+                // The missing history is gone: forget this source and start over here.
+                self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
+                self.clear();
+                self.next = None;
+            }
+        }
+        match self.next {
+            Some(after) if after > seq => {}
+            _ => {
+                self.apply(payload);
+                self.next = Some(seq + 1);
+            }
+        }
+        self.index
+            .set_degraded(&self.source.engine, self.source.rank, false);
+        self.stats.degraded.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Asks for every buffered batch from `start` on; `None` if the replay failed.
+    async fn replay(&self, start: u64) -> Option<Vec<(u64, Bytes)>> {
+        let endpoint = self.source.replay_endpoint.as_ref()?;
+        self.stats.replays.fetch_add(1, Ordering::Relaxed);
+        let mut dealer = DealerSocket::new();
+        timeout(REPLAY_TIMEOUT, dealer.connect(endpoint))
+            .await
+            .ok()?
+            .ok()?;
+        let request = ZmqMessage::try_from(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&start.to_be_bytes()),
+        ])
+        .ok()?;
+        dealer.send(request).await.ok()?;
+        let mut batches = Vec::new();
+        loop {
+            let frames = timeout(REPLAY_TIMEOUT, dealer.recv())
+                .await
+                .ok()?
+                .ok()?
+                .into_vec();
+            // [empty, topic, seq, payload], or [empty, seq, payload] from older builds.
+            let (seq, payload) = match frames.as_slice() {
+                [_, _, seq, payload] | [_, seq, payload] => (seq, payload),
+                _ => return None,
+            };
+            if seq.is_empty() || seq.as_ref() == [0xFF; 8] {
+                return Some(batches);
+            }
+            let seq = u64::from_be_bytes(seq.as_ref().try_into().ok()?);
+            if batches.last().is_some_and(|(last, _)| seq <= *last) {
+                return None;
+            }
+            batches.push((seq, payload.clone()));
+        }
+    }
+
+    /// Applies replayed batches, leaving `next` after the last.
+    fn apply_all(&mut self, batches: &[(u64, Bytes)]) {
+        for (seq, payload) in batches {
+            self.apply(payload);
+            self.next = Some(seq + 1);
+            self.replayed.push_back((*seq, xxh3_64(payload)));
+        }
+    }
+
+    /// Whether a live batch is the late copy of one already applied from a replay.
+    /// Copies arrive in order, so everything before a match is no longer expected.
+    fn is_replayed_copy(&mut self, seq: u64, payload: &[u8]) -> bool {
+        if self.replayed.is_empty() {
+            return false;
+        }
+        let digest = xxh3_64(payload);
+        match self
+            .replayed
+            .iter()
+            .position(|entry| *entry == (seq, digest))
+        {
+            Some(at) => {
+                self.replayed.drain(..=at);
+                true
+            }
+            None => {
+                self.replayed.clear();
+                false
+            }
+        }
+    }
+
+    fn apply(&self, payload: &[u8]) {
+        match decode_batch(payload) {
+            Ok(batch) => {
+                for dropped in &batch.dropped {
+                    self.stats.drop_reason(dropped.reason());
+                }
+                let outcome = self
+                    .index
+                    .apply(&self.source.engine, self.source.rank, &batch);
+                for skipped in outcome.skipped {
+                    self.stats.drop_reason(skipped.as_str());
+                }
+                if outcome.cleared {
+                    self.stats.clears.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => self.stats.drop_reason(e.reason()),
+        }
+        self.stats.applied.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops everything known of this source and its position in the stream.
+    fn forget(&mut self) {
+        self.clear();
+        self.next = None;
+        self.replayed.clear();
+    }
+
+    fn clear(&self) {
+        self.index
+            .clear_source(&self.source.engine, self.source.rank);
+        self.stats.clears.fetch_add(1, Ordering::Relaxed);
+    }
+}
