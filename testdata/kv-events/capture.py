@@ -10,14 +10,11 @@ ZmqEventPublisher and reads them back through its replay socket (no slow-joiner 
 The legacy positional form is produced with array-like twins of the same classes, as
 older releases declared them. Output lines: `name seq topic-hex payload-hex`.
 """
-import dataclasses
-import importlib
-import logging
 import socket
 import sys
 import time
-import types
-from typing import Optional, Union
+from pathlib import Path
+from typing import Optional
 
 import msgspec
 import zmq
@@ -25,31 +22,11 @@ import zmq
 sglang_root, vllm_root = sys.argv[1], sys.argv[2]
 
 
-def stub(name, path=None, **attrs):
-    module = types.ModuleType(name)
-    if path is not None:
-        module.__path__ = [path]
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
+import engine_modules  # noqa: E402
 
-
-class Parallel:
-    num_dp_ranks = attn_dp_size = 1
-    attn_dp_rank = dp_rank = pp_rank = attn_tp_rank = attn_cp_rank = 0
-
-
-for dotted in ["sglang", "sglang.srt", "sglang.srt.utils", "sglang.srt.disaggregation"]:
-    stub(dotted, f"{sglang_root}/{dotted.replace('.', '/')}")
-stub("sglang.srt.runtime_context", get_parallel=lambda: Parallel())
-sgl = importlib.import_module("sglang.srt.disaggregation.kv_events")
-
-for dotted in ["vllm", "vllm.config", "vllm.utils", "vllm.distributed", "vllm.v1", "vllm.v1.core"]:
-    stub(dotted, f"{vllm_root}/{dotted.replace('.', '/')}")
-stub("vllm.logger", init_logger=logging.getLogger)
-stub("vllm.config.utils", config=lambda cls: dataclasses.dataclass(cls))
-stub("vllm.v1.core.kv_cache_utils", ExternalBlockHash=Union[bytes, int])
-vll = importlib.import_module("vllm.distributed.kv_events")
+sgl = engine_modules.load_sglang(sglang_root).kv_events
+vll = engine_modules.load_vllm(vllm_root).kv_events
 
 
 def free_port():

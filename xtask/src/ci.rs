@@ -24,6 +24,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             "warnings",
         ]),
     )?;
+    let python = crate::python::prepare(root)?;
     step(
         "tests",
         cargo().args([
@@ -38,7 +39,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "doc tests",
         cargo().args(["test", "--locked", "--workspace", "--doc"]),
     )?;
-    crate::python::run(root)?;
+    crate::python::test(root, &python)?;
     eprintln!("==> tidy");
     crate::tidy::run(root)?;
     let deny = ensure_cargo_deny(root)?;

@@ -3,6 +3,7 @@
 //! - `ci`: everything CI checks (format, lints, Rust and Python tests, doc tests, tidy,
 //!   licences), installing what the tests need.
 //! - `tidy`: the architecture and hygiene rules of `ARCHITECTURE.md`.
+//! - `python-env`: the venv and third-party test data some tests need (`.cache`).
 //! - `bench`: the criterion benches of the routing hot paths.
 //! - `bench-e2e`: the side-by-side load benchmark (wrk) against peer routers.
 
@@ -33,9 +34,12 @@ fn main() -> anyhow::Result<()> {
     match task.as_str() {
         "ci" => ci::run(&root),
         "tidy" => tidy::run(&root),
+        "python-env" => python::prepare(&root).map(drop),
         "bench" => bench::run(&rest),
         "bench-e2e" => bench_e2e::run(&root, &rest),
-        _ => bail!("usage: cargo xtask <ci | tidy | bench [criterion args] | bench-e2e [options]>"),
+        _ => bail!(
+            "usage: cargo xtask <ci | tidy | python-env | bench [criterion args] | bench-e2e [options]>"
+        ),
     }
 }
 

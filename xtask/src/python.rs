@@ -8,8 +8,10 @@ use anyhow::Context;
 
 use crate::{cargo, step};
 
-/// Installs what the Python tests need and runs them against the debug binary.
-pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
+/// Installs what the Python tests (and the Rust tests that drive the real engine
+/// publishers) need: the venv with pinned packages and the third-party test data.
+/// Returns the venv's interpreter.
+pub(crate) fn prepare(root: &Path) -> anyhow::Result<PathBuf> {
     let cache = root.join(".cache");
     let python = venv(&cache)?;
     step(
@@ -27,18 +29,24 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             .args(["-r", "tests/python/requirements.txt"]),
     )?;
     step(
-        "third-party test data (SGLang wheel, Qwen3 tokenizer)",
+        "third-party test data (SGLang and vLLM publishers, Qwen3 tokenizer)",
         Command::new(&python)
             .arg("tests/python/fetch_testdata.py")
             .arg(&cache),
     )?;
+    Ok(python)
+}
+
+/// Runs the Python tests against the debug binary.
+pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
+    let cache = root.join(".cache");
     step(
         "build switchyard for the python tests",
         cargo().args(["build", "--locked", "-p", "switchyard"]),
     )?;
     step(
         "python tests (router end to end, openai client, SGLang conformance, tokenizer parity)",
-        Command::new(&python)
+        Command::new(python)
             .args(["-m", "pytest", "tests/python", "-q"])
             .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
             .env("SWITCHYARD_CACHE", &cache),
