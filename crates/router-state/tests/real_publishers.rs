@@ -42,7 +42,7 @@ impl Engine {
     fn hash(self, n: u64) -> Value {
         match self {
             Self::Sglang => json!(-1_000 - i64::try_from(n).expect("small")),
-            Self::Vllm if n % 5 == 0 => json!({"bin": format!("{n:064x}")}),
+            Self::Vllm if n.is_multiple_of(5) => json!({"bin": format!("{n:064x}")}),
             Self::Vllm => json!(u64::MAX - n),
         }
     }
