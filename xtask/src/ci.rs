@@ -36,6 +36,10 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         ]),
     )?;
     step(
+        "fuzz targets compile (fuzz/, run with cargo +nightly fuzz)",
+        cargo().args(["check", "--locked", "--manifest-path", "fuzz/Cargo.toml"]),
+    )?;
+    step(
         "doc tests",
         cargo().args(["test", "--locked", "--workspace", "--doc"]),
     )?;

@@ -57,7 +57,8 @@ pub struct BlockStored {
     pub block_hashes: Vec<u64>,
     /// The engine's hash of the page this chain extends; `None` = from the root.
     pub parent: Option<u64>,
-    /// Every page's tokens, `block_hashes.len() * block_size` of them.
+    /// Every page's tokens: `block_hashes.len() * block_size` of them on a well-formed
+    /// store (the index skips any other as misaligned).
     pub tokens: Vec<u32>,
     /// Tokens per page.
     pub block_size: u32,
@@ -156,12 +157,16 @@ impl EventError {
     }
 }
 
+/// Deepest nesting a batch needs is five (batch, events, event, tokens, token pair);
+/// anything much deeper is hostile and is refused before it can exhaust the stack.
+const MAX_DEPTH: usize = 16;
+
 /// Decodes one batch payload.
 ///
 /// # Errors
 /// [`BatchError`] when the payload is not a batch at all.
 pub fn decode_batch(payload: &[u8]) -> Result<KvBatch, BatchError> {
-    let value = rmpv::decode::read_value_ref(&mut &payload[..])
+    let value = rmpv::decode::read_value_ref_with_max_depth(&mut &payload[..], MAX_DEPTH)
         .map_err(|e| BatchError::Msgpack(e.to_string()))?;
     let ValueRef::Array(items) = value else {
         return Err(BatchError::Shape);
