@@ -34,7 +34,9 @@ pub(crate) struct ServeArgs {
     /// A decode engine's base URL (repeatable; fleet flags).
     #[arg(long, action = clap::ArgAction::Append)]
     decode: Vec<String>,
-    /// Policy of every group: round_robin, random, power_of_two, load_based.
+    /// Policy of every group: round_robin, random, power_of_two, load_based,
+    /// cache_aware (plain and prefill groups; needs --tokenizer and engines that
+    /// publish KV events).
     #[arg(long)]
     policy: Option<String>,
     /// Policy of prefill groups (overrides --policy).
@@ -120,7 +122,7 @@ fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
         let Some(name) = name.or(args.policy.as_ref()) else {
             return Ok(max_in_flight.map(|cap| {
                 let mut p = PolicyConfig::default();
-                set_inflight(&mut p, cap);
+                p.admission_mut().max_inflight_requests = Some(cap);
                 p
             }));
         };
@@ -160,16 +162,6 @@ fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
         decode: policy(args.decode_policy.as_ref())?,
     };
     Ok(config)
-}
-
-fn set_inflight(policy: &mut PolicyConfig, cap: u64) {
-    let admission = match policy {
-        PolicyConfig::RoundRobin(c) => &mut c.admission,
-        PolicyConfig::Random(c) => &mut c.admission,
-        PolicyConfig::PowerOfTwo(c) => &mut c.admission,
-        PolicyConfig::LoadBased(c) => &mut c.admission,
-    };
-    admission.max_inflight_requests = Some(cap);
 }
 
 /// `--prefill URL [PORT]` occurrences: clap appends values flatly, so a number

@@ -177,6 +177,7 @@ impl Bucket {
         PickRequest::new(request.model, stage, &self.id, request.input_tokens)
             .with_expected_peak(request.expected_peak_tokens)
             .with_token_ids(request.token_ids)
+            .with_prefix_memo(request.prefix_memo)
             .with_session_key(request.session_key)
             .with_routing_key(request.routing_key)
     }

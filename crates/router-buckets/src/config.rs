@@ -341,7 +341,7 @@ fn build_group(
         .as_ref()
         .unwrap_or_else(|| defaults.for_role(role));
     let policy = policy_config
-        .build(handles)
+        .build(role, handles)
         .map_err(|e| BucketConfigError::at(format!("{path}.policy"), e))?;
     let Some(ids) = &config.worker_ids else {
         return Ok(EngineGroup::new(policy));

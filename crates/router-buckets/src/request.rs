@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_policy::{Pick, PickError};
+use router_policy::{Pick, PickError, PrefixMemo};
 
 /// The prepared routing facts of one request: extracted once by the handler and
 /// reused for every bucket attempt.
@@ -21,6 +21,8 @@ pub struct BucketRequest<'a> {
     pub session_key: Option<&'a str>,
     /// Routing key from the routing-key header.
     pub routing_key: Option<&'a str>,
+    /// The request's prefix lookups, shared by every bucket attempt.
+    pub prefix_memo: Option<&'a PrefixMemo>,
 }
 
 impl<'a> BucketRequest<'a> {
@@ -33,6 +35,7 @@ impl<'a> BucketRequest<'a> {
             token_ids: None,
             session_key: None,
             routing_key: None,
+            prefix_memo: None,
         }
     }
 
@@ -63,6 +66,12 @@ impl<'a> BucketRequest<'a> {
     /// Sets the routing key.
     pub fn with_routing_key(mut self, key: Option<&'a str>) -> Self {
         self.routing_key = key;
+        self
+    }
+
+    /// Sets the memo that shares prefix lookups across bucket attempts.
+    pub fn with_prefix_memo(mut self, memo: Option<&'a PrefixMemo>) -> Self {
+        self.prefix_memo = memo;
         self
     }
 }

@@ -2,12 +2,14 @@
 
 use std::sync::Arc;
 
-use router_state::EngineReportedLoadTable;
+use router_state::{EngineReportedLoadTable, Role};
 use schemars::JsonSchema;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::cache::CacheSource;
+use crate::cache_aware::{CacheAwareConfig, CacheAwarePolicy};
 use crate::dropped::{dropped_option, dropped_policy_type};
 use crate::least_load::LeastLoadPolicy;
 use crate::policy::Policy;
@@ -33,6 +35,8 @@ pub enum PolicyConfig {
     PowerOfTwo(PowerOfTwoConfig),
     /// Choose the least loaded candidate.
     LoadBased(LoadBasedConfig),
+    /// Prefer an engine holding the prompt's prefix (plain and prefill groups only).
+    CacheAware(CacheAwareConfig),
 }
 
 /// Settings of `round_robin`.
@@ -119,6 +123,32 @@ pub enum PolicyConfigError {
         /// The cap's name.
         limit: &'static str,
     },
+    /// A setting outside its valid range.
+    #[error("{setting} {reason}")]
+    Invalid {
+        /// The setting's path within the policy.
+        setting: &'static str,
+        /// What the value must be.
+        reason: &'static str,
+    },
+    /// The policy cannot serve the group's role.
+    #[error("policy {policy} cannot pick {role} engines{hint}")]
+    WrongRole {
+        /// The policy type.
+        policy: &'static str,
+        /// The group's role.
+        role: Role,
+        /// What to do instead.
+        hint: &'static str,
+    },
+    /// The policy needs shared state the application did not provide.
+    #[error("policy {policy} needs {needs}")]
+    MissingState {
+        /// The policy type.
+        policy: &'static str,
+        /// What is missing and how to provide it.
+        needs: &'static str,
+    },
 }
 
 /// The shared state policies are built with. Application wiring creates each handle
@@ -128,12 +158,20 @@ pub enum PolicyConfigError {
 pub struct PolicyHandles {
     /// Reported engine load and router-local request accounting.
     pub load: Arc<EngineReportedLoadTable>,
+    /// The model's prefix-ownership source, for cache-aware policies.
+    pub prefix: Option<Arc<dyn CacheSource>>,
 }
 
 impl PolicyHandles {
-    /// Handles around a load table.
+    /// Handles around a load table, with no prefix source.
     pub fn new(load: Arc<EngineReportedLoadTable>) -> Self {
-        Self { load }
+        Self { load, prefix: None }
+    }
+
+    /// Sets the prefix source cache-aware policies read.
+    pub fn with_prefix_source(mut self, source: Option<Arc<dyn CacheSource>>) -> Self {
+        self.prefix = source;
+        self
     }
 }
 
@@ -145,6 +183,7 @@ impl PolicyConfig {
             PolicyConfig::Random(_) => "random",
             PolicyConfig::PowerOfTwo(_) => "power_of_two",
             PolicyConfig::LoadBased(_) => "load_based",
+            PolicyConfig::CacheAware(_) => "cache_aware",
         }
     }
 
@@ -155,6 +194,18 @@ impl PolicyConfig {
             PolicyConfig::Random(c) => &c.admission,
             PolicyConfig::PowerOfTwo(c) => &c.admission,
             PolicyConfig::LoadBased(c) => &c.admission,
+            PolicyConfig::CacheAware(c) => &c.admission,
+        }
+    }
+
+    /// The admission caps the policy applies, for editing.
+    pub fn admission_mut(&mut self) -> &mut AdmissionLimits {
+        match self {
+            PolicyConfig::RoundRobin(c) => &mut c.admission,
+            PolicyConfig::Random(c) => &mut c.admission,
+            PolicyConfig::PowerOfTwo(c) => &mut c.admission,
+            PolicyConfig::LoadBased(c) => &mut c.admission,
+            PolicyConfig::CacheAware(c) => &mut c.admission,
         }
     }
 
@@ -163,15 +214,44 @@ impl PolicyConfig {
     /// # Errors
     /// The first invalid setting.
     pub fn validate(&self) -> Result<(), PolicyConfigError> {
-        self.admission().validate()
+        match self {
+            PolicyConfig::CacheAware(c) => c.validate(),
+            _ => self.admission().validate(),
+        }
     }
 
-    /// Validates and builds the policy around the shared `handles`.
+    /// Checks the settings and that the policy can serve a group of `role`.
     ///
     /// # Errors
-    /// The first invalid setting.
-    pub fn build(&self, handles: &PolicyHandles) -> Result<Arc<dyn Policy>, PolicyConfigError> {
-        self.validate()?;
+    /// The first invalid setting, or a role the policy cannot pick for.
+    pub fn validate_for(&self, role: Role) -> Result<(), PolicyConfigError> {
+        if matches!(self, PolicyConfig::CacheAware(_)) && role == Role::Decode {
+            return Err(PolicyConfigError::WrongRole {
+                policy: "cache_aware",
+                role,
+                hint: ": a decode engine receives its prompt's KV from the prefill engine, so attach power_of_two or load_based to decode groups",
+            });
+        }
+        self.validate()
+    }
+
+    /// Whether the policy reads prefix ownership (and so needs token ids and a
+    /// prefix source).
+    pub fn needs_prefix_source(&self) -> bool {
+        matches!(self, PolicyConfig::CacheAware(_))
+    }
+
+    /// Validates and builds the policy for a group of `role` around the shared
+    /// `handles`.
+    ///
+    /// # Errors
+    /// The first invalid setting, a role the policy cannot serve, or missing state.
+    pub fn build(
+        &self,
+        role: Role,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
+        self.validate_for(role)?;
         let load = Arc::clone(&handles.load);
         let admission: Arc<dyn EngineAdmission> = Arc::new(*self.admission());
         Ok(match self {
@@ -185,6 +265,13 @@ impl PolicyConfig {
                 None => Arc::new(PowerOfTwoPolicy::new(load, admission)),
             },
             PolicyConfig::LoadBased(_) => Arc::new(LeastLoadPolicy::new(load, admission)),
+            PolicyConfig::CacheAware(c) => {
+                let source = handles.prefix.clone().ok_or(PolicyConfigError::MissingState {
+                    policy: "cache_aware",
+                    needs: "the model's prefix index: engines publishing KV events and a tokenizer for the model",
+                })?;
+                Arc::new(CacheAwarePolicy::new(source, load, admission, c.clone())?)
+            }
         })
     }
 }
@@ -296,7 +383,7 @@ mod tests {
         let zero =
             parse(r#"{"type": "random", "admission": {"max_inflight_requests": 0}}"#).unwrap();
         assert_eq!(
-            zero.build(&handles).unwrap_err().to_string(),
+            zero.build(Role::Plain, &handles).unwrap_err().to_string(),
             "admission.max_inflight_requests must be at least 1: a cap of 0 admits nothing"
         );
         let engines = router_state::test_util::fleet("m", router_state::Role::Plain, "e", 1);
@@ -304,7 +391,7 @@ mod tests {
         for name in ["round_robin", "random", "power_of_two", "load_based"] {
             let policy = parse(&format!(r#"{{"type": "{name}"}}"#))
                 .unwrap()
-                .build(&handles)
+                .build(Role::Plain, &handles)
                 .unwrap();
             let pick = policy.pick(&engines, &request).await.unwrap();
             assert!(
@@ -314,7 +401,7 @@ mod tests {
         }
         let limited =
             parse(r#"{"type": "round_robin", "admission": {"max_inflight_requests": 1}}"#).unwrap();
-        let policy = limited.build(&handles).unwrap();
+        let policy = limited.build(Role::Plain, &handles).unwrap();
         let _busy = handles.load.acquire(engines[0].id());
         let err = policy.pick(&engines, &request).await.unwrap_err();
         assert_eq!(
@@ -332,8 +419,8 @@ mod tests {
         for name in ["random", "power_of_two"] {
             let config = parse(&format!(r#"{{"type": "{name}", "seed": 42}}"#)).unwrap();
             let (a, b) = (
-                config.build(&handles).unwrap(),
-                config.build(&handles).unwrap(),
+                config.build(Role::Plain, &handles).unwrap(),
+                config.build(Role::Plain, &handles).unwrap(),
             );
             for _ in 0..32 {
                 let (pa, pb) = (

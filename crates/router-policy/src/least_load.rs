@@ -78,10 +78,7 @@ impl LeastLoadPolicy {
             request.stage,
         )?
         else {
-            return Ok(Pick {
-                engine: Arc::clone(engine),
-                reason,
-            });
+            return Ok(Pick::new(Arc::clone(engine), reason));
         };
         let mut order: Vec<usize> = (0..n).map(rotated).filter(|&i| i != best).collect();
         order.sort_by_key(|&i| scores[i]);

@@ -4,7 +4,7 @@
 //! Every policy implements the object-safe [`Policy`] trait and returns a boxed
 //! future, so a policy that consults a remote prefix indexer and one that answers at
 //! once share one interface. A policy owns the state handles it reads (the load table,
-//! and later the affinity store and prefix index), given at construction; a request
+//! the prefix source, and later the affinity store), given at construction; a request
 //! carries only facts and candidates. Admission ([`EngineAdmission`],
 //! [`AdmissionLimits`]) is a separate acceptance step each policy calls where its
 //! algorithm needs it, so ordering (the policy) and acceptance (the caps) stay apart.
@@ -36,6 +36,8 @@
 //! ```
 
 mod admission;
+mod cache;
+mod cache_aware;
 mod config;
 mod dropped;
 mod error;
@@ -49,6 +51,10 @@ mod round_robin;
 mod walk;
 
 pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
+pub use cache::{
+    CacheLookup, CacheQueryError, CacheSource, LocalCacheSource, PrefixHits, PrefixMemo,
+};
+pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy, CandidateBounds, PressureGuard, Real};
 pub use config::{
     LoadBasedConfig, PolicyConfig, PolicyConfigError, PolicyHandles, PowerOfTwoConfig,
     RandomConfig, RoundRobinConfig,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use router_state::{Role, Worker};
 
+use crate::cache::PrefixMemo;
 use crate::error::PickError;
 
 /// A boxed, sendable future, so [`Policy`] stays object-safe and a policy may await
@@ -65,6 +66,9 @@ pub struct PickRequest<'a> {
     pub session_key: Option<&'a str>,
     /// Routing key (from the routing-key header), for sticky policies.
     pub routing_key: Option<&'a str>,
+    /// The request's prefix lookups, shared by every bucket attempt; without one a
+    /// cache-aware policy looks up afresh.
+    pub prefix_memo: Option<&'a PrefixMemo>,
 }
 
 impl<'a> PickRequest<'a> {
@@ -79,6 +83,7 @@ impl<'a> PickRequest<'a> {
             token_ids: None,
             session_key: None,
             routing_key: None,
+            prefix_memo: None,
         }
     }
 
@@ -105,6 +110,12 @@ impl<'a> PickRequest<'a> {
         self.routing_key = key;
         self
     }
+
+    /// Sets the request's prefix-lookup memo.
+    pub fn with_prefix_memo(mut self, memo: Option<&'a PrefixMemo>) -> Self {
+        self.prefix_memo = memo;
+        self
+    }
 }
 
 /// A successful pick: an engine from the candidate set that passed admission.
@@ -114,6 +125,26 @@ pub struct Pick {
     pub engine: Arc<Worker>,
     /// Why it was chosen, for metrics and traces.
     pub reason: PickReason,
+    /// Prompt tokens the policy expects the engine to find cached, when the policy
+    /// predicts it (cache-aware policies).
+    pub predicted_cached_tokens: Option<u64>,
+}
+
+impl Pick {
+    /// A pick with no cache prediction.
+    pub fn new(engine: Arc<Worker>, reason: PickReason) -> Self {
+        Self {
+            engine,
+            reason,
+            predicted_cached_tokens: None,
+        }
+    }
+
+    /// Sets the predicted cached prompt tokens.
+    pub fn with_predicted_cached_tokens(mut self, tokens: u64) -> Self {
+        self.predicted_cached_tokens = Some(tokens);
+        self
+    }
 }
 
 /// What a pick was decided on.
@@ -139,6 +170,19 @@ pub enum PickReason {
     /// The policy's first choice was rejected by admission and the next admissible
     /// engine in its own order was taken.
     NextAdmitted,
+    /// The admitted prefix holder with the least uncached work.
+    CacheHit,
+    /// A prefix holder within the switch margin of the best one, because the
+    /// pressure guard found the best one's queue clearly worse.
+    CacheGuardSwitch,
+    /// A prefix holder kept although its queue is over the soft limit, because every
+    /// holder (and, with a saturation floor, the whole group) is queued.
+    CacheSaturationPin,
+    /// No engine held enough of the prefix: the least pressured of k samples.
+    CacheMiss,
+    /// No prefix lookup was possible (the source was unavailable, or the request was
+    /// not tokenized): the least pressured of k samples.
+    CacheUnavailable,
 }
 
 impl PickReason {
@@ -153,6 +197,11 @@ impl PickReason {
             PickReason::LeastLoadReported => "least_load_reported",
             PickReason::LeastLoadLocal => "least_load_local",
             PickReason::NextAdmitted => "next_admitted",
+            PickReason::CacheHit => "cache_hit",
+            PickReason::CacheGuardSwitch => "cache_guard_switch",
+            PickReason::CacheSaturationPin => "cache_saturation_pin",
+            PickReason::CacheMiss => "cache_miss",
+            PickReason::CacheUnavailable => "cache_unavailable",
         }
     }
 }

@@ -83,10 +83,7 @@ impl PowerOfTwoPolicy {
             &observation.metrics(),
             stage,
         )? {
-            None => Ok(Pick {
-                engine: Arc::clone(engine),
-                reason,
-            }),
+            None => Ok(Pick::new(Arc::clone(engine), reason)),
             Some(rejection) => Err(PickError::AdmissionRejected { stage, rejection }),
         }
     }

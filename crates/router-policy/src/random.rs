@@ -65,10 +65,7 @@ impl RandomPolicy {
             } else {
                 PickReason::Random
             };
-            return Ok(Pick {
-                engine: Arc::clone(&engines[first]),
-                reason,
-            });
+            return Ok(Pick::new(Arc::clone(&engines[first]), reason));
         };
         let mut rejections = vec![first_rejection];
         let mut admitted = Vec::new();
@@ -84,10 +81,10 @@ impl RandomPolicy {
                 rejections,
             });
         }
-        Ok(Pick {
-            engine: Arc::clone(&engines[admitted[self.rng.index(admitted.len())]]),
-            reason: PickReason::NextAdmitted,
-        })
+        Ok(Pick::new(
+            Arc::clone(&engines[admitted[self.rng.index(admitted.len())]]),
+            PickReason::NextAdmitted,
+        ))
     }
 }
 

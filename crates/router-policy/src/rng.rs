@@ -34,6 +34,19 @@ impl SharedRng {
         let second = uniform(&mut *rng, n as u64 - 1) as usize;
         (first, if second >= first { second + 1 } else { second })
     }
+
+    /// `k` distinct uniform indices in `0..n`, in sampling order; `k` must be at most
+    /// `n`.
+    pub(crate) fn distinct(&self, n: usize, k: usize) -> Vec<usize> {
+        let mut rng = self.0.lock();
+        let mut pool: Vec<usize> = (0..n).collect();
+        for i in 0..k {
+            let j = i + uniform(&mut *rng, (n - i) as u64) as usize;
+            pool.swap(i, j);
+        }
+        pool.truncate(k);
+        pool
+    }
 }
 
 /// Lemire's nearly divisionless method: unbiased for every `n > 0`.
@@ -63,6 +76,18 @@ mod tests {
                 prop_assert!(a != b, "power-of-two never samples one engine twice ({a} twice of {n})");
                 prop_assert!(a < n && b < n, "samples {a}, {b} lie in 0..{n}");
             }
+        }
+
+        #[test]
+        fn k_samples_are_distinct_and_in_range(seed: u64, n in 1usize..100, k in 1usize..100) {
+            let k = k.min(n);
+            let rng = SharedRng::from_seed(seed);
+            let mut sample = rng.distinct(n, k);
+            prop_assert_eq!(sample.len(), k);
+            prop_assert!(sample.iter().all(|&i| i < n), "samples lie in 0..{}", n);
+            sample.sort_unstable();
+            sample.dedup();
+            prop_assert_eq!(sample.len(), k, "power-of-k never samples one engine twice");
         }
     }
 

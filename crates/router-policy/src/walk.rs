@@ -31,10 +31,7 @@ pub(crate) fn first_admitted(
                 } else {
                     PickReason::NextAdmitted
                 };
-                return Ok(Pick {
-                    engine: Arc::clone(engine),
-                    reason,
-                });
+                return Ok(Pick::new(Arc::clone(engine), reason));
             }
             Some(rejection) => rejections.push(rejection),
         }

@@ -264,10 +264,10 @@ impl router_policy::Policy for PreferE2 {
     ) -> router_policy::BoxFuture<'a, Result<router_policy::Pick, PickError>> {
         Box::pin(async move {
             if let Some(e2) = engines.iter().find(|e| e.id().as_str() == "e2") {
-                return Ok(router_policy::Pick {
-                    engine: Arc::clone(e2),
-                    reason: PickReason::RoundRobin,
-                });
+                return Ok(router_policy::Pick::new(
+                    Arc::clone(e2),
+                    PickReason::RoundRobin,
+                ));
             }
             let pick = router_policy::pick_fallback(&self.fallback, engines, request).await?;
             let metrics = self.load.snapshot().observe(pick.engine.id()).metrics();

@@ -83,10 +83,10 @@ impl Policy for ImpostorPolicy {
         _: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         let engine = Arc::new(Worker::clone(&engines[0]));
-        Box::pin(std::future::ready(Ok(Pick {
+        Box::pin(std::future::ready(Ok(Pick::new(
             engine,
-            reason: PickReason::RoundRobin,
-        })))
+            PickReason::RoundRobin,
+        ))))
     }
 }
 
@@ -102,10 +102,10 @@ impl Policy for CountingPolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         self.0.fetch_add(1, Ordering::SeqCst);
         let engine = Arc::clone(&engines[0]);
-        Box::pin(std::future::ready(Ok(Pick {
+        Box::pin(std::future::ready(Ok(Pick::new(
             engine,
-            reason: PickReason::RoundRobin,
-        })))
+            PickReason::RoundRobin,
+        ))))
     }
 }
 
@@ -123,10 +123,7 @@ impl Policy for RecordingPolicy {
             engines.iter().map(|e| e.id().to_string()).collect();
         let result = engines
             .first()
-            .map(|e| Pick {
-                engine: Arc::clone(e),
-                reason: PickReason::RoundRobin,
-            })
+            .map(|e| Pick::new(Arc::clone(e), PickReason::RoundRobin))
             .ok_or(PickError::NoCandidates {
                 stage: request.stage,
             });

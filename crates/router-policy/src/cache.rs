@@ -1,0 +1,185 @@
+//! Where cache-aware policies learn which engines hold a prompt's prefix: a
+//! [`CacheSource`] (the local index, or a remote indexer shared by several routers)
+//! and a per-request [`PrefixMemo`] so a request looks its prefix up once however many
+//! buckets it tries.
+
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use router_state::WorkerId;
+use router_state::kv_events::PrefixIndex;
+
+use crate::policy::BoxFuture;
+
+/// The engines holding a prompt's prefix, and how much of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixHits {
+    /// Full blocks in the prompt.
+    pub query_blocks: usize,
+    /// Tokens per block (`0` when the source cannot say; matches then count nothing).
+    pub block_size: u32,
+    /// Leading blocks of the prompt each engine holds, for every engine holding at
+    /// least one; sorted by engine id.
+    pub engines: Vec<(WorkerId, usize)>,
+}
+
+impl PrefixHits {
+    /// Leading blocks `engine` holds.
+    pub fn blocks_of(&self, engine: &WorkerId) -> usize {
+        self.engines
+            .binary_search_by(|(id, _)| id.cmp(engine))
+            .map_or(0, |i| self.engines[i].1)
+    }
+
+    /// Prompt tokens `engine` holds: its blocks times the block size, never more than
+    /// the prompt.
+    pub fn matched_tokens(&self, engine: &WorkerId, input_tokens: u64) -> u64 {
+        let blocks = u64::try_from(self.blocks_of(engine)).unwrap_or(u64::MAX);
+        blocks
+            .saturating_mul(u64::from(self.block_size))
+            .min(input_tokens)
+    }
+}
+
+/// What a lookup found out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheLookup {
+    /// The source answered; an empty [`PrefixHits::engines`] is a confirmed miss.
+    Answered(PrefixHits),
+    /// The source could not answer (remote indexer down, timed out, overloaded): the
+    /// policy falls back as on a miss, but the pick says so.
+    Unavailable(String),
+}
+
+/// A lookup that must not be answered with a fallback: the query itself is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("prefix lookup refused: {0}")]
+pub struct CacheQueryError(pub String);
+
+/// A prefix-ownership source: the router's own index, or a remote indexer.
+///
+/// Implementations answer for one model's cache namespace; the same `Arc` is shared
+/// by every policy that reads it (the [`PrefixMemo`] key).
+pub trait CacheSource: Send + Sync + fmt::Debug {
+    /// Which engines hold how much of the prefix of `token_ids`.
+    fn lookup<'a>(
+        &'a self,
+        token_ids: &'a [u32],
+    ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>>;
+}
+
+/// A [`CacheSource`] over the router's own [`PrefixIndex`], fed by engine KV events.
+#[derive(Debug, Clone)]
+pub struct LocalCacheSource {
+    index: Arc<PrefixIndex>,
+}
+
+impl LocalCacheSource {
+    /// A source reading `index`.
+    pub fn new(index: Arc<PrefixIndex>) -> Self {
+        Self { index }
+    }
+
+    fn answer(&self, token_ids: &[u32]) -> PrefixHits {
+        let chain = self.index.request_hashes(token_ids);
+        let found = self.index.lookup(&chain);
+        let mut engines: Vec<(WorkerId, usize)> = found
+            .engines
+            .into_iter()
+            .map(|m| (m.engine, m.blocks))
+            .collect();
+        engines.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        PrefixHits {
+            query_blocks: found.query_blocks,
+            block_size: self.index.config().block_size,
+            engines,
+        }
+    }
+}
+
+impl CacheSource for LocalCacheSource {
+    fn lookup<'a>(
+        &'a self,
+        token_ids: &'a [u32],
+    ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
+        let hits = self.answer(token_ids);
+        Box::pin(std::future::ready(Ok(CacheLookup::Answered(hits))))
+    }
+}
+
+type Entry = (
+    Arc<dyn CacheSource>,
+    Arc<Result<CacheLookup, CacheQueryError>>,
+);
+
+/// One request's prefix lookups, one per source, shared by every bucket attempt of
+/// that request (misses and unavailable sources included). A memo belongs to one
+/// request: its token ids are not part of the key.
+#[derive(Default)]
+pub struct PrefixMemo {
+    entries: Mutex<Vec<Entry>>,
+}
+
+impl PrefixMemo {
+    /// An empty memo.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The lookup of `token_ids` in `source`, asking the source only the first time.
+    pub async fn lookup(
+        &self,
+        source: &Arc<dyn CacheSource>,
+        token_ids: &[u32],
+    ) -> Arc<Result<CacheLookup, CacheQueryError>> {
+        if let Some(found) = self.find(source) {
+            return found;
+        }
+        let answer = Arc::new(source.lookup(token_ids).await);
+        let mut entries = self.entries.lock();
+        if let Some((_, found)) = entries.iter().find(|(s, _)| Arc::ptr_eq(s, source)) {
+            return Arc::clone(found);
+        }
+        entries.push((Arc::clone(source), Arc::clone(&answer)));
+        answer
+    }
+
+    /// How many sources were asked.
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    /// Whether no source was asked yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn find(
+        &self,
+        source: &Arc<dyn CacheSource>,
+    ) -> Option<Arc<Result<CacheLookup, CacheQueryError>>> {
+        self.entries
+            .lock()
+            .iter()
+            .find(|(s, _)| Arc::ptr_eq(s, source))
+            .map(|(_, answer)| Arc::clone(answer))
+    }
+}
+
+impl fmt::Debug for PrefixMemo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixMemo")
+            .field("sources", &self.len())
+            .finish()
+    }
+}
+
+/// Memos compare by identity: two memos are equal only when they are the same memo.
+impl PartialEq for PrefixMemo {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for PrefixMemo {}

@@ -1,0 +1,373 @@
+//! Cache-aware selection: send a request to an engine that already holds its
+//! prompt's prefix, unless load or admission say otherwise; on a miss, take the least
+//! pressured of `min_load_choices` samples.
+//!
+//! Within one group's candidates:
+//! 1. Look the prefix up once per request (through the request's [`PrefixMemo`]).
+//! 2. Holders: engines whose cached prefix reaches `min_matched_tokens` (and the
+//!    ratio gate); uncached work = prompt - cached.
+//! 3. Order holders by uncached work, then prefill pressure, then id, and keep the
+//!    best [`CandidateBounds::count`] of them.
+//! 4. Soft queue gate: holders reporting `worker_queue_limit` waiting requests are
+//!    set aside while others are usable. If all are set aside: without a saturation
+//!    floor they are all kept (a saturation pin); with one, the least pressured is
+//!    pinned only when no engine of the group is below the floor, else the request
+//!    goes cold to an engine with room.
+//! 5. Admission is checked on every usable holder; the winner is the admitted holder
+//!    with the least uncached work, except that a holder within `switch_margin_tokens`
+//!    of it wins when the pressure guard finds the current choice clearly worse.
+//!    Rejections never turn into a cold fallback: if every usable holder is rejected,
+//!    the pick fails and the bucket loop moves on.
+//! 6. Miss (or source unavailable, or no token ids): power of k over the group's
+//!    engines below the queue limit (all when none is), then admission on the winner.
+
+mod config;
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use router_state::{EngineObservation, EngineReportedLoadTable, LoadSnapshot, Role, Worker};
+
+pub use self::config::{CacheAwareConfig, CandidateBounds, PressureGuard, Real};
+use crate::admission::{EngineAdmission, admit};
+use crate::cache::{CacheLookup, CacheSource, PrefixHits};
+use crate::config::PolicyConfigError;
+use crate::error::{PickError, Rejection};
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::pressure::compare;
+use crate::rng::SharedRng;
+
+/// Prefers engines holding the prompt's prefix; see the module documentation for the
+/// algorithm. Never used for decode groups.
+#[derive(Debug)]
+pub struct CacheAwarePolicy {
+    source: Arc<dyn CacheSource>,
+    load: Arc<EngineReportedLoadTable>,
+    admission: Arc<dyn EngineAdmission>,
+    config: CacheAwareConfig,
+    rng: SharedRng,
+}
+
+/// A prefix holder among the candidates.
+struct Holder {
+    index: usize,
+    matched: u64,
+    uncached: u64,
+    observation: EngineObservation,
+}
+
+impl CacheAwarePolicy {
+    /// A policy reading `source` and `load`, checking `admission`, tuned by `config`
+    /// (whose own `admission` field is not consulted: pass it as `admission`).
+    ///
+    /// # Errors
+    /// An invalid setting of `config`.
+    pub fn new(
+        source: Arc<dyn CacheSource>,
+        load: Arc<EngineReportedLoadTable>,
+        admission: Arc<dyn EngineAdmission>,
+        config: CacheAwareConfig,
+    ) -> Result<Self, PolicyConfigError> {
+        config.validate()?;
+        let rng = config
+            .seed
+            .map_or_else(SharedRng::from_entropy, SharedRng::from_seed);
+        Ok(Self {
+            source,
+            load,
+            admission,
+            config,
+            rng,
+        })
+    }
+
+    async fn pick_async(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let stage = request.stage;
+        if stage == Role::Decode {
+            return Err(PickError::InvalidConfiguration {
+                stage: Some(stage),
+                message: "cache_aware picks plain or prefill engines, never decode".into(),
+            });
+        }
+        if engines.is_empty() {
+            return Err(PickError::NoCandidates { stage });
+        }
+        let Some(tokens) = request.token_ids else {
+            return self.select(engines, request, None);
+        };
+        let answer = match request.prefix_memo {
+            Some(memo) => memo.lookup(&self.source, tokens).await,
+            None => Arc::new(self.source.lookup(tokens).await),
+        };
+        match answer.as_ref() {
+            Ok(CacheLookup::Answered(hits)) => self.select(engines, request, Some(hits)),
+            Ok(CacheLookup::Unavailable(_)) => self.select(engines, request, None),
+            Err(e) => Err(PickError::InvalidSignal {
+                stage: Some(stage),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Steps 2-6 over one fresh load snapshot; `hits` is `None` when no lookup was
+    /// possible.
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+        hits: Option<&PrefixHits>,
+    ) -> Result<Pick, PickError> {
+        let snapshot = self.load.snapshot();
+        let Some(hits) = hits else {
+            return self.cold(engines, request, &snapshot, PickReason::CacheUnavailable);
+        };
+        let mut holders = self.holders(engines, request, hits, &snapshot);
+        if holders.is_empty() {
+            return self.cold(engines, request, &snapshot, PickReason::CacheMiss);
+        }
+        holders.sort_by(|a, b| {
+            a.uncached
+                .cmp(&b.uncached)
+                .then_with(|| pressure_order(&a.observation, &b.observation))
+                .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
+        });
+        holders.truncate(self.config.candidates.count(engines.len()));
+
+        let (usable, set_aside): (Vec<Holder>, Vec<Holder>) = holders
+            .into_iter()
+            .partition(|h| !self.queued(&h.observation));
+        let (usable, pinned) = match (usable.is_empty(), self.config.saturation_queue_floor) {
+            (false, _) => (usable, false),
+            (true, None) => (set_aside, true),
+            (true, Some(floor)) => {
+                return self.saturated(engines, request, &snapshot, set_aside, floor);
+            }
+        };
+
+        let mut rejections = Vec::new();
+        let mut admitted = Vec::with_capacity(usable.len());
+        for holder in usable {
+            let engine = &engines[holder.index];
+            match admit(
+                self.admission.as_ref(),
+                engine,
+                &holder.observation.metrics(),
+                request.stage,
+            )? {
+                None => admitted.push(holder),
+                Some(rejection) => rejections.push(rejection),
+            }
+        }
+        let Some(first) = admitted.first() else {
+            return Err(no_admissible(request.stage, rejections));
+        };
+        let mut best = 0;
+        for (i, candidate) in admitted.iter().enumerate().skip(1) {
+            if candidate.uncached - first.uncached > self.config.switch_margin_tokens {
+                break;
+            }
+            if self.guard_prefers(&candidate.observation, &admitted[best].observation) {
+                best = i;
+            }
+        }
+        let reason = match (pinned, best) {
+            (true, _) => PickReason::CacheSaturationPin,
+            (false, 0) => PickReason::CacheHit,
+            (false, _) => PickReason::CacheGuardSwitch,
+        };
+        let winner = &admitted[best];
+        Ok(Pick::new(Arc::clone(&engines[winner.index]), reason)
+            .with_predicted_cached_tokens(winner.matched))
+    }
+
+    fn holders(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+        hits: &PrefixHits,
+        snapshot: &LoadSnapshot,
+    ) -> Vec<Holder> {
+        let input = request.input_tokens;
+        engines
+            .iter()
+            .enumerate()
+            .filter_map(|(index, engine)| {
+                let matched = hits.matched_tokens(engine.id(), input);
+                let enough = matched > 0 && matched >= self.config.min_matched_tokens;
+                let share = matched as f64 / input.max(1) as f64;
+                let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.0);
+                (enough && ratio_ok).then(|| Holder {
+                    index,
+                    matched,
+                    uncached: input - matched,
+                    observation: snapshot.observe(engine.id()),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the soft queue gate sets this engine aside (unknown load passes).
+    fn queued(&self, observation: &EngineObservation) -> bool {
+        match (self.config.worker_queue_limit, &observation.reported) {
+            (Some(limit), Some(report)) => report.waiting_requests >= limit,
+            _ => false,
+        }
+    }
+
+    /// Every holder is set aside and a saturation floor is set: pin the least
+    /// pressured admitted holder when the whole group is at or above the floor,
+    /// otherwise go cold to an engine with room.
+    fn saturated(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+        snapshot: &LoadSnapshot,
+        mut set_aside: Vec<Holder>,
+        floor: u64,
+    ) -> Result<Pick, PickError> {
+        let room_elsewhere = engines.iter().any(|engine| {
+            snapshot
+                .observe(engine.id())
+                .reported
+                .is_some_and(|r| r.waiting_requests < floor)
+        });
+        if room_elsewhere {
+            return self.cold(engines, request, snapshot, PickReason::CacheMiss);
+        }
+        set_aside.sort_by(|a, b| {
+            pressure_order(&a.observation, &b.observation)
+                .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
+        });
+        let mut rejections = Vec::new();
+        for holder in set_aside {
+            let engine = &engines[holder.index];
+            let metrics = holder.observation.metrics();
+            match admit(self.admission.as_ref(), engine, &metrics, request.stage)? {
+                None => {
+                    return Ok(
+                        Pick::new(Arc::clone(engine), PickReason::CacheSaturationPin)
+                            .with_predicted_cached_tokens(holder.matched),
+                    );
+                }
+                Some(rejection) => rejections.push(rejection),
+            }
+        }
+        Err(no_admissible(request.stage, rejections))
+    }
+
+    /// The miss path: power of k over the engines below the queue limit (all of them
+    /// when none is), comparing stage pressure pairwise; admission on the winner.
+    fn cold(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+        snapshot: &LoadSnapshot,
+        reason: PickReason,
+    ) -> Result<Pick, PickError> {
+        let observations: Vec<EngineObservation> =
+            engines.iter().map(|e| snapshot.observe(e.id())).collect();
+        let mut tier: Vec<usize> = (0..engines.len())
+            .filter(|&i| !self.queued(&observations[i]))
+            .collect();
+        if tier.is_empty() {
+            tier = (0..engines.len()).collect();
+        }
+        let sampled = if self.config.min_load_choices >= tier.len() {
+            tier
+        } else {
+            self.rng
+                .distinct(tier.len(), self.config.min_load_choices)
+                .into_iter()
+                .map(|i| tier[i])
+                .collect()
+        };
+        let mut best = sampled[0];
+        for &i in &sampled[1..] {
+            if compare(request.stage, &observations[i], &observations[best]).0 == Ordering::Less {
+                best = i;
+            }
+        }
+        let engine = &engines[best];
+        let metrics = observations[best].metrics();
+        match admit(self.admission.as_ref(), engine, &metrics, request.stage)? {
+            None => Ok(Pick::new(Arc::clone(engine), reason).with_predicted_cached_tokens(0)),
+            Some(rejection) => Err(PickError::AdmissionRejected {
+                stage: request.stage,
+                rejection,
+            }),
+        }
+    }
+
+    /// The pressure guard: whether near-tie `challenger` should replace `current`
+    /// because `current` is clearly worse. Needs fresh native reports from both.
+    fn guard_prefers(&self, challenger: &EngineObservation, current: &EngineObservation) -> bool {
+        let guard = &self.config.pressure_guard;
+        if !guard.enabled {
+            return false;
+        }
+        let (Some(a), Some(b)) = (native(current), native(challenger)) else {
+            return false;
+        };
+        let rel = guard.rel.0;
+        if let (Some(abs_ms), Some(qa), Some(qb)) = (guard.abs_ms, a.0, b.0) {
+            return qa - qb > abs_ms as f64 && qa > rel * qb;
+        }
+        let (wa, wb) = (a.1, b.1);
+        wa.saturating_sub(wb) > guard.abs_tokens && wa as f64 > rel * wb as f64
+    }
+}
+
+/// `(prefill queue ms, waiting uncached tokens)` of a fresh native report.
+fn native(observation: &EngineObservation) -> Option<(Option<f64>, u64)> {
+    let report = observation.reported.as_ref()?;
+    report.native_with_capacity()?;
+    let native = report.native?;
+    Some((native.prefill_queue_ms, native.waiting_uncached_tokens))
+}
+
+/// A total order on prefill pressure for sorting: estimated queue time, waiting
+/// uncached tokens, waiting and running requests (unknown values last), then
+/// router-local in-flight requests.
+fn pressure_order(a: &EngineObservation, b: &EngineObservation) -> Ordering {
+    fn key(o: &EngineObservation) -> (f64, u64, u64, u64, u64) {
+        let report = o.reported.as_ref();
+        let native = report.and_then(|r| r.native);
+        (
+            native
+                .and_then(|n| n.prefill_queue_ms)
+                .unwrap_or(f64::INFINITY),
+            native.map_or(u64::MAX, |n| n.waiting_uncached_tokens),
+            report.map_or(u64::MAX, |r| r.waiting_requests),
+            report.map_or(u64::MAX, |r| r.running_requests),
+            o.in_flight,
+        )
+    }
+    let (ka, kb) = (key(a), key(b));
+    ka.0.total_cmp(&kb.0)
+        .then(ka.1.cmp(&kb.1))
+        .then(ka.2.cmp(&kb.2))
+        .then(ka.3.cmp(&kb.3))
+        .then(ka.4.cmp(&kb.4))
+}
+
+fn no_admissible(stage: Role, rejections: Vec<Rejection>) -> PickError {
+    if rejections.is_empty() {
+        PickError::NoCandidates { stage }
+    } else {
+        PickError::NoAdmissibleEngine { stage, rejections }
+    }
+}
+
+impl Policy for CacheAwarePolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(self.pick_async(engines, request))
+    }
+}

@@ -1,0 +1,225 @@
+//! Settings of `cache_aware`, with the defaults operators know from SGLang's router.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::admission::AdmissionLimits;
+use crate::config::PolicyConfigError;
+
+/// A finite real number from configuration (ratios, factors). Compares by value;
+/// non-finite values are refused when the configuration is validated.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct Real(pub f64);
+
+impl Eq for Real {}
+
+/// Settings of `cache_aware`.
+///
+/// ```yaml
+/// policy:
+///   type: cache_aware
+///   min_matched_tokens: 1024
+///   candidates: {min_workers: 8, ratio: 0.05, max_workers: 32}
+///   pressure_guard: {abs_tokens: 1024, rel: 1.5}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CacheAwareConfig {
+    /// Per-engine caps, checked explicitly on every engine the policy would return.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+    /// Fewest cached prompt tokens that count as a hit.
+    #[serde(default = "default_tokens")]
+    pub min_matched_tokens: u64,
+    /// Smallest cached share of the prompt, in `(0, 1]`, that counts as a hit; unset =
+    /// no ratio gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_match_ratio: Option<Real>,
+    /// How many prefix holders are considered.
+    #[serde(default)]
+    pub candidates: CandidateBounds,
+    /// Holders with at most this many more uncached tokens than the best one are near
+    /// ties, which the pressure guard may reorder.
+    #[serde(default = "default_tokens")]
+    pub switch_margin_tokens: u64,
+    /// When a near tie goes to the less pressured holder.
+    #[serde(default)]
+    pub pressure_guard: PressureGuard,
+    /// Soft queue gate: holders reporting at least this many waiting requests are set
+    /// aside while others are usable; unset = no gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_queue_limit: Option<u64>,
+    /// With the gate set: when every holder is set aside and no engine of the group
+    /// reports fewer waiting requests than this floor, the least pressured holder is
+    /// still used (never bypassing admission). At most `worker_queue_limit`; unset =
+    /// keep every holder when all are set aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation_queue_floor: Option<u64>,
+    /// On a miss, engines sampled for the least pressured one (power of k); a value
+    /// covering the group takes the exact minimum.
+    #[serde(default = "default_load_choices")]
+    pub min_load_choices: usize,
+    /// Fixed seed for reproducible sampling; absent = seeded per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// Bounds on the number of prefix holders considered: the best
+/// `min(group, max_workers, max(min_workers, ceil(ratio x group)))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CandidateBounds {
+    /// Lower bound.
+    #[serde(default = "default_min_workers")]
+    pub min_workers: usize,
+    /// Share of the group, in `[0, 1]`.
+    #[serde(default = "default_candidate_ratio")]
+    pub ratio: Real,
+    /// Upper bound.
+    #[serde(default = "default_max_workers")]
+    pub max_workers: usize,
+}
+
+/// The pressure guard: among near ties, holder A yields to B when A's queue is
+/// worse by more than the absolute threshold *and* by more than the relative factor.
+/// Milliseconds of estimated prefill queue are compared when the threshold is set and
+/// both engines report them; waiting uncached tokens otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PressureGuard {
+    /// Off = near ties keep the prefix order.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Absolute threshold in waiting uncached tokens.
+    #[serde(default = "default_tokens")]
+    pub abs_tokens: u64,
+    /// Absolute threshold in milliseconds of estimated prefill queue; unset = compare
+    /// tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abs_ms: Option<u64>,
+    /// Relative factor, above 1.
+    #[serde(default = "default_rel")]
+    pub rel: Real,
+}
+
+fn default_tokens() -> u64 {
+    1024
+}
+fn default_load_choices() -> usize {
+    2
+}
+fn default_min_workers() -> usize {
+    8
+}
+fn default_candidate_ratio() -> Real {
+    Real(0.05)
+}
+fn default_max_workers() -> usize {
+    32
+}
+fn default_true() -> bool {
+    true
+}
+fn default_rel() -> Real {
+    Real(1.5)
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        Self {
+            admission: AdmissionLimits::default(),
+            min_matched_tokens: default_tokens(),
+            min_match_ratio: None,
+            candidates: CandidateBounds::default(),
+            switch_margin_tokens: default_tokens(),
+            pressure_guard: PressureGuard::default(),
+            worker_queue_limit: None,
+            saturation_queue_floor: None,
+            min_load_choices: default_load_choices(),
+            seed: None,
+        }
+    }
+}
+
+impl Default for CandidateBounds {
+    fn default() -> Self {
+        Self {
+            min_workers: default_min_workers(),
+            ratio: default_candidate_ratio(),
+            max_workers: default_max_workers(),
+        }
+    }
+}
+
+impl Default for PressureGuard {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            abs_tokens: default_tokens(),
+            abs_ms: None,
+            rel: default_rel(),
+        }
+    }
+}
+
+impl CandidateBounds {
+    /// How many holders a group of `group` engines considers.
+    pub fn count(&self, group: usize) -> usize {
+        let share = (self.ratio.0 * group as f64).ceil();
+        // `share` is finite and at most `group` for a validated ratio.
+        let share = if share >= 0.0 { share as usize } else { 0 };
+        group.min(self.max_workers.min(self.min_workers.max(share)))
+    }
+}
+
+impl CacheAwareConfig {
+    /// Checks every setting.
+    ///
+    /// # Errors
+    /// The first invalid setting, named by its configuration path.
+    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+        self.admission.validate()?;
+        let invalid = |setting, reason| Err(PolicyConfigError::Invalid { setting, reason });
+        if let Some(Real(r)) = self.min_match_ratio
+            && !(r > 0.0 && r <= 1.0)
+        {
+            return invalid("min_match_ratio", "must be in (0, 1]");
+        }
+        let c = &self.candidates;
+        if c.min_workers == 0 {
+            return invalid("candidates.min_workers", "must be at least 1");
+        }
+        if c.max_workers < c.min_workers {
+            return invalid("candidates.max_workers", "must be at least min_workers");
+        }
+        if !(c.ratio.0 >= 0.0 && c.ratio.0 <= 1.0) {
+            return invalid("candidates.ratio", "must be in [0, 1]");
+        }
+        if !(self.pressure_guard.rel.0.is_finite() && self.pressure_guard.rel.0 > 1.0) {
+            return invalid("pressure_guard.rel", "must be a finite number above 1");
+        }
+        if self.worker_queue_limit == Some(0) {
+            return invalid(
+                "worker_queue_limit",
+                "must be at least 1: a limit of 0 sets every engine aside",
+            );
+        }
+        match (self.saturation_queue_floor, self.worker_queue_limit) {
+            (Some(_), None) => {
+                return invalid("saturation_queue_floor", "needs worker_queue_limit");
+            }
+            (Some(floor), Some(limit)) if floor > limit => {
+                return invalid(
+                    "saturation_queue_floor",
+                    "must be at most worker_queue_limit",
+                );
+            }
+            _ => {}
+        }
+        if self.min_load_choices == 0 {
+            return invalid("min_load_choices", "must be at least 1");
+        }
+        Ok(())
+    }
+}
