@@ -113,16 +113,12 @@ fn router_config(
             .iter()
             .filter(|f| f.0 == model)
             .map(|(_, id, role, engine)| EngineConfig {
-                id: (*id).into(),
-                url: engine.url(),
                 role: Some(match role {
                     SimRole::Plain => EngineRole::Plain,
                     SimRole::Prefill => EngineRole::Prefill,
                     SimRole::Decode => EngineRole::Decode,
                 }),
-                bootstrap_port: None,
-                dp_size: None,
-                load_port: None,
+                ..EngineConfig::new(*id, engine.url())
             })
             .collect();
         models.push(ModelConfig {

@@ -180,12 +180,9 @@ fn prefill_pairs(values: &[String]) -> anyhow::Result<Vec<(String, Option<u16>)>
 
 fn engine(id: String, url: &str, role: EngineRole, bootstrap_port: Option<u16>) -> EngineConfig {
     EngineConfig {
-        id,
-        url: url.trim_end_matches('/').to_owned(),
         role: Some(role),
         bootstrap_port,
-        dp_size: None,
-        load_port: None,
+        ..EngineConfig::new(id, url.trim_end_matches('/'))
     }
 }
 

@@ -213,6 +213,16 @@ impl SimEngine {
         self.spec
     }
 
+    /// KV-event batches handed to the publishers since start (or the last publisher
+    /// restart), over every rank: a subscriber that has applied this many is caught
+    /// up.
+    pub fn published_batches(&self) -> u64 {
+        self.ranks
+            .iter()
+            .map(|r| r.batches.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// The summed load of every rank.
     pub fn load(&self) -> LoadSample {
         self.ranks

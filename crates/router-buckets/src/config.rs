@@ -173,6 +173,42 @@ impl DefaultPolicies {
     }
 }
 
+/// The policy every group of a model runs, with the group's role: each configured
+/// group's own policy or its role's default; without buckets, the default of every
+/// role (the catch-all bucket's kind follows the engines). The application reads it
+/// to provide what the policies need (token ids, a prefix index, affinity headers).
+pub fn group_policies<'a>(
+    buckets: Option<&'a [BucketConfig]>,
+    defaults: &'a DefaultPolicies,
+) -> Vec<(Role, &'a PolicyConfig)> {
+    let Some(buckets) = buckets else {
+        return [Role::Plain, Role::Prefill, Role::Decode]
+            .into_iter()
+            .map(|role| (role, defaults.for_role(role)))
+            .collect();
+    };
+    let mut policies = Vec::new();
+    for bucket in buckets {
+        let mut group = |role: Role, config: &'a GroupConfig| {
+            policies.push((
+                role,
+                config
+                    .policy
+                    .as_ref()
+                    .unwrap_or_else(|| defaults.for_role(role)),
+            ));
+        };
+        if let Some(plain) = &bucket.groups.plain {
+            group(Role::Plain, plain);
+        }
+        if let Some(pd) = &bucket.groups.pd {
+            group(Role::Prefill, &pd.prefill);
+            group(Role::Decode, &pd.decode);
+        }
+    }
+    policies
+}
+
 /// Id of the bucket built when a model configures none.
 pub const CATCH_ALL_BUCKET: &str = "default";
 

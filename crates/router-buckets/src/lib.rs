@@ -59,7 +59,7 @@ mod select;
 pub use bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
 pub use config::{
     BucketConfig, BucketConfigError, CATCH_ALL_BUCKET, DefaultPolicies, GroupConfig, GroupsConfig,
-    ModelRoster, PdGroupsConfig, build_resolver,
+    ModelRoster, PdGroupsConfig, build_resolver, group_policies,
 };
 pub use group::{EngineGroup, Membership};
 pub use request::{BucketPick, BucketRequest, EnginePicks, expected_peak};

@@ -10,8 +10,13 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
-use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolver};
-use router_policy::PolicyHandles;
+use router_buckets::{
+    BucketResolver, DefaultPolicies, ModelRoster, build_resolver, group_policies,
+};
+use router_policy::{CacheSource, LocalCacheSource, PolicyHandles};
+use router_state::kv_events::{
+    IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
+};
 use router_state::{
     EngineReportedLoadTable, FeedHandle, FeedStats, Health, LoadFeedSource, LoadTableConfig, Role,
     Worker, WorkerId, WorkerRegistry, spawn_load_subscriber,
@@ -22,7 +27,7 @@ use crate::config::{ConfigError, EngineConfig, RouterConfig, builtin_policies, r
 use crate::health::HealthBook;
 use crate::metrics::Metrics;
 use crate::tokenize::ChatTokenizer;
-use crate::upstream::{FeedEndpoint, ServerInfo, Upstream, parse_server_info};
+use crate::upstream::{FeedEndpoint, KvFeedEndpoint, ServerInfo, Upstream, parse_server_info};
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +74,10 @@ pub struct AppContext {
     pub(crate) upstream: Upstream,
     pub(crate) metrics: Metrics,
     pub(crate) feed_stats: Arc<FeedStats>,
+    /// Counters of every KV-event subscriber.
+    pub(crate) kv_stats: Arc<KvFeedStats>,
+    /// The prefix index of each model with a cache-aware policy.
+    pub(crate) prefix_indexes: Mutex<HashMap<String, Arc<PrefixIndex>>>,
     pub(crate) admin_token: Option<String>,
     pub(crate) idle_timeout: Duration,
     pub(crate) config: RouterConfig,
@@ -105,6 +114,8 @@ impl AppContext {
             upstream,
             metrics: Metrics::new(),
             feed_stats: Arc::default(),
+            kv_stats: Arc::default(),
+            prefix_indexes: Mutex::default(),
             admin_token: config.admin.token.clone(),
             idle_timeout: Duration::from_millis(config.timeouts.idle_ms),
             handles,
@@ -127,6 +138,8 @@ impl AppContext {
                 },
                 None => None,
             };
+            let model_defaults = model.policies.over(&ctx.defaults);
+            let handles = ctx.model_handles(model, tokenizer.is_some(), &model_defaults);
             let infos = futures_util::future::join_all(
                 model.engines.iter().map(|e| ctx.introspect(&e.url)),
             )
@@ -142,13 +155,7 @@ impl AppContext {
                 }
             }
             let roster = roster_of(model, |id| discovered.get(id).copied());
-            let model_defaults = model.policies.over(&ctx.defaults);
-            match build_resolver(
-                model.buckets.as_deref(),
-                &roster,
-                &model_defaults,
-                &ctx.handles,
-            ) {
+            match build_resolver(model.buckets.as_deref(), &roster, &model_defaults, &handles) {
                 Ok(resolver) => drop(routes.insert(
                     model.id.clone(),
                     Arc::new(ModelRoute {
@@ -170,6 +177,33 @@ impl AppContext {
         Ok(ctx)
     }
 
+    /// The policy handles of `model`: with a prefix index (created here, before the
+    /// model's engines register and subscribe to it) when one of its groups runs a
+    /// cache-aware policy and the model has a tokenizer to produce token ids. Without
+    /// a tokenizer the policy's construction reports what is missing.
+    fn model_handles(
+        &self,
+        model: &crate::config::ModelConfig,
+        tokenized: bool,
+        defaults: &DefaultPolicies,
+    ) -> PolicyHandles {
+        let cache_aware = group_policies(model.buckets.as_deref(), defaults)
+            .iter()
+            .any(|(_, policy)| policy.needs_prefix_source());
+        if !(cache_aware && tokenized) {
+            return self.handles.clone();
+        }
+        let index = Arc::new(PrefixIndex::new(IndexConfig {
+            block_size: model.block_size,
+            ..IndexConfig::default()
+        }));
+        self.prefix_indexes
+            .lock()
+            .insert(model.id.clone(), Arc::clone(&index));
+        let source: Arc<dyn CacheSource> = Arc::new(LocalCacheSource::new(index));
+        self.handles.clone().with_prefix_source(Some(source))
+    }
+
     /// The worker registry.
     pub fn registry(&self) -> &Arc<WorkerRegistry> {
         &self.registry
@@ -178,6 +212,16 @@ impl AppContext {
     /// The engine load table.
     pub fn load(&self) -> &Arc<EngineReportedLoadTable> {
         &self.load
+    }
+
+    /// Counters of the KV-event subscribers.
+    pub fn kv_stats(&self) -> &Arc<KvFeedStats> {
+        &self.kv_stats
+    }
+
+    /// The prefix index of `model`, when a cache-aware policy reads one.
+    pub fn prefix_index(&self, model: &str) -> Option<Arc<PrefixIndex>> {
+        self.prefix_indexes.lock().get(model).cloned()
     }
 
     /// Reads an engine's `/server_info`: up to three attempts; `None` if unreachable.
@@ -247,7 +291,8 @@ impl AppContext {
                 next
             });
         }
-        let feeds = self.start_feeds(config, &id, dp_size, known.load_feed);
+        let mut feeds = self.start_feeds(config, &id, dp_size, known.load_feed);
+        feeds.extend(self.start_kv_feeds(config, &id, model, dp_size, known.kv_feed));
         self.engines.lock().insert(
             id,
             EngineRuntime {
@@ -303,6 +348,77 @@ impl AppContext {
             .collect()
     }
 
+    /// Subscribes to the engine's KV events, one subscriber per rank, when its model
+    /// keeps a prefix index. Configured ports win over advertised ones.
+    fn start_kv_feeds(
+        &self,
+        config: &EngineConfig,
+        id: &WorkerId,
+        model: &str,
+        dp_size: NonZeroU32,
+        advertised: Option<KvFeedEndpoint>,
+    ) -> Vec<FeedHandle> {
+        let Some(index) = self.prefix_indexes.lock().get(model).cloned() else {
+            return Vec::new();
+        };
+        let host = config
+            .url
+            .parse::<http::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(str::to_owned))
+            .unwrap_or_default();
+        let endpoint = match (config.kv_port, advertised) {
+            (Some(port_base), advertised) => KvFeedEndpoint {
+                feed: FeedEndpoint {
+                    host,
+                    port_base,
+                    topic: advertised
+                        .as_ref()
+                        .map_or_else(String::new, |a| a.feed.topic.clone()),
+                },
+                replay_port_base: config
+                    .kv_replay_port
+                    .or(advertised.as_ref().and_then(|a| a.replay_port_base)),
+                block_size: advertised.and_then(|a| a.block_size),
+            },
+            (None, Some(advertised)) => KvFeedEndpoint {
+                replay_port_base: config.kv_replay_port.or(advertised.replay_port_base),
+                ..advertised
+            },
+            (None, None) => {
+                tracing::warn!(engine = %id, model, "the engine advertises no KV events and has no kv_port: cache-aware routing cannot see its cache");
+                return Vec::new();
+            }
+        };
+        let expected = index.config().block_size;
+        if let Some(block_size) = endpoint.block_size.filter(|b| *b != expected) {
+            tracing::warn!(engine = %id, model, block_size, expected, "the engine's KV page size differs from the model's block_size: its events will be skipped");
+        }
+        (0..dp_size.get())
+            .filter_map(|rank| {
+                let replay = |base: u16| {
+                    FeedEndpoint {
+                        port_base: base,
+                        ..endpoint.feed.clone()
+                    }
+                    .rank_endpoint(rank)
+                };
+                let source = KvSource {
+                    engine: id.clone(),
+                    rank,
+                    endpoint: endpoint.feed.rank_endpoint(rank)?,
+                    replay_endpoint: endpoint.replay_port_base.and_then(replay),
+                    topic: endpoint.feed.topic.clone(),
+                };
+                Some(spawn_kv_subscriber(
+                    Arc::clone(&index),
+                    source,
+                    Arc::clone(&self.kv_stats),
+                ))
+            })
+            .collect()
+    }
+
     /// Adds an engine at runtime (`POST /workers`). A model not served yet gets one
     /// catch-all bucket of the engine's kind.
     pub(crate) async fn add_engine(
@@ -348,7 +464,11 @@ impl AppContext {
         let worker = self.registry.remove(id).map_err(|e| e.to_string())?;
         self.load.unregister(worker.id());
         self.health.remove(worker.id());
-        self.engines.lock().remove(worker.id());
+        // Stop the engine's subscribers before dropping its cache entries.
+        drop(self.engines.lock().remove(worker.id()));
+        if let Some(index) = self.prefix_indexes.lock().get(worker.model()) {
+            index.remove_engine(worker.id());
+        }
         self.chat_uris.rcu(|uris| {
             let mut next = HashMap::clone(uris);
             next.remove(worker.id());
@@ -413,7 +533,14 @@ impl AppContext {
         let Some(info) = self.introspect(worker.url()).await else {
             return;
         };
-        let feeds = self.start_feeds(&config, worker.id(), worker.dp_size(), info.load_feed);
+        let mut feeds = self.start_feeds(&config, worker.id(), worker.dp_size(), info.load_feed);
+        feeds.extend(self.start_kv_feeds(
+            &config,
+            worker.id(),
+            worker.model(),
+            worker.dp_size(),
+            info.kv_feed,
+        ));
         if let Some(runtime) = self.engines.lock().get_mut(worker.id()) {
             runtime.introspected = true;
             runtime._feeds = feeds;

@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use router_buckets::{BucketConfig, DefaultPolicies, ModelRoster, build_resolver};
-use router_policy::{PolicyConfig, PolicyHandles};
+use router_policy::{CacheSource, LocalCacheSource, PolicyConfig, PolicyHandles};
+use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{ModelMode, Role, WorkerId};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -128,6 +130,31 @@ pub struct EngineConfig {
     /// `/server_info`'s `kv_events` block, else no feed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_port: Option<u16>,
+    /// Base port of the engine's KV-event publisher (rank r = base + r), for
+    /// cache-aware routing; absent = from `/server_info`'s `kv_events` block (vLLM,
+    /// which has no `/server_info`, needs it set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_port: Option<u16>,
+    /// Base port of the engine's KV-event replay socket; absent = from
+    /// `/server_info`, else gaps cannot be repaired and clear the engine's entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_replay_port: Option<u16>,
+}
+
+impl EngineConfig {
+    /// An engine at `url` whose role, ports and ranks come from its `/server_info`.
+    pub fn new(id: impl Into<String>, url: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            url: url.into(),
+            role: None,
+            bootstrap_port: None,
+            dp_size: None,
+            load_port: None,
+            kv_port: None,
+            kv_replay_port: None,
+        }
+    }
 }
 
 /// An engine role in configuration.
@@ -474,7 +501,13 @@ impl RouterConfig {
                 }
             }
             let roster = roster_of(model, |_| None);
-            let handles = PolicyHandles::new(Default::default());
+            // With a tokenizer the router keeps a prefix index for cache-aware groups;
+            // an empty stand-in lets their construction be checked here.
+            let prefix = model.tokenizer.as_ref().map(|_| {
+                let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
+                Arc::new(LocalCacheSource::new(index)) as Arc<dyn CacheSource>
+            });
+            let handles = PolicyHandles::new(Default::default()).with_prefix_source(prefix);
             if let Err(e) =
                 build_resolver(model.buckets.as_deref(), &roster, &model_defaults, &handles)
             {

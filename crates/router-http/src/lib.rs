@@ -34,6 +34,7 @@ mod metrics;
 mod prepare;
 mod relay;
 mod routes;
+mod scrape;
 mod server;
 mod tokenize;
 mod upstream;

@@ -32,6 +32,12 @@ pub(crate) struct StageLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ModelStageLabels {
+    pub(crate) model: Arc<str>,
+    pub(crate) stage: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ModelLabels {
     pub(crate) model: Arc<str>,
 }
@@ -56,6 +62,10 @@ pub(crate) struct Metrics {
     pub(crate) upstream_latency: Histograms<StageLabels>,
     /// Time from a request's arrival to the first response byte sent to the client.
     pub(crate) time_to_first_token: Histograms<ModelLabels>,
+    /// Prompt tokens cache-aware picks expected their engines to find cached.
+    pub(crate) predicted_cached_tokens: Family<ModelStageLabels, Counter>,
+    /// Prompt tokens of the picks that made such a prediction (the denominator).
+    pub(crate) predicted_prompt_tokens: Family<ModelStageLabels, Counter>,
 }
 
 impl Metrics {
@@ -87,12 +97,26 @@ impl Metrics {
             "Time from a request's arrival to its first response byte",
             time_to_first_token.clone(),
         );
+        let predicted_cached_tokens = Family::default();
+        registry.register(
+            "predicted_cached_tokens",
+            "Prompt tokens cache-aware picks expected their engines to find cached, by model and stage",
+            predicted_cached_tokens.clone(),
+        );
+        let predicted_prompt_tokens = Family::default();
+        registry.register(
+            "predicted_prompt_tokens",
+            "Prompt tokens of the picks that predicted cached tokens, by model and stage",
+            predicted_prompt_tokens.clone(),
+        );
         Self {
             registry,
             requests,
             picks,
             upstream_latency,
             time_to_first_token,
+            predicted_cached_tokens,
+            predicted_prompt_tokens,
         }
     }
 
@@ -105,15 +129,24 @@ impl Metrics {
             text.truncate(stripped.len());
         }
         for gauge in gauges {
+            let (kind, suffix) = if gauge.counter {
+                ("counter", "_total")
+            } else {
+                ("gauge", "")
+            };
             let _ = writeln!(text, "# HELP switchyard_{} {}", gauge.name, gauge.help);
-            let _ = writeln!(text, "# TYPE switchyard_{} gauge", gauge.name);
+            let _ = writeln!(text, "# TYPE switchyard_{} {kind}", gauge.name);
             for (labels, value) in &gauge.samples {
                 let labels = labels
                     .iter()
                     .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
                     .collect::<Vec<_>>()
                     .join(",");
-                let _ = writeln!(text, "switchyard_{}{{{labels}}} {value}", gauge.name);
+                let _ = writeln!(
+                    text,
+                    "switchyard_{}{suffix}{{{labels}}} {value}",
+                    gauge.name
+                );
             }
         }
         text.push_str("# EOF\n");
@@ -121,11 +154,12 @@ impl Metrics {
     }
 }
 
-/// A gauge family read at scrape time.
+/// A gauge (or, with `counter`, a counter kept elsewhere) read at scrape time.
 #[derive(Debug)]
 pub(crate) struct Gauge {
     pub(crate) name: &'static str,
     pub(crate) help: &'static str,
+    pub(crate) counter: bool,
     pub(crate) samples: Vec<(Vec<(&'static str, String)>, f64)>,
 }
 
@@ -158,6 +192,7 @@ mod tests {
         let gauges = [Gauge {
             name: "engine_in_flight",
             help: "Requests in flight per engine",
+            counter: false,
             samples: vec![(vec![("engine", "A\"1".into())], 2.0)],
         }];
         let text = metrics.encode(&gauges);

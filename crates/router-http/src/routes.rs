@@ -10,6 +10,7 @@ use axum::routing::{delete, get, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use router_buckets::{BucketRequest, EnginePicks};
+use router_policy::PrefixMemo;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -18,7 +19,7 @@ use crate::app::AppContext;
 use crate::config::{EngineConfig, EngineRole};
 use crate::dispatch::{Outgoing, REQUEST_ID, dispatch};
 use crate::error::ApiError;
-use crate::metrics::{Gauge, PickLabels, RequestLabels};
+use crate::metrics::{Gauge, ModelStageLabels, PickLabels, RequestLabels};
 use crate::prepare::prepare;
 
 /// The largest request body accepted.
@@ -124,9 +125,11 @@ async fn route_chat(
     let request = BucketRequest::new(&prepared.model, prepared.input_tokens)
         .with_max_output_tokens(prepared.max_output_tokens)
         .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()));
+    let memo = PrefixMemo::new();
     let request = match request {
         Ok(r) => r
             .with_token_ids(prepared.token_ids.as_deref())
+            .with_prefix_memo(Some(&memo))
             .with_session_key(header(SESSION_HEADER))
             .with_routing_key(header(ROUTING_KEY_HEADER)),
         Err(e) => return (model, Err(e)),
@@ -148,6 +151,20 @@ async fn route_chat(
             reason: pick.reason.as_str(),
         };
         ctx.metrics.picks.get_or_create(&labels).inc();
+        if let Some(cached) = pick.predicted_cached_tokens {
+            let labels = ModelStageLabels {
+                model: Arc::clone(&model),
+                stage: pick.engine.role().as_str(),
+            };
+            ctx.metrics
+                .predicted_cached_tokens
+                .get_or_create(&labels)
+                .inc_by(cached);
+            ctx.metrics
+                .predicted_prompt_tokens
+                .get_or_create(&labels)
+                .inc_by(prepared.input_tokens);
+        }
     }
     if let EnginePicks::Pd { prefill, decode } = &selection.pick.engines {
         tracing::debug!(bucket = %selection.pick.bucket, prefill = %prefill.engine.id(), decode = %decode.engine.id(), "selected");
@@ -210,33 +227,39 @@ async fn metrics(State(ctx): State<Arc<AppContext>>) -> Response {
         .iter()
         .map(|(outcome, n)| (vec![("outcome", (*outcome).to_owned())], *n as f64))
         .collect();
-    let gauges = [
+    let mut gauges = vec![
         Gauge {
             name: "engine_in_flight",
             help: "Requests this router has in flight per engine",
+            counter: false,
             samples: in_flight,
         },
         Gauge {
             name: "engine_healthy",
             help: "Whether an engine is routable (probes pass, breaker closed)",
+            counter: false,
             samples: healthy,
         },
         Gauge {
             name: "engine_breaker_open",
             help: "Whether an engine's circuit breaker is open",
+            counter: false,
             samples: breaker,
         },
         Gauge {
             name: "engine_load_report_age_seconds",
             help: "Age of an engine's freshest complete load report (absent when none is fresh)",
+            counter: false,
             samples: report_age,
         },
         Gauge {
             name: "load_feed_messages",
             help: "Load-feed messages by outcome since start",
+            counter: false,
             samples: feed,
         },
     ];
+    gauges.extend(crate::scrape::prefix_cache_gauges(&ctx));
     let text = ctx.metrics.encode(&gauges);
     (
         [(
@@ -305,6 +328,10 @@ struct AddWorker {
     dp_size: Option<u32>,
     #[serde(default)]
     load_port: Option<u16>,
+    #[serde(default)]
+    kv_port: Option<u16>,
+    #[serde(default)]
+    kv_replay_port: Option<u16>,
 }
 
 async fn add_worker(
@@ -322,6 +349,8 @@ async fn add_worker(
         bootstrap_port: add.bootstrap_port,
         dp_size: add.dp_size,
         load_port: add.load_port,
+        kv_port: add.kv_port,
+        kv_replay_port: add.kv_replay_port,
     };
     let worker = ctx
         .add_engine(config, add.model)

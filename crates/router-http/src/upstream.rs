@@ -151,6 +151,17 @@ pub(crate) struct ServerInfo {
     pub(crate) bootstrap_port: Option<u16>,
     pub(crate) dp_size: Option<u32>,
     pub(crate) load_feed: Option<FeedEndpoint>,
+    pub(crate) kv_feed: Option<KvFeedEndpoint>,
+}
+
+/// Where an engine publishes KV-cache events, and replays them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KvFeedEndpoint {
+    pub(crate) feed: FeedEndpoint,
+    /// Replay ROUTER of rank r at `host:replay_port_base + r`.
+    pub(crate) replay_port_base: Option<u16>,
+    /// The engine's KV page size, when it says.
+    pub(crate) block_size: Option<u32>,
 }
 
 /// Where an engine publishes a ZeroMQ feed: rank r at `host:port_base + r`.
@@ -183,16 +194,26 @@ pub(crate) fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
         .ok()
         .and_then(|u| u.host().map(str::to_owned))
         .unwrap_or_default();
-    let load_feed = kv["load_endpoint_port_base"].as_u64().and_then(|port| {
-        let host = match kv["endpoint_host"].as_str() {
-            None | Some("*" | "0.0.0.0" | "::" | "[::]" | "") => engine_host.clone(),
-            Some(host) => host.to_owned(),
-        };
-        Some(FeedEndpoint {
-            host,
-            port_base: u16::try_from(port).ok()?,
-            topic: kv["load_topic"].as_str().unwrap_or("load").to_owned(),
-        })
+    let host = match kv["endpoint_host"].as_str() {
+        None | Some("*" | "0.0.0.0" | "::" | "[::]" | "") => engine_host,
+        Some(host) => host.to_owned(),
+    };
+    let port = |key: &str| kv[key].as_u64().and_then(|p| u16::try_from(p).ok());
+    let load_feed = port("load_endpoint_port_base").map(|port_base| FeedEndpoint {
+        host: host.clone(),
+        port_base,
+        topic: kv["load_topic"].as_str().unwrap_or("load").to_owned(),
+    });
+    let kv_feed = port("endpoint_port_base").map(|port_base| KvFeedEndpoint {
+        feed: FeedEndpoint {
+            host: host.clone(),
+            port_base,
+            topic: kv["topic"].as_str().unwrap_or_default().to_owned(),
+        },
+        replay_port_base: port("replay_endpoint_port_base"),
+        block_size: kv["block_size"]
+            .as_u64()
+            .and_then(|b| u32::try_from(b).ok()),
     });
     ServerInfo {
         role,
@@ -204,6 +225,7 @@ pub(crate) fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
             .and_then(|d| u32::try_from(d).ok())
             .filter(|d| *d > 0),
         load_feed,
+        kv_feed,
     }
 }
 
@@ -236,7 +258,8 @@ mod tests {
     fn reads_role_ports_and_the_load_feed_from_server_info() {
         let info = json!({
             "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998, "dp_size": 2,
-            "kv_events": {"endpoint_host": "*", "endpoint_port_base": 5557, "load_endpoint_port_base": 5560, "load_topic": "load"}
+            "kv_events": {"endpoint_host": "*", "endpoint_port_base": 5557, "replay_endpoint_port_base": 5570,
+                          "topic": "kv", "block_size": 32, "load_endpoint_port_base": 5560, "load_topic": "load"}
         });
         let parsed = parse_server_info(&info, "http://10.1.2.3:30000");
         assert_eq!(
@@ -248,6 +271,16 @@ mod tests {
             feed.rank_endpoint(1).unwrap(),
             "tcp://10.1.2.3:5561",
             "a wildcard host means the engine's host"
+        );
+        let kv = parsed.kv_feed.unwrap();
+        assert_eq!(
+            (
+                kv.feed.rank_endpoint(1).unwrap(),
+                kv.replay_port_base,
+                kv.feed.topic.as_str(),
+                kv.block_size
+            ),
+            ("tcp://10.1.2.3:5558".to_owned(), Some(5570), "kv", Some(32))
         );
         let plain = parse_server_info(
             &json!({"disaggregation_mode": "null", "kv_events": null}),

@@ -268,7 +268,7 @@ impl PolicyConfig {
             PolicyConfig::CacheAware(c) => {
                 let source = handles.prefix.clone().ok_or(PolicyConfigError::MissingState {
                     policy: "cache_aware",
-                    needs: "the model's prefix index: engines publishing KV events and a tokenizer for the model",
+                    needs: "the model's prefix index: set the model's tokenizer (prompts are hashed by token ids) and serve it with engines that publish KV events",
                 })?;
                 Arc::new(CacheAwarePolicy::new(source, load, admission, c.clone())?)
             }

@@ -29,12 +29,8 @@ pub(crate) async fn decode_sim() -> RunningEngine {
 
 pub(crate) fn engine(id: &str, sim: &RunningEngine, role: EngineRole) -> EngineConfig {
     EngineConfig {
-        id: id.into(),
-        url: sim.url(),
         role: Some(role),
-        bootstrap_port: None,
-        dp_size: None,
-        load_port: None,
+        ..EngineConfig::new(id, sim.url())
     }
 }
 

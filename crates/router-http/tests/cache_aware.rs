@@ -1,0 +1,320 @@
+//! Cache-aware routing end to end: simulated engines publish KV events over ZeroMQ,
+//! the router tokenizes chats with the same tokenizer, follows the events, and sends
+//! each request to the engine that holds its prefix.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{config, router, url};
+use engine_sim::{RunningEngine, SimConfig};
+use router_http::{EngineConfig, EngineRole, ModelConfig, RunningRouter};
+use router_policy::PolicyConfig;
+use serde_json::{Value, json};
+
+const MODEL: &str = "m";
+const PAGE: u32 = 16;
+/// Upper bound on any wait; a healthy run needs milliseconds.
+const GUARD: Duration = Duration::from_secs(20);
+
+fn tokenizer() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
+}
+
+fn sim_config(http: u16, kv: u16, replay: u16) -> SimConfig {
+    let mut c = SimConfig::for_tests();
+    c.model = MODEL.into();
+    c.tokenizer = Some(tokenizer());
+    c.page_size = PAGE;
+    c.port = http;
+    c.kv_port = Some(kv);
+    c.replay_port = Some(replay);
+    c.output_tokens = 8;
+    c
+}
+
+async fn fleet(n: usize) -> Vec<RunningEngine> {
+    let mut engines = Vec::new();
+    for _ in 0..n {
+        engines.push(
+            engine_sim::start(sim_config(0, 0, 0))
+                .await
+                .expect("the engine starts"),
+        );
+    }
+    engines
+}
+
+struct Harness {
+    router: RunningRouter,
+    client: reqwest::Client,
+    engines: Vec<RunningEngine>,
+}
+
+impl Harness {
+    async fn start(engines: Vec<RunningEngine>, policy: Value) -> Self {
+        let members = engines
+            .iter()
+            .enumerate()
+            .map(|(i, e)| EngineConfig {
+                role: Some(EngineRole::Plain),
+                ..EngineConfig::new(format!("E{i}"), e.url())
+            })
+            .collect();
+        let mut model = ModelConfig::new(MODEL, members);
+        model.tokenizer = Some(tokenizer());
+        model.block_size = PAGE;
+        model.policies.plain =
+            Some(serde_json::from_value::<PolicyConfig>(policy).expect("a policy"));
+        let router = router(config(vec![model])).await;
+        let harness = Self {
+            router,
+            client: reqwest::Client::new(),
+            engines,
+        };
+        harness.caught_up().await;
+        harness
+    }
+
+    async fn shutdown(self) {
+        self.router.shutdown().await;
+        for engine in self.engines {
+            engine.shutdown().await;
+        }
+    }
+
+    /// Waits until the router has applied every KV batch the engines published (at
+    /// once when it keeps no index): the next request is routed on an index that
+    /// holds everything the engines announced.
+    async fn caught_up(&self) {
+        if self.router.context().prefix_index(MODEL).is_none() {
+            return;
+        }
+        let stats = self.router.context().kv_stats();
+        let published: u64 = self
+            .engines
+            .iter()
+            .map(|e| e.engine().published_batches())
+            .sum();
+        let wait = async {
+            loop {
+                let seen = stats.steps();
+                if stats.applied() >= published {
+                    return;
+                }
+                stats.steps_after(seen).await;
+            }
+        };
+        if tokio::time::timeout(GUARD, wait).await.is_err() {
+            panic!(
+                "the router applied {} of {published} batches: {:?}",
+                stats.applied(),
+                stats.counters()
+            );
+        }
+    }
+
+    /// Sends one chat and waits until its KV events are applied; returns the engine
+    /// and the cached prompt tokens it reported.
+    async fn chat(&self, messages: &[Value]) -> (String, u64) {
+        let answer = self.send(messages).await;
+        self.caught_up().await;
+        answer
+    }
+
+    /// Sends one chat without waiting for its KV events.
+    async fn send(&self, messages: &[Value]) -> (String, u64) {
+        let response = self
+            .client
+            .post(url(&self.router, "/v1/chat/completions"))
+            .json(&json!({"model": MODEL, "messages": messages, "max_tokens": 8}))
+            .send()
+            .await
+            .expect("the router answers");
+        assert_eq!(response.status(), 200);
+        let engine = response.headers()["x-switchyard-engine"]
+            .to_str()
+            .expect("an ascii header")
+            .to_owned();
+        let body: Value = response.json().await.expect("a JSON body");
+        let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached tokens reported");
+        (engine, cached)
+    }
+
+    async fn metric(&self, line_prefix: &str) -> f64 {
+        let text = self
+            .client
+            .get(url(&self.router, "/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("a body");
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    async fn predicted(&self) -> f64 {
+        self.metric("switchyard_predicted_cached_tokens_total{model=\"m\",stage=\"plain\"}")
+            .await
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+/// A long shared system prompt: 1,160 bytes, so 72 pages of byte tokens.
+fn system_prompt() -> Value {
+    json!({"role": "system", "content": "You are a careful assistant. ".repeat(40)})
+}
+
+fn cache_aware() -> Value {
+    json!({"type": "cache_aware", "min_matched_tokens": 64, "seed": 1})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_prefix_chats_converge_on_the_engine_holding_the_prefix() {
+    let h = Harness::start(fleet(4).await, cache_aware()).await;
+    let (first, cold) = h.chat(&[system_prompt(), user("question 0")]).await;
+    assert_eq!(cold, 0);
+    for i in 1..10 {
+        let before = h.predicted().await;
+        let (engine, cached) = h
+            .chat(&[system_prompt(), user(&format!("question {i}"))])
+            .await;
+        assert_eq!(engine, first, "request {i} follows the prefix");
+        assert!(
+            cached >= 1_152,
+            "the engine found the system prompt cached: {cached}"
+        );
+        let predicted = h.predicted().await - before;
+        assert_eq!(
+            predicted as u64, cached,
+            "the router predicted exactly the engine's hit"
+        );
+    }
+    h.shutdown().await;
+}
+
+/// Eight conversations of four turns, interleaved, as a fleet of eight engines
+/// serves them; returns the cached prompt tokens the engines reported.
+async fn multi_turn_workload(h: &Harness) -> u64 {
+    let mut conversations: Vec<Vec<Value>> = (0..8)
+        .map(|c| {
+            vec![json!({"role": "system", "content": format!("Conversation {c}. ").repeat(20)})]
+        })
+        .collect();
+    let mut cached_total = 0;
+    for turn in 0..4 {
+        for (c, history) in conversations.iter_mut().enumerate() {
+            history.push(user(&format!(
+                "Turn {turn} of conversation {c}: tell me more."
+            )));
+            let (_, cached) = h.chat(history).await;
+            cached_total += cached;
+            history.push(json!({"role": "assistant", "content": format!("Answer {turn}.")}));
+        }
+    }
+    cached_total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_turn_workload_finds_at_least_twice_the_cache_of_power_of_two() {
+    let h = Harness::start(fleet(8).await, cache_aware()).await;
+    let with_cache = multi_turn_workload(&h).await;
+    h.shutdown().await;
+    let h = Harness::start(fleet(8).await, json!({"type": "power_of_two", "seed": 1})).await;
+    let without = multi_turn_workload(&h).await;
+    h.shutdown().await;
+    assert!(
+        with_cache >= 2 * without,
+        "cache_aware found {with_cache} cached tokens, power_of_two {without}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_batch_is_repaired_by_replay_before_it_misleads_routing() {
+    let h = Harness::start(fleet(4).await, cache_aware()).await;
+    let (holder, _) = h.chat(&[system_prompt(), user("warm up")]).await;
+    let index: usize = holder[1..].parse().expect("E<n>");
+    let status = h
+        .client
+        .post(format!("{}/admin/faults", h.engines[index].url()))
+        .json(&json!({"drop_event_batches": 1}))
+        .send()
+        .await
+        .expect("the engine's admin endpoint")
+        .status();
+    assert!(status.is_success());
+    let lost = [
+        system_prompt(),
+        user("a question whose pages are announced in a lost batch"),
+    ];
+    let (engine, _) = h.send(&lost[..]).await;
+    assert_eq!(engine, holder);
+    // The next batch from the holder reveals the gap; the replay fills it.
+    h.chat(&[
+        system_prompt(),
+        user("another question, long enough to fill a new page"),
+    ])
+    .await;
+    let gaps = h
+        .metric("switchyard_kv_feed_events_total{event=\"gaps\"}")
+        .await;
+    assert_eq!(gaps, 1.0);
+    // Continuing the lost conversation, the router predicts exactly what the holder has.
+    let mut longer = lost.to_vec();
+    longer.push(json!({"role": "assistant", "content": "Answer."}));
+    longer.push(user("and then?"));
+    let before = h.predicted().await;
+    let (engine, cached) = h.chat(&longer).await;
+    assert_eq!(engine, holder);
+    assert_eq!((h.predicted().await - before) as u64, cached);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_removes_its_entries() {
+    let mut h = Harness::start(fleet(4).await, cache_aware()).await;
+    let (holder, _) = h.chat(&[system_prompt(), user("warm up")]).await;
+    let index_of_holder: usize = holder[1..].parse().expect("E<n>");
+    let prefix = h.router.context().prefix_index(MODEL).expect("an index");
+    assert!(prefix.size().entries > 0);
+
+    // The engine goes away: its subscriber loses the connection and forgets it.
+    let stopped = h.engines.remove(index_of_holder);
+    let ports = stopped.ports().clone();
+    let stats = Arc::clone(h.router.context().kv_stats());
+    let seen = stats.steps();
+    stopped.shutdown().await;
+    let forgotten = async {
+        let mut seen = seen;
+        while prefix.size().entries > 0 {
+            seen = stats.steps_after(seen).await;
+        }
+    };
+    tokio::time::timeout(GUARD, forgotten)
+        .await
+        .expect("the engine's entries are dropped");
+
+    // It comes back on the same ports with an empty cache: nothing stale is predicted.
+    let restarted = engine_sim::start(sim_config(ports.http.port(), ports.kv[0], ports.replay[0]))
+        .await
+        .expect("the engine restarts on its ports");
+    h.engines.push(restarted);
+    let before = h.predicted().await;
+    let (_, cached) = h.send(&[system_prompt(), user("after the restart")]).await;
+    assert_eq!(
+        (h.predicted().await - before) as u64,
+        cached,
+        "no stale prediction"
+    );
+    h.shutdown().await;
+}
