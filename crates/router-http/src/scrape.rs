@@ -39,7 +39,7 @@ pub(crate) fn prefix_cache_gauges(ctx: &AppContext) -> Vec<Gauge> {
     vec![
         Gauge {
             name: "kv_feed_events",
-            help: "KV-event subscriber events: batches applied, gaps, replays, replay failures, restarts, clears, disconnects",
+            help: "KV-event subscriber events: batches applied, gaps, catch-ups, replays, replay failures, restarts, clears, disconnects",
             counter: true,
             samples: events,
         },

@@ -26,14 +26,14 @@ pub(crate) fn extend_chain(out: &mut Vec<u64>, tokens: &[u32], block_size: usize
     if block_size == 0 {
         return;
     }
-    let mut bytes = Vec::with_capacity(block_size * 4);
+    let full = tokens.len() - tokens.len() % block_size;
+    let bytes: Vec<u8> = tokens[..full]
+        .iter()
+        .flat_map(|token| token.to_le_bytes())
+        .collect();
     let mut previous = seed;
-    for page in tokens.chunks_exact(block_size) {
-        bytes.clear();
-        for token in page {
-            bytes.extend_from_slice(&token.to_le_bytes());
-        }
-        previous = xxh3_64_with_seed(&bytes, previous);
+    for page in bytes.chunks_exact(block_size * 4) {
+        previous = xxh3_64_with_seed(page, previous);
         out.push(previous);
     }
 }

@@ -7,6 +7,8 @@
 //! per copy: a removal on one tier leaves a copy on another. Memory is bounded by a
 //! node budget; past it, the least recently matched leaves are evicted.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
@@ -134,22 +136,28 @@ fn bit_clear(bits: &mut Bits, slot: usize) {
     }
 }
 
-fn bit_test(bits: &Bits, slot: usize) -> bool {
-    bits.get(slot / 64)
-        .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+/// Chain hashes are xxh3 outputs, already uniform: the node map uses them as they
+/// are.
+#[derive(Default)]
+struct ChainHasher(u64);
+
+impl Hasher for ChainHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
-fn bits_empty(bits: &Bits) -> bool {
-    bits.iter().all(|w| *w == 0)
-}
-
-fn ones(bits: &Bits) -> impl Iterator<Item = usize> + '_ {
-    bits.iter().enumerate().flat_map(|(w, word)| {
-        (0..64)
-            .filter(move |b| word & (1 << b) != 0)
-            .map(move |b| w * 64 + b)
-    })
-}
+use node::Node;
 
 const DEVICE: u8 = 1;
 
@@ -163,48 +171,6 @@ fn tier_bit(tier: Tier) -> u8 {
 }
 
 #[derive(Debug)]
-struct Node {
-    parent: u64,
-    owners: Bits,
-    /// Tier masks of the owners holding something other than exactly a device copy.
-    other_tiers: Option<Box<FxHashMap<u32, u8>>>,
-    children: u32,
-    last_used: AtomicU32,
-}
-
-impl Node {
-    fn tiers_of(&self, slot: u32) -> u8 {
-        if !bit_test(&self.owners, slot as usize) {
-            return 0;
-        }
-        self.other_tiers
-            .as_ref()
-            .and_then(|t| t.get(&slot).copied())
-            .unwrap_or(DEVICE)
-    }
-
-    fn set_tiers(&mut self, slot: u32, mask: u8) {
-        if mask == 0 {
-            bit_clear(&mut self.owners, slot as usize);
-        } else {
-            bit_set(&mut self.owners, slot as usize);
-        }
-        if mask == DEVICE || mask == 0 {
-            if let Some(other) = &mut self.other_tiers {
-                other.remove(&slot);
-                if other.is_empty() {
-                    self.other_tiers = None;
-                }
-            }
-        } else {
-            self.other_tiers
-                .get_or_insert_with(Default::default)
-                .insert(slot, mask);
-        }
-    }
-}
-
-#[derive(Debug)]
 struct Source {
     engine: WorkerId,
     rank: u32,
@@ -214,7 +180,7 @@ struct Source {
 
 #[derive(Debug, Default)]
 struct Inner {
-    nodes: FxHashMap<u64, Node>,
+    nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
     sources: Vec<Option<Source>>,
     slots: FxHashMap<(WorkerId, u32), u32>,
     degraded: Bits,
@@ -256,12 +222,16 @@ impl PrefixIndex {
         let mut outcome = ApplyOutcome::default();
         let mut inner = self.inner.write();
         let slot = inner.slot(engine, rank);
+        // A page just stored counts as just used: it is likely matched soon.
+        let now = self.clock.load(Ordering::Relaxed);
         for event in &batch.events {
             match event {
-                KvEvent::Stored(store) => match inner.store(slot, store, self.config.block_size) {
-                    Ok(n) => outcome.stored += n,
-                    Err(reason) => outcome.skipped.push(reason),
-                },
+                KvEvent::Stored(store) => {
+                    match inner.store(slot, store, self.config.block_size, now) {
+                        Ok(n) => outcome.stored += n,
+                        Err(reason) => outcome.skipped.push(reason),
+                    }
+                }
                 KvEvent::Removed(remove) => {
                     let (removed, unknown) = inner.remove(slot, remove);
                     outcome.removed += removed;
@@ -321,102 +291,20 @@ impl PrefixIndex {
         }
     }
 
-    /// Each engine's contiguous matched depth for a request's chain hashes.
-    pub fn lookup(&self, chain: &[u64]) -> PrefixMatch {
-        let inner = self.inner.read();
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
-        let mut alive: Bits = SmallVec::new();
-        let mut device: Bits = SmallVec::new();
-        let mut depth: FxHashMap<u32, (usize, usize)> = FxHashMap::default();
-        let mut walked = 0;
-        for (i, hash) in chain.iter().enumerate() {
-            let Some(node) = inner.nodes.get(hash) else {
-                break;
-            };
-            node.last_used.store(now, Ordering::Relaxed);
-            let owners: Bits = node
-                .owners
-                .iter()
-                .enumerate()
-                .map(|(w, word)| word & !inner.degraded.get(w).copied().unwrap_or(0))
-                .collect();
-            let device_owners: Bits = match &node.other_tiers {
-                None => owners.clone(),
-                Some(other) => {
-                    let mut bits = owners.clone();
-                    for (slot, mask) in other.iter() {
-                        if mask & DEVICE == 0 {
-                            bit_clear(&mut bits, *slot as usize);
-                        }
-                    }
-                    bits
-                }
-            };
-            if i == 0 {
-                alive = owners;
-                device = device_owners;
-            } else {
-                for slot in ones(&device).collect::<Vec<_>>() {
-                    if !bit_test(&device_owners, slot) {
-                        depth.entry(slot as u32).or_default().1 = i;
-                        bit_clear(&mut device, slot);
-                    }
-                }
-                for slot in ones(&alive).collect::<Vec<_>>() {
-                    if !bit_test(&owners, slot) {
-                        depth.entry(slot as u32).or_default().0 = i;
-                        bit_clear(&mut alive, slot);
-                    }
-                }
-            }
-            walked = i + 1;
-            if bits_empty(&alive) {
-                break;
-            }
-        }
-        for slot in ones(&alive) {
-            depth.entry(slot as u32).or_default().0 = walked;
-        }
-        for slot in ones(&device) {
-            depth.entry(slot as u32).or_default().1 = walked;
-        }
-        let mut engines: Vec<EngineMatch> = Vec::new();
-        for (slot, (blocks, device_blocks)) in depth {
-            let Some(source) = inner.sources.get(slot as usize).and_then(Option::as_ref) else {
-                continue;
-            };
-            match engines.iter_mut().find(|m| m.engine == source.engine) {
-                Some(m) => {
-                    m.blocks = m.blocks.max(blocks);
-                    m.device_blocks = m.device_blocks.max(device_blocks);
-                }
-                None => engines.push(EngineMatch {
-                    engine: source.engine.clone(),
-                    blocks,
-                    device_blocks,
-                }),
-            }
-        }
-        engines.sort_by(|a, b| {
-            b.blocks
-                .cmp(&a.blocks)
-                .then_with(|| a.engine.cmp(&b.engine))
-        });
-        PrefixMatch {
-            query_blocks: chain.len(),
-            engines,
-        }
-    }
-
     /// Current sizes.
     pub fn size(&self) -> IndexSize {
         let inner = self.inner.read();
-        let map_entries: usize = inner.sources.iter().flatten().map(|s| s.blocks.len()).sum();
+        let map_buckets: usize = inner
+            .sources
+            .iter()
+            .flatten()
+            .map(|s| s.blocks.capacity())
+            .sum();
         IndexSize {
             nodes: inner.nodes.len(),
             entries: inner.entries,
             bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
-                + map_entries * 17,
+                + map_buckets * 17,
         }
     }
 
@@ -471,6 +359,7 @@ impl Inner {
         slot: u32,
         store: &BlockStored,
         block_size: u32,
+        now: u32,
     ) -> Result<usize, SkipReason> {
         if store.block_size != block_size {
             return Err(SkipReason::BlockSizeMismatch);
@@ -502,14 +391,7 @@ impl Inner {
                 if let Some(p) = self.nodes.get_mut(&parent).filter(|_| parent != 0) {
                     p.children += 1;
                 }
-                let node = Node {
-                    parent,
-                    owners: SmallVec::new(),
-                    other_tiers: None,
-                    children: 0,
-                    last_used: AtomicU32::new(0),
-                };
-                self.nodes.insert(*hash, node);
+                self.nodes.insert(*hash, Node::new(parent, now));
             }
             let node = self.nodes.get_mut(hash).expect("present or just inserted");
             let before = node.tiers_of(slot);
@@ -572,7 +454,7 @@ impl Inner {
     /// Deletes `hash` and its ancestors while they are ownerless leaves.
     fn prune(&mut self, mut hash: u64) {
         while let Some(node) = self.nodes.get(&hash) {
-            if node.children > 0 || !bits_empty(&node.owners) {
+            if node.children > 0 || node.has_owners() {
                 return;
             }
             let parent = node.parent;
@@ -608,13 +490,16 @@ impl Inner {
                 let Some(node) = self.nodes.remove(&hash) else {
                     continue;
                 };
-                self.entries -= ones(&node.owners).count();
+                self.entries -= node.owner_count();
                 if let Some(p) = self
                     .nodes
                     .get_mut(&node.parent)
                     .filter(|_| node.parent != 0)
                 {
                     p.children = p.children.saturating_sub(1);
+                    // The parent inherits the recency of its deepest use.
+                    p.last_used
+                        .fetch_max(node.last_used.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
             }
         }
@@ -622,5 +507,7 @@ impl Inner {
     }
 }
 
+mod lookup;
+mod node;
 #[cfg(test)]
 mod tests;

@@ -28,6 +28,11 @@ use crate::worker::WorkerId;
 /// How long a replay may go quiet before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// After (re)connecting, when to ask the replay socket once more for anything
+/// published while the subscription was reaching the engine (ZeroMQ's slow joiner):
+/// such a batch is otherwise noticed only when the next one arrives.
+const CATCH_UP_AFTER: Duration = Duration::from_millis(500);
+
 /// Where one rank of one engine publishes KV events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvSource {
@@ -50,6 +55,7 @@ pub struct KvFeedStats {
     steps: AtomicU64,
     stepped: Notify,
     gaps: AtomicU64,
+    catch_ups: AtomicU64,
     replays: AtomicU64,
     replay_failures: AtomicU64,
     restarts: AtomicU64,
@@ -88,11 +94,13 @@ impl KvFeedStats {
         self.stepped.notify_waiters();
     }
 
-    /// `(name, count)` of every counter: gaps, replays, replay failures, restarts,
-    /// clears, disconnects, sources degraded now.
-    pub fn counters(&self) -> [(&'static str, u64); 7] {
+    /// `(name, count)` of every counter: gaps, catch-ups (batches the live stream
+    /// missed right after connecting, found by replay), replays, replay failures,
+    /// restarts, clears, disconnects, sources degraded now.
+    pub fn counters(&self) -> [(&'static str, u64); 8] {
         [
             ("gaps", self.gaps.load(Ordering::Relaxed)),
+            ("catch_ups", self.catch_ups.load(Ordering::Relaxed)),
             ("replays", self.replays.load(Ordering::Relaxed)),
             (
                 "replay_failures",
@@ -146,8 +154,16 @@ pub fn spawn_kv_subscriber(
             backoff = Duration::from_millis(50);
             stream.bootstrap().await;
             stats.step();
+            let catch_up = sleep(CATCH_UP_AFTER);
+            tokio::pin!(catch_up);
+            let mut caught_up = false;
             loop {
                 tokio::select! {
+                    () = &mut catch_up, if !caught_up => {
+                        caught_up = true;
+                        stream.catch_up().await;
+                        stats.step();
+                    }
                     message = sub.recv() => match message {
                         Ok(message) => {
                             stream.live(message.into_vec()).await;
@@ -219,6 +235,33 @@ impl Stream<'_> {
             _ => {
                 self.apply(&envelope.payload);
                 self.next = Some(seq + 1);
+            }
+        }
+    }
+
+    /// Applies whatever the engine published since `next` that the live stream has
+    /// not delivered (see [`CATCH_UP_AFTER`]).
+    async fn catch_up(&mut self) {
+        let Some(next) = self.next else {
+            return;
+        };
+        if self.source.replay_endpoint.is_none() {
+            return;
+        }
+        let Some(batches) = self.replay(next).await else {
+            return;
+        };
+        match batches.first() {
+            None => {}
+            Some((first, _)) if *first == next => {
+                self.stats.catch_ups.fetch_add(1, Ordering::Relaxed);
+                self.apply_all(&batches);
+            }
+            Some(_) => {
+                // Even the missed batches are gone: start over from what is buffered.
+                self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
+                self.clear();
+                self.apply_all(&batches);
             }
         }
     }

@@ -210,6 +210,39 @@ fn clears_restarts_degradation_and_engine_removal() {
 }
 
 #[test]
+fn lookups_over_more_than_64_sources_match_word_by_word() {
+    let index = index();
+    let tokens: Vec<u32> = (0..40).collect();
+    let chain = index.request_hashes(&tokens);
+    // Engine i holds the first i % 10 + 1 pages; engine 100 only a host copy of
+    // four, engine 70 is being repaired.
+    for i in 0..130u64 {
+        let pages = (i % 10 + 1) as usize;
+        let tier = if i == 100 { Tier::Host } else { Tier::Device };
+        let hashes: Vec<u64> = (0..pages as u64).map(|b| i * 1000 + b).collect();
+        let event = stored(&hashes, None, tokens[..pages * BS as usize].to_vec(), tier);
+        index.apply(&id(&format!("e{i:03}")), 0, &batch(vec![event]));
+    }
+    index.set_degraded(&id("e070"), 0, true);
+    let found = index.lookup(&chain);
+    assert_eq!(
+        found.engines.len(),
+        129,
+        "every engine but the degraded one"
+    );
+    for i in (0..130u64).filter(|i| *i != 70) {
+        let m = found
+            .engines
+            .iter()
+            .find(|m| m.engine == id(&format!("e{i:03}")))
+            .expect("a match");
+        let pages = (i % 10 + 1) as usize;
+        let device = if i == 100 { 0 } else { pages };
+        assert_eq!((m.blocks, m.device_blocks), (pages, device), "engine {i}");
+    }
+}
+
+#[test]
 fn the_node_budget_evicts_least_recently_matched_leaves() {
     let index = PrefixIndex::new(IndexConfig {
         block_size: BS,
