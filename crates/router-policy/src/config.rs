@@ -7,7 +7,10 @@ use schemars::JsonSchema;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use router_state::affinity::AffinityStore;
+
 use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::affinity::{SessionAwarePolicy, StickyPolicy};
 use crate::cache::CacheSource;
 use crate::cache_aware::{CacheAwareConfig, CacheAwarePolicy};
 use crate::dropped::{dropped_option, dropped_policy_type};
@@ -37,6 +40,54 @@ pub enum PolicyConfig {
     LoadBased(LoadBasedConfig),
     /// Prefer an engine holding the prompt's prefix (plain and prefill groups only).
     CacheAware(CacheAwareConfig),
+    /// Keep a session on its engine; power-of-two for new and keyless sessions.
+    SessionAware(SessionAwareConfig),
+    /// Keep a routing key on its engine; a configurable fallback otherwise.
+    Sticky(StickyConfig),
+}
+
+/// Settings of `session_aware`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionAwareConfig {
+    /// Per-engine caps, checked on the bound engine and on the fallback's engine
+    /// before binding.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+    /// Fixed seed of the power-of-two fallback; absent = seeded per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// Settings of `sticky`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StickyConfig {
+    /// Per-engine caps, checked on the bound engine and on the fallback's engine
+    /// before binding.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+    /// The policy for new and keyless routing keys (run with default admission).
+    #[serde(default)]
+    pub fallback: StickyFallback,
+    /// Fixed seed of a sampling fallback; absent = seeded per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// The fallback of `sticky`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StickyFallback {
+    /// The next engine in rotation.
+    #[default]
+    RoundRobin,
+    /// A uniformly random engine.
+    Random,
+    /// The less pressured of two samples.
+    PowerOfTwo,
+    /// The least loaded engine.
+    LoadBased,
 }
 
 /// Settings of `round_robin`.
@@ -160,12 +211,24 @@ pub struct PolicyHandles {
     pub load: Arc<EngineReportedLoadTable>,
     /// The model's prefix-ownership source, for cache-aware policies.
     pub prefix: Option<Arc<dyn CacheSource>>,
+    /// The router's session and routing-key bindings, for affinity policies.
+    pub affinity: Option<Arc<AffinityStore>>,
 }
 
 impl PolicyHandles {
     /// Handles around a load table, with no prefix source.
     pub fn new(load: Arc<EngineReportedLoadTable>) -> Self {
-        Self { load, prefix: None }
+        Self {
+            load,
+            prefix: None,
+            affinity: None,
+        }
+    }
+
+    /// Sets the affinity store session-aware and sticky policies bind in.
+    pub fn with_affinity_store(mut self, store: Option<Arc<AffinityStore>>) -> Self {
+        self.affinity = store;
+        self
     }
 
     /// Sets the prefix source cache-aware policies read.
@@ -184,6 +247,8 @@ impl PolicyConfig {
             PolicyConfig::PowerOfTwo(_) => "power_of_two",
             PolicyConfig::LoadBased(_) => "load_based",
             PolicyConfig::CacheAware(_) => "cache_aware",
+            PolicyConfig::SessionAware(_) => "session_aware",
+            PolicyConfig::Sticky(_) => "sticky",
         }
     }
 
@@ -195,6 +260,8 @@ impl PolicyConfig {
             PolicyConfig::PowerOfTwo(c) => &c.admission,
             PolicyConfig::LoadBased(c) => &c.admission,
             PolicyConfig::CacheAware(c) => &c.admission,
+            PolicyConfig::SessionAware(c) => &c.admission,
+            PolicyConfig::Sticky(c) => &c.admission,
         }
     }
 
@@ -206,6 +273,8 @@ impl PolicyConfig {
             PolicyConfig::PowerOfTwo(c) => &mut c.admission,
             PolicyConfig::LoadBased(c) => &mut c.admission,
             PolicyConfig::CacheAware(c) => &mut c.admission,
+            PolicyConfig::SessionAware(c) => &mut c.admission,
+            PolicyConfig::Sticky(c) => &mut c.admission,
         }
     }
 
@@ -241,6 +310,14 @@ impl PolicyConfig {
         matches!(self, PolicyConfig::CacheAware(_))
     }
 
+    /// Whether the policy binds keys (and so needs the affinity store).
+    pub fn needs_affinity_store(&self) -> bool {
+        matches!(
+            self,
+            PolicyConfig::SessionAware(_) | PolicyConfig::Sticky(_)
+        )
+    }
+
     /// Validates and builds the policy for a group of `role` around the shared
     /// `handles`.
     ///
@@ -272,7 +349,53 @@ impl PolicyConfig {
                 })?;
                 Arc::new(CacheAwarePolicy::new(source, load, admission, c.clone())?)
             }
+            PolicyConfig::SessionAware(c) => {
+                let store = affinity_store(handles, "session_aware")?;
+                let fallback = fallback(StickyFallback::PowerOfTwo, c.seed, &load);
+                Arc::new(SessionAwarePolicy::new(store, load, admission, fallback))
+            }
+            PolicyConfig::Sticky(c) => {
+                let store = affinity_store(handles, "sticky")?;
+                let fallback = fallback(c.fallback, c.seed, &load);
+                Arc::new(StickyPolicy::new(store, load, admission, fallback))
+            }
         })
+    }
+}
+
+fn affinity_store(
+    handles: &PolicyHandles,
+    policy: &'static str,
+) -> Result<Arc<AffinityStore>, PolicyConfigError> {
+    handles
+        .affinity
+        .clone()
+        .ok_or(PolicyConfigError::MissingState {
+            policy,
+            needs: "the router's affinity store",
+        })
+}
+
+/// A nested fallback policy: default admission (the owning policy checks the engine
+/// it returns).
+fn fallback(
+    kind: StickyFallback,
+    seed: Option<u64>,
+    load: &Arc<EngineReportedLoadTable>,
+) -> Arc<dyn Policy> {
+    let load = Arc::clone(load);
+    let admission: Arc<dyn EngineAdmission> = Arc::new(AdmissionLimits::default());
+    match (kind, seed) {
+        (StickyFallback::RoundRobin, _) => Arc::new(RoundRobinPolicy::new(load, admission)),
+        (StickyFallback::Random, Some(seed)) => {
+            Arc::new(RandomPolicy::with_seed(load, admission, seed))
+        }
+        (StickyFallback::Random, None) => Arc::new(RandomPolicy::new(load, admission)),
+        (StickyFallback::PowerOfTwo, Some(seed)) => {
+            Arc::new(PowerOfTwoPolicy::with_seed(load, admission, seed))
+        }
+        (StickyFallback::PowerOfTwo, None) => Arc::new(PowerOfTwoPolicy::new(load, admission)),
+        (StickyFallback::LoadBased, _) => Arc::new(LeastLoadPolicy::new(load, admission)),
     }
 }
 

@@ -4,7 +4,7 @@
 //! Every policy implements the object-safe [`Policy`] trait and returns a boxed
 //! future, so a policy that consults a remote prefix indexer and one that answers at
 //! once share one interface. A policy owns the state handles it reads (the load table,
-//! the prefix source, and later the affinity store), given at construction; a request
+//! the prefix source, the affinity store), given at construction; a request
 //! carries only facts and candidates. Admission ([`EngineAdmission`],
 //! [`AdmissionLimits`]) is a separate acceptance step each policy calls where its
 //! algorithm needs it, so ordering (the policy) and acceptance (the caps) stay apart.
@@ -36,6 +36,7 @@
 //! ```
 
 mod admission;
+mod affinity;
 mod cache;
 mod cache_aware;
 mod config;
@@ -51,13 +52,14 @@ mod round_robin;
 mod walk;
 
 pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
+pub use affinity::{SessionAwarePolicy, StickyPolicy};
 pub use cache::{
     CacheLookup, CacheQueryError, CacheSource, LocalCacheSource, PrefixHits, PrefixMemo,
 };
 pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy, CandidateBounds, PressureGuard, Real};
 pub use config::{
     LoadBasedConfig, PolicyConfig, PolicyConfigError, PolicyHandles, PowerOfTwoConfig,
-    RandomConfig, RoundRobinConfig,
+    RandomConfig, RoundRobinConfig, SessionAwareConfig, StickyConfig, StickyFallback,
 };
 pub use dropped::{
     DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,

@@ -183,6 +183,10 @@ pub enum PickReason {
     /// No prefix lookup was possible (the source was unavailable, or the request was
     /// not tokenized): the least pressured of k samples.
     CacheUnavailable,
+    /// The engine the session or routing key was bound to.
+    AffinityBound,
+    /// The fallback's engine, now bound to the session or routing key.
+    AffinityAssigned,
 }
 
 impl PickReason {
@@ -202,6 +206,8 @@ impl PickReason {
             PickReason::CacheSaturationPin => "cache_saturation_pin",
             PickReason::CacheMiss => "cache_miss",
             PickReason::CacheUnavailable => "cache_unavailable",
+            PickReason::AffinityBound => "affinity_bound",
+            PickReason::AffinityAssigned => "affinity_assigned",
         }
     }
 }

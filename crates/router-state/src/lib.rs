@@ -7,7 +7,9 @@
 //! writer or another reader, and one request sees one consistent view. Request
 //! accounting is the exception: in-flight counts are atomics behind an RAII
 //! [`InflightGuard`], so no error path or cancelled future can leak load. This crate
-//! knows nothing of policies, buckets or HTTP.
+//! knows nothing of policies, buckets or HTTP. Two stateful services sit beside the
+//! tables: [`kv_events`] (what each engine holds in its prefix cache, from its KV
+//! events) and [`affinity`] (session and routing-key bindings).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -38,6 +40,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod affinity;
 mod feed;
 pub mod kv_events;
 mod load_monitor;

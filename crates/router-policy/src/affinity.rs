@@ -1,0 +1,190 @@
+//! Affinity policies: keep a session (`session_aware`) or a routing key (`sticky`) on
+//! the engine it was bound to, so its context stays in that engine's cache.
+//!
+//! Both follow one algorithm, differing only in the key they read and their fallback:
+//! - A live binding to an engine among the candidates is reused if admission admits
+//!   it; a rejection fails the pick (the bucket loop moves on) and keeps the binding.
+//! - Otherwise (no binding, or one to an engine outside the candidates) the fallback
+//!   picks with default admission, this policy checks its own admission on that
+//!   engine, and only then binds it. When a concurrent request bound the key first,
+//!   its engine wins if it is a candidate and passes admission; a winner outside the
+//!   candidates is replaced, a bounded number of times.
+//! - A request without a key (or an empty one) uses the fallback and binds nothing.
+
+use std::sync::Arc;
+
+use router_state::affinity::{AffinityScope, AffinityStore};
+use router_state::{EngineReportedLoadTable, Worker, WorkerId};
+
+use crate::admission::{EngineAdmission, admit};
+use crate::error::PickError;
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy, pick_fallback};
+
+/// How often a conflicting concurrent binding is reconciled before the request is
+/// served unbound.
+const RECONCILE_ATTEMPTS: usize = 4;
+
+/// Which request key a policy binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Session,
+    Routing,
+}
+
+#[derive(Debug)]
+struct Affinity {
+    key: Key,
+    store: Arc<AffinityStore>,
+    load: Arc<EngineReportedLoadTable>,
+    admission: Arc<dyn EngineAdmission>,
+    fallback: Arc<dyn Policy>,
+}
+
+/// Reuses admitted session bindings (`x-session-id`); new and keyless sessions go to
+/// power-of-two. See the module documentation.
+#[derive(Debug)]
+pub struct SessionAwarePolicy(Affinity);
+
+/// Reuses admitted routing-key bindings (`x-switchyard-routing-key`); new and keyless
+/// requests go to the configured fallback. See the module documentation.
+#[derive(Debug)]
+pub struct StickyPolicy(Affinity);
+
+impl SessionAwarePolicy {
+    /// A policy binding in `store`, checking `admission`, with `fallback` (a
+    /// power-of-two policy with default admission) for new and keyless sessions.
+    pub fn new(
+        store: Arc<AffinityStore>,
+        load: Arc<EngineReportedLoadTable>,
+        admission: Arc<dyn EngineAdmission>,
+        fallback: Arc<dyn Policy>,
+    ) -> Self {
+        Self(Affinity {
+            key: Key::Session,
+            store,
+            load,
+            admission,
+            fallback,
+        })
+    }
+}
+
+impl StickyPolicy {
+    /// A policy binding in `store`, checking `admission`, with `fallback` (built with
+    /// default admission) for new and keyless routing keys.
+    pub fn new(
+        store: Arc<AffinityStore>,
+        load: Arc<EngineReportedLoadTable>,
+        admission: Arc<dyn EngineAdmission>,
+        fallback: Arc<dyn Policy>,
+    ) -> Self {
+        Self(Affinity {
+            key: Key::Routing,
+            store,
+            load,
+            admission,
+            fallback,
+        })
+    }
+}
+
+impl Policy for SessionAwarePolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(self.0.pick(engines, request))
+    }
+}
+
+impl Policy for StickyPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(self.0.pick(engines, request))
+    }
+}
+
+impl Affinity {
+    async fn pick(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        if engines.is_empty() {
+            return Err(PickError::NoCandidates {
+                stage: request.stage,
+            });
+        }
+        let key = match self.key {
+            Key::Session => request.session_key,
+            Key::Routing => request.routing_key,
+        };
+        let scope = AffinityScope {
+            model: request.model,
+            bucket: request.bucket_id,
+            stage: request.stage,
+        };
+        // Keyless, empty and over-long keys bind nothing.
+        let Some((key, bound)) = key.and_then(|k| Some((k, self.store.get(scope, k).ok()?))) else {
+            return self.fallback(engines, request).await;
+        };
+        if let Some(engine) = bound.as_ref().and_then(|b| candidate(engines, b)) {
+            return self.checked(engine, request, PickReason::AffinityBound);
+        }
+        let chosen = self.fallback(engines, request).await?;
+        let mut expected = bound;
+        for _ in 0..RECONCILE_ATTEMPTS {
+            let bound = match &expected {
+                None => self.store.bind_if_absent(scope, key, chosen.engine.id()),
+                Some(old) => self.store.replace(scope, key, old, chosen.engine.id()),
+            };
+            let Ok(bound) = bound else {
+                break;
+            };
+            if &bound == chosen.engine.id() {
+                return Ok(Pick::new(chosen.engine, PickReason::AffinityAssigned));
+            }
+            // A concurrent request bound the key first.
+            match candidate(engines, &bound) {
+                Some(winner) => return self.checked(winner, request, PickReason::AffinityBound),
+                None => expected = Some(bound),
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// The fallback's pick, checked against this policy's admission.
+    async fn fallback(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let pick = pick_fallback(self.fallback.as_ref(), engines, request).await?;
+        self.checked(&pick.engine, request, pick.reason)
+    }
+
+    fn checked(
+        &self,
+        engine: &Arc<Worker>,
+        request: &PickRequest<'_>,
+        reason: PickReason,
+    ) -> Result<Pick, PickError> {
+        let metrics = self.load.snapshot().observe(engine.id()).metrics();
+        match admit(self.admission.as_ref(), engine, &metrics, request.stage)? {
+            None => Ok(Pick::new(Arc::clone(engine), reason)),
+            Some(rejection) => Err(PickError::AdmissionRejected {
+                stage: request.stage,
+                rejection,
+            }),
+        }
+    }
+}
+
+/// The candidate with id `id`, if it is one.
+fn candidate<'e>(engines: &'e [Arc<Worker>], id: &WorkerId) -> Option<&'e Arc<Worker>> {
+    engines.iter().find(|e| e.id() == id)
+}
