@@ -9,22 +9,15 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
+#[path = "rss.rs"]
+mod rss;
+
 use router_state::WorkerId;
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
+use rss::rss;
 
 const BLOCK: u32 = 16;
 const PAGES_PER_CONVERSATION: u64 = 64;
-
-/// Resident set size in bytes, from `/proc/self/statm`.
-fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .expect("a resident page count");
-    pages * 4096
-}
 
 /// Stores `conversations` conversations of 64 pages for each of `engines`, the same
 /// token content for every engine when `shared`.

@@ -14,6 +14,7 @@ use router_buckets::{
     BucketResolver, DefaultPolicies, ModelRoster, build_resolver, group_policies,
 };
 use router_policy::{CacheSource, LocalCacheSource, PolicyHandles};
+use router_state::affinity::{AffinityStore, SweeperHandle};
 use router_state::kv_events::{
     IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
 };
@@ -78,6 +79,9 @@ pub struct AppContext {
     pub(crate) kv_stats: Arc<KvFeedStats>,
     /// The prefix index of each model with a cache-aware policy.
     pub(crate) prefix_indexes: Mutex<HashMap<String, Arc<PrefixIndex>>>,
+    /// Session and routing-key bindings.
+    pub(crate) affinity: Arc<AffinityStore>,
+    _sweeper: SweeperHandle,
     pub(crate) admin_token: Option<String>,
     pub(crate) idle_timeout: Duration,
     pub(crate) config: RouterConfig,
@@ -103,7 +107,11 @@ impl AppContext {
         let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
             freshness: Duration::from_millis(config.load.freshness_ms),
         }));
-        let handles = PolicyHandles::new(Arc::clone(&load));
+        let affinity = Arc::new(AffinityStore::new(config.affinity.store_config()));
+        let sweeper =
+            affinity.spawn_sweeper(Duration::from_millis(config.affinity.sweep_interval_ms));
+        let handles =
+            PolicyHandles::new(Arc::clone(&load)).with_affinity_store(Some(Arc::clone(&affinity)));
         let defaults = config.policies.over(&builtin_policies());
         let upstream = Upstream::new(&config.timeouts);
         let ctx = Arc::new(Self {
@@ -116,6 +124,8 @@ impl AppContext {
             feed_stats: Arc::default(),
             kv_stats: Arc::default(),
             prefix_indexes: Mutex::default(),
+            affinity,
+            _sweeper: sweeper,
             admin_token: config.admin.token.clone(),
             idle_timeout: Duration::from_millis(config.timeouts.idle_ms),
             handles,
@@ -217,6 +227,11 @@ impl AppContext {
     /// Counters of the KV-event subscribers.
     pub fn kv_stats(&self) -> &Arc<KvFeedStats> {
         &self.kv_stats
+    }
+
+    /// The session and routing-key bindings.
+    pub fn affinity(&self) -> &Arc<AffinityStore> {
+        &self.affinity
     }
 
     /// The prefix index of `model`, when a cache-aware policy reads one.
@@ -469,6 +484,7 @@ impl AppContext {
         if let Some(index) = self.prefix_indexes.lock().get(worker.model()) {
             index.remove_engine(worker.id());
         }
+        self.affinity.remove_engine(worker.id());
         self.chat_uris.rcu(|uris| {
             let mut next = HashMap::clone(uris);
             next.remove(worker.id());

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use router_buckets::{BucketConfig, DefaultPolicies, ModelRoster, build_resolver};
 use router_policy::{CacheSource, LocalCacheSource, PolicyConfig, PolicyHandles};
+use router_state::affinity::{AffinityConfig, AffinityStore};
 use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{ModelMode, Role, WorkerId};
 use schemars::JsonSchema;
@@ -38,6 +39,9 @@ pub struct RouterConfig {
     /// The worker admin API.
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Session and routing-key affinity.
+    #[serde(default)]
+    pub affinity: AffinitySettings,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -54,6 +58,7 @@ impl RouterConfig {
             health: HealthConfig::default(),
             load: LoadConfig::default(),
             admin: AdminConfig::default(),
+            affinity: AffinitySettings::default(),
             shutdown_grace_ms: default_grace(),
         }
     }
@@ -395,6 +400,7 @@ impl RouterConfig {
     /// configured role are accepted in any group: their role is read at startup.
     pub fn validate(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
+        self.affinity.validate(&mut errors);
         for (field, value) in [
             ("timeouts.connect_ms", self.timeouts.connect_ms),
             ("timeouts.first_byte_ms", self.timeouts.first_byte_ms),
@@ -507,7 +513,11 @@ impl RouterConfig {
                 let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
                 Arc::new(LocalCacheSource::new(index)) as Arc<dyn CacheSource>
             });
-            let handles = PolicyHandles::new(Default::default()).with_prefix_source(prefix);
+            let handles = PolicyHandles::new(Default::default())
+                .with_prefix_source(prefix)
+                .with_affinity_store(Some(Arc::new(
+                    AffinityStore::new(AffinityConfig::default()),
+                )));
             if let Err(e) =
                 build_resolver(model.buckets.as_deref(), &roster, &model_defaults, &handles)
             {
@@ -544,6 +554,10 @@ pub(crate) fn roster_of(
     )
     .with_unknown_roles(unknown.into_iter().map(|(id, _)| id))
 }
+
+mod affinity;
+
+pub use affinity::AffinitySettings;
 
 #[cfg(test)]
 mod tests;

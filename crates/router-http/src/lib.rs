@@ -41,8 +41,8 @@ mod upstream;
 
 pub use app::{AppContext, StartError};
 pub use config::{
-    AdminConfig, ConfigError, EngineConfig, EngineRole, HealthConfig, LoadConfig, ModelConfig,
-    RolePolicies, RouterConfig, TimeoutConfig,
+    AdminConfig, AffinitySettings, ConfigError, EngineConfig, EngineRole, HealthConfig, LoadConfig,
+    ModelConfig, RolePolicies, RouterConfig, TimeoutConfig,
 };
 pub use error::ApiError;
 pub use routes::MAX_BODY_BYTES;

@@ -25,11 +25,6 @@ use crate::prepare::prepare;
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
 
-/// Header carrying a session key.
-pub(crate) const SESSION_HEADER: &str = "x-session-id";
-/// Header carrying a routing key.
-pub(crate) const ROUTING_KEY_HEADER: &str = "x-switchyard-routing-key";
-
 pub(crate) fn router(ctx: Arc<AppContext>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -116,11 +111,30 @@ async fn route_chat(
     };
     let route = route.expect("prepare resolved the model");
     let model = Arc::clone(&route.id);
-    let header = |name: &str| {
-        headers
+    let affinity = &ctx.config.affinity;
+    let header = |name: &str| -> Result<Option<&str>, ApiError> {
+        let value = headers
             .get(name)
             .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty())
+            .filter(|v| !v.is_empty());
+        match value {
+            Some(v) if v.len() > affinity.max_key_bytes => Err(ApiError::invalid(
+                "invalid_header",
+                name,
+                format!(
+                    "the {name} header is {} bytes; at most {} are accepted",
+                    v.len(),
+                    affinity.max_key_bytes
+                ),
+            )),
+            v => Ok(v),
+        }
+    };
+    let keys = header(&affinity.session_header)
+        .and_then(|s| Ok((s, header(&affinity.routing_key_header)?)));
+    let (session_key, routing_key) = match keys {
+        Ok(keys) => keys,
+        Err(e) => return (model, Err(e)),
     };
     let request = BucketRequest::new(&prepared.model, prepared.input_tokens)
         .with_max_output_tokens(prepared.max_output_tokens)
@@ -130,8 +144,8 @@ async fn route_chat(
         Ok(r) => r
             .with_token_ids(prepared.token_ids.as_deref())
             .with_prefix_memo(Some(&memo))
-            .with_session_key(header(SESSION_HEADER))
-            .with_routing_key(header(ROUTING_KEY_HEADER)),
+            .with_session_key(session_key)
+            .with_routing_key(routing_key),
         Err(e) => return (model, Err(e)),
     };
     let selection = match route

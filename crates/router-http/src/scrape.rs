@@ -1,5 +1,5 @@
-//! Scrape-time metrics of prefix-cache awareness: the KV-event subscribers' counters
-//! and each model's prefix-index size.
+//! Scrape-time metrics of prefix-cache awareness (the KV-event subscribers' counters
+//! and each model's prefix-index size) and of affinity (bindings held).
 
 use crate::app::AppContext;
 use crate::metrics::Gauge;
@@ -72,6 +72,12 @@ pub(crate) fn prefix_cache_gauges(ctx: &AppContext) -> Vec<Gauge> {
             help: "Estimated memory of the model's prefix index",
             counter: false,
             samples: bytes,
+        },
+        Gauge {
+            name: "affinity_bindings",
+            help: "Session and routing-key bindings held (live or awaiting the sweeper)",
+            counter: false,
+            samples: vec![(Vec::new(), ctx.affinity.len() as f64)],
         },
         Gauge {
             name: "prefix_index_evicted",

@@ -14,7 +14,6 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault};
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +90,8 @@ type Shard = LruCache<Box<str>, Binding, BuildHasherDefault<FxHasher>>;
 /// behind an `Arc`; every method takes `&self`.
 pub struct AffinityStore {
     config: AffinityConfig,
+    /// Bindings each shard may hold.
+    per_shard: usize,
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -106,17 +107,20 @@ impl fmt::Debug for AffinityStore {
 impl AffinityStore {
     /// An empty store.
     pub fn new(config: AffinityConfig) -> Self {
-        let per_shard = config.max_entries.div_ceil(SHARDS).max(1);
-        let capacity = NonZeroUsize::new(per_shard).unwrap_or(NonZeroUsize::MIN);
+        // Shards grow with use (a bounded LRU would reserve its whole capacity up
+        // front); the bound is enforced on insert.
         let shards = (0..SHARDS)
             .map(|_| {
-                Mutex::new(LruCache::with_hasher(
-                    capacity,
+                Mutex::new(LruCache::unbounded_with_hasher(
                     BuildHasherDefault::default(),
                 ))
             })
             .collect();
-        Self { config, shards }
+        Self {
+            config,
+            per_shard: config.max_entries.div_ceil(SHARDS).max(1),
+            shards,
+        }
     }
 
     /// The store's limits.
@@ -207,6 +211,9 @@ impl AffinityStore {
                 last_used: now,
             },
         );
+        while shard.len() > self.per_shard {
+            shard.pop_lru();
+        }
         Ok(engine.clone())
     }
 

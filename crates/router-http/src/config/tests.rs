@@ -134,3 +134,45 @@ fn the_schema_describes_the_config() {
         assert!(schema.contains(field), "the schema names {field}");
     }
 }
+
+#[test]
+fn the_affinity_section_names_removed_modes_and_checks_its_values() {
+    let with = |section: &str| errors(&format!("{MINIMAL}affinity: {section}\n"));
+    let soft = with("{mode: soft}");
+    assert!(
+        soft[0].starts_with(
+            "affinity: option `affinity_mode` was removed: `session_aware` always reuses"
+        ),
+        "{soft:?}"
+    );
+    let pair = with("{stable_pair: true}");
+    assert!(
+        pair[0].contains("option `stable_pair` was removed"),
+        "{pair:?}"
+    );
+    let global = with("{session_affinity_mode: global-rebind}");
+    assert!(
+        global[0].contains("global modes are not supported"),
+        "{global:?}"
+    );
+    assert_eq!(
+        with("{session_header: 'not a header', max_entries: 0}"),
+        [
+            "affinity.session_header: is not a valid HTTP header name",
+            "affinity.max_entries: must be at least 1"
+        ]
+    );
+    assert_eq!(
+        with("{routing_key_header: X-Session-Id}"),
+        ["affinity.routing_key_header: must differ from affinity.session_header"]
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}affinity: {{session_header: x-conversation, idle_timeout_ms: 1000}}\n"
+    ))
+    .unwrap();
+    assert_eq!(config.affinity.session_header, "x-conversation");
+    assert_eq!(
+        config.affinity.store_config().idle_timeout,
+        std::time::Duration::from_secs(1)
+    );
+}
