@@ -44,6 +44,7 @@ const FLEET: &[(&str, &str, SimRole, u32)] = &[
     ("demo-chat", "A1", SimRole::Plain, 8),
     ("demo-chat", "A2", SimRole::Plain, 8),
     ("demo-chat", "A3", SimRole::Plain, 16),
+    ("demo-chat", "A4", SimRole::Plain, 8),
     ("demo-pd", "P1", SimRole::Prefill, 8),
     ("demo-pd", "D1", SimRole::Decode, 8),
     ("demo-pd", "P2", SimRole::Prefill, 16),
@@ -51,23 +52,55 @@ const FLEET: &[(&str, &str, SimRole, u32)] = &[
 ];
 
 /// The demo's buckets, in the schema operators write: short prompts on a small
-/// group with a waiting-queue cap, everything else (and the overflow) on the rest.
+/// group that routes by prefix cache with a waiting-queue cap, everything else (and
+/// the overflow) on the rest.
 const BUCKETS: &[(&str, &str)] = &[
     (
         "demo-chat",
-        r#"[{"id": "short", "limits": {"max": 1500}, "max_context_tokens": 4096,
-             "groups": {"plain": {"worker_ids": ["A1", "A2"],
-                                  "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}}}},
+        r#"[{"id": "short", "limits": {"max": 8000}, "max_context_tokens": 12000,
+             "groups": {"plain": {"worker_ids": ["A1", "A2", "A4"],
+                                  "policy": {"type": "cache_aware", "min_matched_tokens": 256,
+                                             "admission": {"max_waiting_requests": 2}}}}},
             {"id": "long", "groups": {"plain": {"worker_ids": ["A3"], "policy": {"type": "load_based"}}}}]"#,
     ),
     (
         "demo-pd",
-        r#"[{"id": "short", "limits": {"max": 1500}, "max_context_tokens": 4096,
+        r#"[{"id": "short", "limits": {"max": 8000}, "max_context_tokens": 12000,
              "groups": {"pd": {"prefill": {"worker_ids": ["P1"], "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}},
                                "decode": {"worker_ids": ["D1"]}}}},
             {"id": "long", "groups": {"pd": {"prefill": {"worker_ids": ["P2"]}, "decode": {"worker_ids": ["D2"]}}}}]"#,
     ),
 ];
+
+/// The tokenizer the demo's router and engines share (one token per byte), so the
+/// router's prefix hashes meet the engines' KV events.
+const TOKENIZER: &str = include_str!("../../../testdata/tokenizer-bytes/tokenizer.json");
+const TOKENIZER_CONFIG: &str =
+    include_str!("../../../testdata/tokenizer-bytes/tokenizer_config.json");
+
+/// A temporary directory holding the demo's tokenizer, removed when dropped.
+struct TokenizerDir(std::path::PathBuf);
+
+impl TokenizerDir {
+    fn create() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("switchyard-demo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir = Self(dir);
+        std::fs::write(dir.0.join("tokenizer.json"), TOKENIZER)?;
+        std::fs::write(dir.0.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
+        Ok(dir)
+    }
+
+    fn tokenizer(&self) -> std::path::PathBuf {
+        self.0.join("tokenizer.json")
+    }
+}
+
+impl Drop for TokenizerDir {
+    fn drop(&mut self) {
+        drop(std::fs::remove_dir_all(&self.0));
+    }
+}
 
 pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -80,11 +113,14 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     runtime.block_on(drive(args))
 }
 
-async fn start_fleet() -> anyhow::Result<Vec<(&'static str, &'static str, SimRole, RunningEngine)>>
-{
+async fn start_fleet(
+    tokenizer: &std::path::Path,
+) -> anyhow::Result<Vec<(&'static str, &'static str, SimRole, RunningEngine)>> {
     let mut fleet = Vec::new();
     for &(model, id, role, slots) in FLEET {
         let mut config = SimConfig::for_tests();
+        config.tokenizer = Some(tokenizer.to_owned());
+        config.replay_port = Some(0);
         config.model = model.into();
         config.role = role;
         config.max_running_requests = slots;
@@ -105,6 +141,7 @@ async fn start_fleet() -> anyhow::Result<Vec<(&'static str, &'static str, SimRol
 
 fn router_config(
     fleet: &[(&str, &str, SimRole, RunningEngine)],
+    tokenizer: &std::path::Path,
     port: u16,
 ) -> anyhow::Result<RouterConfig> {
     let mut models = Vec::new();
@@ -123,6 +160,7 @@ fn router_config(
             .collect();
         models.push(ModelConfig {
             buckets: Some(serde_json::from_str(buckets).context("demo buckets")?),
+            tokenizer: Some(tokenizer.to_owned()),
             ..ModelConfig::new(model, engines)
         });
     }
@@ -132,14 +170,15 @@ fn router_config(
 }
 
 async fn drive(args: DemoArgs) -> anyhow::Result<()> {
-    let fleet = start_fleet().await?;
-    let router = router_http::start(router_config(&fleet, args.port)?)
+    let tokenizer = TokenizerDir::create()?;
+    let fleet = start_fleet(&tokenizer.tokenizer()).await?;
+    let router = router_http::start(router_config(&fleet, &tokenizer.tokenizer(), args.port)?)
         .await
         .context("starting the router")?;
     let base = format!("http://{}", router.addr());
     let total = args.conversations * args.turns;
     println!(
-        "switchyard demo: {} simulated engines (demo-chat: plain, demo-pd: prefill/decode), router at {base}\n\
+        "switchyard demo: {} simulated engines (demo-chat: plain, short prompts routed by prefix cache; demo-pd: prefill/decode), router at {base}\n\
          workload: {} conversations x {} turns sharing system prompts, {} at a time",
         fleet.len(),
         args.conversations,
@@ -182,6 +221,15 @@ async fn drive(args: DemoArgs) -> anyhow::Result<()> {
     let report = report.lock().await;
     eprintln!("\r{}", progress_bar(report.finished(), total));
     report.print(started.elapsed());
+    match picks_by_reason(&client, &base).await {
+        Ok(reasons) => {
+            println!("picks by reason (router metrics):");
+            for (reason, count) in reasons {
+                println!("  {reason:<30} {count:>6}");
+            }
+        }
+        Err(e) => println!("picks by reason: unavailable ({e})"),
+    }
     if args.serve {
         print_try_it(&base);
         crate::sim_engine::shutdown_signal().await;
@@ -385,6 +433,34 @@ impl Report {
             pct(0.99)
         );
     }
+}
+
+/// Sums `switchyard_picks_total` by its `reason` label.
+async fn picks_by_reason(
+    client: &reqwest::Client,
+    base: &str,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let mut reasons = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("switchyard_picks_total{"))
+    {
+        let reason = line
+            .split("reason=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next());
+        let count = line.rsplit(' ').next().and_then(|n| n.parse::<f64>().ok());
+        if let (Some(reason), Some(count)) = (reason, count) {
+            *reasons.entry(reason.to_owned()).or_default() += count as u64;
+        }
+    }
+    Ok(reasons)
 }
 
 fn print_try_it(base: &str) {

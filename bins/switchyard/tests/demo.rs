@@ -33,6 +33,8 @@ fn the_demo_routes_a_multi_turn_workload_and_reports_it() {
         "demo-pd/",
         "prompt tokens:",
         "time to first token: p50",
+        "picks by reason (router metrics):",
+        "cache_hit",
     ] {
         assert!(stdout.contains(line), "the report has {line}: {stdout}");
     }
