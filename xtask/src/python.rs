@@ -45,7 +45,7 @@ pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
         cargo().args(["build", "--locked", "-p", "switchyard"]),
     )?;
     step(
-        "python tests (router end to end, openai client, SGLang conformance, tokenizer parity)",
+        "python tests (router end to end, routing policies, openai client, SGLang conformance, tokenizer parity)",
         Command::new(python)
             .args(["-m", "pytest", "tests/python", "-q"])
             .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
