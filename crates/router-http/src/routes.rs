@@ -1,18 +1,22 @@
 //! The router's HTTP endpoints.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::Json;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
 use router_buckets::{BucketRequest, EnginePicks};
 use router_policy::PrefixMemo;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
 use crate::app::AppContext;
@@ -38,10 +42,41 @@ pub(crate) fn router(ctx: Arc<AppContext>) -> axum::Router {
         .with_state(ctx)
 }
 
-async fn chat_completions(
-    State(ctx): State<Arc<AppContext>>,
+/// The chat endpoint. The body is read by a task of its own: reading it from the
+/// connection's task makes hyper wake that task while it is being polled, which the
+/// runtime treats as a yield and hands to another worker thread (two thread wake-ups
+/// per request at low load); from a separate task each wake-up stays on one thread.
+async fn chat_completions(State(ctx): State<Arc<AppContext>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = AbortOnDrop(tokio::spawn(Limited::new(body, MAX_BODY_BYTES).collect()));
+    let body = match read.await {
+        Ok(body) => body.map(Collected::to_bytes),
+        Err(e) => Err(e.into()),
+    };
+    chat(ctx, parts.headers, body).await
+}
+
+/// A spawned task that is cancelled when its handle is dropped (the client went away).
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn chat(
+    ctx: Arc<AppContext>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, axum::BoxError>,
 ) -> Response {
     let started = Instant::now();
     let request_id = headers.get(REQUEST_ID).cloned().unwrap_or_else(|| {
@@ -80,19 +115,21 @@ fn unknown_model() -> Arc<str> {
 async fn route_chat(
     ctx: &Arc<AppContext>,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, axum::BoxError>,
     started: Instant,
     request_id: HeaderValue,
 ) -> (Arc<str>, Result<Response, ApiError>) {
     let body = match body {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+        Err(e) if e.is::<LengthLimitError>() => {
             return (unknown_model(), Err(ApiError::too_large(MAX_BODY_BYTES)));
         }
-        Err(rejection) => {
+        Err(e) => {
             return (
                 unknown_model(),
-                Err(ApiError::bad_body(rejection.body_text())),
+                Err(ApiError::bad_body(format!(
+                    "the request body could not be read: {e}"
+                ))),
             );
         }
     };
