@@ -88,8 +88,8 @@ pub struct AppContext {
     handles: PolicyHandles,
     defaults: DefaultPolicies,
     engines: Mutex<HashMap<WorkerId, EngineRuntime>>,
-    /// Each engine's chat-completions URI, parsed once.
-    chat_uris: ArcSwap<HashMap<WorkerId, http::Uri>>,
+    /// Each engine's `host:port`, parsed once.
+    authorities: ArcSwap<HashMap<WorkerId, Arc<str>>>,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -131,7 +131,7 @@ impl AppContext {
             handles,
             defaults,
             engines: Mutex::default(),
-            chat_uris: ArcSwap::default(),
+            authorities: ArcSwap::default(),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
             config,
         });
@@ -297,12 +297,10 @@ impl AppContext {
             .map_err(|e| e.to_string())?;
         self.load.register(&id, dp_size);
         self.health.insert(id.clone(), healthy);
-        if let Ok(uri) =
-            format!("{}/v1/chat/completions", config.url.trim_end_matches('/')).parse::<http::Uri>()
-        {
-            self.chat_uris.rcu(|uris| {
-                let mut next = HashMap::clone(uris);
-                next.insert(id.clone(), uri.clone());
+        if let Some(authority) = crate::upstream::authority(&config.url) {
+            self.authorities.rcu(|authorities| {
+                let mut next = HashMap::clone(authorities);
+                next.insert(id.clone(), Arc::clone(&authority));
                 next
             });
         }
@@ -485,8 +483,8 @@ impl AppContext {
             index.remove_engine(worker.id());
         }
         self.affinity.remove_engine(worker.id());
-        self.chat_uris.rcu(|uris| {
-            let mut next = HashMap::clone(uris);
+        self.authorities.rcu(|authorities| {
+            let mut next = HashMap::clone(authorities);
             next.remove(worker.id());
             next
         });
@@ -563,11 +561,11 @@ impl AppContext {
         }
     }
 
-    /// The engine's chat-completions URI.
-    pub(crate) fn chat_uri(&self, engine: &Worker) -> Option<http::Uri> {
-        match self.chat_uris.load().get(engine.id()) {
-            Some(uri) => Some(uri.clone()),
-            None => format!("{}/v1/chat/completions", engine.url()).parse().ok(),
+    /// The engine's `host:port`.
+    pub(crate) fn engine_authority(&self, engine: &Worker) -> Option<Arc<str>> {
+        match self.authorities.load().get(engine.id()) {
+            Some(authority) => Some(Arc::clone(authority)),
+            None => crate::upstream::authority(engine.url()),
         }
     }
 

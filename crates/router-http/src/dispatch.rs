@@ -8,15 +8,15 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, header};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+use http_body_util::BodyExt;
 use router_buckets::{EnginePicks, Selection};
 use router_state::Worker;
 use tokio::time::Instant;
 
 use crate::app::AppContext;
 use crate::error::ApiError;
+use crate::h1::H1Body;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
 use crate::upstream::UpstreamError;
@@ -29,7 +29,7 @@ const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-t
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
-type Leg = Pin<Box<dyn Future<Output = Result<Response<Incoming>, ApiError>> + Send>>;
+type Leg = Pin<Box<dyn Future<Output = Result<Response<H1Body>, ApiError>> + Send>>;
 
 /// What dispatch needs besides the selection.
 pub(crate) struct Outgoing {
@@ -74,7 +74,7 @@ pub(crate) async fn dispatch(
             let request_id = out.request_id.clone();
             let decode_leg = send(ctx, &decode, "decode", body, &request_id);
             tokio::pin!(decode_leg);
-            let mut prefill_response: Option<Response<Incoming>> = None;
+            let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
                 tokio::select! {
                     result = &mut prefill_leg, if prefill_response.is_none() => {
@@ -115,16 +115,18 @@ async fn send(
     stage: &'static str,
     body: Bytes,
     request_id: &HeaderValue,
-) -> Result<Response<Incoming>, ApiError> {
+) -> Result<Response<H1Body>, ApiError> {
     let invalid =
         || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
-    let request = Request::post(ctx.chat_uri(engine).ok_or_else(invalid)?)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(REQUEST_ID, request_id)
-        .body(Full::new(body))
-        .map_err(|_| invalid())?;
+    let authority = ctx.engine_authority(engine).ok_or_else(invalid)?;
+    let mut headers = HeaderMap::with_capacity(2);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(REQUEST_ID, request_id.clone());
     let sent = Instant::now();
-    let result = ctx.upstream.send(request).await;
+    let result = ctx.upstream.post_chat(&authority, &headers, &body).await;
     ctx.metrics
         .upstream_latency
         .get_or_create(&StageLabels { stage })
@@ -166,7 +168,7 @@ fn describe(e: &UpstreamError) -> &'static str {
 
 /// Reads a leg's whole body; the PD prefill leg must run to completion for the KV
 /// hand-over, so it is driven alongside the decode stream.
-async fn drain(response: Response<Incoming>) -> Result<(), String> {
+async fn drain(response: Response<H1Body>) -> Result<(), String> {
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }
@@ -180,7 +182,7 @@ async fn drain(response: Response<Incoming>) -> Result<(), String> {
 
 fn relay(
     ctx: &Arc<AppContext>,
-    response: Response<Incoming>,
+    response: Response<H1Body>,
     companion: Option<Companion>,
     mut headers: HeaderMap,
     out: Outgoing,

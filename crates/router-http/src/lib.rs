@@ -29,6 +29,7 @@ mod app;
 mod config;
 mod dispatch;
 mod error;
+mod h1;
 mod health;
 mod metrics;
 mod prepare;

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use router_state::InflightGuard;
 use tokio::time::{Instant, Sleep, sleep};
 
 use crate::app::AppContext;
+use crate::h1::{H1Body, H1Error};
 use crate::metrics::{ModelLabels, RequestLabels};
 
 /// A leg that must run to completion alongside the relayed body (a PD prefill).
@@ -24,7 +24,7 @@ pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Se
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RelayError {
     #[error("the engine's response broke off: {0}")]
-    Upstream(#[from] hyper::Error),
+    Upstream(#[from] H1Error),
     #[error("the engine sent nothing for {0:?}")]
     Idle(Duration),
     #[error("the prefill leg failed: {0}")]
@@ -41,7 +41,7 @@ enum Ending {
 
 /// See the module documentation.
 pub(crate) struct RelayBody {
-    inner: Incoming,
+    inner: H1Body,
     companion: Option<Companion>,
     /// Armed when the engine first makes the body wait; most small answers
     /// complete without ever needing it.
@@ -66,7 +66,7 @@ impl std::fmt::Debug for RelayBody {
 
 impl RelayBody {
     pub(crate) fn new(
-        inner: Incoming,
+        inner: H1Body,
         companion: Option<Companion>,
         ctx: Arc<AppContext>,
         model: Arc<str>,

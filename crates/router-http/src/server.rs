@@ -69,7 +69,10 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => ctx.probe_all().await,
+                    _ = tick.tick() => {
+                        ctx.upstream.prune_idle();
+                        ctx.probe_all().await;
+                    }
                     () = async { drop(stopped.wait_for(|s| *s).await) } => return,
                 }
             }

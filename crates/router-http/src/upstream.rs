@@ -1,18 +1,16 @@
 //! The pooled HTTP client to engines, and what engines report about themselves.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, Uri, header};
+use http_body_util::BodyExt;
 use router_state::Role;
 use serde_json::Value;
 
 use crate::config::TimeoutConfig;
+use crate::h1::{H1Body, H1Client, H1Error};
 
 /// Checks that `url` is an `http://host:port` engine base URL.
 ///
@@ -49,55 +47,63 @@ pub(crate) enum UpstreamError {
     Transport(String),
 }
 
+impl From<H1Error> for UpstreamError {
+    fn from(e: H1Error) -> Self {
+        match e {
+            H1Error::Connect(e) => Self::Connect(e.to_string()),
+            H1Error::ConnectTimeout => Self::Timeout("connect timeout"),
+            e => Self::Transport(e.to_string()),
+        }
+    }
+}
+
+/// How long an idle engine connection is kept: below the 5 s keep-alive timeout of
+/// the uvicorn servers SGLang and vLLM run, so the router is not the one surprised
+/// by a connection the engine has just closed.
+const IDLE_CONNECTION: Duration = Duration::from_secs(4);
+/// The most idle connections kept per engine.
+const MAX_IDLE_PER_ENGINE: usize = 256;
+
 /// The HTTP client shared by dispatch, health probes and introspection.
 #[derive(Debug, Clone)]
 pub(crate) struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: H1Client,
     first_byte: Duration,
 }
 
 impl Upstream {
     pub(crate) fn new(timeouts: &TimeoutConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_millis(timeouts.connect_ms)));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(connector);
         Self {
-            client,
+            client: H1Client::new(
+                Duration::from_millis(timeouts.connect_ms),
+                IDLE_CONNECTION,
+                MAX_IDLE_PER_ENGINE,
+            ),
             first_byte: Duration::from_millis(timeouts.first_byte_ms),
         }
     }
 
-    /// Sends `request` and waits for the response head within the first-byte timeout.
-    pub(crate) async fn send(
-        &self,
-        request: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        self.send_within(request, self.first_byte).await
+    /// Closes engine connections that have been idle too long.
+    pub(crate) fn prune_idle(&self) {
+        self.client.prune_idle();
     }
 
-    async fn send_within(
+    /// Posts a chat request to the engine at `authority` and waits for the response
+    /// head within the first-byte timeout.
+    pub(crate) async fn post_chat(
         &self,
-        request: Request<Full<Bytes>>,
-        timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
+        authority: &Arc<str>,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Response<H1Body>, UpstreamError> {
+        let request = self
+            .client
+            .request("POST", authority, CHAT_PATH, headers, body);
+        match tokio::time::timeout(self.first_byte, request).await {
             Err(_) => Err(UpstreamError::Timeout(
                 "no response head within the first-byte timeout",
             )),
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) if e.is_connect() => {
-                if source_is_timeout(&e) {
-                    Err(UpstreamError::Timeout("connect timeout"))
-                } else {
-                    Err(UpstreamError::Connect(root_cause(&e)))
-                }
-            }
-            Ok(Err(e)) => Err(UpstreamError::Transport(root_cause(&e))),
+            Ok(result) => Ok(result?),
         }
     }
 
@@ -108,40 +114,35 @@ impl Upstream {
         path: &str,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), UpstreamError> {
-        let request = Request::get(format!("{base}{path}"))
-            .header(header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| UpstreamError::Transport(e.to_string()))?;
-        let response = self.send_within(request, timeout).await?;
-        let status = response.status();
-        let body = tokio::time::timeout(timeout, response.into_body().collect())
-            .await
-            .map_err(|_| UpstreamError::Timeout("body not received in time"))?
-            .map_err(|e| UpstreamError::Transport(e.to_string()))?
-            .to_bytes();
-        Ok((status, body))
-    }
-}
-
-fn source_is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = e.source();
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::TimedOut
-        {
-            return true;
+        let authority = authority(base)
+            .ok_or_else(|| UpstreamError::Transport("not an engine base URL".into()))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let exchange = async {
+            let response = self
+                .client
+                .request("GET", &authority, path, &headers, &Bytes::new())
+                .await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, H1Error>((status, body))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => Err(UpstreamError::Timeout("no complete answer in time")),
+            Ok(result) => Ok(result?),
         }
-        source = s.source();
     }
-    false
 }
 
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause: &dyn std::error::Error = e;
-    while let Some(s) = cause.source() {
-        cause = s;
-    }
-    cause.to_string()
+/// The path chat requests are sent to.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// The `host:port` an engine base URL is reached at (port 80 when it names none).
+pub(crate) fn authority(url: &str) -> Option<Arc<str>> {
+    let uri: Uri = url.parse().ok()?;
+    let host = uri.host().filter(|h| !h.is_empty())?;
+    let port = uri.port_u16().unwrap_or(80);
+    Some(Arc::from(format!("{host}:{port}")))
 }
 
 /// What an engine's `/server_info` says about it.

@@ -1,0 +1,368 @@
+//! The HTTP/1.1 client for requests to engines, with a pool of keep-alive
+//! connections per engine.
+//!
+//! A response body is read from the socket by the task that relays it, not handed
+//! over chunk by chunk from a separate connection task: each burst of bytes from the
+//! engine costs one read and is forwarded as one frame.
+
+mod body;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Version, header};
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+pub(crate) use body::H1Body;
+use body::{Conn, Framing};
+
+/// The largest response head accepted.
+const MAX_HEAD: usize = 64 << 10;
+/// The most response header fields accepted.
+const MAX_HEADERS: usize = 128;
+
+/// Why a request to an engine failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum H1Error {
+    /// The TCP connection could not be made.
+    #[error("connection failed: {0}")]
+    Connect(io::Error),
+    /// The TCP connection was not made within the connect timeout.
+    #[error("connect timeout")]
+    ConnectTimeout,
+    /// Reading or writing the connection failed.
+    #[error("{0}")]
+    Io(io::Error),
+    /// The engine closed the connection before its response was complete.
+    #[error("the engine closed the connection before the response was complete")]
+    Closed,
+    /// The engine's response is not valid HTTP/1.1.
+    #[error("malformed response: {0}")]
+    Malformed(&'static str),
+}
+
+/// Idle connections to one engine, each with the time it went idle, oldest first.
+type IdleConns = VecDeque<(TcpStream, Instant)>;
+
+/// Idle keep-alive connections per engine authority.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    idle: Mutex<HashMap<Arc<str>, IdleConns>>,
+    max_idle_per_host: usize,
+    idle_timeout: Duration,
+}
+
+impl Pool {
+    fn put(&self, authority: Arc<str>, stream: TcpStream) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock();
+        let conns = idle.entry(authority).or_default();
+        while conns
+            .front()
+            .is_some_and(|(_, since)| now.duration_since(*since) >= self.idle_timeout)
+            || conns.len() >= self.max_idle_per_host
+        {
+            conns.pop_front();
+        }
+        conns.push_back((stream, now));
+    }
+
+    /// The most recently used idle connection that is still open.
+    fn take(&self, authority: &str) -> Option<TcpStream> {
+        let now = Instant::now();
+        let mut idle = self.idle.lock();
+        let conns = idle.get_mut(authority)?;
+        while let Some((stream, since)) = conns.pop_back() {
+            if now.duration_since(since) < self.idle_timeout && is_open(&stream) {
+                return Some(stream);
+            }
+        }
+        None
+    }
+
+    /// Closes connections idle for longer than the idle timeout.
+    fn prune(&self) {
+        let now = Instant::now();
+        self.idle.lock().retain(|_, conns| {
+            conns.retain(|(_, since)| now.duration_since(*since) < self.idle_timeout);
+            !conns.is_empty()
+        });
+    }
+}
+
+/// An idle connection is usable when reading it would block: no EOF, no stray bytes.
+fn is_open(stream: &TcpStream) -> bool {
+    let mut probe = [0_u8; 1];
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+/// See the module documentation.
+#[derive(Debug, Clone)]
+pub(crate) struct H1Client {
+    pool: Arc<Pool>,
+    connect_timeout: Duration,
+}
+
+impl H1Client {
+    /// A client keeping at most `max_idle_per_host` connections per engine, each for
+    /// at most `idle_timeout` (keep it below the engines' own keep-alive timeout).
+    pub(crate) fn new(
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_idle_per_host: usize,
+    ) -> Self {
+        Self {
+            pool: Arc::new(Pool {
+                idle: Mutex::default(),
+                max_idle_per_host,
+                idle_timeout,
+            }),
+            connect_timeout,
+        }
+    }
+
+    /// Closes connections idle for longer than the idle timeout.
+    pub(crate) fn prune_idle(&self) {
+        self.pool.prune();
+    }
+
+    /// Sends `method path` to `authority` (`host:port`) with `headers` and `body`
+    /// and returns once the response head has arrived.
+    ///
+    /// A pooled connection that fails before any response byte arrives (the engine
+    /// closed it while it sat idle) is replaced by a new connection once.
+    pub(crate) async fn request(
+        &self,
+        method: &str,
+        authority: &Arc<str>,
+        path: &str,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Response<H1Body>, H1Error> {
+        let head = request_head(method, authority, path, headers, body.len());
+        if let Some(stream) = self.pool.take(authority) {
+            match exchange(stream, &head, body).await {
+                Ok(exchanged) => return Ok(self.response(exchanged, authority)),
+                Err(failure) if !failure.received => {}
+                Err(failure) => return Err(failure.error),
+            }
+        }
+        let stream = self.connect(authority).await?;
+        match exchange(stream, &head, body).await {
+            Ok(exchanged) => Ok(self.response(exchanged, authority)),
+            Err(failure) => Err(failure.error),
+        }
+    }
+
+    async fn connect(&self, authority: &str) -> Result<TcpStream, H1Error> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority))
+            .await
+            .map_err(|_| H1Error::ConnectTimeout)?
+            .map_err(H1Error::Connect)?;
+        stream.set_nodelay(true).map_err(H1Error::Connect)?;
+        Ok(stream)
+    }
+
+    fn response(&self, exchanged: Exchanged, authority: &Arc<str>) -> Response<H1Body> {
+        let conn = Conn {
+            stream: exchanged.stream,
+            pool: Arc::clone(&self.pool),
+            authority: Arc::clone(authority),
+            keep_alive: exchanged.head.keep_alive,
+        };
+        let body = H1Body::new(conn, exchanged.buf, exchanged.head.framing);
+        Response::from_parts(exchanged.head.parts, body)
+    }
+}
+
+fn request_head(
+    method: &str,
+    authority: &str,
+    path: &str,
+    headers: &HeaderMap,
+    body_len: usize,
+) -> Vec<u8> {
+    let mut head = Vec::with_capacity(96 + authority.len() + path.len() + headers.len() * 40);
+    for part in [method, " ", path, " HTTP/1.1\r\nhost: ", authority, "\r\n"] {
+        head.extend_from_slice(part.as_bytes());
+    }
+    for (name, value) in headers {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    if body_len > 0 || method != "GET" {
+        head.extend_from_slice(format!("content-length: {body_len}\r\n").as_bytes());
+    }
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
+/// A connection whose request was sent and whose response head was read.
+struct Exchanged {
+    stream: TcpStream,
+    head: Head,
+    /// Bytes read past the head: the start of the body.
+    buf: BytesMut,
+}
+
+/// A failed exchange, and whether any byte of a response had arrived.
+struct Failure {
+    error: H1Error,
+    received: bool,
+}
+
+async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchanged, Failure> {
+    let failed = |error, received| Failure { error, received };
+    write_all(&stream, head, body)
+        .await
+        .map_err(|e| failed(H1Error::Io(e), false))?;
+    let mut buf = BytesMut::with_capacity(8 << 10);
+    let mut received = false;
+    loop {
+        if let Some(head) = parse_head(&mut buf).map_err(|e| failed(e, true))? {
+            return Ok(Exchanged { stream, head, buf });
+        }
+        stream
+            .readable()
+            .await
+            .map_err(|e| failed(H1Error::Io(e), received))?;
+        match stream.try_read_buf(&mut buf) {
+            Ok(0) => return Err(failed(H1Error::Closed, received)),
+            Ok(_) => received = true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(failed(H1Error::Io(e), received)),
+        }
+    }
+}
+
+async fn write_all(stream: &TcpStream, mut head: &[u8], mut body: &[u8]) -> io::Result<()> {
+    while !head.is_empty() || !body.is_empty() {
+        match stream.try_write_vectored(&[IoSlice::new(head), IoSlice::new(body)]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => {
+                let from_head = written.min(head.len());
+                head = &head[from_head..];
+                body = &body[written - from_head..];
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+struct Head {
+    parts: http::response::Parts,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// Parses and removes a complete response head from `buf`, skipping interim (1xx)
+/// responses; `None` until the head is complete.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let len = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(H1Error::Malformed("response head too large"));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(H1Error::Malformed("invalid response head")),
+        };
+        let status = parsed
+            .code
+            .and_then(|code| StatusCode::from_u16(code).ok())
+            .ok_or(H1Error::Malformed("invalid status"))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(H1Error::Malformed("unexpected protocol switch"));
+        }
+        if status.is_informational() {
+            buf.advance(len);
+            continue;
+        }
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let headers = response.headers_mut();
+        for field in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes())
+                .map_err(|_| H1Error::Malformed("invalid header name"))?;
+            let value = HeaderValue::from_bytes(field.value)
+                .map_err(|_| H1Error::Malformed("invalid header value"))?;
+            headers.append(name, value);
+        }
+        let (parts, ()) = response.into_parts();
+        let framing = framing(status, &parts.headers)?;
+        let keep_alive = framing != Framing::Close && keeps_alive(parts.version, &parts.headers);
+        buf.advance(len);
+        return Ok(Some(Head {
+            parts,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// How the body's end is found (RFC 9112 section 6.3).
+fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, H1Error> {
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Length(0));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let last = tokens(headers, header::TRANSFER_ENCODING).last();
+        return Ok(if last.is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
+            Framing::Chunked
+        } else {
+            Framing::Close
+        });
+    }
+    let mut length = None;
+    for value in tokens(headers, header::CONTENT_LENGTH) {
+        let value: u64 = value
+            .parse()
+            .map_err(|_| H1Error::Malformed("invalid content-length"))?;
+        if length.is_some_and(|l| l != value) {
+            return Err(H1Error::Malformed("conflicting content-length"));
+        }
+        length = Some(value);
+    }
+    Ok(length.map_or(Framing::Close, Framing::Length))
+}
+
+fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    let has =
+        |token: &str| tokens(headers, header::CONNECTION).any(|t| t.eq_ignore_ascii_case(token));
+    if version == Version::HTTP_11 {
+        !has("close")
+    } else {
+        has("keep-alive")
+    }
+}
+
+/// The comma-separated tokens of every `name` field.
+fn tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(name)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}

@@ -1,0 +1,257 @@
+//! A response body read straight from the engine's socket by whichever task polls
+//! it. Every poll forwards all the body bytes that have arrived as one frame, so a
+//! burst of server-sent events becomes one write to the client, not one per event.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use tokio::net::TcpStream;
+
+use super::{H1Error, Pool};
+
+/// The most body bytes gathered into one frame.
+const MAX_FRAME: usize = 64 << 10;
+/// The longest chunk-size line (size, extensions) or trailer section accepted.
+const MAX_LINE: usize = 4 << 10;
+
+/// How the body's end is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    /// `content-length` bytes.
+    Length(u64),
+    /// `transfer-encoding: chunked`.
+    Chunked,
+    /// Everything until the engine closes the connection.
+    Close,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decoder {
+    Length(u64),
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside a chunk, with this many data bytes left.
+    Data(u64),
+    /// Expecting the CRLF that ends a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+    Close,
+    Done,
+}
+
+impl Decoder {
+    pub(super) fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Length(0) => Self::Done,
+            Framing::Length(n) => Self::Length(n),
+            Framing::Chunked => Self::Size,
+            Framing::Close => Self::Close,
+        }
+    }
+
+    /// Moves decoded body bytes from `buf` to `out` until `buf` runs dry, the body
+    /// ends, or `out` is full.
+    pub(super) fn decode(&mut self, buf: &mut BytesMut, out: &mut BytesMut) -> Result<(), H1Error> {
+        while out.len() < MAX_FRAME {
+            match *self {
+                Self::Length(left) | Self::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(());
+                    }
+                    let take = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    out.extend_from_slice(&buf[..take]);
+                    buf.advance(take);
+                    let left = left - take as u64;
+                    *self = match (*self, left) {
+                        (Self::Length(_), 0) => Self::Done,
+                        (Self::Length(_), left) => Self::Length(left),
+                        (_, 0) => Self::DataEnd,
+                        (_, left) => Self::Data(left),
+                    };
+                }
+                Self::Size => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(());
+                    };
+                    let size = chunk_size(&line)?;
+                    *self = if size == 0 {
+                        Self::Trailers
+                    } else {
+                        Self::Data(size)
+                    };
+                }
+                Self::DataEnd => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(());
+                    };
+                    if !line.is_empty() {
+                        return Err(H1Error::Malformed("chunk data longer than its size"));
+                    }
+                    *self = Self::Size;
+                }
+                Self::Trailers => {
+                    let Some(line) = take_line(buf)? else {
+                        return Ok(());
+                    };
+                    if line.is_empty() {
+                        *self = Self::Done;
+                    }
+                }
+                Self::Close => {
+                    let take = buf.len().min(MAX_FRAME - out.len());
+                    out.extend_from_slice(&buf[..take]);
+                    buf.advance(take);
+                    if buf.is_empty() {
+                        return Ok(());
+                    }
+                }
+                Self::Done => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The connection a body is read from, and where it goes back when the body ends.
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub(super) stream: TcpStream,
+    pub(super) pool: Arc<Pool>,
+    pub(super) authority: Arc<str>,
+    pub(super) keep_alive: bool,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct H1Body {
+    conn: Option<Conn>,
+    buf: BytesMut,
+    decoder: Decoder,
+}
+
+impl H1Body {
+    pub(super) fn new(conn: Conn, buf: BytesMut, framing: Framing) -> Self {
+        let mut body = Self {
+            conn: Some(conn),
+            buf,
+            decoder: Decoder::new(framing),
+        };
+        if body.decoder == Decoder::Done {
+            body.finish();
+        }
+        body
+    }
+
+    /// The body is complete: the connection goes back to the pool if it can carry
+    /// another request (nothing unread on it, no `connection: close`).
+    fn finish(&mut self) {
+        self.decoder = Decoder::Done;
+        if let Some(conn) = self.conn.take()
+            && conn.keep_alive
+            && self.buf.is_empty()
+        {
+            conn.pool.put(conn.authority, conn.stream);
+        }
+    }
+}
+
+/// One CRLF-terminated line without its terminator, or `None` until it is complete.
+fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
+    match buf.windows(2).position(|w| w == b"\r\n") {
+        Some(end) => {
+            let line = buf.split_to(end);
+            buf.advance(2);
+            Ok(Some(line))
+        }
+        None if buf.len() > MAX_LINE => Err(H1Error::Malformed("chunk line too long")),
+        None => Ok(None),
+    }
+}
+
+/// The hexadecimal size of a chunk-size line, ignoring chunk extensions.
+fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
+    let digits = line.split(|b| *b == b';').next().unwrap_or_default();
+    let digits = digits.trim_ascii();
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(H1Error::Malformed("invalid chunk size"));
+    }
+    digits.iter().try_fold(0_u64, |size, digit| {
+        let value = char::from(*digit)
+            .to_digit(16)
+            .ok_or(H1Error::Malformed("invalid chunk size"))?;
+        Ok(size * 16 + u64::from(value))
+    })
+}
+
+impl Body for H1Body {
+    type Data = Bytes;
+    type Error = H1Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        let this = self.get_mut();
+        let mut out = BytesMut::new();
+        loop {
+            if let Err(e) = this.decoder.decode(&mut this.buf, &mut out) {
+                this.conn = None;
+                this.decoder = Decoder::Done;
+                return Poll::Ready(Some(Err(e)));
+            }
+            if this.decoder == Decoder::Done {
+                this.finish();
+                return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out.freeze()))));
+            }
+            if out.len() >= MAX_FRAME {
+                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+            }
+            let Some(conn) = this.conn.as_ref() else {
+                return Poll::Ready(None);
+            };
+            this.buf.reserve(16 << 10);
+            match conn.stream.try_read_buf(&mut this.buf) {
+                Ok(0) if this.decoder == Decoder::Close => this.decoder = Decoder::Done,
+                Ok(0) if out.is_empty() => {
+                    this.conn = None;
+                    this.decoder = Decoder::Done;
+                    return Poll::Ready(Some(Err(H1Error::Closed)));
+                }
+                // Hand over what was decoded; the next poll reads the end again.
+                Ok(0) => return Poll::Ready(Some(Ok(Frame::data(out.freeze())))),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                    }
+                    if let Err(e) = ready!(conn.stream.poll_read_ready(cx)) {
+                        this.conn = None;
+                        this.decoder = Decoder::Done;
+                        return Poll::Ready(Some(Err(H1Error::Io(e))));
+                    }
+                }
+                Err(e) => {
+                    this.conn = None;
+                    this.decoder = Decoder::Done;
+                    return Poll::Ready(Some(Err(H1Error::Io(e))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.decoder == Decoder::Done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoder {
+            Decoder::Length(left) => SizeHint::with_exact(left),
+            Decoder::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,254 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::BodyExt;
+use proptest::prelude::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::body::Decoder;
+use super::*;
+
+/// `body` in chunks of the given sizes, with an extension on every other chunk-size
+/// line and a trailer when `trailer` is set.
+fn chunked(body: &[u8], sizes: &[usize], trailer: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    let mut sizes = sizes.iter().cycle();
+    let mut n = 0;
+    while !rest.is_empty() {
+        let size = (*sizes.next().unwrap_or(&1)).clamp(1, rest.len());
+        let ext = if n % 2 == 1 { ";name=value" } else { "" };
+        out.extend_from_slice(format!("{size:x}{ext}\r\n").as_bytes());
+        out.extend_from_slice(&rest[..size]);
+        out.extend_from_slice(b"\r\n");
+        rest = &rest[size..];
+        n += 1;
+    }
+    out.extend_from_slice(b"0\r\n");
+    if trailer {
+        out.extend_from_slice(b"x-trailer: 1\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Feeds `wire` to a decoder in pieces cut at `cuts`; the decoded bytes, and
+/// whether the decoder saw the end with nothing left over.
+fn decode_in_pieces(framing: Framing, wire: &[u8], cuts: &[usize]) -> (Vec<u8>, bool) {
+    let mut decoder = Decoder::new(framing);
+    let mut buf = BytesMut::new();
+    let mut decoded = Vec::new();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+    cuts.push(wire.len());
+    cuts.sort_unstable();
+    let mut at = 0;
+    for cut in cuts {
+        buf.extend_from_slice(&wire[at..cut]);
+        at = cut;
+        let mut out = BytesMut::new();
+        decoder.decode(&mut buf, &mut out).expect("valid framing");
+        decoded.extend_from_slice(&out);
+    }
+    (decoded, decoder == Decoder::Done && buf.is_empty())
+}
+
+proptest! {
+    #[test]
+    fn chunked_bodies_decode_whatever_the_reads(
+        body in proptest::collection::vec(any::<u8>(), 0..600),
+        sizes in proptest::collection::vec(1_usize..80, 1..6),
+        trailer in any::<bool>(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let wire = chunked(&body, &sizes, trailer);
+        let (decoded, done) = decode_in_pieces(Framing::Chunked, &wire, &cuts);
+        prop_assert_eq!(decoded, body);
+        prop_assert!(done);
+    }
+
+    #[test]
+    fn length_bodies_decode_whatever_the_reads(
+        body in proptest::collection::vec(any::<u8>(), 1..600),
+        cuts in proptest::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let (decoded, done) = decode_in_pieces(Framing::Length(body.len() as u64), &body, &cuts);
+        prop_assert_eq!(decoded, body);
+        prop_assert!(done);
+    }
+}
+
+#[test]
+fn every_chunk_already_received_is_forwarded_in_one_frame() {
+    let events: Vec<u8> = (0..11)
+        .flat_map(|i| format!("data: {{\"n\":{i}}}\n\n").into_bytes())
+        .collect();
+    let wire = chunked(&events, &[16], false);
+    let mut decoder = Decoder::new(Framing::Chunked);
+    let mut buf = BytesMut::from(&wire[..]);
+    let mut out = BytesMut::new();
+    decoder.decode(&mut buf, &mut out).unwrap();
+    assert_eq!(&out[..], &events[..], "one decode call, one frame");
+    assert_eq!(decoder, Decoder::Done);
+}
+
+#[test]
+fn malformed_chunk_framing_is_an_error() {
+    for wire in [
+        &b"zz\r\nab\r\n0\r\n\r\n"[..],
+        b"\r\n",
+        b"2\r\nabc\r\n0\r\n\r\n",
+        b"1000000000000000\r\n",
+    ] {
+        let mut buf = BytesMut::from(wire);
+        let result = Decoder::new(Framing::Chunked).decode(&mut buf, &mut BytesMut::new());
+        assert!(
+            matches!(result, Err(H1Error::Malformed(_))),
+            "{wire:?}: {result:?}"
+        );
+    }
+    let mut endless = BytesMut::from(&[b'1'; 8 << 10][..]);
+    assert!(
+        Decoder::new(Framing::Chunked)
+            .decode(&mut endless, &mut BytesMut::new())
+            .is_err(),
+        "a size line that never ends"
+    );
+}
+
+#[test]
+fn heads_give_framing_and_keep_alive() {
+    let head = |text: &str| parse_head(&mut BytesMut::from(text));
+    let parsed = head("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (parsed.parts.status, parsed.framing, parsed.keep_alive),
+        (StatusCode::OK, Framing::Length(5), true),
+        "an interim response is skipped"
+    );
+    let parsed =
+        head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        (parsed.framing, parsed.keep_alive),
+        (Framing::Chunked, false)
+    );
+    let parsed = head("HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
+    assert_eq!((parsed.framing, parsed.keep_alive), (Framing::Close, false));
+    let parsed = head("HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(parsed.framing, Framing::Length(0));
+    assert!(
+        head("HTTP/1.1 200 OK\r\ncontent-length: 5")
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n"),
+        Err(H1Error::Malformed("conflicting content-length"))
+    ));
+    assert!(matches!(
+        head("SMTP ready\r\n\r\n"),
+        Err(H1Error::Malformed(_))
+    ));
+}
+
+/// A server answering each request it reads with the next scripted response; an
+/// entry ending in `None` closes the connection after it. Counts connections.
+async fn scripted(script: Vec<(&'static [u8], bool)>) -> (Arc<str>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connections);
+    tokio::spawn(async move {
+        let mut script = script.into_iter();
+        'accept: while let Ok((mut socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            loop {
+                let mut request = Vec::new();
+                let mut byte = [0_u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut byte).await {
+                        Ok(0) | Err(_) => continue 'accept,
+                        Ok(n) => request.extend_from_slice(&byte[..n]),
+                    }
+                }
+                let Some((response, close)) = script.next() else {
+                    return;
+                };
+                socket.write_all(response).await.unwrap();
+                if close {
+                    continue 'accept;
+                }
+            }
+        }
+    });
+    (authority, connections)
+}
+
+fn client() -> H1Client {
+    H1Client::new(Duration::from_secs(5), Duration::from_secs(60), 8)
+}
+
+async fn get(client: &H1Client, authority: &Arc<str>) -> Result<(StatusCode, Bytes), H1Error> {
+    let response = client
+        .request("GET", authority, "/x", &HeaderMap::new(), &Bytes::new())
+        .await?;
+    let status = response.status();
+    Ok((status, response.into_body().collect().await?.to_bytes()))
+}
+
+#[tokio::test]
+async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
+    let (authority, connections) = scripted(vec![
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+            true,
+        ),
+        (b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n", false),
+    ])
+    .await;
+    let client = client();
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(connections.load(Ordering::SeqCst), 1, "kept alive");
+    // The server closed the connection after the second answer; the pooled
+    // connection is found closed (or fails before any byte) and replaced.
+    let (status, body) = get(&client, &authority).await.unwrap();
+    assert_eq!((status, body.len()), (StatusCode::CREATED, 0));
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn close_delimited_and_truncated_bodies() {
+    let (authority, _) = scripted(vec![
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf", true),
+    ])
+    .await;
+    let client = client();
+    assert_eq!(get(&client, &authority).await.unwrap().1, "until the end");
+    assert!(matches!(
+        get(&client, &authority).await,
+        Err(H1Error::Closed)
+    ));
+}
+
+#[tokio::test]
+async fn refused_connections_and_garbage_answers_are_errors() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    drop(listener);
+    assert!(matches!(
+        get(&client(), &closed).await,
+        Err(H1Error::Connect(_))
+    ));
+    let (authority, _) = scripted(vec![(b"garbage\r\n\r\n", true)]).await;
+    assert!(matches!(
+        get(&client(), &authority).await,
+        Err(H1Error::Malformed(_))
+    ));
+}
