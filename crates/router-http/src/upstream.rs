@@ -256,6 +256,24 @@ mod tests {
     }
 
     #[test]
+    fn engines_are_reached_at_host_and_port() {
+        let authority = |url| authority(url).as_deref().map(str::to_owned);
+        assert_eq!(
+            authority("http://10.0.0.7:30000").as_deref(),
+            Some("10.0.0.7:30000")
+        );
+        assert_eq!(
+            authority("http://engine-1/").as_deref(),
+            Some("engine-1:80")
+        );
+        assert_eq!(
+            authority("http://[::1]:8000").as_deref(),
+            Some("[::1]:8000")
+        );
+        assert_eq!(authority("not a url"), None);
+    }
+
+    #[test]
     fn reads_role_ports_and_the_load_feed_from_server_info() {
         let info = json!({
             "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998, "dp_size": 2,
