@@ -310,7 +310,12 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         }
         let (parts, ()) = response.into_parts();
         let framing = framing(status, &parts.headers)?;
-        let keep_alive = framing != Framing::Close && keeps_alive(parts.version, &parts.headers);
+        // A length beside a transfer coding is ignored, but such a connection is not
+        // trusted with another request (RFC 9112 section 6.3).
+        let ambiguous = parts.headers.contains_key(header::TRANSFER_ENCODING)
+            && parts.headers.contains_key(header::CONTENT_LENGTH);
+        let keep_alive =
+            framing != Framing::Close && !ambiguous && keeps_alive(parts.version, &parts.headers);
         buf.advance(len);
         return Ok(Some(Head {
             parts,

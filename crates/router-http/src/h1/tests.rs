@@ -134,6 +134,14 @@ fn heads_give_framing_and_keep_alive() {
         (parsed.framing, parsed.keep_alive),
         (Framing::Chunked, false)
     );
+    let parsed = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 4\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (parsed.framing, parsed.keep_alive),
+        (Framing::Chunked, false),
+        "a length beside chunked is ignored and the connection not reused"
+    );
     let parsed = head("HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
     assert_eq!((parsed.framing, parsed.keep_alive), (Framing::Close, false));
     let parsed = head("HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n")
