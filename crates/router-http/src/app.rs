@@ -205,7 +205,7 @@ impl AppContext {
         }
         let index = Arc::new(PrefixIndex::new(IndexConfig {
             block_size: model.block_size,
-            ..IndexConfig::default()
+            max_nodes: model.prefix_index_pages,
         }));
         self.prefix_indexes
             .lock()

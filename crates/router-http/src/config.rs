@@ -85,6 +85,10 @@ pub struct ModelConfig {
     /// KV page size in tokens, for prefix hashing.
     #[serde(default = "default_block_size")]
     pub block_size: u32,
+    /// Most KV pages the model's prefix index keeps (`cache_aware` groups); past it
+    /// the least recently matched pages are forgotten. About 117 bytes per page.
+    #[serde(default = "default_prefix_index_pages")]
+    pub prefix_index_pages: usize,
     /// The model's engines.
     #[serde(default)]
     pub engines: Vec<EngineConfig>,
@@ -103,6 +107,7 @@ impl ModelConfig {
             id: id.into(),
             tokenizer: None,
             block_size: default_block_size(),
+            prefix_index_pages: default_prefix_index_pages(),
             engines,
             buckets: None,
             policies: RolePolicies::default(),
@@ -112,6 +117,13 @@ impl ModelConfig {
 
 fn default_block_size() -> u32 {
     16
+}
+
+/// The smallest prefix index accepted: below it eviction would run on every batch.
+const MIN_PREFIX_INDEX_PAGES: usize = 1024;
+
+fn default_prefix_index_pages() -> usize {
+    IndexConfig::default().max_nodes
 }
 
 /// One engine.
@@ -458,6 +470,12 @@ impl RouterConfig {
             }
             if model.block_size == 0 {
                 errors.push(ConfigError::at(at("block_size"), "must be at least 1"));
+            }
+            if model.prefix_index_pages < MIN_PREFIX_INDEX_PAGES {
+                errors.push(ConfigError::at(
+                    at("prefix_index_pages"),
+                    format!("must be at least {MIN_PREFIX_INDEX_PAGES}"),
+                ));
             }
             let mut mode: Option<(ModelMode, usize)> = None;
             for (e, engine) in model.engines.iter().enumerate() {

@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 
 const MODEL: &str = "m";
 const PAGE: u32 = 16;
+/// The prefix index budget the tests configure (far above what they store).
+const INDEX_PAGES: usize = 1 << 18;
 /// Upper bound on any wait; a healthy run needs milliseconds.
 const GUARD: Duration = Duration::from_secs(20);
 
@@ -66,6 +68,7 @@ impl Harness {
         let mut model = ModelConfig::new(MODEL, members);
         model.tokenizer = Some(tokenizer());
         model.block_size = PAGE;
+        model.prefix_index_pages = INDEX_PAGES;
         model.policies.plain =
             Some(serde_json::from_value::<PolicyConfig>(policy).expect("a policy"));
         let router = router(config(vec![model])).await;
@@ -286,6 +289,11 @@ async fn an_engine_restart_removes_its_entries() {
     let (holder, _) = h.chat(&[system_prompt(), user("warm up")]).await;
     let index_of_holder: usize = holder[1..].parse().expect("E<n>");
     let prefix = h.router.context().prefix_index(MODEL).expect("an index");
+    assert_eq!(
+        prefix.config().max_nodes,
+        INDEX_PAGES,
+        "the configured budget"
+    );
     assert!(prefix.size().entries > 0);
 
     // The engine goes away: its subscriber loses the connection and forgets it.

@@ -21,7 +21,23 @@ fn the_minimal_config_takes_every_default() {
     assert_eq!(config.listen, SocketAddr::from(([0, 0, 0, 0], 8080)));
     assert_eq!(config.timeouts, TimeoutConfig::default());
     assert_eq!(config.models[0].block_size, 16);
+    assert_eq!(config.models[0].prefix_index_pages, 4 << 20);
     assert_eq!(config.models[0].buckets, None);
+}
+
+#[test]
+fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
+    let yaml = MINIMAL.replace(
+        "    engines:",
+        "    prefix_index_pages: 65536\n    engines:",
+    );
+    let config = RouterConfig::from_yaml(&yaml).unwrap();
+    assert_eq!(config.models[0].prefix_index_pages, 65536);
+    assert!(config.validate().is_empty());
+    assert_eq!(
+        errors(&MINIMAL.replace("    engines:", "    prefix_index_pages: 10\n    engines:")),
+        ["models[0].prefix_index_pages: must be at least 1024"]
+    );
 }
 
 #[test]
