@@ -306,7 +306,7 @@ async fn metrics(State(ctx): State<Arc<AppContext>>) -> Response {
         Gauge {
             name: "load_feed_messages",
             help: "Load-feed messages by outcome since start",
-            counter: false,
+            counter: true,
             samples: feed,
         },
     ];

@@ -40,6 +40,11 @@ async fn plain_chat_is_relayed_with_routing_headers_and_counted() {
         text.contains(r#"switchyard_engine_in_flight{engine="A"} 0"#),
         "{text}"
     );
+    assert!(
+        text.contains("# TYPE switchyard_load_feed_messages counter")
+            && text.contains(r#"switchyard_load_feed_messages_total{outcome="applied"} "#),
+        "a count since start is a counter: {text}"
+    );
     router.shutdown().await;
 }
 
