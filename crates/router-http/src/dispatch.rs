@@ -166,18 +166,17 @@ fn describe(e: &UpstreamError) -> &'static str {
     }
 }
 
-/// Reads a leg's whole body; the PD prefill leg must run to completion for the KV
-/// hand-over, so it is driven alongside the decode stream.
+/// Reads a leg's body to its end, keeping none of it; the PD prefill leg must run to
+/// completion for the KV hand-over, so it is driven alongside the decode stream.
 async fn drain(response: Response<H1Body>) -> Result<(), String> {
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }
-    response
-        .into_body()
-        .collect()
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string())
+    let mut body = response.into_body();
+    while let Some(frame) = body.frame().await {
+        frame.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 fn relay(

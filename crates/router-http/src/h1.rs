@@ -136,8 +136,10 @@ impl H1Client {
     /// Sends `method path` to `authority` (`host:port`) with `headers` and `body`
     /// and returns once the response head has arrived.
     ///
-    /// A pooled connection that fails before any response byte arrives (the engine
-    /// closed it while it sat idle) is replaced by a new connection once.
+    /// A pooled connection the engine closed while it sat idle is replaced by a new
+    /// connection once: when writing the request failed, or, for a GET, when the
+    /// connection ended before any byte of an answer. A POST that was written is never
+    /// sent twice: the engine may be working on it.
     pub(crate) async fn request(
         &self,
         method: &str,
@@ -150,7 +152,7 @@ impl H1Client {
         if let Some(stream) = self.pool.take(authority) {
             match exchange(stream, &head, body).await {
                 Ok(exchanged) => return Ok(self.response(exchanged, authority)),
-                Err(failure) if !failure.received => {}
+                Err(failure) if !failure.sent || (method == "GET" && !failure.received) => {}
                 Err(failure) => return Err(failure.error),
             }
         }
@@ -214,17 +216,25 @@ struct Exchanged {
     buf: BytesMut,
 }
 
-/// A failed exchange, and whether any byte of a response had arrived.
+/// A failed exchange: whether the request had been written, and whether any byte of
+/// an answer had arrived.
 struct Failure {
     error: H1Error,
+    sent: bool,
     received: bool,
 }
 
 async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchanged, Failure> {
-    let failed = |error, received| Failure { error, received };
-    write_all(&stream, head, body)
-        .await
-        .map_err(|e| failed(H1Error::Io(e), false))?;
+    let failed = |error, received| Failure {
+        error,
+        sent: true,
+        received,
+    };
+    write_all(&stream, head, body).await.map_err(|e| Failure {
+        error: H1Error::Io(e),
+        sent: false,
+        received: false,
+    })?;
     let mut buf = BytesMut::with_capacity(8 << 10);
     let mut received = false;
     loop {
@@ -310,10 +320,13 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         }
         let (parts, ()) = response.into_parts();
         let framing = framing(status, &parts.headers)?;
-        // A length beside a transfer coding is ignored, but such a connection is not
-        // trusted with another request (RFC 9112 section 6.3).
-        let ambiguous = parts.headers.contains_key(header::TRANSFER_ENCODING)
-            && parts.headers.contains_key(header::CONTENT_LENGTH);
+        // A length beside a transfer coding is ignored, and a transfer coding in an
+        // HTTP/1.0 answer is suspect: such a connection is not trusted with another
+        // request (RFC 9112 sections 6.1 and 6.3).
+        let coded = parts.headers.contains_key(header::TRANSFER_ENCODING);
+        let ambiguous = coded
+            && (parts.headers.contains_key(header::CONTENT_LENGTH)
+                || parts.version == Version::HTTP_10);
         let keep_alive =
             framing != Framing::Close && !ambiguous && keeps_alive(parts.version, &parts.headers);
         buf.advance(len);
@@ -325,28 +338,36 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     }
 }
 
-/// How the body's end is found (RFC 9112 section 6.3).
+/// How the body's end is found (RFC 9112 section 6.3). This client asks for no
+/// transfer coding but chunked, so any other is refused rather than passed on.
 fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, H1Error> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
-        let last = tokens(headers, header::TRANSFER_ENCODING).last();
-        return Ok(if last.is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
-            Framing::Chunked
-        } else {
-            Framing::Close
-        });
+        let mut codings = tokens(headers, header::TRANSFER_ENCODING);
+        return match (codings.next(), codings.next()) {
+            (Some(coding), None) if coding.eq_ignore_ascii_case("chunked") => Ok(Framing::Chunked),
+            _ => Err(H1Error::Malformed("unsupported transfer coding")),
+        };
     }
     let mut length = None;
-    for value in tokens(headers, header::CONTENT_LENGTH) {
-        let value: u64 = value
-            .parse()
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        let value = value
+            .to_str()
             .map_err(|_| H1Error::Malformed("invalid content-length"))?;
-        if length.is_some_and(|l| l != value) {
-            return Err(H1Error::Malformed("conflicting content-length"));
+        for token in value.split(',').map(str::trim) {
+            if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(H1Error::Malformed("invalid content-length"));
+            }
+            let token: u64 = token
+                .parse()
+                .map_err(|_| H1Error::Malformed("invalid content-length"))?;
+            if length.is_some_and(|l| l != token) {
+                return Err(H1Error::Malformed("conflicting content-length"));
+            }
+            length = Some(token);
         }
-        length = Some(value);
     }
     Ok(length.map_or(Framing::Close, Framing::Length))
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Uri, header};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use router_state::Role;
 use serde_json::Value;
 
@@ -124,8 +124,12 @@ impl Upstream {
                 .request("GET", &authority, path, &headers, &Bytes::new())
                 .await?;
             let status = response.status();
-            let body = response.into_body().collect().await?.to_bytes();
-            Ok::<_, H1Error>((status, body))
+            let body = Limited::new(response.into_body(), MAX_INFO_BYTES)
+                .collect()
+                .await
+                .map_err(|e| UpstreamError::Transport(e.to_string()))?
+                .to_bytes();
+            Ok::<_, UpstreamError>((status, body))
         };
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) => Err(UpstreamError::Timeout("no complete answer in time")),
@@ -133,6 +137,9 @@ impl Upstream {
         }
     }
 }
+
+/// The largest answer read from an engine's `/health` or `/server_info`.
+const MAX_INFO_BYTES: usize = 1 << 20;
 
 /// The path chat requests are sent to.
 const CHAT_PATH: &str = "/v1/chat/completions";

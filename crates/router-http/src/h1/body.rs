@@ -16,6 +16,9 @@ use super::{H1Error, Pool};
 const MAX_FRAME: usize = 64 << 10;
 /// The longest chunk-size line (size, extensions) or trailer section accepted.
 const MAX_LINE: usize = 4 << 10;
+/// The most bytes one poll reads: a peer whose bytes decode to little (long chunk
+/// extensions) must not hold a runtime worker for as long as it keeps sending.
+const MAX_READ_PER_POLL: usize = 256 << 10;
 
 /// How the body's end is found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +40,8 @@ pub(super) enum Decoder {
     Data(u64),
     /// Expecting the CRLF that ends a chunk's data.
     DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailers,
+    /// After the last chunk: trailer lines until an empty one (bytes seen so far).
+    Trailers(usize),
     Close,
     Done,
 }
@@ -79,7 +82,7 @@ impl Decoder {
                     };
                     let size = chunk_size(&line)?;
                     *self = if size == 0 {
-                        Self::Trailers
+                        Self::Trailers(0)
                     } else {
                         Self::Data(size)
                     };
@@ -93,13 +96,18 @@ impl Decoder {
                     }
                     *self = Self::Size;
                 }
-                Self::Trailers => {
+                Self::Trailers(seen) => {
                     let Some(line) = take_line(buf)? else {
                         return Ok(());
                     };
-                    if line.is_empty() {
-                        *self = Self::Done;
-                    }
+                    let seen = seen + line.len() + 2;
+                    *self = if line.is_empty() {
+                        Self::Done
+                    } else if seen > MAX_LINE {
+                        return Err(H1Error::Malformed("trailer section too large"));
+                    } else {
+                        Self::Trailers(seen)
+                    };
                 }
                 Self::Close => {
                     let take = buf.len().min(MAX_FRAME - out.len());
@@ -116,6 +124,9 @@ impl Decoder {
     }
 }
 
+/// What a poll of the body returns.
+type Polled = Poll<Option<Result<Frame<Bytes>, H1Error>>>;
+
 /// The connection a body is read from, and where it goes back when the body ends.
 #[derive(Debug)]
 pub(super) struct Conn {
@@ -131,6 +142,10 @@ pub(crate) struct H1Body {
     conn: Option<Conn>,
     buf: BytesMut,
     decoder: Decoder,
+    /// An error to report after the body bytes decoded before it.
+    failed: Option<H1Error>,
+    /// The body broke and said so: nothing more comes.
+    broken: bool,
 }
 
 impl H1Body {
@@ -139,11 +154,26 @@ impl H1Body {
             conn: Some(conn),
             buf,
             decoder: Decoder::new(framing),
+            failed: None,
+            broken: false,
         };
         if body.decoder == Decoder::Done {
             body.finish();
         }
         body
+    }
+
+    /// The body broke: the connection is closed, and `error` is reported after the
+    /// bytes decoded before it.
+    fn fail(&mut self, out: BytesMut, error: H1Error) -> Polled {
+        self.conn = None;
+        if out.is_empty() {
+            self.broken = true;
+            Poll::Ready(Some(Err(error)))
+        } else {
+            self.failed = Some(error);
+            Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
+        }
     }
 
     /// The body is complete: the connection goes back to the pool if it can carry
@@ -191,17 +221,20 @@ impl Body for H1Body {
     type Data = Bytes;
     type Error = H1Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
         let this = self.get_mut();
+        if let Some(e) = this.failed.take() {
+            this.broken = true;
+            return Poll::Ready(Some(Err(e)));
+        }
+        if this.broken {
+            return Poll::Ready(None);
+        }
         let mut out = BytesMut::new();
+        let mut read = 0;
         loop {
             if let Err(e) = this.decoder.decode(&mut this.buf, &mut out) {
-                this.conn = None;
-                this.decoder = Decoder::Done;
-                return Poll::Ready(Some(Err(e)));
+                return this.fail(out, e);
             }
             if this.decoder == Decoder::Done {
                 this.finish();
@@ -213,32 +246,27 @@ impl Body for H1Body {
             let Some(conn) = this.conn.as_ref() else {
                 return Poll::Ready(None);
             };
+            if read >= MAX_READ_PER_POLL {
+                if out.is_empty() {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+            }
             this.buf.reserve(16 << 10);
             match conn.stream.try_read_buf(&mut this.buf) {
                 Ok(0) if this.decoder == Decoder::Close => this.decoder = Decoder::Done,
-                Ok(0) if out.is_empty() => {
-                    this.conn = None;
-                    this.decoder = Decoder::Done;
-                    return Poll::Ready(Some(Err(H1Error::Closed)));
-                }
-                // Hand over what was decoded; the next poll reads the end again.
-                Ok(0) => return Poll::Ready(Some(Ok(Frame::data(out.freeze())))),
-                Ok(_) => {}
+                Ok(0) => return this.fail(out, H1Error::Closed),
+                Ok(n) => read += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
                     }
                     if let Err(e) = ready!(conn.stream.poll_read_ready(cx)) {
-                        this.conn = None;
-                        this.decoder = Decoder::Done;
-                        return Poll::Ready(Some(Err(H1Error::Io(e))));
+                        return this.fail(out, H1Error::Io(e));
                     }
                 }
-                Err(e) => {
-                    this.conn = None;
-                    this.decoder = Decoder::Done;
-                    return Poll::Ready(Some(Err(H1Error::Io(e))));
-                }
+                Err(e) => return this.fail(out, H1Error::Io(e)),
             }
         }
     }

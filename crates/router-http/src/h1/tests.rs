@@ -106,6 +106,17 @@ fn malformed_chunk_framing_is_an_error() {
             "{wire:?}: {result:?}"
         );
     }
+    let mut trailers = BytesMut::from(&b"0\r\n"[..]);
+    for _ in 0..1000 {
+        trailers.extend_from_slice(b"x-trailer: 1\r\n");
+    }
+    assert!(
+        matches!(
+            Decoder::new(Framing::Chunked).decode(&mut trailers, &mut BytesMut::new()),
+            Err(H1Error::Malformed("trailer section too large"))
+        ),
+        "trailers are bounded in total, not only per line"
+    );
     let mut endless = BytesMut::from(&[b'1'; 8 << 10][..]);
     assert!(
         Decoder::new(Framing::Chunked)
@@ -126,14 +137,39 @@ fn heads_give_framing_and_keep_alive() {
         (StatusCode::OK, Framing::Length(5), true),
         "an interim response is skipped"
     );
-    let parsed =
-        head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n")
-            .unwrap()
-            .unwrap();
+    let parsed = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (parsed.framing, parsed.keep_alive),
         (Framing::Chunked, false)
     );
+    assert!(
+        matches!(
+            head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n"),
+            Err(H1Error::Malformed("unsupported transfer coding"))
+        ),
+        "a coding this client never asked for is not passed on as content"
+    );
+    let parsed =
+        head("HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+    assert!(
+        !parsed.keep_alive,
+        "HTTP/1.0 with a transfer coding is not reused"
+    );
+    for length in ["+5", "", "5 5", "-1"] {
+        assert!(
+            matches!(
+                head(&format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n\r\n"
+                )),
+                Err(H1Error::Malformed(_))
+            ),
+            "content-length {length:?}"
+        );
+    }
     let parsed = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 4\r\n\r\n")
         .unwrap()
         .unwrap();
@@ -259,4 +295,102 @@ async fn refused_connections_and_garbage_answers_are_errors() {
         get(&client(), &authority).await,
         Err(H1Error::Malformed(_))
     ));
+}
+
+#[tokio::test]
+async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    let (authority, connections) = scripted(vec![
+        (OK, false),
+        (b"", true),
+        (OK, false),
+        (b"", true),
+        (OK, false),
+    ])
+    .await;
+    let client = client();
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    let post = client
+        .request(
+            "POST",
+            &authority,
+            "/x",
+            &HeaderMap::new(),
+            &Bytes::from_static(b"{}"),
+        )
+        .await;
+    assert!(matches!(post, Err(H1Error::Closed)), "{post:?}");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "the POST was not resent"
+    );
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        3,
+        "the GET was resent once"
+    );
+}
+
+#[tokio::test]
+async fn bytes_before_a_framing_error_are_delivered_first() {
+    let (authority, _) = scripted(vec![(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+        true,
+    )])
+    .await;
+    let response = client()
+        .request("GET", &authority, "/x", &HeaderMap::new(), &Bytes::new())
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let mut data = Vec::new();
+    let error = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => data.extend_from_slice(&frame.into_data().unwrap()),
+            Some(Err(e)) => break e,
+            None => panic!("the body ended without its error"),
+        }
+    };
+    assert_eq!(data, b"hello");
+    assert!(matches!(error, H1Error::Malformed("invalid chunk size")));
+    assert!(body.frame().await.is_none(), "nothing after the error");
+}
+
+#[tokio::test]
+async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    let (authority, connections) = scripted(vec![
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
+            false,
+        ),
+        (OK, false),
+    ])
+    .await;
+    let client = client();
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    let partial = client
+        .request("GET", &authority, "/x", &HeaderMap::new(), &Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        2,
+        "stray bytes after a body: not reused"
+    );
+    drop(partial);
+    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        3,
+        "a body dropped midway closes its connection"
+    );
 }
