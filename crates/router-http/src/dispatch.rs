@@ -119,12 +119,8 @@ async fn send(
     let invalid =
         || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
     let authority = ctx.engine_authority(engine).ok_or_else(invalid)?;
-    let mut headers = HeaderMap::with_capacity(2);
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(REQUEST_ID, request_id.clone());
+    let json = HeaderValue::from_static("application/json");
+    let headers = [(header::CONTENT_TYPE, &json), (REQUEST_ID, request_id)];
     let sent = Instant::now();
     let result = ctx.upstream.post_chat(&authority, &headers, &body).await;
     ctx.metrics

@@ -10,7 +10,7 @@ mod body;
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write as _};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,20 +53,28 @@ type IdleConns = VecDeque<(TcpStream, Instant)>;
 
 /// Idle keep-alive connections per engine authority.
 #[derive(Debug)]
-pub(crate) struct Pool {
+struct Pool {
     idle: Mutex<HashMap<Arc<str>, IdleConns>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
 }
 
 impl Pool {
+    /// Whether a connection idle since `since` may still be used at `now`.
+    fn fresh(&self, since: Instant, now: Instant) -> bool {
+        now.duration_since(since) < self.idle_timeout
+    }
+
     fn put(&self, authority: Arc<str>, stream: TcpStream) {
+        if self.max_idle_per_host == 0 {
+            return;
+        }
         let now = Instant::now();
         let mut idle = self.idle.lock();
         let conns = idle.entry(authority).or_default();
         while conns
             .front()
-            .is_some_and(|(_, since)| now.duration_since(*since) >= self.idle_timeout)
+            .is_some_and(|(_, since)| !self.fresh(*since, now))
             || conns.len() >= self.max_idle_per_host
         {
             conns.pop_front();
@@ -80,7 +88,7 @@ impl Pool {
         let mut idle = self.idle.lock();
         let conns = idle.get_mut(authority)?;
         while let Some((stream, since)) = conns.pop_back() {
-            if now.duration_since(since) < self.idle_timeout && is_open(&stream) {
+            if self.fresh(since, now) && is_open(&stream) {
                 return Some(stream);
             }
         }
@@ -91,7 +99,7 @@ impl Pool {
     fn prune(&self) {
         let now = Instant::now();
         self.idle.lock().retain(|_, conns| {
-            conns.retain(|(_, since)| now.duration_since(*since) < self.idle_timeout);
+            conns.retain(|(_, since)| self.fresh(*since, now));
             !conns.is_empty()
         });
     }
@@ -145,7 +153,7 @@ impl H1Client {
         method: &str,
         authority: &Arc<str>,
         path: &str,
-        headers: &HeaderMap,
+        headers: &[(HeaderName, &HeaderValue)],
         body: &Bytes,
     ) -> Result<Response<H1Body>, H1Error> {
         let head = request_head(method, authority, path, headers, body.len());
@@ -188,7 +196,7 @@ fn request_head(
     method: &str,
     authority: &str,
     path: &str,
-    headers: &HeaderMap,
+    headers: &[(HeaderName, &HeaderValue)],
     body_len: usize,
 ) -> Vec<u8> {
     let mut head = Vec::with_capacity(96 + authority.len() + path.len() + headers.len() * 40);
@@ -202,7 +210,8 @@ fn request_head(
         head.extend_from_slice(b"\r\n");
     }
     if body_len > 0 || method != "GET" {
-        head.extend_from_slice(format!("content-length: {body_len}\r\n").as_bytes());
+        // Writing to a Vec cannot fail.
+        let _ = write!(head, "content-length: {body_len}\r\n");
     }
     head.extend_from_slice(b"\r\n");
     head

@@ -1,10 +1,11 @@
-//! The pooled HTTP client to engines, and what engines report about themselves.
+//! Requests to engines (through the `h1` client) with their timeouts, and what
+//! engines report about themselves.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, Uri, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Limited};
 use router_state::Role;
 use serde_json::Value;
@@ -93,7 +94,7 @@ impl Upstream {
     pub(crate) async fn post_chat(
         &self,
         authority: &Arc<str>,
-        headers: &HeaderMap,
+        headers: &[(HeaderName, &HeaderValue)],
         body: &Bytes,
     ) -> Result<Response<H1Body>, UpstreamError> {
         let request = self
@@ -103,7 +104,7 @@ impl Upstream {
             Err(_) => Err(UpstreamError::Timeout(
                 "no response head within the first-byte timeout",
             )),
-            Ok(result) => Ok(result?),
+            Ok(result) => result.map_err(UpstreamError::from),
         }
     }
 
@@ -116,8 +117,8 @@ impl Upstream {
     ) -> Result<(StatusCode, Bytes), UpstreamError> {
         let authority = authority(base)
             .ok_or_else(|| UpstreamError::Transport("not an engine base URL".into()))?;
-        let mut headers = HeaderMap::new();
-        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let json = HeaderValue::from_static("application/json");
+        let headers = [(header::ACCEPT, &json)];
         let exchange = async {
             let response = self
                 .client
@@ -133,7 +134,7 @@ impl Upstream {
         };
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) => Err(UpstreamError::Timeout("no complete answer in time")),
-            Ok(result) => Ok(result?),
+            Ok(result) => result,
         }
     }
 }

@@ -142,10 +142,17 @@ pub(crate) struct H1Body {
     conn: Option<Conn>,
     buf: BytesMut,
     decoder: Decoder,
-    /// An error to report after the body bytes decoded before it.
-    failed: Option<H1Error>,
-    /// The body broke and said so: nothing more comes.
-    broken: bool,
+    fault: Fault,
+}
+
+/// Whether the body broke, and whether it has said so yet.
+#[derive(Debug)]
+enum Fault {
+    None,
+    /// To report after the body bytes decoded before it.
+    Pending(H1Error),
+    /// Reported: nothing more comes.
+    Reported,
 }
 
 impl H1Body {
@@ -154,8 +161,7 @@ impl H1Body {
             conn: Some(conn),
             buf,
             decoder: Decoder::new(framing),
-            failed: None,
-            broken: false,
+            fault: Fault::None,
         };
         if body.decoder == Decoder::Done {
             body.finish();
@@ -168,10 +174,10 @@ impl H1Body {
     fn fail(&mut self, out: BytesMut, error: H1Error) -> Polled {
         self.conn = None;
         if out.is_empty() {
-            self.broken = true;
+            self.fault = Fault::Reported;
             Poll::Ready(Some(Err(error)))
         } else {
-            self.failed = Some(error);
+            self.fault = Fault::Pending(error);
             Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
         }
     }
@@ -223,12 +229,11 @@ impl Body for H1Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
         let this = self.get_mut();
-        if let Some(e) = this.failed.take() {
-            this.broken = true;
-            return Poll::Ready(Some(Err(e)));
-        }
-        if this.broken {
-            return Poll::Ready(None);
+        if !matches!(this.fault, Fault::None) {
+            return match std::mem::replace(&mut this.fault, Fault::Reported) {
+                Fault::Pending(e) => Poll::Ready(Some(Err(e))),
+                _ => Poll::Ready(None),
+            };
         }
         let mut out = BytesMut::new();
         let mut read = 0;

@@ -238,7 +238,7 @@ fn client() -> H1Client {
 
 async fn get(client: &H1Client, authority: &Arc<str>) -> Result<(StatusCode, Bytes), H1Error> {
     let response = client
-        .request("GET", authority, "/x", &HeaderMap::new(), &Bytes::new())
+        .request("GET", authority, "/x", &[], &Bytes::new())
         .await?;
     let status = response.status();
     Ok((status, response.into_body().collect().await?.to_bytes()))
@@ -311,13 +311,7 @@ async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
     let client = client();
     assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
     let post = client
-        .request(
-            "POST",
-            &authority,
-            "/x",
-            &HeaderMap::new(),
-            &Bytes::from_static(b"{}"),
-        )
+        .request("POST", &authority, "/x", &[], &Bytes::from_static(b"{}"))
         .await;
     assert!(matches!(post, Err(H1Error::Closed)), "{post:?}");
     assert_eq!(
@@ -343,7 +337,7 @@ async fn bytes_before_a_framing_error_are_delivered_first() {
     )])
     .await;
     let response = client()
-        .request("GET", &authority, "/x", &HeaderMap::new(), &Bytes::new())
+        .request("GET", &authority, "/x", &[], &Bytes::new())
         .await
         .unwrap();
     let mut body = response.into_body();
@@ -378,7 +372,7 @@ async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
     let client = client();
     assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
     let partial = client
-        .request("GET", &authority, "/x", &HeaderMap::new(), &Bytes::new())
+        .request("GET", &authority, "/x", &[], &Bytes::new())
         .await
         .unwrap();
     assert_eq!(
