@@ -517,16 +517,7 @@ fn peer_venv(root: &Path, peer: &str, version: &str) -> anyhow::Result<PathBuf> 
         )?;
         step(
             &format!("install {peer}=={version}"),
-            Command::new(&python)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    "--cache-dir",
-                ])
-                .arg(root.join(".cache/pip"))
+            crate::python::pip_install(&python, &root.join(".cache"))
                 .arg(format!("{peer}=={version}")),
         )?;
     }

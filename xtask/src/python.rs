@@ -16,17 +16,7 @@ pub(crate) fn prepare(root: &Path) -> anyhow::Result<PathBuf> {
     let python = venv(&cache)?;
     step(
         "python packages (tests/python/requirements.txt)",
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--cache-dir",
-            ])
-            .arg(cache.join("pip"))
-            .args(["-r", "tests/python/requirements.txt"]),
+        pip_install(&python, &cache).args(["-r", "tests/python/requirements.txt"]),
     )?;
     step(
         "third-party test data (SGLang and vLLM publishers, Qwen3 tokenizer)",
@@ -51,6 +41,23 @@ pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
             .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
             .env("SWITCHYARD_CACHE", &cache),
     )
+}
+
+/// `pip install` into the venv of `python`, quietly, with the wheel cache under `cache`
+/// (the packages to install are the caller's arguments).
+pub(crate) fn pip_install(python: &Path, cache: &Path) -> Command {
+    let mut command = Command::new(python);
+    command
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--cache-dir",
+        ])
+        .arg(cache.join("pip"));
+    command
 }
 
 /// The venv's interpreter, creating the venv on first use.

@@ -326,12 +326,7 @@ impl AppContext {
     ) -> Vec<FeedHandle> {
         let endpoint = match (config.load_port, advertised) {
             (Some(port_base), advertised) => {
-                let host = config
-                    .url
-                    .parse::<http::Uri>()
-                    .ok()
-                    .and_then(|u| u.host().map(str::to_owned))
-                    .unwrap_or_default();
+                let host = crate::upstream::url_host(&config.url);
                 let topic = advertised.map_or_else(|| "load".to_owned(), |a| a.topic);
                 Some(FeedEndpoint {
                     host,
@@ -374,12 +369,7 @@ impl AppContext {
         let Some(index) = self.prefix_indexes.lock().get(model).cloned() else {
             return Vec::new();
         };
-        let host = config
-            .url
-            .parse::<http::Uri>()
-            .ok()
-            .and_then(|u| u.host().map(str::to_owned))
-            .unwrap_or_default();
+        let host = crate::upstream::url_host(&config.url);
         let endpoint = match (config.kv_port, advertised) {
             (Some(port_base), advertised) => KvFeedEndpoint {
                 feed: FeedEndpoint {

@@ -145,6 +145,14 @@ const MAX_INFO_BYTES: usize = 1 << 20;
 /// The path chat requests are sent to.
 const CHAT_PATH: &str = "/v1/chat/completions";
 
+/// The host of an engine base URL (empty when it has none).
+pub(crate) fn url_host(url: &str) -> String {
+    url.parse::<Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// The `host:port` an engine base URL is reached at (port 80 when it names none).
 pub(crate) fn authority(url: &str) -> Option<Arc<str>> {
     let uri: Uri = url.parse().ok()?;
@@ -198,11 +206,7 @@ pub(crate) fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
         _ => None,
     };
     let kv = &info["kv_events"];
-    let engine_host = engine_url
-        .parse::<Uri>()
-        .ok()
-        .and_then(|u| u.host().map(str::to_owned))
-        .unwrap_or_default();
+    let engine_host = url_host(engine_url);
     let host = match kv["endpoint_host"].as_str() {
         None | Some("*" | "0.0.0.0" | "::" | "[::]" | "") => engine_host,
         Some(host) => host.to_owned(),
