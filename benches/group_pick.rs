@@ -12,12 +12,12 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use router_buckets::EngineGroup;
 use router_policy::{AdmissionLimits, PickRequest, PowerOfTwoPolicy};
-use router_state::{Health, Role, Worker, WorkerRegistry};
+use router_state::{Engine, EngineRegistry, Health, Role};
 
 mod support;
 
 fn group_pick(c: &mut Criterion) {
-    let registry = WorkerRegistry::new();
+    let registry = EngineRegistry::new();
     for i in 0..64 {
         let role = if i % 2 == 0 {
             Role::Prefill
@@ -25,7 +25,7 @@ fn group_pick(c: &mut Criterion) {
             Role::Decode
         };
         registry
-            .add(Worker::new(
+            .add(Engine::new(
                 format!("e{i:02}"),
                 format!("http://e{i}.test"),
                 "m",
@@ -39,7 +39,7 @@ fn group_pick(c: &mut Criterion) {
             .expect("registered");
     }
     let snapshot = registry.snapshot();
-    let engines: Vec<_> = snapshot.model_workers("m").to_vec();
+    let engines: Vec<_> = snapshot.model_engines("m").to_vec();
     let load = support::loaded_table(&engines);
     let policy = Arc::new(PowerOfTwoPolicy::with_seed(
         load,

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
 
 const BLOCK: u32 = 16;
@@ -61,7 +61,7 @@ fn conversations() -> Vec<KvBatch> {
 
 fn apply(c: &mut Criterion) {
     let batches = conversations();
-    let engine = WorkerId::from("E0");
+    let engine = EngineId::from("E0");
     let mut group = c.benchmark_group("prefix_index");
     group.throughput(Throughput::Elements(32_768));
     group.bench_function("apply_stored/32768_blocks", |b| {
@@ -85,7 +85,7 @@ fn lookup(c: &mut Criterion) {
     let index = PrefixIndex::new(config());
     for i in 0..64u32 {
         let pages = 32 * (i as usize + 1);
-        let engine = WorkerId::from(format!("E{i:02}").as_str());
+        let engine = EngineId::from(format!("E{i:02}").as_str());
         let held = &tokens[..pages * BLOCK as usize];
         index.apply(&engine, 0, &batch(1, pages, None, held));
     }

@@ -5,7 +5,7 @@ use std::task::{Context, Poll, Waker};
 
 use router_policy::{BoxFuture, Pick, PickError};
 use router_state::test_util::{basic_report, with_native};
-use router_state::{EngineReportedLoadTable, NativeLoad, Worker};
+use router_state::{Engine, EngineReportedLoadTable, NativeLoad};
 
 /// Polls a policy future that completes without waiting (every local policy does).
 pub(crate) fn ready(mut future: BoxFuture<'_, Result<Pick, PickError>>) -> Result<Pick, PickError> {
@@ -19,7 +19,7 @@ pub(crate) fn ready(mut future: BoxFuture<'_, Result<Pick, PickError>>) -> Resul
 }
 
 /// Registers the engines and gives each a fresh native report with distinct load.
-pub(crate) fn loaded_table(engines: &[Arc<Worker>]) -> Arc<EngineReportedLoadTable> {
+pub(crate) fn loaded_table(engines: &[Arc<Engine>]) -> Arc<EngineReportedLoadTable> {
     let table = Arc::new(EngineReportedLoadTable::default());
     let now = tokio::time::Instant::now();
     for (i, engine) in engines.iter().enumerate() {

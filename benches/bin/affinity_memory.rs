@@ -11,7 +11,7 @@
 mod rss;
 
 use router_state::affinity::{AffinityConfig, AffinityScope, AffinityStore};
-use router_state::{Role, WorkerId};
+use router_state::{EngineId, Role};
 use rss::rss;
 
 fn flood(keys: u64, bound: usize) {
@@ -25,8 +25,8 @@ fn flood(keys: u64, bound: usize) {
         bucket: "default",
         stage: Role::Plain,
     };
-    let engines: Vec<WorkerId> = (0..64)
-        .map(|i| WorkerId::from(format!("E{i:02}").as_str()))
+    let engines: Vec<EngineId> = (0..64)
+        .map(|i| EngineId::from(format!("E{i:02}").as_str()))
         .collect();
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..keys {

@@ -12,7 +12,7 @@
 #[path = "rss.rs"]
 mod rss;
 
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
 use rss::rss;
 
@@ -23,7 +23,7 @@ const PAGES_PER_CONVERSATION: u64 = 64;
 /// token content for every engine when `shared`.
 fn fill(index: &PrefixIndex, engines: u64, conversations: u64, shared: bool) {
     for e in 0..engines {
-        let engine = WorkerId::from(format!("E{e:03}").as_str());
+        let engine = EngineId::from(format!("E{e:03}").as_str());
         for c in 0..conversations {
             let content = if shared { c } else { e * conversations + c };
             let tokens: Vec<u32> = (0..PAGES_PER_CONVERSATION * u64::from(BLOCK))

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::{IndexConfig, KvEvent, PrefixIndex, decode_batch};
 
 fuzz_target!(|input: &[u8]| {
@@ -13,7 +13,7 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     let index = PrefixIndex::new(IndexConfig::default());
-    let engine = WorkerId::from("E1");
+    let engine = EngineId::from("E1");
     index.apply(&engine, 0, &batch);
     for event in &batch.events {
         if let KvEvent::Stored(stored) = event {

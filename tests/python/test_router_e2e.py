@@ -168,8 +168,8 @@ def test_a_short_request_falls_back_to_the_long_bucket_with_both_pd_legs(sim, ro
         "id": "m",
         "engines": [engine("PS", p_short, "prefill"), engine("DS", d_short, "decode"), engine("PL", p_long, "prefill"), engine("DL", d_long, "decode")],
         "buckets": [
-            {"id": "short", "limits": {"max": 4096}, "groups": {"pd": {"prefill": {"worker_ids": ["PS"], "policy": capped}, "decode": {"worker_ids": ["DS"], "policy": capped}}}},
-            {"id": "long", "groups": {"pd": {"prefill": {"worker_ids": ["PL"]}, "decode": {"worker_ids": ["DL"]}}}},
+            {"id": "short", "limits": {"max": 4096}, "groups": {"pd": {"prefill": {"engine_ids": ["PS"], "policy": capped}, "decode": {"engine_ids": ["DS"], "policy": capped}}}},
+            {"id": "long", "groups": {"pd": {"prefill": {"engine_ids": ["PL"]}, "decode": {"engine_ids": ["DL"]}}}},
         ],
     }
     r = router({"models": [model]})

@@ -58,17 +58,17 @@ const BUCKETS: &[(&str, &str)] = &[
     (
         "demo-chat",
         r#"[{"id": "short", "limits": {"max": 8000}, "max_context_tokens": 12000,
-             "groups": {"plain": {"worker_ids": ["A1", "A2", "A4"],
+             "groups": {"plain": {"engine_ids": ["A1", "A2", "A4"],
                                   "policy": {"type": "cache_aware", "min_matched_tokens": 256,
                                              "admission": {"max_waiting_requests": 2}}}}},
-            {"id": "long", "groups": {"plain": {"worker_ids": ["A3"], "policy": {"type": "load_based"}}}}]"#,
+            {"id": "long", "groups": {"plain": {"engine_ids": ["A3"], "policy": {"type": "load_based"}}}}]"#,
     ),
     (
         "demo-pd",
         r#"[{"id": "short", "limits": {"max": 8000}, "max_context_tokens": 12000,
-             "groups": {"pd": {"prefill": {"worker_ids": ["P1"], "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}},
-                               "decode": {"worker_ids": ["D1"]}}}},
-            {"id": "long", "groups": {"pd": {"prefill": {"worker_ids": ["P2"]}, "decode": {"worker_ids": ["D2"]}}}}]"#,
+             "groups": {"pd": {"prefill": {"engine_ids": ["P1"], "policy": {"type": "power_of_two", "admission": {"max_waiting_requests": 2}}},
+                               "decode": {"engine_ids": ["D1"]}}}},
+            {"id": "long", "groups": {"pd": {"prefill": {"engine_ids": ["P2"]}, "decode": {"engine_ids": ["D2"]}}}}]"#,
     ),
 ];
 

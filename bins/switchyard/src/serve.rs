@@ -5,8 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use router_buckets::DefaultPolicies;
 use router_http::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig};
 use router_policy::PolicyConfig;
+use router_state::Role;
 use serde_json::json;
 
 /// Options of `switchyard serve`.
@@ -118,10 +120,12 @@ fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
         (Some(Filter::Overloaded), None) => bail!("--filter overloaded needs --max-in-flight N"),
         (_, cap) => cap,
     };
-    let policy = |name: Option<&String>| -> anyhow::Result<Option<PolicyConfig>> {
+    // A role without a named policy keeps its built-in one; --max-in-flight only caps it.
+    let builtin = DefaultPolicies::default();
+    let policy = |name: Option<&String>, role: Role| -> anyhow::Result<Option<PolicyConfig>> {
         let Some(name) = name.or(args.policy.as_ref()) else {
             return Ok(max_in_flight.map(|cap| {
-                let mut p = PolicyConfig::default();
+                let mut p = builtin.for_role(role).clone();
                 p.admission_mut().max_inflight_requests = Some(cap);
                 p
             }));
@@ -136,7 +140,7 @@ fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
     };
     let mut engines = Vec::new();
     for (i, url) in args.worker_urls.iter().enumerate() {
-        engines.push(engine(format!("worker-{i}"), url, EngineRole::Plain, None));
+        engines.push(engine(format!("engine-{i}"), url, EngineRole::Plain, None));
     }
     for (i, chunk) in prefill_pairs(&args.prefill)?.into_iter().enumerate() {
         engines.push(engine(
@@ -157,9 +161,9 @@ fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
         ..ModelConfig::new(model, engines)
     }]);
     config.policies = RolePolicies {
-        plain: policy(None)?,
-        prefill: policy(args.prefill_policy.as_ref())?,
-        decode: policy(args.decode_policy.as_ref())?,
+        plain: policy(None, Role::Plain)?,
+        prefill: policy(args.prefill_policy.as_ref(), Role::Prefill)?,
+        decode: policy(args.decode_policy.as_ref(), Role::Decode)?,
     };
     Ok(config)
 }
@@ -231,7 +235,158 @@ pub(crate) fn schema() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+    use router_policy::AdmissionLimits;
+
     use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn fleet(flags: &[&str]) -> anyhow::Result<RouterConfig> {
+        let serve = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))?;
+        config_from(serve.args)
+    }
+
+    fn capped(policy: &PolicyConfig) -> (&'static str, Option<u64>) {
+        (policy.type_name(), policy.admission().max_inflight_requests)
+    }
+
+    #[test]
+    fn a_cap_without_a_policy_keeps_each_roles_builtin_policy() {
+        let config = fleet(&[
+            "--model",
+            "m",
+            "--worker-urls",
+            "http://a:1",
+            "--max-in-flight",
+            "8",
+        ])
+        .unwrap();
+        let policies = &config.policies;
+        assert_eq!(
+            capped(policies.plain.as_ref().unwrap()),
+            ("round_robin", Some(8)),
+            "plain groups stay round-robin when only a cap is given"
+        );
+        for pd in [&policies.prefill, &policies.decode] {
+            assert_eq!(capped(pd.as_ref().unwrap()), ("power_of_two", Some(8)));
+        }
+        let uncapped =
+            fleet(&["--model", "m", "--worker-urls", "http://a:1", "http://b:1"]).unwrap();
+        assert_eq!(uncapped.policies, RolePolicies::default());
+        let ids: Vec<_> = uncapped.models[0]
+            .engines
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect();
+        assert_eq!(ids, ["engine-0", "engine-1"]);
+    }
+
+    #[test]
+    fn fleet_flags_describe_one_model_of_typed_engines() {
+        let config = fleet(&[
+            "--model",
+            "m",
+            "--prefill",
+            "http://p:1/",
+            "9000",
+            "--decode",
+            "http://d:1",
+            "--policy",
+            "load_based",
+            "--decode-policy",
+            "random",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "9",
+            "--admin-token",
+            "secret",
+        ])
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9".parse().unwrap());
+        assert_eq!(config.admin.token.as_deref(), Some("secret"));
+        let model = &config.models[0];
+        assert_eq!(model.id, "m");
+        let engines: Vec<_> = model
+            .engines
+            .iter()
+            .map(|e| (e.id.as_str(), e.url.as_str(), e.role, e.bootstrap_port))
+            .collect();
+        assert_eq!(
+            engines,
+            [
+                (
+                    "prefill-0",
+                    "http://p:1",
+                    Some(EngineRole::Prefill),
+                    Some(9000)
+                ),
+                ("decode-0", "http://d:1", Some(EngineRole::Decode), None),
+            ]
+        );
+        let policies = &config.policies;
+        assert_eq!(policies.prefill.as_ref().unwrap().type_name(), "load_based");
+        assert_eq!(policies.decode.as_ref().unwrap().type_name(), "random");
+        assert_eq!(
+            *policies.decode.as_ref().unwrap().admission(),
+            AdmissionLimits::default()
+        );
+    }
+
+    #[test]
+    fn fleet_flags_refuse_what_they_cannot_describe() {
+        let error = |flags: &[&str]| fleet(flags).unwrap_err().to_string();
+        assert_eq!(
+            error(&["--worker-urls", "http://a:1"]),
+            "--model is required without --config"
+        );
+        assert_eq!(
+            error(&["--model", "m"]),
+            "no engines: pass --worker-urls, or --prefill and --decode, or --config FILE"
+        );
+        assert_eq!(
+            error(&["--config", "x.yaml", "--model", "m"]),
+            "use either --config or the fleet flags (--model, --worker-urls, --prefill, --decode, --tokenizer)"
+        );
+        assert_eq!(
+            error(&[
+                "--model",
+                "m",
+                "--worker-urls",
+                "http://a:1",
+                "--filter",
+                "overloaded"
+            ]),
+            "--filter overloaded needs --max-in-flight N"
+        );
+        assert!(
+            error(&[
+                "--model",
+                "m",
+                "--worker-urls",
+                "http://a:1",
+                "--filter",
+                "prefix-cache"
+            ])
+            .starts_with("--filter prefix_cache was removed"),
+        );
+        assert!(
+            error(&[
+                "--model",
+                "m",
+                "--worker-urls",
+                "http://a:1",
+                "--policy",
+                "fastest"
+            ])
+            .starts_with("--policy fastest: unknown variant `fastest`"),
+        );
+    }
 
     #[test]
     fn prefill_flags_pair_urls_with_optional_bootstrap_ports() {

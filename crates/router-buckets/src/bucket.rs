@@ -191,25 +191,25 @@ impl Bucket {
     /// engines serving the model.
     pub async fn pick_engines(
         &self,
-        workers: &RegistrySnapshot,
+        engines: &RegistrySnapshot,
         request: &BucketRequest<'_>,
     ) -> Result<BucketPick, PickError> {
         let engines = match &self.groups {
             BucketGroups::Plain(group) => {
-                self.check_mode(workers, request.model, ModelMode::Plain)?;
+                self.check_mode(engines, request.model, ModelMode::Plain)?;
                 EnginePicks::Plain(
                     group
-                        .pick(workers, &self.pick_request(request, Role::Plain))
+                        .pick(engines, &self.pick_request(request, Role::Plain))
                         .await?,
                 )
             }
             BucketGroups::Pd { prefill, decode } => {
-                self.check_mode(workers, request.model, ModelMode::Pd)?;
+                self.check_mode(engines, request.model, ModelMode::Pd)?;
                 let prefill = prefill
-                    .pick(workers, &self.pick_request(request, Role::Prefill))
+                    .pick(engines, &self.pick_request(request, Role::Prefill))
                     .await?;
                 let decode = decode
-                    .pick(workers, &self.pick_request(request, Role::Decode))
+                    .pick(engines, &self.pick_request(request, Role::Decode))
                     .await?;
                 EnginePicks::Pd { prefill, decode }
             }
@@ -222,11 +222,11 @@ impl Bucket {
 
     fn check_mode(
         &self,
-        workers: &RegistrySnapshot,
+        engines: &RegistrySnapshot,
         model: &str,
         expected: ModelMode,
     ) -> Result<(), PickError> {
-        match workers.model_mode(model) {
+        match engines.model_mode(model) {
             Some(mode) if mode != expected => Err(PickError::InvalidConfiguration {
                 stage: None,
                 message: format!(

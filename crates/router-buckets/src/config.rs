@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use router_policy::{PolicyConfig, PolicyHandles};
-use router_state::{ModelMode, Role, WorkerId};
+use router_state::{EngineId, ModelMode, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -22,8 +22,8 @@ use crate::resolver::BucketResolver;
 /// max_context_tokens: 8192
 /// groups:
 ///   pd:
-///     prefill: {worker_ids: [P1], policy: {type: power_of_two}}
-///     decode: {worker_ids: [D1]}
+///     prefill: {engine_ids: [P1], policy: {type: power_of_two}}
+///     decode: {engine_ids: [D1]}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -71,15 +71,15 @@ pub struct PdGroupsConfig {
 pub struct GroupConfig {
     /// Member engine ids; absent = every healthy engine of the model in this role,
     /// `[]` = none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worker_ids: Option<Vec<String>>,
+    #[serde(default, alias = "worker_ids", skip_serializing_if = "Option::is_none")]
+    pub engine_ids: Option<Vec<String>>,
     /// The group's policy; absent = the default policy for the role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyConfig>,
 }
 
 /// A configuration error and the path of the field it concerns, relative to the
-/// model (e.g. `buckets[1].groups.pd.decode.worker_ids[0]`).
+/// model (e.g. `buckets[1].groups.pd.decode.engine_ids[0]`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
 pub struct BucketConfigError {
@@ -102,12 +102,12 @@ impl BucketConfigError {
 /// membership is validated against it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelRoster {
-    engines: BTreeMap<WorkerId, Option<Role>>,
+    engines: BTreeMap<EngineId, Option<Role>>,
 }
 
 impl ModelRoster {
     /// A roster of `(id, role)` pairs.
-    pub fn new(engines: impl IntoIterator<Item = (WorkerId, Role)>) -> Self {
+    pub fn new(engines: impl IntoIterator<Item = (EngineId, Role)>) -> Self {
         Self {
             engines: engines
                 .into_iter()
@@ -118,7 +118,7 @@ impl ModelRoster {
 
     /// Adds engines whose role is not known yet (it will be read from the engine);
     /// membership naming them is accepted for any role.
-    pub fn with_unknown_roles(mut self, ids: impl IntoIterator<Item = WorkerId>) -> Self {
+    pub fn with_unknown_roles(mut self, ids: impl IntoIterator<Item = EngineId>) -> Self {
         self.engines.extend(ids.into_iter().map(|id| (id, None)));
         self
     }
@@ -143,8 +143,10 @@ impl ModelRoster {
     }
 }
 
-/// The policy a group gets when it names none, per role.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The policy a group gets when it names none, per role. The default is the
+/// built-in one: `round_robin` for plain groups, `power_of_two` for prefill and
+/// decode groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DefaultPolicies {
     /// For plain groups.
     pub plain: PolicyConfig,
@@ -154,21 +156,32 @@ pub struct DefaultPolicies {
     pub decode: PolicyConfig,
 }
 
+impl Default for DefaultPolicies {
+    fn default() -> Self {
+        Self {
+            plain: PolicyConfig::RoundRobin(Default::default()),
+            prefill: PolicyConfig::PowerOfTwo(Default::default()),
+            decode: PolicyConfig::PowerOfTwo(Default::default()),
+        }
+    }
+}
+
 impl DefaultPolicies {
+    /// The policy of groups of `role`.
+    pub fn for_role(&self, role: Role) -> &PolicyConfig {
+        match role {
+            Role::Plain => &self.plain,
+            Role::Prefill => &self.prefill,
+            Role::Decode => &self.decode,
+        }
+    }
+
     /// The same policy for every role.
     pub fn uniform(policy: PolicyConfig) -> Self {
         Self {
             plain: policy.clone(),
             prefill: policy.clone(),
             decode: policy,
-        }
-    }
-
-    fn for_role(&self, role: Role) -> &PolicyConfig {
-        match role {
-            Role::Plain => &self.plain,
-            Role::Prefill => &self.prefill,
-            Role::Decode => &self.decode,
         }
     }
 }
@@ -379,12 +392,12 @@ fn build_group(
     let policy = policy_config
         .build(role, handles)
         .map_err(|e| BucketConfigError::at(format!("{path}.policy"), e))?;
-    let Some(ids) = &config.worker_ids else {
+    let Some(ids) = &config.engine_ids else {
         return Ok(EngineGroup::new(policy));
     };
     let mut members = BTreeSet::new();
     for (k, id) in ids.iter().enumerate() {
-        let at = format!("{path}.worker_ids[{k}]");
+        let at = format!("{path}.engine_ids[{k}]");
         match roster.role_of(id) {
             _ if id.is_empty() => {
                 return Err(BucketConfigError::at(at, "engine id must not be empty"));
@@ -405,7 +418,7 @@ fn build_group(
             }
             _ => {}
         }
-        if !members.insert(WorkerId::from(id.as_str())) {
+        if !members.insert(EngineId::from(id.as_str())) {
             return Err(BucketConfigError::at(
                 at,
                 format_args!("engine {id:?} is listed twice"),

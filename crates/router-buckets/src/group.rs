@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use router_policy::{Pick, PickError, PickRequest, Policy};
-use router_state::{RegistrySnapshot, Role, Worker, WorkerId};
+use router_state::{Engine, EngineId, RegistrySnapshot, Role};
 
 /// Which engines of the model and stage a group may pick from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,12 +12,12 @@ pub enum Membership {
     /// Every healthy engine serving the model in the group's role.
     All,
     /// Only these engines (an empty set means none).
-    Only(BTreeSet<WorkerId>),
+    Only(BTreeSet<EngineId>),
 }
 
 impl Membership {
     /// Whether the engine with this id is a member.
-    pub fn contains(&self, id: &WorkerId) -> bool {
+    pub fn contains(&self, id: &EngineId) -> bool {
         match self {
             Membership::All => true,
             Membership::Only(ids) => ids.contains(id),
@@ -46,7 +46,7 @@ impl EngineGroup {
     }
 
     /// A group of exactly these engines (none, if `ids` is empty).
-    pub fn with_members(policy: Arc<dyn Policy>, ids: impl IntoIterator<Item = WorkerId>) -> Self {
+    pub fn with_members(policy: Arc<dyn Policy>, ids: impl IntoIterator<Item = EngineId>) -> Self {
         Self {
             membership: Membership::Only(ids.into_iter().collect()),
             policy,
@@ -67,12 +67,12 @@ impl EngineGroup {
     /// role, sorted by id.
     pub fn candidates(
         &self,
-        workers: &RegistrySnapshot,
+        engines: &RegistrySnapshot,
         model: &str,
         stage: Role,
-    ) -> Vec<Arc<Worker>> {
-        workers
-            .model_workers(model)
+    ) -> Vec<Arc<Engine>> {
+        engines
+            .model_engines(model)
             .iter()
             .filter(|w| w.is_healthy() && w.role() == stage && self.membership.contains(w.id()))
             .cloned()
@@ -88,10 +88,10 @@ impl EngineGroup {
     /// the policy returns.
     pub async fn pick(
         &self,
-        workers: &RegistrySnapshot,
+        engines: &RegistrySnapshot,
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let candidates = self.candidates(workers, request.model, request.stage);
+        let candidates = self.candidates(engines, request.model, request.stage);
         if candidates.is_empty() {
             return Err(PickError::NoCandidates {
                 stage: request.stage,

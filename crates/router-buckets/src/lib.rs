@@ -15,11 +15,11 @@
 //! use std::sync::Arc;
 //! use router_buckets::{Bucket, BucketGroups, BucketRequest, BucketResolver, EngineGroup, TokenLimits};
 //! use router_policy::{AdmissionLimits, RoundRobinPolicy};
-//! use router_state::{EngineReportedLoadTable, Role, Worker, WorkerRegistry};
+//! use router_state::{EngineReportedLoadTable, Role, Engine, EngineRegistry};
 //!
-//! let registry = WorkerRegistry::new();
+//! let registry = EngineRegistry::new();
 //! for (id, role) in [("P1", Role::Prefill), ("D1", Role::Decode), ("P2", Role::Prefill), ("D2", Role::Decode)] {
-//!     registry.add(Worker::new(id, format!("http://{id}:8000"), "m", role))?;
+//!     registry.add(Engine::new(id, format!("http://{id}:8000"), "m", role))?;
 //! }
 //! let load = Arc::new(EngineReportedLoadTable::default());
 //! let group = |ids: &[&str]| {

@@ -109,7 +109,7 @@ impl BucketResolver {
     /// See [`SelectError`].
     pub async fn select(
         &self,
-        workers: &RegistrySnapshot,
+        engines: &RegistrySnapshot,
         request: &BucketRequest<'_>,
     ) -> Result<Selection, SelectError> {
         let buckets = self
@@ -126,7 +126,7 @@ impl BucketResolver {
         }
         let mut attempts = Vec::new();
         for bucket in buckets {
-            match bucket.pick_engines(workers, request).await {
+            match bucket.pick_engines(engines, request).await {
                 Ok(pick) => {
                     tracing::debug!(
                         bucket = bucket.id(),

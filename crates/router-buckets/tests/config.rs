@@ -43,8 +43,8 @@ fn build(json: &str, roster: &ModelRoster) -> Result<router_buckets::BucketResol
 const PD_SHORT: &str = r#"[{
     "id": "short-context", "rank": 10, "limits": {"min": 0, "max": 4096}, "max_context_tokens": 8192,
     "groups": {"pd": {
-        "prefill": {"worker_ids": ["P1"], "policy": {"type": "round_robin", "admission": {"max_running_requests": 64}}},
-        "decode": {"worker_ids": ["D1"], "policy": {"type": "power_of_two"}}}}
+        "prefill": {"engine_ids": ["P1"], "policy": {"type": "round_robin", "admission": {"max_running_requests": 64}}},
+        "decode": {"engine_ids": ["D1"], "policy": {"type": "power_of_two"}}}}
 }]"#;
 
 #[test]
@@ -89,9 +89,9 @@ fn absent_buckets_build_one_catch_all_bucket_of_the_models_kind() {
 }
 
 #[test]
-fn an_empty_worker_list_means_no_engines() {
+fn an_empty_engine_list_means_no_engines() {
     let resolver = build(
-        r#"[{"id": "b", "groups": {"plain": {"worker_ids": []}}}]"#,
+        r#"[{"id": "b", "groups": {"plain": {"engine_ids": []}}}]"#,
         &roster_plain(),
     )
     .unwrap();
@@ -99,6 +99,26 @@ fn an_empty_worker_list_means_no_engines() {
         panic!("plain")
     };
     assert_eq!(group.membership(), &Membership::Only(Default::default()));
+}
+
+#[test]
+fn worker_ids_is_accepted_as_the_peer_routers_name_for_engine_ids() {
+    let parsed = |key: &str| {
+        parse(&format!(
+            r#"[{{"id": "b", "groups": {{"plain": {{"{key}": ["A1"]}}}}}}]"#
+        ))
+        .unwrap()
+    };
+    assert_eq!(parsed("worker_ids"), parsed("engine_ids"));
+    assert_eq!(
+        parsed("worker_ids")[0]
+            .groups
+            .plain
+            .as_ref()
+            .unwrap()
+            .engine_ids,
+        Some(vec!["A1".to_owned()])
+    );
 }
 
 #[test]
@@ -176,26 +196,26 @@ fn validation_errors_name_their_path() {
             "buckets[0].max_context_tokens: 0 is below limits.min (0), so no request fits",
         ),
         (
-            plain(r#""groups": {"plain": {"worker_ids": ["A1", "A9"]}}"#),
+            plain(r#""groups": {"plain": {"engine_ids": ["A1", "A9"]}}"#),
             roster_plain(),
-            "buckets[0].groups.plain.worker_ids[1]: unknown engine \"A9\"",
+            "buckets[0].groups.plain.engine_ids[1]: unknown engine \"A9\"",
         ),
         (
-            plain(r#""groups": {"plain": {"worker_ids": ["A1", "A1"]}}"#),
+            plain(r#""groups": {"plain": {"engine_ids": ["A1", "A1"]}}"#),
             roster_plain(),
-            "buckets[0].groups.plain.worker_ids[1]: engine \"A1\" is listed twice",
+            "buckets[0].groups.plain.engine_ids[1]: engine \"A1\" is listed twice",
         ),
         (
-            plain(r#""groups": {"plain": {"worker_ids": [""]}}"#),
+            plain(r#""groups": {"plain": {"engine_ids": [""]}}"#),
             roster_plain(),
-            "buckets[0].groups.plain.worker_ids[0]: engine id must not be empty",
+            "buckets[0].groups.plain.engine_ids[0]: engine id must not be empty",
         ),
         (
             plain(
-                r#""groups": {"pd": {"prefill": {"worker_ids": ["P1"]}, "decode": {"worker_ids": ["P2"]}}}"#,
+                r#""groups": {"pd": {"prefill": {"engine_ids": ["P1"]}, "decode": {"engine_ids": ["P2"]}}}"#,
             ),
             roster_pd(),
-            "buckets[0].groups.pd.decode.worker_ids[0]: engine \"P2\" is a prefill engine, but this group picks decode engines",
+            "buckets[0].groups.pd.decode.engine_ids[0]: engine \"P2\" is a prefill engine, but this group picks decode engines",
         ),
         (
             plain(r#""groups": {}"#),
@@ -240,7 +260,7 @@ fn round_trips_through_serde_and_publishes_a_schema() {
     let schema = serde_json::to_string(&schemars::schema_for!(BucketConfig)).unwrap();
     for field in [
         "max_context_tokens",
-        "worker_ids",
+        "engine_ids",
         "prefill",
         "decode",
         "rank",
@@ -255,15 +275,15 @@ fn engines_whose_role_is_not_known_yet_are_accepted_in_any_group() {
     let roster = ModelRoster::default().with_unknown_roles(["X1".into(), "X2".into()]);
     assert!(roster.contains("X1") && roster.role_of("X1").is_none());
     assert_eq!(roster.mode(), None);
-    let json = r#"[{"id": "b", "groups": {"pd": {"prefill": {"worker_ids": ["X1"]}, "decode": {"worker_ids": ["X2"]}}}}]"#;
+    let json = r#"[{"id": "b", "groups": {"pd": {"prefill": {"engine_ids": ["X1"]}, "decode": {"engine_ids": ["X2"]}}}}]"#;
     assert!(build(json, &roster).is_ok());
     let err = build(
-        r#"[{"id": "b", "groups": {"plain": {"worker_ids": ["X3"]}}}]"#,
+        r#"[{"id": "b", "groups": {"plain": {"engine_ids": ["X3"]}}}]"#,
         &roster,
     )
     .unwrap_err();
     assert_eq!(
         err,
-        "buckets[0].groups.plain.worker_ids[0]: unknown engine \"X3\""
+        "buckets[0].groups.plain.engine_ids[0]: unknown engine \"X3\""
     );
 }

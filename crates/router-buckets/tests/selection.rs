@@ -11,7 +11,7 @@ use router_buckets::{BucketRequest, BucketResolver, EngineGroup, EnginePicks, Se
 use router_policy::{PickError, PickRequest};
 use router_state::{EngineReportedLoadTable, Health, Role};
 
-fn plain_fleet() -> router_state::WorkerRegistry {
+fn plain_fleet() -> router_state::EngineRegistry {
     registry(&[
         ("c", Role::Plain),
         ("a", Role::Plain),
@@ -20,7 +20,7 @@ fn plain_fleet() -> router_state::WorkerRegistry {
     ])
 }
 
-fn pd_fleet() -> router_state::WorkerRegistry {
+fn pd_fleet() -> router_state::EngineRegistry {
     registry(&[
         ("P1", Role::Prefill),
         ("P2", Role::Prefill),

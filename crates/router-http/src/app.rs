@@ -19,12 +19,12 @@ use router_state::kv_events::{
     IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
 };
 use router_state::{
-    EngineReportedLoadTable, FeedHandle, FeedStats, Health, LoadFeedSource, LoadTableConfig, Role,
-    Worker, WorkerId, WorkerRegistry, spawn_load_subscriber,
+    Engine, EngineId, EngineRegistry, EngineReportedLoadTable, FeedHandle, FeedStats, Health,
+    LoadFeedSource, LoadTableConfig, Role, spawn_load_subscriber,
 };
 use tokio::time::Instant;
 
-use crate::config::{ConfigError, EngineConfig, RouterConfig, builtin_policies, roster_of};
+use crate::config::{ConfigError, EngineConfig, RouterConfig, roster_of};
 use crate::health::HealthBook;
 use crate::metrics::Metrics;
 use crate::tokenize::ChatTokenizer;
@@ -68,7 +68,7 @@ struct EngineRuntime {
 /// The shared services of a running router.
 #[derive(Debug)]
 pub struct AppContext {
-    pub(crate) registry: Arc<WorkerRegistry>,
+    pub(crate) registry: Arc<EngineRegistry>,
     pub(crate) load: Arc<EngineReportedLoadTable>,
     pub(crate) routes: ArcSwap<HashMap<String, Arc<ModelRoute>>>,
     pub(crate) health: HealthBook,
@@ -87,9 +87,9 @@ pub struct AppContext {
     pub(crate) config: RouterConfig,
     handles: PolicyHandles,
     defaults: DefaultPolicies,
-    engines: Mutex<HashMap<WorkerId, EngineRuntime>>,
+    engines: Mutex<HashMap<EngineId, EngineRuntime>>,
     /// Each engine's `host:port`, parsed once.
-    authorities: ArcSwap<HashMap<WorkerId, Arc<str>>>,
+    authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -112,10 +112,10 @@ impl AppContext {
             affinity.spawn_sweeper(Duration::from_millis(config.affinity.sweep_interval_ms));
         let handles =
             PolicyHandles::new(Arc::clone(&load)).with_affinity_store(Some(Arc::clone(&affinity)));
-        let defaults = config.policies.over(&builtin_policies());
+        let defaults = config.policies.over(&DefaultPolicies::default());
         let upstream = Upstream::new(&config.timeouts);
         let ctx = Arc::new(Self {
-            registry: Arc::new(WorkerRegistry::new()),
+            registry: Arc::new(EngineRegistry::new()),
             load,
             routes: ArcSwap::default(),
             health: HealthBook::new(config.health),
@@ -214,8 +214,8 @@ impl AppContext {
         self.handles.clone().with_prefix_source(Some(source))
     }
 
-    /// The worker registry.
-    pub fn registry(&self) -> &Arc<WorkerRegistry> {
+    /// The engine registry.
+    pub fn registry(&self) -> &Arc<EngineRegistry> {
         &self.registry
     }
 
@@ -281,15 +281,15 @@ impl AppContext {
         })?;
         let dp_size = config.dp_size.or(known.dp_size).unwrap_or(1);
         let dp_size = NonZeroU32::new(dp_size).unwrap_or(NonZeroU32::MIN);
-        let mut worker =
-            Worker::new(config.id.as_str(), config.url.as_str(), model, role).with_dp_size(dp_size);
+        let mut engine =
+            Engine::new(config.id.as_str(), config.url.as_str(), model, role).with_dp_size(dp_size);
         if let Some(port) = config.bootstrap_port.or(known.bootstrap_port) {
-            worker = worker.with_bootstrap_port(port);
+            engine = engine.with_bootstrap_port(port);
         }
         let healthy = info.is_some();
-        let id = worker.id().clone();
+        let id = engine.id().clone();
         self.registry
-            .add(worker.with_health(if healthy {
+            .add(engine.with_health(if healthy {
                 Health::Healthy
             } else {
                 Health::Unhealthy
@@ -320,7 +320,7 @@ impl AppContext {
     fn start_feeds(
         &self,
         config: &EngineConfig,
-        id: &WorkerId,
+        id: &EngineId,
         dp_size: NonZeroU32,
         advertised: Option<FeedEndpoint>,
     ) -> Vec<FeedHandle> {
@@ -361,7 +361,7 @@ impl AppContext {
     fn start_kv_feeds(
         &self,
         config: &EngineConfig,
-        id: &WorkerId,
+        id: &EngineId,
         model: &str,
         dp_size: NonZeroU32,
         advertised: Option<KvFeedEndpoint>,
@@ -428,7 +428,7 @@ impl AppContext {
         &self,
         config: EngineConfig,
         model: String,
-    ) -> Result<Arc<Worker>, String> {
+    ) -> Result<Arc<Engine>, String> {
         crate::upstream::check_engine_url(&config.url).map_err(|e| format!("url: {e}"))?;
         if config.id.is_empty() || model.is_empty() {
             return Err("id and model must not be empty".into());
@@ -439,7 +439,7 @@ impl AppContext {
         let info = self.introspect(&config.url).await;
         let role = self.register(&config, &model, info)?;
         if !self.routes.load().contains_key(&model) {
-            let roster = ModelRoster::new([(WorkerId::from(config.id.as_str()), role)]);
+            let roster = ModelRoster::new([(EngineId::from(config.id.as_str()), role)]);
             let resolver = build_resolver(None, &roster, &self.defaults, &self.handles)
                 .map_err(|e| e.to_string())?;
             self.routes.rcu(|routes| {
@@ -463,32 +463,32 @@ impl AppContext {
 
     /// Removes an engine: it leaves every candidate set, its load reports and feeds
     /// are dropped; requests already dispatched to it finish.
-    pub(crate) fn remove_engine(&self, id: &str) -> Result<Arc<Worker>, String> {
-        let worker = self.registry.remove(id).map_err(|e| e.to_string())?;
-        self.load.unregister(worker.id());
-        self.health.remove(worker.id());
+    pub(crate) fn remove_engine(&self, id: &str) -> Result<Arc<Engine>, String> {
+        let engine = self.registry.remove(id).map_err(|e| e.to_string())?;
+        self.load.unregister(engine.id());
+        self.health.remove(engine.id());
         // Stop the engine's subscribers before dropping its cache entries.
-        drop(self.engines.lock().remove(worker.id()));
-        if let Some(index) = self.prefix_indexes.lock().get(worker.model()) {
-            index.remove_engine(worker.id());
+        drop(self.engines.lock().remove(engine.id()));
+        if let Some(index) = self.prefix_indexes.lock().get(engine.model()) {
+            index.remove_engine(engine.id());
         }
-        self.affinity.remove_engine(worker.id());
+        self.affinity.remove_engine(engine.id());
         self.authorities.rcu(|authorities| {
             let mut next = HashMap::clone(authorities);
-            next.remove(worker.id());
+            next.remove(engine.id());
             next
         });
-        Ok(worker)
+        Ok(engine)
     }
 
     /// Records a dispatch outcome for the engine's breaker.
-    pub(crate) fn record_dispatch(&self, id: &WorkerId, succeeded: bool) {
+    pub(crate) fn record_dispatch(&self, id: &EngineId, succeeded: bool) {
         if let Some(routable) = self.health.record_dispatch(id, succeeded, Instant::now()) {
             self.set_routable(id, routable);
         }
     }
 
-    fn set_routable(&self, id: &WorkerId, routable: bool) {
+    fn set_routable(&self, id: &EngineId, routable: bool) {
         let health = if routable {
             Health::Healthy
         } else {
@@ -503,56 +503,56 @@ impl AppContext {
     /// are introspected again so their load feeds start.
     pub(crate) async fn probe_all(&self) {
         let snapshot = self.registry.snapshot();
-        let probes = snapshot.workers().map(|w| async move {
+        let probes = snapshot.engines().map(|w| async move {
             let passed = matches!(
                 self.upstream.get(w.url(), "/health", self.health.probe_timeout()).await,
                 Ok((status, _)) if status.is_success()
             );
             (Arc::clone(w), passed)
         });
-        for (worker, passed) in futures_util::future::join_all(probes).await {
+        for (engine, passed) in futures_util::future::join_all(probes).await {
             if let Some(routable) = self
                 .health
-                .record_probe(worker.id(), passed, Instant::now())
+                .record_probe(engine.id(), passed, Instant::now())
             {
-                self.set_routable(worker.id(), routable);
+                self.set_routable(engine.id(), routable);
             }
             if passed {
-                self.retry_introspection(&worker).await;
+                self.retry_introspection(&engine).await;
             }
         }
     }
 
-    async fn retry_introspection(&self, worker: &Worker) {
+    async fn retry_introspection(&self, engine: &Engine) {
         let pending = {
             let engines = self.engines.lock();
             engines
-                .get(worker.id())
+                .get(engine.id())
                 .filter(|e| !e.introspected)
                 .map(|e| e.config.clone())
         };
         let Some(config) = pending else {
             return;
         };
-        let Some(info) = self.introspect(worker.url()).await else {
+        let Some(info) = self.introspect(engine.url()).await else {
             return;
         };
-        let mut feeds = self.start_feeds(&config, worker.id(), worker.dp_size(), info.load_feed);
+        let mut feeds = self.start_feeds(&config, engine.id(), engine.dp_size(), info.load_feed);
         feeds.extend(self.start_kv_feeds(
             &config,
-            worker.id(),
-            worker.model(),
-            worker.dp_size(),
+            engine.id(),
+            engine.model(),
+            engine.dp_size(),
             info.kv_feed,
         ));
-        if let Some(runtime) = self.engines.lock().get_mut(worker.id()) {
+        if let Some(runtime) = self.engines.lock().get_mut(engine.id()) {
             runtime.introspected = true;
             runtime._feeds = feeds;
         }
     }
 
     /// The engine's `host:port`.
-    pub(crate) fn engine_authority(&self, engine: &Worker) -> Option<Arc<str>> {
+    pub(crate) fn engine_authority(&self, engine: &Engine) -> Option<Arc<str>> {
         match self.authorities.load().get(engine.id()) {
             Some(authority) => Some(Arc::clone(authority)),
             None => crate::upstream::authority(engine.url()),

@@ -10,7 +10,7 @@ use router_buckets::{BucketConfig, DefaultPolicies, ModelRoster, build_resolver}
 use router_policy::{CacheSource, LocalCacheSource, PolicyConfig, PolicyHandles};
 use router_state::affinity::{AffinityConfig, AffinityStore};
 use router_state::kv_events::{IndexConfig, PrefixIndex};
-use router_state::{ModelMode, Role, WorkerId};
+use router_state::{EngineId, ModelMode, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +36,7 @@ pub struct RouterConfig {
     /// Engine load reports.
     #[serde(default)]
     pub load: LoadConfig,
-    /// The worker admin API.
+    /// The engine admin API (`/workers`).
     #[serde(default)]
     pub admin: AdminConfig,
     /// Session and routing-key affinity.
@@ -225,15 +225,6 @@ impl RolePolicies {
                 .clone()
                 .unwrap_or_else(|| fallback.decode.clone()),
         }
-    }
-}
-
-/// The built-in defaults: round-robin for plain groups, power-of-two for PD groups.
-pub(crate) fn builtin_policies() -> DefaultPolicies {
-    DefaultPolicies {
-        plain: PolicyConfig::RoundRobin(Default::default()),
-        prefill: PolicyConfig::PowerOfTwo(Default::default()),
-        decode: PolicyConfig::PowerOfTwo(Default::default()),
     }
 }
 
@@ -446,7 +437,7 @@ impl RouterConfig {
         if self.models.is_empty() {
             errors.push(ConfigError::at("models", "must list at least one model"));
         }
-        let defaults = self.policies.over(&builtin_policies());
+        let defaults = self.policies.over(&DefaultPolicies::default());
         for (role, policy) in [
             ("plain", &self.policies.plain),
             ("prefill", &self.policies.prefill),
@@ -560,7 +551,7 @@ pub(crate) fn roster_of(
         .iter()
         .map(|e| {
             (
-                WorkerId::from(e.id.as_str()),
+                EngineId::from(e.id.as_str()),
                 e.role.map(Role::from).or_else(|| discovered(&e.id)),
             )
         })

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use http_body_util::BodyExt;
 use router_buckets::{EnginePicks, Selection};
-use router_state::Worker;
+use router_state::Engine;
 use tokio::time::Instant;
 
 use crate::app::AppContext;
@@ -111,7 +111,7 @@ pub(crate) async fn dispatch(
 /// timeouts); 4xx answers are the client's and are returned as they are.
 async fn send(
     ctx: &AppContext,
-    engine: &Worker,
+    engine: &Engine,
     stage: &'static str,
     body: Bytes,
     request_id: &HeaderValue,
@@ -206,14 +206,14 @@ fn relay(
     response
 }
 
-fn id_header(engine: &Worker) -> HeaderValue {
+fn id_header(engine: &Engine) -> HeaderValue {
     HeaderValue::from_str(engine.id().as_str())
         .unwrap_or_else(|_| HeaderValue::from_static("invalid-id"))
 }
 
 /// The body with the bootstrap fields appended to its top-level object (the body
 /// was validated as a JSON object; later keys win over any the client sent).
-fn with_bootstrap(body: &Bytes, prefill: &Worker, room: u64) -> Bytes {
+fn with_bootstrap(body: &Bytes, prefill: &Engine, room: u64) -> Bytes {
     let host = prefill
         .url()
         .parse::<http::Uri>()
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn bootstrap_fields_are_appended_to_the_object() {
-        let prefill = Worker::new("P1", "http://10.0.0.5:30000", "m", Role::Prefill)
+        let prefill = Engine::new("P1", "http://10.0.0.5:30000", "m", Role::Prefill)
             .with_bootstrap_port(8998);
         let body = Bytes::from_static(br#"{"model":"m","messages":[],"bootstrap_room":1} "#);
         let spliced: Value = serde_json::from_slice(&with_bootstrap(&body, &prefill, 42)).unwrap();
@@ -259,7 +259,7 @@ mod tests {
             "the router's room wins over the client's"
         );
         assert_eq!(spliced["model"], "m");
-        let no_port = Worker::new("P2", "http://[::1]:1", "m", Role::Prefill);
+        let no_port = Engine::new("P2", "http://[::1]:1", "m", Role::Prefill);
         let spliced: Value =
             serde_json::from_slice(&with_bootstrap(&Bytes::from_static(b"{}"), &no_port, 7))
                 .unwrap();

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use router_state::WorkerId;
+use router_state::EngineId;
 use tokio::time::Instant;
 
 use crate::config::HealthConfig;
@@ -49,7 +49,7 @@ impl EngineHealth {
 #[derive(Debug)]
 pub(crate) struct HealthBook {
     config: HealthConfig,
-    engines: Mutex<HashMap<WorkerId, EngineHealth>>,
+    engines: Mutex<HashMap<EngineId, EngineHealth>>,
 }
 
 impl HealthBook {
@@ -69,7 +69,7 @@ impl HealthBook {
     }
 
     /// Starts tracking an engine, healthy or not.
-    pub(crate) fn insert(&self, id: WorkerId, healthy: bool) {
+    pub(crate) fn insert(&self, id: EngineId, healthy: bool) {
         self.engines.lock().insert(
             id,
             EngineHealth {
@@ -81,19 +81,19 @@ impl HealthBook {
         );
     }
 
-    pub(crate) fn remove(&self, id: &WorkerId) {
+    pub(crate) fn remove(&self, id: &EngineId) {
         self.engines.lock().remove(id);
     }
 
     /// The breaker of an engine, for metrics.
-    pub(crate) fn breaker(&self, id: &WorkerId) -> Option<Breaker> {
+    pub(crate) fn breaker(&self, id: &EngineId) -> Option<Breaker> {
         self.engines.lock().get(id).map(|h| h.breaker)
     }
 
     /// Records one probe at `now`. A probe after an open breaker's cool-down is its
     /// half-open probe: it closes the breaker or opens it for another cool-down.
     /// Returns the new routability when it changed.
-    pub(crate) fn record_probe(&self, id: &WorkerId, passed: bool, now: Instant) -> Option<bool> {
+    pub(crate) fn record_probe(&self, id: &EngineId, passed: bool, now: Instant) -> Option<bool> {
         let config = self.config;
         self.update(id, |h| {
             if passed {
@@ -127,7 +127,7 @@ impl HealthBook {
     /// Returns the new routability when it changed.
     pub(crate) fn record_dispatch(
         &self,
-        id: &WorkerId,
+        id: &EngineId,
         succeeded: bool,
         now: Instant,
     ) -> Option<bool> {
@@ -148,7 +148,7 @@ impl HealthBook {
         })
     }
 
-    fn update(&self, id: &WorkerId, f: impl FnOnce(&mut EngineHealth)) -> Option<bool> {
+    fn update(&self, id: &EngineId, f: impl FnOnce(&mut EngineHealth)) -> Option<bool> {
         let mut engines = self.engines.lock();
         let health = engines.get_mut(id)?;
         let before = health.routable();
@@ -175,7 +175,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn probes_need_consecutive_failures_and_successes() {
         let book = book();
-        let id = WorkerId::from("e");
+        let id = EngineId::from("e");
         book.insert(id.clone(), true);
         let now = Instant::now();
         assert_eq!(
@@ -201,7 +201,7 @@ mod tests {
         );
         assert_eq!(book.record_probe(&id, true, now), Some(true));
         assert_eq!(
-            book.record_probe(&WorkerId::from("unknown"), true, now),
+            book.record_probe(&EngineId::from("unknown"), true, now),
             None
         );
     }
@@ -209,7 +209,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_breaker_opens_cools_down_and_takes_one_half_open_probe() {
         let book = book();
-        let id = WorkerId::from("e");
+        let id = EngineId::from("e");
         book.insert(id.clone(), true);
         let t0 = Instant::now();
         assert_eq!(book.record_dispatch(&id, false, t0), None);

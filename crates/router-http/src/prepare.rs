@@ -58,7 +58,6 @@ struct MessageProbe<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Prepared {
     pub(crate) model: String,
-    pub(crate) stream: bool,
     pub(crate) input_tokens: u64,
     pub(crate) max_output_tokens: Option<u64>,
     pub(crate) token_ids: Option<Vec<u32>>,
@@ -197,7 +196,6 @@ pub(crate) fn prepare<'t>(
     };
     Ok(Prepared {
         model,
-        stream,
         input_tokens,
         max_output_tokens: max_completion_tokens.or(max_tokens),
         token_ids,

@@ -255,7 +255,7 @@ async fn metrics(State(ctx): State<Arc<AppContext>>) -> Response {
     let mut healthy = Vec::new();
     let mut breaker = Vec::new();
     let mut report_age = Vec::new();
-    for worker in snapshot.workers() {
+    for worker in snapshot.engines() {
         let engine = || vec![("engine", worker.id().to_string())];
         let seen = load.observe(worker.id());
         in_flight.push((engine(), seen.in_flight as f64));
@@ -353,7 +353,7 @@ async fn list_workers(
     let snapshot = ctx.registry.snapshot();
     let load = ctx.load.snapshot();
     let workers: Vec<Value> = snapshot
-        .workers()
+        .engines()
         .map(|w| {
             json!({
                 "id": w.id().as_str(), "url": w.url(), "model": w.model(), "role": w.role().as_str(),
@@ -367,7 +367,7 @@ async fn list_workers(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct AddWorker {
+struct AddEngine {
     id: String,
     url: String,
     model: String,
@@ -391,7 +391,7 @@ async fn add_worker(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     authorize(&ctx, &headers)?;
-    let add: AddWorker = serde_json::from_slice(&body)
+    let add: AddEngine = serde_json::from_slice(&body)
         .map_err(|e| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string()))?;
     let config = EngineConfig {
         id: add.id,

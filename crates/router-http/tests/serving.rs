@@ -241,7 +241,7 @@ impl LoadWatch {
 
     /// Waits for a report of `engine` whose running-request count satisfies `ok`.
     async fn until(&self, engine: &str, ok: impl Fn(u64) -> bool) {
-        let id = router_state::WorkerId::from(engine);
+        let id = router_state::EngineId::from(engine);
         let wait = async {
             let mut seen = 0;
             loop {

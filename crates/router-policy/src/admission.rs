@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use router_state::{EngineMetrics, Role, Worker};
+use router_state::{Engine, EngineMetrics, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +22,7 @@ pub trait EngineAdmission: Send + Sync + fmt::Debug {
     /// [`PickError::InvalidSignal`].
     fn check(
         &self,
-        engine: &Worker,
+        engine: &Engine,
         metrics: &EngineMetrics,
     ) -> Result<AdmissionDecision, AdmissionError>;
 }
@@ -111,7 +111,7 @@ impl AdmissionLimits {
 impl EngineAdmission for AdmissionLimits {
     fn check(
         &self,
-        _engine: &Worker,
+        _engine: &Engine,
         metrics: &EngineMetrics,
     ) -> Result<AdmissionDecision, AdmissionError> {
         for (limit, cap, observed) in self.caps(metrics) {
@@ -133,7 +133,7 @@ impl EngineAdmission for AdmissionLimits {
 /// rejection, and a check that cannot run is an invalid signal.
 pub(crate) fn admit(
     admission: &dyn EngineAdmission,
-    engine: &Worker,
+    engine: &Engine,
     metrics: &EngineMetrics,
     stage: Role,
 ) -> Result<Option<Rejection>, PickError> {
@@ -154,8 +154,8 @@ pub(crate) fn admit(
 mod tests {
     use super::*;
 
-    fn engine() -> Worker {
-        Worker::new("e", "http://e", "m", Role::Plain)
+    fn engine() -> Engine {
+        Engine::new("e", "http://e", "m", Role::Plain)
     }
 
     fn check(limits: AdmissionLimits, metrics: EngineMetrics) -> AdmissionDecision {

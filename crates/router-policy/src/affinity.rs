@@ -14,11 +14,11 @@
 use std::sync::Arc;
 
 use router_state::affinity::{AffinityScope, AffinityStore};
-use router_state::{EngineReportedLoadTable, Worker, WorkerId};
+use router_state::{Engine, EngineId, EngineReportedLoadTable};
 
 use crate::admission::{EngineAdmission, admit};
 use crate::error::PickError;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy, pick_fallback};
+use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 
 /// How often a conflicting concurrent binding is reconciled before the request is
 /// served unbound.
@@ -91,7 +91,7 @@ impl StickyPolicy {
 impl Policy for SessionAwarePolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.0.pick(engines, request))
@@ -101,7 +101,7 @@ impl Policy for SessionAwarePolicy {
 impl Policy for StickyPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.0.pick(engines, request))
@@ -111,7 +111,7 @@ impl Policy for StickyPolicy {
 impl Affinity {
     async fn pick(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         if engines.is_empty() {
@@ -160,16 +160,16 @@ impl Affinity {
     /// The fallback's pick, checked against this policy's admission.
     async fn fallback(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let pick = pick_fallback(self.fallback.as_ref(), engines, request).await?;
+        let pick = self.fallback.pick(engines, request).await?;
         self.checked(&pick.engine, request, pick.reason)
     }
 
     fn checked(
         &self,
-        engine: &Arc<Worker>,
+        engine: &Arc<Engine>,
         request: &PickRequest<'_>,
         reason: PickReason,
     ) -> Result<Pick, PickError> {
@@ -185,6 +185,6 @@ impl Affinity {
 }
 
 /// The candidate with id `id`, if it is one.
-fn candidate<'e>(engines: &'e [Arc<Worker>], id: &WorkerId) -> Option<&'e Arc<Worker>> {
+fn candidate<'e>(engines: &'e [Arc<Engine>], id: &EngineId) -> Option<&'e Arc<Engine>> {
     engines.iter().find(|e| e.id() == id)
 }

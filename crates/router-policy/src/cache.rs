@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
 
 use crate::policy::BoxFuture;
@@ -21,12 +21,12 @@ pub struct PrefixHits {
     pub block_size: u32,
     /// Leading blocks of the prompt each engine holds, for every engine holding at
     /// least one; sorted by engine id.
-    pub engines: Vec<(WorkerId, usize)>,
+    pub engines: Vec<(EngineId, usize)>,
 }
 
 impl PrefixHits {
     /// Leading blocks `engine` holds.
-    pub fn blocks_of(&self, engine: &WorkerId) -> usize {
+    pub fn blocks_of(&self, engine: &EngineId) -> usize {
         self.engines
             .binary_search_by(|(id, _)| id.cmp(engine))
             .map_or(0, |i| self.engines[i].1)
@@ -34,7 +34,7 @@ impl PrefixHits {
 
     /// Prompt tokens `engine` holds: its blocks times the block size, never more than
     /// the prompt.
-    pub fn matched_tokens(&self, engine: &WorkerId, input_tokens: u64) -> u64 {
+    pub fn matched_tokens(&self, engine: &EngineId, input_tokens: u64) -> u64 {
         let blocks = u64::try_from(self.blocks_of(engine)).unwrap_or(u64::MAX);
         blocks
             .saturating_mul(u64::from(self.block_size))
@@ -84,7 +84,7 @@ impl LocalCacheSource {
     fn answer(&self, token_ids: &[u32]) -> PrefixHits {
         let chain = self.index.request_hashes(token_ids);
         let found = self.index.lookup(&chain);
-        let mut engines: Vec<(WorkerId, usize)> = found
+        let mut engines: Vec<(EngineId, usize)> = found
             .engines
             .into_iter()
             .map(|m| (m.engine, m.blocks))

@@ -8,7 +8,7 @@
 //!    ratio gate); uncached work = prompt - cached.
 //! 3. Order holders by uncached work, then prefill pressure, then id, and keep the
 //!    best [`CandidateBounds::count`] of them.
-//! 4. Soft queue gate: holders reporting `worker_queue_limit` waiting requests are
+//! 4. Soft queue gate: holders reporting `engine_queue_limit` waiting requests are
 //!    set aside while others are usable. If all are set aside: without a saturation
 //!    floor they are all kept (a saturation pin); with one, the least pressured is
 //!    pinned only when no engine of the group is below the floor, else the request
@@ -26,7 +26,7 @@ mod config;
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use router_state::{EngineObservation, EngineReportedLoadTable, LoadSnapshot, Role, Worker};
+use router_state::{Engine, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Role};
 
 pub use self::config::{CacheAwareConfig, CandidateBounds, PressureGuard, Real};
 use crate::admission::{EngineAdmission, admit};
@@ -83,7 +83,7 @@ impl CacheAwarePolicy {
 
     async fn pick_async(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         let stage = request.stage;
@@ -117,7 +117,7 @@ impl CacheAwarePolicy {
     /// possible.
     fn select(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         hits: Option<&PrefixHits>,
     ) -> Result<Pick, PickError> {
@@ -186,7 +186,7 @@ impl CacheAwarePolicy {
 
     fn holders(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         hits: &PrefixHits,
         snapshot: &LoadSnapshot,
@@ -212,7 +212,7 @@ impl CacheAwarePolicy {
 
     /// Whether the soft queue gate sets this engine aside (unknown load passes).
     fn queued(&self, observation: &EngineObservation) -> bool {
-        match (self.config.worker_queue_limit, &observation.reported) {
+        match (self.config.engine_queue_limit, &observation.reported) {
             (Some(limit), Some(report)) => report.waiting_requests >= limit,
             _ => false,
         }
@@ -223,7 +223,7 @@ impl CacheAwarePolicy {
     /// otherwise go cold to an engine with room.
     fn saturated(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
         mut set_aside: Vec<Holder>,
@@ -263,7 +263,7 @@ impl CacheAwarePolicy {
     /// when none is), comparing stage pressure pairwise; admission on the winner.
     fn cold(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
         reason: PickReason,
@@ -365,7 +365,7 @@ fn no_admissible(stage: Role, rejections: Vec<Rejection>) -> PickError {
 impl Policy for CacheAwarePolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.pick_async(engines, request))

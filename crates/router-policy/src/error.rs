@@ -2,13 +2,13 @@
 
 use std::fmt;
 
-use router_state::{Role, WorkerId};
+use router_state::{EngineId, Role};
 
 /// One engine turned away by admission, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// The engine.
-    pub engine: WorkerId,
+    pub engine: EngineId,
     /// The cap it reached.
     pub exceeded: LimitExceeded,
 }
@@ -98,7 +98,7 @@ pub enum PickError {
         /// The stage being picked.
         stage: Role,
         /// The engine returned.
-        engine: WorkerId,
+        engine: EngineId,
     },
 }
 

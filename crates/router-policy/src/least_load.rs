@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use router_state::{EngineReportedLoadTable, Worker};
+use router_state::{Engine, EngineReportedLoadTable};
 
 use crate::admission::{EngineAdmission, admit};
 use crate::error::PickError;
@@ -37,7 +37,7 @@ impl LeastLoadPolicy {
 
     fn select(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         let n = engines.len();
@@ -97,7 +97,7 @@ impl LeastLoadPolicy {
 impl Policy for LeastLoadPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))

@@ -13,15 +13,15 @@
 //! ```
 //! use std::sync::Arc;
 //! use router_policy::{AdmissionLimits, PickRequest, Policy, PowerOfTwoPolicy};
-//! use router_state::{EngineReportedLoadTable, Role, Worker};
+//! use router_state::{EngineReportedLoadTable, Role, Engine};
 //!
 //! let load = Arc::new(EngineReportedLoadTable::default());
 //! let caps = AdmissionLimits { max_inflight_requests: Some(8), ..Default::default() };
 //! let policy = PowerOfTwoPolicy::with_seed(Arc::clone(&load), Arc::new(caps), 7);
 //!
-//! let engines: Vec<Arc<Worker>> = ["A1", "A2", "A3"]
+//! let engines: Vec<Arc<Engine>> = ["A1", "A2", "A3"]
 //!     .into_iter()
-//!     .map(|id| Arc::new(Worker::new(id, format!("http://{id}:8000"), "chat", Role::Plain)))
+//!     .map(|id| Arc::new(Engine::new(id, format!("http://{id}:8000"), "chat", Role::Plain)))
 //!     .collect();
 //! // A1 is busy: power-of-two prefers an idle engine whenever A1 is sampled.
 //! let _busy: Vec<_> = (0..4).map(|_| load.acquire(engines[0].id())).collect();
@@ -66,7 +66,7 @@ pub use dropped::{
 };
 pub use error::{LimitExceeded, PickError, Rejection};
 pub use least_load::LeastLoadPolicy;
-pub use policy::{BoxFuture, Pick, PickReason, PickRequest, Policy, pick_fallback};
+pub use policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 pub use power_of_two::PowerOfTwoPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;

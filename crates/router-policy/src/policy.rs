@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use router_state::{Role, Worker};
+use router_state::{Engine, Role};
 
 use crate::cache::PrefixMemo;
 use crate::error::PickError;
@@ -26,21 +26,9 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// Picks one engine for `request` from `engines`.
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>>;
-}
-
-/// Runs a nested fallback policy on the same candidates and request.
-///
-/// The fallback reads its own state; the caller checks admission of the engine it
-/// returns when the caller's admission differs from the fallback's.
-pub fn pick_fallback<'a>(
-    fallback: &'a dyn Policy,
-    engines: &'a [Arc<Worker>],
-    request: &'a PickRequest<'a>,
-) -> BoxFuture<'a, Result<Pick, PickError>> {
-    fallback.pick(engines, request)
 }
 
 /// The facts of one stage of one request, as a bucket hands them to a group's policy.
@@ -122,7 +110,7 @@ impl<'a> PickRequest<'a> {
 #[derive(Debug, Clone)]
 pub struct Pick {
     /// The chosen engine (the candidate's own `Arc`).
-    pub engine: Arc<Worker>,
+    pub engine: Arc<Engine>,
     /// Why it was chosen, for metrics and traces.
     pub reason: PickReason,
     /// Prompt tokens the policy expects the engine to find cached, when the policy
@@ -132,7 +120,7 @@ pub struct Pick {
 
 impl Pick {
     /// A pick with no cache prediction.
-    pub fn new(engine: Arc<Worker>, reason: PickReason) -> Self {
+    pub fn new(engine: Arc<Engine>, reason: PickReason) -> Self {
         Self {
             engine,
             reason,

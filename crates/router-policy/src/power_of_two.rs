@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use router_state::{EngineReportedLoadTable, Worker};
+use router_state::{Engine, EngineReportedLoadTable};
 
 use crate::admission::{EngineAdmission, admit};
 use crate::error::PickError;
@@ -48,7 +48,7 @@ impl PowerOfTwoPolicy {
 
     fn select(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         let stage = request.stage;
@@ -92,7 +92,7 @@ impl PowerOfTwoPolicy {
 impl Policy for PowerOfTwoPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))

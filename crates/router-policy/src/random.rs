@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_state::{EngineReportedLoadTable, Worker};
+use router_state::{Engine, EngineReportedLoadTable};
 
 use crate::admission::{EngineAdmission, admit};
 use crate::error::PickError;
@@ -44,7 +44,7 @@ impl RandomPolicy {
 
     fn select(
         &self,
-        engines: &[Arc<Worker>],
+        engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         let n = engines.len();
@@ -54,7 +54,7 @@ impl RandomPolicy {
             });
         }
         let snapshot = self.load.snapshot();
-        let check = |engine: &Worker| {
+        let check = |engine: &Engine| {
             let metrics = snapshot.observe(engine.id()).metrics();
             admit(self.admission.as_ref(), engine, &metrics, request.stage)
         };
@@ -91,7 +91,7 @@ impl RandomPolicy {
 impl Policy for RandomPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_state::{LoadSnapshot, Worker};
+use router_state::{Engine, LoadSnapshot};
 
 use crate::admission::{EngineAdmission, admit};
 use crate::error::{PickError, Rejection};
@@ -13,7 +13,7 @@ use crate::policy::{Pick, PickReason, PickRequest};
 /// [`PickReason::NextAdmitted`]. `rejections` holds engines already turned away; when
 /// every engine in the order is rejected too, the pick fails with all of them.
 pub(crate) fn first_admitted(
-    engines: &[Arc<Worker>],
+    engines: &[Arc<Engine>],
     order: impl IntoIterator<Item = usize>,
     snapshot: &LoadSnapshot,
     admission: &dyn EngineAdmission,

@@ -13,7 +13,7 @@ use router_policy::{
     PolicyHandles, SessionAwarePolicy,
 };
 use router_state::affinity::{AffinityConfig, AffinityScope, AffinityStore};
-use router_state::{EngineReportedLoadTable, Role, Worker, WorkerId};
+use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
 
 fn store() -> Arc<AffinityStore> {
     Arc::new(AffinityStore::new(AffinityConfig::default()))
@@ -43,7 +43,7 @@ fn session(key: &str) -> PickRequest<'_> {
 
 fn pick(
     policy: &dyn Policy,
-    engines: &[Arc<Worker>],
+    engines: &[Arc<Engine>],
     request: &PickRequest<'_>,
 ) -> Result<(String, PickReason), PickError> {
     runtime()
@@ -61,7 +61,7 @@ fn a_session_is_bound_after_its_first_pick_and_reused() {
     assert_eq!(reason, PickReason::AffinityAssigned);
     assert_eq!(
         store.get(scope(), "s1"),
-        Ok(Some(WorkerId::from(first.as_str())))
+        Ok(Some(EngineId::from(first.as_str())))
     );
     for _ in 0..10 {
         assert_eq!(
@@ -77,7 +77,7 @@ fn a_rejected_binding_fails_the_pick_and_is_kept() {
     let load = table(&fleet);
     let store = store();
     store
-        .bind_if_absent(scope(), "s", &WorkerId::from("e1"))
+        .bind_if_absent(scope(), "s", &EngineId::from("e1"))
         .unwrap();
     let policy = build(
         r#"{"type": "session_aware", "admission": {"max_inflight_requests": 1}}"#,
@@ -93,7 +93,7 @@ fn a_rejected_binding_fails_the_pick_and_is_kept() {
     }
     assert_eq!(
         store.get(scope(), "s"),
-        Ok(Some(WorkerId::from("e1"))),
+        Ok(Some(EngineId::from("e1"))),
         "kept"
     );
 }
@@ -104,7 +104,7 @@ fn a_binding_outside_the_candidates_is_replaced() {
     let load = table(&fleet);
     let store = store();
     store
-        .bind_if_absent(scope(), "s", &WorkerId::from("gone"))
+        .bind_if_absent(scope(), "s", &EngineId::from("gone"))
         .unwrap();
     let policy = build(r#"{"type": "sticky"}"#, &store, &load);
     let request = PickRequest::new("m", Role::Plain, "b", 100).with_routing_key(Some("s"));
@@ -112,7 +112,7 @@ fn a_binding_outside_the_candidates_is_replaced() {
     assert_eq!(reason, PickReason::AffinityAssigned);
     assert_eq!(
         store.get(scope(), "s"),
-        Ok(Some(WorkerId::from(engine.as_str())))
+        Ok(Some(EngineId::from(engine.as_str())))
     );
 }
 
@@ -250,7 +250,7 @@ proptest! {
             for _ in 0..step.busy.1 {
                 held.push(load.acquire(fleet[step.busy.0].id()));
             }
-            let candidates: Vec<Arc<Worker>> = fleet
+            let candidates: Vec<Arc<Engine>> = fleet
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| step.candidates & (1 << i) != 0)
@@ -301,11 +301,11 @@ struct RacedFallback {
 impl Policy for RacedFallback {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         _: &'a PickRequest<'a>,
     ) -> router_policy::BoxFuture<'a, Result<router_policy::Pick, PickError>> {
         self.store
-            .bind_if_absent(scope(), "s", &WorkerId::from(self.winner))
+            .bind_if_absent(scope(), "s", &EngineId::from(self.winner))
             .expect("a valid key");
         let last = Arc::clone(engines.last().expect("candidates"));
         Box::pin(std::future::ready(Ok(router_policy::Pick::new(
@@ -343,13 +343,13 @@ fn a_concurrent_winner_is_checked_before_it_is_returned() {
         pick(&policy, &fleet, &session("s")).unwrap(),
         ("e0".to_owned(), PickReason::AffinityBound)
     );
-    assert_eq!(store.get(scope(), "s"), Ok(Some(WorkerId::from("e0"))));
+    assert_eq!(store.get(scope(), "s"), Ok(Some(EngineId::from("e0"))));
     // The winner is at its cap: it is rejected, never returned, and stays bound.
     let (store, policy) = raced("e0");
     let busy = load.acquire(fleet[0].id());
     let err = pick(&policy, &fleet, &session("s")).unwrap_err();
     assert!(matches!(err, PickError::AdmissionRejected { .. }), "{err}");
-    assert_eq!(store.get(scope(), "s"), Ok(Some(WorkerId::from("e0"))));
+    assert_eq!(store.get(scope(), "s"), Ok(Some(EngineId::from("e0"))));
     drop(busy);
     // The winner is not a candidate: it is replaced by this request's engine.
     let (store, policy) = raced("elsewhere");
@@ -357,5 +357,5 @@ fn a_concurrent_winner_is_checked_before_it_is_returned() {
         pick(&policy, &fleet, &session("s")).unwrap(),
         ("e2".to_owned(), PickReason::AffinityAssigned)
     );
-    assert_eq!(store.get(scope(), "s"), Ok(Some(WorkerId::from("e2"))));
+    assert_eq!(store.get(scope(), "s"), Ok(Some(EngineId::from("e2"))));
 }

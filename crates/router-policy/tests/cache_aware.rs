@@ -14,7 +14,7 @@ use router_policy::{
     PolicyHandles, PrefixHits, PrefixMemo, Real,
 };
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
-use router_state::{EngineReportedLoadTable, Role, Worker, WorkerId};
+use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
 
 const BLOCK: u32 = 16;
 const PROMPT: u64 = 4096;
@@ -28,9 +28,9 @@ struct Scripted {
 
 impl Scripted {
     fn hits(blocks: &[(&str, usize)]) -> Arc<Self> {
-        let mut engines: Vec<(WorkerId, usize)> = blocks
+        let mut engines: Vec<(EngineId, usize)> = blocks
             .iter()
-            .map(|(id, b)| (WorkerId::from(*id), *b))
+            .map(|(id, b)| (EngineId::from(*id), *b))
             .collect();
         engines.sort();
         Self::answering(Ok(CacheLookup::Answered(PrefixHits {
@@ -61,7 +61,7 @@ fn cached(tokens: u64) -> usize {
 }
 
 struct Setup {
-    engines: Vec<Arc<Worker>>,
+    engines: Vec<Arc<Engine>>,
     load: Arc<EngineReportedLoadTable>,
     tokens: Vec<u32>,
 }
@@ -241,8 +241,8 @@ fn candidate_bounds_limit_the_holders_considered() {
     let _held: Vec<_> = (0..2).map(|_| s.load.acquire(s.engines[3].id())).collect();
     let source = Scripted::hits(&[("e1", cached(2048)), ("e3", cached(3072))]);
     let mut one = CacheAwareConfig::default();
-    one.candidates.min_workers = 1;
-    one.candidates.max_workers = 1;
+    one.candidates.min_engines = 1;
+    one.candidates.max_engines = 1;
     assert!(
         matches!(
             s.pick(&s.policy_with(source, one, caps(2))),
@@ -257,7 +257,7 @@ fn the_soft_queue_gate_prefers_unqueued_holders_and_pins_when_all_are_queued() {
     let s = Setup::new(3);
     s.idle_all();
     let gate = CacheAwareConfig {
-        worker_queue_limit: Some(10),
+        engine_queue_limit: Some(10),
         ..CacheAwareConfig::default()
     };
     let source = Scripted::hits(&[("e0", cached(3072)), ("e1", cached(1024))]);
@@ -307,7 +307,7 @@ fn a_miss_takes_the_least_pressured_engine_below_the_queue_limit() {
     );
     // Sampling two of the engines below the limit of 4 (e1, e2) always finds e2.
     let gated = CacheAwareConfig {
-        worker_queue_limit: Some(4),
+        engine_queue_limit: Some(4),
         ..CacheAwareConfig::default()
     };
     let policy = s.policy(miss, gated);
@@ -416,7 +416,7 @@ fn the_local_source_reads_the_index_fed_by_kv_events() {
         dp_rank: None,
         dropped: vec![],
     };
-    index.apply(&WorkerId::from("e2"), 0, &batch);
+    index.apply(&EngineId::from("e2"), 0, &batch);
     let policy = s.policy(
         Arc::new(LocalCacheSource::new(index)),
         CacheAwareConfig::default(),
@@ -489,12 +489,12 @@ fn invalid_settings_are_named() {
             "min_match_ratio must be in (0, 1]",
         ),
         (
-            r#"{"type": "cache_aware", "candidates": {"min_workers": 0}}"#,
-            "candidates.min_workers must be at least 1",
+            r#"{"type": "cache_aware", "candidates": {"min_engines": 0}}"#,
+            "candidates.min_engines must be at least 1",
         ),
         (
-            r#"{"type": "cache_aware", "candidates": {"min_workers": 9, "max_workers": 4}}"#,
-            "candidates.max_workers must be at least min_workers",
+            r#"{"type": "cache_aware", "candidates": {"min_engines": 9, "max_engines": 4}}"#,
+            "candidates.max_engines must be at least min_engines",
         ),
         (
             r#"{"type": "cache_aware", "candidates": {"ratio": 2}}"#,
@@ -505,16 +505,16 @@ fn invalid_settings_are_named() {
             "pressure_guard.rel must be a finite number above 1",
         ),
         (
-            r#"{"type": "cache_aware", "worker_queue_limit": 0}"#,
-            "worker_queue_limit must be at least 1",
+            r#"{"type": "cache_aware", "engine_queue_limit": 0}"#,
+            "engine_queue_limit must be at least 1",
         ),
         (
             r#"{"type": "cache_aware", "saturation_queue_floor": 2}"#,
-            "saturation_queue_floor needs worker_queue_limit",
+            "saturation_queue_floor needs engine_queue_limit",
         ),
         (
-            r#"{"type": "cache_aware", "worker_queue_limit": 4, "saturation_queue_floor": 5}"#,
-            "saturation_queue_floor must be at most worker_queue_limit",
+            r#"{"type": "cache_aware", "engine_queue_limit": 4, "saturation_queue_floor": 5}"#,
+            "saturation_queue_floor must be at most engine_queue_limit",
         ),
         (
             r#"{"type": "cache_aware", "min_load_choices": 0}"#,
@@ -534,8 +534,33 @@ fn invalid_settings_are_named() {
     }
     assert_eq!(
         check(
-            r#"{"type": "cache_aware", "min_match_ratio": 0.25, "worker_queue_limit": 8, "saturation_queue_floor": 8, "pressure_guard": {"abs_ms": 50}}"#
+            r#"{"type": "cache_aware", "min_match_ratio": 0.25, "engine_queue_limit": 8, "saturation_queue_floor": 8, "pressure_guard": {"abs_ms": 50}}"#
         ),
         Ok(())
+    );
+}
+
+#[test]
+fn the_design_documents_engine_count_names_are_accepted() {
+    let parse = |json: &str| serde_json::from_str::<PolicyConfig>(json).unwrap();
+    let old = parse(
+        r#"{"type": "cache_aware", "worker_queue_limit": 16,
+            "candidates": {"min_workers": 2, "max_workers": 4}}"#,
+    );
+    let new = parse(
+        r#"{"type": "cache_aware", "engine_queue_limit": 16,
+            "candidates": {"min_engines": 2, "max_engines": 4}}"#,
+    );
+    assert_eq!(old, new);
+    let PolicyConfig::CacheAware(config) = new else {
+        panic!("a cache_aware config")
+    };
+    assert_eq!(
+        (
+            config.engine_queue_limit,
+            config.candidates.min_engines,
+            config.candidates.max_engines
+        ),
+        (Some(16), 2, 4)
     );
 }

@@ -11,7 +11,7 @@ use router_policy::{
     AdmissionDecision, AdmissionError, EngineAdmission, LeastLoadPolicy, PickError, Policy,
     PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy,
 };
-use router_state::{EngineMetrics, EngineReportedLoadTable, Role, Worker};
+use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, Role};
 
 fn every_policy(
     load: &Arc<EngineReportedLoadTable>,
@@ -115,7 +115,7 @@ fn admission_rejected_carries_the_chosen_engine_and_limit() {
 struct BrokenAdmission;
 
 impl EngineAdmission for BrokenAdmission {
-    fn check(&self, _: &Worker, _: &EngineMetrics) -> Result<AdmissionDecision, AdmissionError> {
+    fn check(&self, _: &Engine, _: &EngineMetrics) -> Result<AdmissionDecision, AdmissionError> {
         Err(AdmissionError("queue-time estimate unavailable".into()))
     }
 }

@@ -259,7 +259,7 @@ struct PreferE2 {
 impl router_policy::Policy for PreferE2 {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<router_state::Worker>],
+        engines: &'a [Arc<router_state::Engine>],
         request: &'a router_policy::PickRequest<'a>,
     ) -> router_policy::BoxFuture<'a, Result<router_policy::Pick, PickError>> {
         Box::pin(async move {
@@ -269,7 +269,7 @@ impl router_policy::Policy for PreferE2 {
                     PickReason::RoundRobin,
                 ));
             }
-            let pick = router_policy::pick_fallback(&self.fallback, engines, request).await?;
+            let pick = self.fallback.pick(engines, request).await?;
             let metrics = self.load.snapshot().observe(pick.engine.id()).metrics();
             match router_policy::EngineAdmission::check(self.own.as_ref(), &pick.engine, &metrics) {
                 Ok(router_policy::AdmissionDecision::Allow) => Ok(pick),

@@ -84,7 +84,7 @@ proptest! {
                 None => {}
             }
         }
-        let admitted = |engine: &router_state::Worker| {
+        let admitted = |engine: &router_state::Engine| {
             let metrics = load.snapshot().observe(engine.id()).metrics();
             limits.check(engine, &metrics).expect("limits always run") == AdmissionDecision::Allow
         };

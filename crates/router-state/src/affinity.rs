@@ -23,7 +23,7 @@ use rustc_hash::FxHasher;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::worker::{Role, WorkerId};
+use crate::engine::{EngineId, Role};
 
 /// Shards of the store: bindings of different keys rarely contend.
 const SHARDS: usize = 16;
@@ -80,7 +80,7 @@ pub enum AffinityKeyError {
 
 #[derive(Debug)]
 struct Binding {
-    engine: WorkerId,
+    engine: EngineId,
     last_used: Instant,
 }
 
@@ -137,7 +137,7 @@ impl AffinityStore {
         &self,
         scope: AffinityScope<'_>,
         key: &str,
-    ) -> Result<Option<WorkerId>, AffinityKeyError> {
+    ) -> Result<Option<EngineId>, AffinityKeyError> {
         let composed = self.compose(scope, key)?;
         let now = Instant::now();
         let mut shard = self.shard(&composed).lock();
@@ -164,8 +164,8 @@ impl AffinityStore {
         &self,
         scope: AffinityScope<'_>,
         key: &str,
-        engine: &WorkerId,
-    ) -> Result<WorkerId, AffinityKeyError> {
+        engine: &EngineId,
+    ) -> Result<EngineId, AffinityKeyError> {
         self.update(scope, key, engine, |_| false)
     }
 
@@ -179,9 +179,9 @@ impl AffinityStore {
         &self,
         scope: AffinityScope<'_>,
         key: &str,
-        expected: &WorkerId,
-        engine: &WorkerId,
-    ) -> Result<WorkerId, AffinityKeyError> {
+        expected: &EngineId,
+        engine: &EngineId,
+    ) -> Result<EngineId, AffinityKeyError> {
         self.update(scope, key, engine, |current| current == expected)
     }
 
@@ -191,9 +191,9 @@ impl AffinityStore {
         &self,
         scope: AffinityScope<'_>,
         key: &str,
-        engine: &WorkerId,
-        overwrite: impl FnOnce(&WorkerId) -> bool,
-    ) -> Result<WorkerId, AffinityKeyError> {
+        engine: &EngineId,
+        overwrite: impl FnOnce(&EngineId) -> bool,
+    ) -> Result<EngineId, AffinityKeyError> {
         let composed = self.compose(scope, key)?;
         let now = Instant::now();
         let mut shard = self.shard(&composed).lock();
@@ -218,7 +218,7 @@ impl AffinityStore {
     }
 
     /// Drops every binding to `engine` (it left the fleet); returns how many.
-    pub fn remove_engine(&self, engine: &WorkerId) -> usize {
+    pub fn remove_engine(&self, engine: &EngineId) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();

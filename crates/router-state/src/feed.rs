@@ -14,8 +14,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use zeromq::{Socket, SocketRecv, SubSocket};
 
+use crate::engine::EngineId;
 use crate::load_monitor::{EngineReportedLoadTable, LoadReport};
-use crate::worker::WorkerId;
 
 /// A message's sequence frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub fn decode_envelope(frames: Vec<Bytes>) -> Result<Envelope, EnvelopeError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadFeedSource {
     /// The engine.
-    pub engine: WorkerId,
+    pub engine: EngineId,
     /// The data-parallel rank (authoritative over the payload's rank).
     pub rank: u32,
     /// `tcp://host:port` of the rank's PUB socket.

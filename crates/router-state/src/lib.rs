@@ -13,12 +13,12 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use router_state::{EngineReportedLoadTable, LoadReport, Role, Worker, WorkerRegistry};
+//! use router_state::{EngineReportedLoadTable, LoadReport, Role, Engine, EngineRegistry};
 //!
-//! let registry = WorkerRegistry::new();
-//! registry.add(Worker::new("A1", "http://127.0.0.1:31011", "chat-model", Role::Plain))?;
+//! let registry = EngineRegistry::new();
+//! registry.add(Engine::new("A1", "http://127.0.0.1:31011", "chat-model", Role::Plain))?;
 //! let snapshot = registry.snapshot();
-//! let engine = Arc::clone(&snapshot.model_workers("chat-model")[0]);
+//! let engine = Arc::clone(&snapshot.model_engines("chat-model")[0]);
 //!
 //! let load = EngineReportedLoadTable::default();
 //! load.register(engine.id(), engine.dp_size());
@@ -41,14 +41,15 @@
 //! ```
 
 pub mod affinity;
+mod engine;
 mod feed;
 pub mod kv_events;
 mod load_monitor;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
-mod worker;
 
+pub use engine::{Engine, EngineId, Health, Role};
 pub use feed::{
     Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource, Sequence, decode_envelope,
     spawn_load_subscriber,
@@ -58,5 +59,4 @@ pub use load_monitor::{
     IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot, LoadTableConfig,
     NativeAggregate, NativeLoad, ReportedLoad,
 };
-pub use registry::{ModelMode, RegistryError, RegistrySnapshot, WorkerRegistry};
-pub use worker::{Health, Role, Worker, WorkerId};
+pub use registry::{EngineRegistry, ModelMode, RegistryError, RegistrySnapshot};

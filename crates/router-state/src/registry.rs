@@ -7,7 +7,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::worker::{Health, Role, Worker, WorkerId};
+use crate::engine::{Engine, EngineId, Health, Role};
 
 /// Whether a model is served by plain engines or by prefill/decode pairs.
 ///
@@ -50,19 +50,19 @@ pub enum RegistryError {
     #[error("engine {id} must name the model it serves")]
     EmptyModel {
         /// The engine being added.
-        id: WorkerId,
+        id: EngineId,
     },
     /// Another engine already has this id.
     #[error("engine {id} is already registered")]
     DuplicateId {
         /// The id in use.
-        id: WorkerId,
+        id: EngineId,
     },
     /// No engine has this id.
     #[error("engine {id} is not registered")]
-    UnknownWorker {
+    UnknownEngine {
         /// The id looked up.
-        id: WorkerId,
+        id: EngineId,
     },
     /// Adding the engine would mix plain and prefill/decode engines in one model.
     #[error(
@@ -72,7 +72,7 @@ pub enum RegistryError {
     )]
     MixedModel {
         /// The engine being added.
-        id: WorkerId,
+        id: EngineId,
         /// Its model.
         model: String,
         /// Its role.
@@ -89,15 +89,15 @@ pub enum RegistryError {
 #[derive(Debug, Default)]
 pub struct RegistrySnapshot {
     version: u64,
-    by_id: FxHashMap<WorkerId, Arc<Worker>>,
-    models: BTreeMap<Arc<str>, ModelWorkers>,
+    by_id: FxHashMap<EngineId, Arc<Engine>>,
+    models: BTreeMap<Arc<str>, ModelEngines>,
 }
 
 #[derive(Debug, Clone)]
-struct ModelWorkers {
+struct ModelEngines {
     mode: ModelMode,
     /// Sorted by id: the stable order candidate sets are built in.
-    workers: Vec<Arc<Worker>>,
+    engines: Vec<Arc<Engine>>,
 }
 
 impl RegistrySnapshot {
@@ -117,13 +117,13 @@ impl RegistrySnapshot {
     }
 
     /// The engine with this id.
-    pub fn get(&self, id: &str) -> Option<&Arc<Worker>> {
+    pub fn get(&self, id: &str) -> Option<&Arc<Engine>> {
         self.by_id.get(id)
     }
 
     /// The engines serving `model`, sorted by id; empty for an unknown model.
-    pub fn model_workers(&self, model: &str) -> &[Arc<Worker>] {
-        self.models.get(model).map_or(&[], |m| &m.workers)
+    pub fn model_engines(&self, model: &str) -> &[Arc<Engine>] {
+        self.models.get(model).map_or(&[], |m| &m.engines)
     }
 
     /// Whether `model` is served by plain or PD engines, if it has any engine.
@@ -137,8 +137,8 @@ impl RegistrySnapshot {
     }
 
     /// Every engine, grouped by model and sorted by id within a model.
-    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
-        self.models.values().flat_map(|m| m.workers.iter())
+    pub fn engines(&self) -> impl Iterator<Item = &Arc<Engine>> {
+        self.models.values().flat_map(|m| m.engines.iter())
     }
 
     /// Whether at least one healthy engine exists.
@@ -146,35 +146,35 @@ impl RegistrySnapshot {
         self.by_id.values().any(|w| w.is_healthy())
     }
 
-    fn with_worker(&self, worker: Arc<Worker>) -> Self {
+    fn with_engine(&self, engine: Arc<Engine>) -> Self {
         let mut next = self.clone_next();
         let entry = next
             .models
-            .entry(Arc::from(worker.model()))
-            .or_insert_with(|| ModelWorkers {
-                mode: ModelMode::of(worker.role()),
-                workers: Vec::new(),
+            .entry(Arc::from(engine.model()))
+            .or_insert_with(|| ModelEngines {
+                mode: ModelMode::of(engine.role()),
+                engines: Vec::new(),
             });
         let at = entry
-            .workers
-            .binary_search_by(|w| w.id().cmp(worker.id()))
+            .engines
+            .binary_search_by(|w| w.id().cmp(engine.id()))
             .unwrap_or_else(|at| at);
-        if entry.workers.get(at).is_some_and(|w| w.id() == worker.id()) {
-            entry.workers[at] = Arc::clone(&worker);
+        if entry.engines.get(at).is_some_and(|w| w.id() == engine.id()) {
+            entry.engines[at] = Arc::clone(&engine);
         } else {
-            entry.workers.insert(at, Arc::clone(&worker));
+            entry.engines.insert(at, Arc::clone(&engine));
         }
-        next.by_id.insert(worker.id().clone(), worker);
+        next.by_id.insert(engine.id().clone(), engine);
         next
     }
 
-    fn without_worker(&self, worker: &Worker) -> Self {
+    fn without_engine(&self, engine: &Engine) -> Self {
         let mut next = self.clone_next();
-        next.by_id.remove(worker.id());
-        if let Some(entry) = next.models.get_mut(worker.model()) {
-            entry.workers.retain(|w| w.id() != worker.id());
-            if entry.workers.is_empty() {
-                next.models.remove(worker.model());
+        next.by_id.remove(engine.id());
+        if let Some(entry) = next.models.get_mut(engine.model()) {
+            entry.engines.retain(|w| w.id() != engine.id());
+            if entry.engines.is_empty() {
+                next.models.remove(engine.model());
             }
         }
         next
@@ -195,12 +195,12 @@ impl RegistrySnapshot {
 /// serialised and publish a whole new snapshot, which suits a table that changes on
 /// discovery and health transitions but is read on every request.
 #[derive(Debug, Default)]
-pub struct WorkerRegistry {
+pub struct EngineRegistry {
     current: ArcSwap<RegistrySnapshot>,
     write: Mutex<()>,
 }
 
-impl WorkerRegistry {
+impl EngineRegistry {
     /// An empty registry at version 0.
     pub fn new() -> Self {
         Self::default()
@@ -216,68 +216,68 @@ impl WorkerRegistry {
     /// # Errors
     /// Empty id or model, a duplicate id, or a role that would mix plain and PD engines
     /// in the engine's model.
-    pub fn add(&self, worker: Worker) -> Result<u64, RegistryError> {
-        if worker.id().as_str().is_empty() {
+    pub fn add(&self, engine: Engine) -> Result<u64, RegistryError> {
+        if engine.id().as_str().is_empty() {
             return Err(RegistryError::EmptyId);
         }
-        if worker.model().is_empty() {
+        if engine.model().is_empty() {
             return Err(RegistryError::EmptyModel {
-                id: worker.id().clone(),
+                id: engine.id().clone(),
             });
         }
         let _write = self.write.lock();
         let current = self.current.load();
-        if current.get(worker.id().as_str()).is_some() {
+        if current.get(engine.id().as_str()).is_some() {
             return Err(RegistryError::DuplicateId {
-                id: worker.id().clone(),
+                id: engine.id().clone(),
             });
         }
-        if let Some(existing) = current.model_mode(worker.model())
-            && existing != ModelMode::of(worker.role())
+        if let Some(existing) = current.model_mode(engine.model())
+            && existing != ModelMode::of(engine.role())
         {
             return Err(RegistryError::MixedModel {
-                id: worker.id().clone(),
-                model: worker.model().to_owned(),
-                role: worker.role(),
+                id: engine.id().clone(),
+                model: engine.model().to_owned(),
+                role: engine.role(),
                 existing,
             });
         }
-        let next = current.with_worker(Arc::new(worker));
+        let next = current.with_engine(Arc::new(engine));
         Ok(self.publish(next))
     }
 
     /// Removes an engine and returns it.
     ///
     /// # Errors
-    /// [`RegistryError::UnknownWorker`] when no engine has this id.
-    pub fn remove(&self, id: &str) -> Result<Arc<Worker>, RegistryError> {
+    /// [`RegistryError::UnknownEngine`] when no engine has this id.
+    pub fn remove(&self, id: &str) -> Result<Arc<Engine>, RegistryError> {
         let _write = self.write.lock();
         let current = self.current.load();
-        let worker = current
+        let engine = current
             .get(id)
             .cloned()
-            .ok_or_else(|| RegistryError::UnknownWorker { id: id.into() })?;
-        let next = current.without_worker(&worker);
+            .ok_or_else(|| RegistryError::UnknownEngine { id: id.into() })?;
+        let next = current.without_engine(&engine);
         self.publish(next);
-        Ok(worker)
+        Ok(engine)
     }
 
     /// Sets an engine's health. Returns whether it changed; an unchanged health
     /// publishes nothing and keeps the version.
     ///
     /// # Errors
-    /// [`RegistryError::UnknownWorker`] when no engine has this id.
+    /// [`RegistryError::UnknownEngine`] when no engine has this id.
     pub fn set_health(&self, id: &str, health: Health) -> Result<bool, RegistryError> {
         let _write = self.write.lock();
         let current = self.current.load();
-        let worker = current
+        let engine = current
             .get(id)
-            .ok_or_else(|| RegistryError::UnknownWorker { id: id.into() })?;
-        if worker.health() == health {
+            .ok_or_else(|| RegistryError::UnknownEngine { id: id.into() })?;
+        if engine.health() == health {
             return Ok(false);
         }
-        let updated = Arc::new(Worker::clone(worker).with_health(health));
-        let next = current.with_worker(updated);
+        let updated = Arc::new(Engine::clone(engine).with_health(health));
+        let next = current.with_engine(updated);
         self.publish(next);
         Ok(true)
     }
@@ -293,33 +293,33 @@ impl WorkerRegistry {
 mod tests {
     use super::*;
 
-    fn plain(id: &str) -> Worker {
-        Worker::new(id, format!("http://{id}"), "m", Role::Plain)
+    fn plain(id: &str) -> Engine {
+        Engine::new(id, format!("http://{id}"), "m", Role::Plain)
     }
 
     #[test]
     fn add_keeps_model_workers_sorted_and_bumps_version() {
-        let registry = WorkerRegistry::new();
+        let registry = EngineRegistry::new();
         assert_eq!(registry.add(plain("b")).unwrap(), 1);
         assert_eq!(registry.add(plain("a")).unwrap(), 2);
         assert_eq!(registry.add(plain("c")).unwrap(), 3);
         let snap = registry.snapshot();
         let ids: Vec<_> = snap
-            .model_workers("m")
+            .model_engines("m")
             .iter()
             .map(|w| w.id().as_str())
             .collect();
         assert_eq!(ids, ["a", "b", "c"]);
         assert_eq!(snap.model_mode("m"), Some(ModelMode::Plain));
-        assert!(snap.model_workers("other").is_empty());
+        assert!(snap.model_engines("other").is_empty());
     }
 
     #[test]
     fn rejects_empty_id_empty_model_and_duplicates() {
-        let registry = WorkerRegistry::new();
+        let registry = EngineRegistry::new();
         assert_eq!(registry.add(plain("")), Err(RegistryError::EmptyId));
         let err = registry
-            .add(Worker::new("x", "http://x", "", Role::Plain))
+            .add(Engine::new("x", "http://x", "", Role::Plain))
             .unwrap_err();
         assert_eq!(err.to_string(), "engine x must name the model it serves");
         registry.add(plain("a")).unwrap();
@@ -329,10 +329,10 @@ mod tests {
 
     #[test]
     fn a_model_never_mixes_plain_and_pd_engines() {
-        let registry = WorkerRegistry::new();
+        let registry = EngineRegistry::new();
         registry.add(plain("a")).unwrap();
         let err = registry
-            .add(Worker::new("p", "http://p", "m", Role::Prefill))
+            .add(Engine::new("p", "http://p", "m", Role::Prefill))
             .unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -340,13 +340,13 @@ mod tests {
              a model is either all plain or all prefill/decode"
         );
         registry
-            .add(Worker::new("p", "http://p", "pd", Role::Prefill))
+            .add(Engine::new("p", "http://p", "pd", Role::Prefill))
             .unwrap();
         registry
-            .add(Worker::new("d", "http://d", "pd", Role::Decode))
+            .add(Engine::new("d", "http://d", "pd", Role::Decode))
             .unwrap();
         let err = registry
-            .add(Worker::new("q", "http://q", "pd", Role::Plain))
+            .add(Engine::new("q", "http://q", "pd", Role::Plain))
             .unwrap_err();
         assert!(
             err.to_string().contains("served by prefill/decode engines"),
@@ -356,12 +356,12 @@ mod tests {
 
     #[test]
     fn removing_the_last_engine_forgets_the_model_mode() {
-        let registry = WorkerRegistry::new();
+        let registry = EngineRegistry::new();
         registry.add(plain("a")).unwrap();
         assert_eq!(registry.remove("a").unwrap().id().as_str(), "a");
         assert_eq!(registry.snapshot().model_mode("m"), None);
         registry
-            .add(Worker::new("p", "http://p", "m", Role::Prefill))
+            .add(Engine::new("p", "http://p", "m", Role::Prefill))
             .unwrap();
         let err = registry.remove("a").unwrap_err();
         assert_eq!(err.to_string(), "engine a is not registered");
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn health_updates_replace_the_worker_and_leave_old_snapshots_alone() {
-        let registry = WorkerRegistry::new();
+        let registry = EngineRegistry::new();
         registry.add(plain("a")).unwrap();
         let before = registry.snapshot();
         assert!(registry.set_health("a", Health::Unhealthy).unwrap());
@@ -385,7 +385,7 @@ mod tests {
         assert!(!after.any_healthy());
         assert!(matches!(
             registry.set_health("zz", Health::Healthy),
-            Err(RegistryError::UnknownWorker { .. })
+            Err(RegistryError::UnknownEngine { .. })
         ));
     }
 }

@@ -2,16 +2,16 @@
 
 use std::sync::Arc;
 
+use crate::engine::{Engine, Role};
 use crate::load_monitor::{LOAD_STAT_TAG, LoadReport, NativeLoad};
-use crate::worker::{Role, Worker};
 
 /// `n` healthy engines `{prefix}0..` of one model and role, sorted by id.
-pub fn fleet(model: &str, role: Role, prefix: &str, n: usize) -> Vec<Arc<Worker>> {
+pub fn fleet(model: &str, role: Role, prefix: &str, n: usize) -> Vec<Arc<Engine>> {
     let width = n.saturating_sub(1).to_string().len();
     (0..n)
         .map(|i| {
             let id = format!("{prefix}{i:0width$}");
-            Arc::new(Worker::new(
+            Arc::new(Engine::new(
                 id.as_str(),
                 format!("http://{id}.test"),
                 model,

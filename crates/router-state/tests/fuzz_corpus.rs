@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::{IndexConfig, KvEvent, PrefixIndex, decode_batch};
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
@@ -33,7 +33,7 @@ fn exercise(input: &[u8]) -> bool {
         return false;
     };
     let index = PrefixIndex::new(IndexConfig::default());
-    let engine = WorkerId::from("E1");
+    let engine = EngineId::from("E1");
     let outcome = index.apply(&engine, 0, &batch);
     let announced: usize = batch
         .events

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_sim::{RunningEngine, SimConfig};
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::{
     IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
 };
@@ -18,7 +18,7 @@ struct Fixture {
     engine: RunningEngine,
     index: Arc<PrefixIndex>,
     stats: Arc<KvFeedStats>,
-    id: WorkerId,
+    id: EngineId,
     markers: u32,
 }
 
@@ -38,7 +38,7 @@ impl Fixture {
             engine,
             index,
             stats: Arc::new(KvFeedStats::default()),
-            id: WorkerId::from("E1"),
+            id: EngineId::from("E1"),
             markers: 0,
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use router_state::{
-    EngineReportedLoadTable, FeedStats, LoadFeedSource, WorkerId, spawn_load_subscriber,
+    EngineId, EngineReportedLoadTable, FeedStats, LoadFeedSource, spawn_load_subscriber,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,7 +16,7 @@ async fn reports_from_a_real_feed_reach_the_table_and_track_the_engine() {
     config.decode_tokens_per_sec = 20.0;
     let engine = engine_sim::start(config).await.expect("the engine starts");
     let table = Arc::new(EngineReportedLoadTable::default());
-    let id = WorkerId::from("E1");
+    let id = EngineId::from("E1");
     table.register(&id, NonZeroU32::MIN);
     let stats = Arc::new(FeedStats::default());
     let source = LoadFeedSource {

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_state::WorkerId;
+use router_state::EngineId;
 use router_state::kv_events::{
     IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
 };
@@ -123,7 +123,7 @@ struct Harness {
     publisher: Publisher,
     index: Arc<PrefixIndex>,
     stats: Arc<KvFeedStats>,
-    id: WorkerId,
+    id: EngineId,
     next_block: u64,
 }
 
@@ -195,7 +195,7 @@ async fn the_index_follows(engine: Engine) {
         ..IndexConfig::default()
     }));
     let stats = Arc::new(KvFeedStats::default());
-    let id = WorkerId::from("E1");
+    let id = EngineId::from("E1");
     let source = KvSource {
         engine: id.clone(),
         rank: 0,

@@ -12,7 +12,7 @@ use router_buckets::{Bucket, BucketGroups, EngineGroup, TokenLimits};
 use router_policy::{
     AdmissionLimits, BoxFuture, Pick, PickError, PickReason, PickRequest, Policy, RoundRobinPolicy,
 };
-use router_state::{EngineReportedLoadTable, Role, Worker, WorkerRegistry};
+use router_state::{Engine, EngineRegistry, EngineReportedLoadTable, Role};
 
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -22,11 +22,11 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A registry holding `(id, role)` engines of model `m`.
-pub(crate) fn registry(engines: &[(&str, Role)]) -> WorkerRegistry {
-    let registry = WorkerRegistry::new();
+pub(crate) fn registry(engines: &[(&str, Role)]) -> EngineRegistry {
+    let registry = EngineRegistry::new();
     for (id, role) in engines {
         registry
-            .add(Worker::new(*id, format!("http://{id}.test"), "m", *role))
+            .add(Engine::new(*id, format!("http://{id}.test"), "m", *role))
             .expect("valid engine");
     }
     registry
@@ -79,10 +79,10 @@ pub(crate) struct ImpostorPolicy;
 impl Policy for ImpostorPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         _: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        let engine = Arc::new(Worker::clone(&engines[0]));
+        let engine = Arc::new(Engine::clone(&engines[0]));
         Box::pin(std::future::ready(Ok(Pick::new(
             engine,
             PickReason::RoundRobin,
@@ -97,7 +97,7 @@ pub(crate) struct CountingPolicy(pub(crate) AtomicUsize);
 impl Policy for CountingPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         _: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         self.0.fetch_add(1, Ordering::SeqCst);
@@ -116,7 +116,7 @@ pub(crate) struct RecordingPolicy(pub(crate) std::sync::Mutex<Vec<String>>);
 impl Policy for RecordingPolicy {
     fn pick<'a>(
         &'a self,
-        engines: &'a [Arc<Worker>],
+        engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         *self.0.lock().expect("not poisoned") =

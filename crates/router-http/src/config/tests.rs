@@ -120,8 +120,8 @@ fn validation_errors_name_their_path() {
             "policies.decode: admission.max_running_requests must be at least 1: a cap of 0 admits nothing",
         ),
         (
-            "models:\n  - id: m\n    engines: [{id: P1, url: 'http://p:1', role: prefill}, {id: D1, url: 'http://d:1', role: decode}]\n    buckets:\n      - id: b\n        groups: {pd: {prefill: {worker_ids: [P1]}, decode: {worker_ids: [P1]}}}\n",
-            "models[0].buckets[0].groups.pd.decode.worker_ids[0]: engine \"P1\" is a prefill engine, but this group picks decode engines",
+            "models:\n  - id: m\n    engines: [{id: P1, url: 'http://p:1', role: prefill}, {id: D1, url: 'http://d:1', role: decode}]\n    buckets:\n      - id: b\n        groups: {pd: {prefill: {engine_ids: [P1]}, decode: {engine_ids: [P1]}}}\n",
+            "models[0].buckets[0].groups.pd.decode.engine_ids[0]: engine \"P1\" is a prefill engine, but this group picks decode engines",
         ),
     ];
     for (yaml, expected) in cases {
@@ -131,7 +131,7 @@ fn validation_errors_name_their_path() {
 
 #[test]
 fn engines_without_a_role_are_checked_at_startup_not_statically() {
-    let yaml = "models:\n  - id: m\n    engines: [{id: X, url: 'http://x:1'}]\n    buckets: [{id: b, groups: {pd: {prefill: {worker_ids: [X]}, decode: {worker_ids: []}}}}]\n";
+    let yaml = "models:\n  - id: m\n    engines: [{id: X, url: 'http://x:1'}]\n    buckets: [{id: b, groups: {pd: {prefill: {engine_ids: [X]}, decode: {engine_ids: []}}}}]\n";
     assert_eq!(errors(yaml), Vec::<String>::new());
 }
 
@@ -142,7 +142,7 @@ fn the_schema_describes_the_config() {
         "listen",
         "models",
         "buckets",
-        "worker_ids",
+        "engine_ids",
         "first_byte_ms",
         "breaker_cooldown_ms",
         "max_inflight_requests",

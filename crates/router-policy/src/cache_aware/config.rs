@@ -20,7 +20,7 @@ impl Eq for Real {}
 /// policy:
 ///   type: cache_aware
 ///   min_matched_tokens: 1024
-///   candidates: {min_workers: 8, ratio: 0.05, max_workers: 32}
+///   candidates: {min_engines: 8, ratio: 0.05, max_engines: 32}
 ///   pressure_guard: {abs_tokens: 1024, rel: 1.5}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -48,11 +48,15 @@ pub struct CacheAwareConfig {
     pub pressure_guard: PressureGuard,
     /// Soft queue gate: holders reporting at least this many waiting requests are set
     /// aside while others are usable; unset = no gate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worker_queue_limit: Option<u64>,
+    #[serde(
+        default,
+        alias = "worker_queue_limit",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub engine_queue_limit: Option<u64>,
     /// With the gate set: when every holder is set aside and no engine of the group
     /// reports fewer waiting requests than this floor, the least pressured holder is
-    /// still used (never bypassing admission). At most `worker_queue_limit`; unset =
+    /// still used (never bypassing admission). At most `engine_queue_limit`; unset =
     /// keep every holder when all are set aside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saturation_queue_floor: Option<u64>,
@@ -66,19 +70,19 @@ pub struct CacheAwareConfig {
 }
 
 /// Bounds on the number of prefix holders considered: the best
-/// `min(group, max_workers, max(min_workers, ceil(ratio x group)))`.
+/// `min(group, max_engines, max(min_engines, ceil(ratio x group)))`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CandidateBounds {
     /// Lower bound.
-    #[serde(default = "default_min_workers")]
-    pub min_workers: usize,
+    #[serde(default = "default_min_engines", alias = "min_workers")]
+    pub min_engines: usize,
     /// Share of the group, in `[0, 1]`.
     #[serde(default = "default_candidate_ratio")]
     pub ratio: Real,
     /// Upper bound.
-    #[serde(default = "default_max_workers")]
-    pub max_workers: usize,
+    #[serde(default = "default_max_engines", alias = "max_workers")]
+    pub max_engines: usize,
 }
 
 /// The pressure guard: among near ties, holder A yields to B when A's queue is
@@ -109,13 +113,13 @@ fn default_tokens() -> u64 {
 fn default_load_choices() -> usize {
     2
 }
-fn default_min_workers() -> usize {
+fn default_min_engines() -> usize {
     8
 }
 fn default_candidate_ratio() -> Real {
     Real(0.05)
 }
-fn default_max_workers() -> usize {
+fn default_max_engines() -> usize {
     32
 }
 fn default_true() -> bool {
@@ -134,7 +138,7 @@ impl Default for CacheAwareConfig {
             candidates: CandidateBounds::default(),
             switch_margin_tokens: default_tokens(),
             pressure_guard: PressureGuard::default(),
-            worker_queue_limit: None,
+            engine_queue_limit: None,
             saturation_queue_floor: None,
             min_load_choices: default_load_choices(),
             seed: None,
@@ -145,9 +149,9 @@ impl Default for CacheAwareConfig {
 impl Default for CandidateBounds {
     fn default() -> Self {
         Self {
-            min_workers: default_min_workers(),
+            min_engines: default_min_engines(),
             ratio: default_candidate_ratio(),
-            max_workers: default_max_workers(),
+            max_engines: default_max_engines(),
         }
     }
 }
@@ -169,7 +173,7 @@ impl CandidateBounds {
         let share = (self.ratio.0 * group as f64).ceil();
         // `share` is finite and at most `group` for a validated ratio.
         let share = if share >= 0.0 { share as usize } else { 0 };
-        group.min(self.max_workers.min(self.min_workers.max(share)))
+        group.min(self.max_engines.min(self.min_engines.max(share)))
     }
 }
 
@@ -187,11 +191,11 @@ impl CacheAwareConfig {
             return invalid("min_match_ratio", "must be in (0, 1]");
         }
         let c = &self.candidates;
-        if c.min_workers == 0 {
-            return invalid("candidates.min_workers", "must be at least 1");
+        if c.min_engines == 0 {
+            return invalid("candidates.min_engines", "must be at least 1");
         }
-        if c.max_workers < c.min_workers {
-            return invalid("candidates.max_workers", "must be at least min_workers");
+        if c.max_engines < c.min_engines {
+            return invalid("candidates.max_engines", "must be at least min_engines");
         }
         if !(c.ratio.0 >= 0.0 && c.ratio.0 <= 1.0) {
             return invalid("candidates.ratio", "must be in [0, 1]");
@@ -199,20 +203,20 @@ impl CacheAwareConfig {
         if !(self.pressure_guard.rel.0.is_finite() && self.pressure_guard.rel.0 > 1.0) {
             return invalid("pressure_guard.rel", "must be a finite number above 1");
         }
-        if self.worker_queue_limit == Some(0) {
+        if self.engine_queue_limit == Some(0) {
             return invalid(
-                "worker_queue_limit",
+                "engine_queue_limit",
                 "must be at least 1: a limit of 0 sets every engine aside",
             );
         }
-        match (self.saturation_queue_floor, self.worker_queue_limit) {
+        match (self.saturation_queue_floor, self.engine_queue_limit) {
             (Some(_), None) => {
-                return invalid("saturation_queue_floor", "needs worker_queue_limit");
+                return invalid("saturation_queue_floor", "needs engine_queue_limit");
             }
             (Some(floor), Some(limit)) if floor > limit => {
                 return invalid(
                     "saturation_queue_floor",
-                    "must be at most worker_queue_limit",
+                    "must be at most engine_queue_limit",
                 );
             }
             _ => {}

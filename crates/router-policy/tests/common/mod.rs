@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use router_policy::{AdmissionLimits, Pick, PickError, PickRequest, Policy};
 use router_state::test_util::{basic_report, fleet, with_native};
-use router_state::{EngineReportedLoadTable, NativeLoad, Role, Worker};
+use router_state::{Engine, EngineReportedLoadTable, NativeLoad, Role};
 use tokio::time::Instant;
 
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
@@ -19,11 +19,11 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .expect("a current-thread runtime")
 }
 
-pub(crate) fn engines(n: usize) -> Vec<Arc<Worker>> {
+pub(crate) fn engines(n: usize) -> Vec<Arc<Engine>> {
     fleet("m", Role::Plain, "e", n)
 }
 
-pub(crate) fn staged(role: Role, n: usize) -> Vec<Arc<Worker>> {
+pub(crate) fn staged(role: Role, n: usize) -> Vec<Arc<Engine>> {
     fleet("m", role, "e", n)
 }
 
@@ -31,7 +31,7 @@ pub(crate) fn request(stage: Role) -> PickRequest<'static> {
     PickRequest::new("m", stage, "bucket", 100)
 }
 
-pub(crate) fn table(engines: &[Arc<Worker>]) -> Arc<EngineReportedLoadTable> {
+pub(crate) fn table(engines: &[Arc<Engine>]) -> Arc<EngineReportedLoadTable> {
     let table = Arc::new(EngineReportedLoadTable::default());
     for e in engines {
         table.register(e.id(), e.dp_size());
@@ -42,7 +42,7 @@ pub(crate) fn table(engines: &[Arc<Worker>]) -> Arc<EngineReportedLoadTable> {
 /// A fresh native report with valid capacity and the given queue shape.
 pub(crate) fn report_native(
     table: &EngineReportedLoadTable,
-    engine: &Worker,
+    engine: &Engine,
     waiting: u64,
     running: u64,
 ) {
@@ -65,7 +65,7 @@ pub(crate) fn report_native(
 /// A fresh basic report.
 pub(crate) fn report_basic(
     table: &EngineReportedLoadTable,
-    engine: &Worker,
+    engine: &Engine,
     waiting: u64,
     running: u64,
 ) {
@@ -89,7 +89,7 @@ pub(crate) fn no_caps() -> Arc<AdmissionLimits> {
 pub(crate) fn pick(
     rt: &tokio::runtime::Runtime,
     policy: &dyn Policy,
-    engines: &[Arc<Worker>],
+    engines: &[Arc<Engine>],
     stage: Role,
 ) -> Result<Pick, PickError> {
     let request = request(stage);

@@ -8,8 +8,8 @@ fn scope(stage: Role) -> AffinityScope<'static> {
     }
 }
 
-fn id(s: &str) -> WorkerId {
-    WorkerId::from(s)
+fn id(s: &str) -> EngineId {
+    EngineId::from(s)
 }
 
 fn store(max_entries: usize) -> AffinityStore {

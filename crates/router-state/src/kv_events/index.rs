@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use super::hash::{extend_chain, namespace_seed};
 use super::wire::{BlockRemoved, BlockStored, KvBatch, KvEvent, Tier};
-use crate::worker::WorkerId;
+use crate::engine::EngineId;
 
 /// Settings of a [`PrefixIndex`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub struct ApplyOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineMatch {
     /// The engine.
-    pub engine: WorkerId,
+    pub engine: EngineId,
     /// Leading pages of the request the engine holds (on any tier, best rank).
     pub blocks: usize,
     /// Leading pages the engine holds on the device tier.
@@ -101,7 +101,7 @@ pub struct PrefixMatch {
 
 impl PrefixMatch {
     /// The depth of `engine`, 0 when it holds nothing.
-    pub fn blocks_of(&self, engine: &WorkerId) -> usize {
+    pub fn blocks_of(&self, engine: &EngineId) -> usize {
         self.engines
             .iter()
             .find(|m| m.engine == *engine)
@@ -172,7 +172,7 @@ fn tier_bit(tier: Tier) -> u8 {
 
 #[derive(Debug)]
 struct Source {
-    engine: WorkerId,
+    engine: EngineId,
     rank: u32,
     /// Engine hash -> chain hash of the pages this source announced.
     blocks: FxHashMap<u64, u64>,
@@ -182,7 +182,7 @@ struct Source {
 struct Inner {
     nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
     sources: Vec<Option<Source>>,
-    slots: FxHashMap<(WorkerId, u32), u32>,
+    slots: FxHashMap<(EngineId, u32), u32>,
     degraded: Bits,
     entries: usize,
 }
@@ -218,7 +218,7 @@ impl PrefixIndex {
     }
 
     /// Applies one batch from `engine`'s rank `rank`.
-    pub fn apply(&self, engine: &WorkerId, rank: u32, batch: &KvBatch) -> ApplyOutcome {
+    pub fn apply(&self, engine: &EngineId, rank: u32, batch: &KvBatch) -> ApplyOutcome {
         let mut outcome = ApplyOutcome::default();
         let mut inner = self.inner.write();
         let slot = inner.slot(engine, rank);
@@ -254,7 +254,7 @@ impl PrefixIndex {
 
     /// Forgets everything `engine`'s rank `rank` announced (a restart or an
     /// unrepairable gap); its later events start a new incarnation.
-    pub fn clear_source(&self, engine: &WorkerId, rank: u32) {
+    pub fn clear_source(&self, engine: &EngineId, rank: u32) {
         let mut inner = self.inner.write();
         if let Some(slot) = inner.slots.get(&(engine.clone(), rank)).copied() {
             inner.clear_slot(slot);
@@ -262,7 +262,7 @@ impl PrefixIndex {
     }
 
     /// Drops every entry of `engine` and frees its sources.
-    pub fn remove_engine(&self, engine: &WorkerId) {
+    pub fn remove_engine(&self, engine: &EngineId) {
         let mut inner = self.inner.write();
         let slots: Vec<u32> = inner
             .slots
@@ -281,7 +281,7 @@ impl PrefixIndex {
 
     /// Marks a source's ownership untrusted (a gap being repaired) or trusted again;
     /// lookups ignore degraded sources.
-    pub fn set_degraded(&self, engine: &WorkerId, rank: u32, degraded: bool) {
+    pub fn set_degraded(&self, engine: &EngineId, rank: u32, degraded: bool) {
         let mut inner = self.inner.write();
         let slot = inner.slot(engine, rank) as usize;
         if degraded {
@@ -315,7 +315,7 @@ impl PrefixIndex {
 
     /// Whether the given source holds the page with this chain hash (for tests and
     /// diagnostics).
-    pub fn holds(&self, engine: &WorkerId, rank: u32, chain: u64) -> bool {
+    pub fn holds(&self, engine: &EngineId, rank: u32, chain: u64) -> bool {
         let inner = self.inner.read();
         let Some(slot) = inner.slots.get(&(engine.clone(), rank)) else {
             return false;
@@ -328,7 +328,7 @@ impl PrefixIndex {
 }
 
 impl Inner {
-    fn slot(&mut self, engine: &WorkerId, rank: u32) -> u32 {
+    fn slot(&mut self, engine: &EngineId, rank: u32) -> u32 {
         if let Some(slot) = self.slots.get(&(engine.clone(), rank)) {
             return *slot;
         }

@@ -22,8 +22,8 @@ use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocke
 
 use super::index::PrefixIndex;
 use super::wire::decode_batch;
+use crate::engine::EngineId;
 use crate::feed::{FeedHandle, Sequence, decode_envelope};
-use crate::worker::WorkerId;
 
 /// How long a replay may go quiet before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,7 +37,7 @@ const CATCH_UP_AFTER: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvSource {
     /// The engine.
-    pub engine: WorkerId,
+    pub engine: EngineId,
     /// The data-parallel rank (authoritative over the payload's rank).
     pub rank: u32,
     /// `tcp://host:port` of the rank's PUB socket.

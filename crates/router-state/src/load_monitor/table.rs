@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::load_stat::LoadReport;
 use super::observation::{EngineObservation, NativeAggregate, ReportedLoad};
-use crate::worker::WorkerId;
+use crate::engine::EngineId;
 
 /// Default time a rank's report stays fresh after the router receives it.
 pub const DEFAULT_FRESHNESS: Duration = Duration::from_secs(5);
@@ -39,12 +39,12 @@ impl Default for LoadTableConfig {
 pub enum IngestError {
     /// The engine is not registered in the table (it may have just been removed).
     #[error("engine {0} is not registered in the load table")]
-    UnknownEngine(WorkerId),
+    UnknownEngine(EngineId),
     /// The rank is outside the engine's data-parallel size.
     #[error("engine {id} has {dp_size} data-parallel ranks; rank {rank} is out of range")]
     RankOutOfRange {
         /// The engine.
-        id: WorkerId,
+        id: EngineId,
         /// The rank of the socket the report came from.
         rank: u32,
         /// The engine's rank count.
@@ -60,7 +60,7 @@ pub enum IngestError {
 #[derive(Debug, Default)]
 pub struct EngineReportedLoadTable {
     config: LoadTableConfig,
-    engines: ArcSwap<FxHashMap<WorkerId, Arc<EngineSlot>>>,
+    engines: ArcSwap<FxHashMap<EngineId, Arc<EngineSlot>>>,
     write: Mutex<()>,
 }
 
@@ -115,7 +115,7 @@ impl EngineReportedLoadTable {
 
     /// Starts tracking an engine with `dp_size` ranks. Registering a known engine with a
     /// different rank count forgets its reports (the ranks changed), keeping counters.
-    pub fn register(&self, id: &WorkerId, dp_size: NonZeroU32) {
+    pub fn register(&self, id: &EngineId, dp_size: NonZeroU32) {
         let _write = self.write.lock();
         let engines = self.engines.load();
         if let Some(slot) = engines.get(id) {
@@ -133,7 +133,7 @@ impl EngineReportedLoadTable {
 
     /// Stops tracking an engine; its reports are dropped. Guards still held for it
     /// release normally. Returns whether it was tracked.
-    pub fn unregister(&self, id: &WorkerId) -> bool {
+    pub fn unregister(&self, id: &EngineId) -> bool {
         let _write = self.write.lock();
         let engines = self.engines.load();
         if !engines.contains_key(id) {
@@ -151,7 +151,7 @@ impl EngineReportedLoadTable {
     /// An unregistered engine or a rank beyond its data-parallel size.
     pub fn ingest(
         &self,
-        id: &WorkerId,
+        id: &EngineId,
         rank: u32,
         report: LoadReport,
         received_at: Instant,
@@ -193,7 +193,7 @@ impl EngineReportedLoadTable {
 
     /// Counts a request dispatched to `id` until the returned guard drops. Unregistered
     /// engines are tracked from their first guard on.
-    pub fn acquire(&self, id: &WorkerId) -> InflightGuard {
+    pub fn acquire(&self, id: &EngineId) -> InflightGuard {
         let slot = match self.engines.load().get(id) {
             Some(slot) => Arc::clone(slot),
             None => self.slot_for_guard(id),
@@ -204,14 +204,14 @@ impl EngineReportedLoadTable {
     }
 
     /// Requests this router currently has in flight to `id`.
-    pub fn in_flight(&self, id: &WorkerId) -> u64 {
+    pub fn in_flight(&self, id: &EngineId) -> u64 {
         self.engines
             .load()
             .get(id)
             .map_or(0, |slot| slot.in_flight.load(Ordering::Relaxed))
     }
 
-    fn slot_for_guard(&self, id: &WorkerId) -> Arc<EngineSlot> {
+    fn slot_for_guard(&self, id: &EngineId) -> Arc<EngineSlot> {
         let _write = self.write.lock();
         let engines = self.engines.load();
         if let Some(slot) = engines.get(id) {
@@ -284,7 +284,7 @@ fn aggregate(ranks: &[Option<RankSample>]) -> Option<Published> {
 /// and the admission check after it see the same observation.
 #[derive(Debug)]
 pub struct LoadSnapshot {
-    engines: arc_swap::Guard<Arc<FxHashMap<WorkerId, Arc<EngineSlot>>>>,
+    engines: arc_swap::Guard<Arc<FxHashMap<EngineId, Arc<EngineSlot>>>>,
     now: Instant,
     freshness: Duration,
 }
@@ -297,7 +297,7 @@ impl LoadSnapshot {
 
     /// One engine's observation; [`EngineObservation::UNKNOWN`] for an engine the
     /// table does not track.
-    pub fn observe(&self, id: &WorkerId) -> EngineObservation {
+    pub fn observe(&self, id: &EngineId) -> EngineObservation {
         let Some(slot) = self.engines.get(id) else {
             return EngineObservation::UNKNOWN;
         };

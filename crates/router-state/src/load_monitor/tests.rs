@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use tokio::time::{Instant, advance};
 
 use super::*;
-use crate::WorkerId;
+use crate::EngineId;
 use crate::test_util::{basic_report, encode_load_stat, with_native};
 
 /// Payloads encoded by the real SGLang 0.5.23 publisher (see `gen_load_stat.py`).
@@ -31,8 +31,8 @@ fn native(waiting_uncached: u64, tokens_total: u64, busy_us_total: u64) -> Nativ
     }
 }
 
-fn id(s: &str) -> WorkerId {
-    WorkerId::from(s)
+fn id(s: &str) -> EngineId {
+    EngineId::from(s)
 }
 
 fn feed(table: &EngineReportedLoadTable, engine: &str, rank: u32, report: LoadReport) {
@@ -486,7 +486,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn fail_after_acquire(
     table: &EngineReportedLoadTable,
-    engine: &WorkerId,
+    engine: &EngineId,
 ) -> Result<(), &'static str> {
     let _guard = table.acquire(engine);
     Err("upstream failed")

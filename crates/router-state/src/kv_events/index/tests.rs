@@ -8,8 +8,8 @@ use crate::kv_events::wire::BlockRemoved;
 
 const BS: u32 = 4;
 
-fn id(s: &str) -> WorkerId {
-    WorkerId::from(s)
+fn id(s: &str) -> EngineId {
+    EngineId::from(s)
 }
 
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, tier: Tier) -> KvEvent {
@@ -278,11 +278,11 @@ fn the_node_budget_evicts_least_recently_matched_leaves() {
 /// A naive model: per source, the chain hashes it holds with their tier masks.
 #[derive(Default)]
 struct Model {
-    held: HashMap<(WorkerId, u32), HashMap<u64, (u64, u8)>>,
+    held: HashMap<(EngineId, u32), HashMap<u64, (u64, u8)>>,
 }
 
 impl Model {
-    fn apply(&mut self, source: &(WorkerId, u32), event: &KvEvent) {
+    fn apply(&mut self, source: &(EngineId, u32), event: &KvEvent) {
         let held = self.held.entry(source.clone()).or_default();
         match event {
             KvEvent::Stored(s) => {
@@ -316,7 +316,7 @@ impl Model {
         }
     }
 
-    fn depth(&self, engine: &WorkerId, chain: &[u64]) -> usize {
+    fn depth(&self, engine: &EngineId, chain: &[u64]) -> usize {
         self.held
             .iter()
             .filter(|((e, _), _)| e == engine)

@@ -10,9 +10,9 @@ use std::sync::Arc;
 /// Ids are what configuration, metrics, response headers and error messages name; they
 /// never contain the engine's URL unless an operator chose to make them so.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WorkerId(Arc<str>);
+pub struct EngineId(Arc<str>);
 
-impl WorkerId {
+impl EngineId {
     /// Wraps an id string.
     pub fn new(id: impl Into<Arc<str>>) -> Self {
         Self(id.into())
@@ -29,31 +29,31 @@ impl WorkerId {
     }
 }
 
-impl fmt::Debug for WorkerId {
+impl fmt::Debug for EngineId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
     }
 }
 
-impl fmt::Display for WorkerId {
+impl fmt::Display for EngineId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl Borrow<str> for WorkerId {
+impl Borrow<str> for EngineId {
     fn borrow(&self) -> &str {
         &self.0
     }
 }
 
-impl From<&str> for WorkerId {
+impl From<&str> for EngineId {
     fn from(id: &str) -> Self {
         Self(id.into())
     }
 }
 
-impl From<String> for WorkerId {
+impl From<String> for EngineId {
     fn from(id: String) -> Self {
         Self(id.into())
     }
@@ -104,12 +104,12 @@ pub enum Health {
 
 /// An engine: its identity, address, model, role and serving shape.
 ///
-/// A `Worker` is immutable. The registry replaces the `Arc<Worker>` when any field
+/// A `Engine` is immutable. The registry replaces the `Arc<Engine>` when any field
 /// changes (health included), so a snapshot of candidates never changes under a pick,
 /// and pointer identity distinguishes a candidate from a newer engine with the same id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Worker {
-    id: WorkerId,
+pub struct Engine {
+    id: EngineId,
     url: Arc<str>,
     model: Arc<str>,
     role: Role,
@@ -118,10 +118,10 @@ pub struct Worker {
     health: Health,
 }
 
-impl Worker {
+impl Engine {
     /// A healthy engine with one data-parallel rank and no bootstrap port.
     pub fn new(
-        id: impl Into<WorkerId>,
+        id: impl Into<EngineId>,
         url: impl Into<Arc<str>>,
         model: impl Into<Arc<str>>,
         role: Role,
@@ -156,7 +156,7 @@ impl Worker {
     }
 
     /// The engine's stable id.
-    pub fn id(&self) -> &WorkerId {
+    pub fn id(&self) -> &EngineId {
         &self.id
     }
 
