@@ -9,20 +9,58 @@ use serde::Deserialize;
 
 use crate::cargo;
 
-/// The router's layers, bottom first: a crate may depend only on crates below it.
-const LAYERS: &[&str] = &[
-    "router-state",
-    "router-policy",
-    "router-buckets",
-    "router-http",
-    "switchyard",
+/// Each router crate and the router crates it may depend on (dev-dependencies may
+/// reach further, for tests). The selection core (state, policy, buckets) and the
+/// engine side (upstream, fleet) meet only in the HTTP crate and the binary.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("router-state", &[]),
+    ("router-policy", &["router-state"]),
+    ("router-buckets", &["router-state", "router-policy"]),
+    ("router-upstream", &["router-state"]),
+    ("router-fleet", &["router-state", "router-upstream"]),
+    (
+        "router-http",
+        &[
+            "router-state",
+            "router-policy",
+            "router-buckets",
+            "router-upstream",
+            "router-fleet",
+        ],
+    ),
+    (
+        "switchyard",
+        &[
+            "router-state",
+            "router-policy",
+            "router-buckets",
+            "router-upstream",
+            "router-fleet",
+            "router-http",
+        ],
+    ),
 ];
 
 /// The simulated engine is the other side of the wire and must not share router code.
 const SIMULATOR: &str = "engine-sim";
 
-/// HTTP and server stacks; nothing below router-http may use them.
-const HTTP_STACK: &[&str] = &["axum", "hyper", "hyper-util", "tower-http", "reqwest", "h2"];
+/// HTTP server stacks and high-level clients: only the HTTP crate and the binary use
+/// them (the upstream client speaks HTTP/1.1 itself).
+const HTTP_STACK: &[&str] = &[
+    "axum",
+    "hyper",
+    "hyper-util",
+    "tower",
+    "tower-http",
+    "reqwest",
+    "h2",
+];
+/// Where HTTP stacks may be used.
+const HTTP_USERS: &[&str] = &["router-http", "switchyard"];
+
+/// Cluster and store clients: they arrive behind the fleet and state seams, never in
+/// the HTTP crate.
+const CLUSTER_CLIENTS: &[&str] = &["kube", "kube-runtime", "k8s-openapi", "redis"];
 
 /// Longest source file, in lines, that still reads in one sitting.
 const MAX_FILE_LINES: usize = 800;
@@ -96,16 +134,17 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     bail!("tidy found {} problem(s)", problems.len())
 }
 
-/// Dependency direction: layers point down, the simulator shares nothing with the
-/// router, and no crate below router-http uses an HTTP stack.
+/// Dependency direction: each router crate depends only on the router crates it is
+/// allowed, the simulator shares nothing with the router, HTTP stacks stay in the
+/// HTTP crate and the binary, and cluster or store clients stay out of the HTTP crate.
 fn check_dependencies(packages: &[Package]) -> Vec<String> {
-    let layer = |name: &str| LAYERS.iter().position(|l| *l == name);
-    let http = layer("router-http").expect("router-http is a layer");
+    let allowed = |name: &str| ALLOWED.iter().find(|(n, _)| *n == name).map(|(_, a)| *a);
     let mut problems = Vec::new();
     for package in packages {
-        let own = layer(&package.name);
+        let own = allowed(&package.name);
         for dep in &package.dependencies {
-            if package.name == SIMULATOR && layer(&dep.name).is_some() {
+            let router_dep = allowed(&dep.name).is_some();
+            if package.name == SIMULATOR && router_dep {
                 problems.push(format!(
                     "{SIMULATOR} depends on {}: the simulated engine is the other side of the wire \
                      and must not share router code",
@@ -115,23 +154,39 @@ fn check_dependencies(packages: &[Package]) -> Vec<String> {
             if dep.is_dev() {
                 continue;
             }
-            match (own, layer(&dep.name)) {
-                (Some(own), Some(theirs)) if theirs >= own => problems.push(format!(
-                    "{} depends on {}: dependencies flow downward only ({})",
+            let Some(own) = own else {
+                continue;
+            };
+            if router_dep && !own.contains(&dep.name.as_str()) {
+                problems.push(format!(
+                    "{} depends on {}: it may depend only on {}",
                     package.name,
                     dep.name,
-                    LAYERS.join(" <- ")
-                )),
-                _ => {}
-            }
-            let below_http = own.is_some_and(|o| o < http);
-            if below_http && HTTP_STACK.contains(&dep.name.as_str()) {
-                problems.push(format!(
-                    "{} depends on {}: nothing below router-http may use an HTTP stack",
-                    package.name, dep.name
+                    if own.is_empty() {
+                        "no router crate".to_owned()
+                    } else {
+                        own.join(", ")
+                    }
                 ));
             }
-            if below_http && dep.name == SIMULATOR {
+            if HTTP_STACK.contains(&dep.name.as_str())
+                && !HTTP_USERS.contains(&package.name.as_str())
+            {
+                problems.push(format!(
+                    "{} depends on {}: only {} may use an HTTP stack",
+                    package.name,
+                    dep.name,
+                    HTTP_USERS.join(" and ")
+                ));
+            }
+            if package.name == "router-http" && CLUSTER_CLIENTS.contains(&dep.name.as_str()) {
+                problems.push(format!(
+                    "router-http depends on {}: cluster and store clients belong behind the fleet \
+                     and state seams",
+                    dep.name
+                ));
+            }
+            if dep.name == SIMULATOR && package.name != "switchyard" {
                 problems.push(format!(
                     "{} depends on {SIMULATOR}: only tests and the binary may",
                     package.name
@@ -246,26 +301,34 @@ mod tests {
     }
 
     #[test]
-    fn an_upward_dependency_fails() {
+    fn a_dependency_outside_the_allowed_set_fails() {
         let problems = check_dependencies(&workspace(package(
             "router-state",
             &[("router-buckets", None)],
         )));
         assert_eq!(
             problems,
-            [
-                "router-state depends on router-buckets: dependencies flow downward only \
-              (router-state <- router-policy <- router-buckets <- router-http <- switchyard)"
-            ]
+            ["router-state depends on router-buckets: it may depend only on no router crate"]
         );
         let sideways = check_dependencies(&workspace(package(
-            "router-policy",
-            &[("router-policy", Some("build"))],
+            "router-upstream",
+            &[("router-policy", None), ("router-fleet", Some("build"))],
         )));
         assert_eq!(
-            sideways.len(),
-            1,
-            "a crate may not depend on its own layer: {sideways:?}"
+            sideways,
+            [
+                "router-upstream depends on router-policy: it may depend only on router-state",
+                "router-upstream depends on router-fleet: it may depend only on router-state",
+            ]
+        );
+        let fleet = check_dependencies(&workspace(package(
+            "router-fleet",
+            &[("router-http", None), ("router-buckets", None)],
+        )));
+        assert_eq!(
+            fleet.len(),
+            2,
+            "the fleet imports no HTTP or selection crate: {fleet:?}"
         );
     }
 
@@ -285,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn http_stacks_and_the_simulator_stay_above_the_selection_core() {
+    fn http_stacks_cluster_clients_and_the_simulator_stay_where_they_belong() {
         let problems = check_dependencies(&workspace(package(
             "router-buckets",
             &[("axum", None), (SIMULATOR, None)],
@@ -293,12 +356,25 @@ mod tests {
         assert_eq!(
             problems,
             [
-                "router-buckets depends on axum: nothing below router-http may use an HTTP stack",
+                "router-buckets depends on axum: only router-http and switchyard may use an HTTP stack",
                 "router-buckets depends on engine-sim: only tests and the binary may",
             ]
         );
+        let upstream =
+            check_dependencies(&workspace(package("router-upstream", &[("hyper", None)])));
+        assert_eq!(upstream.len(), 1, "{upstream:?}");
         assert!(
             check_dependencies(&workspace(package("router-http", &[("axum", None)]))).is_empty()
+        );
+        assert_eq!(
+            check_dependencies(&workspace(package("router-http", &[("kube", None)]))),
+            [
+                "router-http depends on kube: cluster and store clients belong behind the fleet \
+                 and state seams"
+            ]
+        );
+        assert!(
+            check_dependencies(&workspace(package("router-fleet", &[("kube", None)]))).is_empty()
         );
     }
 

@@ -28,7 +28,7 @@ use crate::config::{ConfigError, EngineConfig, RouterConfig, roster_of};
 use crate::health::HealthBook;
 use crate::metrics::Metrics;
 use crate::tokenize::ChatTokenizer;
-use crate::upstream::{FeedEndpoint, KvFeedEndpoint, ServerInfo, Upstream, parse_server_info};
+use router_upstream::{FeedEndpoint, KvFeedEndpoint, ServerInfo, Upstream, UpstreamTimeouts};
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,10 @@ impl AppContext {
         let handles =
             PolicyHandles::new(Arc::clone(&load)).with_affinity_store(Some(Arc::clone(&affinity)));
         let defaults = config.policies.over(&DefaultPolicies::default());
-        let upstream = Upstream::new(&config.timeouts);
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: Duration::from_millis(config.timeouts.connect_ms),
+            first_byte: Duration::from_millis(config.timeouts.first_byte_ms),
+        });
         let ctx = Arc::new(Self {
             registry: Arc::new(EngineRegistry::new()),
             load,
@@ -151,7 +154,10 @@ impl AppContext {
             let model_defaults = model.policies.over(&ctx.defaults);
             let handles = ctx.model_handles(model, tokenizer.is_some(), &model_defaults);
             let infos = futures_util::future::join_all(
-                model.engines.iter().map(|e| ctx.introspect(&e.url)),
+                model
+                    .engines
+                    .iter()
+                    .map(|e| ctx.upstream.server_info(&e.url)),
             )
             .await;
             let mut discovered = HashMap::new();
@@ -239,30 +245,6 @@ impl AppContext {
         self.prefix_indexes.lock().get(model).cloned()
     }
 
-    /// Reads an engine's `/server_info`: up to three attempts; `None` if unreachable.
-    async fn introspect(&self, url: &str) -> Option<ServerInfo> {
-        let mut wait = Duration::from_millis(100);
-        for attempt in 0..3 {
-            if attempt > 0 {
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-            }
-            match self
-                .upstream
-                .get(url, "/server_info", Duration::from_secs(2))
-                .await
-            {
-                Ok((status, body)) if status.is_success() => {
-                    let info = serde_json::from_slice(&body).unwrap_or_default();
-                    return Some(parse_server_info(&info, url));
-                }
-                Ok((status, _)) if status.is_client_error() => return Some(ServerInfo::default()),
-                _ => {}
-            }
-        }
-        None
-    }
-
     /// Registers one engine of `model` with what introspection found (configured
     /// values win). Returns its role.
     pub(crate) fn register(
@@ -297,7 +279,7 @@ impl AppContext {
             .map_err(|e| e.to_string())?;
         self.load.register(&id, dp_size);
         self.health.insert(id.clone(), healthy);
-        if let Some(authority) = crate::upstream::authority(&config.url) {
+        if let Some(authority) = router_upstream::authority(&config.url) {
             self.authorities.rcu(|authorities| {
                 let mut next = HashMap::clone(authorities);
                 next.insert(id.clone(), Arc::clone(&authority));
@@ -326,7 +308,7 @@ impl AppContext {
     ) -> Vec<FeedHandle> {
         let endpoint = match (config.load_port, advertised) {
             (Some(port_base), advertised) => {
-                let host = crate::upstream::url_host(&config.url);
+                let host = router_upstream::url_host(&config.url);
                 let topic = advertised.map_or_else(|| "load".to_owned(), |a| a.topic);
                 Some(FeedEndpoint {
                     host,
@@ -369,7 +351,7 @@ impl AppContext {
         let Some(index) = self.prefix_indexes.lock().get(model).cloned() else {
             return Vec::new();
         };
-        let host = crate::upstream::url_host(&config.url);
+        let host = router_upstream::url_host(&config.url);
         let endpoint = match (config.kv_port, advertised) {
             (Some(port_base), advertised) => KvFeedEndpoint {
                 feed: FeedEndpoint {
@@ -429,14 +411,14 @@ impl AppContext {
         config: EngineConfig,
         model: String,
     ) -> Result<Arc<Engine>, String> {
-        crate::upstream::check_engine_url(&config.url).map_err(|e| format!("url: {e}"))?;
+        router_upstream::check_engine_url(&config.url).map_err(|e| format!("url: {e}"))?;
         if config.id.is_empty() || model.is_empty() {
             return Err("id and model must not be empty".into());
         }
         if self.registry.snapshot().get(&config.id).is_some() {
             return Err(format!("engine {} is already registered", config.id));
         }
-        let info = self.introspect(&config.url).await;
+        let info = self.upstream.server_info(&config.url).await;
         let role = self.register(&config, &model, info)?;
         if !self.routes.load().contains_key(&model) {
             let roster = ModelRoster::new([(EngineId::from(config.id.as_str()), role)]);
@@ -504,10 +486,10 @@ impl AppContext {
     pub(crate) async fn probe_all(&self) {
         let snapshot = self.registry.snapshot();
         let probes = snapshot.engines().map(|w| async move {
-            let passed = matches!(
-                self.upstream.get(w.url(), "/health", self.health.probe_timeout()).await,
-                Ok((status, _)) if status.is_success()
-            );
+            let passed = self
+                .upstream
+                .probe(w.url(), self.health.probe_timeout())
+                .await;
             (Arc::clone(w), passed)
         });
         for (engine, passed) in futures_util::future::join_all(probes).await {
@@ -534,7 +516,7 @@ impl AppContext {
         let Some(config) = pending else {
             return;
         };
-        let Some(info) = self.introspect(engine.url()).await else {
+        let Some(info) = self.upstream.server_info(engine.url()).await else {
             return;
         };
         let mut feeds = self.start_feeds(&config, engine.id(), engine.dp_size(), info.load_feed);
@@ -555,7 +537,7 @@ impl AppContext {
     pub(crate) fn engine_authority(&self, engine: &Engine) -> Option<Arc<str>> {
         match self.authorities.load().get(engine.id()) {
             Some(authority) => Some(Arc::clone(authority)),
-            None => crate::upstream::authority(engine.url()),
+            None => router_upstream::authority(engine.url()),
         }
     }
 

@@ -479,8 +479,8 @@ impl RouterConfig {
                         format!("duplicate engine id {:?} (also {first})", engine.id),
                     ));
                 }
-                if let Err(message) = crate::upstream::check_engine_url(&engine.url) {
-                    errors.push(ConfigError::at(at("url"), message));
+                if let Err(message) = router_upstream::check_engine_url(&engine.url) {
+                    errors.push(ConfigError::at(at("url"), message.to_string()));
                 }
                 if engine.dp_size == Some(0) {
                     errors.push(ConfigError::at(at("dp_size"), "must be at least 1"));

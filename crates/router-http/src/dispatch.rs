@@ -12,20 +12,21 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use http_body_util::BodyExt;
 use router_buckets::{EnginePicks, Selection};
 use router_state::Engine;
+use router_upstream::{H1Body, UpstreamError};
 use tokio::time::Instant;
 
 use crate::app::AppContext;
 use crate::error::ApiError;
-use crate::h1::H1Body;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
-use crate::upstream::UpstreamError;
 
 const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
 const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
 const PREFILL: HeaderName = HeaderName::from_static("x-switchyard-prefill");
 const DECODE: HeaderName = HeaderName::from_static("x-switchyard-decode");
 const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-tokens");
+/// The path chat requests are sent to.
+const CHAT_PATH: &str = "/v1/chat/completions";
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
@@ -122,7 +123,10 @@ async fn send(
     let json = HeaderValue::from_static("application/json");
     let headers = [(header::CONTENT_TYPE, &json), (REQUEST_ID, request_id)];
     let sent = Instant::now();
-    let result = ctx.upstream.post_chat(&authority, &headers, &body).await;
+    let result = ctx
+        .upstream
+        .post(&authority, CHAT_PATH, &headers, &body)
+        .await;
     ctx.metrics
         .upstream_latency
         .get_or_create(&StageLabels { stage })
@@ -142,23 +146,12 @@ async fn send(
         }
         Err(e) => {
             ctx.record_dispatch(engine.id(), false);
-            let message = format!("{stage} engine {}: {}", engine.id(), describe(&e));
+            let message = format!("{stage} engine {}: {}", engine.id(), e.describe());
             Err(match e {
                 UpstreamError::Timeout(_) => ApiError::timeout(message),
-                UpstreamError::Connect(_) | UpstreamError::Transport(_) => {
-                    ApiError::upstream(message)
-                }
+                _ => ApiError::upstream(message),
             })
         }
-    }
-}
-
-/// An upstream failure in words that never include the engine's address.
-fn describe(e: &UpstreamError) -> &'static str {
-    match e {
-        UpstreamError::Connect(_) => "connection failed",
-        UpstreamError::Timeout(what) => what,
-        UpstreamError::Transport(_) => "the connection broke",
     }
 }
 

@@ -29,7 +29,6 @@ mod app;
 mod config;
 mod dispatch;
 mod error;
-mod h1;
 mod health;
 mod metrics;
 mod prepare;
@@ -38,7 +37,6 @@ mod routes;
 mod scrape;
 mod server;
 mod tokenize;
-mod upstream;
 
 pub use app::{AppContext, StartError};
 pub use config::{

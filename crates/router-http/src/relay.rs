@@ -14,8 +14,8 @@ use router_state::InflightGuard;
 use tokio::time::{Instant, Sleep, sleep};
 
 use crate::app::AppContext;
-use crate::h1::{H1Body, H1Error};
 use crate::metrics::{ModelLabels, RequestLabels};
+use router_upstream::{H1Body, H1Error};
 
 /// A leg that must run to completion alongside the relayed body (a PD prefill).
 pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;

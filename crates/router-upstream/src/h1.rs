@@ -20,7 +20,9 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-pub(crate) use body::H1Body;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use body::Decoder;
+pub use body::H1Body;
 use body::{Conn, Framing};
 
 /// The largest response head accepted.
@@ -30,7 +32,8 @@ const MAX_HEADERS: usize = 128;
 
 /// Why a request to an engine failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum H1Error {
+#[non_exhaustive]
+pub enum H1Error {
     /// The TCP connection could not be made.
     #[error("connection failed: {0}")]
     Connect(io::Error),
@@ -281,19 +284,22 @@ async fn write_all(stream: &TcpStream, mut head: &[u8], mut body: &[u8]) -> io::
 
 /// A parsed response head.
 #[derive(Debug)]
-struct Head {
-    parts: http::response::Parts,
-    framing: Framing,
-    keep_alive: bool,
+pub(crate) struct Head {
+    pub(crate) parts: http::response::Parts,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
 }
 
 /// Parses and removes a complete response head from `buf`, skipping interim (1xx)
 /// responses; `None` until the head is complete.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
+pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     loop {
         let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut parsed = httparse::Response::new(&mut fields);
         let len = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+                return Err(H1Error::Malformed("response head too large"));
+            }
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
                 return Err(H1Error::Malformed("response head too large"));

@@ -22,7 +22,7 @@ const MAX_READ_PER_POLL: usize = 256 << 10;
 
 /// How the body's end is found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Framing {
+pub(crate) enum Framing {
     /// `content-length` bytes.
     Length(u64),
     /// `transfer-encoding: chunked`.
@@ -32,7 +32,7 @@ pub(super) enum Framing {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Decoder {
+pub(crate) enum Decoder {
     Length(u64),
     /// Expecting a chunk-size line.
     Size,
@@ -47,7 +47,7 @@ pub(super) enum Decoder {
 }
 
 impl Decoder {
-    pub(super) fn new(framing: Framing) -> Self {
+    pub(crate) fn new(framing: Framing) -> Self {
         match framing {
             Framing::Length(0) => Self::Done,
             Framing::Length(n) => Self::Length(n),
@@ -58,7 +58,7 @@ impl Decoder {
 
     /// Moves decoded body bytes from `buf` to `out` until `buf` runs dry, the body
     /// ends, or `out` is full.
-    pub(super) fn decode(&mut self, buf: &mut BytesMut, out: &mut BytesMut) -> Result<(), H1Error> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut, out: &mut BytesMut) -> Result<(), H1Error> {
         while out.len() < MAX_FRAME {
             match *self {
                 Self::Length(left) | Self::Data(left) => {
@@ -136,9 +136,12 @@ pub(super) struct Conn {
     pub(super) keep_alive: bool,
 }
 
-/// See the module documentation.
+/// An engine's response body, read from the engine's socket by the task that polls
+/// it: every poll forwards all the body bytes that have arrived as one frame. Read
+/// to its end with nothing left over, its connection goes back to the pool; dropped
+/// early, the connection is closed (which is how an engine learns the client left).
 #[derive(Debug)]
-pub(crate) struct H1Body {
+pub struct H1Body {
     conn: Option<Conn>,
     buf: BytesMut,
     decoder: Decoder,
@@ -198,6 +201,7 @@ impl H1Body {
 /// One CRLF-terminated line without its terminator, or `None` until it is complete.
 fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
     match buf.windows(2).position(|w| w == b"\r\n") {
+        Some(end) if end > MAX_LINE => Err(H1Error::Malformed("chunk line too long")),
         Some(end) => {
             let line = buf.split_to(end);
             buf.advance(2);

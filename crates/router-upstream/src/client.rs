@@ -1,0 +1,178 @@
+//! Requests to engines (through the `h1` client) with their timeouts: relayed
+//! requests, health probes and introspection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+
+use crate::h1::{H1Body, H1Client, H1Error};
+use crate::info::{ServerInfo, parse_server_info};
+use crate::url::authority;
+
+/// Why a request to an engine failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamError {
+    /// The connection could not be made (refused, unreachable).
+    #[error("connection failed: {0}")]
+    Connect(String),
+    /// Connecting, or waiting for the response head, took too long.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+    /// The connection broke or the engine answered garbage.
+    #[error("transport error: {0}")]
+    Transport(String),
+}
+
+impl UpstreamError {
+    /// The failure in words that never include the engine's address, for clients.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Connect(_) => "connection failed",
+            Self::Timeout(what) => what,
+            Self::Transport(_) => "the connection broke",
+        }
+    }
+}
+
+impl From<H1Error> for UpstreamError {
+    fn from(e: H1Error) -> Self {
+        match e {
+            H1Error::Connect(e) => Self::Connect(e.to_string()),
+            H1Error::ConnectTimeout => Self::Timeout("connect timeout"),
+            e => Self::Transport(e.to_string()),
+        }
+    }
+}
+
+/// How long the client waits for an engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTimeouts {
+    /// Connecting.
+    pub connect: Duration,
+    /// From sending a request to the response head.
+    pub first_byte: Duration,
+}
+
+/// How long an idle engine connection is kept: below the 5 s keep-alive timeout of
+/// the uvicorn servers SGLang and vLLM run, so the router is not the one surprised
+/// by a connection the engine has just closed.
+const IDLE_CONNECTION: Duration = Duration::from_secs(4);
+/// The most idle connections kept per engine.
+const MAX_IDLE_PER_ENGINE: usize = 256;
+/// The largest answer read from an engine's `/health` or `/server_info`.
+const MAX_INFO_BYTES: usize = 1 << 20;
+/// How long one `/server_info` attempt may take.
+const INFO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The client shared by dispatch, health probes and introspection.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    client: H1Client,
+    first_byte: Duration,
+}
+
+impl Upstream {
+    /// A client with `timeouts` and a keep-alive pool per engine.
+    pub fn new(timeouts: UpstreamTimeouts) -> Self {
+        Self {
+            client: H1Client::new(timeouts.connect, IDLE_CONNECTION, MAX_IDLE_PER_ENGINE),
+            first_byte: timeouts.first_byte,
+        }
+    }
+
+    /// Closes engine connections that have been idle too long.
+    pub fn prune_idle(&self) {
+        self.client.prune_idle();
+    }
+
+    /// Posts `body` to `path` of the engine at `authority` (`host:port`) and waits
+    /// for the response head within the first-byte timeout. A request that was
+    /// written is never sent twice (the engine may be running it).
+    ///
+    /// # Errors
+    /// Connecting, writing or reading the head failed or timed out.
+    pub async fn post(
+        &self,
+        authority: &Arc<str>,
+        path: &str,
+        headers: &[(HeaderName, &HeaderValue)],
+        body: &Bytes,
+    ) -> Result<Response<H1Body>, UpstreamError> {
+        let request = self.client.request("POST", authority, path, headers, body);
+        match tokio::time::timeout(self.first_byte, request).await {
+            Err(_) => Err(UpstreamError::Timeout(
+                "no response head within the first-byte timeout",
+            )),
+            Ok(result) => result.map_err(UpstreamError::from),
+        }
+    }
+
+    /// `GET base + path` within `timeout`; the status and the whole body (at most
+    /// 1 MiB).
+    ///
+    /// # Errors
+    /// The exchange failed, took too long, or the answer was too large.
+    pub async fn get(
+        &self,
+        base: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), UpstreamError> {
+        let authority = authority(base)
+            .ok_or_else(|| UpstreamError::Transport("not an engine base URL".into()))?;
+        let json = HeaderValue::from_static("application/json");
+        let headers = [(header::ACCEPT, &json)];
+        let exchange = async {
+            let response = self
+                .client
+                .request("GET", &authority, path, &headers, &Bytes::new())
+                .await?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_INFO_BYTES)
+                .collect()
+                .await
+                .map_err(|e| UpstreamError::Transport(e.to_string()))?
+                .to_bytes();
+            Ok::<_, UpstreamError>((status, body))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => Err(UpstreamError::Timeout("no complete answer in time")),
+            Ok(result) => result,
+        }
+    }
+
+    /// Whether the engine at `base` answers `GET /health` with a success within
+    /// `timeout`.
+    pub async fn probe(&self, base: &str, timeout: Duration) -> bool {
+        matches!(
+            self.get(base, "/health", timeout).await,
+            Ok((status, _)) if status.is_success()
+        )
+    }
+
+    /// Reads the engine's `/server_info`: up to three attempts, 100 ms then 200 ms
+    /// apart. An engine that answers 4xx (vLLM has no such endpoint) says nothing
+    /// about itself; `None` if it never answered.
+    pub async fn server_info(&self, base: &str) -> Option<ServerInfo> {
+        let mut wait = Duration::from_millis(100);
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            match self.get(base, "/server_info", INFO_TIMEOUT).await {
+                Ok((status, body)) if status.is_success() => {
+                    let info = serde_json::from_slice(&body).unwrap_or_default();
+                    return Some(parse_server_info(&info, base));
+                }
+                Ok((status, _)) if status.is_client_error() => return Some(ServerInfo::default()),
+                _ => {}
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,124 @@
+//! Replays the `h1_response` fuzz target's corpus (`fuzz/corpus/h1_response`: real
+//! engine answers and hostile shapes) and mutations of it. The decoder must never
+//! panic, and its outcome must not depend on how the socket cut the bytes into
+//! reads. `cargo +nightly fuzz run h1_response` explores further from the same corpus.
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn corpus() -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/h1_response");
+    let mut entries: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| {
+            let path = entry.expect("a directory entry").path();
+            let name = path
+                .file_name()
+                .expect("a file")
+                .to_string_lossy()
+                .into_owned();
+            (name, std::fs::read(&path).expect("a readable corpus file"))
+        })
+        .collect();
+    entries.sort();
+    entries
+}
+
+/// The outcome without the error's wording: a limit may be noticed at a different
+/// point of the input depending on the reads, but never accepted in one case and
+/// refused in another.
+fn outcome(wire: &[u8], cuts: &[usize]) -> Option<Decoded> {
+    decode_response(wire, cuts).ok()
+}
+
+#[test]
+fn real_answers_decode_whole_and_hostile_shapes_are_refused() {
+    let corpus = corpus();
+    assert!(corpus.len() >= 20, "the corpus is in place");
+    for (name, input) in &corpus {
+        let decoded = decode_response(input, &[]);
+        if name.starts_with("golden-") {
+            let decoded = decoded.unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(decoded.complete, "{name} is a whole answer");
+        } else if name.starts_with("edge-") {
+            assert!(decoded.is_err(), "{name} is refused: {decoded:?}");
+        }
+    }
+    let sse = corpus
+        .iter()
+        .find(|(name, _)| name == "golden-sse-chunked")
+        .expect("the SSE answer");
+    let decoded = decode_response(&sse.1, &[]).unwrap();
+    assert!(decoded.body.starts_with(b"data: {"));
+    assert!(decoded.body.ends_with(b"data: [DONE]\n\n"));
+    let interim = decode_response(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        (interim.status, interim.body.as_slice()),
+        (StatusCode::OK, &b"ok"[..])
+    );
+}
+
+#[test]
+fn limits_hold_whether_the_bytes_arrive_in_one_read_or_many() {
+    for (name, input) in corpus() {
+        let whole = outcome(&input, &[]);
+        // Byte by byte, or in 512 small reads for the inputs past the limits (each
+        // read re-parses the head so far).
+        let step = (input.len() / 512).max(1);
+        let small_reads: Vec<usize> = (0..input.len()).step_by(step).collect();
+        assert_eq!(
+            whole,
+            outcome(&input, &small_reads),
+            "{name}: the same outcome read in one piece and in small reads"
+        );
+    }
+}
+
+fn mutated() -> impl Strategy<Value = Vec<u8>> {
+    let inputs: Vec<Vec<u8>> = corpus().into_iter().map(|(_, input)| input).collect();
+    (
+        proptest::sample::select(inputs),
+        proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 1..6),
+    )
+        .prop_map(|(mut input, edits)| {
+            for (at, byte, kind) in edits {
+                if input.is_empty() {
+                    break;
+                }
+                let i = at.index(input.len());
+                match kind {
+                    0 => input[i] = byte,
+                    1 => input.truncate(i),
+                    _ => input.insert(i, byte),
+                }
+            }
+            input
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn mutated_answers_decode_alike_whatever_the_reads(
+        input in mutated(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+    ) {
+        prop_assert_eq!(outcome(&input, &[]), outcome(&input, &cuts));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        input in proptest::collection::vec(any::<u8>(), 0..512),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        prop_assert_eq!(outcome(&input, &[]), outcome(&input, &cuts));
+    }
+}

@@ -1,0 +1,146 @@
+//! What an engine says about itself in `/server_info` (SGLang): its role, ports,
+//! data-parallel ranks and where it publishes load reports and KV events.
+
+use router_state::Role;
+use serde_json::Value;
+
+use crate::url::url_host;
+
+/// What an engine's `/server_info` says about it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerInfo {
+    /// From `disaggregation_mode`.
+    pub role: Option<Role>,
+    /// From `disaggregation_bootstrap_port`.
+    pub bootstrap_port: Option<u16>,
+    /// From `dp_size`: data-parallel ranks.
+    pub dp_size: Option<u32>,
+    /// The `LoadStat` feed, from `kv_events.load_endpoint_port_base`.
+    pub load_feed: Option<FeedEndpoint>,
+    /// The KV-event feed, from `kv_events.endpoint_port_base`.
+    pub kv_feed: Option<KvFeedEndpoint>,
+}
+
+/// Where an engine publishes KV-cache events, and replays them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvFeedEndpoint {
+    /// The publisher of rank 0 and the topic.
+    pub feed: FeedEndpoint,
+    /// Replay ROUTER of rank r at `host:replay_port_base + r`.
+    pub replay_port_base: Option<u16>,
+    /// The engine's KV page size, when it says.
+    pub block_size: Option<u32>,
+}
+
+/// Where an engine publishes a ZeroMQ feed: rank r at `host:port_base + r`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedEndpoint {
+    /// The publisher's host.
+    pub host: String,
+    /// The port of rank 0.
+    pub port_base: u16,
+    /// The ZeroMQ topic.
+    pub topic: String,
+}
+
+impl FeedEndpoint {
+    /// The `tcp://host:port` of rank `rank`; `None` past the last port.
+    pub fn rank_endpoint(&self, rank: u32) -> Option<String> {
+        let port = self.port_base.checked_add(u16::try_from(rank).ok()?)?;
+        Some(format!("tcp://{}:{port}", self.host))
+    }
+}
+
+/// Reads `/server_info` fields the router uses; a wildcard publisher host means the
+/// engine URL's host.
+pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
+    let role = match info["disaggregation_mode"].as_str() {
+        Some("prefill") => Some(Role::Prefill),
+        Some("decode") => Some(Role::Decode),
+        Some("null") | None if info.get("disaggregation_mode").is_some() => Some(Role::Plain),
+        _ => None,
+    };
+    let kv = &info["kv_events"];
+    let engine_host = url_host(engine_url);
+    let host = match kv["endpoint_host"].as_str() {
+        None | Some("*" | "0.0.0.0" | "::" | "[::]" | "") => engine_host,
+        Some(host) => host.to_owned(),
+    };
+    let port = |key: &str| kv[key].as_u64().and_then(|p| u16::try_from(p).ok());
+    let load_feed = port("load_endpoint_port_base").map(|port_base| FeedEndpoint {
+        host: host.clone(),
+        port_base,
+        topic: kv["load_topic"].as_str().unwrap_or("load").to_owned(),
+    });
+    let kv_feed = port("endpoint_port_base").map(|port_base| KvFeedEndpoint {
+        feed: FeedEndpoint {
+            host: host.clone(),
+            port_base,
+            topic: kv["topic"].as_str().unwrap_or_default().to_owned(),
+        },
+        replay_port_base: port("replay_endpoint_port_base"),
+        block_size: kv["block_size"]
+            .as_u64()
+            .and_then(|b| u32::try_from(b).ok()),
+    });
+    ServerInfo {
+        role,
+        bootstrap_port: info["disaggregation_bootstrap_port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok()),
+        dp_size: info["dp_size"]
+            .as_u64()
+            .and_then(|d| u32::try_from(d).ok())
+            .filter(|d| *d > 0),
+        load_feed,
+        kv_feed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn reads_role_ports_and_the_load_feed_from_server_info() {
+        let info = json!({
+            "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998, "dp_size": 2,
+            "kv_events": {"endpoint_host": "*", "endpoint_port_base": 5557, "replay_endpoint_port_base": 5570,
+                          "topic": "kv", "block_size": 32, "load_endpoint_port_base": 5560, "load_topic": "load"}
+        });
+        let parsed = parse_server_info(&info, "http://10.1.2.3:30000");
+        assert_eq!(
+            (parsed.role, parsed.bootstrap_port, parsed.dp_size),
+            (Some(Role::Prefill), Some(8998), Some(2))
+        );
+        let feed = parsed.load_feed.unwrap();
+        assert_eq!(
+            feed.rank_endpoint(1).unwrap(),
+            "tcp://10.1.2.3:5561",
+            "a wildcard host means the engine's host"
+        );
+        let kv = parsed.kv_feed.unwrap();
+        assert_eq!(
+            (
+                kv.feed.rank_endpoint(1).unwrap(),
+                kv.replay_port_base,
+                kv.feed.topic.as_str(),
+                kv.block_size
+            ),
+            ("tcp://10.1.2.3:5558".to_owned(), Some(5570), "kv", Some(32))
+        );
+        let plain = parse_server_info(
+            &json!({"disaggregation_mode": "null", "kv_events": null}),
+            "http://h:1",
+        );
+        assert_eq!((plain.role, plain.load_feed), (Some(Role::Plain), None));
+        assert_eq!(
+            parse_server_info(&json!({}), "http://h:1"),
+            ServerInfo::default(),
+            "vLLM has no /server_info fields"
+        );
+    }
+}
