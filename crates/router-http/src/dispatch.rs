@@ -25,8 +25,6 @@ const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
 const PREFILL: HeaderName = HeaderName::from_static("x-switchyard-prefill");
 const DECODE: HeaderName = HeaderName::from_static("x-switchyard-decode");
 const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-tokens");
-/// The path chat requests are sent to.
-const CHAT_PATH: &str = "/v1/chat/completions";
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
@@ -34,6 +32,8 @@ type Leg = Pin<Box<dyn Future<Output = Result<Response<H1Body>, ApiError>> + Sen
 
 /// What dispatch needs besides the selection.
 pub(crate) struct Outgoing {
+    /// The path on the engine (the endpoint's own).
+    pub(crate) path: &'static str,
     pub(crate) body: Bytes,
     pub(crate) prompt_tokens: u64,
     pub(crate) model: Arc<str>,
@@ -52,8 +52,16 @@ pub(crate) async fn dispatch(
     match selection.pick.engines {
         EnginePicks::Plain(pick) => {
             let engine = pick.engine;
-            let guards = vec![ctx.load.acquire(engine.id())];
-            let response = send(ctx, &engine, "plain", out.body.clone(), &out.request_id).await?;
+            let guards = vec![ctx.fleet.load().acquire(engine.id())];
+            let response = send(
+                ctx,
+                &engine,
+                "plain",
+                out.path,
+                out.body.clone(),
+                &out.request_id,
+            )
+            .await?;
             let mut headers = HeaderMap::new();
             headers.insert(BUCKET, bucket);
             headers.insert(ENGINE, id_header(&engine));
@@ -62,18 +70,24 @@ pub(crate) async fn dispatch(
         EnginePicks::Pd { prefill, decode } => {
             let (prefill, decode) = (prefill.engine, decode.engine);
             let guards = vec![
-                ctx.load.acquire(prefill.id()),
-                ctx.load.acquire(decode.id()),
+                ctx.fleet.load().acquire(prefill.id()),
+                ctx.fleet.load().acquire(decode.id()),
             ];
             let body = with_bootstrap(&out.body, &prefill, ctx.next_room());
             let mut prefill_leg: Leg = {
                 let ctx = Arc::clone(ctx);
-                let (prefill, body, request_id) =
-                    (Arc::clone(&prefill), body.clone(), out.request_id.clone());
-                Box::pin(async move { send(&ctx, &prefill, "prefill", body, &request_id).await })
+                let (prefill, body, request_id, path) = (
+                    Arc::clone(&prefill),
+                    body.clone(),
+                    out.request_id.clone(),
+                    out.path,
+                );
+                Box::pin(
+                    async move { send(&ctx, &prefill, "prefill", path, body, &request_id).await },
+                )
             };
             let request_id = out.request_id.clone();
-            let decode_leg = send(ctx, &decode, "decode", body, &request_id);
+            let decode_leg = send(ctx, &decode, "decode", out.path, body, &request_id);
             tokio::pin!(decode_leg);
             let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
@@ -114,26 +128,24 @@ async fn send(
     ctx: &AppContext,
     engine: &Engine,
     stage: &'static str,
+    path: &str,
     body: Bytes,
     request_id: &HeaderValue,
 ) -> Result<Response<H1Body>, ApiError> {
     let invalid =
         || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
-    let authority = ctx.engine_authority(engine).ok_or_else(invalid)?;
+    let authority = ctx.fleet.authority(engine).ok_or_else(invalid)?;
     let json = HeaderValue::from_static("application/json");
     let headers = [(header::CONTENT_TYPE, &json), (REQUEST_ID, request_id)];
     let sent = Instant::now();
-    let result = ctx
-        .upstream
-        .post(&authority, CHAT_PATH, &headers, &body)
-        .await;
+    let result = ctx.upstream.post(&authority, path, &headers, &body).await;
     ctx.metrics
         .upstream_latency
         .get_or_create(&StageLabels { stage })
         .observe(sent.elapsed().as_secs_f64());
     match result {
         Ok(response) if response.status().is_server_error() => {
-            ctx.record_dispatch(engine.id(), false);
+            ctx.fleet.record_dispatch(engine.id(), false);
             Err(ApiError::upstream(format!(
                 "{stage} engine {} failed with status {}",
                 engine.id(),
@@ -141,11 +153,11 @@ async fn send(
             )))
         }
         Ok(response) => {
-            ctx.record_dispatch(engine.id(), true);
+            ctx.fleet.record_dispatch(engine.id(), true);
             Ok(response)
         }
         Err(e) => {
-            ctx.record_dispatch(engine.id(), false);
+            ctx.fleet.record_dispatch(engine.id(), false);
             let message = format!("{stage} engine {}: {}", engine.id(), e.describe());
             Err(match e {
                 UpstreamError::Timeout(_) => ApiError::timeout(message),

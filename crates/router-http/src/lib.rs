@@ -25,25 +25,25 @@
 //! # Ok(()) }
 //! ```
 
+mod api;
 mod app;
 mod config;
 mod dispatch;
 mod error;
-mod health;
 mod metrics;
 mod prepare;
 mod relay;
-mod routes;
+mod routing;
 mod scrape;
 mod server;
 mod tokenize;
 
+pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
     AdminConfig, AffinitySettings, ConfigError, EngineConfig, EngineRole, HealthConfig, LoadConfig,
     ModelConfig, RolePolicies, RouterConfig, TimeoutConfig,
 };
 pub use error::ApiError;
-pub use routes::MAX_BODY_BYTES;
 pub use server::{RunningRouter, start};
 pub use tokenize::ChatTokenizer;

@@ -1,60 +1,65 @@
-//! Request preparation: validate the OpenAI chat body with precise 400s and work out
-//! the routing facts (model, prompt length, output budget, token ids).
+//! Request preparation: an endpoint validates its body with precise 400s and names its
+//! prompt; preparation then works out the routing facts (model, prompt length,
+//! output budget, token ids).
 //!
-//! The body is read once, borrowing from the original bytes; message contents are
-//! only parsed when the model has a tokenizer. The original bytes are what is
-//! forwarded.
+//! The body is read once, borrowing from the original bytes; the prompt is only
+//! parsed when the model has a tokenizer. The original bytes are what is forwarded.
 
-use serde::Deserialize;
+mod chat;
+mod checks;
+
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
 use crate::tokenize::ChatTokenizer;
 
-/// Roles a chat message may have.
-const ROLES: &[&str] = &[
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
-
-#[derive(Deserialize)]
-struct Probe<'a> {
-    #[serde(default, borrow)]
-    model: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    messages: Option<&'a RawValue>,
-    #[serde(default)]
-    stream: Option<Value>,
-    #[serde(default)]
-    stream_options: Option<Value>,
-    #[serde(default)]
-    n: Option<Value>,
-    #[serde(default)]
-    temperature: Option<Value>,
-    #[serde(default)]
-    top_p: Option<Value>,
-    #[serde(default)]
-    presence_penalty: Option<Value>,
-    #[serde(default)]
-    frequency_penalty: Option<Value>,
-    #[serde(default)]
-    max_tokens: Option<Value>,
-    #[serde(default)]
-    max_completion_tokens: Option<Value>,
+/// An endpoint the router serves: its path (the same on the engine) and how its body
+/// is read. A new endpoint is one module with a parser, one value here and one route.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// The route path, and the path the request is sent to on the engine.
+    pub(crate) path: &'static str,
+    /// Validates a body and finds its routing facts.
+    parse: fn(&[u8]) -> Result<Parsed<'_>, ApiError>,
 }
 
-#[derive(Deserialize)]
-struct MessageProbe<'a> {
-    #[serde(default, borrow)]
-    role: Option<&'a RawValue>,
+/// `POST /v1/chat/completions`.
+pub(crate) const CHAT: Endpoint = Endpoint {
+    path: "/v1/chat/completions",
+    parse: chat::parse,
+};
+
+/// What an endpoint's parser finds in a valid body.
+#[derive(Debug)]
+pub(crate) struct Parsed<'b> {
+    model: String,
+    prompt: Prompt<'b>,
+    max_output_tokens: Option<u64>,
 }
 
-/// The routing facts of one chat request.
+/// The part of a body that is tokenized.
+#[derive(Debug)]
+enum Prompt<'b> {
+    /// A chat `messages` array, rendered with the model's chat template.
+    Messages(&'b RawValue),
+}
+
+impl Prompt<'_> {
+    fn token_ids(&self, tokenizer: &ChatTokenizer) -> Result<Vec<u32>, ApiError> {
+        match self {
+            Prompt::Messages(messages) => {
+                let messages: Vec<Value> = serde_json::from_str(messages.get())
+                    .map_err(|e| ApiError::bad_body(e.to_string()))?;
+                tokenizer
+                    .encode(&messages)
+                    .map_err(|e| ApiError::invalid("invalid_messages", "messages", e))
+            }
+        }
+    }
+}
+
+/// The routing facts of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Prepared {
     pub(crate) model: String,
@@ -63,130 +68,16 @@ pub(crate) struct Prepared {
     pub(crate) token_ids: Option<Vec<u32>>,
 }
 
-/// Validates `body`; `tokenizer(model)` gives the model's tokenizer, `Ok(None)` for
-/// a model without one, or the 404 for a model not served.
+/// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the model's
+/// tokenizer, `Ok(None)` for a model without one, or the 404 for a model not served.
 pub(crate) fn prepare<'t>(
+    endpoint: &Endpoint,
     body: &[u8],
     tokenizer: impl FnOnce(&str) -> Result<Option<&'t ChatTokenizer>, ApiError>,
 ) -> Result<Prepared, ApiError> {
-    let probe: Probe<'_> = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_body(format!("the body is not a valid chat request: {e}")))?;
-    let model = match probe.model.map(|m| serde_json::from_str::<Value>(m.get())) {
-        None => {
-            return Err(ApiError::invalid(
-                "missing_model",
-                "model",
-                "model is required",
-            ));
-        }
-        Some(Ok(Value::String(m))) if !m.is_empty() => m,
-        Some(Ok(Value::String(_))) => {
-            return Err(ApiError::invalid(
-                "invalid_model",
-                "model",
-                "model must not be empty",
-            ));
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "invalid_model",
-                "model",
-                "model must be a string",
-            ));
-        }
-    };
-    let messages = probe
-        .messages
-        .ok_or_else(|| ApiError::invalid("invalid_messages", "messages", "messages is required"))?;
-    let message_count = check_messages(messages)?;
-    if message_count == 0 {
-        return Err(ApiError::invalid(
-            "invalid_messages",
-            "messages",
-            "messages must not be empty",
-        ));
-    }
-    let stream = match probe.stream {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => b,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "stream",
-                "stream must be a boolean",
-            ));
-        }
-    };
-    match probe.stream_options {
-        None | Some(Value::Null) => {}
-        Some(_) if !stream => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "stream_options",
-                "stream_options is only allowed when stream is true",
-            ));
-        }
-        Some(Value::Object(options)) => {
-            if options
-                .get("include_usage")
-                .is_some_and(|v| !v.is_boolean() && !v.is_null())
-            {
-                return Err(ApiError::invalid(
-                    "invalid_parameter",
-                    "stream_options.include_usage",
-                    "include_usage must be a boolean",
-                ));
-            }
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "stream_options",
-                "stream_options must be an object",
-            ));
-        }
-    }
-    check_number(
-        &probe.temperature,
-        "temperature",
-        |v| (0.0..=2.0).contains(&v),
-        "between 0 and 2",
-    )?;
-    check_number(
-        &probe.top_p,
-        "top_p",
-        |v| v > 0.0 && v <= 1.0,
-        "greater than 0 and at most 1",
-    )?;
-    check_number(
-        &probe.presence_penalty,
-        "presence_penalty",
-        |v| (-2.0..=2.0).contains(&v),
-        "between -2 and 2",
-    )?;
-    check_number(
-        &probe.frequency_penalty,
-        "frequency_penalty",
-        |v| (-2.0..=2.0).contains(&v),
-        "between -2 and 2",
-    )?;
-    check_integer(&probe.n, "n", 1, 128)?;
-    let max_tokens = check_integer(&probe.max_tokens, "max_tokens", 1, u64::from(u32::MAX))?;
-    let max_completion_tokens = check_integer(
-        &probe.max_completion_tokens,
-        "max_completion_tokens",
-        1,
-        u64::from(u32::MAX),
-    )?;
-    let token_ids = match tokenizer(&model)? {
-        Some(tokenizer) => {
-            let messages: Vec<Value> = serde_json::from_str(messages.get())
-                .map_err(|e| ApiError::bad_body(e.to_string()))?;
-            let ids = tokenizer
-                .encode(&messages)
-                .map_err(|e| ApiError::invalid("invalid_messages", "messages", e))?;
-            Some(ids)
-        }
+    let parsed = (endpoint.parse)(body)?;
+    let token_ids = match tokenizer(&parsed.model)? {
+        Some(tokenizer) => Some(parsed.prompt.token_ids(tokenizer)?),
         None => None,
     };
     let input_tokens = match &token_ids {
@@ -195,84 +86,11 @@ pub(crate) fn prepare<'t>(
         None => (body.len() as u64 / 4).max(1),
     };
     Ok(Prepared {
-        model,
+        model: parsed.model,
         input_tokens,
-        max_output_tokens: max_completion_tokens.or(max_tokens),
+        max_output_tokens: parsed.max_output_tokens,
         token_ids,
     })
-}
-
-/// Checks every message has a valid role; returns the message count.
-fn check_messages(messages: &RawValue) -> Result<usize, ApiError> {
-    let list: Vec<&RawValue> = serde_json::from_str(messages.get()).map_err(|_| {
-        ApiError::invalid(
-            "invalid_messages",
-            "messages",
-            "messages must be an array of message objects",
-        )
-    })?;
-    for (i, raw) in list.iter().enumerate() {
-        let message: MessageProbe<'_> = serde_json::from_str(raw.get()).map_err(|_| {
-            ApiError::invalid(
-                "invalid_messages",
-                format!("messages[{i}]"),
-                format!("messages[{i}] must be an object"),
-            )
-        })?;
-        let param = format!("messages[{i}].role");
-        let role = message.role.ok_or_else(|| {
-            ApiError::invalid(
-                "invalid_role",
-                param.clone(),
-                format!("{param} is required"),
-            )
-        })?;
-        let valid = serde_json::from_str::<&str>(role.get()).is_ok_and(|r| ROLES.contains(&r));
-        if !valid {
-            return Err(ApiError::invalid(
-                "invalid_role",
-                param.clone(),
-                format!("{param} must be one of {}", ROLES.join(", ")),
-            ));
-        }
-    }
-    Ok(list.len())
-}
-
-fn check_number(
-    value: &Option<Value>,
-    name: &str,
-    ok: impl Fn(f64) -> bool,
-    range: &str,
-) -> Result<(), ApiError> {
-    match value {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Number(n)) if n.as_f64().is_some_and(&ok) => Ok(()),
-        Some(_) => Err(ApiError::invalid(
-            "invalid_parameter",
-            name,
-            format!("{name} must be a number {range}"),
-        )),
-    }
-}
-
-fn check_integer(
-    value: &Option<Value>,
-    name: &str,
-    min: u64,
-    max: u64,
-) -> Result<Option<u64>, ApiError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (min..=max).contains(&v)) => {
-            Ok(n.as_u64())
-        }
-        Some(_) => Err(ApiError::invalid(
-            "invalid_parameter",
-            name,
-            format!("{name} must be an integer from {min} to {max}"),
-        )),
-    }
 }
 
 #[cfg(test)]

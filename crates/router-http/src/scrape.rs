@@ -6,7 +6,7 @@ use crate::metrics::Gauge;
 
 /// KV-feed counters (by event and by drop reason) and per-model index gauges.
 pub(crate) fn prefix_cache_gauges(ctx: &AppContext) -> Vec<Gauge> {
-    let stats = &ctx.kv_stats;
+    let stats = ctx.fleet.kv_stats();
     let mut events = vec![(
         vec![("event", "applied".to_owned())],
         stats.applied() as f64,
@@ -28,7 +28,7 @@ pub(crate) fn prefix_cache_gauges(ctx: &AppContext) -> Vec<Gauge> {
     let mut entries = Vec::new();
     let mut bytes = Vec::new();
     let mut evicted = Vec::new();
-    for (model, index) in ctx.prefix_indexes.lock().iter() {
+    for (model, index) in ctx.fleet.prefix_indexes() {
         let size = index.size();
         let label = || vec![("model", model.clone())];
         nodes.push((label(), size.nodes as f64));

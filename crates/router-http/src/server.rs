@@ -10,9 +10,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::router;
 use crate::app::{AppContext, StartError};
 use crate::config::RouterConfig;
-use crate::routes::router;
 
 /// A router serving on a bound address.
 #[derive(Debug)]
@@ -61,23 +61,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         source,
     })?;
     let (stop, stopped) = watch::channel(false);
-    let health = {
-        let ctx = Arc::clone(&ctx);
-        let mut stopped = stopped.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(ctx.health.interval());
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        ctx.upstream.prune_idle();
-                        ctx.probe_all().await;
-                    }
-                    () = async { drop(stopped.wait_for(|s| *s).await) } => return,
-                }
-            }
-        })
-    };
+    let health = ctx.fleet.spawn_health_checks();
     let app = router(Arc::clone(&ctx));
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
@@ -100,7 +84,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
             },
             () = deadline => tracing::warn!(?grace, "grace period over; closing remaining connections"),
         }
-        health.abort();
+        drop(health);
     });
     tracing::info!(%addr, "switchyard listening");
     Ok(RunningRouter {

@@ -92,10 +92,10 @@ impl Harness {
     /// once when it keeps no index): the next request is routed on an index that
     /// holds everything the engines announced.
     async fn caught_up(&self) {
-        if self.router.context().prefix_index(MODEL).is_none() {
+        if self.router.context().fleet().prefix_index(MODEL).is_none() {
             return;
         }
-        let stats = self.router.context().kv_stats();
+        let stats = self.router.context().fleet().kv_stats();
         let published: u64 = self
             .engines
             .iter()
@@ -288,7 +288,12 @@ async fn an_engine_restart_removes_its_entries() {
     let mut h = Harness::start(fleet(4).await, cache_aware()).await;
     let (holder, _) = h.chat(&[system_prompt(), user("warm up")]).await;
     let index_of_holder: usize = holder[1..].parse().expect("E<n>");
-    let prefix = h.router.context().prefix_index(MODEL).expect("an index");
+    let prefix = h
+        .router
+        .context()
+        .fleet()
+        .prefix_index(MODEL)
+        .expect("an index");
     assert_eq!(
         prefix.config().max_nodes,
         INDEX_PAGES,
@@ -299,7 +304,7 @@ async fn an_engine_restart_removes_its_entries() {
     // The engine goes away: its subscriber loses the connection and forgets it.
     let stopped = h.engines.remove(index_of_holder);
     let ports = stopped.ports().clone();
-    let stats = Arc::clone(h.router.context().kv_stats());
+    let stats = Arc::clone(h.router.context().fleet().kv_stats());
     let seen = stats.steps();
     stopped.shutdown().await;
     let forgotten = async {

@@ -161,7 +161,7 @@ async fn a_client_closing_mid_stream_aborts_both_pd_legs_and_releases_in_flight(
     watch.until("P1", |running| running == 0).await;
     let ctx = router.context();
     assert_eq!(
-        ctx.load().in_flight(&"P1".into()) + ctx.load().in_flight(&"D1".into()),
+        ctx.fleet().load().in_flight(&"P1".into()) + ctx.fleet().load().in_flight(&"D1".into()),
         0,
         "the router's guards are gone"
     );

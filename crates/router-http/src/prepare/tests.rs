@@ -4,7 +4,7 @@ use super::*;
 
 fn run(body: serde_json::Value) -> Result<Prepared, ApiError> {
     let bytes = serde_json::to_vec(&body).unwrap();
-    prepare(&bytes, |model| {
+    prepare(&CHAT, &bytes, |model| {
         if model == "m" {
             Ok(None)
         } else {
@@ -176,7 +176,7 @@ fn every_invalid_field_gets_a_precise_400() {
 
 #[test]
 fn malformed_json_and_unknown_models() {
-    let err = prepare(b"{not json", |_| Ok(None)).unwrap_err();
+    let err = prepare(&CHAT, b"{not json", |_| Ok(None)).unwrap_err();
     assert_eq!(err.code(), "invalid_body");
     assert!(
         err.message()
@@ -201,7 +201,7 @@ fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
         &json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]}),
     )
     .unwrap();
-    let p = prepare(&body, |_| Ok(Some(&tokenizer))).unwrap();
+    let p = prepare(&CHAT, &body, |_| Ok(Some(&tokenizer))).unwrap();
     assert_eq!(p.token_ids.as_deref(), Some(&[1, 2, 4, 5, 3][..]));
     assert_eq!(p.input_tokens, 5);
 }

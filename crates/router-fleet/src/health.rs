@@ -10,24 +10,57 @@ use parking_lot::Mutex;
 use router_state::EngineId;
 use tokio::time::Instant;
 
-use crate::config::HealthConfig;
+/// When probes and dispatch failures change an engine's routability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthPolicy {
+    /// Time between probes of an engine.
+    pub interval: Duration,
+    /// A probe's timeout.
+    pub probe_timeout: Duration,
+    /// Consecutive failed probes that make an engine unhealthy.
+    pub failure_threshold: u32,
+    /// Consecutive passed probes that make an unhealthy engine healthy again.
+    pub success_threshold: u32,
+    /// Consecutive failed dispatches that open an engine's breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before one half-open probe.
+    pub breaker_cooldown: Duration,
+}
+
+impl Default for HealthPolicy {
+    /// Probes every 2 s (2 s timeout), unhealthy after 3 failures, healthy after 2
+    /// passes, the breaker open after 5 failed dispatches for 10 s.
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(2),
+            probe_timeout: Duration::from_secs(2),
+            failure_threshold: 3,
+            success_threshold: 2,
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(10),
+        }
+    }
+}
 
 /// The breaker of one engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Breaker {
+pub enum Breaker {
     /// Dispatches flow; counts consecutive dispatch failures.
-    Closed { failures: u32 },
+    Closed {
+        /// Consecutive failed dispatches so far.
+        failures: u32,
+    },
     /// No dispatches until the cool-down ends.
-    Open { until: Instant },
+    Open {
+        /// The end of the cool-down.
+        until: Instant,
+    },
 }
 
 impl Breaker {
-    /// 0 closed, 1 open, for the breaker-state gauge.
-    pub(crate) fn gauge(self) -> f64 {
-        match self {
-            Breaker::Closed { .. } => 0.0,
-            Breaker::Open { .. } => 1.0,
-        }
+    /// Whether dispatches are held back.
+    pub fn is_open(self) -> bool {
+        matches!(self, Breaker::Open { .. })
     }
 }
 
@@ -48,24 +81,20 @@ impl EngineHealth {
 /// Health of every engine.
 #[derive(Debug)]
 pub(crate) struct HealthBook {
-    config: HealthConfig,
+    config: HealthPolicy,
     engines: Mutex<HashMap<EngineId, EngineHealth>>,
 }
 
 impl HealthBook {
-    pub(crate) fn new(config: HealthConfig) -> Self {
+    pub(crate) fn new(config: HealthPolicy) -> Self {
         Self {
             config,
             engines: Mutex::new(HashMap::new()),
         }
     }
 
-    pub(crate) fn interval(&self) -> Duration {
-        Duration::from_millis(self.config.interval_ms)
-    }
-
-    pub(crate) fn probe_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.timeout_ms)
+    pub(crate) fn policy(&self) -> &HealthPolicy {
+        &self.config
     }
 
     /// Starts tracking an engine, healthy or not.
@@ -116,7 +145,7 @@ impl HealthBook {
                     Breaker::Closed { failures: 0 }
                 } else {
                     Breaker::Open {
-                        until: now + Duration::from_millis(config.breaker_cooldown_ms),
+                        until: now + config.breaker_cooldown,
                     }
                 };
             }
@@ -140,7 +169,7 @@ impl HealthBook {
                     *failures += 1;
                     if *failures >= config.breaker_failures {
                         h.breaker = Breaker::Open {
-                            until: now + Duration::from_millis(config.breaker_cooldown_ms),
+                            until: now + config.breaker_cooldown,
                         };
                     }
                 }
@@ -163,12 +192,12 @@ mod tests {
     use super::*;
 
     fn book() -> HealthBook {
-        HealthBook::new(HealthConfig {
+        HealthBook::new(HealthPolicy {
             failure_threshold: 2,
             success_threshold: 2,
             breaker_failures: 3,
-            breaker_cooldown_ms: 1000,
-            ..HealthConfig::default()
+            breaker_cooldown: Duration::from_millis(1000),
+            ..HealthPolicy::default()
         })
     }
 

@@ -1,0 +1,31 @@
+//! Why a change could not be applied.
+
+use router_state::RegistryError;
+use router_upstream::EngineUrlError;
+
+/// Why a [`Change`](crate::Change) could not be applied. Messages name engines by id
+/// and never repeat their URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// The engine's URL is not an `http://host:port` base URL.
+    #[error("url: {0}")]
+    Url(#[from] EngineUrlError),
+    /// The id or the model is empty.
+    #[error("id and model must not be empty")]
+    Empty,
+    /// The engine declares no role, and introspection could not tell it.
+    #[error("{}", if *.reachable {
+        "the engine's /server_info does not say its role; set `role`"
+    } else {
+        "the engine is unreachable, so its role is unknown; set `role`"
+    })]
+    UnknownRole {
+        /// Whether the engine answered at all.
+        reachable: bool,
+    },
+    /// The registry refused it (a duplicate id, a role that would mix plain and PD
+    /// engines in one model).
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}

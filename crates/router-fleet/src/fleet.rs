@@ -1,0 +1,364 @@
+//! The fleet: every engine's registration, feeds and health behind [`Fleet::apply`].
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+use router_state::kv_events::{KvFeedStats, PrefixIndex};
+use router_state::{
+    Engine, EngineId, EngineRegistry, EngineReportedLoadTable, FeedHandle, FeedStats, Health,
+};
+use router_upstream::{ServerInfo, Upstream, authority, check_engine_url};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::FleetError;
+use crate::feeds::{advertised, kv_feeds, load_feeds};
+use crate::health::{Breaker, HealthBook, HealthPolicy};
+use crate::spec::{Change, EngineSpec};
+
+/// What changed in the fleet, as observers see it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum FleetEvent {
+    /// The engine joined and is in the registry.
+    Added(Arc<Engine>),
+    /// The engine left the registry; requests already sent to it finish.
+    Removed(Arc<Engine>),
+}
+
+type Observer = Box<dyn Fn(&FleetEvent) + Send + Sync>;
+
+/// What the fleet keeps per engine beyond the registry.
+#[derive(Debug)]
+struct Runtime {
+    spec: EngineSpec,
+    /// Whether `/server_info` was read; retried once the engine answers probes.
+    introspected: bool,
+    _feeds: Vec<FeedHandle>,
+}
+
+/// The engines a router can use, and everything that keeps their state current.
+///
+/// Engines join and leave only through [`Fleet::apply`]; observers registered with
+/// [`Fleet::on_change`] hear of each change before `apply` returns.
+pub struct Fleet {
+    registry: Arc<EngineRegistry>,
+    load: Arc<EngineReportedLoadTable>,
+    upstream: Upstream,
+    health: HealthBook,
+    feed_stats: Arc<FeedStats>,
+    kv_stats: Arc<KvFeedStats>,
+    prefix_indexes: RwLock<HashMap<String, Arc<PrefixIndex>>>,
+    engines: Mutex<HashMap<EngineId, Runtime>>,
+    /// Each engine's `host:port`, parsed once.
+    authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
+    observers: RwLock<Vec<Observer>>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("engines", &self.registry.snapshot().len())
+            .field("observers", &self.observers.read().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fleet {
+    /// An empty fleet whose engines are reached with `upstream`, report load into
+    /// `load` and are checked by `health`.
+    pub fn new(
+        upstream: Upstream,
+        load: Arc<EngineReportedLoadTable>,
+        health: HealthPolicy,
+    ) -> Self {
+        Self {
+            registry: Arc::new(EngineRegistry::new()),
+            load,
+            upstream,
+            health: HealthBook::new(health),
+            feed_stats: Arc::default(),
+            kv_stats: Arc::default(),
+            prefix_indexes: RwLock::default(),
+            engines: Mutex::default(),
+            authorities: ArcSwap::default(),
+            observers: RwLock::default(),
+        }
+    }
+
+    /// The engine registry candidate sets are built from.
+    pub fn registry(&self) -> &Arc<EngineRegistry> {
+        &self.registry
+    }
+
+    /// The engine load table.
+    pub fn load(&self) -> &Arc<EngineReportedLoadTable> {
+        &self.load
+    }
+
+    /// The client engines are reached with.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// Counters of the load-feed subscribers.
+    pub fn feed_stats(&self) -> &Arc<FeedStats> {
+        &self.feed_stats
+    }
+
+    /// Counters of the KV-event subscribers.
+    pub fn kv_stats(&self) -> &Arc<KvFeedStats> {
+        &self.kv_stats
+    }
+
+    /// Feeds the KV events of `model`'s engines that join from now on into `index`.
+    pub fn keep_prefix_index(&self, model: &str, index: Arc<PrefixIndex>) {
+        self.prefix_indexes.write().insert(model.to_owned(), index);
+    }
+
+    /// The prefix index of `model`, when one is kept.
+    pub fn prefix_index(&self, model: &str) -> Option<Arc<PrefixIndex>> {
+        self.prefix_indexes.read().get(model).cloned()
+    }
+
+    /// Every model's prefix index, by model.
+    pub fn prefix_indexes(&self) -> Vec<(String, Arc<PrefixIndex>)> {
+        let mut indexes: Vec<_> = self
+            .prefix_indexes
+            .read()
+            .iter()
+            .map(|(model, index)| (model.clone(), Arc::clone(index)))
+            .collect();
+        indexes.sort_by(|a, b| a.0.cmp(&b.0));
+        indexes
+    }
+
+    /// Calls `observer` with every change from now on, before `apply` returns.
+    pub fn on_change(&self, observer: impl Fn(&FleetEvent) + Send + Sync + 'static) {
+        self.observers.write().push(Box::new(observer));
+    }
+
+    fn notify(&self, event: &FleetEvent) {
+        for observer in self.observers.read().iter() {
+            observer(event);
+        }
+    }
+
+    /// Applies one change and returns the engine added or removed. An upsert reads
+    /// the engine's `/server_info` first (up to three attempts): an engine that does
+    /// not answer joins unhealthy, with feeds started once it answers probes. An
+    /// upsert of a known id replaces that engine.
+    ///
+    /// # Errors
+    /// See [`FleetError`]; nothing changed.
+    pub async fn apply(&self, change: Change) -> Result<Arc<Engine>, FleetError> {
+        match change {
+            Change::Upsert(spec) => {
+                check_engine_url(&spec.url)?;
+                if spec.id.as_str().is_empty() || spec.model.is_empty() {
+                    return Err(FleetError::Empty);
+                }
+                let info = self.upstream.server_info(&spec.url).await;
+                if self.registry.snapshot().get(spec.id.as_str()).is_some() {
+                    self.remove(&spec.id)?;
+                }
+                let engine = self.register(spec, info)?;
+                self.notify(&FleetEvent::Added(Arc::clone(&engine)));
+                Ok(engine)
+            }
+            Change::Remove(id) => self.remove(&id),
+        }
+    }
+
+    fn register(
+        &self,
+        spec: EngineSpec,
+        info: Option<ServerInfo>,
+    ) -> Result<Arc<Engine>, FleetError> {
+        let known = info.clone().unwrap_or_default();
+        let role = spec.role.or(known.role).ok_or(FleetError::UnknownRole {
+            reachable: info.is_some(),
+        })?;
+        let dp_size = spec.dp_size.or(known.dp_size).unwrap_or(1);
+        let dp_size = NonZeroU32::new(dp_size).unwrap_or(NonZeroU32::MIN);
+        let mut engine = Engine::new(
+            spec.id.clone(),
+            spec.url.as_str(),
+            spec.model.as_str(),
+            role,
+        )
+        .with_dp_size(dp_size);
+        if let Some(port) = spec.bootstrap_port.or(known.bootstrap_port) {
+            engine = engine.with_bootstrap_port(port);
+        }
+        let healthy = info.is_some();
+        let health = if healthy {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        };
+        self.registry.add(engine.with_health(health))?;
+        let id = spec.id.clone();
+        self.load.register(&id, dp_size);
+        self.health.insert(id.clone(), healthy);
+        if let Some(authority) = authority(&spec.url) {
+            self.authorities.rcu(|authorities| {
+                let mut next = HashMap::clone(authorities);
+                next.insert(id.clone(), Arc::clone(&authority));
+                next
+            });
+        }
+        let feeds = self.start_feeds(&spec, dp_size, info.as_ref());
+        self.engines.lock().insert(
+            id.clone(),
+            Runtime {
+                spec,
+                introspected: healthy,
+                _feeds: feeds,
+            },
+        );
+        self.registry
+            .snapshot()
+            .get(id.as_str())
+            .cloned()
+            .ok_or(FleetError::Registry(
+                router_state::RegistryError::UnknownEngine { id },
+            ))
+    }
+
+    fn start_feeds(
+        &self,
+        spec: &EngineSpec,
+        dp_size: NonZeroU32,
+        info: Option<&ServerInfo>,
+    ) -> Vec<FeedHandle> {
+        let (load_feed, kv_feed) = advertised(info);
+        let mut feeds = load_feeds(spec, dp_size, load_feed, &self.load, &self.feed_stats);
+        if let Some(index) = self.prefix_index(&spec.model) {
+            feeds.extend(kv_feeds(spec, dp_size, kv_feed, &index, &self.kv_stats));
+        }
+        feeds
+    }
+
+    /// Removes an engine: it leaves every candidate set, its load reports, feeds and
+    /// cache entries are dropped; requests already dispatched to it finish.
+    fn remove(&self, id: &EngineId) -> Result<Arc<Engine>, FleetError> {
+        let engine = self.registry.remove(id.as_str())?;
+        self.load.unregister(engine.id());
+        self.health.remove(engine.id());
+        // Stop the engine's subscribers before dropping its cache entries.
+        drop(self.engines.lock().remove(engine.id()));
+        if let Some(index) = self.prefix_index(engine.model()) {
+            index.remove_engine(engine.id());
+        }
+        self.authorities.rcu(|authorities| {
+            let mut next = HashMap::clone(authorities);
+            next.remove(engine.id());
+            next
+        });
+        self.notify(&FleetEvent::Removed(Arc::clone(&engine)));
+        Ok(engine)
+    }
+
+    /// The engine's `host:port`.
+    pub fn authority(&self, engine: &Engine) -> Option<Arc<str>> {
+        match self.authorities.load().get(engine.id()) {
+            Some(authority) => Some(Arc::clone(authority)),
+            None => authority(engine.url()),
+        }
+    }
+
+    /// Records a dispatch outcome for the engine's breaker.
+    pub fn record_dispatch(&self, id: &EngineId, succeeded: bool) {
+        if let Some(routable) = self.health.record_dispatch(id, succeeded, Instant::now()) {
+            self.set_routable(id, routable);
+        }
+    }
+
+    /// The breaker of an engine.
+    pub fn breaker(&self, id: &EngineId) -> Option<Breaker> {
+        self.health.breaker(id)
+    }
+
+    fn set_routable(&self, id: &EngineId, routable: bool) {
+        let health = if routable {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        };
+        if let Ok(true) = self.registry.set_health(id.as_str(), health) {
+            tracing::info!(engine = %id, routable, "engine routability changed");
+        }
+    }
+
+    /// Probes every engine once; engines that answer and were never introspected are
+    /// introspected again, so their feeds start.
+    pub async fn probe_all(&self) {
+        let snapshot = self.registry.snapshot();
+        let timeout = self.health.policy().probe_timeout;
+        let probes = snapshot.engines().map(|engine| async move {
+            let passed = self.upstream.probe(engine.url(), timeout).await;
+            (Arc::clone(engine), passed)
+        });
+        for (engine, passed) in futures_util::future::join_all(probes).await {
+            if let Some(routable) = self
+                .health
+                .record_probe(engine.id(), passed, Instant::now())
+            {
+                self.set_routable(engine.id(), routable);
+            }
+            if passed {
+                self.retry_introspection(&engine).await;
+            }
+        }
+    }
+
+    async fn retry_introspection(&self, engine: &Engine) {
+        let pending = {
+            let engines = self.engines.lock();
+            engines
+                .get(engine.id())
+                .filter(|e| !e.introspected)
+                .map(|e| e.spec.clone())
+        };
+        let Some(spec) = pending else {
+            return;
+        };
+        let Some(info) = self.upstream.server_info(engine.url()).await else {
+            return;
+        };
+        let feeds = self.start_feeds(&spec, engine.dp_size(), Some(&info));
+        if let Some(runtime) = self.engines.lock().get_mut(engine.id()) {
+            runtime.introspected = true;
+            runtime._feeds = feeds;
+        }
+    }
+
+    /// Starts probing every engine at the health policy's interval (closing idle
+    /// engine connections on the same tick); stops when the handle is dropped.
+    pub fn spawn_health_checks(self: &Arc<Self>) -> HealthChecks {
+        let fleet = Arc::clone(self);
+        HealthChecks(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(fleet.health.policy().interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                fleet.upstream.prune_idle();
+                fleet.probe_all().await;
+            }
+        }))
+    }
+}
+
+/// The health-check task; dropping it stops the checks.
+#[derive(Debug)]
+pub struct HealthChecks(JoinHandle<()>);
+
+impl Drop for HealthChecks {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,80 @@
+//! What a source of engines says: an engine to add or replace, or one to remove.
+
+use router_state::{EngineId, Role};
+
+/// An engine as a source describes it. Configured values win over what the engine's
+/// `/server_info` says; what neither says takes its default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineSpec {
+    /// Unique id across the router.
+    pub id: EngineId,
+    /// Base URL, e.g. `http://10.0.0.7:30000`.
+    pub url: String,
+    /// The model it serves.
+    pub model: String,
+    /// Plain, prefill or decode; absent = from `/server_info`.
+    pub role: Option<Role>,
+    /// A prefill engine's bootstrap port; absent = from `/server_info`.
+    pub bootstrap_port: Option<u16>,
+    /// Data-parallel ranks; absent = from `/server_info`, else 1.
+    pub dp_size: Option<u32>,
+    /// Base port of the `LoadStat` feed; absent = from `/server_info`, else none.
+    pub load_port: Option<u16>,
+    /// Base port of the KV-event publisher; absent = from `/server_info`.
+    pub kv_port: Option<u16>,
+    /// Base port of the KV-event replay socket; absent = from `/server_info`.
+    pub kv_replay_port: Option<u16>,
+}
+
+impl EngineSpec {
+    /// An engine of `model` at `url` whose role, ports and ranks come from its
+    /// `/server_info`.
+    pub fn new(id: impl Into<EngineId>, url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            url: url.into(),
+            model: model.into(),
+            role: None,
+            bootstrap_port: None,
+            dp_size: None,
+            load_port: None,
+            kv_port: None,
+            kv_replay_port: None,
+        }
+    }
+
+    /// With a declared role.
+    pub fn with_role(mut self, role: Option<Role>) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// With declared ports and ranks (each `None` leaves it to `/server_info`).
+    pub fn with_ports(
+        mut self,
+        bootstrap_port: Option<u16>,
+        dp_size: Option<u32>,
+        load_port: Option<u16>,
+        kv_port: Option<u16>,
+        kv_replay_port: Option<u16>,
+    ) -> Self {
+        self.bootstrap_port = bootstrap_port;
+        self.dp_size = dp_size;
+        self.load_port = load_port;
+        self.kv_port = kv_port;
+        self.kv_replay_port = kv_replay_port;
+        self
+    }
+}
+
+/// A change to the set of engines. Static configuration, the admin API and, later,
+/// a cluster watcher and a reloaded file are sources of the same changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Change {
+    /// Add the engine, or replace the one with its id.
+    Upsert(EngineSpec),
+    /// Remove the engine with this id.
+    Remove(EngineId),
+}

@@ -1,0 +1,153 @@
+//! The fleet against simulated engines over real sockets: engines join and leave
+//! through `apply`, observers hear every change, and dispatch failures open breakers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_sim::{RunningEngine, SimConfig};
+use parking_lot::Mutex;
+use router_fleet::{Change, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy};
+use router_state::{EngineId, RegistryError, Role};
+use router_upstream::{EngineUrlError, Upstream, UpstreamTimeouts};
+
+async fn sim() -> RunningEngine {
+    engine_sim::start(SimConfig::for_tests())
+        .await
+        .expect("the engine starts")
+}
+
+/// A fleet whose breaker opens after two failed dispatches, and the events it saw.
+fn fleet() -> (Fleet, Arc<Mutex<Vec<String>>>) {
+    let upstream = Upstream::new(UpstreamTimeouts {
+        connect: Duration::from_secs(2),
+        first_byte: Duration::from_secs(5),
+    });
+    let health = HealthPolicy {
+        breaker_failures: 2,
+        ..HealthPolicy::default()
+    };
+    let fleet = Fleet::new(upstream, Arc::default(), health);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    fleet.on_change(move |event| {
+        log.lock().push(match event {
+            FleetEvent::Added(e) => format!("added {} {}", e.id(), e.role()),
+            FleetEvent::Removed(e) => format!("removed {}", e.id()),
+            _ => "other".to_owned(),
+        });
+    });
+    (fleet, seen)
+}
+
+#[tokio::test]
+async fn an_engine_joins_with_its_introspected_role_and_leaves() {
+    let engine = sim().await;
+    let (fleet, seen) = fleet();
+    let added = fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", engine.url(), "m")))
+        .await
+        .unwrap();
+    assert_eq!(
+        (added.role(), added.is_healthy()),
+        (Role::Plain, true),
+        "the role comes from /server_info"
+    );
+    let snapshot = fleet.registry().snapshot();
+    assert!(Arc::ptr_eq(snapshot.get("A1").unwrap(), &added));
+    assert_eq!(fleet.load().in_flight(&EngineId::from("A1")), 0);
+    let authority = fleet.authority(&added).unwrap();
+    assert!(engine.url().ends_with(&*authority), "{authority}");
+    let removed = fleet.apply(Change::Remove("A1".into())).await.unwrap();
+    assert_eq!(removed.id().as_str(), "A1");
+    assert!(fleet.registry().snapshot().is_empty());
+    assert_eq!(*seen.lock(), ["added A1 plain", "removed A1"]);
+    assert_eq!(
+        fleet.apply(Change::Remove("A1".into())).await.unwrap_err(),
+        FleetError::Registry(RegistryError::UnknownEngine { id: "A1".into() })
+    );
+}
+
+#[tokio::test]
+async fn an_upsert_of_a_known_id_replaces_the_engine() {
+    let (first, second) = (sim().await, sim().await);
+    let (fleet, seen) = fleet();
+    fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", first.url(), "m")))
+        .await
+        .unwrap();
+    let replaced = fleet
+        .apply(Change::Upsert(
+            EngineSpec::new("A1", second.url(), "m").with_role(Some(Role::Plain)),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(replaced.url(), second.url());
+    assert_eq!(fleet.registry().snapshot().len(), 1);
+    assert_eq!(
+        *seen.lock(),
+        ["added A1 plain", "removed A1", "added A1 plain"]
+    );
+}
+
+#[tokio::test]
+async fn changes_that_cannot_apply_change_nothing() {
+    let (fleet, seen) = fleet();
+    assert_eq!(
+        fleet
+            .apply(Change::Upsert(EngineSpec::new("A1", "https://e:1", "m")))
+            .await
+            .unwrap_err(),
+        FleetError::Url(EngineUrlError::NotHttp)
+    );
+    assert_eq!(
+        fleet
+            .apply(Change::Upsert(EngineSpec::new("", "http://e:1", "m")))
+            .await
+            .unwrap_err(),
+        FleetError::Empty
+    );
+    // A port nothing listens on: the engine never answers, and declares no role.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let unreachable = fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", url.as_str(), "m")))
+        .await
+        .unwrap_err();
+    assert_eq!(unreachable, FleetError::UnknownRole { reachable: false });
+    assert_eq!(
+        unreachable.to_string(),
+        "the engine is unreachable, so its role is unknown; set `role`"
+    );
+    let declared = fleet
+        .apply(Change::Upsert(
+            EngineSpec::new("A1", url.as_str(), "m").with_role(Some(Role::Decode)),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        !declared.is_healthy(),
+        "an unreachable engine with a declared role joins unhealthy"
+    );
+    assert!(fleet.registry().snapshot().get("A1").is_some());
+    assert_eq!(*seen.lock(), ["added A1 decode"]);
+}
+
+#[tokio::test]
+async fn consecutive_dispatch_failures_open_the_breaker() {
+    let engine = sim().await;
+    let (fleet, _) = fleet();
+    fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", engine.url(), "m")))
+        .await
+        .unwrap();
+    let id = EngineId::from("A1");
+    fleet.record_dispatch(&id, false);
+    assert!(fleet.registry().snapshot().any_healthy());
+    fleet.record_dispatch(&id, false);
+    assert!(fleet.breaker(&id).unwrap().is_open());
+    assert!(
+        !fleet.registry().snapshot().get("A1").unwrap().is_healthy(),
+        "an open breaker takes the engine out of candidate sets"
+    );
+}

@@ -1,0 +1,220 @@
+//! The routed endpoints: read the body, prepare the request as its endpoint reads
+//! it, run the model's bucket loop, count the picks and dispatch.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, post};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
+use router_buckets::{BucketRequest, EnginePicks};
+use router_policy::PrefixMemo;
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::Instant;
+
+use super::MAX_BODY_BYTES;
+use crate::app::AppContext;
+use crate::dispatch::{Outgoing, REQUEST_ID, dispatch};
+use crate::error::ApiError;
+use crate::metrics::{ModelStageLabels, PickLabels, RequestLabels};
+use crate::prepare::{Endpoint, prepare};
+
+/// The `POST` route of `endpoint`.
+pub(super) fn routed(endpoint: &'static Endpoint) -> MethodRouter<Arc<AppContext>> {
+    post(move |State(ctx): State<Arc<AppContext>>, request: Request| handle(endpoint, ctx, request))
+}
+
+/// A routed request. The body is read by a task of its own: reading it from the
+/// connection's task makes hyper wake that task while it is being polled, which the
+/// runtime treats as a yield and hands to another worker thread (two thread wake-ups
+/// per request at low load); from a separate task each wake-up stays on one thread.
+async fn handle(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = AbortOnDrop(tokio::spawn(Limited::new(body, MAX_BODY_BYTES).collect()));
+    let body = match read.await {
+        Ok(body) => body.map(Collected::to_bytes),
+        Err(e) => Err(e.into()),
+    };
+    respond(endpoint, ctx, parts.headers, body).await
+}
+
+/// A spawned task that is cancelled when its handle is dropped (the client went away).
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn respond(
+    endpoint: &'static Endpoint,
+    ctx: Arc<AppContext>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::BoxError>,
+) -> Response {
+    let started = Instant::now();
+    let request_id = headers.get(REQUEST_ID).cloned().unwrap_or_else(|| {
+        HeaderValue::from_str(&ctx.next_request_id()).expect("hex is a valid header")
+    });
+    let (model, result) = route(endpoint, &ctx, &headers, body, started, request_id.clone()).await;
+    match result {
+        Ok(response) => response,
+        Err(error) => {
+            let outcome = if error.status().is_client_error() {
+                "client_error"
+            } else {
+                "server_error"
+            };
+            let labels = RequestLabels {
+                model,
+                outcome,
+                code: error.code(),
+            };
+            ctx.metrics.requests.get_or_create(&labels).inc();
+            tracing::debug!(code = error.code(), status = %error.status(), message = error.message(), "request failed");
+            let mut response = error.into_response();
+            response.headers_mut().insert(REQUEST_ID, request_id);
+            response
+        }
+    }
+}
+
+/// The metric label of a request whose model is not (yet) known: never the
+/// client's string, which would let clients create label values.
+fn unknown_model() -> Arc<str> {
+    Arc::from("")
+}
+
+/// The model (for metrics; empty until known) and the response.
+async fn route(
+    endpoint: &'static Endpoint,
+    ctx: &Arc<AppContext>,
+    headers: &HeaderMap,
+    body: Result<Bytes, axum::BoxError>,
+    started: Instant,
+    request_id: HeaderValue,
+) -> (Arc<str>, Result<Response, ApiError>) {
+    let body = match body {
+        Ok(body) => body,
+        Err(e) if e.is::<LengthLimitError>() => {
+            return (unknown_model(), Err(ApiError::too_large(MAX_BODY_BYTES)));
+        }
+        Err(e) => {
+            return (
+                unknown_model(),
+                Err(ApiError::bad_body(format!(
+                    "the request body could not be read: {e}"
+                ))),
+            );
+        }
+    };
+    let mut route = None;
+    let prepared = prepare(endpoint, &body, |model| {
+        let found = route.insert(
+            ctx.routing
+                .get(model)
+                .ok_or_else(|| ApiError::model_not_found(model))?,
+        );
+        Ok(found.tokenizer.as_deref())
+    });
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => return (unknown_model(), Err(e)),
+    };
+    let route = route.expect("prepare resolved the model");
+    let model = Arc::clone(&route.id);
+    let affinity = &ctx.affinity_headers;
+    let header = |name: &str| -> Result<Option<&str>, ApiError> {
+        let value = headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty());
+        match value {
+            Some(v) if v.len() > affinity.max_key_bytes => Err(ApiError::invalid(
+                "invalid_header",
+                name,
+                format!(
+                    "the {name} header is {} bytes; at most {} are accepted",
+                    v.len(),
+                    affinity.max_key_bytes
+                ),
+            )),
+            v => Ok(v),
+        }
+    };
+    let keys = header(&affinity.session).and_then(|s| Ok((s, header(&affinity.routing_key)?)));
+    let (session_key, routing_key) = match keys {
+        Ok(keys) => keys,
+        Err(e) => return (model, Err(e)),
+    };
+    let request = BucketRequest::new(&prepared.model, prepared.input_tokens)
+        .with_max_output_tokens(prepared.max_output_tokens)
+        .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()));
+    let memo = PrefixMemo::new();
+    let request = match request {
+        Ok(r) => r
+            .with_token_ids(prepared.token_ids.as_deref())
+            .with_prefix_memo(Some(&memo))
+            .with_session_key(session_key)
+            .with_routing_key(routing_key),
+        Err(e) => return (model, Err(e)),
+    };
+    let selection = match route
+        .resolver
+        .select(&ctx.fleet.registry().snapshot(), &request)
+        .await
+    {
+        Ok(selection) => selection,
+        Err(e) => return (model, Err(ApiError::from(e))),
+    };
+    for pick in selection.pick.engines.iter() {
+        let labels = PickLabels {
+            model: Arc::clone(&model),
+            bucket: Arc::clone(&selection.pick.bucket),
+            stage: pick.engine.role().as_str(),
+            engine: Arc::clone(pick.engine.id().as_arc_str()),
+            reason: pick.reason.as_str(),
+        };
+        ctx.metrics.picks.get_or_create(&labels).inc();
+        if let Some(cached) = pick.predicted_cached_tokens {
+            let labels = ModelStageLabels {
+                model: Arc::clone(&model),
+                stage: pick.engine.role().as_str(),
+            };
+            ctx.metrics
+                .predicted_cached_tokens
+                .get_or_create(&labels)
+                .inc_by(cached);
+            ctx.metrics
+                .predicted_prompt_tokens
+                .get_or_create(&labels)
+                .inc_by(prepared.input_tokens);
+        }
+    }
+    if let EnginePicks::Pd { prefill, decode } = &selection.pick.engines {
+        tracing::debug!(bucket = %selection.pick.bucket, prefill = %prefill.engine.id(), decode = %decode.engine.id(), "selected");
+    }
+    let out = Outgoing {
+        path: endpoint.path,
+        body,
+        prompt_tokens: prepared.input_tokens,
+        model: Arc::clone(&model),
+        request_id,
+        started,
+    };
+    (model, dispatch(ctx, selection, out).await)
+}

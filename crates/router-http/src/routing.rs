@@ -1,0 +1,85 @@
+//! The routing tables: each model's buckets (built once, replaced whole) and
+//! tokenizer, and what a model that first appears at runtime gets.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use router_buckets::{
+    BucketConfigError, BucketResolver, DefaultPolicies, ModelRoster, build_resolver,
+};
+use router_policy::PolicyHandles;
+use router_state::Engine;
+
+use crate::tokenize::ChatTokenizer;
+
+/// A model's routing: its buckets and, when configured, its tokenizer.
+#[derive(Debug)]
+pub(crate) struct ModelRoute {
+    /// The model id, shared by every metric label of the model.
+    pub(crate) id: Arc<str>,
+    pub(crate) resolver: BucketResolver,
+    pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
+}
+
+/// Every model's route, read on each request with one atomic load.
+#[derive(Debug)]
+pub(crate) struct Routing {
+    models: ArcSwap<HashMap<String, Arc<ModelRoute>>>,
+    /// The policies of a model that first appears at runtime.
+    defaults: DefaultPolicies,
+    handles: PolicyHandles,
+}
+
+impl Routing {
+    pub(crate) fn new(
+        models: HashMap<String, Arc<ModelRoute>>,
+        defaults: DefaultPolicies,
+        handles: PolicyHandles,
+    ) -> Self {
+        Self {
+            models: ArcSwap::from_pointee(models),
+            defaults,
+            handles,
+        }
+    }
+
+    /// The route of `model`, if it is served.
+    pub(crate) fn get(&self, model: &str) -> Option<Arc<ModelRoute>> {
+        self.models.load().get(model).cloned()
+    }
+
+    /// The served models, sorted.
+    pub(crate) fn model_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.models.load().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Gives the model of `engine` one catch-all bucket of the engine's kind when the
+    /// model is not served yet (an engine added at runtime for a new model).
+    ///
+    /// # Errors
+    /// The default policies cannot serve such a bucket (say, `cache_aware` for a
+    /// model without a tokenizer).
+    pub(crate) fn serve_new_model(&self, engine: &Engine) -> Result<(), BucketConfigError> {
+        let model = engine.model();
+        if self.models.load().contains_key(model) {
+            return Ok(());
+        }
+        let roster = ModelRoster::new([(engine.id().clone(), engine.role())]);
+        let resolver = build_resolver(None, &roster, &self.defaults, &self.handles)?;
+        self.models.rcu(|models| {
+            let mut next = HashMap::clone(models);
+            next.entry(model.to_owned()).or_insert_with(|| {
+                Arc::new(ModelRoute {
+                    id: Arc::from(model),
+                    resolver: resolver.clone(),
+                    tokenizer: None,
+                })
+            });
+            next
+        });
+        Ok(())
+    }
+}
