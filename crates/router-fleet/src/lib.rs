@@ -41,9 +41,11 @@ mod error;
 mod feeds;
 mod fleet;
 mod health;
+mod metrics;
 mod spec;
 
 pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, HealthPolicy};
+pub use metrics::register_metrics;
 pub use spec::{Change, EngineSpec};

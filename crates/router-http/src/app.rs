@@ -115,11 +115,12 @@ impl AppContext {
             max_key_bytes,
             ..
         } = config.affinity;
+        let metrics = Metrics::new(&fleet, &affinity);
         Ok(Arc::new(Self {
             fleet,
+            metrics,
             routing,
             upstream,
-            metrics: Metrics::new(),
             affinity,
             _sweeper: sweeper,
             affinity_headers: AffinityHeaders {

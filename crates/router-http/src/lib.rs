@@ -34,7 +34,6 @@ mod metrics;
 mod prepare;
 mod relay;
 mod routing;
-mod scrape;
 mod server;
 mod tokenize;
 

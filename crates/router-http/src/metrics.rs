@@ -1,14 +1,22 @@
-//! Prometheus metrics: counters and histograms recorded on the request path, and
-//! per-engine gauges read from shared state at scrape time.
+//! Prometheus metrics: counters and histograms recorded on the request path, the
+//! collectors of the components that own scrape-time state, and the exposition in
+//! the format the scraper asked for.
 
-use std::fmt::Write as _;
+mod exposition;
+
 use std::sync::Arc;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use router_fleet::Fleet;
+use router_state::affinity::AffinityStore;
+
+pub(crate) use exposition::Format;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
@@ -49,11 +57,12 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
-/// Every metric recorded while serving.
+/// Every metric family of the router: those recorded on the request path, and the
+/// collectors of the fleet and the affinity store, read at scrape time.
 #[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
-    /// Chat requests by model, outcome (`ok`, `client_error`, `server_error`,
+    /// Routed requests by model, outcome (`ok`, `client_error`, `server_error`,
     /// `cancelled`) and error code.
     pub(crate) requests: Family<RequestLabels, Counter>,
     /// Engine picks by model, bucket, stage, engine and reason.
@@ -69,12 +78,14 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    /// The request-path families, with the fleet's and the affinity store's
+    /// collectors beside them.
+    pub(crate) fn new(fleet: &Arc<Fleet>, affinity: &Arc<AffinityStore>) -> Self {
         let mut registry = Registry::with_prefix("switchyard");
         let requests = Family::default();
         registry.register(
             "requests",
-            "Chat requests by model, outcome and error code",
+            "Routed requests by model, outcome and error code",
             requests.clone(),
         );
         let picks = Family::default();
@@ -109,6 +120,8 @@ impl Metrics {
             "Prompt tokens of the picks that predicted cached tokens, by model and stage",
             predicted_prompt_tokens.clone(),
         );
+        router_fleet::register_metrics(fleet, &mut registry);
+        registry.register_collector(Box::new(AffinityCollector(Arc::clone(affinity))));
         Self {
             registry,
             requests,
@@ -120,96 +133,33 @@ impl Metrics {
         }
     }
 
-    /// The exposition text: the registry, then `gauges`, then the end marker.
-    pub(crate) fn encode(&self, gauges: &[Gauge]) -> String {
+    /// The exposition of every family in `format`.
+    pub(crate) fn encode(&self, format: Format) -> String {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
-        if let Some(stripped) = text.strip_suffix("# EOF\n") {
-            text.truncate(stripped.len());
+        match format {
+            Format::OpenMetrics => text,
+            Format::Prometheus => exposition::to_prometheus_text(&text),
         }
-        for gauge in gauges {
-            let (kind, suffix) = if gauge.counter {
-                ("counter", "_total")
-            } else {
-                ("gauge", "")
-            };
-            let _ = writeln!(text, "# HELP switchyard_{} {}", gauge.name, gauge.help);
-            let _ = writeln!(text, "# TYPE switchyard_{} {kind}", gauge.name);
-            for (labels, value) in &gauge.samples {
-                let labels = labels
-                    .iter()
-                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let _ = writeln!(
-                    text,
-                    "switchyard_{}{suffix}{{{labels}}} {value}",
-                    gauge.name
-                );
-            }
-        }
-        text.push_str("# EOF\n");
-        text
     }
 }
 
-/// A gauge (or, with `counter`, a counter kept elsewhere) read at scrape time.
+/// The number of session and routing-key bindings, at scrape time.
 #[derive(Debug)]
-pub(crate) struct Gauge {
-    pub(crate) name: &'static str,
-    pub(crate) help: &'static str,
-    pub(crate) counter: bool,
-    pub(crate) samples: Vec<(Vec<(&'static str, String)>, f64)>,
-}
+struct AffinityCollector(Arc<AffinityStore>);
 
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl Collector for AffinityCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let bindings = ConstGauge::new(i64::try_from(self.0.len()).unwrap_or(i64::MAX));
+        bindings.encode(encoder.encode_descriptor(
+            "affinity_bindings",
+            "Session and routing-key bindings held (live or awaiting the sweeper)",
+            None,
+            bindings.metric_type(),
+        )?)
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encodes_counters_histograms_and_scrape_time_gauges() {
-        let metrics = Metrics::new();
-        metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                model: Arc::from("m"),
-                outcome: "ok",
-                code: "ok",
-            })
-            .inc();
-        metrics
-            .upstream_latency
-            .get_or_create(&StageLabels { stage: "plain" })
-            .observe(0.004);
-        let gauges = [Gauge {
-            name: "engine_in_flight",
-            help: "Requests in flight per engine",
-            counter: false,
-            samples: vec![(vec![("engine", "A\"1".into())], 2.0)],
-        }];
-        let text = metrics.encode(&gauges);
-        assert!(
-            text.contains("switchyard_requests_total{model=\"m\",outcome=\"ok\",code=\"ok\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "switchyard_upstream_latency_seconds_bucket{le=\"0.004\",stage=\"plain\"} 1"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("switchyard_engine_in_flight{engine=\"A\\\"1\"} 2"),
-            "{text}"
-        );
-        assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
-    }
-}
+mod tests;

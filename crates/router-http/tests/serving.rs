@@ -41,9 +41,36 @@ async fn plain_chat_is_relayed_with_routing_headers_and_counted() {
         "{text}"
     );
     assert!(
-        text.contains("# TYPE switchyard_load_feed_messages counter")
+        text.contains("# TYPE switchyard_load_feed_messages_total counter")
             && text.contains(r#"switchyard_load_feed_messages_total{outcome="applied"} "#),
-        "a count since start is a counter: {text}"
+        "a count since start is a counter (Prometheus text names it with _total): {text}"
+    );
+    let scrape = |accept: Option<&'static str>| {
+        let mut request = reqwest::Client::new().get(url(&router, "/metrics"));
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        request.send()
+    };
+    let plain = scrape(None).await.unwrap();
+    assert_eq!(
+        plain.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8",
+        "a scraper that asks for nothing gets Prometheus text"
+    );
+    assert!(!plain.text().await.unwrap().contains("# EOF"));
+    let openmetrics = scrape(Some("application/openmetrics-text; version=1.0.0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        openmetrics.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let text = openmetrics.text().await.unwrap();
+    assert!(
+        text.contains("# TYPE switchyard_load_feed_messages counter\n")
+            && text.ends_with("# EOF\n"),
+        "{text}"
     );
     router.shutdown().await;
 }

@@ -1,0 +1,202 @@
+//! The fleet's metric families, read from its state at scrape time: per-engine
+//! gauges, the feed counters and the prefix indexes' size.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::fleet::Fleet;
+
+/// Registers the fleet's metric families with `registry`.
+pub fn register_metrics(fleet: &Arc<Fleet>, registry: &mut Registry) {
+    registry.register_collector(Box::new(FleetCollector(Arc::clone(fleet))));
+}
+
+#[derive(Debug)]
+struct FleetCollector(Arc<Fleet>);
+
+/// A label value with `\`, `"` and line breaks escaped.
+struct Escaped<'a>(&'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One family of samples, each with one label.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    samples: impl IntoIterator<Item = (String, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut samples = samples.into_iter().peekable();
+    let Some((_, first)) = samples.peek() else {
+        return Ok(());
+    };
+    let kind: MetricType = first.metric_type();
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (value, sample) in samples {
+        sample.encode(metric.encode_family(&[(label, Escaped(&value))])?)?;
+    }
+    Ok(())
+}
+
+impl Collector for FleetCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let fleet = &self.0;
+        let snapshot = fleet.registry().snapshot();
+        let load = fleet.load().snapshot();
+        let engines: Vec<_> = snapshot.engines().collect();
+        let id = |e: &&Arc<router_state::Engine>| e.id().to_string();
+        family(
+            &mut encoder,
+            "engine_in_flight",
+            "Requests this router has in flight per engine",
+            "engine",
+            engines.iter().map(|e| {
+                let in_flight = load.observe(e.id()).in_flight;
+                (
+                    id(e),
+                    ConstGauge::new(i64::try_from(in_flight).unwrap_or(i64::MAX)),
+                )
+            }),
+        )?;
+        family(
+            &mut encoder,
+            "engine_healthy",
+            "Whether an engine is routable (probes pass, breaker closed)",
+            "engine",
+            engines
+                .iter()
+                .map(|e| (id(e), ConstGauge::new(i64::from(e.is_healthy())))),
+        )?;
+        family(
+            &mut encoder,
+            "engine_breaker_open",
+            "Whether an engine's circuit breaker is open",
+            "engine",
+            engines.iter().filter_map(|e| {
+                let open = fleet.breaker(e.id())?.is_open();
+                Some((id(e), ConstGauge::new(i64::from(open))))
+            }),
+        )?;
+        family(
+            &mut encoder,
+            "engine_load_report_age_seconds",
+            "Age of an engine's freshest complete load report (absent when none is fresh)",
+            "engine",
+            engines.iter().filter_map(|e| {
+                let reported = load.observe(e.id()).reported?;
+                let age = load
+                    .captured_at()
+                    .saturating_duration_since(reported.received_at);
+                Some((id(e), ConstGauge::new(age.as_secs_f64())))
+            }),
+        )?;
+        family(
+            &mut encoder,
+            "load_feed_messages",
+            "Load-feed messages by outcome since start",
+            "outcome",
+            fleet
+                .feed_stats()
+                .counts()
+                .into_iter()
+                .map(|(outcome, n)| (outcome.to_owned(), ConstCounter::new(n))),
+        )?;
+        let kv = fleet.kv_stats();
+        let mut events = vec![("applied".to_owned(), ConstCounter::new(kv.applied()))];
+        let mut degraded = 0;
+        for (name, value) in kv.counters() {
+            if name == "degraded_sources" {
+                degraded = value;
+            } else {
+                events.push((name.to_owned(), ConstCounter::new(value)));
+            }
+        }
+        family(
+            &mut encoder,
+            "kv_feed_events",
+            "KV-event subscriber events: batches applied, gaps, catch-ups, replays, replay failures, restarts, clears, disconnects",
+            "event",
+            events,
+        )?;
+        family(
+            &mut encoder,
+            "kv_events_dropped",
+            "KV events and batches not applied, by reason",
+            "reason",
+            kv.dropped()
+                .into_iter()
+                .map(|(reason, n)| (reason.to_owned(), ConstCounter::new(n))),
+        )?;
+        let gauge = ConstGauge::new(i64::try_from(degraded).unwrap_or(i64::MAX));
+        gauge.encode(encoder.encode_descriptor(
+            "kv_degraded_sources",
+            "Engine ranks whose KV history is being repaired (their matches are ignored)",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let indexes = fleet.prefix_indexes();
+        let sizes: Vec<_> = indexes
+            .iter()
+            .map(|(model, index)| (model, index.size()))
+            .collect();
+        let count = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+        family(
+            &mut encoder,
+            "prefix_index_nodes",
+            "Blocks in the model's prefix index",
+            "model",
+            sizes
+                .iter()
+                .map(|(model, size)| ((*model).clone(), count(size.nodes))),
+        )?;
+        family(
+            &mut encoder,
+            "prefix_index_entries",
+            "(block, engine) ownership entries in the model's prefix index",
+            "model",
+            sizes
+                .iter()
+                .map(|(model, size)| ((*model).clone(), count(size.entries))),
+        )?;
+        family(
+            &mut encoder,
+            "prefix_index_bytes",
+            "Estimated memory of the model's prefix index",
+            "model",
+            sizes
+                .iter()
+                .map(|(model, size)| ((*model).clone(), count(size.bytes))),
+        )?;
+        family(
+            &mut encoder,
+            "prefix_index_evicted",
+            "Blocks evicted from the model's prefix index to stay within its node budget",
+            "model",
+            indexes
+                .iter()
+                .map(|(model, index)| (model.clone(), ConstCounter::new(index.evicted()))),
+        )
+    }
+}

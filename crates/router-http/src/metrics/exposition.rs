@@ -1,0 +1,105 @@
+//! The two text formats `/metrics` answers in. Prometheus text 0.0.4 is the default:
+//! plain scrapers, `curl` and most agents expect it unless they ask otherwise.
+//! OpenMetrics 1.0.0 is what prometheus-client encodes, and what a scraper that lists
+//! `application/openmetrics-text` in `Accept` (Prometheus itself) gets.
+
+use std::fmt::Write as _;
+
+use http::HeaderValue;
+
+/// An exposition format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Prometheus text format 0.0.4.
+    Prometheus,
+    /// OpenMetrics text format 1.0.0.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format an `Accept` header asks for: OpenMetrics when it accepts
+    /// `application/openmetrics-text` at least as much as `text/plain`, else
+    /// Prometheus text.
+    pub(crate) fn negotiate(accept: Option<&HeaderValue>) -> Self {
+        let Some(accept) = accept.and_then(|a| a.to_str().ok()) else {
+            return Format::Prometheus;
+        };
+        let (mut openmetrics, mut text) = (0.0_f32, 0.0_f32);
+        for range in accept.split(',') {
+            let mut params = range.split(';').map(str::trim);
+            let media = params.next().unwrap_or_default().to_ascii_lowercase();
+            let quality = params
+                .find_map(|p| p.strip_prefix("q="))
+                .map_or(Some(1.0), |q| q.parse::<f32>().ok())
+                .filter(|q| q.is_finite())
+                .unwrap_or(0.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
+                "text/plain" => text = text.max(quality),
+                _ => {}
+            }
+        }
+        if openmetrics > 0.0 && openmetrics >= text {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    /// The `content-type` of an answer in this format.
+    pub(crate) fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// The Prometheus text form of prometheus-client's OpenMetrics output. The samples
+/// are the same; the formats differ in what a family is called and in the framing:
+/// a counter family is named with its `_total` suffix, an info family is a gauge
+/// named with `_info`, `unknown` is `untyped`, and there are no `# UNIT` lines and no
+/// `# EOF`.
+pub(crate) fn to_prometheus_text(openmetrics: &str) -> String {
+    let lines: Vec<&str> = openmetrics.lines().collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for (i, line) in lines.iter().enumerate() {
+        if *line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let descriptor = line
+            .strip_prefix("# HELP ")
+            .map(|rest| ("HELP", rest))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|rest| ("TYPE", rest)));
+        let Some((kind, rest)) = descriptor else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        // A family's TYPE line follows its HELP line.
+        let family_type = if kind == "TYPE" {
+            tail
+        } else {
+            lines
+                .get(i + 1)
+                .and_then(|next| next.strip_prefix("# TYPE "))
+                .and_then(|next| next.strip_prefix(name))
+                .map_or("", str::trim)
+        };
+        let (suffix, prometheus_type) = match family_type {
+            "counter" => ("_total", "counter"),
+            "info" => ("_info", "gauge"),
+            "unknown" => ("", "untyped"),
+            other => ("", other),
+        };
+        let tail = if kind == "TYPE" {
+            prometheus_type
+        } else {
+            tail
+        };
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "# {kind} {name}{suffix} {tail}");
+    }
+    out
+}

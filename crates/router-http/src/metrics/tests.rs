@@ -1,0 +1,153 @@
+use std::time::Duration;
+
+use http::HeaderValue;
+use router_fleet::HealthPolicy;
+use router_state::affinity::AffinityConfig;
+use router_state::{Engine, Role};
+use router_upstream::{Upstream, UpstreamTimeouts};
+
+use super::*;
+
+fn metrics() -> (Metrics, Arc<Fleet>) {
+    let upstream = Upstream::new(UpstreamTimeouts {
+        connect: Duration::from_secs(1),
+        first_byte: Duration::from_secs(1),
+    });
+    let fleet = Arc::new(Fleet::new(
+        upstream,
+        Arc::default(),
+        HealthPolicy::default(),
+    ));
+    let affinity = Arc::new(AffinityStore::new(AffinityConfig::default()));
+    (Metrics::new(&fleet, &affinity), fleet)
+}
+
+#[test]
+fn encodes_counters_histograms_and_the_collectors_families() {
+    let (metrics, fleet) = metrics();
+    fleet
+        .registry()
+        .add(Engine::new("A\"1", "http://a:1", "m", Role::Plain))
+        .unwrap();
+    metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            model: Arc::from("m"),
+            outcome: "ok",
+            code: "ok",
+        })
+        .inc();
+    metrics
+        .upstream_latency
+        .get_or_create(&StageLabels { stage: "plain" })
+        .observe(0.004);
+    let text = metrics.encode(Format::OpenMetrics);
+    for expected in [
+        "switchyard_requests_total{model=\"m\",outcome=\"ok\",code=\"ok\"} 1",
+        "switchyard_upstream_latency_seconds_bucket{le=\"0.004\",stage=\"plain\"} 1",
+        "switchyard_engine_in_flight{engine=\"A\\\"1\"} 0",
+        "switchyard_engine_healthy{engine=\"A\\\"1\"} 1",
+        "# TYPE switchyard_load_feed_messages counter",
+        "switchyard_load_feed_messages_total{outcome=\"applied\"} 0",
+        "switchyard_affinity_bindings 0",
+        "switchyard_kv_degraded_sources 0",
+    ] {
+        assert!(text.contains(expected), "{expected} in:\n{text}");
+    }
+    assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
+    let prometheus = metrics.encode(Format::Prometheus);
+    assert!(!prometheus.contains("# EOF"), "{prometheus}");
+    assert!(
+        prometheus.contains("# TYPE switchyard_load_feed_messages_total counter\n"),
+        "{prometheus}"
+    );
+    assert!(
+        prometheus.contains("switchyard_engine_in_flight{engine=\"A\\\"1\"} 0"),
+        "the samples are the same: {prometheus}"
+    );
+}
+
+#[test]
+fn openmetrics_is_served_only_to_scrapers_that_ask_for_it() {
+    let format = |accept: Option<&str>| {
+        Format::negotiate(accept.map(|a| HeaderValue::from_str(a).unwrap()).as_ref())
+    };
+    assert_eq!(format(None), Format::Prometheus, "no Accept");
+    assert_eq!(format(Some("*/*")), Format::Prometheus, "curl");
+    assert_eq!(
+        format(Some("text/plain;version=0.0.4;q=1,*/*;q=0.1")),
+        Format::Prometheus
+    );
+    assert_eq!(
+        format(Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        )),
+        Format::OpenMetrics,
+        "the header Prometheus sends"
+    );
+    assert_eq!(
+        format(Some("Application/OpenMetrics-Text")),
+        Format::OpenMetrics
+    );
+    assert_eq!(
+        format(Some("application/openmetrics-text;q=0.2, text/plain;q=0.5")),
+        Format::Prometheus,
+        "the higher quality wins"
+    );
+    assert_eq!(
+        format(Some("application/openmetrics-text;q=0")),
+        Format::Prometheus,
+        "q=0 refuses"
+    );
+    assert_eq!(
+        Format::Prometheus.content_type(),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+}
+
+#[test]
+fn prometheus_text_names_families_as_the_format_does() {
+    let openmetrics = "\
+# HELP a_requests Requests.
+# TYPE a_requests counter
+a_requests_total{x=\"1\"} 2
+# HELP a_size Size.
+# TYPE a_size gauge
+# UNIT a_size bytes
+a_size 3
+# HELP a_build Build.
+# TYPE a_build info
+a_build_info{version=\"1\"} 1
+# HELP a_mystery Mystery.
+# TYPE a_mystery unknown
+a_mystery 4
+# HELP a_latency Latency.
+# TYPE a_latency histogram
+a_latency_sum 0.5
+a_latency_count 1
+a_latency_bucket{le=\"+Inf\"} 1
+# EOF
+";
+    assert_eq!(
+        exposition::to_prometheus_text(openmetrics),
+        "\
+# HELP a_requests_total Requests.
+# TYPE a_requests_total counter
+a_requests_total{x=\"1\"} 2
+# HELP a_size Size.
+# TYPE a_size gauge
+a_size 3
+# HELP a_build_info Build.
+# TYPE a_build_info gauge
+a_build_info{version=\"1\"} 1
+# HELP a_mystery Mystery.
+# TYPE a_mystery untyped
+a_mystery 4
+# HELP a_latency Latency.
+# TYPE a_latency histogram
+a_latency_sum 0.5
+a_latency_count 1
+a_latency_bucket{le=\"+Inf\"} 1
+"
+    );
+}
