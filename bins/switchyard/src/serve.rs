@@ -196,30 +196,27 @@ fn load(path: &Path) -> anyhow::Result<RouterConfig> {
     RouterConfig::from_yaml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// `switchyard config check FILE`: every problem, then a non-zero exit.
+/// `switchyard config check FILE`: every problem (fields, buckets, policies,
+/// tokenizers: what startup would refuse before contacting an engine), then a
+/// non-zero exit.
 pub(crate) fn check(path: &Path) -> anyhow::Result<()> {
-    let config = load(path)?;
-    let mut problems: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
-    for (m, model) in config.models.iter().enumerate() {
-        if let Some(tokenizer) = &model.tokenizer
-            && let Err(e) = router_http::ChatTokenizer::load(tokenizer)
-        {
-            problems.push(format!("models[{m}].tokenizer: {e}"));
-        }
-    }
-    if !problems.is_empty() {
-        bail!(
+    let config = load(path)?.validate().map_err(|problems| {
+        anyhow::anyhow!(
             "{}: {} problem(s)\n  {}",
             path.display(),
             problems.len(),
-            problems.join("\n  ")
-        );
-    }
-    let engines: usize = config.models.iter().map(|m| m.engines.len()).sum();
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        )
+    })?;
     println!(
-        "{}: ok ({} models, {engines} engines)",
+        "{}: ok ({} models, {} engines)",
         path.display(),
-        config.models.len()
+        config.model_count(),
+        config.engine_count()
     );
     Ok(())
 }

@@ -43,7 +43,6 @@ fn config_check_names_every_problem_with_its_path_and_fails() {
     )
     .unwrap();
     let out = switchyard(&["config", "check", file.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(stderr.contains("2 problem(s)"), "{stderr}");
@@ -54,6 +53,21 @@ fn config_check_names_every_problem_with_its_path_and_fails() {
     assert!(
         stderr.contains("models[0].engines[0].url: must start with http://"),
         "{stderr}"
+    );
+    let tokenizer = dir.join("tokenizer.yaml");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        &tokenizer,
+        "models:\n  - id: m\n    tokenizer: /no/such/tokenizer.json\n    engines: [{id: A, url: 'http://a:1', role: plain}]\n",
+    )
+    .unwrap();
+    let out = switchyard(&["config", "check", tokenizer.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("models[0].tokenizer: /no/such/tokenizer.json: "),
+        "the tokenizer is loaded as startup loads it: {}",
+        text(&out.stderr)
     );
     let missing = switchyard(&["config", "check", "/no/such/router.yaml"]);
     assert!(!missing.status.success());

@@ -2,9 +2,8 @@
 //! construction of a model's [`BucketResolver`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
-use router_policy::{PolicyConfig, PolicyHandles};
+use router_policy::{ConfigError, PolicyConfig, PolicyHandles};
 use router_state::{EngineId, ModelMode, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -76,26 +75,6 @@ pub struct GroupConfig {
     /// The group's policy; absent = the default policy for the role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyConfig>,
-}
-
-/// A configuration error and the path of the field it concerns, relative to the
-/// model (e.g. `buckets[1].groups.pd.decode.engine_ids[0]`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct BucketConfigError {
-    /// Path of the offending field.
-    pub path: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl BucketConfigError {
-    fn at(path: impl fmt::Display, message: impl fmt::Display) -> Self {
-        Self {
-            path: path.to_string(),
-            message: message.to_string(),
-        }
-    }
 }
 
 /// The engines a model's configuration declares, by id and (when known) role;
@@ -236,11 +215,11 @@ pub fn build_resolver(
     roster: &ModelRoster,
     defaults: &DefaultPolicies,
     handles: &PolicyHandles,
-) -> Result<BucketResolver, BucketConfigError> {
+) -> Result<BucketResolver, ConfigError> {
     let catch_all;
     let configs = match buckets {
         Some([]) => {
-            return Err(BucketConfigError::at(
+            return Err(ConfigError::at(
                 "buckets",
                 "must list at least one bucket; omit it for one catch-all bucket",
             ));
@@ -256,7 +235,7 @@ pub fn build_resolver(
     for (i, config) in configs.iter().enumerate() {
         let path = format!("buckets[{i}]");
         if let Some(first) = seen.insert(&config.id, i) {
-            return Err(BucketConfigError::at(
+            return Err(ConfigError::at(
                 format!("{path}.id"),
                 format_args!(
                     "duplicate bucket id {:?} (also buckets[{first}])",
@@ -266,7 +245,7 @@ pub fn build_resolver(
         }
         built.push(build_bucket(&path, config, roster, defaults, handles)?);
     }
-    BucketResolver::new(built).map_err(|e| BucketConfigError::at("buckets", e))
+    BucketResolver::new(built).map_err(|e| ConfigError::at("buckets", e))
 }
 
 fn catch_all_config(mode: ModelMode) -> BucketConfig {
@@ -297,19 +276,16 @@ fn build_bucket(
     roster: &ModelRoster,
     defaults: &DefaultPolicies,
     handles: &PolicyHandles,
-) -> Result<Bucket, BucketConfigError> {
+) -> Result<Bucket, ConfigError> {
     let groups = match (&config.groups.plain, &config.groups.pd, roster.mode()) {
         (Some(_), Some(_), _) => {
-            return Err(BucketConfigError::at(
+            return Err(ConfigError::at(
                 format!("{path}.groups"),
                 "set either plain or pd, not both: a bucket is plain or prefill/decode",
             ));
         }
         (None, None, _) => {
-            return Err(BucketConfigError::at(
-                format!("{path}.groups"),
-                "set plain or pd",
-            ));
+            return Err(ConfigError::at(format!("{path}.groups"), "set plain or pd"));
         }
         (Some(group), None, Some(ModelMode::Plain) | None) => {
             let path = format!("{path}.groups.plain");
@@ -344,13 +320,13 @@ fn build_bucket(
             }
         }
         (Some(_), None, Some(ModelMode::Pd)) => {
-            return Err(BucketConfigError::at(
+            return Err(ConfigError::at(
                 format!("{path}.groups.plain"),
                 "the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
             ));
         }
         (None, Some(_), Some(ModelMode::Plain)) => {
-            return Err(BucketConfigError::at(
+            return Err(ConfigError::at(
                 format!("{path}.groups.pd"),
                 "the model is served by plain engines; use groups.plain",
             ));
@@ -364,16 +340,16 @@ fn build_bucket(
         groups,
     )
     .map_err(|e| match e {
-        BucketError::EmptyId => BucketConfigError::at(format!("{path}.id"), "must not be empty"),
-        BucketError::EmptyRange { min, max, .. } => BucketConfigError::at(
+        BucketError::EmptyId => ConfigError::at(format!("{path}.id"), "must not be empty"),
+        BucketError::EmptyRange { min, max, .. } => ConfigError::at(
             format!("{path}.limits"),
             format_args!("min ({min}) is above max ({max})"),
         ),
-        BucketError::ContextBelowRange { context, min, .. } => BucketConfigError::at(
+        BucketError::ContextBelowRange { context, min, .. } => ConfigError::at(
             format!("{path}.max_context_tokens"),
             format_args!("{context} is below limits.min ({min}), so no request fits"),
         ),
-        other => BucketConfigError::at(path, other),
+        other => ConfigError::at(path, other),
     })
 }
 
@@ -384,14 +360,14 @@ fn build_group(
     roster: &ModelRoster,
     defaults: &DefaultPolicies,
     handles: &PolicyHandles,
-) -> Result<EngineGroup, BucketConfigError> {
+) -> Result<EngineGroup, ConfigError> {
     let policy_config = config
         .policy
         .as_ref()
         .unwrap_or_else(|| defaults.for_role(role));
     let policy = policy_config
         .build(role, handles)
-        .map_err(|e| BucketConfigError::at(format!("{path}.policy"), e))?;
+        .map_err(|e| ConfigError::at(format!("{path}.policy"), e))?;
     let Some(ids) = &config.engine_ids else {
         return Ok(EngineGroup::new(policy));
     };
@@ -400,16 +376,13 @@ fn build_group(
         let at = format!("{path}.engine_ids[{k}]");
         match roster.role_of(id) {
             _ if id.is_empty() => {
-                return Err(BucketConfigError::at(at, "engine id must not be empty"));
+                return Err(ConfigError::at(at, "engine id must not be empty"));
             }
             None if !roster.contains(id) => {
-                return Err(BucketConfigError::at(
-                    at,
-                    format_args!("unknown engine {id:?}"),
-                ));
+                return Err(ConfigError::at(at, format_args!("unknown engine {id:?}")));
             }
             Some(actual) if actual != role => {
-                return Err(BucketConfigError::at(
+                return Err(ConfigError::at(
                     at,
                     format_args!(
                         "engine {id:?} is a {actual} engine, but this group picks {role} engines"
@@ -419,7 +392,7 @@ fn build_group(
             _ => {}
         }
         if !members.insert(EngineId::from(id.as_str())) {
-            return Err(BucketConfigError::at(
+            return Err(ConfigError::at(
                 at,
                 format_args!("engine {id:?} is listed twice"),
             ));

@@ -58,8 +58,8 @@ mod select;
 
 pub use bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
 pub use config::{
-    BucketConfig, BucketConfigError, CATCH_ALL_BUCKET, DefaultPolicies, GroupConfig, GroupsConfig,
-    ModelRoster, PdGroupsConfig, build_resolver, group_policies,
+    BucketConfig, CATCH_ALL_BUCKET, DefaultPolicies, GroupConfig, GroupsConfig, ModelRoster,
+    PdGroupsConfig, build_resolver, group_policies,
 };
 pub use group::{EngineGroup, Membership};
 pub use request::{BucketPick, BucketRequest, EnginePicks, expected_peak};

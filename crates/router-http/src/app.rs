@@ -1,5 +1,5 @@
 //! Application context: the fleet, the routing tables and the shared services of the
-//! request path, built once at startup.
+//! request path, started once from a validated configuration.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,20 +8,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
-use router_buckets::{DefaultPolicies, build_resolver, group_policies};
-use router_fleet::{Change, EngineSpec, Fleet, FleetEvent, HealthPolicy};
-use router_policy::{CacheSource, LocalCacheSource, PolicyHandles};
+use router_buckets::build_resolver;
+use router_fleet::{Change, Fleet, FleetEvent};
+use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle};
-use router_state::kv_events::{IndexConfig, PrefixIndex};
-use router_state::{EngineReportedLoadTable, LoadTableConfig};
-use router_upstream::{Upstream, UpstreamTimeouts};
+use router_upstream::Upstream;
 
-use crate::config::{
-    AffinitySettings, ConfigError, EngineConfig, HealthConfig, ModelConfig, RouterConfig, roster_of,
-};
+use crate::config::{AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster};
 use crate::metrics::Metrics;
 use crate::routing::{ModelRoute, Routing};
-use crate::tokenize::ChatTokenizer;
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,14 +33,6 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
-}
-
-/// Where session and routing keys come from, and how long they may be.
-#[derive(Debug)]
-pub(crate) struct AffinityHeaders {
-    pub(crate) session: String,
-    pub(crate) routing_key: String,
-    pub(crate) max_key_bytes: usize,
 }
 
 /// The shared services of a running router.
@@ -65,71 +52,44 @@ pub struct AppContext {
 }
 
 impl AppContext {
-    /// Validates `config`, loads tokenizers, introspects and registers every engine,
-    /// starts their feeds and builds every model's buckets.
+    /// Registers every engine of `config` (introspecting them), starts their feeds,
+    /// and builds the buckets that waited for the engines' roles.
     ///
     /// # Errors
-    /// Every configuration problem found, each with its path.
-    pub async fn new(config: RouterConfig) -> Result<Arc<Self>, StartError> {
-        let errors = config.validate();
-        if !errors.is_empty() {
-            return Err(StartError::Config(errors));
-        }
-        let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
-            freshness: Duration::from_millis(config.load.freshness_ms),
-        }));
-        let affinity = Arc::new(AffinityStore::new(config.affinity.store_config()));
-        let sweeper =
-            affinity.spawn_sweeper(Duration::from_millis(config.affinity.sweep_interval_ms));
-        let handles =
-            PolicyHandles::new(Arc::clone(&load)).with_affinity_store(Some(Arc::clone(&affinity)));
-        let defaults = config.policies.over(&DefaultPolicies::default());
-        let upstream = Upstream::new(UpstreamTimeouts {
-            connect: Duration::from_millis(config.timeouts.connect_ms),
-            first_byte: Duration::from_millis(config.timeouts.first_byte_ms),
-        });
-        let fleet = Arc::new(Fleet::new(
-            upstream.clone(),
-            load,
-            health_policy(&config.health),
-        ));
+    /// Engines that could not join, and buckets their discovered roles do not fit,
+    /// each with its path.
+    pub async fn new(config: ValidatedConfig) -> Result<Arc<Self>, StartError> {
+        let upstream = Upstream::new(config.upstream);
+        let fleet = Arc::new(Fleet::new(upstream.clone(), config.load, config.health));
         let mut errors = Vec::new();
         let mut routes = HashMap::new();
-        for (m, model) in config.models.iter().enumerate() {
-            match build_model(&fleet, &handles, &defaults, model).await {
-                Ok(route) => drop(routes.insert(model.id.clone(), Arc::new(route))),
-                Err(problems) => errors.extend(problems.into_iter().map(|e| ConfigError {
-                    path: format!("models[{m}].{}", e.path),
-                    message: e.message,
-                })),
+        for (m, model) in config.models.into_iter().enumerate() {
+            let id = model.id.clone();
+            match start_model(&fleet, model).await {
+                Ok(route) => drop(routes.insert(id, Arc::new(route))),
+                Err(problems) => {
+                    let at = format!("models[{m}]");
+                    errors.extend(problems.into_iter().map(|e| e.within(&at)));
+                }
             }
         }
         if !errors.is_empty() {
             return Err(StartError::Config(errors));
         }
-        let routing = Arc::new(Routing::new(routes, defaults, handles));
+        let routing = Arc::new(Routing::new(routes, config.defaults, config.handles));
+        let affinity = config.affinity;
         observe_fleet(&fleet, &routing, &affinity);
-        let AffinitySettings {
-            session_header,
-            routing_key_header,
-            max_key_bytes,
-            ..
-        } = config.affinity;
         let metrics = Metrics::new(&fleet, &affinity);
         Ok(Arc::new(Self {
             fleet,
-            metrics,
             routing,
             upstream,
+            metrics,
+            _sweeper: affinity.spawn_sweeper(config.sweep_interval),
             affinity,
-            _sweeper: sweeper,
-            affinity_headers: AffinityHeaders {
-                session: session_header,
-                routing_key: routing_key_header,
-                max_key_bytes,
-            },
-            admin_token: config.admin.token,
-            idle_timeout: Duration::from_millis(config.timeouts.idle_ms),
+            affinity_headers: config.affinity_headers,
+            admin_token: config.admin_token,
+            idle_timeout: config.idle_timeout,
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))
     }
@@ -170,105 +130,49 @@ fn observe_fleet(fleet: &Fleet, routing: &Arc<Routing>, affinity: &Arc<AffinityS
     });
 }
 
-/// Loads the model's tokenizer, registers its engines (introspecting them
-/// concurrently) and builds its buckets. Errors carry paths within the model.
-async fn build_model(
-    fleet: &Fleet,
-    handles: &PolicyHandles,
-    defaults: &DefaultPolicies,
-    model: &ModelConfig,
-) -> Result<ModelRoute, Vec<ConfigError>> {
-    let mut errors = Vec::new();
-    let tokenizer = match &model.tokenizer {
-        Some(path) => match ChatTokenizer::load(path) {
-            Ok(t) => Some(Arc::new(t)),
-            Err(e) => {
-                errors.push(ConfigError::at("tokenizer", e));
-                None
-            }
-        },
-        None => None,
-    };
-    let model_defaults = model.policies.over(defaults);
-    let handles = model_handles(fleet, handles, model, tokenizer.is_some(), &model_defaults);
+/// Registers the model's engines (introspecting them concurrently) and finishes its
+/// route. Errors carry paths within the model.
+async fn start_model(fleet: &Fleet, model: ModelPlan) -> Result<ModelRoute, Vec<ConfigError>> {
+    if let Some(index) = &model.prefix_index {
+        fleet.keep_prefix_index(&model.id, Arc::clone(index));
+    }
     let applied = futures_util::future::join_all(
         model
             .engines
             .iter()
-            .map(|e| fleet.apply(Change::Upsert(engine_spec(e, &model.id)))),
+            .map(|spec| fleet.apply(Change::Upsert(spec.clone()))),
     )
     .await;
+    let mut errors = Vec::new();
     let mut discovered = HashMap::new();
-    for (e, (engine, applied)) in model.engines.iter().zip(applied).enumerate() {
+    for (e, (spec, applied)) in model.engines.iter().zip(applied).enumerate() {
         match applied {
-            Ok(registered) => drop(discovered.insert(engine.id.clone(), registered.role())),
-            Err(error) => errors.push(ConfigError::at(format!("engines[{e}]"), error.to_string())),
+            Ok(engine) => drop(discovered.insert(spec.id.clone(), engine.role())),
+            Err(error) => errors.push(ConfigError::at(format!("engines[{e}]"), error)),
         }
     }
-    let roster = roster_of(model, |id| discovered.get(id).copied());
-    let resolver = build_resolver(model.buckets.as_deref(), &roster, &model_defaults, &handles)
-        .map_err(|e| ConfigError::at(e.path, e.message));
+    let resolver = match model.routing {
+        ModelRouting::Built(resolver) => Ok(resolver),
+        ModelRouting::AfterIntrospection {
+            buckets,
+            defaults,
+            handles,
+        } => {
+            let roster = roster(&model.engines, |id| discovered.get(id).copied());
+            build_resolver(buckets.as_deref(), &roster, &defaults, &handles)
+        }
+    };
     match resolver {
         Ok(resolver) if errors.is_empty() => Ok(ModelRoute {
             id: Arc::from(model.id.as_str()),
             resolver,
-            tokenizer,
+            tokenizer: model.tokenizer,
         }),
         Ok(_) => Err(errors),
         Err(e) => {
             errors.push(e);
             Err(errors)
         }
-    }
-}
-
-/// The policy handles of `model`: with a prefix index (kept by the fleet before the
-/// model's engines join, so their KV events feed it) when one of its groups runs a
-/// cache-aware policy and the model has a tokenizer to produce token ids. Without a
-/// tokenizer the policy's construction reports what is missing.
-fn model_handles(
-    fleet: &Fleet,
-    handles: &PolicyHandles,
-    model: &ModelConfig,
-    tokenized: bool,
-    defaults: &DefaultPolicies,
-) -> PolicyHandles {
-    let cache_aware = group_policies(model.buckets.as_deref(), defaults)
-        .iter()
-        .any(|(_, policy)| policy.needs_prefix_source());
-    if !(cache_aware && tokenized) {
-        return handles.clone();
-    }
-    let index = Arc::new(PrefixIndex::new(IndexConfig {
-        block_size: model.block_size,
-        max_nodes: model.prefix_index_pages,
-    }));
-    fleet.keep_prefix_index(&model.id, Arc::clone(&index));
-    let source: Arc<dyn CacheSource> = Arc::new(LocalCacheSource::new(index));
-    handles.clone().with_prefix_source(Some(source))
-}
-
-/// An engine of `model` as the fleet takes it.
-pub(crate) fn engine_spec(config: &EngineConfig, model: &str) -> EngineSpec {
-    EngineSpec::new(config.id.as_str(), config.url.as_str(), model)
-        .with_role(config.role.map(Into::into))
-        .with_ports(
-            config.bootstrap_port,
-            config.dp_size,
-            config.load_port,
-            config.kv_port,
-            config.kv_replay_port,
-        )
-}
-
-fn health_policy(health: &HealthConfig) -> HealthPolicy {
-    HealthPolicy {
-        interval: Duration::from_millis(health.interval_ms),
-        probe_timeout: Duration::from_millis(health.timeout_ms),
-        failure_threshold: health.failure_threshold,
-        success_threshold: health.success_threshold,
-        breaker_failures: health.breaker_failures,
-        breaker_cooldown: Duration::from_millis(health.breaker_cooldown_ms),
     }
 }
 

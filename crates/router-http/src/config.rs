@@ -4,13 +4,11 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use router_buckets::{BucketConfig, DefaultPolicies, ModelRoster, build_resolver};
-use router_policy::{CacheSource, LocalCacheSource, PolicyConfig, PolicyHandles};
-use router_state::affinity::{AffinityConfig, AffinityStore};
-use router_state::kv_events::{IndexConfig, PrefixIndex};
-use router_state::{EngineId, ModelMode, Role};
+use router_buckets::{BucketConfig, DefaultPolicies};
+use router_policy::{ConfigError, PolicyConfig};
+use router_state::kv_events::IndexConfig;
+use router_state::{ModelMode, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -349,25 +347,6 @@ pub struct AdminConfig {
     pub token: Option<String>,
 }
 
-/// One configuration problem and where it is.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct ConfigError {
-    /// Path of the offending field, e.g. `models[0].buckets[1].id`.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl ConfigError {
-    pub(crate) fn at(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            path: path.into(),
-            message: message.into(),
-        }
-    }
-}
-
 impl RouterConfig {
     /// Parses YAML; an error names the path of the field and its line.
     ///
@@ -399,9 +378,9 @@ impl RouterConfig {
         serde_json::to_value(schemars::schema_for!(RouterConfig)).expect("a schema serializes")
     }
 
-    /// Every problem a static check finds (no engine is contacted). Engines without a
-    /// configured role are accepted in any group: their role is read at startup.
-    pub fn validate(&self) -> Vec<ConfigError> {
+    /// Every problem of the fields themselves; the buckets, policies and tokenizers
+    /// are checked by building them ([`RouterConfig::validate`]).
+    fn check_fields(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         self.affinity.validate(&mut errors);
         for (field, value) in [
@@ -437,7 +416,6 @@ impl RouterConfig {
         if self.models.is_empty() {
             errors.push(ConfigError::at("models", "must list at least one model"));
         }
-        let defaults = self.policies.over(&DefaultPolicies::default());
         for (role, policy) in [
             ("plain", &self.policies.plain),
             ("prefill", &self.policies.prefill),
@@ -502,7 +480,6 @@ impl RouterConfig {
                     }
                 }
             }
-            let model_defaults = model.policies.over(&defaults);
             for (role, policy) in [
                 ("plain", &model.policies.plain),
                 ("prefill", &model.policies.prefill),
@@ -515,58 +492,17 @@ impl RouterConfig {
                     ));
                 }
             }
-            let roster = roster_of(model, |_| None);
-            // With a tokenizer the router keeps a prefix index for cache-aware groups;
-            // an empty stand-in lets their construction be checked here.
-            let prefix = model.tokenizer.as_ref().map(|_| {
-                let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
-                Arc::new(LocalCacheSource::new(index)) as Arc<dyn CacheSource>
-            });
-            let handles = PolicyHandles::new(Default::default())
-                .with_prefix_source(prefix)
-                .with_affinity_store(Some(Arc::new(
-                    AffinityStore::new(AffinityConfig::default()),
-                )));
-            if let Err(e) =
-                build_resolver(model.buckets.as_deref(), &roster, &model_defaults, &handles)
-            {
-                errors.push(ConfigError::at(
-                    format!("models[{m}].{}", e.path),
-                    e.message,
-                ));
-            }
         }
         errors
     }
 }
 
-/// The roster of a model's engines: configured roles, else `discovered(id)`, else
-/// not known yet.
-pub(crate) fn roster_of(
-    model: &ModelConfig,
-    discovered: impl Fn(&str) -> Option<Role>,
-) -> ModelRoster {
-    let (known, unknown): (Vec<_>, Vec<_>) = model
-        .engines
-        .iter()
-        .map(|e| {
-            (
-                EngineId::from(e.id.as_str()),
-                e.role.map(Role::from).or_else(|| discovered(&e.id)),
-            )
-        })
-        .partition(|(_, role)| role.is_some());
-    ModelRoster::new(
-        known
-            .into_iter()
-            .map(|(id, role)| (id, role.expect("partitioned on a role"))),
-    )
-    .with_unknown_roles(unknown.into_iter().map(|(id, _)| id))
-}
-
 mod affinity;
+mod validated;
 
 pub use affinity::AffinitySettings;
+pub use validated::ValidatedConfig;
+pub(crate) use validated::{AffinityHeaders, ModelPlan, ModelRouting, engine_spec, roster};
 
 #[cfg(test)]
 mod tests;

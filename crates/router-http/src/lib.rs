@@ -40,9 +40,10 @@ mod tokenize;
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
-    AdminConfig, AffinitySettings, ConfigError, EngineConfig, EngineRole, HealthConfig, LoadConfig,
-    ModelConfig, RolePolicies, RouterConfig, TimeoutConfig,
+    AdminConfig, AffinitySettings, EngineConfig, EngineRole, HealthConfig, LoadConfig, ModelConfig,
+    RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
-pub use server::{RunningRouter, start};
+pub use router_policy::ConfigError;
+pub use server::{RunningRouter, start, start_validated};
 pub use tokenize::ChatTokenizer;

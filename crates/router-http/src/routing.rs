@@ -5,10 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use router_buckets::{
-    BucketConfigError, BucketResolver, DefaultPolicies, ModelRoster, build_resolver,
-};
-use router_policy::PolicyHandles;
+use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolver};
+use router_policy::{ConfigError, PolicyHandles};
 use router_state::Engine;
 
 use crate::tokenize::ChatTokenizer;
@@ -62,7 +60,7 @@ impl Routing {
     /// # Errors
     /// The default policies cannot serve such a bucket (say, `cache_aware` for a
     /// model without a tokenizer).
-    pub(crate) fn serve_new_model(&self, engine: &Engine) -> Result<(), BucketConfigError> {
+    pub(crate) fn serve_new_model(&self, engine: &Engine) -> Result<(), ConfigError> {
         let model = engine.model();
         if self.models.load().contains_key(model) {
             return Ok(());

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
@@ -12,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::router;
 use crate::app::{AppContext, StartError};
-use crate::config::RouterConfig;
+use crate::config::{RouterConfig, ValidatedConfig};
 
 /// A router serving on a bound address.
 #[derive(Debug)]
@@ -42,12 +41,22 @@ impl RunningRouter {
     }
 }
 
-/// Builds the application from `config`, binds `config.listen` and starts serving.
+/// Validates `config`, builds the application, binds `config.listen` and starts
+/// serving.
 ///
 /// # Errors
 /// See [`StartError`].
 pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    start_validated(config.validate().map_err(StartError::Config)?).await
+}
+
+/// Builds the application from a validated configuration, binds its listen address
+/// and starts serving.
+///
+/// # Errors
+/// See [`StartError`].
+pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, StartError> {
+    let grace = config.shutdown_grace;
     let listen = config.listen;
     let ctx = AppContext::new(config).await?;
     let listener = TcpListener::bind(listen)

@@ -40,6 +40,7 @@ mod affinity;
 mod cache;
 mod cache_aware;
 mod config;
+mod config_error;
 mod dropped;
 mod error;
 mod least_load;
@@ -61,6 +62,7 @@ pub use config::{
     LoadBasedConfig, PolicyConfig, PolicyConfigError, PolicyHandles, PowerOfTwoConfig,
     RandomConfig, RoundRobinConfig, SessionAwareConfig, StickyConfig, StickyFallback,
 };
+pub use config_error::ConfigError;
 pub use dropped::{
     DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,
 };

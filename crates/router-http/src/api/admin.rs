@@ -12,8 +12,8 @@ use router_fleet::Change;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::{AppContext, engine_spec};
-use crate::config::{EngineConfig, EngineRole};
+use crate::app::AppContext;
+use crate::config::{EngineConfig, EngineRole, engine_spec};
 use crate::error::ApiError;
 
 fn authorize(ctx: &AppContext, headers: &HeaderMap) -> Result<(), ApiError> {

@@ -10,14 +10,17 @@ models:
 fn errors(yaml: &str) -> Vec<String> {
     match RouterConfig::from_yaml(yaml) {
         Err(e) => vec![e.to_string()],
-        Ok(config) => config.validate().iter().map(ToString::to_string).collect(),
+        Ok(config) => match config.validate() {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        },
     }
 }
 
 #[test]
 fn the_minimal_config_takes_every_default() {
     let config = RouterConfig::from_yaml(MINIMAL).unwrap();
-    assert!(config.validate().is_empty());
+    assert!(config.clone().validate().is_ok());
     assert_eq!(config.listen, SocketAddr::from(([0, 0, 0, 0], 8080)));
     assert_eq!(config.timeouts, TimeoutConfig::default());
     assert_eq!(config.models[0].block_size, 16);
@@ -33,7 +36,7 @@ fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
     );
     let config = RouterConfig::from_yaml(&yaml).unwrap();
     assert_eq!(config.models[0].prefix_index_pages, 65536);
-    assert!(config.validate().is_empty());
+    assert!(config.validate().is_ok());
     assert_eq!(
         errors(&MINIMAL.replace("    engines:", "    prefix_index_pages: 10\n    engines:")),
         ["models[0].prefix_index_pages: must be at least 1024"]
@@ -44,8 +47,9 @@ fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
 fn the_brief_example_parses_and_validates() {
     let yaml = include_str!("../../../../docs/examples/router.yaml");
     let config = RouterConfig::from_yaml(yaml).unwrap();
-    assert_eq!(config.validate(), Vec::<ConfigError>::new());
     assert_eq!(config.models.len(), 2);
+    let validated = config.validate().unwrap();
+    assert_eq!((validated.model_count(), validated.engine_count()), (2, 4));
 }
 
 #[test]

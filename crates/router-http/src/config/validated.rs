@@ -1,0 +1,252 @@
+//! A configuration that passed every check, in the form the running router needs:
+//! durations instead of milliseconds, the shared state the policies hold, loaded
+//! tokenizers and built buckets. Startup consumes it, so nothing is built twice and
+//! `switchyard config check` cannot disagree with startup.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_buckets::{
+    BucketConfig, BucketResolver, DefaultPolicies, ModelRoster, build_resolver, group_policies,
+};
+use router_fleet::{EngineSpec, HealthPolicy};
+use router_policy::{CacheSource, ConfigError, LocalCacheSource, PolicyHandles};
+use router_state::affinity::AffinityStore;
+use router_state::kv_events::{IndexConfig, PrefixIndex};
+use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
+use router_upstream::UpstreamTimeouts;
+
+use super::{EngineConfig, HealthConfig, ModelConfig, RouterConfig};
+use crate::tokenize::ChatTokenizer;
+
+/// A checked configuration, ready to start a router from
+/// ([`start_validated`](crate::start_validated)).
+#[derive(Debug)]
+pub struct ValidatedConfig {
+    pub(crate) listen: SocketAddr,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) upstream: UpstreamTimeouts,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) health: HealthPolicy,
+    pub(crate) load: Arc<EngineReportedLoadTable>,
+    pub(crate) affinity: Arc<AffinityStore>,
+    pub(crate) sweep_interval: Duration,
+    pub(crate) affinity_headers: AffinityHeaders,
+    pub(crate) admin_token: Option<String>,
+    /// The policies of a model that first appears at runtime, and their state.
+    pub(crate) defaults: DefaultPolicies,
+    pub(crate) handles: PolicyHandles,
+    pub(crate) models: Vec<ModelPlan>,
+}
+
+/// Where session and routing keys come from, and how long they may be.
+#[derive(Debug)]
+pub(crate) struct AffinityHeaders {
+    pub(crate) session: String,
+    pub(crate) routing_key: String,
+    pub(crate) max_key_bytes: usize,
+}
+
+/// One model, checked: what startup registers and routes.
+#[derive(Debug)]
+pub(crate) struct ModelPlan {
+    pub(crate) id: String,
+    pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
+    pub(crate) engines: Vec<EngineSpec>,
+    /// Kept by the fleet before the engines join, so their KV events feed it.
+    pub(crate) prefix_index: Option<Arc<PrefixIndex>>,
+    pub(crate) routing: ModelRouting,
+}
+
+/// A model's buckets: built, or to build once introspection has told the roles its
+/// configuration leaves out.
+#[derive(Debug)]
+pub(crate) enum ModelRouting {
+    /// Every engine declares its role: the resolver validation built.
+    Built(BucketResolver),
+    /// Checked with the declared roles; built again with the discovered ones.
+    AfterIntrospection {
+        buckets: Option<Vec<BucketConfig>>,
+        defaults: Box<DefaultPolicies>,
+        handles: PolicyHandles,
+    },
+}
+
+impl ValidatedConfig {
+    /// The address the router listens on.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// How many models are configured.
+    pub fn model_count(&self) -> usize {
+        self.models.len()
+    }
+
+    /// How many engines are configured.
+    pub fn engine_count(&self) -> usize {
+        self.models.iter().map(|m| m.engines.len()).sum()
+    }
+}
+
+impl RouterConfig {
+    /// Checks every field, loads the tokenizers and builds what the router runs on
+    /// (no engine is contacted). Engines without a configured role are accepted in
+    /// any group: their role is read at startup.
+    ///
+    /// # Errors
+    /// Every problem found, each with its path.
+    pub fn validate(self) -> Result<ValidatedConfig, Vec<ConfigError>> {
+        let mut errors = self.check_fields();
+        let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
+            freshness: Duration::from_millis(self.load.freshness_ms),
+        }));
+        let affinity = Arc::new(AffinityStore::new(self.affinity.store_config()));
+        let handles =
+            PolicyHandles::new(Arc::clone(&load)).with_affinity_store(Some(Arc::clone(&affinity)));
+        let defaults = self.policies.over(&DefaultPolicies::default());
+        let mut models = Vec::with_capacity(self.models.len());
+        for (m, model) in self.models.iter().enumerate() {
+            match plan_model(model, &handles, &defaults) {
+                Ok(plan) => models.push(plan),
+                Err(problems) => {
+                    let at = format!("models[{m}]");
+                    errors.extend(problems.into_iter().map(|e| e.within(&at)));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let affinity_settings = self.affinity;
+        Ok(ValidatedConfig {
+            listen: self.listen,
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            upstream: UpstreamTimeouts {
+                connect: Duration::from_millis(self.timeouts.connect_ms),
+                first_byte: Duration::from_millis(self.timeouts.first_byte_ms),
+            },
+            idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
+            health: health_policy(&self.health),
+            load,
+            affinity,
+            sweep_interval: Duration::from_millis(affinity_settings.sweep_interval_ms),
+            affinity_headers: AffinityHeaders {
+                session: affinity_settings.session_header,
+                routing_key: affinity_settings.routing_key_header,
+                max_key_bytes: affinity_settings.max_key_bytes,
+            },
+            admin_token: self.admin.token,
+            defaults,
+            handles,
+            models,
+        })
+    }
+}
+
+/// Loads the model's tokenizer, gives it a prefix index when a cache-aware group
+/// reads one, and builds (or checks) its buckets. Paths are within the model.
+fn plan_model(
+    model: &ModelConfig,
+    handles: &PolicyHandles,
+    defaults: &DefaultPolicies,
+) -> Result<ModelPlan, Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let tokenizer = match &model.tokenizer {
+        Some(path) => match ChatTokenizer::load(path) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(e) => {
+                errors.push(ConfigError::at("tokenizer", e));
+                None
+            }
+        },
+        None => None,
+    };
+    let defaults = model.policies.over(defaults);
+    let cache_aware = group_policies(model.buckets.as_deref(), &defaults)
+        .iter()
+        .any(|(_, policy)| policy.needs_prefix_source());
+    // Without a tokenizer there are no token ids to hash: the cache-aware policy's
+    // construction says what is missing.
+    let prefix_index = (cache_aware && model.tokenizer.is_some()).then(|| {
+        Arc::new(PrefixIndex::new(IndexConfig {
+            block_size: model.block_size,
+            max_nodes: model.prefix_index_pages,
+        }))
+    });
+    let handles = match &prefix_index {
+        Some(index) => {
+            let source: Arc<dyn CacheSource> = Arc::new(LocalCacheSource::new(Arc::clone(index)));
+            handles.clone().with_prefix_source(Some(source))
+        }
+        None => handles.clone(),
+    };
+    let engines: Vec<EngineSpec> = model
+        .engines
+        .iter()
+        .map(|e| engine_spec(e, &model.id))
+        .collect();
+    let roster = roster(&engines, |_| None);
+    let resolver = build_resolver(model.buckets.as_deref(), &roster, &defaults, &handles);
+    let routing = match resolver {
+        Err(e) => {
+            errors.push(e);
+            return Err(errors);
+        }
+        Ok(resolver) if engines.iter().all(|e| e.role.is_some()) => ModelRouting::Built(resolver),
+        Ok(_) => ModelRouting::AfterIntrospection {
+            buckets: model.buckets.clone(),
+            defaults: Box::new(defaults),
+            handles,
+        },
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(ModelPlan {
+        id: model.id.clone(),
+        tokenizer,
+        engines,
+        prefix_index,
+        routing,
+    })
+}
+
+/// The roster of a model's engines: declared roles, else `discovered(id)`, else not
+/// known yet.
+pub(crate) fn roster(
+    engines: &[EngineSpec],
+    discovered: impl Fn(&EngineId) -> Option<Role>,
+) -> ModelRoster {
+    let (known, unknown): (Vec<_>, Vec<_>) = engines
+        .iter()
+        .map(|e| (e.id.clone(), e.role.or_else(|| discovered(&e.id))))
+        .partition(|(_, role)| role.is_some());
+    ModelRoster::new(known.into_iter().filter_map(|(id, role)| Some((id, role?))))
+        .with_unknown_roles(unknown.into_iter().map(|(id, _)| id))
+}
+
+/// An engine of `model` as the fleet takes it.
+pub(crate) fn engine_spec(config: &EngineConfig, model: &str) -> EngineSpec {
+    EngineSpec::new(config.id.as_str(), config.url.as_str(), model)
+        .with_role(config.role.map(Into::into))
+        .with_ports(
+            config.bootstrap_port,
+            config.dp_size,
+            config.load_port,
+            config.kv_port,
+            config.kv_replay_port,
+        )
+}
+
+fn health_policy(health: &HealthConfig) -> HealthPolicy {
+    HealthPolicy {
+        interval: Duration::from_millis(health.interval_ms),
+        probe_timeout: Duration::from_millis(health.timeout_ms),
+        failure_threshold: health.failure_threshold,
+        success_threshold: health.success_threshold,
+        breaker_failures: health.breaker_failures,
+        breaker_cooldown: Duration::from_millis(health.breaker_cooldown_ms),
+    }
+}
