@@ -16,9 +16,17 @@ use std::sync::Arc;
 use router_state::affinity::{AffinityScope, AffinityStore};
 use router_state::{Engine, EngineId, EngineReportedLoadTable};
 
-use crate::admission::{EngineAdmission, admit};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{AdmissionLimits, EngineAdmission, admit};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
 use crate::error::PickError;
+use crate::least_load::LeastLoadPolicy;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::power_of_two::PowerOfTwoPolicy;
+use crate::random::RandomPolicy;
+use crate::round_robin::RoundRobinPolicy;
 
 /// How often a conflicting concurrent binding is reconciled before the request is
 /// served unbound.
@@ -187,4 +195,142 @@ impl Affinity {
 /// The candidate with id `id`, if it is one.
 fn candidate<'e>(engines: &'e [Arc<Engine>], id: &EngineId) -> Option<&'e Arc<Engine>> {
     engines.iter().find(|e| e.id() == id)
+}
+
+/// Settings of `session_aware`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionAwareConfig {
+    /// Per-engine caps, checked on the bound engine and on the fallback's engine
+    /// before binding.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+    /// Fixed seed of the power-of-two fallback; absent = seeded per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// Settings of `sticky`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StickyConfig {
+    /// Per-engine caps, checked on the bound engine and on the fallback's engine
+    /// before binding.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+    /// The policy for new and keyless routing keys (run with default admission).
+    #[serde(default)]
+    pub fallback: StickyFallback,
+    /// Fixed seed of a sampling fallback; absent = seeded per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// The fallback of `sticky`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StickyFallback {
+    /// The next engine in rotation.
+    #[default]
+    RoundRobin,
+    /// A uniformly random engine.
+    Random,
+    /// The less pressured of two samples.
+    PowerOfTwo,
+    /// The least loaded engine.
+    LoadBased,
+}
+
+impl PolicySettings for SessionAwareConfig {
+    fn admission(&self) -> &AdmissionLimits {
+        &self.admission
+    }
+
+    fn admission_mut(&mut self) -> &mut AdmissionLimits {
+        &mut self.admission
+    }
+
+    fn needs_affinity_store(&self) -> bool {
+        true
+    }
+
+    fn build(
+        &self,
+        admission: Arc<dyn EngineAdmission>,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
+        let store = affinity_store(handles, "session_aware")?;
+        let fallback = fallback(StickyFallback::PowerOfTwo, self.seed, &handles.load);
+        Ok(Arc::new(SessionAwarePolicy::new(
+            store,
+            Arc::clone(&handles.load),
+            admission,
+            fallback,
+        )))
+    }
+}
+
+impl PolicySettings for StickyConfig {
+    fn admission(&self) -> &AdmissionLimits {
+        &self.admission
+    }
+
+    fn admission_mut(&mut self) -> &mut AdmissionLimits {
+        &mut self.admission
+    }
+
+    fn needs_affinity_store(&self) -> bool {
+        true
+    }
+
+    fn build(
+        &self,
+        admission: Arc<dyn EngineAdmission>,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
+        let store = affinity_store(handles, "sticky")?;
+        let fallback = fallback(self.fallback, self.seed, &handles.load);
+        Ok(Arc::new(StickyPolicy::new(
+            store,
+            Arc::clone(&handles.load),
+            admission,
+            fallback,
+        )))
+    }
+}
+
+fn affinity_store(
+    handles: &PolicyHandles,
+    policy: &'static str,
+) -> Result<Arc<AffinityStore>, PolicyConfigError> {
+    handles
+        .affinity
+        .clone()
+        .ok_or(PolicyConfigError::MissingState {
+            policy,
+            needs: "the router's affinity store",
+        })
+}
+
+/// A nested fallback policy: default admission (the owning policy checks the engine
+/// it returns).
+fn fallback(
+    kind: StickyFallback,
+    seed: Option<u64>,
+    load: &Arc<EngineReportedLoadTable>,
+) -> Arc<dyn Policy> {
+    let load = Arc::clone(load);
+    let admission: Arc<dyn EngineAdmission> = Arc::new(AdmissionLimits::default());
+    match (kind, seed) {
+        (StickyFallback::RoundRobin, _) => Arc::new(RoundRobinPolicy::new(load, admission)),
+        (StickyFallback::Random, Some(seed)) => {
+            Arc::new(RandomPolicy::with_seed(load, admission, seed))
+        }
+        (StickyFallback::Random, None) => Arc::new(RandomPolicy::new(load, admission)),
+        (StickyFallback::PowerOfTwo, Some(seed)) => {
+            Arc::new(PowerOfTwoPolicy::with_seed(load, admission, seed))
+        }
+        (StickyFallback::PowerOfTwo, None) => Arc::new(PowerOfTwoPolicy::new(load, admission)),
+        (StickyFallback::LoadBased, _) => Arc::new(LeastLoadPolicy::new(load, admission)),
+    }
 }

@@ -1,135 +1,133 @@
 //! Policy configuration (serde + JSON Schema) and construction.
 
+use std::fmt;
 use std::sync::Arc;
 
+use router_state::affinity::AffinityStore;
 use router_state::{EngineReportedLoadTable, Role};
 use schemars::JsonSchema;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use router_state::affinity::AffinityStore;
-
 use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::affinity::{SessionAwarePolicy, StickyPolicy};
+use crate::affinity::{SessionAwareConfig, StickyConfig};
 use crate::cache::CacheSource;
-use crate::cache_aware::{CacheAwareConfig, CacheAwarePolicy};
+use crate::cache_aware::CacheAwareConfig;
 use crate::dropped::{dropped_option, dropped_policy_type};
-use crate::least_load::LeastLoadPolicy;
+use crate::least_load::LoadBasedConfig;
 use crate::policy::Policy;
-use crate::power_of_two::PowerOfTwoPolicy;
-use crate::random::RandomPolicy;
-use crate::round_robin::RoundRobinPolicy;
+use crate::power_of_two::PowerOfTwoConfig;
+use crate::random::RandomConfig;
+use crate::round_robin::RoundRobinConfig;
 
-/// A role group's policy, selected by `type`.
-///
-/// ```yaml
-/// policy: {type: power_of_two, admission: {max_running_requests: 64}}
-/// ```
-/// Unknown fields are errors, and removed options are rejected with the name of their
-/// replacement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(remote = "Self", tag = "type", rename_all = "snake_case")]
-pub enum PolicyConfig {
+/// A policy type's settings: the caps it applies, what it needs and how it is built.
+/// Each policy's file implements it for the policy's settings; registering the type
+/// is one line in the `policy_types!` list below, which names it and gives it its
+/// place in the configuration, its schema and its documentation.
+pub trait PolicySettings: fmt::Debug + Send + Sync {
+    /// The per-engine caps; the policy checks them where its algorithm needs to.
+    fn admission(&self) -> &AdmissionLimits;
+
+    /// The per-engine caps, for editing.
+    fn admission_mut(&mut self) -> &mut AdmissionLimits;
+
+    /// Checks the settings beyond the caps (by default there are none).
+    ///
+    /// # Errors
+    /// The first invalid setting.
+    fn validate(&self) -> Result<(), PolicyConfigError> {
+        Ok(())
+    }
+
+    /// Checks that the policy can pick engines of `role` (by default, every role).
+    ///
+    /// # Errors
+    /// A role the policy cannot pick for.
+    fn check_role(&self, role: Role) -> Result<(), PolicyConfigError> {
+        let _ = role;
+        Ok(())
+    }
+
+    /// Whether the policy reads prefix ownership (and so needs token ids and a prefix
+    /// source).
+    fn needs_prefix_source(&self) -> bool {
+        false
+    }
+
+    /// Whether the policy binds keys (and so needs the affinity store).
+    fn needs_affinity_store(&self) -> bool {
+        false
+    }
+
+    /// Builds the policy around the shared `handles`, with `admission` made from its
+    /// caps.
+    ///
+    /// # Errors
+    /// State the policy needs is missing from `handles`.
+    fn build(
+        &self,
+        admission: Arc<dyn EngineAdmission>,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError>;
+}
+
+/// Declares the policy types: `PolicyConfig` with one variant each, its `type` names
+/// and the dispatch to each type's [`PolicySettings`].
+macro_rules! policy_types {
+    ($( $(#[$doc:meta])* $variant:ident($settings:ty) = $name:literal, )+) => {
+        /// A role group's policy, selected by `type`.
+        ///
+        /// ```yaml
+        /// policy: {type: power_of_two, admission: {max_running_requests: 64}}
+        /// ```
+        /// Unknown fields are errors, and removed options are rejected with the name of
+        /// their replacement.
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+        #[serde(remote = "Self", tag = "type")]
+        pub enum PolicyConfig {
+            $( $(#[$doc])* #[serde(rename = $name)] $variant($settings), )+
+        }
+
+        impl PolicyConfig {
+            /// The `type` name.
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $( PolicyConfig::$variant(_) => $name, )+
+                }
+            }
+
+            /// The settings of the policy's type.
+            pub fn settings(&self) -> &dyn PolicySettings {
+                match self {
+                    $( PolicyConfig::$variant(settings) => settings, )+
+                }
+            }
+
+            /// The settings of the policy's type, for editing.
+            pub fn settings_mut(&mut self) -> &mut dyn PolicySettings {
+                match self {
+                    $( PolicyConfig::$variant(settings) => settings, )+
+                }
+            }
+        }
+    };
+}
+
+policy_types! {
     /// Rotate over the candidates.
-    RoundRobin(RoundRobinConfig),
+    RoundRobin(RoundRobinConfig) = "round_robin",
     /// Choose uniformly at random.
-    Random(RandomConfig),
+    Random(RandomConfig) = "random",
     /// Sample two candidates and keep the one under lower stage pressure.
-    PowerOfTwo(PowerOfTwoConfig),
+    PowerOfTwo(PowerOfTwoConfig) = "power_of_two",
     /// Choose the least loaded candidate.
-    LoadBased(LoadBasedConfig),
+    LoadBased(LoadBasedConfig) = "load_based",
     /// Prefer an engine holding the prompt's prefix (plain and prefill groups only).
-    CacheAware(CacheAwareConfig),
+    CacheAware(CacheAwareConfig) = "cache_aware",
     /// Keep a session on its engine; power-of-two for new and keyless sessions.
-    SessionAware(SessionAwareConfig),
+    SessionAware(SessionAwareConfig) = "session_aware",
     /// Keep a routing key on its engine; a configurable fallback otherwise.
-    Sticky(StickyConfig),
-}
-
-/// Settings of `session_aware`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SessionAwareConfig {
-    /// Per-engine caps, checked on the bound engine and on the fallback's engine
-    /// before binding.
-    #[serde(default)]
-    pub admission: AdmissionLimits,
-    /// Fixed seed of the power-of-two fallback; absent = seeded per process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-}
-
-/// Settings of `sticky`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StickyConfig {
-    /// Per-engine caps, checked on the bound engine and on the fallback's engine
-    /// before binding.
-    #[serde(default)]
-    pub admission: AdmissionLimits,
-    /// The policy for new and keyless routing keys (run with default admission).
-    #[serde(default)]
-    pub fallback: StickyFallback,
-    /// Fixed seed of a sampling fallback; absent = seeded per process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-}
-
-/// The fallback of `sticky`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum StickyFallback {
-    /// The next engine in rotation.
-    #[default]
-    RoundRobin,
-    /// A uniformly random engine.
-    Random,
-    /// The less pressured of two samples.
-    PowerOfTwo,
-    /// The least loaded engine.
-    LoadBased,
-}
-
-/// Settings of `round_robin`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RoundRobinConfig {
-    /// Per-engine caps.
-    #[serde(default)]
-    pub admission: AdmissionLimits,
-}
-
-/// Settings of `random`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RandomConfig {
-    /// Per-engine caps.
-    #[serde(default)]
-    pub admission: AdmissionLimits,
-    /// Fixed seed for reproducible choices; absent = seeded per process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-}
-
-/// Settings of `power_of_two`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PowerOfTwoConfig {
-    /// Per-engine caps, checked once on the chosen engine.
-    #[serde(default)]
-    pub admission: AdmissionLimits,
-    /// Fixed seed for reproducible sampling; absent = seeded per process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-}
-
-/// Settings of `load_based`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LoadBasedConfig {
-    /// Per-engine caps.
-    #[serde(default)]
-    pub admission: AdmissionLimits,
+    Sticky(StickyConfig) = "sticky",
 }
 
 impl<'de> Deserialize<'de> for PolicyConfig {
@@ -239,43 +237,14 @@ impl PolicyHandles {
 }
 
 impl PolicyConfig {
-    /// The `type` name.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            PolicyConfig::RoundRobin(_) => "round_robin",
-            PolicyConfig::Random(_) => "random",
-            PolicyConfig::PowerOfTwo(_) => "power_of_two",
-            PolicyConfig::LoadBased(_) => "load_based",
-            PolicyConfig::CacheAware(_) => "cache_aware",
-            PolicyConfig::SessionAware(_) => "session_aware",
-            PolicyConfig::Sticky(_) => "sticky",
-        }
-    }
-
     /// The admission caps the policy applies.
     pub fn admission(&self) -> &AdmissionLimits {
-        match self {
-            PolicyConfig::RoundRobin(c) => &c.admission,
-            PolicyConfig::Random(c) => &c.admission,
-            PolicyConfig::PowerOfTwo(c) => &c.admission,
-            PolicyConfig::LoadBased(c) => &c.admission,
-            PolicyConfig::CacheAware(c) => &c.admission,
-            PolicyConfig::SessionAware(c) => &c.admission,
-            PolicyConfig::Sticky(c) => &c.admission,
-        }
+        self.settings().admission()
     }
 
     /// The admission caps the policy applies, for editing.
     pub fn admission_mut(&mut self) -> &mut AdmissionLimits {
-        match self {
-            PolicyConfig::RoundRobin(c) => &mut c.admission,
-            PolicyConfig::Random(c) => &mut c.admission,
-            PolicyConfig::PowerOfTwo(c) => &mut c.admission,
-            PolicyConfig::LoadBased(c) => &mut c.admission,
-            PolicyConfig::CacheAware(c) => &mut c.admission,
-            PolicyConfig::SessionAware(c) => &mut c.admission,
-            PolicyConfig::Sticky(c) => &mut c.admission,
-        }
+        self.settings_mut().admission_mut()
     }
 
     /// Checks the settings without building anything.
@@ -283,10 +252,8 @@ impl PolicyConfig {
     /// # Errors
     /// The first invalid setting.
     pub fn validate(&self) -> Result<(), PolicyConfigError> {
-        match self {
-            PolicyConfig::CacheAware(c) => c.validate(),
-            _ => self.admission().validate(),
-        }
+        self.admission().validate()?;
+        self.settings().validate()
     }
 
     /// Checks the settings and that the policy can serve a group of `role`.
@@ -294,28 +261,19 @@ impl PolicyConfig {
     /// # Errors
     /// The first invalid setting, or a role the policy cannot pick for.
     pub fn validate_for(&self, role: Role) -> Result<(), PolicyConfigError> {
-        if matches!(self, PolicyConfig::CacheAware(_)) && role == Role::Decode {
-            return Err(PolicyConfigError::WrongRole {
-                policy: "cache_aware",
-                role,
-                hint: ": a decode engine receives its prompt's KV from the prefill engine, so attach power_of_two or load_based to decode groups",
-            });
-        }
+        self.settings().check_role(role)?;
         self.validate()
     }
 
     /// Whether the policy reads prefix ownership (and so needs token ids and a
     /// prefix source).
     pub fn needs_prefix_source(&self) -> bool {
-        matches!(self, PolicyConfig::CacheAware(_))
+        self.settings().needs_prefix_source()
     }
 
     /// Whether the policy binds keys (and so needs the affinity store).
     pub fn needs_affinity_store(&self) -> bool {
-        matches!(
-            self,
-            PolicyConfig::SessionAware(_) | PolicyConfig::Sticky(_)
-        )
+        self.settings().needs_affinity_store()
     }
 
     /// Validates and builds the policy for a group of `role` around the shared
@@ -329,73 +287,7 @@ impl PolicyConfig {
         handles: &PolicyHandles,
     ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
         self.validate_for(role)?;
-        let load = Arc::clone(&handles.load);
-        let admission: Arc<dyn EngineAdmission> = Arc::new(*self.admission());
-        Ok(match self {
-            PolicyConfig::RoundRobin(_) => Arc::new(RoundRobinPolicy::new(load, admission)),
-            PolicyConfig::Random(c) => match c.seed {
-                Some(seed) => Arc::new(RandomPolicy::with_seed(load, admission, seed)),
-                None => Arc::new(RandomPolicy::new(load, admission)),
-            },
-            PolicyConfig::PowerOfTwo(c) => match c.seed {
-                Some(seed) => Arc::new(PowerOfTwoPolicy::with_seed(load, admission, seed)),
-                None => Arc::new(PowerOfTwoPolicy::new(load, admission)),
-            },
-            PolicyConfig::LoadBased(_) => Arc::new(LeastLoadPolicy::new(load, admission)),
-            PolicyConfig::CacheAware(c) => {
-                let source = handles.prefix.clone().ok_or(PolicyConfigError::MissingState {
-                    policy: "cache_aware",
-                    needs: "the model's prefix index: set the model's tokenizer (prompts are hashed by token ids) and serve it with engines that publish KV events",
-                })?;
-                Arc::new(CacheAwarePolicy::new(source, load, admission, c.clone())?)
-            }
-            PolicyConfig::SessionAware(c) => {
-                let store = affinity_store(handles, "session_aware")?;
-                let fallback = fallback(StickyFallback::PowerOfTwo, c.seed, &load);
-                Arc::new(SessionAwarePolicy::new(store, load, admission, fallback))
-            }
-            PolicyConfig::Sticky(c) => {
-                let store = affinity_store(handles, "sticky")?;
-                let fallback = fallback(c.fallback, c.seed, &load);
-                Arc::new(StickyPolicy::new(store, load, admission, fallback))
-            }
-        })
-    }
-}
-
-fn affinity_store(
-    handles: &PolicyHandles,
-    policy: &'static str,
-) -> Result<Arc<AffinityStore>, PolicyConfigError> {
-    handles
-        .affinity
-        .clone()
-        .ok_or(PolicyConfigError::MissingState {
-            policy,
-            needs: "the router's affinity store",
-        })
-}
-
-/// A nested fallback policy: default admission (the owning policy checks the engine
-/// it returns).
-fn fallback(
-    kind: StickyFallback,
-    seed: Option<u64>,
-    load: &Arc<EngineReportedLoadTable>,
-) -> Arc<dyn Policy> {
-    let load = Arc::clone(load);
-    let admission: Arc<dyn EngineAdmission> = Arc::new(AdmissionLimits::default());
-    match (kind, seed) {
-        (StickyFallback::RoundRobin, _) => Arc::new(RoundRobinPolicy::new(load, admission)),
-        (StickyFallback::Random, Some(seed)) => {
-            Arc::new(RandomPolicy::with_seed(load, admission, seed))
-        }
-        (StickyFallback::Random, None) => Arc::new(RandomPolicy::new(load, admission)),
-        (StickyFallback::PowerOfTwo, Some(seed)) => {
-            Arc::new(PowerOfTwoPolicy::with_seed(load, admission, seed))
-        }
-        (StickyFallback::PowerOfTwo, None) => Arc::new(PowerOfTwoPolicy::new(load, admission)),
-        (StickyFallback::LoadBased, _) => Arc::new(LeastLoadPolicy::new(load, admission)),
+        self.settings().build(Arc::new(*self.admission()), handles)
     }
 }
 

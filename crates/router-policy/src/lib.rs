@@ -53,22 +53,21 @@ mod round_robin;
 mod walk;
 
 pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
-pub use affinity::{SessionAwarePolicy, StickyPolicy};
+pub use affinity::{
+    SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback, StickyPolicy,
+};
 pub use cache::{
     CacheLookup, CacheQueryError, CacheSource, LocalCacheSource, PrefixHits, PrefixMemo,
 };
 pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy, CandidateBounds, PressureGuard, Real};
-pub use config::{
-    LoadBasedConfig, PolicyConfig, PolicyConfigError, PolicyHandles, PowerOfTwoConfig,
-    RandomConfig, RoundRobinConfig, SessionAwareConfig, StickyConfig, StickyFallback,
-};
+pub use config::{PolicyConfig, PolicyConfigError, PolicyHandles, PolicySettings};
 pub use config_error::ConfigError;
 pub use dropped::{
     DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,
 };
 pub use error::{LimitExceeded, PickError, Rejection};
-pub use least_load::LeastLoadPolicy;
+pub use least_load::{LeastLoadPolicy, LoadBasedConfig};
 pub use policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
-pub use power_of_two::PowerOfTwoPolicy;
-pub use random::RandomPolicy;
-pub use round_robin::RoundRobinPolicy;
+pub use power_of_two::{PowerOfTwoConfig, PowerOfTwoPolicy};
+pub use random::{RandomConfig, RandomPolicy};
+pub use round_robin::{RoundRobinConfig, RoundRobinPolicy};

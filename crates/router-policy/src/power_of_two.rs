@@ -5,7 +5,11 @@ use std::sync::Arc;
 
 use router_state::{Engine, EngineReportedLoadTable};
 
-use crate::admission::{EngineAdmission, admit};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{AdmissionLimits, EngineAdmission, admit};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
 use crate::error::PickError;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 use crate::pressure::{Basis, compare};
@@ -96,5 +100,39 @@ impl Policy for PowerOfTwoPolicy {
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))
+    }
+}
+
+/// Settings of `power_of_two`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PowerOfTwoConfig {
+    /// Per-engine caps, checked once on the chosen engine.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+    /// Fixed seed for reproducible sampling; absent = seeded per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+impl PolicySettings for PowerOfTwoConfig {
+    fn admission(&self) -> &AdmissionLimits {
+        &self.admission
+    }
+
+    fn admission_mut(&mut self) -> &mut AdmissionLimits {
+        &mut self.admission
+    }
+
+    fn build(
+        &self,
+        admission: Arc<dyn EngineAdmission>,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
+        let load = Arc::clone(&handles.load);
+        Ok(match self.seed {
+            Some(seed) => Arc::new(PowerOfTwoPolicy::with_seed(load, admission, seed)),
+            None => Arc::new(PowerOfTwoPolicy::new(load, admission)),
+        })
     }
 }

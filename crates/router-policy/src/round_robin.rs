@@ -5,7 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use router_state::{Engine, EngineReportedLoadTable};
 
-use crate::admission::EngineAdmission;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
 use crate::error::PickError;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 use crate::walk::first_admitted;
@@ -67,5 +71,35 @@ impl Policy for RoundRobinPolicy {
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))
+    }
+}
+
+/// Settings of `round_robin`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoundRobinConfig {
+    /// Per-engine caps.
+    #[serde(default)]
+    pub admission: AdmissionLimits,
+}
+
+impl PolicySettings for RoundRobinConfig {
+    fn admission(&self) -> &AdmissionLimits {
+        &self.admission
+    }
+
+    fn admission_mut(&mut self) -> &mut AdmissionLimits {
+        &mut self.admission
+    }
+
+    fn build(
+        &self,
+        admission: Arc<dyn EngineAdmission>,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
+        Ok(Arc::new(RoundRobinPolicy::new(
+            Arc::clone(&handles.load),
+            admission,
+        )))
     }
 }

@@ -3,8 +3,14 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::admission::AdmissionLimits;
-use crate::config::PolicyConfigError;
+use std::sync::Arc;
+
+use router_state::Role;
+
+use super::CacheAwarePolicy;
+use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
+use crate::policy::Policy;
 
 /// A finite real number from configuration (ratios, factors). Compares by value;
 /// non-finite values are refused when the configuration is validated.
@@ -225,5 +231,51 @@ impl CacheAwareConfig {
             return invalid("min_load_choices", "must be at least 1");
         }
         Ok(())
+    }
+}
+
+impl PolicySettings for CacheAwareConfig {
+    fn admission(&self) -> &AdmissionLimits {
+        &self.admission
+    }
+
+    fn admission_mut(&mut self) -> &mut AdmissionLimits {
+        &mut self.admission
+    }
+
+    fn validate(&self) -> Result<(), PolicyConfigError> {
+        CacheAwareConfig::validate(self)
+    }
+
+    fn check_role(&self, role: Role) -> Result<(), PolicyConfigError> {
+        if role == Role::Decode {
+            return Err(PolicyConfigError::WrongRole {
+                policy: "cache_aware",
+                role,
+                hint: ": a decode engine receives its prompt's KV from the prefill engine, so attach power_of_two or load_based to decode groups",
+            });
+        }
+        Ok(())
+    }
+
+    fn needs_prefix_source(&self) -> bool {
+        true
+    }
+
+    fn build(
+        &self,
+        admission: Arc<dyn EngineAdmission>,
+        handles: &PolicyHandles,
+    ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
+        let source = handles.prefix.clone().ok_or(PolicyConfigError::MissingState {
+            policy: "cache_aware",
+            needs: "the model's prefix index: set the model's tokenizer (prompts are hashed by token ids) and serve it with engines that publish KV events",
+        })?;
+        Ok(Arc::new(CacheAwarePolicy::new(
+            source,
+            Arc::clone(&handles.load),
+            admission,
+            self.clone(),
+        )?))
     }
 }
