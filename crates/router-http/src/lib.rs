@@ -46,4 +46,4 @@ pub use config::{
 pub use error::ApiError;
 pub use router_policy::ConfigError;
 pub use server::{RunningRouter, start, start_validated};
-pub use tokenize::ChatTokenizer;
+pub use tokenize::{ChatTokenizer, TokenizerError};

@@ -1,10 +1,29 @@
 //! Prompt tokenization with a model's `tokenizer.json` and chat template, rendered as
 //! Hugging Face transformers renders it (what SGLang and vLLM use).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use minijinja::{Environment, ErrorKind, context};
 use serde_json::Value;
+
+/// Why a model's tokenizer could not be loaded: the file at fault and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", file.display())]
+pub struct TokenizerError {
+    /// `tokenizer.json`, or the `tokenizer_config.json` beside it.
+    pub file: PathBuf,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl TokenizerError {
+    fn at(file: &Path, problem: impl std::fmt::Display) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            problem: problem.to_string(),
+        }
+    }
+}
 
 /// A model's tokenizer and chat template, loaded once at startup.
 #[derive(Debug)]
@@ -19,15 +38,14 @@ impl ChatTokenizer {
     /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it.
     ///
     /// # Errors
-    /// A message naming the file at fault.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let tokenizer = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+    /// The file at fault and what is wrong with it.
+    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::at(path, e))?;
         let config_path = path.with_file_name("tokenizer_config.json");
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|e| format!("{}: {e}", config_path.display()))?;
-        let config: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config_path.display()))?;
+        let at_config = |e: &dyn std::fmt::Display| TokenizerError::at(&config_path, e);
+        let text = std::fs::read_to_string(&config_path).map_err(|e| at_config(&e))?;
+        let config: Value = serde_json::from_str(&text).map_err(|e| at_config(&e))?;
         let template = match &config["chat_template"] {
             Value::String(t) => t.clone(),
             Value::Array(named) => named
@@ -35,8 +53,8 @@ impl ChatTokenizer {
                 .find(|t| t["name"] == "default")
                 .and_then(|t| t["template"].as_str())
                 .map(str::to_owned)
-                .ok_or_else(|| format!("{}: no default chat template", config_path.display()))?,
-            _ => return Err(format!("{}: no chat_template", config_path.display())),
+                .ok_or_else(|| at_config(&"no default chat template"))?,
+            _ => return Err(at_config(&"no chat_template")),
         };
         let special = |key: &str| match &config[key] {
             Value::String(s) => s.clone(),
@@ -54,7 +72,7 @@ impl ChatTokenizer {
             },
         );
         env.add_template_owned("chat", template)
-            .map_err(|e| format!("{}: chat template: {e}", config_path.display()))?;
+            .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
         Ok(Self {
             tokenizer,
             template: env,
@@ -118,10 +136,11 @@ mod tests {
             [1, 2, 4, 5, 3],
             "<s> <|user|> hello world <|assistant|>"
         );
+        let missing = ChatTokenizer::load(Path::new("/missing/tokenizer.json")).unwrap_err();
+        assert_eq!(missing.file, Path::new("/missing/tokenizer.json"));
         assert!(
-            ChatTokenizer::load(Path::new("/missing/tokenizer.json"))
-                .unwrap_err()
-                .starts_with("/missing/tokenizer.json")
+            missing.to_string().starts_with("/missing/tokenizer.json: "),
+            "{missing}"
         );
     }
 }
