@@ -3,7 +3,8 @@
 //! the prebuilt peer routers from PyPI, in alternating rounds, with wrk.
 //!
 //! Options: `--rounds N` (3), `--duration SECONDS` (5), `--concurrency 1,32,128`,
-//! `--no-peers`.
+//! `--no-peers`, `--baseline PATH` (another switchyard binary, say the previous
+//! commit's, measured beside this one in the same rounds).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -28,7 +29,11 @@ struct Options {
     duration: u64,
     concurrency: Vec<u32>,
     peers: bool,
+    baseline: Option<PathBuf>,
 }
+
+/// The name the baseline binary is reported under.
+const BASELINE: &str = "switchyard (baseline)";
 
 fn options(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
@@ -36,6 +41,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
         duration: 5,
         concurrency: vec![1, 32, 128],
         peers: true,
+        baseline: None,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -50,6 +56,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
                     .collect::<Result<_, _>>()?
             }
             "--no-peers" => options.peers = false,
+            "--baseline" => options.baseline = Some(value()?.into()),
             other => bail!("unknown option {other}"),
         }
     }
@@ -140,23 +147,34 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let mut passthrough = Command::new(release.join("passthrough"));
     passthrough.args([format!("127.0.0.1:{port}"), engine_url.clone()]);
     targets.push(start(passthrough, "pass-through", port)?);
+    let serve = |binary: &Path, port: u16| {
+        let mut command = Command::new(binary);
+        command
+            .args([
+                "serve",
+                "--model",
+                "sim-model",
+                "--policy",
+                "round_robin",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .args(["--worker-urls", &engine_url])
+            .env("RUST_LOG", "warn");
+        command
+    };
     let port = free_port()?;
-    let mut switchyard = Command::new(release.join("switchyard"));
-    switchyard
-        .args([
-            "serve",
-            "--model",
-            "sim-model",
-            "--policy",
-            "round_robin",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .args(["--worker-urls", &engine_url])
-        .env("RUST_LOG", "warn");
-    targets.push(start(switchyard, "switchyard", port)?);
+    targets.push(start(
+        serve(&release.join("switchyard"), port),
+        "switchyard",
+        port,
+    )?);
+    if let Some(baseline) = &options.baseline {
+        let port = free_port()?;
+        targets.push(start(serve(baseline, port), BASELINE, port)?);
+    }
     if options.peers {
         for (peer, version) in PEERS {
             let python = peer_venv(root, peer, version)?;
@@ -434,7 +452,9 @@ fn print_report(
             let direct_p50 = stat("direct", |s| Some(s.p50_us)).unwrap_or(f64::NAN);
             let best_peer = targets
                 .iter()
-                .filter(|t| !["direct", "pass-through", "switchyard"].contains(&t.name.as_str()))
+                .filter(|t| {
+                    !["direct", "pass-through", "switchyard", BASELINE].contains(&t.name.as_str())
+                })
                 .filter_map(|t| stat(&t.name, |s| Some(s.requests_per_sec)))
                 .fold(f64::NAN, f64::max);
             println!("{kind}, concurrency {c}\n");

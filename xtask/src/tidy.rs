@@ -321,6 +321,15 @@ mod tests {
                 "router-upstream depends on router-fleet: it may depend only on router-state",
             ]
         );
+        let itself = check_dependencies(&workspace(package(
+            "router-policy",
+            &[("router-policy", Some("build"))],
+        )));
+        assert_eq!(
+            itself,
+            ["router-policy depends on router-policy: it may depend only on router-state"],
+            "a crate may not depend on itself"
+        );
         let fleet = check_dependencies(&workspace(package(
             "router-fleet",
             &[("router-http", None), ("router-buckets", None)],

@@ -140,7 +140,7 @@ fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
     };
     let mut engines = Vec::new();
     for (i, url) in args.worker_urls.iter().enumerate() {
-        engines.push(engine(format!("engine-{i}"), url, EngineRole::Plain, None));
+        engines.push(engine(format!("worker-{i}"), url, EngineRole::Plain, None));
     }
     for (i, chunk) in prefill_pairs(&args.prefill)?.into_iter().enumerate() {
         engines.push(engine(
@@ -280,7 +280,11 @@ mod tests {
             .iter()
             .map(|e| e.id.as_str())
             .collect();
-        assert_eq!(ids, ["engine-0", "engine-1"]);
+        assert_eq!(
+            ids,
+            ["worker-0", "worker-1"],
+            "named after the flag, as peer routers name them"
+        );
     }
 
     #[test]

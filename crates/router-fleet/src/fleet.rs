@@ -9,6 +9,7 @@ use parking_lot::{Mutex, RwLock};
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
 use router_state::{
     Engine, EngineId, EngineRegistry, EngineReportedLoadTable, FeedHandle, FeedStats, Health,
+    RegistryError, RegistrySnapshot,
 };
 use router_upstream::{ServerInfo, Upstream, authority, check_engine_url};
 use tokio::task::JoinHandle;
@@ -29,7 +30,7 @@ pub enum FleetEvent {
     Removed(Arc<Engine>),
 }
 
-type Observer = Box<dyn Fn(&FleetEvent) + Send + Sync>;
+type Observer = Arc<dyn Fn(&FleetEvent) + Send + Sync>;
 
 /// What the fleet keeps per engine beyond the registry.
 #[derive(Debug)]
@@ -55,14 +56,15 @@ pub struct Fleet {
     engines: Mutex<HashMap<EngineId, Runtime>>,
     /// Each engine's `host:port`, parsed once.
     authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
-    observers: RwLock<Vec<Observer>>,
+    /// Called without any lock held, so an observer may call back into the fleet.
+    observers: ArcSwap<Vec<Observer>>,
 }
 
 impl std::fmt::Debug for Fleet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fleet")
             .field("engines", &self.registry.snapshot().len())
-            .field("observers", &self.observers.read().len())
+            .field("observers", &self.observers.load().len())
             .finish_non_exhaustive()
     }
 }
@@ -85,23 +87,18 @@ impl Fleet {
             prefix_indexes: RwLock::default(),
             engines: Mutex::default(),
             authorities: ArcSwap::default(),
-            observers: RwLock::default(),
+            observers: ArcSwap::default(),
         }
     }
 
-    /// The engine registry candidate sets are built from.
-    pub fn registry(&self) -> &Arc<EngineRegistry> {
-        &self.registry
+    /// The engines now: what candidate sets are built from.
+    pub fn snapshot(&self) -> Arc<RegistrySnapshot> {
+        self.registry.snapshot()
     }
 
     /// The engine load table.
     pub fn load(&self) -> &Arc<EngineReportedLoadTable> {
         &self.load
-    }
-
-    /// The client engines are reached with.
-    pub fn upstream(&self) -> &Upstream {
-        &self.upstream
     }
 
     /// Counters of the load-feed subscribers.
@@ -138,45 +135,77 @@ impl Fleet {
 
     /// Calls `observer` with every change from now on, before `apply` returns.
     pub fn on_change(&self, observer: impl Fn(&FleetEvent) + Send + Sync + 'static) {
-        self.observers.write().push(Box::new(observer));
+        let observer: Observer = Arc::new(observer);
+        self.observers.rcu(|observers| {
+            let mut next = Vec::clone(observers);
+            next.push(Arc::clone(&observer));
+            next
+        });
     }
 
     fn notify(&self, event: &FleetEvent) {
-        for observer in self.observers.read().iter() {
+        for observer in self.observers.load_full().iter() {
             observer(event);
         }
     }
 
-    /// Applies one change and returns the engine added or removed. An upsert reads
-    /// the engine's `/server_info` first (up to three attempts): an engine that does
-    /// not answer joins unhealthy, with feeds started once it answers probes. An
-    /// upsert of a known id replaces that engine.
+    /// Applies one change and returns the engine added, replaced or removed.
+    ///
+    /// Adding or upserting reads the engine's `/server_info` first (up to three
+    /// attempts): an engine that does not answer joins unhealthy, with its feeds
+    /// started once it answers probes. An upsert of an engine whose spec is
+    /// unchanged changes nothing; with a changed spec, the new engine takes the old
+    /// one's place in one step (no snapshot lacks the id), and what was known of the
+    /// old one (load reports, health, feeds, cache entries, bindings) is dropped.
     ///
     /// # Errors
     /// See [`FleetError`]; nothing changed.
     pub async fn apply(&self, change: Change) -> Result<Arc<Engine>, FleetError> {
         match change {
-            Change::Upsert(spec) => {
-                check_engine_url(&spec.url)?;
-                if spec.id.as_str().is_empty() || spec.model.is_empty() {
-                    return Err(FleetError::Empty);
+            Change::Add(spec) => {
+                check(&spec)?;
+                if self.registry.snapshot().get(spec.id.as_str()).is_some() {
+                    return Err(RegistryError::DuplicateId { id: spec.id }.into());
                 }
                 let info = self.upstream.server_info(&spec.url).await;
-                if self.registry.snapshot().get(spec.id.as_str()).is_some() {
-                    self.remove(&spec.id)?;
+                self.join(spec, info, false)
+            }
+            Change::Upsert(spec) => {
+                check(&spec)?;
+                if let Some(engine) = self.unchanged(&spec) {
+                    return Ok(engine);
                 }
-                let engine = self.register(spec, info)?;
-                self.notify(&FleetEvent::Added(Arc::clone(&engine)));
+                let info = self.upstream.server_info(&spec.url).await;
+                self.join(spec, info, true)
+            }
+            Change::Remove(id) => {
+                let engine = self.registry.remove(id.as_str())?;
+                self.forget(&engine);
+                self.notify(&FleetEvent::Removed(Arc::clone(&engine)));
                 Ok(engine)
             }
-            Change::Remove(id) => self.remove(&id),
         }
     }
 
-    fn register(
+    /// The registered engine of `spec` when it was registered from the same spec.
+    fn unchanged(&self, spec: &EngineSpec) -> Option<Arc<Engine>> {
+        let same = self
+            .engines
+            .lock()
+            .get(&spec.id)
+            .is_some_and(|runtime| runtime.spec == *spec);
+        same.then(|| self.registry.snapshot().get(spec.id.as_str()).cloned())
+            .flatten()
+    }
+
+    /// Registers the engine of `spec` with what introspection found (configured
+    /// values win), replacing the one with its id when `replace` is set, and starts
+    /// its feeds. Everything that can fail happens before anything changes.
+    fn join(
         &self,
         spec: EngineSpec,
         info: Option<ServerInfo>,
+        replace: bool,
     ) -> Result<Arc<Engine>, FleetError> {
         let known = info.clone().unwrap_or_default();
         let role = spec.role.or(known.role).ok_or(FleetError::UnknownRole {
@@ -195,12 +224,20 @@ impl Fleet {
             engine = engine.with_bootstrap_port(port);
         }
         let healthy = info.is_some();
-        let health = if healthy {
+        let engine = engine.with_health(if healthy {
             Health::Healthy
         } else {
             Health::Unhealthy
+        });
+        let replaced = if replace {
+            self.registry.replace(engine)?
+        } else {
+            self.registry.add(engine)?;
+            None
         };
-        self.registry.add(engine.with_health(health))?;
+        if let Some(old) = &replaced {
+            self.forget(old);
+        }
         let id = spec.id.clone();
         self.load.register(&id, dp_size);
         self.health.insert(id.clone(), healthy);
@@ -220,13 +257,17 @@ impl Fleet {
                 _feeds: feeds,
             },
         );
-        self.registry
+        let engine = self
+            .registry
             .snapshot()
             .get(id.as_str())
             .cloned()
-            .ok_or(FleetError::Registry(
-                router_state::RegistryError::UnknownEngine { id },
-            ))
+            .ok_or(RegistryError::UnknownEngine { id })?;
+        if let Some(old) = replaced {
+            self.notify(&FleetEvent::Removed(old));
+        }
+        self.notify(&FleetEvent::Added(Arc::clone(&engine)));
+        Ok(engine)
     }
 
     fn start_feeds(
@@ -243,10 +284,10 @@ impl Fleet {
         feeds
     }
 
-    /// Removes an engine: it leaves every candidate set, its load reports, feeds and
-    /// cache entries are dropped; requests already dispatched to it finish.
-    fn remove(&self, id: &EngineId) -> Result<Arc<Engine>, FleetError> {
-        let engine = self.registry.remove(id.as_str())?;
+    /// Drops what the fleet keeps of an engine that left the registry: its load
+    /// reports, health, feeds, cache entries and address. Requests already
+    /// dispatched to it finish.
+    fn forget(&self, engine: &Engine) {
         self.load.unregister(engine.id());
         self.health.remove(engine.id());
         // Stop the engine's subscribers before dropping its cache entries.
@@ -259,8 +300,6 @@ impl Fleet {
             next.remove(engine.id());
             next
         });
-        self.notify(&FleetEvent::Removed(Arc::clone(&engine)));
-        Ok(engine)
     }
 
     /// The engine's `host:port`.
@@ -331,7 +370,11 @@ impl Fleet {
             return;
         };
         let feeds = self.start_feeds(&spec, engine.dp_size(), Some(&info));
-        if let Some(runtime) = self.engines.lock().get_mut(engine.id()) {
+        // The engine may have been replaced or removed meanwhile: its feeds then
+        // belong to nobody and stop when dropped here.
+        if let Some(runtime) = self.engines.lock().get_mut(engine.id())
+            && runtime.spec == spec
+        {
             runtime.introspected = true;
             runtime._feeds = feeds;
         }
@@ -361,4 +404,13 @@ impl Drop for HealthChecks {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// What every added or upserted spec must satisfy before the engine is contacted.
+fn check(spec: &EngineSpec) -> Result<(), FleetError> {
+    check_engine_url(&spec.url)?;
+    if spec.id.as_str().is_empty() || spec.model.is_empty() {
+        return Err(FleetError::Empty);
+    }
+    Ok(())
 }

@@ -63,7 +63,7 @@ fn family<M: EncodeMetric>(
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let fleet = &self.0;
-        let snapshot = fleet.registry().snapshot();
+        let snapshot = fleet.snapshot();
         let load = fleet.load().snapshot();
         let engines: Vec<_> = snapshot.engines().collect();
         let id = |e: &&Arc<router_state::Engine>| e.id().to_string();

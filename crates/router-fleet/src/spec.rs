@@ -49,23 +49,6 @@ impl EngineSpec {
         self.role = role;
         self
     }
-
-    /// With declared ports and ranks (each `None` leaves it to `/server_info`).
-    pub fn with_ports(
-        mut self,
-        bootstrap_port: Option<u16>,
-        dp_size: Option<u32>,
-        load_port: Option<u16>,
-        kv_port: Option<u16>,
-        kv_replay_port: Option<u16>,
-    ) -> Self {
-        self.bootstrap_port = bootstrap_port;
-        self.dp_size = dp_size;
-        self.load_port = load_port;
-        self.kv_port = kv_port;
-        self.kv_replay_port = kv_replay_port;
-        self
-    }
 }
 
 /// A change to the set of engines. Static configuration, the admin API and, later,
@@ -73,7 +56,10 @@ impl EngineSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Change {
-    /// Add the engine, or replace the one with its id.
+    /// Add the engine; refused when its id is taken.
+    Add(EngineSpec),
+    /// Add the engine, or replace the one with its id (nothing changes when its
+    /// spec is the same).
     Upsert(EngineSpec),
     /// Remove the engine with this id.
     Remove(EngineId),

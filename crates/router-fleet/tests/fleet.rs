@@ -52,14 +52,14 @@ async fn an_engine_joins_with_its_introspected_role_and_leaves() {
         (Role::Plain, true),
         "the role comes from /server_info"
     );
-    let snapshot = fleet.registry().snapshot();
+    let snapshot = fleet.snapshot();
     assert!(Arc::ptr_eq(snapshot.get("A1").unwrap(), &added));
     assert_eq!(fleet.load().in_flight(&EngineId::from("A1")), 0);
     let authority = fleet.authority(&added).unwrap();
     assert!(engine.url().ends_with(&*authority), "{authority}");
     let removed = fleet.apply(Change::Remove("A1".into())).await.unwrap();
     assert_eq!(removed.id().as_str(), "A1");
-    assert!(fleet.registry().snapshot().is_empty());
+    assert!(fleet.snapshot().is_empty());
     assert_eq!(*seen.lock(), ["added A1 plain", "removed A1"]);
     assert_eq!(
         fleet.apply(Change::Remove("A1".into())).await.unwrap_err(),
@@ -82,11 +82,64 @@ async fn an_upsert_of_a_known_id_replaces_the_engine() {
         .await
         .unwrap();
     assert_eq!(replaced.url(), second.url());
-    assert_eq!(fleet.registry().snapshot().len(), 1);
+    assert_eq!(fleet.snapshot().len(), 1);
     assert_eq!(
         *seen.lock(),
         ["added A1 plain", "removed A1", "added A1 plain"]
     );
+}
+
+#[tokio::test]
+async fn an_unchanged_upsert_is_a_no_op_and_a_failed_replace_keeps_the_engine() {
+    let engine = sim().await;
+    let (fleet, seen) = fleet();
+    let spec = EngineSpec::new("A1", engine.url(), "m");
+    let first = fleet.apply(Change::Upsert(spec.clone())).await.unwrap();
+    let _busy = fleet.load().acquire(first.id());
+    let again = fleet.apply(Change::Upsert(spec)).await.unwrap();
+    assert!(Arc::ptr_eq(&first, &again), "the same engine, untouched");
+    assert_eq!(
+        fleet.load().in_flight(first.id()),
+        1,
+        "its in-flight count is kept"
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let failed = fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", url.as_str(), "m")))
+        .await
+        .unwrap_err();
+    assert_eq!(failed, FleetError::UnknownRole { reachable: false });
+    let kept = fleet.snapshot();
+    assert!(
+        Arc::ptr_eq(kept.get("A1").unwrap(), &first),
+        "nothing changed"
+    );
+    assert_eq!(fleet.load().in_flight(first.id()), 1);
+    assert_eq!(*seen.lock(), ["added A1 plain"]);
+}
+
+#[tokio::test]
+async fn an_add_of_a_taken_id_is_refused_even_when_two_race() {
+    let engine = sim().await;
+    let (fleet, seen) = fleet();
+    let spec = || EngineSpec::new("A1", engine.url(), "m");
+    let (a, b) = tokio::join!(
+        fleet.apply(Change::Add(spec())),
+        fleet.apply(Change::Add(spec()))
+    );
+    let duplicate = FleetError::Registry(RegistryError::DuplicateId { id: "A1".into() });
+    match (a, b) {
+        (Ok(_), Err(e)) | (Err(e), Ok(_)) => assert_eq!(e, duplicate),
+        other => panic!("exactly one add wins: {other:?}"),
+    }
+    assert_eq!(
+        fleet.apply(Change::Add(spec())).await.unwrap_err(),
+        duplicate,
+        "refused before the engine is contacted"
+    );
+    assert_eq!(*seen.lock(), ["added A1 plain"]);
 }
 
 #[tokio::test]
@@ -129,7 +182,7 @@ async fn changes_that_cannot_apply_change_nothing() {
         !declared.is_healthy(),
         "an unreachable engine with a declared role joins unhealthy"
     );
-    assert!(fleet.registry().snapshot().get("A1").is_some());
+    assert!(fleet.snapshot().get("A1").is_some());
     assert_eq!(*seen.lock(), ["added A1 decode"]);
 }
 
@@ -143,11 +196,11 @@ async fn consecutive_dispatch_failures_open_the_breaker() {
         .unwrap();
     let id = EngineId::from("A1");
     fleet.record_dispatch(&id, false);
-    assert!(fleet.registry().snapshot().any_healthy());
+    assert!(fleet.snapshot().any_healthy());
     fleet.record_dispatch(&id, false);
     assert!(fleet.breaker(&id).unwrap().is_open());
     assert!(
-        !fleet.registry().snapshot().get("A1").unwrap().is_healthy(),
+        !fleet.snapshot().get("A1").unwrap().is_healthy(),
         "an open breaker takes the engine out of candidate sets"
     );
 }

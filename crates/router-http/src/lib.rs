@@ -1,13 +1,14 @@
 //! The Switchyard HTTP router: OpenAI-compatible chat in, the engine (or prefill and
 //! decode pair) that will serve it best out.
 //!
-//! A request is prepared once (validation, tokenization, expected peak), then the
-//! model's [`BucketResolver`](router_buckets::BucketResolver) runs the bucket loop
-//! over a registry snapshot; only a complete selection is dispatched, holding one
-//! in-flight guard per engine actually sent to, and the engine's answer is relayed
-//! frame by frame. Shared services (registry, load table and its ZeroMQ feeds, health
-//! checker, policies with their state) start once in [`AppContext`]. This is the only
-//! library crate with an HTTP stack.
+//! A request is prepared once, as its endpoint reads it (validation, tokenization,
+//! expected peak), then the model's [`BucketResolver`](router_buckets::BucketResolver)
+//! runs the bucket loop over the fleet's engine snapshot; only a complete selection
+//! is dispatched, holding one in-flight guard per engine actually sent to, and the
+//! engine's answer is relayed frame by frame. The engines themselves (registration,
+//! feeds, health) belong to [`router_fleet::Fleet`], reached through
+//! [`router_upstream`]; this crate holds the HTTP API, the routing tables, dispatch,
+//! metrics and the configuration, and is the only library crate with an HTTP server.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -246,6 +246,43 @@ impl EngineRegistry {
         Ok(self.publish(next))
     }
 
+    /// Adds an engine, or replaces the one with its id in one step (no snapshot
+    /// lacks it), and returns the engine it replaced.
+    ///
+    /// # Errors
+    /// Empty id or model, or a role that would mix plain and PD engines in the
+    /// engine's model (the engine it replaces does not count); nothing changes.
+    pub fn replace(&self, engine: Engine) -> Result<Option<Arc<Engine>>, RegistryError> {
+        if engine.id().as_str().is_empty() {
+            return Err(RegistryError::EmptyId);
+        }
+        if engine.model().is_empty() {
+            return Err(RegistryError::EmptyModel {
+                id: engine.id().clone(),
+            });
+        }
+        let _write = self.write.lock();
+        let current = self.current.load();
+        let old = current.get(engine.id().as_str()).cloned();
+        let base = match &old {
+            Some(old) => current.without_engine(old),
+            None => current.clone_next(),
+        };
+        if let Some(existing) = base.model_mode(engine.model())
+            && existing != ModelMode::of(engine.role())
+        {
+            return Err(RegistryError::MixedModel {
+                id: engine.id().clone(),
+                model: engine.model().to_owned(),
+                role: engine.role(),
+                existing,
+            });
+        }
+        let next = base.with_engine(Arc::new(engine));
+        self.publish(next);
+        Ok(old)
+    }
+
     /// Removes an engine and returns it.
     ///
     /// # Errors
@@ -355,6 +392,41 @@ mod tests {
     }
 
     #[test]
+    fn replace_swaps_an_engine_in_one_step_or_changes_nothing() {
+        let registry = EngineRegistry::new();
+        assert!(registry.replace(plain("a")).unwrap().is_none(), "an add");
+        registry.add(plain("b")).unwrap();
+        let before = registry.snapshot();
+        let old = registry
+            .replace(Engine::new("a", "http://a2", "m", Role::Plain))
+            .unwrap()
+            .unwrap();
+        assert_eq!(old.url(), "http://a");
+        let after = registry.snapshot();
+        assert_eq!(after.get("a").unwrap().url(), "http://a2");
+        assert_eq!(after.model_engines("m").len(), 2);
+        assert!(after.version() > before.version());
+        let err = registry
+            .replace(Engine::new("a", "http://a3", "m", Role::Prefill))
+            .unwrap_err();
+        assert!(err.to_string().contains("served by plain engines"), "{err}");
+        assert_eq!(
+            registry.snapshot().version(),
+            after.version(),
+            "nothing changed"
+        );
+        registry.remove("b").unwrap();
+        registry
+            .replace(Engine::new("a", "http://a3", "m", Role::Prefill))
+            .unwrap();
+        assert_eq!(
+            registry.snapshot().model_mode("m"),
+            Some(ModelMode::Pd),
+            "the engine it replaces does not count"
+        );
+    }
+
+    #[test]
     fn removing_the_last_engine_forgets_the_model_mode() {
         let registry = EngineRegistry::new();
         registry.add(plain("a")).unwrap();
@@ -368,7 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn health_updates_replace_the_worker_and_leave_old_snapshots_alone() {
+    fn health_updates_replace_the_engine_and_leave_old_snapshots_alone() {
         let registry = EngineRegistry::new();
         registry.add(plain("a")).unwrap();
         let before = registry.snapshot();

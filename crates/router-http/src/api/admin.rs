@@ -44,7 +44,7 @@ pub(super) async fn list(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&ctx, &headers)?;
-    let snapshot = ctx.fleet.registry().snapshot();
+    let snapshot = ctx.fleet.snapshot();
     let load = ctx.fleet.load().snapshot();
     let workers: Vec<Value> = snapshot
         .engines()
@@ -99,19 +99,14 @@ pub(super) async fn add(
     };
     let invalid =
         |e: &dyn std::fmt::Display| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string());
-    if ctx.fleet.registry().snapshot().get(&config.id).is_some() {
-        return Err(invalid(&format!(
-            "engine {} is already registered",
-            config.id
-        )));
-    }
     let engine = ctx
         .fleet
-        .apply(Change::Upsert(engine_spec(&config, &add.model)))
+        .apply(Change::Add(engine_spec(&config, &add.model)))
         .await
         .map_err(|e| invalid(&e))?;
-    // The fleet's observer gave a new model its catch-all bucket; when the default
-    // policies cannot serve one, the engine does not stay.
+    // The fleet's observer gave a new model its catch-all bucket (this call is then
+    // a lookup); when the default policies cannot serve one, the engine does not
+    // stay.
     if let Err(e) = ctx.routing.serve_new_model(&engine) {
         drop(ctx.fleet.apply(Change::Remove(engine.id().clone())).await);
         return Err(invalid(&e));

@@ -173,11 +173,7 @@ async fn route(
             .with_routing_key(routing_key),
         Err(e) => return (model, Err(e)),
     };
-    let selection = match route
-        .resolver
-        .select(&ctx.fleet.registry().snapshot(), &request)
-        .await
-    {
+    let selection = match route.resolver.select(&ctx.fleet.snapshot(), &request).await {
         Ok(selection) => selection,
         Err(e) => return (model, Err(ApiError::from(e))),
     };

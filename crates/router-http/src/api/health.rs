@@ -14,7 +14,7 @@ pub(super) async fn live() -> StatusCode {
 }
 
 pub(super) async fn ready(State(ctx): State<Arc<AppContext>>) -> Response {
-    if ctx.fleet.registry().snapshot().any_healthy() {
+    if ctx.fleet.snapshot().any_healthy() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "no engine is routable\n").into_response()

@@ -12,5 +12,12 @@ use crate::metrics::Format;
 pub(super) async fn scrape(State(ctx): State<Arc<AppContext>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT));
     let text = ctx.metrics.encode(format);
-    ([(header::CONTENT_TYPE, format.content_type())], text).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::VARY, "accept"),
+        ],
+        text,
+    )
+        .into_response()
 }

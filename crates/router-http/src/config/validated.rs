@@ -1,7 +1,9 @@
 //! A configuration that passed every check, in the form the running router needs:
 //! durations instead of milliseconds, the shared state the policies hold, loaded
-//! tokenizers and built buckets. Startup consumes it, so nothing is built twice and
-//! `switchyard config check` cannot disagree with startup.
+//! tokenizers and built buckets. Startup consumes it, so the state and tokenizers
+//! are made once and `switchyard config check` cannot disagree with startup. Only
+//! the buckets of a model with engines whose role introspection tells are built
+//! again at startup, with those roles.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -74,11 +76,6 @@ pub(crate) enum ModelRouting {
 }
 
 impl ValidatedConfig {
-    /// The address the router listens on.
-    pub fn listen(&self) -> SocketAddr {
-        self.listen
-    }
-
     /// How many models are configured.
     pub fn model_count(&self) -> usize {
         self.models.len()
@@ -229,15 +226,14 @@ pub(crate) fn roster(
 
 /// An engine of `model` as the fleet takes it.
 pub(crate) fn engine_spec(config: &EngineConfig, model: &str) -> EngineSpec {
-    EngineSpec::new(config.id.as_str(), config.url.as_str(), model)
-        .with_role(config.role.map(Into::into))
-        .with_ports(
-            config.bootstrap_port,
-            config.dp_size,
-            config.load_port,
-            config.kv_port,
-            config.kv_replay_port,
-        )
+    let mut spec = EngineSpec::new(config.id.as_str(), config.url.as_str(), model)
+        .with_role(config.role.map(Into::into));
+    spec.bootstrap_port = config.bootstrap_port;
+    spec.dp_size = config.dp_size;
+    spec.load_port = config.load_port;
+    spec.kv_port = config.kv_port;
+    spec.kv_replay_port = config.kv_replay_port;
+    spec
 }
 
 fn health_policy(health: &HealthConfig) -> HealthPolicy {

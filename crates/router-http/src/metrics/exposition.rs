@@ -18,24 +18,29 @@ pub(crate) enum Format {
 
 impl Format {
     /// The format an `Accept` header asks for: OpenMetrics when it accepts
-    /// `application/openmetrics-text` at least as much as `text/plain`, else
-    /// Prometheus text.
+    /// `application/openmetrics-text` at least as much as Prometheus text
+    /// (`text/plain`, or `text/*` or `*/*` standing for it), else Prometheus text.
     pub(crate) fn negotiate(accept: Option<&HeaderValue>) -> Self {
         let Some(accept) = accept.and_then(|a| a.to_str().ok()) else {
             return Format::Prometheus;
         };
         let (mut openmetrics, mut text) = (0.0_f32, 0.0_f32);
         for range in accept.split(',') {
-            let mut params = range.split(';').map(str::trim);
-            let media = params.next().unwrap_or_default().to_ascii_lowercase();
+            let mut params = range.split(';');
+            let media = params
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
             let quality = params
-                .find_map(|p| p.strip_prefix("q="))
-                .map_or(Some(1.0), |q| q.parse::<f32>().ok())
-                .filter(|q| q.is_finite())
+                .filter_map(|p| p.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+                .map_or(Some(1.0), |(_, q)| q.trim().parse::<f32>().ok())
+                .filter(|q| (0.0..=1.0).contains(q))
                 .unwrap_or(0.0);
             match media.as_str() {
                 "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
-                "text/plain" => text = text.max(quality),
+                "text/plain" | "text/*" | "*/*" => text = text.max(quality),
                 _ => {}
             }
         }

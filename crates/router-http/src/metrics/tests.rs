@@ -1,9 +1,9 @@
 use std::time::Duration;
 
 use http::HeaderValue;
-use router_fleet::HealthPolicy;
+use router_fleet::{Change, EngineSpec, HealthPolicy};
+use router_state::Role;
 use router_state::affinity::AffinityConfig;
-use router_state::{Engine, Role};
 use router_upstream::{Upstream, UpstreamTimeouts};
 
 use super::*;
@@ -22,12 +22,18 @@ fn metrics() -> (Metrics, Arc<Fleet>) {
     (Metrics::new(&fleet, &affinity), fleet)
 }
 
-#[test]
-fn encodes_counters_histograms_and_the_collectors_families() {
+#[tokio::test]
+async fn encodes_counters_histograms_and_the_collectors_families() {
     let (metrics, fleet) = metrics();
+    // A port nothing listens on: the engine joins with its declared role, unhealthy.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
     fleet
-        .registry()
-        .add(Engine::new("A\"1", "http://a:1", "m", Role::Plain))
+        .apply(Change::Add(
+            EngineSpec::new("A\"1", url.as_str(), "m").with_role(Some(Role::Plain)),
+        ))
+        .await
         .unwrap();
     metrics
         .requests
@@ -46,7 +52,7 @@ fn encodes_counters_histograms_and_the_collectors_families() {
         "switchyard_requests_total{model=\"m\",outcome=\"ok\",code=\"ok\"} 1",
         "switchyard_upstream_latency_seconds_bucket{le=\"0.004\",stage=\"plain\"} 1",
         "switchyard_engine_in_flight{engine=\"A\\\"1\"} 0",
-        "switchyard_engine_healthy{engine=\"A\\\"1\"} 1",
+        "switchyard_engine_healthy{engine=\"A\\\"1\"} 0",
         "# TYPE switchyard_load_feed_messages counter",
         "switchyard_load_feed_messages_total{outcome=\"applied\"} 0",
         "switchyard_affinity_bindings 0",
@@ -98,6 +104,25 @@ fn openmetrics_is_served_only_to_scrapers_that_ask_for_it() {
         format(Some("application/openmetrics-text;q=0")),
         Format::Prometheus,
         "q=0 refuses"
+    );
+    assert_eq!(
+        format(Some("application/openmetrics-text;Q=0, text/plain")),
+        Format::Prometheus,
+        "parameter names are case-insensitive"
+    );
+    assert_eq!(
+        format(Some("*/*, application/openmetrics-text;q=0.1")),
+        Format::Prometheus,
+        "*/* stands for Prometheus text"
+    );
+    assert_eq!(
+        format(Some("text/*;q=0.2, application/openmetrics-text ; q = 0.5")),
+        Format::OpenMetrics
+    );
+    assert_eq!(
+        format(Some("application/openmetrics-text;q=abc")),
+        Format::Prometheus,
+        "an unreadable quality refuses"
     );
     assert_eq!(
         Format::Prometheus.content_type(),

@@ -81,6 +81,32 @@ fn limits_hold_whether_the_bytes_arrive_in_one_read_or_many() {
     }
 }
 
+#[test]
+fn a_line_or_head_at_its_limit_decodes_alike_wherever_a_read_cuts_it() {
+    let at_limits: Vec<_> = corpus()
+        .into_iter()
+        .filter(|(name, _)| name.contains("-limit"))
+        .collect();
+    assert_eq!(
+        at_limits.len(),
+        4,
+        "a chunk line and a head, at and past their limits"
+    );
+    for (name, input) in at_limits {
+        // The end of the long line: the chunk-size line, or the head's last field.
+        let end = 1000
+            + input[1000..]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("a long line");
+        let whole = outcome(&input, &[]);
+        assert_eq!(whole.is_some(), name.starts_with("golden-"), "{name}");
+        for cut in end - 4..=end + 4 {
+            assert_eq!(whole, outcome(&input, &[cut]), "{name} cut at {cut}");
+        }
+    }
+}
+
 fn mutated() -> impl Strategy<Value = Vec<u8>> {
     let inputs: Vec<Vec<u8>> = corpus().into_iter().map(|(_, input)| input).collect();
     (

@@ -207,7 +207,8 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
             buf.advance(2);
             Ok(Some(line))
         }
-        None if buf.len() > MAX_LINE => Err(H1Error::Malformed("chunk line too long")),
+        // A line of MAX_LINE bytes may wait for the LF after its CR.
+        None if buf.len() > MAX_LINE + 1 => Err(H1Error::Malformed("chunk line too long")),
         None => Ok(None),
     }
 }
