@@ -54,6 +54,9 @@ pub struct Fleet {
     kv_stats: Arc<KvFeedStats>,
     prefix_indexes: RwLock<HashMap<String, Arc<PrefixIndex>>>,
     engines: Mutex<HashMap<EngineId, Runtime>>,
+    /// Held while an engine joins or leaves, so a removal never interleaves with the
+    /// registration of the same engine (no feeds left running for a removed one).
+    membership: Mutex<()>,
     /// Each engine's `host:port`, parsed once.
     authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
     /// Called without any lock held, so an observer may call back into the fleet.
@@ -86,6 +89,7 @@ impl Fleet {
             kv_stats: Arc::default(),
             prefix_indexes: RwLock::default(),
             engines: Mutex::default(),
+            membership: Mutex::default(),
             authorities: ArcSwap::default(),
             observers: ArcSwap::default(),
         }
@@ -179,8 +183,12 @@ impl Fleet {
                 self.join(spec, info, true)
             }
             Change::Remove(id) => {
-                let engine = self.registry.remove(id.as_str())?;
-                self.forget(&engine);
+                let engine = {
+                    let _membership = self.membership.lock();
+                    let engine = self.registry.remove(id.as_str())?;
+                    self.forget(&engine);
+                    engine
+                };
                 self.notify(&FleetEvent::Removed(Arc::clone(&engine)));
                 Ok(engine)
             }
@@ -229,6 +237,7 @@ impl Fleet {
         } else {
             Health::Unhealthy
         });
+        let membership = self.membership.lock();
         let replaced = if replace {
             self.registry.replace(engine)?
         } else {
@@ -263,6 +272,7 @@ impl Fleet {
             .get(id.as_str())
             .cloned()
             .ok_or(RegistryError::UnknownEngine { id })?;
+        drop(membership);
         if let Some(old) = replaced {
             self.notify(&FleetEvent::Removed(old));
         }
