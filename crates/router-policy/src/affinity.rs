@@ -20,7 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission, admit};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
 use crate::error::PickError;
 use crate::least_load::LeastLoadPolicy;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
@@ -242,13 +242,7 @@ pub enum StickyFallback {
 }
 
 impl PolicySettings for SessionAwareConfig {
-    fn admission(&self) -> &AdmissionLimits {
-        &self.admission
-    }
-
-    fn admission_mut(&mut self) -> &mut AdmissionLimits {
-        &mut self.admission
-    }
+    admission_field!();
 
     fn needs_affinity_store(&self) -> bool {
         true
@@ -271,13 +265,7 @@ impl PolicySettings for SessionAwareConfig {
 }
 
 impl PolicySettings for StickyConfig {
-    fn admission(&self) -> &AdmissionLimits {
-        &self.admission
-    }
-
-    fn admission_mut(&mut self) -> &mut AdmissionLimits {
-        &mut self.admission
-    }
+    admission_field!();
 
     fn needs_affinity_store(&self) -> bool {
         true

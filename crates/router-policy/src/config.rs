@@ -71,6 +71,21 @@ pub trait PolicySettings: fmt::Debug + Send + Sync {
     ) -> Result<Arc<dyn Policy>, PolicyConfigError>;
 }
 
+/// The two accessors of a settings struct's `admission` field, for its
+/// [`PolicySettings`] impl.
+macro_rules! admission_field {
+    () => {
+        fn admission(&self) -> &$crate::admission::AdmissionLimits {
+            &self.admission
+        }
+
+        fn admission_mut(&mut self) -> &mut $crate::admission::AdmissionLimits {
+            &mut self.admission
+        }
+    };
+}
+pub(crate) use admission_field;
+
 /// Declares the policy types: `PolicyConfig` with one variant each, its `type` names
 /// and the dispatch to each type's [`PolicySettings`].
 macro_rules! policy_types {

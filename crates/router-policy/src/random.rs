@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission, admit};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
 use crate::error::PickError;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 use crate::rng::SharedRng;
@@ -115,13 +115,7 @@ pub struct RandomConfig {
 }
 
 impl PolicySettings for RandomConfig {
-    fn admission(&self) -> &AdmissionLimits {
-        &self.admission
-    }
-
-    fn admission_mut(&mut self) -> &mut AdmissionLimits {
-        &mut self.admission
-    }
+    admission_field!();
 
     fn build(
         &self,

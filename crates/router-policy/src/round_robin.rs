@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
 use crate::error::PickError;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 use crate::walk::first_admitted;
@@ -84,13 +84,7 @@ pub struct RoundRobinConfig {
 }
 
 impl PolicySettings for RoundRobinConfig {
-    fn admission(&self) -> &AdmissionLimits {
-        &self.admission
-    }
-
-    fn admission_mut(&mut self) -> &mut AdmissionLimits {
-        &mut self.admission
-    }
+    admission_field!();
 
     fn build(
         &self,

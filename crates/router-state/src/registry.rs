@@ -217,14 +217,7 @@ impl EngineRegistry {
     /// Empty id or model, a duplicate id, or a role that would mix plain and PD engines
     /// in the engine's model.
     pub fn add(&self, engine: Engine) -> Result<u64, RegistryError> {
-        if engine.id().as_str().is_empty() {
-            return Err(RegistryError::EmptyId);
-        }
-        if engine.model().is_empty() {
-            return Err(RegistryError::EmptyModel {
-                id: engine.id().clone(),
-            });
-        }
+        check_names(&engine)?;
         let _write = self.write.lock();
         let current = self.current.load();
         if current.get(engine.id().as_str()).is_some() {
@@ -232,16 +225,7 @@ impl EngineRegistry {
                 id: engine.id().clone(),
             });
         }
-        if let Some(existing) = current.model_mode(engine.model())
-            && existing != ModelMode::of(engine.role())
-        {
-            return Err(RegistryError::MixedModel {
-                id: engine.id().clone(),
-                model: engine.model().to_owned(),
-                role: engine.role(),
-                existing,
-            });
-        }
+        check_mode(&current, &engine)?;
         let next = current.with_engine(Arc::new(engine));
         Ok(self.publish(next))
     }
@@ -253,14 +237,7 @@ impl EngineRegistry {
     /// Empty id or model, or a role that would mix plain and PD engines in the
     /// engine's model (the engine it replaces does not count); nothing changes.
     pub fn replace(&self, engine: Engine) -> Result<Option<Arc<Engine>>, RegistryError> {
-        if engine.id().as_str().is_empty() {
-            return Err(RegistryError::EmptyId);
-        }
-        if engine.model().is_empty() {
-            return Err(RegistryError::EmptyModel {
-                id: engine.id().clone(),
-            });
-        }
+        check_names(&engine)?;
         let _write = self.write.lock();
         let current = self.current.load();
         let old = current.get(engine.id().as_str()).cloned();
@@ -268,16 +245,7 @@ impl EngineRegistry {
             Some(old) => current.without_engine(old),
             None => current.clone_next(),
         };
-        if let Some(existing) = base.model_mode(engine.model())
-            && existing != ModelMode::of(engine.role())
-        {
-            return Err(RegistryError::MixedModel {
-                id: engine.id().clone(),
-                model: engine.model().to_owned(),
-                role: engine.role(),
-                existing,
-            });
-        }
+        check_mode(&base, &engine)?;
         let next = base.with_engine(Arc::new(engine));
         self.publish(next);
         Ok(old)
@@ -323,6 +291,34 @@ impl EngineRegistry {
         let version = next.version;
         self.current.store(Arc::new(next));
         version
+    }
+}
+
+/// An engine must have an id and name its model.
+fn check_names(engine: &Engine) -> Result<(), RegistryError> {
+    if engine.id().as_str().is_empty() {
+        return Err(RegistryError::EmptyId);
+    }
+    if engine.model().is_empty() {
+        return Err(RegistryError::EmptyModel {
+            id: engine.id().clone(),
+        });
+    }
+    Ok(())
+}
+
+/// A model is served by plain engines or by prefill/decode engines, never both.
+fn check_mode(snapshot: &RegistrySnapshot, engine: &Engine) -> Result<(), RegistryError> {
+    match snapshot.model_mode(engine.model()) {
+        Some(existing) if existing != ModelMode::of(engine.role()) => {
+            Err(RegistryError::MixedModel {
+                id: engine.id().clone(),
+                model: engine.model().to_owned(),
+                role: engine.role(),
+                existing,
+            })
+        }
+        _ => Ok(()),
     }
 }
 

@@ -9,7 +9,7 @@ use router_state::Role;
 
 use super::CacheAwarePolicy;
 use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings};
+use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
 use crate::policy::Policy;
 
 /// A finite real number from configuration (ratios, factors). Compares by value;
@@ -235,13 +235,7 @@ impl CacheAwareConfig {
 }
 
 impl PolicySettings for CacheAwareConfig {
-    fn admission(&self) -> &AdmissionLimits {
-        &self.admission
-    }
-
-    fn admission_mut(&mut self) -> &mut AdmissionLimits {
-        &mut self.admission
-    }
+    admission_field!();
 
     fn validate(&self) -> Result<(), PolicyConfigError> {
         CacheAwareConfig::validate(self)
