@@ -57,7 +57,8 @@ pub(crate) struct ServeArgs {
     /// The model's tokenizer.json (fleet flags).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Bearer token for /workers.
+    /// Bearer token for /workers (else `SWITCHYARD_ADMIN_TOKEN`; without one the
+    /// admin API is off).
     #[arg(long)]
     admin_token: Option<String>,
 }
@@ -68,8 +69,11 @@ enum Filter {
     PrefixCache,
 }
 
+/// The environment variable an admin token may come from.
+const ADMIN_TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
+
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = config_from(args)?;
+    let config = config_from(args, std::env::var(ADMIN_TOKEN_ENV).ok())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -83,7 +87,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-fn config_from(args: ServeArgs) -> anyhow::Result<RouterConfig> {
+/// The configuration `args` describe; `env_token` is the admin token from the
+/// environment, used when neither the flags nor the file set one.
+fn config_from(args: ServeArgs, env_token: Option<String>) -> anyhow::Result<RouterConfig> {
     let fleet = args.model.is_some()
         || !args.worker_urls.is_empty()
         || !args.prefill.is_empty()
@@ -104,6 +110,9 @@ fn config_from(args: ServeArgs) -> anyhow::Result<RouterConfig> {
     }
     if let Some(token) = args.admin_token {
         config.admin.token = Some(token);
+    }
+    if config.admin.token.is_none() && config.admin.token_file.is_none() {
+        config.admin.token = env_token.filter(|t| !t.is_empty());
     }
     Ok(config)
 }
@@ -245,7 +254,7 @@ mod tests {
 
     fn fleet(flags: &[&str]) -> anyhow::Result<RouterConfig> {
         let serve = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))?;
-        config_from(serve.args)
+        config_from(serve.args, None)
     }
 
     fn capped(policy: &PolicyConfig) -> (&'static str, Option<u64>) {
@@ -336,6 +345,31 @@ mod tests {
         assert_eq!(
             *policies.decode.as_ref().unwrap().admission(),
             AdmissionLimits::default()
+        );
+    }
+
+    #[test]
+    fn the_admin_token_comes_from_the_flag_else_the_file_else_the_environment() {
+        let flags = |extra: &[&str]| {
+            let mut all = vec!["serve", "--model", "m", "--worker-urls", "http://a:1"];
+            all.extend_from_slice(extra);
+            Serve::try_parse_from(all).unwrap().args
+        };
+        let token = |config: RouterConfig| config.admin.token;
+        assert_eq!(token(config_from(flags(&[]), None).unwrap()), None, "off");
+        assert_eq!(
+            token(config_from(flags(&[]), Some("env".into())).unwrap()).as_deref(),
+            Some("env")
+        );
+        assert_eq!(
+            token(config_from(flags(&[]), Some(String::new())).unwrap()),
+            None,
+            "an empty variable sets nothing"
+        );
+        assert_eq!(
+            token(config_from(flags(&["--admin-token", "flag"]), Some("env".into())).unwrap())
+                .as_deref(),
+            Some("flag")
         );
     }
 

@@ -9,6 +9,7 @@ mod models;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{delete, get};
 
 use crate::app::AppContext;
@@ -17,15 +18,35 @@ use crate::prepare::CHAT;
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
 
-pub(crate) fn router(ctx: Arc<AppContext>) -> axum::Router {
-    axum::Router::new()
+/// The public routes, with the admin API unless it has an address of its own.
+pub(crate) fn router(ctx: Arc<AppContext>, with_admin: bool) -> axum::Router {
+    let public = axum::Router::new()
         .route(CHAT.path, chat::routed(&CHAT))
         .route("/v1/models", get(models::list))
         .route("/health", get(health::live))
         .route("/ready", get(health::ready))
         .route("/metrics", get(metrics::scrape))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    let public = if with_admin {
+        public.merge(admin_routes(&ctx))
+    } else {
+        public
+    };
+    public.with_state(ctx)
+}
+
+/// The admin API alone, for its own address.
+pub(crate) fn admin_router(ctx: Arc<AppContext>) -> axum::Router {
+    admin_routes(&ctx).with_state(ctx)
+}
+
+/// `/workers`, each request authorized before its body is read.
+fn admin_routes(ctx: &Arc<AppContext>) -> axum::Router<Arc<AppContext>> {
+    axum::Router::new()
         .route("/workers", get(admin::list).post(admin::add))
         .route("/workers/{id}", delete(admin::remove))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(ctx)
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(ctx),
+            admin::authorize,
+        ))
 }

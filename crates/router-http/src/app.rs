@@ -14,7 +14,9 @@ use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle};
 use router_upstream::Upstream;
 
-use crate::config::{AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster};
+use crate::config::{
+    AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster,
+};
 use crate::metrics::Metrics;
 use crate::routing::{ModelRoute, Routing};
 
@@ -46,7 +48,7 @@ pub struct AppContext {
     pub(crate) affinity: Arc<AffinityStore>,
     _sweeper: SweeperHandle,
     pub(crate) affinity_headers: AffinityHeaders,
-    pub(crate) admin_token: Option<String>,
+    pub(crate) admin: AdminAccess,
     pub(crate) idle_timeout: Duration,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
@@ -88,7 +90,7 @@ impl AppContext {
             _sweeper: affinity.spawn_sweeper(config.sweep_interval),
             affinity,
             affinity_headers: config.affinity_headers,
-            admin_token: config.admin_token,
+            admin: config.admin,
             idle_timeout: config.idle_timeout,
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))

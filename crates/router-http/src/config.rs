@@ -338,15 +338,6 @@ impl Default for LoadConfig {
     }
 }
 
-/// The `/workers` admin API.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Bearer token the admin API requires; absent = the API is open.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
 impl RouterConfig {
     /// Parses YAML; an error names the path of the field and its line.
     ///
@@ -407,10 +398,14 @@ impl RouterConfig {
                 errors.push(ConfigError::at(field, "must be at least 1"));
             }
         }
-        if self.admin.token.as_deref() == Some("") {
+        if self
+            .admin
+            .listen
+            .is_some_and(|admin| admin == self.listen && admin.port() != 0)
+        {
             errors.push(ConfigError::at(
-                "admin.token",
-                "must not be empty; omit it to leave the admin API open",
+                "admin.listen",
+                "must differ from listen; omit it to serve the admin API on the public address",
             ));
         }
         if self.models.is_empty() {
@@ -497,9 +492,12 @@ impl RouterConfig {
     }
 }
 
+mod admin;
 mod affinity;
 mod validated;
 
+pub(crate) use admin::AdminAccess;
+pub use admin::AdminConfig;
 pub use affinity::AffinitySettings;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{AffinityHeaders, ModelPlan, ModelRouting, engine_spec, roster};

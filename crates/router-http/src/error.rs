@@ -60,10 +60,15 @@ impl ApiError {
 
     /// 413 for a body over the limit.
     pub(crate) fn too_large(limit: usize) -> Self {
+        let limit = if limit >= 1 << 20 {
+            format!("{} MiB", limit >> 20)
+        } else {
+            format!("{} KiB", limit >> 10)
+        };
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
-            format!("the request body exceeds {} MiB", limit >> 20),
+            format!("the request body exceeds {limit}"),
         )
     }
 
@@ -83,6 +88,15 @@ impl ApiError {
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "a valid bearer token is required",
+        )
+    }
+
+    /// 403: the admin API is off.
+    pub(crate) fn admin_disabled() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            "the admin API is off: set admin.token, admin.token_file or SWITCHYARD_ADMIN_TOKEN",
         )
     }
 

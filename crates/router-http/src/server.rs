@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::router;
+use crate::api::{admin_router, router};
 use crate::app::{AppContext, StartError};
 use crate::config::{RouterConfig, ValidatedConfig};
 
@@ -20,12 +20,19 @@ pub struct RunningRouter {
     ctx: Arc<AppContext>,
     stop: watch::Sender<bool>,
     server: JoinHandle<()>,
+    /// The admin API's own address and server, when `admin.listen` is set.
+    admin: Option<(SocketAddr, JoinHandle<()>)>,
 }
 
 impl RunningRouter {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin API's own address, when it has one (`admin.listen`).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|(addr, _)| *addr)
     }
 
     /// The shared services.
@@ -38,6 +45,9 @@ impl RunningRouter {
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
         drop(self.server.await);
+        if let Some((_, admin)) = self.admin {
+            drop(admin.await);
+        }
     }
 }
 
@@ -58,20 +68,30 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
 pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, StartError> {
     let grace = config.shutdown_grace;
     let listen = config.listen;
+    let admin_listen = config.admin_listen;
     let ctx = AppContext::new(config).await?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|source| StartError::Listen {
-            addr: listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Listen {
-        addr: listen,
-        source,
-    })?;
+    let (listener, addr) = bind(listen).await?;
     let (stop, stopped) = watch::channel(false);
+    let admin = match admin_listen {
+        Some(listen) => {
+            let (listener, addr) = bind(listen).await?;
+            let app = admin_router(Arc::clone(&ctx));
+            let mut shutdown = stopped.clone();
+            let server = tokio::spawn(async move {
+                let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                    drop(shutdown.wait_for(|s| *s).await);
+                });
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "admin server failed");
+                }
+            });
+            tracing::info!(%addr, "admin API listening");
+            Some((addr, server))
+        }
+        None => None,
+    };
     let health = ctx.fleet.spawn_health_checks();
-    let app = router(Arc::clone(&ctx));
+    let app = router(Arc::clone(&ctx), admin.is_none());
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "setting TCP_NODELAY failed");
@@ -101,5 +121,14 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
         ctx,
         stop,
         server,
+        admin,
     })
+}
+
+/// A listener on `addr` and the address it got.
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listen = |source| StartError::Listen { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(listen)?;
+    let bound = listener.local_addr().map_err(listen)?;
+    Ok((listener, bound))
 }

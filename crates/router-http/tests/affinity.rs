@@ -24,6 +24,7 @@ async fn fleet(policy: serde_json::Value) -> (RunningRouter, Vec<engine_sim::Run
     model.policies.plain = Some(serde_json::from_value::<PolicyConfig>(policy).expect("a policy"));
     let mut config = config(vec![model]);
     config.affinity.session_header = "x-conversation".into();
+    config.admin.token = Some("s3cret".into());
     (router(config).await, sims)
 }
 
@@ -65,6 +66,7 @@ async fn a_session_sticks_and_moves_together_when_its_engine_leaves() {
     }
     let removed = client
         .delete(url(&router, &format!("/workers/{first}")))
+        .bearer_auth("s3cret")
         .send()
         .await
         .expect("the admin API answers");

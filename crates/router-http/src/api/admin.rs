@@ -1,49 +1,51 @@
 //! The engine admin API under `/workers` (the path peer routers and their users
-//! know): list, add and remove engines, behind a bearer token when one is set.
+//! know): list, add and remove engines. Off unless a token is configured; every
+//! request is authorized before its body is read, and bodies are capped at 64 KiB.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use http::{HeaderMap, StatusCode, header};
+use http::{StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_fleet::Change;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::app::AppContext;
-use crate::config::{EngineConfig, EngineRole, engine_spec};
+use crate::config::{AdminAccess, EngineConfig, EngineRole, engine_spec};
 use crate::error::ApiError;
 
-fn authorize(ctx: &AppContext, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = &ctx.admin_token else {
-        return Ok(());
-    };
-    let given = headers
+/// The largest admin request body accepted.
+const MAX_ADMIN_BODY_BYTES: usize = 64 << 10;
+
+/// Lets a request through only with the admin token (`Authorization: Bearer`, the
+/// scheme in any case), before anything else is read: 403 `admin_disabled` when the
+/// API is off, 401 otherwise.
+pub(super) async fn authorize(
+    State(ctx): State<Arc<AppContext>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if ctx.admin == AdminAccess::Off {
+        return ApiError::admin_disabled().into_response();
+    }
+    let given = request
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    // Compare in time independent of where the first difference is.
-    let equal = given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if equal {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match given {
+        Some(token) if ctx.admin.admits(token) => next.run(request).await,
+        _ => ApiError::unauthorized().into_response(),
     }
 }
 
-pub(super) async fn list(
-    State(ctx): State<Arc<AppContext>>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    authorize(&ctx, &headers)?;
+pub(super) async fn list(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let snapshot = ctx.fleet.snapshot();
     let load = ctx.fleet.load().snapshot();
     let workers: Vec<Value> = snapshot
@@ -56,7 +58,7 @@ pub(super) async fn list(
             })
         })
         .collect();
-    Ok(Json(json!({"workers": workers})))
+    Json(json!({"workers": workers}))
 }
 
 #[derive(Debug, Deserialize)]
@@ -81,10 +83,19 @@ struct AddEngine {
 
 pub(super) async fn add(
     State(ctx): State<Arc<AppContext>>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    authorize(&ctx, &headers)?;
+    let body = Limited::new(request.into_body(), MAX_ADMIN_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<LengthLimitError>() {
+                ApiError::too_large(MAX_ADMIN_BODY_BYTES)
+            } else {
+                ApiError::bad_body(format!("the request body could not be read: {e}"))
+            }
+        })?
+        .to_bytes();
     let add: AddEngine = serde_json::from_slice(&body)
         .map_err(|e| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string()))?;
     let config = EngineConfig {
@@ -117,10 +128,8 @@ pub(super) async fn add(
 
 pub(super) async fn remove(
     State(ctx): State<Arc<AppContext>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    authorize(&ctx, &headers)?;
     ctx.fleet
         .apply(Change::Remove(id.into()))
         .await

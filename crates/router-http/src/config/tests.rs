@@ -91,7 +91,11 @@ fn validation_errors_name_their_path() {
         ),
         (
             "admin: {token: ''}\nmodels: [{id: m}]\n",
-            "admin.token: must not be empty; omit it to leave the admin API open",
+            "admin.token: the token must not be empty; omit it to keep the admin API off",
+        ),
+        (
+            "listen: 127.0.0.1:9000\nadmin: {token: t, listen: 127.0.0.1:9000}\nmodels: [{id: m}]\n",
+            "admin.listen: must differ from listen; omit it to serve the admin API on the public address",
         ),
         ("models: [{id: ''}]\n", "models[0].id: must not be empty"),
         (

@@ -19,7 +19,7 @@ use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
 use router_upstream::UpstreamTimeouts;
 
-use super::{EngineConfig, HealthConfig, ModelConfig, RouterConfig};
+use super::{AdminAccess, EngineConfig, HealthConfig, ModelConfig, RouterConfig};
 use crate::tokenize::ChatTokenizer;
 
 /// A checked configuration, ready to start a router from
@@ -35,7 +35,9 @@ pub struct ValidatedConfig {
     pub(crate) affinity: Arc<AffinityStore>,
     pub(crate) sweep_interval: Duration,
     pub(crate) affinity_headers: AffinityHeaders,
-    pub(crate) admin_token: Option<String>,
+    pub(crate) admin: AdminAccess,
+    /// Where the admin API is served instead of the public address, if anywhere.
+    pub(crate) admin_listen: Option<SocketAddr>,
     /// The policies of a model that first appears at runtime, and their state.
     pub(crate) defaults: DefaultPolicies,
     pub(crate) handles: PolicyHandles,
@@ -96,6 +98,7 @@ impl RouterConfig {
     /// Every problem found, each with its path.
     pub fn validate(self) -> Result<ValidatedConfig, Vec<ConfigError>> {
         let mut errors = self.check_fields();
+        let admin = self.admin.access(&mut errors);
         let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
             freshness: Duration::from_millis(self.load.freshness_ms),
         }));
@@ -134,7 +137,8 @@ impl RouterConfig {
                 routing_key: affinity_settings.routing_key_header,
                 max_key_bytes: affinity_settings.max_key_bytes,
             },
-            admin_token: self.admin.token,
+            admin,
+            admin_listen: self.admin.listen,
             defaults,
             handles,
             models,

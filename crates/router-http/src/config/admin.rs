@@ -1,0 +1,194 @@
+//! The `admin` section: whether the engine admin API (`/workers`) is served, with
+//! which token, and on which address. Off unless a token is configured.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use router_policy::ConfigError;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The engine admin API (`/workers`): off unless a token is configured, here or in
+/// the `SWITCHYARD_ADMIN_TOKEN` environment variable.
+///
+/// ```yaml
+/// admin: {token_file: /run/secrets/switchyard-admin, listen: 127.0.0.1:9090}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bearer token the admin API requires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// A file whose first line is the token (instead of `token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Serve the admin API on this address instead of the public one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// The longest admin token accepted, in bytes.
+const MAX_TOKEN_BYTES: usize = 4096;
+
+/// Who may use the admin API.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum AdminAccess {
+    /// Nobody: every `/workers` request is a 403.
+    Off,
+    /// A caller presenting the token whose SHA-256 digest this is.
+    Token([u8; 32]),
+}
+
+impl std::fmt::Debug for AdminAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AdminAccess::Off => "Off",
+            AdminAccess::Token(_) => "Token(..)",
+        })
+    }
+}
+
+impl AdminAccess {
+    /// Whether `given` is the token. The digests are compared, in time independent
+    /// of where they differ, so neither the token nor its length leaks.
+    pub(crate) fn admits(&self, given: &str) -> bool {
+        match self {
+            AdminAccess::Off => false,
+            AdminAccess::Token(digest) => {
+                let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+                given
+                    .iter()
+                    .zip(digest)
+                    .fold(0_u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+            }
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The access these settings give, reading `token_file`; every problem with its
+    /// path.
+    pub(crate) fn access(&self, errors: &mut Vec<ConfigError>) -> AdminAccess {
+        let token = match (&self.token, &self.token_file) {
+            (Some(_), Some(_)) => {
+                errors.push(ConfigError::at(
+                    "admin.token_file",
+                    "set either admin.token or admin.token_file",
+                ));
+                return AdminAccess::Off;
+            }
+            (Some(token), None) => ("admin.token", token.clone()),
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(text) => (
+                    "admin.token_file",
+                    text.lines().next().unwrap_or_default().trim().to_owned(),
+                ),
+                Err(e) => {
+                    errors.push(ConfigError::at(
+                        "admin.token_file",
+                        format_args!("{}: {e}", path.display()),
+                    ));
+                    return AdminAccess::Off;
+                }
+            },
+            (None, None) => return AdminAccess::Off,
+        };
+        let (field, token) = token;
+        if token.is_empty() {
+            errors.push(ConfigError::at(
+                field,
+                "the token must not be empty; omit it to keep the admin API off",
+            ));
+            return AdminAccess::Off;
+        }
+        if token.len() > MAX_TOKEN_BYTES || token.chars().any(char::is_control) {
+            errors.push(ConfigError::at(
+                field,
+                format_args!(
+                    "the token must be at most {MAX_TOKEN_BYTES} bytes without control characters"
+                ),
+            ));
+            return AdminAccess::Off;
+        }
+        AdminAccess::Token(Sha256::digest(token.as_bytes()).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(config: &AdminConfig) -> (AdminAccess, Vec<String>) {
+        let mut errors = Vec::new();
+        let access = config.access(&mut errors);
+        (access, errors.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn without_a_token_the_api_is_off() {
+        let (off, errors) = access(&AdminConfig::default());
+        assert_eq!((off.clone(), errors), (AdminAccess::Off, Vec::new()));
+        assert!(!off.admits(""), "no token, however empty, is admitted");
+    }
+
+    #[test]
+    fn the_token_comes_from_the_file_or_the_setting_and_only_it_is_admitted() {
+        let (token, errors) = access(&AdminConfig {
+            token: Some("s3cret".into()),
+            ..AdminConfig::default()
+        });
+        assert!(errors.is_empty());
+        assert!(token.admits("s3cret"));
+        assert!(!token.admits("s3cre"), "a prefix is not the token");
+        assert!(!token.admits("s3cret "));
+        let dir = std::env::temp_dir().join(format!("switchyard-admin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-file\nignored\n").unwrap();
+        let (from_file, errors) = access(&AdminConfig {
+            token_file: Some(file.clone()),
+            ..AdminConfig::default()
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(from_file.admits("from-file"));
+        std::fs::write(&file, "\n").unwrap();
+        let (_, empty) = access(&AdminConfig {
+            token_file: Some(file.clone()),
+            ..AdminConfig::default()
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            empty,
+            ["admin.token_file: the token must not be empty; omit it to keep the admin API off"]
+        );
+    }
+
+    #[test]
+    fn conflicting_missing_or_unusable_tokens_are_errors() {
+        let (_, both) = access(&AdminConfig {
+            token: Some("a".into()),
+            token_file: Some("/x".into()),
+            ..AdminConfig::default()
+        });
+        assert_eq!(
+            both,
+            ["admin.token_file: set either admin.token or admin.token_file"]
+        );
+        let (_, missing) = access(&AdminConfig {
+            token_file: Some("/no/such/token".into()),
+            ..AdminConfig::default()
+        });
+        assert!(
+            missing[0].starts_with("admin.token_file: /no/such/token: "),
+            "{missing:?}"
+        );
+        let (_, control) = access(&AdminConfig {
+            token: Some("a\u{7}b".into()),
+            ..AdminConfig::default()
+        });
+        assert_eq!(control.len(), 1, "{control:?}");
+    }
+}
