@@ -1,4 +1,6 @@
 """/metrics read by the official Prometheus parsers, in both exposition formats."""
+import json
+import urllib.error
 import urllib.request
 
 import openai
@@ -52,3 +54,33 @@ def test_metrics_parse_as_prometheus_text_by_default_and_as_openmetrics_when_ask
         assert om_kind == kind, name
         om_samples = {k: v for k, v in om_samples.items() if not k[0].endswith("_created")}
         assert om_samples == samples, name
+
+
+def test_names_that_would_forge_metric_lines_are_refused_and_metrics_still_parse(sim, router):
+    engine, other = sim(), sim()
+    r = router({"models": [{"id": "m", "engines": [{"id": "A1", "url": engine.url, "role": "plain"}]}],
+                "admin": {"token": "s3cret"}})
+    forged = 'm"} 1\nswitchyard_engine_healthy{engine="A1"} 0\n#'
+    body = json.dumps({"id": "B1", "url": other.url, "model": forged}).encode()
+    request = urllib.request.Request(f"{r.url}/workers", data=body, method="POST",
+                                     headers={"content-type": "application/json", "authorization": "Bearer s3cret"})
+    try:
+        urllib.request.urlopen(request, timeout=30)
+        raise AssertionError("the forged model name was accepted")
+    except urllib.error.HTTPError as error:
+        assert error.code == 400
+        assert json.loads(error.read())["error"] == {
+            "message": error_message_of(forged),
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "invalid_parameter",
+        }
+    _, text = scrape(r)
+    healthy = families(parse_prometheus(text))["switchyard_engine_healthy"][1]
+    assert healthy == {("switchyard_engine_healthy", (("engine", "A1"),)): 1}, "no forged sample"
+
+
+def error_message_of(model):
+    """The router's message for a model name with the first character it refuses."""
+    refused = next(c for c in model if not ("!" <= c <= "~") or c in '"\\{},=')
+    return f"model may hold only visible ASCII characters other than \" \\ {{ }} , =, not {refused!r}"

@@ -3,6 +3,8 @@
 use router_state::RegistryError;
 use router_upstream::EngineUrlError;
 
+use crate::spec::{MAX_DP_SIZE, NameError};
+
 /// Why a [`Change`](crate::Change) could not be applied. Messages name engines by id
 /// and never repeat their URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -11,9 +13,22 @@ pub enum FleetError {
     /// The engine's URL is not an `http://host:port` base URL.
     #[error("url: {0}")]
     Url(#[from] EngineUrlError),
-    /// The id or the model is empty.
-    #[error("id and model must not be empty")]
-    Empty,
+    /// The id or the model cannot name one.
+    #[error("{field} {error}")]
+    Name {
+        /// `id` or `model`.
+        field: &'static str,
+        /// What is wrong with it.
+        error: NameError,
+    },
+    /// More data-parallel ranks than an engine may have.
+    #[error("dp_size {value}{} is above {MAX_DP_SIZE}", if *.introspected { " (from /server_info)" } else { "" })]
+    DpSize {
+        /// The value given.
+        value: u64,
+        /// Whether the engine's `/server_info` said it.
+        introspected: bool,
+    },
     /// The engine declares no role, and introspection could not tell it.
     #[error("{}", if *.reachable {
         "the engine's /server_info does not say its role; set `role`"

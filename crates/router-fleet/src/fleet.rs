@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::error::FleetError;
 use crate::feeds::{advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, HealthBook, HealthPolicy};
-use crate::spec::{Change, EngineSpec};
+use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, check_name};
 
 /// What changed in the fleet, as observers see it.
 #[derive(Debug, Clone)]
@@ -219,7 +219,16 @@ impl Fleet {
         let role = spec.role.or(known.role).ok_or(FleetError::UnknownRole {
             reachable: info.is_some(),
         })?;
-        let dp_size = spec.dp_size.or(known.dp_size).unwrap_or(1);
+        let dp_size = match (spec.dp_size, known.dp_size) {
+            (Some(configured), _) => configured,
+            (None, Some(advertised)) if advertised > MAX_DP_SIZE => {
+                return Err(FleetError::DpSize {
+                    value: advertised.into(),
+                    introspected: true,
+                });
+            }
+            (None, advertised) => advertised.unwrap_or(1),
+        };
         let dp_size = NonZeroU32::new(dp_size).unwrap_or(NonZeroU32::MIN);
         let mut engine = Engine::new(
             spec.id.clone(),
@@ -419,8 +428,14 @@ impl Drop for HealthChecks {
 /// What every added or upserted spec must satisfy before the engine is contacted.
 fn check(spec: &EngineSpec) -> Result<(), FleetError> {
     check_engine_url(&spec.url)?;
-    if spec.id.as_str().is_empty() || spec.model.is_empty() {
-        return Err(FleetError::Empty);
+    for (field, value) in [("id", spec.id.as_str()), ("model", spec.model.as_str())] {
+        check_name(value).map_err(|error| FleetError::Name { field, error })?;
     }
-    Ok(())
+    match spec.dp_size {
+        Some(value) if value > MAX_DP_SIZE => Err(FleetError::DpSize {
+            value: value.into(),
+            introspected: false,
+        }),
+        _ => Ok(()),
+    }
 }

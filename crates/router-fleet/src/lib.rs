@@ -48,4 +48,4 @@ pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, HealthPolicy};
 pub use metrics::register_metrics;
-pub use spec::{Change, EngineSpec};
+pub use spec::{Change, EngineSpec, MAX_DP_SIZE, MAX_NAME_BYTES, NameError, check_name};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use engine_sim::{RunningEngine, SimConfig};
 use parking_lot::Mutex;
-use router_fleet::{Change, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy};
+use router_fleet::{Change, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy, NameError};
 use router_state::{EngineId, RegistryError, Role};
 use router_upstream::{EngineUrlError, Upstream, UpstreamTimeouts};
 
@@ -157,7 +157,36 @@ async fn changes_that_cannot_apply_change_nothing() {
             .apply(Change::Upsert(EngineSpec::new("", "http://e:1", "m")))
             .await
             .unwrap_err(),
-        FleetError::Empty
+        FleetError::Name {
+            field: "id",
+            error: NameError::Empty
+        }
+    );
+    let forged = fleet
+        .apply(Change::Add(EngineSpec::new(
+            "E1",
+            "http://e:1",
+            "m\"} 1\nswitchyard_engine_healthy{engine=\"E1\"} 0",
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        forged,
+        FleetError::Name {
+            field: "model",
+            error: NameError::Character('"')
+        },
+        "a name that would forge metric lines is refused"
+    );
+    let mut ranks = EngineSpec::new("A2", "http://e:1", "m");
+    ranks.dp_size = Some(4_000_000_000);
+    assert_eq!(
+        fleet
+            .apply(Change::Add(ranks))
+            .await
+            .unwrap_err()
+            .to_string(),
+        "dp_size 4000000000 is above 1024"
     );
     // A port nothing listens on: the engine never answers, and declares no role.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -184,6 +213,50 @@ async fn changes_that_cannot_apply_change_nothing() {
     );
     assert!(fleet.snapshot().get("A1").is_some());
     assert_eq!(*seen.lock(), ["added A1 decode"]);
+}
+
+/// An engine whose `/server_info` says `info`, to every request, until dropped.
+async fn engine_saying(info: serde_json::Value) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let body = info.to_string();
+    let server = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = Vec::new();
+            let mut buf = [0_u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            drop(socket.write_all(answer.as_bytes()).await);
+        }
+    });
+    (url, server)
+}
+
+#[tokio::test]
+async fn an_engine_claiming_too_many_ranks_is_refused() {
+    let (url, server) =
+        engine_saying(serde_json::json!({"disaggregation_mode": "null", "dp_size": 5000})).await;
+    let (fleet, seen) = fleet();
+    let refused = fleet
+        .apply(Change::Add(EngineSpec::new("A1", url.as_str(), "m")))
+        .await
+        .unwrap_err();
+    server.abort();
+    assert_eq!(
+        refused.to_string(),
+        "dp_size 5000 (from /server_info) is above 1024"
+    );
+    assert!(fleet.snapshot().is_empty());
+    assert!(seen.lock().is_empty());
 }
 
 #[tokio::test]

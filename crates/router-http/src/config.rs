@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use router_buckets::{BucketConfig, DefaultPolicies};
+use router_fleet::{MAX_DP_SIZE, check_name};
 use router_policy::{ConfigError, PolicyConfig};
 use router_state::kv_events::IndexConfig;
 use router_state::{ModelMode, Role};
@@ -424,8 +425,8 @@ impl RouterConfig {
         let mut engine_ids: BTreeMap<&str, String> = BTreeMap::new();
         for (m, model) in self.models.iter().enumerate() {
             let at = |field: &str| format!("models[{m}].{field}");
-            if model.id.is_empty() {
-                errors.push(ConfigError::at(at("id"), "must not be empty"));
+            if let Err(e) = check_name(&model.id) {
+                errors.push(ConfigError::at(at("id"), e));
             } else if let Some(first) = model_ids.insert(&model.id, m) {
                 errors.push(ConfigError::at(
                     at("id"),
@@ -444,8 +445,8 @@ impl RouterConfig {
             let mut mode: Option<(ModelMode, usize)> = None;
             for (e, engine) in model.engines.iter().enumerate() {
                 let at = |field: &str| format!("models[{m}].engines[{e}].{field}");
-                if engine.id.is_empty() {
-                    errors.push(ConfigError::at(at("id"), "must not be empty"));
+                if let Err(e) = check_name(&engine.id) {
+                    errors.push(ConfigError::at(at("id"), e));
                 } else if let Some(first) = engine_ids.insert(&engine.id, at("id")) {
                     errors.push(ConfigError::at(
                         at("id"),
@@ -455,8 +456,13 @@ impl RouterConfig {
                 if let Err(message) = router_upstream::check_engine_url(&engine.url) {
                     errors.push(ConfigError::at(at("url"), message.to_string()));
                 }
-                if engine.dp_size == Some(0) {
-                    errors.push(ConfigError::at(at("dp_size"), "must be at least 1"));
+                match engine.dp_size {
+                    Some(0) => errors.push(ConfigError::at(at("dp_size"), "must be at least 1")),
+                    Some(n) if n > MAX_DP_SIZE => errors.push(ConfigError::at(
+                        at("dp_size"),
+                        format_args!("must be at most {MAX_DP_SIZE}"),
+                    )),
+                    _ => {}
                 }
                 if let Some(role) = engine.role {
                     let this = ModelMode::of(role.into());

@@ -289,3 +289,35 @@ impl LoadWatch {
             .expect("the engine reported the expected load");
     }
 }
+
+#[tokio::test]
+async fn a_client_request_id_is_kept_only_when_short_and_visible_ascii() {
+    let a = sim(|_| {}).await;
+    let router = router(config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]))
+    .await;
+    let id_of = |sent: Vec<u8>| {
+        let router = &router;
+        async move {
+            let response = reqwest::Client::new()
+                .post(url(router, "/v1/chat/completions"))
+                .header("x-request-id", sent)
+                .json(&chat("m", "hi"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.headers()["x-request-id"].as_bytes().to_vec()
+        }
+    };
+    assert_eq!(id_of(b"req-42".to_vec()).await, b"req-42", "echoed");
+    for hostile in [vec![b'a'; 129], b"a b".to_vec(), vec![0xFF; 60]] {
+        let replaced = id_of(hostile.clone()).await;
+        assert_ne!(replaced, hostile);
+        assert_eq!(replaced.len(), 16, "a generated id");
+        assert!(replaced.iter().all(u8::is_ascii_hexdigit));
+    }
+    router.shutdown().await;
+}

@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use router_fleet::Change;
+use router_fleet::{Change, FleetError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -114,7 +114,12 @@ pub(super) async fn add(
         .fleet
         .apply(Change::Add(engine_spec(&config, &add.model)))
         .await
-        .map_err(|e| invalid(&e))?;
+        .map_err(|e| match e {
+            FleetError::Name { field, .. } => {
+                ApiError::invalid("invalid_parameter", field, e.to_string())
+            }
+            e => invalid(&e),
+        })?;
     // The fleet's observer gave a new model its catch-all bucket (this call is then
     // a lookup); when the default policies cannot serve one, the engine does not
     // stay.

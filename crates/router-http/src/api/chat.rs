@@ -24,6 +24,9 @@ use crate::error::ApiError;
 use crate::metrics::{ModelStageLabels, PickLabels, RequestLabels};
 use crate::prepare::{Endpoint, prepare};
 
+/// The longest client `x-request-id` kept, in bytes.
+const MAX_REQUEST_ID_BYTES: usize = 128;
+
 /// The `POST` route of `endpoint`.
 pub(super) fn routed(endpoint: &'static Endpoint) -> MethodRouter<Arc<AppContext>> {
     post(move |State(ctx): State<Arc<AppContext>>, request: Request| handle(endpoint, ctx, request))
@@ -67,9 +70,17 @@ async fn respond(
     body: Result<Bytes, axum::BoxError>,
 ) -> Response {
     let started = Instant::now();
-    let request_id = headers.get(REQUEST_ID).cloned().unwrap_or_else(|| {
-        HeaderValue::from_str(&ctx.next_request_id()).expect("hex is a valid header")
-    });
+    // A client's id is echoed and sent to the engines only when it is short and
+    // visible ASCII; any other is replaced.
+    let request_id = headers
+        .get(REQUEST_ID)
+        .filter(|id| {
+            id.len() <= MAX_REQUEST_ID_BYTES && id.as_bytes().iter().all(u8::is_ascii_graphic)
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&ctx.next_request_id()).expect("hex is a valid header")
+        });
     let (model, result) = route(endpoint, &ctx, &headers, body, started, request_id.clone()).await;
     match result {
         Ok(response) => response,

@@ -119,6 +119,18 @@ fn validation_errors_name_their_path() {
             "models[0].engines[0].dp_size: must be at least 1",
         ),
         (
+            "models: [{id: m, engines: [{id: A, url: 'http://a:1', dp_size: 4000000000}]}]\n",
+            "models[0].engines[0].dp_size: must be at most 1024",
+        ),
+        (
+            "models: [{id: 'm\"} 1', engines: []}]\n",
+            "models[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not '\"'",
+        ),
+        (
+            "models: [{id: m, engines: [{id: 'A 1', url: 'http://a:1'}]}]\n",
+            "models[0].engines[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not ' '",
+        ),
+        (
             "models: [{id: m, engines: [{id: A, url: 'http://a:1', role: plain}, {id: P, url: 'http://p:1', role: prefill}]}]\n",
             "models[0].engines[1].role: a prefill engine cannot join a model served by plain engines (models[0].engines[0]); \
              a model is either all plain or all prefill/decode",

