@@ -23,6 +23,7 @@
 //! let upstream = Upstream::new(UpstreamTimeouts {
 //!     connect: Duration::from_secs(2),
 //!     first_byte: Duration::from_secs(300),
+//!     pool_idle: Duration::from_secs(4),
 //! });
 //! let fleet = Arc::new(Fleet::new(upstream, Arc::default(), HealthPolicy::default()));
 //! fleet.on_change(|event| {

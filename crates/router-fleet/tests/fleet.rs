@@ -21,6 +21,7 @@ fn fleet() -> (Fleet, Arc<Mutex<Vec<String>>>) {
     let upstream = Upstream::new(UpstreamTimeouts {
         connect: Duration::from_secs(2),
         first_byte: Duration::from_secs(5),
+        pool_idle: Duration::from_secs(4),
     });
     let health = HealthPolicy {
         breaker_failures: 2,

@@ -240,6 +240,10 @@ pub struct TimeoutConfig {
     /// Longest silence between two body chunks of a response, in milliseconds.
     #[serde(default = "default_idle")]
     pub idle_ms: u64,
+    /// How long an idle engine connection is kept for reuse, in milliseconds; keep
+    /// it below the engines' keep-alive timeout (uvicorn's is 5 s).
+    #[serde(default = "default_pool_idle")]
+    pub pool_idle_ms: u64,
 }
 
 fn default_connect() -> u64 {
@@ -251,6 +255,9 @@ fn default_first_byte() -> u64 {
 fn default_idle() -> u64 {
     120_000
 }
+fn default_pool_idle() -> u64 {
+    4_000
+}
 
 impl Default for TimeoutConfig {
     fn default() -> Self {
@@ -258,6 +265,7 @@ impl Default for TimeoutConfig {
             connect_ms: default_connect(),
             first_byte_ms: default_first_byte(),
             idle_ms: default_idle(),
+            pool_idle_ms: default_pool_idle(),
         }
     }
 }
@@ -379,6 +387,7 @@ impl RouterConfig {
             ("timeouts.connect_ms", self.timeouts.connect_ms),
             ("timeouts.first_byte_ms", self.timeouts.first_byte_ms),
             ("timeouts.idle_ms", self.timeouts.idle_ms),
+            ("timeouts.pool_idle_ms", self.timeouts.pool_idle_ms),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
             (

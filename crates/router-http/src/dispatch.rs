@@ -28,12 +28,21 @@ const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-t
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
-type Leg = Pin<Box<dyn Future<Output = Result<Response<H1Body>, ApiError>> + Send>>;
+type LegFuture = Pin<Box<dyn Future<Output = Result<Response<H1Body>, ApiError>> + Send>>;
+
+/// What every leg of a request is: where it goes on the engine, and whether its
+/// answer is streamed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Leg {
+    /// The path on the engine (the endpoint's own).
+    pub(crate) path: &'static str,
+    /// A streamed answer's head comes before the generation; a whole answer's after.
+    pub(crate) stream: bool,
+}
 
 /// What dispatch needs besides the selection.
 pub(crate) struct Outgoing {
-    /// The path on the engine (the endpoint's own).
-    pub(crate) path: &'static str,
+    pub(crate) leg: Leg,
     pub(crate) body: Bytes,
     pub(crate) prompt_tokens: u64,
     pub(crate) model: Arc<str>,
@@ -57,7 +66,7 @@ pub(crate) async fn dispatch(
                 ctx,
                 &engine,
                 "plain",
-                out.path,
+                out.leg,
                 out.body.clone(),
                 &out.request_id,
             )
@@ -74,20 +83,20 @@ pub(crate) async fn dispatch(
                 ctx.fleet.load().acquire(decode.id()),
             ];
             let body = with_bootstrap(&out.body, &prefill, ctx.next_room());
-            let mut prefill_leg: Leg = {
+            let mut prefill_leg: LegFuture = {
                 let ctx = Arc::clone(ctx);
-                let (prefill, body, request_id, path) = (
+                let (prefill, body, request_id, leg) = (
                     Arc::clone(&prefill),
                     body.clone(),
                     out.request_id.clone(),
-                    out.path,
+                    out.leg,
                 );
                 Box::pin(
-                    async move { send(&ctx, &prefill, "prefill", path, body, &request_id).await },
+                    async move { send(&ctx, &prefill, "prefill", leg, body, &request_id).await },
                 )
             };
             let request_id = out.request_id.clone();
-            let decode_leg = send(ctx, &decode, "decode", out.path, body, &request_id);
+            let decode_leg = send(ctx, &decode, "decode", out.leg, body, &request_id);
             tokio::pin!(decode_leg);
             let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
@@ -121,14 +130,16 @@ pub(crate) async fn dispatch(
     }
 }
 
-/// Sends one leg and waits for a successful response head. Engine 5xx answers and
-/// transport failures count against the engine's breaker and become 502 (504 for
-/// timeouts); 4xx answers are the client's and are returned as they are.
+/// Sends one leg and waits for a successful response head. Engine 5xx answers,
+/// transport failures and timeouts count against the engine's breaker and become 502
+/// (504 for timeouts), except the first-byte timeout of an answer that is not
+/// streamed (its head waits for the whole generation); 4xx answers are the client's
+/// and are returned as they are.
 async fn send(
     ctx: &AppContext,
     engine: &Engine,
     stage: &'static str,
-    path: &str,
+    leg: Leg,
     body: Bytes,
     request_id: &HeaderValue,
 ) -> Result<Response<H1Body>, ApiError> {
@@ -138,7 +149,10 @@ async fn send(
     let json = HeaderValue::from_static("application/json");
     let headers = [(header::CONTENT_TYPE, &json), (REQUEST_ID, request_id)];
     let sent = Instant::now();
-    let result = ctx.upstream.post(&authority, path, &headers, &body).await;
+    let result = ctx
+        .upstream
+        .post(&authority, leg.path, &headers, &body)
+        .await;
     ctx.metrics
         .upstream_latency
         .get_or_create(&StageLabels { stage })
@@ -157,10 +171,15 @@ async fn send(
             Ok(response)
         }
         Err(e) => {
-            ctx.fleet.record_dispatch(engine.id(), false);
+            // A whole answer's head comes only after the generation: its first-byte
+            // timeout is a long generation, not an engine fault.
+            let long_generation = matches!(e, UpstreamError::NoHead) && !leg.stream;
+            if !long_generation {
+                ctx.fleet.record_dispatch(engine.id(), false);
+            }
             let message = format!("{stage} engine {}: {}", engine.id(), e.describe());
             Err(match e {
-                UpstreamError::Timeout(_) => ApiError::timeout(message),
+                UpstreamError::Timeout(_) | UpstreamError::NoHead => ApiError::timeout(message),
                 _ => ApiError::upstream(message),
             })
         }

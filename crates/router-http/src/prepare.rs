@@ -34,6 +34,8 @@ pub(crate) const CHAT: Endpoint = Endpoint {
 #[derive(Debug)]
 pub(crate) struct Parsed<'b> {
     model: String,
+    /// Whether the answer is streamed (its head comes before the generation).
+    stream: bool,
     prompt: Prompt<'b>,
     max_output_tokens: Option<u64>,
 }
@@ -63,6 +65,7 @@ impl Prompt<'_> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Prepared {
     pub(crate) model: String,
+    pub(crate) stream: bool,
     pub(crate) input_tokens: u64,
     pub(crate) max_output_tokens: Option<u64>,
     pub(crate) token_ids: Option<Vec<u32>>,
@@ -87,6 +90,7 @@ pub(crate) fn prepare<'t>(
     };
     Ok(Prepared {
         model: parsed.model,
+        stream: parsed.stream,
         input_tokens,
         max_output_tokens: parsed.max_output_tokens,
         token_ids,

@@ -321,3 +321,34 @@ async fn a_client_request_id_is_kept_only_when_short_and_visible_ascii() {
     }
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_long_generation_is_not_held_against_the_engine_but_a_silent_stream_is() {
+    let a = sim(|c| c.faults.hang_before_first_byte = true).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.timeouts.first_byte_ms = 300;
+    config.health.breaker_failures = 1;
+    let router = router(config).await;
+    let breaker_open = || async {
+        metrics(&router)
+            .await
+            .contains(r#"switchyard_engine_breaker_open{engine="A"} 1"#)
+    };
+    let whole = post(&router, &chat("m", "a long answer")).await;
+    assert_eq!(whole.status(), 504);
+    assert!(
+        !breaker_open().await,
+        "a whole answer's first-byte timeout is a long generation"
+    );
+    let mut streamed = chat("m", "a stream");
+    streamed["stream"] = true.into();
+    assert_eq!(post(&router, &streamed).await.status(), 504);
+    assert!(
+        breaker_open().await,
+        "a stream whose head never comes is the engine's fault"
+    );
+    router.shutdown().await;
+}

@@ -19,9 +19,14 @@ pub enum UpstreamError {
     /// The connection could not be made (refused, unreachable).
     #[error("connection failed: {0}")]
     Connect(String),
-    /// Connecting, or waiting for the response head, took too long.
+    /// Connecting, or reading a probe's or introspection's answer, took too long.
     #[error("timed out: {0}")]
     Timeout(&'static str),
+    /// A relayed request's response head did not come within the first-byte
+    /// timeout: for a request answered whole, a long generation rather than an
+    /// engine fault.
+    #[error("timed out: no response head within the first-byte timeout")]
+    NoHead,
     /// The connection broke or the engine answered garbage.
     #[error("transport error: {0}")]
     Transport(String),
@@ -33,6 +38,7 @@ impl UpstreamError {
         match self {
             Self::Connect(_) => "connection failed",
             Self::Timeout(what) => what,
+            Self::NoHead => "no response head within the first-byte timeout",
             Self::Transport(_) => "the connection broke",
         }
     }
@@ -55,12 +61,13 @@ pub struct UpstreamTimeouts {
     pub connect: Duration,
     /// From sending a request to the response head.
     pub first_byte: Duration,
+    /// How long an idle engine connection is kept for reuse; keep it below the
+    /// engines' own keep-alive timeout (5 s for the uvicorn servers SGLang and vLLM
+    /// run), so the router is not the one surprised by a connection the engine has
+    /// just closed.
+    pub pool_idle: Duration,
 }
 
-/// How long an idle engine connection is kept: below the 5 s keep-alive timeout of
-/// the uvicorn servers SGLang and vLLM run, so the router is not the one surprised
-/// by a connection the engine has just closed.
-const IDLE_CONNECTION: Duration = Duration::from_secs(4);
 /// The most idle connections kept per engine.
 const MAX_IDLE_PER_ENGINE: usize = 256;
 /// The largest answer read from an engine's `/health` or `/server_info`.
@@ -79,7 +86,7 @@ impl Upstream {
     /// A client with `timeouts` and a keep-alive pool per engine.
     pub fn new(timeouts: UpstreamTimeouts) -> Self {
         Self {
-            client: H1Client::new(timeouts.connect, IDLE_CONNECTION, MAX_IDLE_PER_ENGINE),
+            client: H1Client::new(timeouts.connect, timeouts.pool_idle, MAX_IDLE_PER_ENGINE),
             first_byte: timeouts.first_byte,
         }
     }
@@ -104,9 +111,7 @@ impl Upstream {
     ) -> Result<Response<H1Body>, UpstreamError> {
         let request = self.client.request("POST", authority, path, headers, body);
         match tokio::time::timeout(self.first_byte, request).await {
-            Err(_) => Err(UpstreamError::Timeout(
-                "no response head within the first-byte timeout",
-            )),
+            Err(_) => Err(UpstreamError::NoHead),
             Ok(result) => result.map_err(UpstreamError::from),
         }
     }

@@ -309,8 +309,9 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         };
         let status = parsed
             .code
+            .filter(|code| (100..=599).contains(code))
             .and_then(|code| StatusCode::from_u16(code).ok())
-            .ok_or(H1Error::Malformed("invalid status"))?;
+            .ok_or(H1Error::Malformed("status outside 100-599"))?;
         if status == StatusCode::SWITCHING_PROTOCOLS {
             return Err(H1Error::Malformed("unexpected protocol switch"));
         }

@@ -17,6 +17,7 @@
 //! let upstream = Upstream::new(UpstreamTimeouts {
 //!     connect: Duration::from_secs(2),
 //!     first_byte: Duration::from_secs(300),
+//!     pool_idle: Duration::from_secs(4),
 //! });
 //! let engine = "http://127.0.0.1:30000";
 //! if upstream.probe(engine, Duration::from_secs(2)).await {

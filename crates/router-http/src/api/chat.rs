@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
-use crate::dispatch::{Outgoing, REQUEST_ID, dispatch};
+use crate::dispatch::{Leg, Outgoing, REQUEST_ID, dispatch};
 use crate::error::ApiError;
 use crate::metrics::{ModelStageLabels, PickLabels, RequestLabels};
 use crate::prepare::{Endpoint, prepare};
@@ -216,7 +216,10 @@ async fn route(
         tracing::debug!(bucket = %selection.pick.bucket, prefill = %prefill.engine.id(), decode = %decode.engine.id(), "selected");
     }
     let out = Outgoing {
-        path: endpoint.path,
+        leg: Leg {
+            path: endpoint.path,
+            stream: prepared.stream,
+        },
         body,
         prompt_tokens: prepared.input_tokens,
         model: Arc::clone(&model),

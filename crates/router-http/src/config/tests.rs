@@ -86,6 +86,10 @@ fn validation_errors_name_their_path() {
             "timeouts.connect_ms: must be at least 1",
         ),
         (
+            "timeouts: {pool_idle_ms: 0}\nmodels: [{id: m}]\n",
+            "timeouts.pool_idle_ms: must be at least 1",
+        ),
+        (
             "health: {failure_threshold: 0}\nmodels: [{id: m}]\n",
             "health.failure_threshold: must be at least 1",
         ),

@@ -126,6 +126,7 @@ impl RouterConfig {
             upstream: UpstreamTimeouts {
                 connect: Duration::from_millis(self.timeouts.connect_ms),
                 first_byte: Duration::from_millis(self.timeouts.first_byte_ms),
+                pool_idle: Duration::from_millis(self.timeouts.pool_idle_ms),
             },
             idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
             health: health_policy(&self.health),

@@ -12,6 +12,7 @@ fn metrics() -> (Metrics, Arc<Fleet>) {
     let upstream = Upstream::new(UpstreamTimeouts {
         connect: Duration::from_secs(1),
         first_byte: Duration::from_secs(1),
+        pool_idle: Duration::from_secs(4),
     });
     let fleet = Arc::new(Fleet::new(
         upstream,

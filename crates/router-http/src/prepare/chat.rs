@@ -141,6 +141,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     )?;
     Ok(Parsed {
         model,
+        stream,
         prompt: Prompt::Messages(messages),
         max_output_tokens: max_completion_tokens.or(max_tokens),
     })

@@ -28,8 +28,8 @@ fn prepares_the_routing_facts() {
     ))
     .unwrap();
     assert_eq!(
-        (p.model.as_str(), p.max_output_tokens, p.token_ids),
-        ("m", Some(100), None)
+        (p.model.as_str(), p.stream, p.max_output_tokens, p.token_ids),
+        ("m", true, Some(100), None)
     );
     let body_len = serde_json::to_vec(&chat(
         json!({"stream": true, "max_tokens": 100, "stream_options": {"include_usage": true}}),

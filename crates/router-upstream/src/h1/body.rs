@@ -213,19 +213,34 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
     }
 }
 
-/// The hexadecimal size of a chunk-size line, ignoring chunk extensions.
+/// The hexadecimal size of a chunk-size line (RFC 9112 section 7.1): hex digits
+/// (leading zeros allowed, at most 15 significant), then optionally spaces or tabs
+/// and `;` chunk extensions, which are ignored. Anything else (leading whitespace,
+/// a bare CR or LF, trailing garbage) is refused.
 fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let digits = line.split(|b| *b == b';').next().unwrap_or_default();
-    let digits = digits.trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
-        return Err(H1Error::Malformed("invalid chunk size"));
+    let invalid = || H1Error::Malformed("invalid chunk size");
+    let digits = match line.iter().position(|b| *b == b';') {
+        Some(at) => {
+            let size = &line[..at];
+            let end = size
+                .iter()
+                .rposition(|b| !matches!(b, b' ' | b'\t'))
+                .map_or(0, |i| i + 1);
+            &size[..end]
+        }
+        None => line,
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return Err(invalid());
     }
-    digits.iter().try_fold(0_u64, |size, digit| {
-        let value = char::from(*digit)
-            .to_digit(16)
-            .ok_or(H1Error::Malformed("invalid chunk size"))?;
-        Ok(size * 16 + u64::from(value))
-    })
+    let significant = &digits[digits.iter().take_while(|b| **b == b'0').count()..];
+    if significant.len() > 15 || line.iter().any(|b| matches!(b, b'\r' | b'\n')) {
+        return Err(invalid());
+    }
+    Ok(significant.iter().fold(0_u64, |size, digit| {
+        let value = char::from(*digit).to_digit(16).unwrap_or_default();
+        size * 16 + u64::from(value)
+    }))
 }
 
 impl Body for H1Body {
