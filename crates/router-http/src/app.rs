@@ -50,6 +50,8 @@ pub struct AppContext {
     pub(crate) affinity_headers: AffinityHeaders,
     pub(crate) admin: AdminAccess,
     pub(crate) idle_timeout: Duration,
+    /// How long a client may take to send a whole request body.
+    pub(crate) client_body_timeout: Duration,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -92,6 +94,7 @@ impl AppContext {
             affinity_headers: config.affinity_headers,
             admin: config.admin,
             idle_timeout: config.idle_timeout,
+            client_body_timeout: config.client.body,
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))
     }

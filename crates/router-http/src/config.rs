@@ -41,6 +41,9 @@ pub struct RouterConfig {
     /// Session and routing-key affinity.
     #[serde(default)]
     pub affinity: AffinitySettings,
+    /// Bounds on what clients may hold.
+    #[serde(default)]
+    pub limits: LimitsConfig,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -58,6 +61,7 @@ impl RouterConfig {
             load: LoadConfig::default(),
             admin: AdminConfig::default(),
             affinity: AffinitySettings::default(),
+            limits: LimitsConfig::default(),
             shutdown_grace_ms: default_grace(),
         }
     }
@@ -244,6 +248,15 @@ pub struct TimeoutConfig {
     /// it below the engines' keep-alive timeout (uvicorn's is 5 s).
     #[serde(default = "default_pool_idle")]
     pub pool_idle_ms: u64,
+    /// How long a client connection may take to send a request head, counted from
+    /// when the connection is waiting for one (so it also closes idle keep-alive
+    /// connections), in milliseconds; then the connection is closed.
+    #[serde(default = "default_client_header")]
+    pub client_header_ms: u64,
+    /// How long a client may take to send a whole request body, in milliseconds;
+    /// then it gets a 408.
+    #[serde(default = "default_client_body")]
+    pub client_body_ms: u64,
 }
 
 fn default_connect() -> u64 {
@@ -258,6 +271,12 @@ fn default_idle() -> u64 {
 fn default_pool_idle() -> u64 {
     4_000
 }
+fn default_client_header() -> u64 {
+    10_000
+}
+fn default_client_body() -> u64 {
+    30_000
+}
 
 impl Default for TimeoutConfig {
     fn default() -> Self {
@@ -266,6 +285,29 @@ impl Default for TimeoutConfig {
             first_byte_ms: default_first_byte(),
             idle_ms: default_idle(),
             pool_idle_ms: default_pool_idle(),
+            client_header_ms: default_client_header(),
+            client_body_ms: default_client_body(),
+        }
+    }
+}
+
+/// Bounds on what clients may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most client connections open at once; more wait in the listen backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
         }
     }
 }
@@ -388,6 +430,9 @@ impl RouterConfig {
             ("timeouts.first_byte_ms", self.timeouts.first_byte_ms),
             ("timeouts.idle_ms", self.timeouts.idle_ms),
             ("timeouts.pool_idle_ms", self.timeouts.pool_idle_ms),
+            ("timeouts.client_header_ms", self.timeouts.client_header_ms),
+            ("timeouts.client_body_ms", self.timeouts.client_body_ms),
+            ("limits.max_connections", self.limits.max_connections as u64),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
             (
@@ -515,7 +560,9 @@ pub(crate) use admin::AdminAccess;
 pub use admin::AdminConfig;
 pub use affinity::AffinitySettings;
 pub use validated::ValidatedConfig;
-pub(crate) use validated::{AffinityHeaders, ModelPlan, ModelRouting, engine_spec, roster};
+pub(crate) use validated::{
+    AffinityHeaders, ClientLimits, ModelPlan, ModelRouting, engine_spec, roster,
+};
 
 #[cfg(test)]
 mod tests;

@@ -72,6 +72,18 @@ impl ApiError {
         )
     }
 
+    /// 408: the body did not arrive in time.
+    pub(crate) fn body_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                limit.as_millis()
+            ),
+        )
+    }
+
     /// 502: the engine failed.
     pub(crate) fn upstream(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)

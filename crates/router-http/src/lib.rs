@@ -29,6 +29,7 @@
 mod api;
 mod app;
 mod config;
+mod connections;
 mod dispatch;
 mod error;
 mod metrics;
@@ -41,8 +42,8 @@ mod tokenize;
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
-    AdminConfig, AffinitySettings, EngineConfig, EngineRole, HealthConfig, LoadConfig, ModelConfig,
-    RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
+    AdminConfig, AffinitySettings, EngineConfig, EngineRole, HealthConfig, LimitsConfig,
+    LoadConfig, ModelConfig, RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
 pub use router_policy::ConfigError;

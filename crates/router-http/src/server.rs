@@ -1,10 +1,10 @@
-//! Serving: the listener (TCP_NODELAY on every accepted socket), the health checker,
-//! and graceful shutdown that drains in-flight requests within a grace period.
+//! Serving: the listeners (the public one, and the admin API's own when it has one),
+//! the health checker, and graceful shutdown that drains in-flight requests within a
+//! grace period.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -69,6 +69,7 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
     let grace = config.shutdown_grace;
     let listen = config.listen;
     let admin_listen = config.admin_listen;
+    let client = config.client;
     let ctx = AppContext::new(config).await?;
     let (listener, addr) = bind(listen).await?;
     let (stop, stopped) = watch::channel(false);
@@ -76,15 +77,13 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
         Some(listen) => {
             let (listener, addr) = bind(listen).await?;
             let app = admin_router(Arc::clone(&ctx));
-            let mut shutdown = stopped.clone();
-            let server = tokio::spawn(async move {
-                let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                    drop(shutdown.wait_for(|s| *s).await);
-                });
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "admin server failed");
-                }
-            });
+            let server = tokio::spawn(crate::connections::serve(
+                listener,
+                app,
+                client,
+                stopped.clone(),
+                grace,
+            ));
             tracing::info!(%addr, "admin API listening");
             Some((addr, server))
         }
@@ -92,27 +91,8 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
     };
     let health = ctx.fleet.spawn_health_checks();
     let app = router(Arc::clone(&ctx), admin.is_none());
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "setting TCP_NODELAY failed");
-        }
-    });
     let server = tokio::spawn(async move {
-        let mut draining = stopped.clone();
-        let mut shutdown = stopped;
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            drop(shutdown.wait_for(|s| *s).await);
-        });
-        let deadline = async move {
-            drop(draining.wait_for(|s| *s).await);
-            tokio::time::sleep(grace).await;
-        };
-        tokio::select! {
-            result = serve => if let Err(e) = result {
-                tracing::error!(error = %e, "server failed");
-            },
-            () = deadline => tracing::warn!(?grace, "grace period over; closing remaining connections"),
-        }
+        crate::connections::serve(listener, app, client, stopped, grace).await;
         drop(health);
     });
     tracing::info!(%addr, "switchyard listening");

@@ -85,17 +85,21 @@ pub(super) async fn add(
     State(ctx): State<Arc<AppContext>>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let body = Limited::new(request.into_body(), MAX_ADMIN_BODY_BYTES)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.is::<LengthLimitError>() {
-                ApiError::too_large(MAX_ADMIN_BODY_BYTES)
-            } else {
-                ApiError::bad_body(format!("the request body could not be read: {e}"))
-            }
-        })?
-        .to_bytes();
+    let limit = ctx.client_body_timeout;
+    let body = tokio::time::timeout(
+        limit,
+        Limited::new(request.into_body(), MAX_ADMIN_BODY_BYTES).collect(),
+    )
+    .await
+    .map_err(|_| ApiError::body_timeout(limit))?
+    .map_err(|e| {
+        if e.is::<LengthLimitError>() {
+            ApiError::too_large(MAX_ADMIN_BODY_BYTES)
+        } else {
+            ApiError::bad_body(format!("the request body could not be read: {e}"))
+        }
+    })?
+    .to_bytes();
     let add: AddEngine = serde_json::from_slice(&body)
         .map_err(|e| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string()))?;
     let config = EngineConfig {

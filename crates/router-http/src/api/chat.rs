@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
-use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_buckets::{BucketRequest, EnginePicks};
 use router_policy::PrefixMemo;
 use tokio::task::{JoinError, JoinHandle};
@@ -38,10 +38,20 @@ pub(super) fn routed(endpoint: &'static Endpoint) -> MethodRouter<Arc<AppContext
 /// per request at low load); from a separate task each wake-up stays on one thread.
 async fn handle(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let read = AbortOnDrop(tokio::spawn(Limited::new(body, MAX_BODY_BYTES).collect()));
+    let limit = ctx.client_body_timeout;
+    let read = AbortOnDrop(tokio::spawn(tokio::time::timeout(
+        limit,
+        Limited::new(body, MAX_BODY_BYTES).collect(),
+    )));
+    let unreadable = |e: &dyn std::fmt::Display| {
+        ApiError::bad_body(format!("the request body could not be read: {e}"))
+    };
     let body = match read.await {
-        Ok(body) => body.map(Collected::to_bytes),
-        Err(e) => Err(e.into()),
+        Ok(Ok(Ok(body))) => Ok(body.to_bytes()),
+        Ok(Ok(Err(e))) if e.is::<LengthLimitError>() => Err(ApiError::too_large(MAX_BODY_BYTES)),
+        Ok(Ok(Err(e))) => Err(unreadable(&e)),
+        Ok(Err(_)) => Err(ApiError::body_timeout(limit)),
+        Err(e) => Err(unreadable(&e)),
     };
     respond(endpoint, ctx, parts.headers, body).await
 }
@@ -67,7 +77,7 @@ async fn respond(
     endpoint: &'static Endpoint,
     ctx: Arc<AppContext>,
     headers: HeaderMap,
-    body: Result<Bytes, axum::BoxError>,
+    body: Result<Bytes, ApiError>,
 ) -> Response {
     let started = Instant::now();
     // A client's id is echoed and sent to the engines only when it is short and
@@ -115,23 +125,13 @@ async fn route(
     endpoint: &'static Endpoint,
     ctx: &Arc<AppContext>,
     headers: &HeaderMap,
-    body: Result<Bytes, axum::BoxError>,
+    body: Result<Bytes, ApiError>,
     started: Instant,
     request_id: HeaderValue,
 ) -> (Arc<str>, Result<Response, ApiError>) {
     let body = match body {
         Ok(body) => body,
-        Err(e) if e.is::<LengthLimitError>() => {
-            return (unknown_model(), Err(ApiError::too_large(MAX_BODY_BYTES)));
-        }
-        Err(e) => {
-            return (
-                unknown_model(),
-                Err(ApiError::bad_body(format!(
-                    "the request body could not be read: {e}"
-                ))),
-            );
-        }
+        Err(e) => return (unknown_model(), Err(e)),
     };
     let mut route = None;
     let prepared = prepare(endpoint, &body, |model| {

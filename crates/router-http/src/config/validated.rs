@@ -30,6 +30,7 @@ pub struct ValidatedConfig {
     pub(crate) shutdown_grace: Duration,
     pub(crate) upstream: UpstreamTimeouts,
     pub(crate) idle_timeout: Duration,
+    pub(crate) client: ClientLimits,
     pub(crate) health: HealthPolicy,
     pub(crate) load: Arc<EngineReportedLoadTable>,
     pub(crate) affinity: Arc<AffinityStore>,
@@ -42,6 +43,17 @@ pub struct ValidatedConfig {
     pub(crate) defaults: DefaultPolicies,
     pub(crate) handles: PolicyHandles,
     pub(crate) models: Vec<ModelPlan>,
+}
+
+/// What a client connection may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientLimits {
+    /// To send a request head, counted from when one is awaited.
+    pub(crate) header: Duration,
+    /// To send a whole request body.
+    pub(crate) body: Duration,
+    /// Connections open at once.
+    pub(crate) max_connections: usize,
 }
 
 /// Where session and routing keys come from, and how long they may be.
@@ -129,6 +141,11 @@ impl RouterConfig {
                 pool_idle: Duration::from_millis(self.timeouts.pool_idle_ms),
             },
             idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
+            client: ClientLimits {
+                header: Duration::from_millis(self.timeouts.client_header_ms),
+                body: Duration::from_millis(self.timeouts.client_body_ms),
+                max_connections: self.limits.max_connections,
+            },
             health: health_policy(&self.health),
             load,
             affinity,

@@ -1,0 +1,66 @@
+//! What a client connection may hold: a request head and a body each arrive within
+//! their timeouts, or the connection is closed or answered 408.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, engine, router, sim};
+use router_http::{EngineRole, ModelConfig, RunningRouter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn impatient_router() -> (RunningRouter, engine_sim::RunningEngine) {
+    let a = sim(|_| {}).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.timeouts.client_header_ms = 200;
+    config.timeouts.client_body_ms = 200;
+    (router(config).await, a)
+}
+
+/// Everything the server sends until it closes the connection; the guard only keeps
+/// a broken server from hanging the test.
+async fn read_to_close(socket: &mut TcpStream) -> Vec<u8> {
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut received))
+        .await
+        .expect("the router closes the connection")
+        .unwrap_or_default();
+    received
+}
+
+#[tokio::test]
+async fn a_half_sent_head_or_an_idle_connection_is_closed() {
+    let (router, _a) = impatient_router().await;
+    let mut half = TcpStream::connect(router.addr()).await.unwrap();
+    half.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let answered = read_to_close(&mut half).await;
+    assert!(
+        !answered.starts_with(b"HTTP/1.1 2"),
+        "no request was served: {answered:?}"
+    );
+    let mut idle = TcpStream::connect(router.addr()).await.unwrap();
+    assert_eq!(read_to_close(&mut idle).await, b"", "an idle connection is closed");
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_answered_408() {
+    let (router, _a) = impatient_router().await;
+    let mut socket = TcpStream::connect(router.addr()).await.unwrap();
+    socket
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":",
+        )
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut socket).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""code":"body_timeout""#), "{answer}");
+    router.shutdown().await;
+}
