@@ -20,6 +20,7 @@ pub(crate) fn load_feeds(
     advertised: Option<FeedEndpoint>,
     load: &Arc<EngineReportedLoadTable>,
     stats: &Arc<FeedStats>,
+    max_message_bytes: usize,
 ) -> Vec<FeedHandle> {
     let endpoint = match (spec.load_port, advertised) {
         (Some(port_base), advertised) => Some(FeedEndpoint {
@@ -39,6 +40,7 @@ pub(crate) fn load_feeds(
                 rank,
                 endpoint: endpoint.rank_endpoint(rank)?,
                 topic: endpoint.topic.clone(),
+                max_message_bytes,
             };
             Some(spawn_load_subscriber(
                 Arc::clone(load),
@@ -56,6 +58,7 @@ pub(crate) fn kv_feeds(
     advertised: Option<KvFeedEndpoint>,
     index: &Arc<PrefixIndex>,
     stats: &Arc<KvFeedStats>,
+    max_message_bytes: usize,
 ) -> Vec<FeedHandle> {
     let id: &EngineId = &spec.id;
     let model = spec.model.as_str();
@@ -101,6 +104,7 @@ pub(crate) fn kv_feeds(
                 endpoint: endpoint.feed.rank_endpoint(rank)?,
                 replay_endpoint: endpoint.replay_port_base.and_then(replay),
                 topic: endpoint.feed.topic.clone(),
+                max_message_bytes,
             };
             Some(spawn_kv_subscriber(
                 Arc::clone(index),

@@ -8,8 +8,8 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
 use router_state::{
-    Engine, EngineId, EngineRegistry, EngineReportedLoadTable, FeedHandle, FeedStats, Health,
-    RegistryError, RegistrySnapshot,
+    DEFAULT_MAX_FEED_MESSAGE_BYTES, Engine, EngineId, EngineRegistry, EngineReportedLoadTable,
+    FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot,
 };
 use router_upstream::{ServerInfo, Upstream, authority, check_engine_url};
 use tokio::task::JoinHandle;
@@ -61,6 +61,8 @@ pub struct Fleet {
     authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
     /// Called without any lock held, so an observer may call back into the fleet.
     observers: ArcSwap<Vec<Observer>>,
+    /// The largest message an engine's feeds may send.
+    max_feed_message_bytes: usize,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -92,7 +94,17 @@ impl Fleet {
             membership: Mutex::default(),
             authorities: ArcSwap::default(),
             observers: ArcSwap::default(),
+            max_feed_message_bytes: DEFAULT_MAX_FEED_MESSAGE_BYTES,
         }
+    }
+
+    /// Refuses feed messages (load reports, KV-event batches, replays) larger than
+    /// `bytes`: the engine's connection is closed before such a message is read,
+    /// and the feed reconnects. Defaults to 16 MiB.
+    #[must_use]
+    pub fn with_max_feed_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_feed_message_bytes = bytes;
+        self
     }
 
     /// The engines now: what candidate sets are built from.
@@ -296,9 +308,17 @@ impl Fleet {
         info: Option<&ServerInfo>,
     ) -> Vec<FeedHandle> {
         let (load_feed, kv_feed) = advertised(info);
-        let mut feeds = load_feeds(spec, dp_size, load_feed, &self.load, &self.feed_stats);
+        let max = self.max_feed_message_bytes;
+        let mut feeds = load_feeds(spec, dp_size, load_feed, &self.load, &self.feed_stats, max);
         if let Some(index) = self.prefix_index(&spec.model) {
-            feeds.extend(kv_feeds(spec, dp_size, kv_feed, &index, &self.kv_stats));
+            feeds.extend(kv_feeds(
+                spec,
+                dp_size,
+                kv_feed,
+                &index,
+                &self.kv_stats,
+                max,
+            ));
         }
         feeds
     }

@@ -64,7 +64,10 @@ impl AppContext {
     /// each with its path.
     pub async fn new(config: ValidatedConfig) -> Result<Arc<Self>, StartError> {
         let upstream = Upstream::new(config.upstream);
-        let fleet = Arc::new(Fleet::new(upstream.clone(), config.load, config.health));
+        let fleet = Arc::new(
+            Fleet::new(upstream.clone(), config.load, config.health)
+                .with_max_feed_message_bytes(config.max_feed_message_bytes),
+        );
         let mut errors = Vec::new();
         let mut routes = HashMap::new();
         for (m, model) in config.models.into_iter().enumerate() {

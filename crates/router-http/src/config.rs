@@ -298,16 +298,26 @@ pub struct LimitsConfig {
     /// Most client connections open at once; more wait in the listen backlog.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// The largest message an engine's ZeroMQ feeds may send (load reports, KV-event
+    /// batches, replays), in bytes; a larger one closes the feed's connection before
+    /// it is read, and the feed reconnects.
+    #[serde(default = "default_zmq_max_message_bytes")]
+    pub zmq_max_message_bytes: usize,
 }
 
 fn default_max_connections() -> usize {
     4096
 }
 
+fn default_zmq_max_message_bytes() -> usize {
+    router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES
+}
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_connections: default_max_connections(),
+            zmq_max_message_bytes: default_zmq_max_message_bytes(),
         }
     }
 }
@@ -433,6 +443,10 @@ impl RouterConfig {
             ("timeouts.client_header_ms", self.timeouts.client_header_ms),
             ("timeouts.client_body_ms", self.timeouts.client_body_ms),
             ("limits.max_connections", self.limits.max_connections as u64),
+            (
+                "limits.zmq_max_message_bytes",
+                self.limits.zmq_max_message_bytes as u64,
+            ),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
             (

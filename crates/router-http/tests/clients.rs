@@ -45,7 +45,11 @@ async fn a_half_sent_head_or_an_idle_connection_is_closed() {
         "no request was served: {answered:?}"
     );
     let mut idle = TcpStream::connect(router.addr()).await.unwrap();
-    assert_eq!(read_to_close(&mut idle).await, b"", "an idle connection is closed");
+    assert_eq!(
+        read_to_close(&mut idle).await,
+        b"",
+        "an idle connection is closed"
+    );
     router.shutdown().await;
 }
 

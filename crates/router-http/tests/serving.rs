@@ -251,6 +251,7 @@ impl LoadWatch {
                     rank: 0,
                     endpoint: format!("tcp://127.0.0.1:{}", sim.ports().load[0]),
                     topic: "load".into(),
+                    max_message_bytes: router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES,
                 };
                 router_state::spawn_load_subscriber(
                     std::sync::Arc::clone(&table),

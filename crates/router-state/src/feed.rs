@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
-use zeromq::{Socket, SocketRecv, SubSocket};
+use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
 
 use crate::engine::EngineId;
 use crate::load_monitor::{EngineReportedLoadTable, LoadReport};
@@ -93,6 +93,20 @@ pub struct LoadFeedSource {
     pub endpoint: String,
     /// Topic prefix to subscribe to.
     pub topic: String,
+    /// The largest message accepted; a larger one closes the connection before it
+    /// is read (the subscription reconnects).
+    pub max_message_bytes: usize,
+}
+
+/// The largest feed message accepted unless configured otherwise: 16 MiB, far above
+/// any load report or KV-event batch a real engine publishes.
+pub const DEFAULT_MAX_FEED_MESSAGE_BYTES: usize = 16 << 20;
+
+/// A SUB socket that refuses messages over `max_message_bytes`.
+pub(crate) fn bounded_sub(max_message_bytes: usize) -> SubSocket {
+    let mut options = SocketOptions::default();
+    options.max_message_size(max_message_bytes);
+    SubSocket::with_options(options)
 }
 
 /// Counters of a feed subscriber, shared with metrics.
@@ -174,7 +188,7 @@ pub fn spawn_load_subscriber(
     FeedHandle::spawn(async move {
         let mut backoff = Duration::from_millis(50);
         loop {
-            let mut sub = SubSocket::new();
+            let mut sub = bounded_sub(source.max_message_bytes);
             let connected = sub.connect(&source.endpoint).await;
             if let Err(e) = connected.and(sub.subscribe(&source.topic).await) {
                 stats.connect_failures.fetch_add(1, Ordering::Relaxed);

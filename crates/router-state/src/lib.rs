@@ -51,8 +51,8 @@ pub mod test_util;
 
 pub use engine::{Engine, EngineId, Health, Role};
 pub use feed::{
-    Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource, Sequence, decode_envelope,
-    spawn_load_subscriber,
+    DEFAULT_MAX_FEED_MESSAGE_BYTES, Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource,
+    Sequence, decode_envelope, spawn_load_subscriber,
 };
 pub use load_monitor::{
     DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,

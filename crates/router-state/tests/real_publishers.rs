@@ -202,6 +202,7 @@ async fn the_index_follows(engine: Engine) {
         endpoint: live,
         replay_endpoint: Some(replay),
         topic: "kv".into(),
+        max_message_bytes: router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES,
     };
     let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
     let mut h = Harness {

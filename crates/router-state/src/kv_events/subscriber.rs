@@ -18,12 +18,14 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::{sleep, timeout};
 use xxhash_rust::xxh3::xxh3_64;
-use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
+};
 
 use super::index::PrefixIndex;
 use super::wire::decode_batch;
 use crate::engine::EngineId;
-use crate::feed::{FeedHandle, Sequence, decode_envelope};
+use crate::feed::{FeedHandle, Sequence, bounded_sub, decode_envelope};
 
 /// How long a replay may go quiet before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -46,6 +48,9 @@ pub struct KvSource {
     pub replay_endpoint: Option<String>,
     /// Topic prefix to subscribe to.
     pub topic: String,
+    /// The largest message accepted, live or replayed; a larger one closes the
+    /// connection before it is read.
+    pub max_message_bytes: usize,
 }
 
 /// Counters of the KV-event subscribers of one index, for metrics.
@@ -143,7 +148,7 @@ pub fn spawn_kv_subscriber(
         };
         let mut backoff = Duration::from_millis(50);
         loop {
-            let mut sub = SubSocket::new();
+            let mut sub = bounded_sub(source.max_message_bytes);
             let mut monitor = sub.monitor();
             let connected = sub.connect(&source.endpoint).await;
             if connected.and(sub.subscribe(&source.topic).await).is_err() {
@@ -300,7 +305,9 @@ impl Stream<'_> {
     async fn replay(&self, start: u64) -> Option<Vec<(u64, Bytes)>> {
         let endpoint = self.source.replay_endpoint.as_ref()?;
         self.stats.replays.fetch_add(1, Ordering::Relaxed);
-        let mut dealer = DealerSocket::new();
+        let mut options = SocketOptions::default();
+        options.max_message_size(self.source.max_message_bytes);
+        let mut dealer = DealerSocket::with_options(options);
         timeout(REPLAY_TIMEOUT, dealer.connect(endpoint))
             .await
             .ok()?

@@ -1,0 +1,87 @@
+//! A publisher that announces a message larger than the limit: the subscriber closes
+//! the connection before reading it (nothing is allocated for it, the process
+//! lives), and subscribes again.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_state::{
+    EngineId, EngineReportedLoadTable, FeedStats, LoadFeedSource, spawn_load_subscriber,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// The ZMTP 3.0 greeting of a NULL-mechanism peer that is not the server.
+fn greeting() -> Vec<u8> {
+    let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
+    greeting.extend_from_slice(b"NULL");
+    greeting.resize(64, 0);
+    greeting
+}
+
+/// The READY command of a PUB socket.
+fn ready() -> Vec<u8> {
+    let mut body = vec![5];
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(&3_u32.to_be_bytes());
+    body.extend_from_slice(b"PUB");
+    let mut frame = vec![0x04, u8::try_from(body.len()).unwrap()];
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Completes the handshake, announces one frame of `declared` bytes, and reports how
+/// many bytes the subscriber sent before it closed the connection.
+async fn announce(mut socket: TcpStream, declared: u64) -> usize {
+    socket.write_all(&greeting()).await.unwrap();
+    socket.write_all(&ready()).await.unwrap();
+    let mut theirs = vec![0_u8; 64];
+    socket.read_exact(&mut theirs).await.unwrap();
+    let mut header = vec![0x02];
+    header.extend_from_slice(&declared.to_be_bytes());
+    socket.write_all(&header).await.unwrap();
+    let mut rest = Vec::new();
+    drop(socket.read_to_end(&mut rest).await);
+    64 + rest.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_resubscribes() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let (closed, mut closures) = mpsc::unbounded_channel();
+    let publisher = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                // 16 TiB: reserving it would abort the process.
+                let _ = closed.send(announce(socket, 1 << 44).await);
+            });
+        }
+    });
+    let table = Arc::new(EngineReportedLoadTable::default());
+    let id = EngineId::from("E1");
+    table.register(&id, NonZeroU32::MIN);
+    let source = LoadFeedSource {
+        engine: id,
+        rank: 0,
+        endpoint,
+        topic: "load".into(),
+        max_message_bytes: 1 << 20,
+    };
+    let feed = spawn_load_subscriber(Arc::clone(&table), source, Arc::new(FeedStats::default()));
+    let guard = Duration::from_secs(30);
+    for connection in 1..=2 {
+        let sent = tokio::time::timeout(guard, closures.recv())
+            .await
+            .unwrap_or_else(|_| panic!("connection {connection} is closed by the subscriber"))
+            .expect("the publisher runs");
+        assert!(sent >= 64, "the subscriber completed its greeting first");
+    }
+    drop(feed);
+    publisher.abort();
+}
