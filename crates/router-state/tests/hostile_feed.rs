@@ -85,3 +85,61 @@ async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_r
     drop(feed);
     publisher.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
+    use bytes::Bytes;
+    use router_state::kv_events::{
+        IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
+    };
+    use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+    let mut live = PubSocket::new();
+    let live_endpoint = live.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut replay = RouterSocket::new();
+    let replay_endpoint = replay.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let server = tokio::spawn(async move {
+        let request = replay.recv().await.expect("a replay request");
+        let peer = request.get(0).expect("the requester's identity").clone();
+        // Batches from 0 on, never the end marker.
+        for seq in 0_u64.. {
+            let frames = vec![
+                peer.clone(),
+                Bytes::new(),
+                Bytes::from_static(b"kv"),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                Bytes::from_static(b"\x93\x00\x90\xc0"),
+            ];
+            if replay
+                .send(ZmqMessage::try_from(frames).unwrap())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
+    let stats = Arc::new(KvFeedStats::default());
+    let source = KvSource {
+        engine: EngineId::from("E1"),
+        rank: 0,
+        endpoint: live_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: "kv".into(),
+        max_message_bytes: 1 << 20,
+    };
+    let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
+    tokio::time::timeout(Duration::from_secs(60), stats.steps_after(0))
+        .await
+        .expect("the bootstrap replay ends");
+    assert_eq!(
+        stats.dropped(),
+        [("replay_too_large", 1)],
+        "the replay was given up at its bound"
+    );
+    assert_eq!(index.size().entries, 0, "nothing of it was applied");
+    drop(feed);
+    server.abort();
+    drop(live);
+}

@@ -30,6 +30,12 @@ use crate::feed::{FeedHandle, Sequence, bounded_sub, decode_envelope};
 /// How long a replay may go quiet before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The most batches one replay may bring (SGLang's and vLLM's publishers keep 10,000
+/// by default) and the most payload bytes; a longer replay counts as failed
+/// (`replay_too_large`), as if the history could not be replayed.
+const MAX_REPLAY_BATCHES: usize = 16_384;
+const MAX_REPLAY_BYTES: usize = 256 << 20;
+
 /// After (re)connecting, when to ask the replay socket once more for anything
 /// published while the subscription was reaching the engine (ZeroMQ's slow joiner):
 /// such a batch is otherwise noticed only when the next one arrives.
@@ -319,7 +325,13 @@ impl Stream<'_> {
         .ok()?;
         dealer.send(request).await.ok()?;
         let mut batches = Vec::new();
+        let mut bytes = 0_usize;
         loop {
+            if batches.len() >= MAX_REPLAY_BATCHES || bytes > MAX_REPLAY_BYTES {
+                // The engine's history is unknown; the caller clears what it knew.
+                self.stats.drop_reason("replay_too_large");
+                return None;
+            }
             let frames = timeout(REPLAY_TIMEOUT, dealer.recv())
                 .await
                 .ok()?
@@ -337,6 +349,7 @@ impl Stream<'_> {
             if batches.last().is_some_and(|(last, _)| seq <= *last) {
                 return None;
             }
+            bytes = bytes.saturating_add(payload.len());
             batches.push((seq, payload.clone()));
         }
     }
