@@ -257,6 +257,11 @@ pub struct TimeoutConfig {
     /// then it gets a 408.
     #[serde(default = "default_client_body")]
     pub client_body_ms: u64,
+    /// How long a client may accept no byte of an answer (a stream it stopped
+    /// reading), in milliseconds; then the connection is closed, the engine legs are
+    /// cancelled and the engines' in-flight slots released.
+    #[serde(default = "default_client_write")]
+    pub client_write_ms: u64,
 }
 
 fn default_connect() -> u64 {
@@ -277,6 +282,9 @@ fn default_client_header() -> u64 {
 fn default_client_body() -> u64 {
     30_000
 }
+fn default_client_write() -> u64 {
+    30_000
+}
 
 impl Default for TimeoutConfig {
     fn default() -> Self {
@@ -287,6 +295,7 @@ impl Default for TimeoutConfig {
             pool_idle_ms: default_pool_idle(),
             client_header_ms: default_client_header(),
             client_body_ms: default_client_body(),
+            client_write_ms: default_client_write(),
         }
     }
 }
@@ -442,6 +451,7 @@ impl RouterConfig {
             ("timeouts.pool_idle_ms", self.timeouts.pool_idle_ms),
             ("timeouts.client_header_ms", self.timeouts.client_header_ms),
             ("timeouts.client_body_ms", self.timeouts.client_body_ms),
+            ("timeouts.client_write_ms", self.timeouts.client_write_ms),
             ("limits.max_connections", self.limits.max_connections as u64),
             (
                 "limits.zmq_max_message_bytes",

@@ -68,3 +68,44 @@ async fn a_body_that_stops_arriving_is_answered_408() {
     assert!(answer.contains(r#""code":"body_timeout""#), "{answer}");
     router.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_stream_releases_its_engine() {
+    let a = sim(|c| c.decode_tokens_per_sec = 0.0).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.timeouts.client_write_ms = 300;
+    let router = router(config).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut client = socket.connect(router.addr()).await.unwrap();
+    // A stream of tens of megabytes: far more than the sockets buffer.
+    let body = r#"{"model":"m","stream":true,"max_tokens":400000,"messages":[{"role":"user","content":"go"}]}"#;
+    client
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut head = [0_u8; 12];
+    client.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // The client reads nothing more; within the write timeout the router gives up.
+    let engine = router_state::EngineId::from("A");
+    let released = async {
+        while router.context().fleet().load().in_flight(&engine) > 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), released)
+        .await
+        .expect("the engine's in-flight slot is released");
+    drop(client);
+    router.shutdown().await;
+}

@@ -53,6 +53,8 @@ pub(crate) struct ClientLimits {
     pub(crate) header: Duration,
     /// To send a whole request body.
     pub(crate) body: Duration,
+    /// To accept a byte of an answer.
+    pub(crate) write: Duration,
     /// Connections open at once.
     pub(crate) max_connections: usize,
 }
@@ -145,6 +147,7 @@ impl RouterConfig {
             client: ClientLimits {
                 header: Duration::from_millis(self.timeouts.client_header_ms),
                 body: Duration::from_millis(self.timeouts.client_body_ms),
+                write: Duration::from_millis(self.timeouts.client_write_ms),
                 max_connections: self.limits.max_connections,
             },
             health: health_policy(&self.health),
