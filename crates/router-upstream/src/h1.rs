@@ -242,15 +242,22 @@ async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchang
         sent: true,
         received,
     };
-    write_all(&stream, head, body).await.map_err(|e| Failure {
-        error: H1Error::Io(e),
-        sent: false,
-        received: false,
-    })?;
     let mut buf = BytesMut::with_capacity(8 << 10);
-    let mut received = false;
+    // A request whose writing failed was not read whole by the engine, so it may be
+    // sent again on a fresh connection.
+    let written = write_request(&stream, head, body, &mut buf)
+        .await
+        .map_err(|e| Failure {
+            error: H1Error::Io(e),
+            sent: false,
+            received: false,
+        })?;
+    let mut received = !buf.is_empty();
     loop {
-        if let Some(head) = parse_head(&mut buf).map_err(|e| failed(e, true))? {
+        if let Some(mut head) = parse_head(&mut buf).map_err(|e| failed(e, true))? {
+            // An answer that came before the whole request was written leaves the
+            // connection in no state for another request.
+            head.keep_alive &= written == Written::Whole;
             return Ok(Exchanged { stream, head, buf });
         }
         stream
@@ -266,7 +273,24 @@ async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchang
     }
 }
 
-async fn write_all(stream: &TcpStream, mut head: &[u8], mut body: &[u8]) -> io::Result<()> {
+/// How much of a request was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// All of it.
+    Whole,
+    /// Part of it: the engine answered first (say, a 413 for a body it will not
+    /// read), and its answer is in the buffer.
+    Interrupted,
+}
+
+/// Writes the request while watching for an early answer: whatever the engine
+/// sends before the request is written stops the writing and lands in `buf`.
+async fn write_request(
+    stream: &TcpStream,
+    mut head: &[u8],
+    mut body: &[u8],
+    buf: &mut BytesMut,
+) -> io::Result<Written> {
     while !head.is_empty() || !body.is_empty() {
         match stream.try_write_vectored(&[IoSlice::new(head), IoSlice::new(body)]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -275,11 +299,24 @@ async fn write_all(stream: &TcpStream, mut head: &[u8], mut body: &[u8]) -> io::
                 head = &head[from_head..];
                 body = &body[written - from_head..];
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                tokio::select! {
+                    ready = stream.writable() => ready?,
+                    ready = stream.readable() => {
+                        ready?;
+                        match stream.try_read_buf(buf) {
+                            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                            Ok(_) => return Ok(Written::Interrupted),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+            }
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(Written::Whole)
 }
 
 /// A parsed response head.

@@ -388,3 +388,34 @@ async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
         "a body dropped midway closes its connection"
     );
 }
+
+#[tokio::test]
+async fn an_answer_that_comes_before_the_body_is_written_is_read() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let (done, hold) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut chunk = [0_u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut chunk).await.unwrap();
+            request.extend_from_slice(&chunk[..n]);
+        }
+        // Answer at once and read none of the body, as an engine refusing it does.
+        socket
+            .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\n\r\ntoo large")
+            .await
+            .unwrap();
+        drop(hold.await);
+    });
+    let body = Bytes::from(vec![b'x'; 32 << 20]);
+    let response = client()
+        .request("POST", &authority, "/x", &[], &body)
+        .await
+        .expect("the early answer");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(text, "too large");
+    drop(done);
+}
