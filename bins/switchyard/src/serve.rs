@@ -109,10 +109,12 @@ fn config_from(args: ServeArgs, env_token: Option<String>) -> anyhow::Result<Rou
         );
     }
     if let Some(token) = args.admin_token {
+        // The flag wins over the file's token, whichever way the file gives it.
         config.admin.token = Some(token);
+        config.admin.token_file = None;
     }
     if config.admin.token.is_none() && config.admin.token_file.is_none() {
-        config.admin.token = env_token.filter(|t| !t.is_empty());
+        config.admin.token = env_token.filter(|t| !t.trim().is_empty());
     }
     Ok(config)
 }

@@ -21,8 +21,8 @@ pub enum FleetError {
         /// What is wrong with it.
         error: NameError,
     },
-    /// More data-parallel ranks than an engine may have.
-    #[error("dp_size {value}{} is above {MAX_DP_SIZE}", if *.introspected { " (from /server_info)" } else { "" })]
+    /// A number of data-parallel ranks outside 1 to [`MAX_DP_SIZE`].
+    #[error("dp_size {value}{} is not between 1 and {MAX_DP_SIZE}", if *.introspected { " (from /server_info)" } else { "" })]
     DpSize {
         /// The value given.
         value: u64,

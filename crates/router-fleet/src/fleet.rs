@@ -452,7 +452,7 @@ fn check(spec: &EngineSpec) -> Result<(), FleetError> {
         check_name(value).map_err(|error| FleetError::Name { field, error })?;
     }
     match spec.dp_size {
-        Some(value) if value > MAX_DP_SIZE => Err(FleetError::DpSize {
+        Some(value) if value == 0 || value > MAX_DP_SIZE => Err(FleetError::DpSize {
             value: value.into(),
             introspected: false,
         }),

@@ -187,7 +187,7 @@ async fn changes_that_cannot_apply_change_nothing() {
             .await
             .unwrap_err()
             .to_string(),
-        "dp_size 4000000000 is above 1024"
+        "dp_size 4000000000 is not between 1 and 1024"
     );
     // A port nothing listens on: the engine never answers, and declares no role.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -254,7 +254,7 @@ async fn an_engine_claiming_too_many_ranks_is_refused() {
     server.abort();
     assert_eq!(
         refused.to_string(),
-        "dp_size 5000 (from /server_info) is above 1024"
+        "dp_size 5000 (from /server_info) is not between 1 and 1024"
     );
     assert!(fleet.snapshot().is_empty());
     assert!(seen.lock().is_empty());

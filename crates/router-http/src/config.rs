@@ -300,6 +300,12 @@ impl Default for TimeoutConfig {
     }
 }
 
+/// The longest duration a `*_ms` setting takes: one day.
+const MAX_MS: u64 = 86_400_000;
+
+/// The most client connections `limits.max_connections` allows.
+const MAX_CONNECTIONS: usize = 1 << 20;
+
 /// Bounds on what clients may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -475,7 +481,18 @@ impl RouterConfig {
         ] {
             if value == 0 {
                 errors.push(ConfigError::at(field, "must be at least 1"));
+            } else if field.ends_with("_ms") && value > MAX_MS {
+                errors.push(ConfigError::at(
+                    field,
+                    format_args!("must be at most {MAX_MS} (one day)"),
+                ));
             }
+        }
+        if self.limits.max_connections > MAX_CONNECTIONS {
+            errors.push(ConfigError::at(
+                "limits.max_connections",
+                format_args!("must be at most {MAX_CONNECTIONS}"),
+            ));
         }
         if self
             .admin
@@ -510,6 +527,15 @@ impl RouterConfig {
                     at("id"),
                     format!("duplicate model id {:?} (also models[{first}])", model.id),
                 ));
+            }
+            for (b, bucket) in model.buckets.iter().flatten().enumerate() {
+                // Bucket ids reach metric labels too; an empty one is the bucket
+                // checks' to report.
+                if !bucket.id.is_empty()
+                    && let Err(e) = check_name(&bucket.id)
+                {
+                    errors.push(ConfigError::at(at(&format!("buckets[{b}].id")), e));
+                }
             }
             if model.block_size == 0 {
                 errors.push(ConfigError::at(at("block_size"), "must be at least 1"));

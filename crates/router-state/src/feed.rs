@@ -197,10 +197,14 @@ pub fn spawn_load_subscriber(
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
-            backoff = Duration::from_millis(50);
             while let Ok(message) = sub.recv().await {
+                backoff = Duration::from_millis(50);
                 apply(&table, &source, &stats, message.into_vec());
             }
+            // The connection broke (or the engine sent what the socket refuses): wait
+            // before the next attempt, longer each time nothing arrives in between.
+            sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     })
 }

@@ -143,3 +143,44 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
     server.abort();
     drop(live);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_empty_frames_is_bounded_like_any_message() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let (closed, mut closures) = mpsc::unbounded_channel();
+    let publisher = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        socket.write_all(&greeting()).await.unwrap();
+        socket.write_all(&ready()).await.unwrap();
+        let mut theirs = vec![0_u8; 64];
+        socket.read_exact(&mut theirs).await.unwrap();
+        // Empty frames, each saying more follow: no payload, unbounded count.
+        let flood = [0x01_u8, 0x00].repeat(4096);
+        let mut sent = 0_usize;
+        while socket.write_all(&flood).await.is_ok() {
+            sent += flood.len();
+        }
+        let _ = closed.send(sent);
+    });
+    let table = Arc::new(EngineReportedLoadTable::default());
+    let id = EngineId::from("E1");
+    table.register(&id, NonZeroU32::MIN);
+    let source = LoadFeedSource {
+        engine: id,
+        rank: 0,
+        endpoint,
+        topic: "load".into(),
+        max_message_bytes: 1 << 20,
+    };
+    let feed = spawn_load_subscriber(Arc::clone(&table), source, Arc::new(FeedStats::default()));
+    let sent = tokio::time::timeout(Duration::from_secs(60), closures.recv())
+        .await
+        .expect("the subscriber closes the connection")
+        .expect("the publisher runs");
+    // 1 MiB at 64 bytes a frame is 16,384 frames: the connection closes after about
+    // that many, not after whatever the publisher could push.
+    assert!(sent < 64 << 20, "closed after {sent} bytes");
+    drop(feed);
+    publisher.abort();
+}

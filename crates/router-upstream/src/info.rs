@@ -89,9 +89,11 @@ pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
         bootstrap_port: info["disaggregation_bootstrap_port"]
             .as_u64()
             .and_then(|p| u16::try_from(p).ok()),
+        // A count past u32 is kept as u32::MAX, so the fleet refuses it as too many
+        // rather than reading it as unsaid.
         dp_size: info["dp_size"]
             .as_u64()
-            .and_then(|d| u32::try_from(d).ok())
+            .map(|d| u32::try_from(d).unwrap_or(u32::MAX))
             .filter(|d| *d > 0),
         load_feed,
         kv_feed,

@@ -372,10 +372,10 @@ impl Default for SocketOptions {
 }
 
 impl SocketOptions {
-    /// Refuses messages (all frames of a multipart message together) larger than
-    /// `bytes`: the peer's connection is closed as soon as a frame header announces
-    /// more, before anything is allocated for it. Unset, any size is accepted.
-    /// (Switchyard patch.)
+    /// Refuses messages (all frames of a multipart message together, each frame
+    /// counted as its payload plus 64 bytes) larger than `bytes`: the peer's
+    /// connection is closed as soon as a frame header announces more, before anything
+    /// is allocated for it. Unset, any size is accepted. (Switchyard patch.)
     pub fn max_message_size(&mut self, bytes: usize) -> &mut Self {
         self.max_message_size = Some(bytes);
         self

@@ -122,6 +122,10 @@ pub(super) async fn add(
             FleetError::Name { field, .. } => {
                 ApiError::invalid("invalid_parameter", field, e.to_string())
             }
+            FleetError::DpSize {
+                introspected: false,
+                ..
+            } => ApiError::invalid("invalid_parameter", "dp_size", e.to_string()),
             e => invalid(&e),
         })?;
     // The fleet's observer gave a new model its catch-all bucket (this call is then

@@ -80,7 +80,7 @@ impl AdminConfig {
                 ));
                 return AdminAccess::Off;
             }
-            (Some(token), None) => ("admin.token", token.clone()),
+            (Some(token), None) => ("admin.token", token.trim().to_owned()),
             (None, Some(path)) => match std::fs::read_to_string(path) {
                 Ok(text) => (
                     "admin.token_file",
@@ -104,12 +104,11 @@ impl AdminConfig {
             ));
             return AdminAccess::Off;
         }
-        if token.len() > MAX_TOKEN_BYTES || token.chars().any(char::is_control) {
+        // It is compared with a header value, which is visible ASCII.
+        if token.len() > MAX_TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_graphic()) {
             errors.push(ConfigError::at(
                 field,
-                format_args!(
-                    "the token must be at most {MAX_TOKEN_BYTES} bytes without control characters"
-                ),
+                format_args!("the token must be at most {MAX_TOKEN_BYTES} bytes of visible ASCII"),
             ));
             return AdminAccess::Off;
         }
@@ -185,10 +184,24 @@ mod tests {
             missing[0].starts_with("admin.token_file: /no/such/token: "),
             "{missing:?}"
         );
-        let (_, control) = access(&AdminConfig {
-            token: Some("a\u{7}b".into()),
+        for unusable in ["a\u{7}b", "a b", "\u{feff}token"] {
+            let (_, errors) = access(&AdminConfig {
+                token: Some(unusable.into()),
+                ..AdminConfig::default()
+            });
+            assert_eq!(
+                errors,
+                ["admin.token: the token must be at most 4096 bytes of visible ASCII"],
+                "{unusable:?} can never match a header"
+            );
+        }
+        let (trimmed, errors) = access(&AdminConfig {
+            token: Some(" s3cret\n".into()),
             ..AdminConfig::default()
         });
-        assert_eq!(control.len(), 1, "{control:?}");
+        assert!(
+            errors.is_empty() && trimmed.admits("s3cret"),
+            "surrounding whitespace is not the token"
+        );
     }
 }

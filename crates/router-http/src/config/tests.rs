@@ -90,6 +90,18 @@ fn validation_errors_name_their_path() {
             "timeouts.pool_idle_ms: must be at least 1",
         ),
         (
+            "timeouts: {client_header_ms: 18446744073709551615}\nmodels: [{id: m}]\n",
+            "timeouts.client_header_ms: must be at most 86400000 (one day)",
+        ),
+        (
+            "limits: {max_connections: 4611686018427387904}\nmodels: [{id: m}]\n",
+            "limits.max_connections: must be at most 1048576",
+        ),
+        (
+            "models: [{id: m, buckets: [{id: 'b\"} 1', groups: {plain: {}}}]}]\n",
+            "models[0].buckets[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not '\"'",
+        ),
+        (
             "health: {failure_threshold: 0}\nmodels: [{id: m}]\n",
             "health.failure_threshold: must be at least 1",
         ),

@@ -162,7 +162,6 @@ pub fn spawn_kv_subscriber(
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
-            backoff = Duration::from_millis(50);
             stream.bootstrap().await;
             stats.step();
             let catch_up = sleep(CATCH_UP_AFTER);
@@ -177,6 +176,7 @@ pub fn spawn_kv_subscriber(
                     }
                     message = sub.recv() => match message {
                         Ok(message) => {
+                            backoff = Duration::from_millis(50);
                             stream.live(message.into_vec()).await;
                             stats.step();
                         }
@@ -192,6 +192,10 @@ pub fn spawn_kv_subscriber(
             stats.disconnects.fetch_add(1, Ordering::Relaxed);
             stream.forget();
             stats.step();
+            // Wait before reconnecting, longer each time no batch arrived in between:
+            // an engine that keeps sending what the socket refuses cannot spin us.
+            sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     })
 }

@@ -24,6 +24,10 @@ enum DecoderState {
     Frame(Frame),
 }
 
+/// Switchyard patch: what each frame costs against the message size limit besides
+/// its payload (its header and its place in the message).
+const FRAME_OVERHEAD: usize = 64;
+
 #[derive(Debug)]
 pub struct ZmqCodec {
     state: DecoderState,
@@ -128,10 +132,13 @@ impl Decoder for ZmqCodec {
                     } else {
                         usize::from(src.get_u8())
                     };
+                    // Each frame is charged a fixed overhead besides its payload, so a
+                    // flood of empty frames is bounded too.
+                    let charged = frame_len.saturating_add(FRAME_OVERHEAD);
                     let message_bytes = if frame.command {
-                        frame_len
+                        charged
                     } else {
-                        self.buffered_bytes.saturating_add(frame_len)
+                        self.buffered_bytes.saturating_add(charged)
                     };
                     if self.max_message_size.is_some_and(|max| message_bytes > max) {
                         return Err(CodecError::Decode("message larger than the maximum size"));
@@ -148,7 +155,9 @@ impl Decoder for ZmqCodec {
                     }
 
                     // process incoming message frame
-                    self.buffered_bytes = self.buffered_bytes.saturating_add(data.len());
+                    self.buffered_bytes = self
+                        .buffered_bytes
+                        .saturating_add(data.len().saturating_add(FRAME_OVERHEAD));
                     match &mut self.buffered_message {
                         Some(v) => v.push_back(data.freeze()),
                         None => self.buffered_message = Some(ZmqMessage::from(data.freeze())),
