@@ -49,6 +49,21 @@ async fn announce(mut socket: TcpStream, declared: u64) -> usize {
     64 + rest.len()
 }
 
+/// A load-feed subscriber of `endpoint` that accepts messages of up to 1 MiB.
+fn subscribe(endpoint: String) -> router_state::FeedHandle {
+    let table = Arc::new(EngineReportedLoadTable::default());
+    let id = EngineId::from("E1");
+    table.register(&id, NonZeroU32::MIN);
+    let source = LoadFeedSource {
+        engine: id,
+        rank: 0,
+        endpoint,
+        topic: "load".into(),
+        max_message_bytes: 1 << 20,
+    };
+    spawn_load_subscriber(table, source, Arc::new(FeedStats::default()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_resubscribes() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -63,17 +78,7 @@ async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_r
             });
         }
     });
-    let table = Arc::new(EngineReportedLoadTable::default());
-    let id = EngineId::from("E1");
-    table.register(&id, NonZeroU32::MIN);
-    let source = LoadFeedSource {
-        engine: id,
-        rank: 0,
-        endpoint,
-        topic: "load".into(),
-        max_message_bytes: 1 << 20,
-    };
-    let feed = spawn_load_subscriber(Arc::clone(&table), source, Arc::new(FeedStats::default()));
+    let feed = subscribe(endpoint);
     let guard = Duration::from_secs(30);
     for connection in 1..=2 {
         let sent = tokio::time::timeout(guard, closures.recv())
@@ -163,17 +168,7 @@ async fn a_flood_of_empty_frames_is_bounded_like_any_message() {
         }
         let _ = closed.send(sent);
     });
-    let table = Arc::new(EngineReportedLoadTable::default());
-    let id = EngineId::from("E1");
-    table.register(&id, NonZeroU32::MIN);
-    let source = LoadFeedSource {
-        engine: id,
-        rank: 0,
-        endpoint,
-        topic: "load".into(),
-        max_message_bytes: 1 << 20,
-    };
-    let feed = spawn_load_subscriber(Arc::clone(&table), source, Arc::new(FeedStats::default()));
+    let feed = subscribe(endpoint);
     let sent = tokio::time::timeout(Duration::from_secs(60), closures.recv())
         .await
         .expect("the subscriber closes the connection")
