@@ -13,6 +13,7 @@ use router_fleet::{Change, Fleet, FleetEvent};
 use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle};
 use router_upstream::Upstream;
+use tokio::sync::Semaphore;
 
 use crate::config::{
     AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster,
@@ -52,6 +53,8 @@ pub struct AppContext {
     pub(crate) idle_timeout: Duration,
     /// How long a client may take to send a whole request body.
     pub(crate) client_body_timeout: Duration,
+    /// Prompts tokenized at once, on the blocking pool.
+    pub(crate) tokenizing: Semaphore,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -98,6 +101,7 @@ impl AppContext {
             admin: config.admin,
             idle_timeout: config.idle_timeout,
             client_body_timeout: config.client.body,
+            tokenizing: Semaphore::new(config.tokenize_concurrency),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))
     }

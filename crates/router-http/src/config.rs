@@ -303,6 +303,9 @@ impl Default for TimeoutConfig {
 /// The longest duration a `*_ms` setting takes: one day.
 const MAX_MS: u64 = 86_400_000;
 
+/// The most prompts `limits.tokenize_concurrency` lets be tokenized at once.
+const MAX_TOKENIZE_CONCURRENCY: usize = 1024;
+
 /// The most client connections `limits.max_connections` allows.
 const MAX_CONNECTIONS: usize = 1 << 20;
 
@@ -318,6 +321,10 @@ pub struct LimitsConfig {
     /// it is read, and the feed reconnects.
     #[serde(default = "default_zmq_max_message_bytes")]
     pub zmq_max_message_bytes: usize,
+    /// Prompts tokenized at once, on threads apart from those serving requests;
+    /// absent = one per core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenize_concurrency: Option<usize>,
 }
 
 fn default_max_connections() -> usize {
@@ -333,6 +340,7 @@ impl Default for LimitsConfig {
         Self {
             max_connections: default_max_connections(),
             zmq_max_message_bytes: default_zmq_max_message_bytes(),
+            tokenize_concurrency: None,
         }
     }
 }
@@ -487,6 +495,14 @@ impl RouterConfig {
                     format_args!("must be at most {MAX_MS} (one day)"),
                 ));
             }
+        }
+        if let Some(n) = self.limits.tokenize_concurrency
+            && !(1..=MAX_TOKENIZE_CONCURRENCY).contains(&n)
+        {
+            errors.push(ConfigError::at(
+                "limits.tokenize_concurrency",
+                format_args!("must be between 1 and {MAX_TOKENIZE_CONCURRENCY}"),
+            ));
         }
         if self.limits.max_connections > MAX_CONNECTIONS {
             errors.push(ConfigError::at(

@@ -84,6 +84,11 @@ impl ApiError {
         )
     }
 
+    /// 500: the router failed.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
+    }
+
     /// 502: the engine failed.
     pub(crate) fn upstream(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)

@@ -8,8 +8,12 @@
 mod chat;
 mod checks;
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use serde_json::Value;
 use serde_json::value::RawValue;
+use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
 use crate::tokenize::ChatTokenizer;
@@ -54,7 +58,7 @@ impl Prompt<'_> {
                 let messages: Vec<Value> = serde_json::from_str(messages.get())
                     .map_err(|e| ApiError::bad_body(e.to_string()))?;
                 tokenizer
-                    .encode(&messages)
+                    .encode(messages)
                     .map_err(|e| ApiError::invalid("invalid_messages", "messages", e))
             }
         }
@@ -66,35 +70,74 @@ impl Prompt<'_> {
 pub(crate) struct Prepared {
     pub(crate) model: String,
     pub(crate) stream: bool,
+    /// The prompt's length in tokens: counted once tokenized, else estimated.
     pub(crate) input_tokens: u64,
     pub(crate) max_output_tokens: Option<u64>,
     pub(crate) token_ids: Option<Vec<u32>>,
 }
 
+impl Prepared {
+    /// With the prompt's token ids, which give its exact length.
+    pub(crate) fn with_token_ids(mut self, ids: Vec<u32>) -> Self {
+        self.input_tokens = ids.len() as u64;
+        self.token_ids = Some(ids);
+        self
+    }
+}
+
+/// The tokenization a request still needs: the costly part of preparation, done
+/// apart from the request thread.
+#[derive(Debug)]
+pub(crate) struct Tokenize {
+    endpoint: &'static Endpoint,
+    body: Bytes,
+    tokenizer: Arc<ChatTokenizer>,
+}
+
+impl Tokenize {
+    /// Tokenizes the prompt on this thread (the body is parsed again, borrowing from
+    /// it: the prompt is never copied).
+    pub(crate) fn run(self) -> Result<Vec<u32>, ApiError> {
+        let parsed = (self.endpoint.parse)(&self.body)?;
+        parsed.prompt.token_ids(&self.tokenizer)
+    }
+
+    /// Tokenizes the prompt on the blocking pool, at most as many at a time as
+    /// `permits` has, so a large prompt never stalls the threads that serve requests.
+    pub(crate) async fn off_thread(self, permits: &Semaphore) -> Result<Vec<u32>, ApiError> {
+        let _permit = permits
+            .acquire()
+            .await
+            .map_err(|_| ApiError::internal("tokenization is shut down"))?;
+        tokio::task::spawn_blocking(move || self.run())
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?
+    }
+}
+
 /// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the model's
 /// tokenizer, `Ok(None)` for a model without one, or the 404 for a model not served.
-pub(crate) fn prepare<'t>(
-    endpoint: &Endpoint,
-    body: &[u8],
-    tokenizer: impl FnOnce(&str) -> Result<Option<&'t ChatTokenizer>, ApiError>,
-) -> Result<Prepared, ApiError> {
+/// With a tokenizer, the tokenization is returned to be run where the caller wants.
+pub(crate) fn prepare(
+    endpoint: &'static Endpoint,
+    body: &Bytes,
+    tokenizer: impl FnOnce(&str) -> Result<Option<Arc<ChatTokenizer>>, ApiError>,
+) -> Result<(Prepared, Option<Tokenize>), ApiError> {
     let parsed = (endpoint.parse)(body)?;
-    let token_ids = match tokenizer(&parsed.model)? {
-        Some(tokenizer) => Some(parsed.prompt.token_ids(tokenizer)?),
-        None => None,
-    };
-    let input_tokens = match &token_ids {
-        Some(ids) => ids.len() as u64,
-        // About four bytes a token for text; the body is the only size known.
-        None => (body.len() as u64 / 4).max(1),
-    };
-    Ok(Prepared {
+    let tokenize = tokenizer(&parsed.model)?.map(|tokenizer| Tokenize {
+        endpoint,
+        body: body.clone(),
+        tokenizer,
+    });
+    let prepared = Prepared {
         model: parsed.model,
         stream: parsed.stream,
-        input_tokens,
+        // About four bytes a token for text; the body is the only size known.
+        input_tokens: (body.len() as u64 / 4).max(1),
         max_output_tokens: parsed.max_output_tokens,
-        token_ids,
-    })
+        token_ids: None,
+    };
+    Ok((prepared, tokenize))
 }
 
 #[cfg(test)]

@@ -86,8 +86,8 @@ impl ChatTokenizer {
     ///
     /// # Errors
     /// The template or the tokenizer failed on this input.
-    pub fn encode(&self, messages: &[Value]) -> Result<Vec<u32>, String> {
-        let messages: Vec<Value> = messages.iter().map(flatten_content).collect();
+    pub fn encode(&self, mut messages: Vec<Value>) -> Result<Vec<u32>, String> {
+        messages.iter_mut().for_each(flatten_content);
         let prompt = self
             .template
             .get_template("chat")
@@ -108,15 +108,13 @@ impl ChatTokenizer {
     }
 }
 
-/// A message whose `content` is a list of parts, with the text parts joined.
-fn flatten_content(message: &Value) -> Value {
+/// Joins the text parts of a message whose `content` is a list of parts, in place.
+fn flatten_content(message: &mut Value) {
     let Some(parts) = message["content"].as_array() else {
-        return message.clone();
+        return;
     };
     let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
-    let mut flat = message.clone();
-    flat["content"] = Value::String(text);
-    flat
+    message["content"] = Value::String(text);
 }
 
 #[cfg(test)]
@@ -130,7 +128,7 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/tokenizer-tiny/tokenizer.json");
         let t = ChatTokenizer::load(&path).unwrap();
-        let ids = t.encode(&[json!({"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]})]).unwrap();
+        let ids = t.encode(vec![json!({"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]})]).unwrap();
         assert_eq!(
             ids,
             [1, 2, 4, 5, 3],

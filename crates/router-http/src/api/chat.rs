@@ -140,10 +140,14 @@ async fn route(
                 .get(model)
                 .ok_or_else(|| ApiError::model_not_found(model))?,
         );
-        Ok(found.tokenizer.as_deref())
+        Ok(found.tokenizer.clone())
     });
     let prepared = match prepared {
-        Ok(p) => p,
+        Ok((prepared, None)) => prepared,
+        Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
+            Ok(ids) => prepared.with_token_ids(ids),
+            Err(e) => return (unknown_model(), Err(e)),
+        },
         Err(e) => return (unknown_model(), Err(e)),
     };
     let route = route.expect("prepare resolved the model");

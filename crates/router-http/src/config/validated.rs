@@ -31,6 +31,8 @@ pub struct ValidatedConfig {
     pub(crate) upstream: UpstreamTimeouts,
     pub(crate) idle_timeout: Duration,
     pub(crate) client: ClientLimits,
+    /// Prompts tokenized at once.
+    pub(crate) tokenize_concurrency: usize,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
     pub(crate) load: Arc<EngineReportedLoadTable>,
@@ -144,6 +146,9 @@ impl RouterConfig {
                 pool_idle: Duration::from_millis(self.timeouts.pool_idle_ms),
             },
             idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
+            tokenize_concurrency: self.limits.tokenize_concurrency.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            }),
             client: ClientLimits {
                 header: Duration::from_millis(self.timeouts.client_header_ms),
                 body: Duration::from_millis(self.timeouts.client_body_ms),

@@ -1,16 +1,26 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use super::*;
 
 fn run(body: serde_json::Value) -> Result<Prepared, ApiError> {
-    let bytes = serde_json::to_vec(&body).unwrap();
-    prepare(&CHAT, &bytes, |model| {
+    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+    let (prepared, tokenize) = prepare(&CHAT, &bytes, |model| {
         if model == "m" {
             Ok(None)
         } else {
             Err(ApiError::model_not_found(model))
         }
-    })
+    })?;
+    assert!(
+        tokenize.is_none(),
+        "a model without a tokenizer tokenizes nothing"
+    );
+    Ok(prepared)
 }
 
 fn chat(extra: serde_json::Value) -> serde_json::Value {
@@ -176,7 +186,7 @@ fn every_invalid_field_gets_a_precise_400() {
 
 #[test]
 fn malformed_json_and_unknown_models() {
-    let err = prepare(&CHAT, b"{not json", |_| Ok(None)).unwrap_err();
+    let err = prepare(&CHAT, &Bytes::from_static(b"{not json"), |_| Ok(None)).unwrap_err();
     assert_eq!(err.code(), "invalid_body");
     assert!(
         err.message()
@@ -192,16 +202,49 @@ fn malformed_json_and_unknown_models() {
     );
 }
 
-#[test]
-fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
+fn tiny_tokenizer() -> Arc<ChatTokenizer> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata/tokenizer-tiny/tokenizer.json");
-    let tokenizer = ChatTokenizer::load(&path).unwrap();
-    let body = serde_json::to_vec(
-        &json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]}),
+    Arc::new(ChatTokenizer::load(&path).unwrap())
+}
+
+fn hello_world() -> Bytes {
+    Bytes::from(
+        serde_json::to_vec(
+            &json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]}),
+        )
+        .unwrap(),
     )
-    .unwrap();
-    let p = prepare(&CHAT, &body, |_| Ok(Some(&tokenizer))).unwrap();
+}
+
+#[test]
+fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
+    let (prepared, tokenize) =
+        prepare(&CHAT, &hello_world(), |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    let p = prepared.with_token_ids(tokenize.expect("a tokenization to run").run().unwrap());
     assert_eq!(p.token_ids.as_deref(), Some(&[1, 2, 4, 5, 3][..]));
     assert_eq!(p.input_tokens, 5);
+}
+
+#[tokio::test]
+async fn the_prompt_is_tokenized_off_the_request_thread() {
+    // On this single-threaded runtime, the spawned task runs only when the test's own
+    // task waits: it has run by the end only if tokenization left the thread free.
+    let ran = Arc::new(AtomicBool::new(false));
+    let other = {
+        let ran = Arc::clone(&ran);
+        tokio::spawn(async move { ran.store(true, Ordering::SeqCst) })
+    };
+    let (_, tokenize) = prepare(&CHAT, &hello_world(), |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    let ids = tokenize
+        .expect("a tokenization to run")
+        .off_thread(&Semaphore::new(1))
+        .await
+        .unwrap();
+    assert_eq!(ids, [1, 2, 4, 5, 3]);
+    assert!(
+        ran.load(Ordering::SeqCst),
+        "another task ran on this thread while the prompt was tokenized"
+    );
+    other.await.unwrap();
 }
