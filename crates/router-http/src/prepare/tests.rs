@@ -230,18 +230,31 @@ fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
 async fn the_prompt_is_tokenized_off_the_request_thread() {
     // On this single-threaded runtime, the spawned task runs only when the test's own
     // task waits: it has run by the end only if tokenization left the thread free.
+    // The prompt is long enough (100,000 words) that tokenizing it takes far longer
+    // than the test's task needs to reach its wait.
     let ran = Arc::new(AtomicBool::new(false));
     let other = {
         let ran = Arc::clone(&ran);
         tokio::spawn(async move { ran.store(true, Ordering::SeqCst) })
     };
-    let (_, tokenize) = prepare(&CHAT, &hello_world(), |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    let words = "hello world ".repeat(50_000);
+    let body = Bytes::from(
+        serde_json::to_vec(
+            &json!({"model": "m", "messages": [{"role": "user", "content": words}]}),
+        )
+        .unwrap(),
+    );
+    let (_, tokenize) = prepare(&CHAT, &body, |_| Ok(Some(tiny_tokenizer()))).unwrap();
     let ids = tokenize
         .expect("a tokenization to run")
         .off_thread(&Semaphore::new(1))
         .await
         .unwrap();
-    assert_eq!(ids, [1, 2, 4, 5, 3]);
+    assert_eq!(
+        ids.len(),
+        100_003,
+        "<s> <|user|> 100,000 words <|assistant|>"
+    );
     assert!(
         ran.load(Ordering::SeqCst),
         "another task ran on this thread while the prompt was tokenized"
