@@ -3,7 +3,9 @@
 use router_state::RegistryError;
 use router_upstream::EngineUrlError;
 
-use crate::spec::{MAX_DP_SIZE, NameError};
+use router_state::NameError;
+
+use crate::spec::MAX_DP_SIZE;
 
 /// Why a [`Change`](crate::Change) could not be applied. Messages name engines by id
 /// and never repeat their URL.

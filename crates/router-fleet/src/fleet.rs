@@ -9,7 +9,7 @@ use parking_lot::{Mutex, RwLock};
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
 use router_state::{
     DEFAULT_MAX_FEED_MESSAGE_BYTES, Engine, EngineId, EngineRegistry, EngineReportedLoadTable,
-    FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot,
+    FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot, check_name,
 };
 use router_upstream::{ServerInfo, Upstream, authority, check_engine_url};
 use tokio::task::JoinHandle;
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::error::FleetError;
 use crate::feeds::{advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, HealthBook, HealthPolicy};
-use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, check_name};
+use crate::spec::{Change, EngineSpec, MAX_DP_SIZE};
 
 /// What changed in the fleet, as observers see it.
 #[derive(Debug, Clone)]

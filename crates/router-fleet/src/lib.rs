@@ -49,4 +49,4 @@ pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, HealthPolicy};
 pub use metrics::register_metrics;
-pub use spec::{Change, EngineSpec, MAX_DP_SIZE, MAX_NAME_BYTES, NameError, check_name};
+pub use spec::{Change, EngineSpec, MAX_DP_SIZE};

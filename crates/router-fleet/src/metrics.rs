@@ -21,7 +21,7 @@ pub fn register_metrics(fleet: &Arc<Fleet>, registry: &mut Registry) {
 struct FleetCollector(Arc<Fleet>);
 
 /// One family of samples, each with one label. Label values are engine ids, model
-/// names (both checked by [`check_name`](crate::check_name): nothing to escape) and
+/// names (both checked by [`router_state::check_name`]: nothing to escape) and
 /// fixed words.
 fn family<M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,

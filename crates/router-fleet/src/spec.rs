@@ -5,46 +5,6 @@ use router_state::{EngineId, Role};
 /// The most data-parallel ranks an engine may have (each rank gets its own feeds).
 pub const MAX_DP_SIZE: u32 = 1024;
 
-/// The longest engine id or model name, in bytes.
-pub const MAX_NAME_BYTES: usize = 128;
-
-/// Why a string cannot name an engine or a model.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NameError {
-    /// It is empty.
-    #[error("must not be empty")]
-    Empty,
-    /// It is longer than [`MAX_NAME_BYTES`].
-    #[error("is {0} bytes; at most {MAX_NAME_BYTES} are accepted")]
-    TooLong(usize),
-    /// It holds a character names may not.
-    #[error("may hold only visible ASCII characters other than \" \\ {{ }} , =, not {0:?}")]
-    Character(char),
-}
-
-/// Checks that `name` may name an engine or a model: 1 to [`MAX_NAME_BYTES`] bytes
-/// of visible ASCII without `"` `\` `{` `}` `,` `=`, so it reaches metric labels,
-/// headers and logs as it is.
-///
-/// # Errors
-/// What is wrong with it.
-pub fn check_name(name: &str) -> Result<(), NameError> {
-    if name.is_empty() {
-        return Err(NameError::Empty);
-    }
-    if name.len() > MAX_NAME_BYTES {
-        return Err(NameError::TooLong(name.len()));
-    }
-    match name
-        .chars()
-        .find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '\\' | '{' | '}' | ',' | '='))
-    {
-        Some(c) => Err(NameError::Character(c)),
-        None => Ok(()),
-    }
-}
-
 /// An engine as a source describes it. Configured values win over what the engine's
 /// `/server_info` says; what neither says takes its default.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use engine_sim::{RunningEngine, SimConfig};
 use parking_lot::Mutex;
-use router_fleet::{Change, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy, NameError};
-use router_state::{EngineId, RegistryError, Role};
+use router_fleet::{Change, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy};
+use router_state::{EngineId, NameError, RegistryError, Role};
 use router_upstream::{EngineUrlError, Upstream, UpstreamTimeouts};
 
 async fn sim() -> RunningEngine {

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use router_buckets::{BucketConfig, DefaultPolicies};
-use router_fleet::{MAX_DP_SIZE, check_name};
+use router_fleet::MAX_DP_SIZE;
 use router_policy::{ConfigError, PolicyConfig};
 use router_state::kv_events::IndexConfig;
-use router_state::{ModelMode, Role};
+use router_state::{ModelMode, Role, check_name};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -45,6 +45,7 @@ mod engine;
 mod feed;
 pub mod kv_events;
 mod load_monitor;
+mod names;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
@@ -59,4 +60,5 @@ pub use load_monitor::{
     IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot, LoadTableConfig,
     NativeAggregate, NativeLoad, ReportedLoad,
 };
+pub use names::{MAX_NAME_BYTES, NameError, check_name};
 pub use registry::{EngineRegistry, ModelMode, RegistryError, RegistrySnapshot};
