@@ -248,11 +248,15 @@ pub struct TimeoutConfig {
     /// it below the engines' keep-alive timeout (uvicorn's is 5 s).
     #[serde(default = "default_pool_idle")]
     pub pool_idle_ms: u64,
-    /// How long a client connection may take to send a request head, counted from
-    /// when the connection is waiting for one (so it also closes idle keep-alive
-    /// connections), in milliseconds; then the connection is closed.
+    /// How long a client may take to send a request head, counted from its first
+    /// byte (from the accept, for a connection's first request), in milliseconds;
+    /// then the connection is closed.
     #[serde(default = "default_client_header")]
     pub client_header_ms: u64,
+    /// How long a kept-alive client connection may sit idle between a response and
+    /// the next request's first byte, in milliseconds; then it is closed.
+    #[serde(default = "default_client_idle")]
+    pub client_idle_ms: u64,
     /// How long a client may take to send a whole request body, in milliseconds;
     /// then it gets a 408.
     #[serde(default = "default_client_body")]
@@ -279,6 +283,9 @@ fn default_pool_idle() -> u64 {
 fn default_client_header() -> u64 {
     10_000
 }
+fn default_client_idle() -> u64 {
+    60_000
+}
 fn default_client_body() -> u64 {
     30_000
 }
@@ -294,6 +301,7 @@ impl Default for TimeoutConfig {
             idle_ms: default_idle(),
             pool_idle_ms: default_pool_idle(),
             client_header_ms: default_client_header(),
+            client_idle_ms: default_client_idle(),
             client_body_ms: default_client_body(),
             client_write_ms: default_client_write(),
         }
@@ -464,6 +472,7 @@ impl RouterConfig {
             ("timeouts.idle_ms", self.timeouts.idle_ms),
             ("timeouts.pool_idle_ms", self.timeouts.pool_idle_ms),
             ("timeouts.client_header_ms", self.timeouts.client_header_ms),
+            ("timeouts.client_idle_ms", self.timeouts.client_idle_ms),
             ("timeouts.client_body_ms", self.timeouts.client_body_ms),
             ("timeouts.client_write_ms", self.timeouts.client_write_ms),
             ("limits.max_connections", self.limits.max_connections as u64),

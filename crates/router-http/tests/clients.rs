@@ -11,14 +11,59 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn impatient_router() -> (RunningRouter, engine_sim::RunningEngine) {
+    timed_router(200, 60_000).await
+}
+
+/// A router with head (and body) timeout `head_ms` and idle timeout `idle_ms`.
+async fn timed_router(head_ms: u64, idle_ms: u64) -> (RunningRouter, engine_sim::RunningEngine) {
     let a = sim(|_| {}).await;
     let mut config = config(vec![ModelConfig::new(
         "m",
         vec![engine("A", &a, EngineRole::Plain)],
     )]);
-    config.timeouts.client_header_ms = 200;
-    config.timeouts.client_body_ms = 200;
+    config.timeouts.client_header_ms = head_ms;
+    config.timeouts.client_body_ms = head_ms;
+    config.timeouts.client_idle_ms = idle_ms;
     (router(config).await, a)
+}
+
+/// Sends `GET /health` on a kept-alive connection and returns the answer's status
+/// line once the whole answer has arrived.
+async fn health(socket: &mut TcpStream) -> String {
+    socket
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let mut chunk = [0_u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&received).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .expect("a sized answer")
+                .parse()
+                .unwrap();
+            if body.len() >= length {
+                return head.lines().next().unwrap_or_default().to_owned();
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(30), socket.read(&mut chunk))
+            .await
+            .expect("the router answers")
+            .unwrap();
+        assert!(n > 0, "the connection closed mid-answer: {text}");
+        received.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Opens a connection, sends half a head and waits until the router closes it: one
+/// head timeout after the send.
+async fn one_head_timeout(router: &RunningRouter) {
+    let mut half = TcpStream::connect(router.addr()).await.unwrap();
+    half.write_all(b"GET /health HTTP/1.1\r\n").await.unwrap();
+    assert_eq!(read_to_close(&mut half).await, b"");
 }
 
 /// Everything the server sends until it closes the connection; the guard only keeps
@@ -50,6 +95,41 @@ async fn a_half_sent_head_or_an_idle_connection_is_closed() {
         b"",
         "an idle connection is closed"
     );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_may_idle_longer_than_the_head_timeout() {
+    let (router, _a) = timed_router(200, 60_000).await;
+    let mut kept = TcpStream::connect(router.addr()).await.unwrap();
+    assert_eq!(health(&mut kept).await, "HTTP/1.1 200 OK");
+    // Two head timeouts pass, one after the other, while `kept` idles.
+    one_head_timeout(&router).await;
+    one_head_timeout(&router).await;
+    assert_eq!(
+        health(&mut kept).await,
+        "HTTP/1.1 200 OK",
+        "the idle connection is still served"
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_is_closed_after_the_idle_timeout() {
+    let (router, _a) = timed_router(60_000, 200).await;
+    let mut kept = TcpStream::connect(router.addr()).await.unwrap();
+    assert_eq!(health(&mut kept).await, "HTTP/1.1 200 OK");
+    assert_eq!(read_to_close(&mut kept).await, b"", "closed once idle");
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_head_begun_after_an_idle_spell_must_end_within_the_head_timeout() {
+    let (router, _a) = timed_router(200, 60_000).await;
+    let mut kept = TcpStream::connect(router.addr()).await.unwrap();
+    assert_eq!(health(&mut kept).await, "HTTP/1.1 200 OK");
+    kept.write_all(b"GET /health HTTP/1.1\r\n").await.unwrap();
+    assert_eq!(read_to_close(&mut kept).await, b"", "closed mid-head");
     router.shutdown().await;
 }
 

@@ -51,8 +51,11 @@ pub struct ValidatedConfig {
 /// What a client connection may take.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ClientLimits {
-    /// To send a request head, counted from when one is awaited.
+    /// To send a request head, from its first byte (a new connection's, from the
+    /// accept).
     pub(crate) header: Duration,
+    /// Between requests on a kept-alive connection.
+    pub(crate) idle: Duration,
     /// To send a whole request body.
     pub(crate) body: Duration,
     /// To accept a byte of an answer.
@@ -151,6 +154,7 @@ impl RouterConfig {
             }),
             client: ClientLimits {
                 header: Duration::from_millis(self.timeouts.client_header_ms),
+                idle: Duration::from_millis(self.timeouts.client_idle_ms),
                 body: Duration::from_millis(self.timeouts.client_body_ms),
                 write: Duration::from_millis(self.timeouts.client_write_ms),
                 max_connections: self.limits.max_connections,
