@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
-use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
+use zeromq::{CodecError, Socket, SocketOptions, SocketRecv, SubSocket, ZmqError};
 
 use crate::engine::EngineId;
 use crate::load_monitor::{EngineReportedLoadTable, LoadReport};
@@ -109,6 +109,11 @@ pub(crate) fn bounded_sub(max_message_bytes: usize) -> SubSocket {
     SubSocket::with_options(options)
 }
 
+/// Whether a receive failed because the peer sent a message over the socket's limit.
+pub(crate) fn oversized(error: &ZmqError) -> bool {
+    matches!(error, ZmqError::Codec(CodecError::MessageTooLarge))
+}
+
 /// Counters of a feed subscriber, shared with metrics.
 #[derive(Debug, Default)]
 pub struct FeedStats {
@@ -117,6 +122,7 @@ pub struct FeedStats {
     dropped_envelope: AtomicU64,
     dropped_payload: AtomicU64,
     dropped_unknown_engine: AtomicU64,
+    dropped_oversized: AtomicU64,
     connect_failures: AtomicU64,
 }
 
@@ -139,7 +145,7 @@ impl FeedStats {
     }
 
     /// `(label, count)` for reports applied and every drop reason.
-    pub fn counts(&self) -> [(&'static str, u64); 5] {
+    pub fn counts(&self) -> [(&'static str, u64); 6] {
         [
             ("applied", self.applied.load(Ordering::Relaxed)),
             (
@@ -153,6 +159,10 @@ impl FeedStats {
             (
                 "dropped_unknown_engine",
                 self.dropped_unknown_engine.load(Ordering::Relaxed),
+            ),
+            (
+                "dropped_oversized",
+                self.dropped_oversized.load(Ordering::Relaxed),
             ),
             (
                 "connect_failures",
@@ -197,9 +207,20 @@ pub fn spawn_load_subscriber(
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
-            while let Ok(message) = sub.recv().await {
-                backoff = Duration::from_millis(50);
-                apply(&table, &source, &stats, message.into_vec());
+            loop {
+                match sub.recv().await {
+                    Ok(message) => {
+                        backoff = Duration::from_millis(50);
+                        apply(&table, &source, &stats, message.into_vec());
+                    }
+                    Err(e) => {
+                        if oversized(&e) {
+                            stats.dropped_oversized.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(engine = %source.engine, rank = source.rank, limit = source.max_message_bytes, "load feed message over the size limit; reconnecting");
+                        }
+                        break;
+                    }
+                }
             }
             // The connection broke (or the engine sent what the socket refuses): wait
             // before the next attempt, longer each time nothing arrives in between.

@@ -49,8 +49,9 @@ async fn announce(mut socket: TcpStream, declared: u64) -> usize {
     64 + rest.len()
 }
 
-/// A load-feed subscriber of `endpoint` that accepts messages of up to 1 MiB.
-fn subscribe(endpoint: String) -> router_state::FeedHandle {
+/// A load-feed subscriber of `endpoint` that accepts messages of up to 1 MiB, and its
+/// counters.
+fn subscribe(endpoint: String) -> (router_state::FeedHandle, Arc<FeedStats>) {
     let table = Arc::new(EngineReportedLoadTable::default());
     let id = EngineId::from("E1");
     table.register(&id, NonZeroU32::MIN);
@@ -61,7 +62,20 @@ fn subscribe(endpoint: String) -> router_state::FeedHandle {
         topic: "load".into(),
         max_message_bytes: 1 << 20,
     };
-    spawn_load_subscriber(table, source, Arc::new(FeedStats::default()))
+    let stats = Arc::new(FeedStats::default());
+    (
+        spawn_load_subscriber(table, source, Arc::clone(&stats)),
+        stats,
+    )
+}
+
+/// The count of `label` among a load feed's counters.
+fn count(stats: &FeedStats, label: &str) -> u64 {
+    stats
+        .counts()
+        .into_iter()
+        .find(|(l, _)| *l == label)
+        .map_or(0, |(_, n)| n)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +92,7 @@ async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_r
             });
         }
     });
-    let feed = subscribe(endpoint);
+    let (feed, stats) = subscribe(endpoint);
     let guard = Duration::from_secs(30);
     for connection in 1..=2 {
         let sent = tokio::time::timeout(guard, closures.recv())
@@ -87,6 +101,9 @@ async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_r
             .expect("the publisher runs");
         assert!(sent >= 64, "the subscriber completed its greeting first");
     }
+    // The first connection's refusal was counted before the second connection began.
+    assert!(count(&stats, "dropped_oversized") >= 1);
+    assert_eq!(count(&stats, "applied"), 0);
     drop(feed);
     publisher.abort();
 }
@@ -168,7 +185,7 @@ async fn a_flood_of_empty_frames_is_bounded_like_any_message() {
         }
         let _ = closed.send(sent);
     });
-    let feed = subscribe(endpoint);
+    let (feed, _stats) = subscribe(endpoint);
     let sent = tokio::time::timeout(Duration::from_secs(60), closures.recv())
         .await
         .expect("the subscriber closes the connection")
@@ -176,6 +193,50 @@ async fn a_flood_of_empty_frames_is_bounded_like_any_message() {
     // 1 MiB at 64 bytes a frame is 16,384 frames: the connection closes after about
     // that many, not after whatever the publisher could push.
     assert!(sent < 64 << 20, "closed after {sent} bytes");
+    drop(feed);
+    publisher.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_kv_event_message_is_counted_and_the_feed_reconnects() {
+    use router_state::kv_events::{
+        IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
+    };
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let (closed, mut closures) = mpsc::unbounded_channel();
+    let publisher = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                let _ = closed.send(announce(socket, 1 << 44).await);
+            });
+        }
+    });
+    let stats = Arc::new(KvFeedStats::default());
+    let source = KvSource {
+        engine: EngineId::from("E1"),
+        rank: 0,
+        endpoint,
+        replay_endpoint: None,
+        topic: "kv".into(),
+        max_message_bytes: 1 << 20,
+    };
+    let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
+    let feed = spawn_kv_subscriber(index, source, Arc::clone(&stats));
+    for connection in 1..=2 {
+        tokio::time::timeout(Duration::from_secs(30), closures.recv())
+            .await
+            .unwrap_or_else(|_| panic!("connection {connection} is closed by the subscriber"))
+            .expect("the publisher runs");
+    }
+    let oversized = stats
+        .dropped()
+        .into_iter()
+        .find(|(reason, _)| *reason == "oversized")
+        .map_or(0, |(_, n)| n);
+    assert!(oversized >= 1, "{:?}", stats.dropped());
     drop(feed);
     publisher.abort();
 }

@@ -25,7 +25,7 @@ use zeromq::{
 use super::index::PrefixIndex;
 use super::wire::decode_batch;
 use crate::engine::EngineId;
-use crate::feed::{FeedHandle, Sequence, bounded_sub, decode_envelope};
+use crate::feed::{FeedHandle, Sequence, bounded_sub, decode_envelope, oversized};
 
 /// How long a replay may go quiet before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -180,7 +180,13 @@ pub fn spawn_kv_subscriber(
                             stream.live(message.into_vec()).await;
                             stats.step();
                         }
-                        Err(_) => break,
+                        Err(e) => {
+                            if oversized(&e) {
+                                stats.drop_reason("oversized");
+                                tracing::warn!(engine = %source.engine, rank = source.rank, limit = source.max_message_bytes, "KV-event message over the size limit; reconnecting");
+                            }
+                            break;
+                        }
                     },
                     event = monitor.next() => {
                         if matches!(event, None | Some(SocketEvent::Disconnected(_))) {
@@ -336,11 +342,15 @@ impl Stream<'_> {
                 self.stats.drop_reason("replay_too_large");
                 return None;
             }
-            let frames = timeout(REPLAY_TIMEOUT, dealer.recv())
-                .await
-                .ok()?
-                .ok()?
-                .into_vec();
+            let frames = match timeout(REPLAY_TIMEOUT, dealer.recv()).await.ok()? {
+                Ok(message) => message.into_vec(),
+                Err(e) => {
+                    if oversized(&e) {
+                        self.stats.drop_reason("oversized");
+                    }
+                    return None;
+                }
+            };
             // [empty, topic, seq, payload], or [empty, seq, payload] from older builds.
             let (seq, payload) = match frames.as_slice() {
                 [_, _, seq, payload] | [_, seq, payload] => (seq, payload),

@@ -16,6 +16,9 @@ pub enum CodecError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Other(&'static str),
+    /// Switchyard patch: a message over `SocketOptions::max_message_size`.
+    #[error("message larger than the maximum size")]
+    MessageTooLarge,
 }
 
 pub(crate) type CodecResult<T> = Result<T, CodecError>;

@@ -141,7 +141,7 @@ impl Decoder for ZmqCodec {
                         self.buffered_bytes.saturating_add(charged)
                     };
                     if self.max_message_size.is_some_and(|max| message_bytes > max) {
-                        return Err(CodecError::Decode("message larger than the maximum size"));
+                        return Err(CodecError::MessageTooLarge);
                     }
                     self.state = DecoderState::Frame(frame);
                     self.waiting_for = frame_len;
