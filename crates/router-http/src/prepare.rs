@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
-use crate::tokenize::ChatTokenizer;
+use crate::tokenize::{ChatTokenizer, PromptTokens};
 
 /// An endpoint the router serves: its path (the same on the engine) and how its body
 /// is read. A new endpoint is one module with a parser, one value here and one route.
@@ -52,7 +52,7 @@ enum Prompt<'b> {
 }
 
 impl Prompt<'_> {
-    fn token_ids(&self, tokenizer: &ChatTokenizer) -> Result<Vec<u32>, ApiError> {
+    fn token_ids(&self, tokenizer: &ChatTokenizer) -> Result<PromptTokens, ApiError> {
         match self {
             Prompt::Messages(messages) => {
                 let messages: Vec<Value> = serde_json::from_str(messages.get())
@@ -77,10 +77,11 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// With the prompt's token ids, which give its exact length.
-    pub(crate) fn with_token_ids(mut self, ids: Vec<u32>) -> Self {
-        self.input_tokens = ids.len() as u64;
-        self.token_ids = Some(ids);
+    /// With the prompt's token ids, which give its exact length (plus an estimate
+    /// for a part left untokenized).
+    pub(crate) fn with_tokens(mut self, tokens: PromptTokens) -> Self {
+        self.input_tokens = tokens.ids.len() as u64 + estimate(tokens.untokenized_bytes);
+        self.token_ids = Some(tokens.ids);
         self
     }
 }
@@ -97,14 +98,14 @@ pub(crate) struct Tokenize {
 impl Tokenize {
     /// Tokenizes the prompt on this thread (the body is parsed again, borrowing from
     /// it: the prompt is never copied).
-    pub(crate) fn run(self) -> Result<Vec<u32>, ApiError> {
+    pub(crate) fn run(self) -> Result<PromptTokens, ApiError> {
         let parsed = (self.endpoint.parse)(&self.body)?;
         parsed.prompt.token_ids(&self.tokenizer)
     }
 
     /// Tokenizes the prompt on the blocking pool, at most as many at a time as
     /// `permits` has, so a large prompt never stalls the threads that serve requests.
-    pub(crate) async fn off_thread(self, permits: &Semaphore) -> Result<Vec<u32>, ApiError> {
+    pub(crate) async fn off_thread(self, permits: &Semaphore) -> Result<PromptTokens, ApiError> {
         let _permit = permits
             .acquire()
             .await
@@ -132,8 +133,8 @@ pub(crate) fn prepare(
     let prepared = Prepared {
         model: parsed.model,
         stream: parsed.stream,
-        // About four bytes a token for text; the body is the only size known.
-        input_tokens: (body.len() as u64 / 4).max(1),
+        // The body is the only size known.
+        input_tokens: estimate(body.len()).max(1),
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,
     };
@@ -142,3 +143,8 @@ pub(crate) fn prepare(
 
 #[cfg(test)]
 mod tests;
+
+/// Tokens in `bytes` of text, estimated: about four bytes a token.
+fn estimate(bytes: usize) -> u64 {
+    bytes as u64 / 4
+}

@@ -1,5 +1,9 @@
 //! Prompt tokenization with a model's `tokenizer.json` and chat template, rendered as
 //! Hugging Face transformers renders it (what SGLang and vLLM use).
+//!
+//! A long prompt is tokenized in windows of about 256 KiB ([`window`]), so the
+//! tokenizer's working memory (about a hundred times the text) stays bounded
+//! whatever the prompt's size, and the ids are still exactly those of the whole.
 
 use std::path::{Path, PathBuf};
 
@@ -25,10 +29,25 @@ impl TokenizerError {
     }
 }
 
+mod window;
+
+/// A prompt's token ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PromptTokens {
+    /// The ids, exactly as the whole prompt tokenizes (of its first part, when
+    /// `untokenized_bytes` is not 0).
+    pub(crate) ids: Vec<u32>,
+    /// Bytes at the end of the prompt left untokenized: a stretch of more than
+    /// 2 MiB without a point where tokenization may be split.
+    pub(crate) untokenized_bytes: usize,
+}
+
 /// A model's tokenizer and chat template, loaded once at startup.
 #[derive(Debug)]
 pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
+    /// The added tokens' texts: a window never ends inside one.
+    added: Vec<String>,
     template: Environment<'static>,
     bos_token: String,
     eos_token: String,
@@ -73,8 +92,15 @@ impl ChatTokenizer {
         );
         env.add_template_owned("chat", template)
             .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
+        let added = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|token| token.content)
+            .filter(|content| !content.is_empty())
+            .collect();
         Ok(Self {
             tokenizer,
+            added,
             template: env,
             bos_token: special("bos_token"),
             eos_token: special("eos_token"),
@@ -86,7 +112,7 @@ impl ChatTokenizer {
     ///
     /// # Errors
     /// The template or the tokenizer failed on this input.
-    pub fn encode(&self, mut messages: Vec<Value>) -> Result<Vec<u32>, String> {
+    pub(crate) fn encode(&self, mut messages: Vec<Value>) -> Result<PromptTokens, String> {
         messages.iter_mut().for_each(flatten_content);
         let prompt = self
             .template
@@ -100,11 +126,7 @@ impl ChatTokenizer {
                 })
             })
             .map_err(|e| format!("the chat template failed: {e}"))?;
-        let encoding = self
-            .tokenizer
-            .encode(prompt, false)
-            .map_err(|e| format!("tokenization failed: {e}"))?;
-        Ok(encoding.get_ids().to_vec())
+        window::encode(self, &prompt, window::WINDOW, window::MAX_WINDOW)
     }
 }
 
@@ -128,7 +150,7 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/tokenizer-tiny/tokenizer.json");
         let t = ChatTokenizer::load(&path).unwrap();
-        let ids = t.encode(vec![json!({"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]})]).unwrap();
+        let ids = t.encode(vec![json!({"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]})]).unwrap().ids;
         assert_eq!(
             ids,
             [1, 2, 4, 5, 3],

@@ -145,7 +145,7 @@ async fn route(
     let prepared = match prepared {
         Ok((prepared, None)) => prepared,
         Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
-            Ok(ids) => prepared.with_token_ids(ids),
+            Ok(tokens) => prepared.with_tokens(tokens),
             Err(e) => return (unknown_model(), Err(e)),
         },
         Err(e) => return (unknown_model(), Err(e)),

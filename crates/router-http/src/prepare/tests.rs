@@ -221,7 +221,7 @@ fn hello_world() -> Bytes {
 fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
     let (prepared, tokenize) =
         prepare(&CHAT, &hello_world(), |_| Ok(Some(tiny_tokenizer()))).unwrap();
-    let p = prepared.with_token_ids(tokenize.expect("a tokenization to run").run().unwrap());
+    let p = prepared.with_tokens(tokenize.expect("a tokenization to run").run().unwrap());
     assert_eq!(p.token_ids.as_deref(), Some(&[1, 2, 4, 5, 3][..]));
     assert_eq!(p.input_tokens, 5);
 }
@@ -251,7 +251,7 @@ async fn the_prompt_is_tokenized_off_the_request_thread() {
         .await
         .unwrap();
     assert_eq!(
-        ids.len(),
+        ids.ids.len(),
         100_003,
         "<s> <|user|> 100,000 words <|assistant|>"
     );
