@@ -13,13 +13,13 @@ use router_fleet::{Change, Fleet, FleetEvent};
 use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle};
 use router_upstream::Upstream;
-use tokio::sync::Semaphore;
 
 use crate::config::{
     AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster,
 };
 use crate::metrics::Metrics;
 use crate::routing::{ModelRoute, Routing};
+use crate::tokenize::TokenizePool;
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,7 @@ pub struct AppContext {
     /// How long a client may take to send a whole request body.
     pub(crate) client_body_timeout: Duration,
     /// Prompts tokenized at once, on the blocking pool.
-    pub(crate) tokenizing: Semaphore,
+    pub(crate) tokenizing: TokenizePool,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -101,7 +101,7 @@ impl AppContext {
             admin: config.admin,
             idle_timeout: config.idle_timeout,
             client_body_timeout: config.client.body,
-            tokenizing: Semaphore::new(config.tokenize_concurrency),
+            tokenizing: TokenizePool::new(config.tokenize_concurrency),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))
     }

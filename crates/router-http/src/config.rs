@@ -329,8 +329,8 @@ pub struct LimitsConfig {
     /// it is read, and the feed reconnects.
     #[serde(default = "default_zmq_max_message_bytes")]
     pub zmq_max_message_bytes: usize,
-    /// Prompts tokenized at once, on threads apart from those serving requests;
-    /// absent = one per core.
+    /// Prompts tokenized at once, each on a thread of its own (this many threads,
+    /// apart from those serving requests); absent = one per core.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenize_concurrency: Option<usize>,
 }

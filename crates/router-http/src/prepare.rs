@@ -13,10 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
-use crate::tokenize::{ChatTokenizer, PromptTokens};
+use crate::tokenize::{ChatTokenizer, PromptTokens, TokenizePool};
 
 /// An endpoint the router serves: its path (the same on the engine) and how its body
 /// is read. A new endpoint is one module with a parser, one value here and one route.
@@ -103,16 +102,12 @@ impl Tokenize {
         parsed.prompt.token_ids(&self.tokenizer)
     }
 
-    /// Tokenizes the prompt on the blocking pool, at most as many at a time as
-    /// `permits` has, so a large prompt never stalls the threads that serve requests.
-    pub(crate) async fn off_thread(self, permits: &Semaphore) -> Result<PromptTokens, ApiError> {
-        let _permit = permits
-            .acquire()
+    /// Tokenizes the prompt on one of `pool`'s threads, so a large prompt never
+    /// stalls the threads that serve requests.
+    pub(crate) async fn off_thread(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
+        pool.run(move || self.run())
             .await
-            .map_err(|_| ApiError::internal("tokenization is shut down"))?;
-        tokio::task::spawn_blocking(move || self.run())
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?
+            .ok_or_else(|| ApiError::internal("tokenization failed"))?
     }
 }
 

@@ -29,7 +29,10 @@ impl TokenizerError {
     }
 }
 
+mod pool;
 mod window;
+
+pub(crate) use pool::TokenizePool;
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,9 +3,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use serde_json::json;
-use tokio::sync::Semaphore;
 
 use super::*;
+use crate::tokenize::TokenizePool;
 
 fn run(body: serde_json::Value) -> Result<Prepared, ApiError> {
     let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
@@ -247,7 +247,7 @@ async fn the_prompt_is_tokenized_off_the_request_thread() {
     let (_, tokenize) = prepare(&CHAT, &body, |_| Ok(Some(tiny_tokenizer()))).unwrap();
     let ids = tokenize
         .expect("a tokenization to run")
-        .off_thread(&Semaphore::new(1))
+        .off_thread(&TokenizePool::new(1))
         .await
         .unwrap();
     assert_eq!(
