@@ -3,9 +3,14 @@
 //! Each node is one page position of one prefix, keyed by its chain hash; its owners
 //! are a bitset of sources (an engine rank's incarnation), so a lookup walks a
 //! request's chain hashes and intersects bitsets, one word per 64 sources. Each source
-//! keeps its engine's own hashes only to resolve parents and removals. Tiers are kept
-//! per copy: a removal on one tier leaves a copy on another. Memory is bounded by a
-//! node budget; past it, the least recently matched leaves are evicted.
+//! keeps its engine's own hashes only to resolve parents and removals: one per page it
+//! holds, kept in the page's node too, so evicting a page forgets its engine hashes
+//! and a source's map never holds more than the node budget. A page announced again
+//! under another engine hash is known by the latest one; a later removal or
+//! continuation naming an evicted or replaced hash is skipped as unknown
+//! (`unknown_block`, `unknown_parent`). Tiers are kept per copy: a removal on one tier
+//! leaves a copy on another. Memory is bounded by a node budget; past it, the least
+//! recently matched leaves are evicted.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -174,7 +179,9 @@ fn tier_bit(tier: Tier) -> u8 {
 struct Source {
     engine: EngineId,
     rank: u32,
-    /// Engine hash -> chain hash of the pages this source announced.
+    /// Engine hash -> chain hash of the pages this source holds: exactly one entry
+    /// per page it owns in the index (the page's node keeps the same engine hash),
+    /// so the map never outgrows the node budget.
     blocks: FxHashMap<u64, u64>,
 }
 
@@ -303,9 +310,18 @@ impl PrefixIndex {
         IndexSize {
             nodes: inner.nodes.len(),
             entries: inner.entries,
+            // Engine hashes of a page's second and later owners live beside it.
             bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
-                + map_buckets * 17,
+                + map_buckets * 17
+                + inner.entries.saturating_sub(inner.nodes.len()) * 16,
         }
+    }
+
+    /// Engine hashes the sources keep, all sources together.
+    #[cfg(test)]
+    fn engine_hashes(&self) -> usize {
+        let inner = self.inner.read();
+        inner.sources.iter().flatten().map(|s| s.blocks.len()).sum()
     }
 
     /// Nodes evicted for the budget since start.
@@ -395,11 +411,23 @@ impl Inner {
             }
             let node = self.nodes.get_mut(hash).expect("present or just inserted");
             let before = node.tiers_of(slot);
+            let renamed = node.engine_hash(slot).filter(|h| h != engine_hash);
             if before == 0 {
                 self.entries += 1;
             }
-            node.set_tiers(slot, before | mask);
-            self.source(slot).blocks.insert(*engine_hash, *hash);
+            node.own(slot, before | mask, *engine_hash);
+            // One engine hash per page and source: a page announced again under
+            // another hash is known by the new one only, and a hash that named other
+            // content before names this page now (the other page loses the source).
+            let blocks = &mut self.source(slot).blocks;
+            if let Some(old) = renamed {
+                blocks.remove(&old);
+            }
+            if let Some(other) = blocks.insert(*engine_hash, *hash)
+                && other != *hash
+            {
+                self.disown(slot, other);
+            }
             parent = *hash;
         }
         Ok(chain.len())
@@ -414,19 +442,16 @@ impl Inner {
                 unknown += 1;
                 continue;
             };
-            let Some(node) = self.nodes.get_mut(&hash) else {
-                self.source(slot).blocks.remove(engine_hash);
-                continue;
-            };
+            let node = self
+                .nodes
+                .get_mut(&hash)
+                .expect("a source's engine hashes name pages it holds");
             let left = node.tiers_of(slot) & !mask;
-            let had = node.tiers_of(slot) != 0;
-            node.set_tiers(slot, left);
             if left == 0 {
-                if had {
-                    self.entries -= 1;
-                }
                 self.source(slot).blocks.remove(engine_hash);
-                self.prune(hash);
+                self.disown(slot, hash);
+            } else {
+                node.set_tiers(slot, left);
             }
             removed += 1;
         }
@@ -441,13 +466,19 @@ impl Inner {
             .map(|(_, chain)| chain)
             .collect();
         for hash in chains {
-            if let Some(node) = self.nodes.get_mut(&hash)
-                && node.tiers_of(slot) != 0
-            {
-                node.set_tiers(slot, 0);
-                self.entries -= 1;
-                self.prune(hash);
-            }
+            self.disown(slot, hash);
+        }
+    }
+
+    /// Drops `slot`'s copies of the page `hash` (its engine hash is the caller's to
+    /// forget) and prunes what that leaves ownerless.
+    fn disown(&mut self, slot: u32, hash: u64) {
+        if let Some(node) = self.nodes.get_mut(&hash)
+            && node.tiers_of(slot) != 0
+        {
+            node.disown(slot);
+            self.entries -= 1;
+            self.prune(hash);
         }
     }
 
@@ -470,8 +501,7 @@ impl Inner {
     }
 
     /// Evicts least recently matched leaves until `target` nodes remain; returns how
-    /// many went. Sources keep their engine-hash entries of evicted pages until the
-    /// engine removes them (bounded by the engine's own cache).
+    /// many went. The owners forget the engine hashes of evicted pages.
     fn evict(&mut self, target: usize) -> usize {
         let before = self.nodes.len();
         while self.nodes.len() > target {
@@ -491,6 +521,11 @@ impl Inner {
                     continue;
                 };
                 self.entries -= node.owner_count();
+                for slot in node.owner_slots() {
+                    if let Some(engine_hash) = node.engine_hash(slot) {
+                        self.source(slot).blocks.remove(&engine_hash);
+                    }
+                }
                 if let Some(p) = self
                     .nodes
                     .get_mut(&node.parent)

@@ -1,6 +1,7 @@
-//! One page of the index: its parent, its owners (a bit per source slot) and the
-//! tiers of copies that are not exactly one device copy. The first 64 slots live
-//! inline, so a node of a fleet up to 64 engine ranks stays 32 bytes.
+//! One page of the index: its parent, its owners (a bit per source slot), each
+//! owner's engine hash for the page and the tiers of copies that are not exactly one
+//! device copy. The first 64 slots and one owner's engine hash live inline, so a node
+//! of a page one engine rank holds is 40 bytes.
 
 use std::sync::atomic::AtomicU32;
 
@@ -13,7 +14,11 @@ pub(super) struct Node {
     pub(super) parent: u64,
     /// Owners among slots 0..64.
     owners: u64,
-    /// Owners beyond slot 63 and non-device tiers, rarely present.
+    /// The engine hash of the one owner that has none in `extra` (at most one has
+    /// none: the first to arrive while no owner used this field).
+    hash: u64,
+    /// Owners beyond slot 63, non-device tiers and the engine hashes of a page's
+    /// second and later owners, present only for pages shared or kept off the device.
     extra: Option<Box<Extra>>,
     pub(super) children: u32,
     pub(super) last_used: AtomicU32,
@@ -25,11 +30,13 @@ struct Extra {
     words: Vec<u64>,
     /// Tier masks of the owners holding something other than exactly a device copy.
     tiers: FxHashMap<u32, u8>,
+    /// Engine hashes of the owners but the one in `Node::hash`, sorted by slot.
+    hashes: Vec<(u32, u64)>,
 }
 
 impl Extra {
     fn is_empty(&self) -> bool {
-        self.tiers.is_empty() && self.words.iter().all(|w| *w == 0)
+        self.tiers.is_empty() && self.hashes.is_empty() && self.words.iter().all(|w| *w == 0)
     }
 }
 
@@ -38,6 +45,7 @@ impl Node {
         Self {
             parent,
             owners: 0,
+            hash: 0,
             extra: None,
             children: 0,
             last_used: AtomicU32::new(now),
@@ -71,6 +79,66 @@ impl Node {
             .sum()
     }
 
+    /// The owner slots, lowest first.
+    pub(super) fn owner_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.owner_words()).flat_map(move |w| {
+            let mut bits = self.owner_word(w);
+            std::iter::from_fn(move || {
+                if bits == 0 {
+                    return None;
+                }
+                let bit = bits.trailing_zeros();
+                bits &= bits - 1;
+                Some((w * 64) as u32 + bit)
+            })
+        })
+    }
+
+    /// The engine hash under which `slot` announced this page, when it holds it.
+    pub(super) fn engine_hash(&self, slot: u32) -> Option<u64> {
+        if self.tiers_of(slot) == 0 {
+            return None;
+        }
+        let listed = self.extra.as_ref().and_then(|e| {
+            let at = e.hashes.binary_search_by_key(&slot, |(s, _)| *s).ok()?;
+            Some(e.hashes[at].1)
+        });
+        Some(listed.unwrap_or(self.hash))
+    }
+
+    /// Makes `slot` an owner with tiers `mask` (not 0) under `engine_hash`, or
+    /// changes the tiers and engine hash it holds the page under.
+    pub(super) fn own(&mut self, slot: u32, mask: u8, engine_hash: u64) {
+        let extra_hashes = self.extra.as_ref().map_or(0, |e| e.hashes.len());
+        let listed = self
+            .extra
+            .as_ref()
+            .and_then(|e| e.hashes.binary_search_by_key(&slot, |(s, _)| *s).ok());
+        let inline_taken = self.owner_count() > extra_hashes;
+        let is_inline = listed.is_none() && self.tiers_of(slot) != 0;
+        if let Some(at) = listed {
+            let extra = self.extra.as_mut().expect("a listed hash lives in extra");
+            extra.hashes[at].1 = engine_hash;
+        } else if is_inline || !inline_taken {
+            self.hash = engine_hash;
+        } else {
+            let hashes = &mut self.extra.get_or_insert_with(Default::default).hashes;
+            let at = hashes.partition_point(|(s, _)| *s < slot);
+            hashes.insert(at, (slot, engine_hash));
+        }
+        self.set_tiers(slot, mask);
+    }
+
+    /// Drops `slot`'s copies and engine hash.
+    pub(super) fn disown(&mut self, slot: u32) {
+        if let Some(extra) = &mut self.extra
+            && let Ok(at) = extra.hashes.binary_search_by_key(&slot, |(s, _)| *s)
+        {
+            extra.hashes.remove(at);
+        }
+        self.set_tiers(slot, 0);
+    }
+
     /// The owners of word `word` whose copy includes the device tier.
     pub(super) fn device_word(&self, word: usize) -> u64 {
         let owners = self.owner_word(word);
@@ -96,6 +164,8 @@ impl Node {
             .unwrap_or(DEVICE)
     }
 
+    /// Sets the tier mask of `slot`'s copies; an owner's engine hash is set by
+    /// [`Node::own`] and dropped by [`Node::disown`].
     pub(super) fn set_tiers(&mut self, slot: u32, mask: u8) {
         let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
         if word == 0 {
