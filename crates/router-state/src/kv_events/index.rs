@@ -9,14 +9,21 @@
 //! under another engine hash is known by the latest one; a later removal or
 //! continuation naming an evicted or replaced hash is skipped as unknown
 //! (`unknown_block`, `unknown_parent`). Tiers are kept per copy: a removal on one tier
-//! leaves a copy on another. Memory is bounded by a node budget; past it, the least
-//! recently matched leaves are evicted.
+//! leaves a copy on another.
+//!
+//! Memory is bounded by a node budget (`max_nodes`): nodes, the sources' engine hashes
+//! (at most one per node and source) and the pool of leaves (at most one entry per
+//! node) all follow it. Past it, the least recently matched leaf of a random sample
+//! is evicted with its ancestors no later use reached (see `evict`), a bounded number
+//! of pages per hold of the write lock, so lookups wait for one step, never for a
+//! pass over the index. While a batch's eviction steps run, the index exceeds the
+//! budget by at most the pages of the batches being applied.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -29,7 +36,8 @@ use crate::engine::EngineId;
 pub struct IndexConfig {
     /// The model's page size; stores of another size are skipped.
     pub block_size: u32,
-    /// Most nodes kept; past it the least recently matched leaves are evicted.
+    /// Most nodes kept; past it the least recently matched leaves are evicted
+    /// (approximately: the oldest of a random sample).
     pub max_nodes: usize,
 }
 
@@ -162,6 +170,7 @@ impl Hasher for ChainHasher {
     }
 }
 
+use evict::EVICT_STEP;
 use node::Node;
 
 const DEVICE: u8 = 1;
@@ -192,6 +201,10 @@ struct Inner {
     slots: FxHashMap<(EngineId, u32), u32>,
     degraded: Bits,
     entries: usize,
+    /// Every leaf's chain hash, once; a leaf's node knows its position.
+    leaves: Vec<u64>,
+    /// State of the generator that samples leaves for eviction.
+    random: u64,
 }
 
 /// See the module documentation.
@@ -252,9 +265,16 @@ impl PrefixIndex {
                 }
             }
         }
-        if inner.nodes.len() > self.config.max_nodes {
-            let evicted = inner.evict(self.config.max_nodes - self.config.max_nodes / 10);
+        // Eviction runs in steps of a bounded number of pages, letting waiting
+        // lookups in between: meanwhile the budget is exceeded by at most the pages
+        // of the batches being applied.
+        while inner.nodes.len() > self.config.max_nodes {
+            let evicted = inner.evict(self.config.max_nodes, EVICT_STEP);
             self.evicted.fetch_add(evicted as u64, Ordering::Relaxed);
+            if evicted == 0 || inner.nodes.len() <= self.config.max_nodes {
+                break;
+            }
+            RwLockWriteGuard::bump(&mut inner);
         }
         outcome
     }
@@ -313,7 +333,8 @@ impl PrefixIndex {
             // Engine hashes of a page's second and later owners live beside it.
             bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
                 + map_buckets * 17
-                + inner.entries.saturating_sub(inner.nodes.len()) * 16,
+                + inner.entries.saturating_sub(inner.nodes.len()) * 16
+                + inner.leaves.capacity() * 8,
         }
     }
 
@@ -404,10 +425,7 @@ impl Inner {
         let mut parent = if store.parent.is_some() { seed } else { 0 };
         for (engine_hash, hash) in store.block_hashes.iter().zip(&chain) {
             if !self.nodes.contains_key(hash) {
-                if let Some(p) = self.nodes.get_mut(&parent).filter(|_| parent != 0) {
-                    p.children += 1;
-                }
-                self.nodes.insert(*hash, Node::new(parent, now));
+                self.insert_leaf(*hash, parent, now);
             }
             let node = self.nodes.get_mut(hash).expect("present or just inserted");
             let before = node.tiers_of(slot);
@@ -485,63 +503,20 @@ impl Inner {
     /// Deletes `hash` and its ancestors while they are ownerless leaves.
     fn prune(&mut self, mut hash: u64) {
         while let Some(node) = self.nodes.get(&hash) {
-            if node.children > 0 || node.has_owners() {
+            if node.children() > 0 || node.has_owners() {
                 return;
             }
             let parent = node.parent;
-            self.nodes.remove(&hash);
-            match self.nodes.get_mut(&parent) {
-                Some(p) if parent != 0 => {
-                    p.children = p.children.saturating_sub(1);
-                    hash = parent;
-                }
-                _ => return,
+            self.remove_node(hash);
+            if parent == 0 {
+                return;
             }
+            hash = parent;
         }
-    }
-
-    /// Evicts least recently matched leaves until `target` nodes remain; returns how
-    /// many went. The owners forget the engine hashes of evicted pages.
-    fn evict(&mut self, target: usize) -> usize {
-        let before = self.nodes.len();
-        while self.nodes.len() > target {
-            let mut leaves: Vec<(u32, u64)> = self
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.children == 0)
-                .map(|(h, n)| (n.last_used.load(Ordering::Relaxed), *h))
-                .collect();
-            if leaves.is_empty() {
-                break;
-            }
-            leaves.sort_unstable();
-            let excess = self.nodes.len() - target;
-            for (_, hash) in leaves.into_iter().take(excess) {
-                let Some(node) = self.nodes.remove(&hash) else {
-                    continue;
-                };
-                self.entries -= node.owner_count();
-                for slot in node.owner_slots() {
-                    if let Some(engine_hash) = node.engine_hash(slot) {
-                        self.source(slot).blocks.remove(&engine_hash);
-                    }
-                }
-                if let Some(p) = self
-                    .nodes
-                    .get_mut(&node.parent)
-                    .filter(|_| node.parent != 0)
-                {
-                    p.children = p.children.saturating_sub(1);
-                    // The parent inherits the recency of its deepest use.
-                    p.last_used
-                        .fetch_max(node.last_used.load(Ordering::Relaxed), Ordering::Relaxed);
-                }
-            }
-        }
-        before - self.nodes.len()
     }
 }
 
+mod evict;
 mod lookup;
 mod node;
 #[cfg(test)]

@@ -20,9 +20,14 @@ pub(super) struct Node {
     /// Owners beyond slot 63, non-device tiers and the engine hashes of a page's
     /// second and later owners, present only for pages shared or kept off the device.
     extra: Option<Box<Extra>>,
-    pub(super) children: u32,
+    /// The number of children, or for a leaf [`LEAF`] with its position in the
+    /// index's pool of leaves (a leaf has no children to count).
+    link: u32,
     pub(super) last_used: AtomicU32,
 }
+
+/// The bit of [`Node::link`] that marks a leaf.
+const LEAF: u32 = 1 << 31;
 
 #[derive(Debug, Default)]
 struct Extra {
@@ -47,9 +52,35 @@ impl Node {
             owners: 0,
             hash: 0,
             extra: None,
-            children: 0,
+            link: 0,
             last_used: AtomicU32::new(now),
         }
+    }
+
+    /// How many pages continue this one.
+    pub(super) fn children(&self) -> u32 {
+        if self.link & LEAF == 0 { self.link } else { 0 }
+    }
+
+    /// Where this leaf is in the pool of leaves; `None` for a page with children.
+    pub(super) fn leaf_at(&self) -> Option<usize> {
+        (self.link & LEAF != 0).then_some((self.link & !LEAF) as usize)
+    }
+
+    /// Makes this page a leaf at position `at` of the pool of leaves.
+    pub(super) fn set_leaf_at(&mut self, at: usize) {
+        let at = u32::try_from(at)
+            .ok()
+            .filter(|at| at & LEAF == 0)
+            .expect("fewer than 2^31 leaves (over 80 GiB of pages)");
+        self.link = LEAF | at;
+    }
+
+    /// Sets how many pages continue this one (at least one: a page without children
+    /// is a leaf, placed by [`Node::set_leaf_at`]).
+    pub(super) fn set_children(&mut self, children: u32) {
+        debug_assert!(children > 0 && children & LEAF == 0);
+        self.link = children;
     }
 
     /// Owners among slots `64 * word..64 * (word + 1)`.

@@ -385,6 +385,57 @@ fn removals_and_continuations_of_evicted_pages_are_skipped_as_unknown() {
     );
 }
 
+#[test]
+fn eviction_keeps_the_prompts_matched_recently_among_many_leaves() {
+    let index = budget(400);
+    let prompt =
+        |c: u64| index.request_hashes(&(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>());
+    for c in 0..2_000 {
+        store_conversation(&index, "a", c);
+        for hot in 0..8 {
+            index.lookup(&prompt(hot));
+        }
+    }
+    assert!(index.size().nodes <= 400);
+    assert!(index.evicted() >= 4 * 1_900);
+    for hot in 0..8 {
+        assert_eq!(
+            index.lookup(&prompt(hot)).blocks_of(&id("a")),
+            4,
+            "hot prompt {hot}"
+        );
+    }
+    assert_eq!(
+        index.lookup(&prompt(8)).blocks_of(&id("a")),
+        0,
+        "a cold one went"
+    );
+    assert!(index.pool_is_exact());
+}
+
+#[test]
+fn a_batch_far_past_the_budget_is_evicted_in_steps_down_to_the_budget() {
+    let index = budget(100);
+    let tokens: Vec<u32> = (0..4_000).collect();
+    let hashes: Vec<u64> = (0..1_000).collect();
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(&hashes, None, tokens.clone(), Tier::Device)]),
+    );
+    assert_eq!(index.size().nodes, 100);
+    assert_eq!(index.evicted(), 900);
+    assert_eq!(index.engine_hashes(), 100);
+    assert_eq!(
+        index
+            .lookup(&index.request_hashes(&tokens))
+            .blocks_of(&id("a")),
+        100,
+        "the chain's deepest pages went first"
+    );
+    assert!(index.pool_is_exact());
+}
+
 /// A naive model: per source, the chain hashes it holds with their tier masks.
 #[derive(Default)]
 struct Model {
@@ -535,6 +586,7 @@ proptest! {
             }
         }
         prop_assert_eq!(index.engine_hashes(), index.size().entries, "one engine hash per entry");
+        prop_assert!(index.pool_is_exact(), "every leaf is pooled once");
         let entries: usize = model.held.values().map(|h| h.values().map(|(c, _)| *c).collect::<std::collections::HashSet<_>>().len()).sum();
         prop_assert_eq!(index.size().entries, entries, "entry counts agree");
     }
@@ -556,6 +608,7 @@ proptest! {
             }
             prop_assert!(index.size().nodes <= 8, "the node budget holds");
             prop_assert_eq!(index.engine_hashes(), index.size().entries, "evicted pages' engine hashes go with them");
+            prop_assert!(index.pool_is_exact(), "every leaf is pooled once");
             for prefix in 0..4 {
                 let chain = chain_hashes(&prefix_tokens(prefix), BS as usize, 0);
                 let found = index.lookup(&chain);
