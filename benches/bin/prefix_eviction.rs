@@ -5,8 +5,8 @@
 //!
 //! `cargo run --release -p switchyard-benches --bin prefix_eviction [MAX_NODES]`
 //! (default 4,194,304, the default budget) prints the lookup latency percentiles, the
-//! writer's rate, how many pages were evicted and how many hot prompts still match
-//! in full at the end.
+//! writer's rate and the time its batches took to apply (eviction included), how many
+//! pages were evicted and how many hot prompts still match in full at the end.
 
 #![allow(
     clippy::print_stdout,
@@ -35,8 +35,8 @@ fn tokens(c: u64) -> Vec<u32> {
 }
 
 /// Stores conversation `c` on its engine, 16 pages per batch as a prefill announces
-/// them.
-fn store(index: &PrefixIndex, c: u64) {
+/// them, noting how long each batch took to apply (mostly the write lock's hold).
+fn store(index: &PrefixIndex, c: u64, applies: &mut Vec<u32>) {
     let engine = EngineId::from(format!("E{}", c % ENGINES).as_str());
     let tokens = tokens(c);
     let first = c * PAGES;
@@ -59,8 +59,14 @@ fn store(index: &PrefixIndex, c: u64) {
             dp_rank: Some(0),
             dropped: Vec::new(),
         };
+        let start = Instant::now();
         index.apply(&engine, 0, &batch);
+        applies.push(nanos(start));
     }
+}
+
+fn nanos(start: Instant) -> u32 {
+    start.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -79,9 +85,11 @@ fn main() {
     });
     // The hot prompts first, then the index filled to its budget.
     let budget_conversations = max_nodes as u64 / PAGES;
+    let mut applies = Vec::new();
     for c in 0..budget_conversations {
-        store(&index, c);
+        store(&index, c, &mut applies);
     }
+    applies.clear();
     let hot: Vec<Vec<u64>> = (0..HOT).map(|c| index.request_hashes(&tokens(c))).collect();
     // Stores three budgets' worth of new pages while the reader runs.
     let new = 3 * budget_conversations;
@@ -100,7 +108,7 @@ fn main() {
                 let chain = index.request_hashes(&tokens(recent));
                 let start = Instant::now();
                 let found = black_box(index.lookup(&chain));
-                latencies.push(start.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
+                latencies.push(nanos(start));
                 full +=
                     usize::from(found.engines.first().map(|m| m.blocks) == Some(PAGES as usize));
                 i += 1;
@@ -109,7 +117,7 @@ fn main() {
         });
         let start = Instant::now();
         for c in budget_conversations..budget_conversations + new {
-            store(&index, c);
+            store(&index, c, &mut applies);
             latest.store(c, Ordering::Relaxed);
         }
         let secs = start.elapsed().as_secs_f64();
@@ -138,6 +146,15 @@ fn main() {
         percentile(&sorted, 0.99),
         percentile(&sorted, 0.999),
         f64::from(*sorted.last().expect("at least one lookup")) / 1000.0,
+    );
+    applies.sort_unstable();
+    println!(
+        "batches applied meanwhile: {}, p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us, max {:.1} us",
+        applies.len(),
+        percentile(&applies, 0.5),
+        percentile(&applies, 0.99),
+        percentile(&applies, 0.999),
+        f64::from(*applies.last().expect("at least one batch")) / 1000.0,
     );
     println!("hot prompts still matched in full: {kept} of {HOT}");
 }
