@@ -58,11 +58,14 @@ pub enum SkipReason {
     BlockSizeMismatch,
     /// The store's token count is not pages x page size.
     Misaligned,
-    /// The store extends a page this source never announced.
+    /// The store extends a page this source never announced, or one evicted for the
+    /// node budget since (its engine hash is forgotten with it).
     UnknownParent,
     /// The store belongs to a sliding-window, Mamba or unknown cache group.
     NonAttentionGroup,
-    /// A removal names a page this source never announced.
+    /// A removal names a page this source never announced, one evicted for the node
+    /// budget since, or an engine hash the source has announced the page under
+    /// another since.
     UnknownBlock,
 }
 
