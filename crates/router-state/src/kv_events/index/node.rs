@@ -21,13 +21,19 @@ pub(super) struct Node {
     /// second and later owners, present only for pages shared or kept off the device.
     extra: Option<Box<Extra>>,
     /// The number of children, or for a leaf [`LEAF`] with its position in the
-    /// index's pool of leaves (a leaf has no children to count).
+    /// index's pool of leaves (a leaf has no children to count); and [`TIERED`].
     link: u32,
     pub(super) last_used: AtomicU32,
 }
 
 /// The bit of [`Node::link`] that marks a leaf.
 const LEAF: u32 = 1 << 31;
+/// The bit of [`Node::link`] set while some owner's copies are not exactly one device
+/// copy, so a lookup reads `extra` for the device tier only then (a shared page keeps
+/// its owners' engine hashes there too).
+const TIERED: u32 = 1 << 30;
+/// The bits of [`Node::link`] holding the count or position.
+const COUNT: u32 = TIERED - 1;
 
 #[derive(Debug, Default)]
 struct Extra {
@@ -59,28 +65,32 @@ impl Node {
 
     /// How many pages continue this one.
     pub(super) fn children(&self) -> u32 {
-        if self.link & LEAF == 0 { self.link } else { 0 }
+        if self.link & LEAF == 0 {
+            self.link & COUNT
+        } else {
+            0
+        }
     }
 
     /// Where this leaf is in the pool of leaves; `None` for a page with children.
     pub(super) fn leaf_at(&self) -> Option<usize> {
-        (self.link & LEAF != 0).then_some((self.link & !LEAF) as usize)
+        (self.link & LEAF != 0).then_some((self.link & COUNT) as usize)
     }
 
     /// Makes this page a leaf at position `at` of the pool of leaves.
     pub(super) fn set_leaf_at(&mut self, at: usize) {
         let at = u32::try_from(at)
             .ok()
-            .filter(|at| at & LEAF == 0)
-            .expect("fewer than 2^31 leaves (over 80 GiB of pages)");
-        self.link = LEAF | at;
+            .filter(|at| *at <= COUNT)
+            .expect("fewer than 2^30 leaves (over 40 GiB of pages)");
+        self.link = LEAF | (self.link & TIERED) | at;
     }
 
     /// Sets how many pages continue this one (at least one: a page without children
     /// is a leaf, placed by [`Node::set_leaf_at`]).
     pub(super) fn set_children(&mut self, children: u32) {
-        debug_assert!(children > 0 && children & LEAF == 0);
-        self.link = children;
+        debug_assert!(children > 0 && children <= COUNT);
+        self.link = (self.link & TIERED) | children;
     }
 
     /// Owners among slots `64 * word..64 * (word + 1)`.
@@ -173,7 +183,7 @@ impl Node {
     /// The owners of word `word` whose copy includes the device tier.
     pub(super) fn device_word(&self, word: usize) -> u64 {
         let owners = self.owner_word(word);
-        match &self.extra {
+        match self.extra.as_ref().filter(|_| self.link & TIERED != 0) {
             None => owners,
             Some(extra) => extra
                 .tiers
@@ -226,6 +236,11 @@ impl Node {
         }
         if self.extra.as_ref().is_some_and(|e| e.is_empty()) {
             self.extra = None;
+        }
+        if self.extra.as_ref().is_some_and(|e| !e.tiers.is_empty()) {
+            self.link |= TIERED;
+        } else {
+            self.link &= !TIERED;
         }
     }
 }
