@@ -3,15 +3,27 @@
 //! Each node is one page position of one prefix, keyed by its chain hash; its owners
 //! are a bitset of sources (an engine rank's incarnation), so a lookup walks a
 //! request's chain hashes and intersects bitsets, one word per 64 sources. Each source
-//! keeps its engine's own hashes only to resolve parents and removals. Tiers are kept
-//! per copy: a removal on one tier leaves a copy on another. Memory is bounded by a
-//! node budget; past it, the least recently matched leaves are evicted.
+//! keeps its engine's own hashes only to resolve parents and removals: one per page it
+//! holds, kept in the page's node too, so evicting a page forgets its engine hashes
+//! and a source's map never holds more than the node budget. A page announced again
+//! under another engine hash is known by the latest one; a later removal or
+//! continuation naming an evicted or replaced hash is skipped as unknown
+//! (`unknown_block`, `unknown_parent`). Tiers are kept per copy: a removal on one tier
+//! leaves a copy on another.
+//!
+//! Memory is bounded by a node budget (`max_nodes`): nodes, the sources' engine hashes
+//! (at most one per node and source) and the pool of leaves (at most one entry per
+//! node) all follow it. Past it, the least recently matched leaf of a random sample
+//! is evicted with its ancestors no later use reached (see `evict`), a bounded number
+//! of pages per hold of the write lock, so lookups wait for one step, never for a
+//! pass over the index. While a batch's eviction steps run, the index exceeds the
+//! budget by at most the pages of the batches being applied.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -24,7 +36,8 @@ use crate::engine::EngineId;
 pub struct IndexConfig {
     /// The model's page size; stores of another size are skipped.
     pub block_size: u32,
-    /// Most nodes kept; past it the least recently matched leaves are evicted.
+    /// Most nodes kept; past it the least recently matched leaves are evicted
+    /// (approximately: the oldest of a random sample).
     pub max_nodes: usize,
 }
 
@@ -45,11 +58,14 @@ pub enum SkipReason {
     BlockSizeMismatch,
     /// The store's token count is not pages x page size.
     Misaligned,
-    /// The store extends a page this source never announced.
+    /// The store extends a page this source never announced, or one evicted for the
+    /// node budget since (its engine hash is forgotten with it).
     UnknownParent,
     /// The store belongs to a sliding-window, Mamba or unknown cache group.
     NonAttentionGroup,
-    /// A removal names a page this source never announced.
+    /// A removal names a page this source never announced, one evicted for the node
+    /// budget since, or an engine hash the source has announced the page under
+    /// another since.
     UnknownBlock,
 }
 
@@ -157,6 +173,7 @@ impl Hasher for ChainHasher {
     }
 }
 
+use evict::EVICT_STEP;
 use node::Node;
 
 const DEVICE: u8 = 1;
@@ -174,7 +191,9 @@ fn tier_bit(tier: Tier) -> u8 {
 struct Source {
     engine: EngineId,
     rank: u32,
-    /// Engine hash -> chain hash of the pages this source announced.
+    /// Engine hash -> chain hash of the pages this source holds: exactly one entry
+    /// per page it owns in the index (the page's node keeps the same engine hash),
+    /// so the map never outgrows the node budget.
     blocks: FxHashMap<u64, u64>,
 }
 
@@ -185,6 +204,10 @@ struct Inner {
     slots: FxHashMap<(EngineId, u32), u32>,
     degraded: Bits,
     entries: usize,
+    /// Every leaf's chain hash, once; a leaf's node knows its position.
+    leaves: Vec<u64>,
+    /// State of the generator that samples leaves for eviction.
+    random: u64,
 }
 
 /// See the module documentation.
@@ -245,9 +268,16 @@ impl PrefixIndex {
                 }
             }
         }
-        if inner.nodes.len() > self.config.max_nodes {
-            let evicted = inner.evict(self.config.max_nodes - self.config.max_nodes / 10);
+        // Eviction runs in steps of a bounded number of pages, letting waiting
+        // lookups in between: meanwhile the budget is exceeded by at most the pages
+        // of the batches being applied.
+        while inner.nodes.len() > self.config.max_nodes {
+            let evicted = inner.evict(self.config.max_nodes, EVICT_STEP);
             self.evicted.fetch_add(evicted as u64, Ordering::Relaxed);
+            if evicted == 0 || inner.nodes.len() <= self.config.max_nodes {
+                break;
+            }
+            RwLockWriteGuard::bump(&mut inner);
         }
         outcome
     }
@@ -303,9 +333,19 @@ impl PrefixIndex {
         IndexSize {
             nodes: inner.nodes.len(),
             entries: inner.entries,
+            // Engine hashes of a page's second and later owners live beside it.
             bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
-                + map_buckets * 17,
+                + map_buckets * 17
+                + inner.entries.saturating_sub(inner.nodes.len()) * 16
+                + inner.leaves.capacity() * 8,
         }
+    }
+
+    /// Engine hashes the sources keep, all sources together.
+    #[cfg(test)]
+    fn engine_hashes(&self) -> usize {
+        let inner = self.inner.read();
+        inner.sources.iter().flatten().map(|s| s.blocks.len()).sum()
     }
 
     /// Nodes evicted for the budget since start.
@@ -388,18 +428,27 @@ impl Inner {
         let mut parent = if store.parent.is_some() { seed } else { 0 };
         for (engine_hash, hash) in store.block_hashes.iter().zip(&chain) {
             if !self.nodes.contains_key(hash) {
-                if let Some(p) = self.nodes.get_mut(&parent).filter(|_| parent != 0) {
-                    p.children += 1;
-                }
-                self.nodes.insert(*hash, Node::new(parent, now));
+                self.insert_leaf(*hash, parent, now);
             }
             let node = self.nodes.get_mut(hash).expect("present or just inserted");
             let before = node.tiers_of(slot);
+            let renamed = node.engine_hash(slot).filter(|h| h != engine_hash);
             if before == 0 {
                 self.entries += 1;
             }
-            node.set_tiers(slot, before | mask);
-            self.source(slot).blocks.insert(*engine_hash, *hash);
+            node.own(slot, before | mask, *engine_hash);
+            // One engine hash per page and source: a page announced again under
+            // another hash is known by the new one only, and a hash that named other
+            // content before names this page now (the other page loses the source).
+            let blocks = &mut self.source(slot).blocks;
+            if let Some(old) = renamed {
+                blocks.remove(&old);
+            }
+            if let Some(other) = blocks.insert(*engine_hash, *hash)
+                && other != *hash
+            {
+                self.disown(slot, other);
+            }
             parent = *hash;
         }
         Ok(chain.len())
@@ -414,19 +463,16 @@ impl Inner {
                 unknown += 1;
                 continue;
             };
-            let Some(node) = self.nodes.get_mut(&hash) else {
-                self.source(slot).blocks.remove(engine_hash);
-                continue;
-            };
+            let node = self
+                .nodes
+                .get_mut(&hash)
+                .expect("a source's engine hashes name pages it holds");
             let left = node.tiers_of(slot) & !mask;
-            let had = node.tiers_of(slot) != 0;
-            node.set_tiers(slot, left);
             if left == 0 {
-                if had {
-                    self.entries -= 1;
-                }
                 self.source(slot).blocks.remove(engine_hash);
-                self.prune(hash);
+                self.disown(slot, hash);
+            } else {
+                node.set_tiers(slot, left);
             }
             removed += 1;
         }
@@ -441,72 +487,39 @@ impl Inner {
             .map(|(_, chain)| chain)
             .collect();
         for hash in chains {
-            if let Some(node) = self.nodes.get_mut(&hash)
-                && node.tiers_of(slot) != 0
-            {
-                node.set_tiers(slot, 0);
-                self.entries -= 1;
-                self.prune(hash);
-            }
+            self.disown(slot, hash);
+        }
+    }
+
+    /// Drops `slot`'s copies of the page `hash` (its engine hash is the caller's to
+    /// forget) and prunes what that leaves ownerless.
+    fn disown(&mut self, slot: u32, hash: u64) {
+        if let Some(node) = self.nodes.get_mut(&hash)
+            && node.tiers_of(slot) != 0
+        {
+            node.disown(slot);
+            self.entries -= 1;
+            self.prune(hash);
         }
     }
 
     /// Deletes `hash` and its ancestors while they are ownerless leaves.
     fn prune(&mut self, mut hash: u64) {
         while let Some(node) = self.nodes.get(&hash) {
-            if node.children > 0 || node.has_owners() {
+            if node.children() > 0 || node.has_owners() {
                 return;
             }
             let parent = node.parent;
-            self.nodes.remove(&hash);
-            match self.nodes.get_mut(&parent) {
-                Some(p) if parent != 0 => {
-                    p.children = p.children.saturating_sub(1);
-                    hash = parent;
-                }
-                _ => return,
+            self.remove_node(hash);
+            if parent == 0 {
+                return;
             }
+            hash = parent;
         }
-    }
-
-    /// Evicts least recently matched leaves until `target` nodes remain; returns how
-    /// many went. Sources keep their engine-hash entries of evicted pages until the
-    /// engine removes them (bounded by the engine's own cache).
-    fn evict(&mut self, target: usize) -> usize {
-        let before = self.nodes.len();
-        while self.nodes.len() > target {
-            let mut leaves: Vec<(u32, u64)> = self
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.children == 0)
-                .map(|(h, n)| (n.last_used.load(Ordering::Relaxed), *h))
-                .collect();
-            if leaves.is_empty() {
-                break;
-            }
-            leaves.sort_unstable();
-            let excess = self.nodes.len() - target;
-            for (_, hash) in leaves.into_iter().take(excess) {
-                let Some(node) = self.nodes.remove(&hash) else {
-                    continue;
-                };
-                self.entries -= node.owner_count();
-                if let Some(p) = self
-                    .nodes
-                    .get_mut(&node.parent)
-                    .filter(|_| node.parent != 0)
-                {
-                    p.children = p.children.saturating_sub(1);
-                    // The parent inherits the recency of its deepest use.
-                    p.last_used
-                        .fetch_max(node.last_used.load(Ordering::Relaxed), Ordering::Relaxed);
-                }
-            }
-        }
-        before - self.nodes.len()
     }
 }
 
+mod evict;
 mod lookup;
 mod node;
 #[cfg(test)]

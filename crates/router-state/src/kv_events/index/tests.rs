@@ -275,6 +275,167 @@ fn the_node_budget_evicts_least_recently_matched_leaves() {
     );
 }
 
+fn budget(max_nodes: usize) -> PrefixIndex {
+    PrefixIndex::new(IndexConfig {
+        block_size: BS,
+        max_nodes,
+    })
+}
+
+/// Stores conversation `c` (four pages of its own) as page hashes `4c..4c+4`.
+fn store_conversation(index: &PrefixIndex, engine: &str, c: u64) {
+    let tokens: Vec<u32> = (0..16).map(|i| c as u32 * 100 + i).collect();
+    let hashes: Vec<u64> = (c * 4..c * 4 + 4).collect();
+    index.apply(
+        &id(engine),
+        0,
+        &batch(vec![stored(&hashes, None, tokens, Tier::Device)]),
+    );
+}
+
+#[test]
+fn a_source_that_never_removes_keeps_engine_hashes_only_for_pages_in_the_budget() {
+    let index = budget(64);
+    for c in 0..5_000 {
+        store_conversation(&index, "a", c);
+    }
+    let size = index.size();
+    assert!(size.nodes <= 64, "the node budget holds: {size:?}");
+    assert_eq!(
+        index.engine_hashes(),
+        size.entries,
+        "one engine hash per page the source holds"
+    );
+    // The 20,000 engine hashes of every page announced would take over 300 KiB.
+    assert!(size.bytes < 32 << 10, "memory stays small: {size:?}");
+    assert!(index.evicted() >= 4 * 4_900);
+}
+
+#[test]
+fn pages_announced_again_under_new_engine_hashes_keep_one_hash() {
+    let index = index();
+    let tokens: Vec<u32> = (0..8).collect();
+    let chain = index.request_hashes(&tokens);
+    for round in 0..1_000u64 {
+        let hashes = [round * 2, round * 2 + 1];
+        index.apply(
+            &id("a"),
+            0,
+            &batch(vec![stored(&hashes, None, tokens.clone(), Tier::Device)]),
+        );
+    }
+    assert_eq!(index.engine_hashes(), 2, "the latest hash of each page");
+    assert_eq!(index.size().entries, 2);
+    let stale = index.apply(
+        &id("a"),
+        0,
+        &batch(vec![KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![0],
+            tier: None,
+        })]),
+    );
+    assert_eq!(stale.skipped, [SkipReason::UnknownBlock], "a replaced hash");
+    assert_eq!(index.lookup(&chain).blocks_of(&id("a")), 2);
+    // A hash reused for other content moves to it: the old page loses the source.
+    let other: Vec<u32> = (100..104).collect();
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(&[1_999], None, other.clone(), Tier::Device)]),
+    );
+    assert_eq!(index.lookup(&chain).blocks_of(&id("a")), 1);
+    assert_eq!(
+        index
+            .lookup(&index.request_hashes(&other))
+            .blocks_of(&id("a")),
+        1
+    );
+    assert_eq!(index.engine_hashes(), 2);
+}
+
+#[test]
+fn removals_and_continuations_of_evicted_pages_are_skipped_as_unknown() {
+    let index = budget(16);
+    store_conversation(&index, "a", 0);
+    for c in 1..20 {
+        store_conversation(&index, "a", c);
+        index.lookup(
+            &index.request_hashes(&(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>()),
+        );
+    }
+    assert!(!index.holds(
+        &id("a"),
+        0,
+        index.request_hashes(&(0..4).collect::<Vec<_>>())[0]
+    ));
+    let outcome = index.apply(
+        &id("a"),
+        0,
+        &batch(vec![
+            KvEvent::Removed(BlockRemoved {
+                block_hashes: vec![3],
+                tier: None,
+            }),
+            stored(&[100], Some(3), vec![0; 4], Tier::Device),
+        ]),
+    );
+    assert_eq!(
+        outcome.skipped,
+        [SkipReason::UnknownBlock, SkipReason::UnknownParent]
+    );
+}
+
+#[test]
+fn eviction_keeps_the_prompts_matched_recently_among_many_leaves() {
+    let index = budget(400);
+    let prompt =
+        |c: u64| index.request_hashes(&(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>());
+    for c in 0..2_000 {
+        store_conversation(&index, "a", c);
+        for hot in 0..8 {
+            index.lookup(&prompt(hot));
+        }
+    }
+    assert!(index.size().nodes <= 400);
+    assert!(index.evicted() >= 4 * 1_900);
+    for hot in 0..8 {
+        assert_eq!(
+            index.lookup(&prompt(hot)).blocks_of(&id("a")),
+            4,
+            "hot prompt {hot}"
+        );
+    }
+    assert_eq!(
+        index.lookup(&prompt(8)).blocks_of(&id("a")),
+        0,
+        "a cold one went"
+    );
+    assert!(index.pool_is_exact());
+}
+
+#[test]
+fn a_batch_far_past_the_budget_is_evicted_in_steps_down_to_the_budget() {
+    let index = budget(100);
+    let tokens: Vec<u32> = (0..4_000).collect();
+    let hashes: Vec<u64> = (0..1_000).collect();
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(&hashes, None, tokens.clone(), Tier::Device)]),
+    );
+    assert_eq!(index.size().nodes, 100);
+    assert_eq!(index.evicted(), 900);
+    assert_eq!(index.engine_hashes(), 100);
+    assert_eq!(
+        index
+            .lookup(&index.request_hashes(&tokens))
+            .blocks_of(&id("a")),
+        100,
+        "the chain's deepest pages went first"
+    );
+    assert!(index.pool_is_exact());
+}
+
 /// A naive model: per source, the chain hashes it holds with their tier masks.
 #[derive(Default)]
 struct Model {
@@ -424,6 +585,8 @@ proptest! {
                 }
             }
         }
+        prop_assert_eq!(index.engine_hashes(), index.size().entries, "one engine hash per entry");
+        prop_assert!(index.pool_is_exact(), "every leaf is pooled once");
         let entries: usize = model.held.values().map(|h| h.values().map(|(c, _)| *c).collect::<std::collections::HashSet<_>>().len()).sum();
         prop_assert_eq!(index.size().entries, entries, "entry counts agree");
     }
@@ -444,6 +607,8 @@ proptest! {
                 model.apply(&key, &event);
             }
             prop_assert!(index.size().nodes <= 8, "the node budget holds");
+            prop_assert_eq!(index.engine_hashes(), index.size().entries, "evicted pages' engine hashes go with them");
+            prop_assert!(index.pool_is_exact(), "every leaf is pooled once");
             for prefix in 0..4 {
                 let chain = chain_hashes(&prefix_tokens(prefix), BS as usize, 0);
                 let found = index.lookup(&chain);
