@@ -7,6 +7,8 @@
 
 mod body;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, VecDeque};

@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use http_body_util::BodyExt;
 use proptest::prelude::*;
@@ -6,6 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::body::Decoder;
+use super::testing::{client, get, scripted};
 use super::*;
 
 /// `body` in chunks of the given sizes, with an extension on every other chunk-size
@@ -197,51 +198,6 @@ fn heads_give_framing_and_keep_alive() {
         head("SMTP ready\r\n\r\n"),
         Err(H1Error::Malformed(_))
     ));
-}
-
-/// A server answering each request it reads with the next scripted response; an
-/// entry ending in `None` closes the connection after it. Counts connections.
-async fn scripted(script: Vec<(&'static [u8], bool)>) -> (Arc<str>, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&connections);
-    tokio::spawn(async move {
-        let mut script = script.into_iter();
-        'accept: while let Ok((mut socket, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            loop {
-                let mut request = Vec::new();
-                let mut byte = [0_u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut byte).await {
-                        Ok(0) | Err(_) => continue 'accept,
-                        Ok(n) => request.extend_from_slice(&byte[..n]),
-                    }
-                }
-                let Some((response, close)) = script.next() else {
-                    return;
-                };
-                socket.write_all(response).await.unwrap();
-                if close {
-                    continue 'accept;
-                }
-            }
-        }
-    });
-    (authority, connections)
-}
-
-fn client() -> H1Client {
-    H1Client::new(Duration::from_secs(5), Duration::from_secs(60), 8)
-}
-
-async fn get(client: &H1Client, authority: &Arc<str>) -> Result<(StatusCode, Bytes), H1Error> {
-    let response = client
-        .request("GET", authority, "/x", &[], &Bytes::new())
-        .await?;
-    let status = response.status();
-    Ok((status, response.into_body().collect().await?.to_bytes()))
 }
 
 #[tokio::test]
