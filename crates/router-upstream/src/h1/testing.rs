@@ -68,7 +68,7 @@ pub(super) async fn scripted<T: Into<Then> + Send + 'static>(
                     Then::Unsolicited { bytes, go, done } => {
                         if go.await.is_ok() {
                             socket.write_all(bytes).await.unwrap();
-                            drop(done.send(()));
+                            let _ = done.send(());
                         }
                     }
                 }
