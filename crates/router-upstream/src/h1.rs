@@ -429,14 +429,13 @@ fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, H1Error> 
     Ok(length.map_or(Framing::Close, Framing::Length))
 }
 
+/// Whether the connection persists after this answer (RFC 9112 section 9.3): never
+/// with a `close` option, whatever else the fields say; by default in HTTP/1.1; in
+/// HTTP/1.0 only with `keep-alive`.
 fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
     let has =
         |token: &str| tokens(headers, header::CONNECTION).any(|t| t.eq_ignore_ascii_case(token));
-    if version == Version::HTTP_11 {
-        !has("close")
-    } else {
-        has("keep-alive")
-    }
+    !has("close") && (version == Version::HTTP_11 || has("keep-alive"))
 }
 
 /// The comma-separated tokens of every `name` field.
