@@ -376,14 +376,11 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
             headers.append(name, value);
         }
         let (parts, ()) = response.into_parts();
-        let framing = framing(status, &parts.headers)?;
-        // A length beside a transfer coding is ignored, and a transfer coding in an
-        // HTTP/1.0 answer is suspect: such a connection is not trusted with another
-        // request (RFC 9112 sections 6.1 and 6.3).
-        let coded = parts.headers.contains_key(header::TRANSFER_ENCODING);
-        let ambiguous = coded
-            && (parts.headers.contains_key(header::CONTENT_LENGTH)
-                || parts.version == Version::HTTP_10);
+        let framing = framing(status, parts.version, &parts.headers)?;
+        // A length beside a transfer coding is ignored, and such a connection is not
+        // trusted with another request (RFC 9112 sections 6.1 and 6.3).
+        let ambiguous = parts.headers.contains_key(header::TRANSFER_ENCODING)
+            && parts.headers.contains_key(header::CONTENT_LENGTH);
         let keep_alive =
             framing != Framing::Close && !ambiguous && keeps_alive(parts.version, &parts.headers);
         buf.advance(len);
@@ -396,12 +393,19 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
 }
 
 /// How the body's end is found (RFC 9112 section 6.3). This client asks for no
-/// transfer coding but chunked, so any other is refused rather than passed on.
-fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, H1Error> {
+/// transfer coding but chunked, so any other is refused rather than passed on. A
+/// transfer coding in an HTTP/1.0 answer makes its framing faulty (section 6.1),
+/// and a user agent discards an answer with faulty framing (section 6.3).
+fn framing(status: StatusCode, version: Version, headers: &HeaderMap) -> Result<Framing, H1Error> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(H1Error::Malformed(
+                "transfer coding in an HTTP/1.0 response",
+            ));
+        }
         let mut codings = tokens(headers, header::TRANSFER_ENCODING);
         return match (codings.next(), codings.next()) {
             (Some(coding), None) if coding.eq_ignore_ascii_case("chunked") => Ok(Framing::Chunked),
