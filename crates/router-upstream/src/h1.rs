@@ -310,7 +310,8 @@ async fn write_request(
                         ready?;
                         match stream.try_read_buf(buf) {
                             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                            Ok(_) => return Ok(Written::Interrupted),
+                            Ok(_) if answering(buf) => return Ok(Written::Interrupted),
+                            Ok(_) => {}
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                             Err(e) => return Err(e),
                         }
@@ -321,6 +322,24 @@ async fn write_request(
         }
     }
     Ok(Written::Whole)
+}
+
+/// Whether `buf` holds the start of the engine's final answer (or of something that
+/// is no answer). Complete interim (1xx) answers at its front are dropped: an engine
+/// may invite the rest of the request with a 100 (Continue) nobody asked for, and
+/// the writing goes on (RFC 9110 section 15.2). So does it while a head is partial.
+fn answering(buf: &mut BytesMut) -> bool {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) if matches!(parsed.code, Some(100 | 102..=199)) => {
+                buf.advance(len);
+            }
+            Ok(httparse::Status::Partial) => return buf.len() > MAX_HEAD,
+            _ => return true,
+        }
+    }
 }
 
 /// A parsed response head.

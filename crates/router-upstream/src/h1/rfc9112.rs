@@ -22,10 +22,14 @@
 //! - Interim 1xx answers are skipped (RFC 9110 §15.2); a 101 is an error, since this
 //!   client never asks for an upgrade.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::testing::{Then, client, get, scripted};
@@ -219,4 +223,53 @@ async fn rfc9112_framing_and_reuse() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// An engine may send a 100 (Continue) nobody asked for while the request body is
+/// still on its way (RFC 9110 §15.2: a client must parse 1xx answers it did not
+/// expect). The upload goes on: the engine reads the whole body before it answers.
+#[tokio::test]
+async fn an_unasked_interim_answer_does_not_stop_the_upload() {
+    const BODY: usize = 32 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut chunk = vec![0_u8; 64 << 10];
+        let head_end = loop {
+            let n = socket.read(&mut chunk).await.unwrap();
+            request.extend_from_slice(&chunk[..n]);
+            if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+        };
+        socket
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = request.len() - head_end;
+        while body < BODY {
+            let n = socket.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the body stopped after {body} bytes");
+            body += n;
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nreceived")
+            .await
+            .unwrap();
+    });
+    let body = Bytes::from(vec![b'x'; BODY]);
+    let client = client();
+    let post = async {
+        let response = client.request("POST", &authority, "/x", &[], &body).await?;
+        let status = response.status();
+        let text = http_body_util::BodyExt::collect(response.into_body()).await?;
+        Ok::<_, super::H1Error>((status, text.to_bytes()))
+    };
+    let (status, text) = tokio::time::timeout(GUARD, post)
+        .await
+        .expect("the final answer, after the whole body")
+        .unwrap();
+    assert_eq!((status, &text[..]), (StatusCode::OK, &b"received"[..]));
 }
