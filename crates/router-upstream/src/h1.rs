@@ -7,6 +7,8 @@
 
 mod body;
 #[cfg(test)]
+mod differential;
+#[cfg(test)]
 mod rfc9112;
 #[cfg(test)]
 mod testing;

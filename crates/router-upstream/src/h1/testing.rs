@@ -38,9 +38,11 @@ impl From<bool> for Then {
 
 /// A server answering each request head it reads with the next scripted response,
 /// then doing what the entry says. Counts connections.
-pub(super) async fn scripted<T: Into<Then> + Send + 'static>(
-    script: Vec<(&'static [u8], T)>,
-) -> (Arc<str>, Arc<AtomicUsize>) {
+pub(super) async fn scripted<R, T>(script: Vec<(R, T)>) -> (Arc<str>, Arc<AtomicUsize>)
+where
+    R: AsRef<[u8]> + Send + 'static,
+    T: Into<Then> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
     let connections = Arc::new(AtomicUsize::new(0));
@@ -61,7 +63,7 @@ pub(super) async fn scripted<T: Into<Then> + Send + 'static>(
                 let Some((response, then)) = script.next() else {
                     return;
                 };
-                socket.write_all(response).await.unwrap();
+                socket.write_all(response.as_ref()).await.unwrap();
                 match then.into() {
                     Then::KeepOpen => {}
                     Then::Close => continue 'accept,

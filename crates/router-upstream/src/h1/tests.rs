@@ -203,7 +203,7 @@ fn heads_give_framing_and_keep_alive() {
 
 #[tokio::test]
 async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
-    let (authority, connections) = scripted(vec![
+    let (authority, connections) = scripted::<&[u8], _>(vec![
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
@@ -225,7 +225,7 @@ async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
 
 #[tokio::test]
 async fn close_delimited_and_truncated_bodies() {
-    let (authority, _) = scripted(vec![
+    let (authority, _) = scripted::<&[u8], _>(vec![
         (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", true),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf", true),
     ])
@@ -247,7 +247,7 @@ async fn refused_connections_and_garbage_answers_are_errors() {
         get(&client(), &closed).await,
         Err(H1Error::Connect(_))
     ));
-    let (authority, _) = scripted(vec![(b"garbage\r\n\r\n", true)]).await;
+    let (authority, _) = scripted::<&[u8], _>(vec![(b"garbage\r\n\r\n", true)]).await;
     assert!(matches!(
         get(&client(), &authority).await,
         Err(H1Error::Malformed(_))
@@ -257,7 +257,7 @@ async fn refused_connections_and_garbage_answers_are_errors() {
 #[tokio::test]
 async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-    let (authority, connections) = scripted(vec![
+    let (authority, connections) = scripted::<&[u8], _>(vec![
         (OK, false),
         (b"", true),
         (OK, false),
@@ -288,7 +288,7 @@ async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
 
 #[tokio::test]
 async fn bytes_before_a_framing_error_are_delivered_first() {
-    let (authority, _) = scripted(vec![(
+    let (authority, _) = scripted::<&[u8], _>(vec![(
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
         true,
     )])
@@ -314,7 +314,7 @@ async fn bytes_before_a_framing_error_are_delivered_first() {
 #[tokio::test]
 async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-    let (authority, connections) = scripted(vec![
+    let (authority, connections) = scripted::<&[u8], _>(vec![
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",
             false,
