@@ -32,7 +32,7 @@ pub use body::H1Body;
 use body::{Conn, Framing};
 
 /// The largest response head accepted.
-const MAX_HEAD: usize = 64 << 10;
+pub(crate) const MAX_HEAD: usize = 64 << 10;
 /// The most response header fields accepted.
 const MAX_HEADERS: usize = 128;
 
@@ -201,7 +201,7 @@ impl H1Client {
     }
 }
 
-fn request_head(
+pub(crate) fn request_head(
     method: &str,
     authority: &str,
     path: &str,
