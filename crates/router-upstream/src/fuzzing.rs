@@ -1,11 +1,15 @@
 //! The response decoder over bytes, as the client runs it over a socket: the
 //! entry point of the cargo-fuzz target `h1_response` (feature `fuzzing`) and of the
-//! corpus replay test.
+//! corpus replay test; and a whole exchange over an in-memory pipe ([`exchange`]),
+//! the entry point of the target `h1_exchange`.
 
 use bytes::BytesMut;
 use http::StatusCode;
 
 use crate::h1::{Decoder, H1Error, parse_head};
+
+mod exchange;
+pub use exchange::{Exchange, MOST_BUFFERED, check_exchange, exchange, exchange_in_reads};
 
 /// A response decoded from bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,12 @@
 
 mod body;
 #[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod rfc9112;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
@@ -26,7 +32,7 @@ pub use body::H1Body;
 use body::{Conn, Framing};
 
 /// The largest response head accepted.
-const MAX_HEAD: usize = 64 << 10;
+pub(crate) const MAX_HEAD: usize = 64 << 10;
 /// The most response header fields accepted.
 const MAX_HEADERS: usize = 128;
 
@@ -195,7 +201,7 @@ impl H1Client {
     }
 }
 
-fn request_head(
+pub(crate) fn request_head(
     method: &str,
     authority: &str,
     path: &str,
@@ -306,7 +312,8 @@ async fn write_request(
                         ready?;
                         match stream.try_read_buf(buf) {
                             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                            Ok(_) => return Ok(Written::Interrupted),
+                            Ok(_) if answering(buf) => return Ok(Written::Interrupted),
+                            Ok(_) => {}
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                             Err(e) => return Err(e),
                         }
@@ -317,6 +324,24 @@ async fn write_request(
         }
     }
     Ok(Written::Whole)
+}
+
+/// Whether `buf` holds the start of the engine's final answer (or of something that
+/// is no answer). Complete interim (1xx) answers at its front are dropped: an engine
+/// may invite the rest of the request with a 100 (Continue) nobody asked for, and
+/// the writing goes on (RFC 9110 section 15.2). So does it while a head is partial.
+fn answering(buf: &mut BytesMut) -> bool {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) if matches!(parsed.code, Some(100 | 102..=199)) => {
+                buf.advance(len);
+            }
+            Ok(httparse::Status::Partial) => return buf.len() > MAX_HEAD,
+            _ => return true,
+        }
+    }
 }
 
 /// A parsed response head.
@@ -372,14 +397,11 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
             headers.append(name, value);
         }
         let (parts, ()) = response.into_parts();
-        let framing = framing(status, &parts.headers)?;
-        // A length beside a transfer coding is ignored, and a transfer coding in an
-        // HTTP/1.0 answer is suspect: such a connection is not trusted with another
-        // request (RFC 9112 sections 6.1 and 6.3).
-        let coded = parts.headers.contains_key(header::TRANSFER_ENCODING);
-        let ambiguous = coded
-            && (parts.headers.contains_key(header::CONTENT_LENGTH)
-                || parts.version == Version::HTTP_10);
+        let framing = framing(status, parts.version, &parts.headers)?;
+        // A length beside a transfer coding is ignored, and such a connection is not
+        // trusted with another request (RFC 9112 sections 6.1 and 6.3).
+        let ambiguous = parts.headers.contains_key(header::TRANSFER_ENCODING)
+            && parts.headers.contains_key(header::CONTENT_LENGTH);
         let keep_alive =
             framing != Framing::Close && !ambiguous && keeps_alive(parts.version, &parts.headers);
         buf.advance(len);
@@ -392,12 +414,19 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
 }
 
 /// How the body's end is found (RFC 9112 section 6.3). This client asks for no
-/// transfer coding but chunked, so any other is refused rather than passed on.
-fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, H1Error> {
+/// transfer coding but chunked, so any other is refused rather than passed on. A
+/// transfer coding in an HTTP/1.0 answer makes its framing faulty (section 6.1),
+/// and a user agent discards an answer with faulty framing (section 6.3).
+fn framing(status: StatusCode, version: Version, headers: &HeaderMap) -> Result<Framing, H1Error> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(H1Error::Malformed(
+                "transfer coding in an HTTP/1.0 response",
+            ));
+        }
         let mut codings = tokens(headers, header::TRANSFER_ENCODING);
         return match (codings.next(), codings.next()) {
             (Some(coding), None) if coding.eq_ignore_ascii_case("chunked") => Ok(Framing::Chunked),
@@ -425,14 +454,13 @@ fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, H1Error> 
     Ok(length.map_or(Framing::Close, Framing::Length))
 }
 
+/// Whether the connection persists after this answer (RFC 9112 section 9.3): never
+/// with a `close` option, whatever else the fields say; by default in HTTP/1.1; in
+/// HTTP/1.0 only with `keep-alive`.
 fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
     let has =
         |token: &str| tokens(headers, header::CONNECTION).any(|t| t.eq_ignore_ascii_case(token));
-    if version == Version::HTTP_11 {
-        !has("close")
-    } else {
-        has("keep-alive")
-    }
+    !has("close") && (version == Version::HTTP_11 || has("keep-alive"))
 }
 
 /// The comma-separated tokens of every `name` field.

@@ -7,7 +7,8 @@
 //! one read and one write. Keep-alive connections are pooled per engine below the
 //! engines' own keep-alive timeout, and a request that was written is never sent
 //! twice. This crate knows nothing of policies, buckets, the fleet or the router's
-//! HTTP server; its protocol code has its own fuzz target (`fuzz/`, `h1_response`).
+//! HTTP server; its protocol code has its own fuzz targets (`fuzz/`, `h1_response`
+//! and `h1_exchange`).
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -2,6 +2,8 @@
 //! engine answers and hostile shapes) and mutations of it. The decoder must never
 //! panic, and its outcome must not depend on how the socket cut the bytes into
 //! reads. `cargo +nightly fuzz run h1_response` explores further from the same corpus.
+//! The `h1_exchange` target's corpus is replayed through the same checks as the
+//! target makes.
 
 use std::path::PathBuf;
 
@@ -10,7 +12,13 @@ use proptest::prelude::*;
 use super::*;
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/h1_response");
+    corpus_of("h1_response")
+}
+
+fn corpus_of(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target);
     let mut entries: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|entry| {
@@ -105,6 +113,41 @@ fn a_line_or_head_at_its_limit_decodes_alike_wherever_a_read_cuts_it() {
             assert_eq!(whole, outcome(&input, &[cut]), "{name} cut at {cut}");
         }
     }
+}
+
+#[test]
+fn the_exchange_corpus_passes_the_targets_checks_in_any_read_size() {
+    let corpus = corpus_of("h1_exchange");
+    assert!(corpus.len() >= 8, "the corpus is in place");
+    for (name, input) in &corpus {
+        let (_, wire) = input.split_first().expect("a read size and an answer");
+        for read in [1, 2, 7, 64, 255] {
+            check_exchange(&[&[read][..], wire].concat());
+        }
+        check_exchange(input);
+        let outcome = exchange_in_reads(wire, usize::from(input[0])).outcome;
+        if name.starts_with("golden-") {
+            let answer = outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                !answer.body.is_empty() || answer.status.as_u16() == 204,
+                "{name}"
+            );
+        } else {
+            assert!(outcome.is_err(), "{name} is refused: {outcome:?}");
+        }
+    }
+}
+
+#[test]
+fn an_exchange_holds_no_more_than_a_head_undecoded() {
+    let mut endless = b"HTTP/1.1 200 OK\r\nx-long: ".to_vec();
+    endless.resize(MOST_BUFFERED * 2, b'a');
+    let exchanged = exchange_in_reads(&endless, 4096);
+    assert!(matches!(
+        exchanged.outcome,
+        Err(H1Error::Malformed("response head too large"))
+    ));
+    assert!(exchanged.most_buffered <= MOST_BUFFERED);
 }
 
 fn mutated() -> impl Strategy<Value = Vec<u8>> {

@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use http_body_util::BodyExt;
 use proptest::prelude::*;
@@ -6,6 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::body::Decoder;
+use super::testing::{client, get, scripted};
 use super::*;
 
 /// `body` in chunks of the given sizes, with an extension on every other chunk-size
@@ -151,13 +152,14 @@ fn heads_give_framing_and_keep_alive() {
         ),
         "a coding this client never asked for is not passed on as content"
     );
-    let parsed =
-        head("HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n")
-            .unwrap()
-            .unwrap();
     assert!(
-        !parsed.keep_alive,
-        "HTTP/1.0 with a transfer coding is not reused"
+        matches!(
+            head("HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"),
+            Err(H1Error::Malformed(
+                "transfer coding in an HTTP/1.0 response"
+            ))
+        ),
+        "HTTP/1.0 knows no transfer coding: the framing is faulty"
     );
     for length in ["+5", "", "5 5", "-1"] {
         assert!(
@@ -199,54 +201,9 @@ fn heads_give_framing_and_keep_alive() {
     ));
 }
 
-/// A server answering each request it reads with the next scripted response; an
-/// entry ending in `None` closes the connection after it. Counts connections.
-async fn scripted(script: Vec<(&'static [u8], bool)>) -> (Arc<str>, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&connections);
-    tokio::spawn(async move {
-        let mut script = script.into_iter();
-        'accept: while let Ok((mut socket, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            loop {
-                let mut request = Vec::new();
-                let mut byte = [0_u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut byte).await {
-                        Ok(0) | Err(_) => continue 'accept,
-                        Ok(n) => request.extend_from_slice(&byte[..n]),
-                    }
-                }
-                let Some((response, close)) = script.next() else {
-                    return;
-                };
-                socket.write_all(response).await.unwrap();
-                if close {
-                    continue 'accept;
-                }
-            }
-        }
-    });
-    (authority, connections)
-}
-
-fn client() -> H1Client {
-    H1Client::new(Duration::from_secs(5), Duration::from_secs(60), 8)
-}
-
-async fn get(client: &H1Client, authority: &Arc<str>) -> Result<(StatusCode, Bytes), H1Error> {
-    let response = client
-        .request("GET", authority, "/x", &[], &Bytes::new())
-        .await?;
-    let status = response.status();
-    Ok((status, response.into_body().collect().await?.to_bytes()))
-}
-
 #[tokio::test]
 async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
-    let (authority, connections) = scripted(vec![
+    let (authority, connections) = scripted::<&[u8], _>(vec![
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
@@ -268,7 +225,7 @@ async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
 
 #[tokio::test]
 async fn close_delimited_and_truncated_bodies() {
-    let (authority, _) = scripted(vec![
+    let (authority, _) = scripted::<&[u8], _>(vec![
         (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", true),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf", true),
     ])
@@ -290,7 +247,7 @@ async fn refused_connections_and_garbage_answers_are_errors() {
         get(&client(), &closed).await,
         Err(H1Error::Connect(_))
     ));
-    let (authority, _) = scripted(vec![(b"garbage\r\n\r\n", true)]).await;
+    let (authority, _) = scripted::<&[u8], _>(vec![(b"garbage\r\n\r\n", true)]).await;
     assert!(matches!(
         get(&client(), &authority).await,
         Err(H1Error::Malformed(_))
@@ -300,7 +257,7 @@ async fn refused_connections_and_garbage_answers_are_errors() {
 #[tokio::test]
 async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-    let (authority, connections) = scripted(vec![
+    let (authority, connections) = scripted::<&[u8], _>(vec![
         (OK, false),
         (b"", true),
         (OK, false),
@@ -331,7 +288,7 @@ async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
 
 #[tokio::test]
 async fn bytes_before_a_framing_error_are_delivered_first() {
-    let (authority, _) = scripted(vec![(
+    let (authority, _) = scripted::<&[u8], _>(vec![(
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
         true,
     )])
@@ -357,7 +314,7 @@ async fn bytes_before_a_framing_error_are_delivered_first() {
 #[tokio::test]
 async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-    let (authority, connections) = scripted(vec![
+    let (authority, connections) = scripted::<&[u8], _>(vec![
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",
             false,
