@@ -16,6 +16,7 @@
 mod bench;
 mod bench_e2e;
 mod ci;
+mod processes;
 mod python;
 mod tidy;
 
@@ -70,4 +71,19 @@ fn step(name: &str, command: &mut Command) -> anyhow::Result<()> {
 
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// `cargo metadata` of the workspace's own packages, as JSON.
+fn cargo_metadata() -> anyhow::Result<Vec<u8>> {
+    let output = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(output.stdout)
 }
