@@ -73,12 +73,17 @@ pub(crate) fn json_field(value: &serde_json::Value, path: &[&str]) -> anyhow::Re
 
 /// Resident memory of one process in KiB (`VmRSS` of `/proc/<pid>/status`).
 pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
+    status_field(pid, "VmRSS:")?
         .trim_end_matches(" kB")
         .parse()
         .ok()
+}
+
+/// One field of `/proc/<pid>/status` (`Threads:`, say), trimmed.
+pub(crate) fn status_field(pid: u32, name: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(|value| value.trim().to_owned())
 }
