@@ -263,3 +263,66 @@ pub(crate) async fn call(
     let body = connection.body(&mut response).await?;
     Ok((response.status, body))
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Serves `replies` one after another on one connection, each cut into 3-byte
+    /// writes, after reading whatever the client sent.
+    async fn server(replies: &'static [&'static str]) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            for reply in replies {
+                let mut request = [0u8; 1024];
+                let _ = socket.read(&mut request).await.unwrap();
+                for piece in reply.as_bytes().chunks(3) {
+                    socket.write_all(piece).await.unwrap();
+                    socket.flush().await.unwrap();
+                }
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn chunked_and_sized_answers_share_a_kept_alive_connection() {
+        let addr = server(&[
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Switchyard-Engine: E1\r\n\r\n5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n",
+            "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 4\r\n\r\noops",
+        ])
+        .await;
+        let mut connection = Connection::open(&addr).await.unwrap();
+        connection.send("POST", "/", &[], b"{}").await.unwrap();
+        let mut response = connection.response().await.unwrap();
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("x-switchyard-engine"), Some("E1"));
+        assert_eq!(
+            connection.body(&mut response).await.unwrap(),
+            b"hello, world"
+        );
+        assert!(response.keep_alive());
+        connection.send("POST", "/", &[], b"{}").await.unwrap();
+        let mut response = connection.response().await.unwrap();
+        assert_eq!(response.status, 502);
+        assert_eq!(connection.body(&mut response).await.unwrap(), b"oops");
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error_and_one_without_framing_runs_to_the_close() {
+        let addr = server(&["HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel"]).await;
+        let mut connection = Connection::open(&addr).await.unwrap();
+        connection.send("POST", "/", &[], b"{}").await.unwrap();
+        let mut response = connection.response().await.unwrap();
+        let error = connection.body(&mut response).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        let addr = server(&["HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it"]).await;
+        let (status, body) = call(&addr, "GET", "/", &[], b"").await.unwrap();
+        assert_eq!((status, body.as_slice()), (200, b"all of it".as_slice()));
+    }
+}

@@ -126,3 +126,33 @@ pub(crate) fn verdict(report: &Report, panicked: &[PathBuf]) -> anyhow::Result<(
     }
     bail!("soak failed: {}", failures.join("; "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_counted_by_their_status() {
+        assert_eq!(status_of("502 upstream_error"), "502");
+        assert_eq!(status_of("200 stream cut on E1"), "200");
+        assert_eq!(status_of("client: connect failed: refused"), "client error");
+        assert_eq!(status_of("no status: closed"), "no status");
+        let outcomes = [
+            (Kind::Json, "200".to_owned(), Class::Ok, 3),
+            (
+                Kind::Stream,
+                "200 stream cut on E1".to_owned(),
+                Class::Fault,
+                2,
+            ),
+            (
+                Kind::Stream,
+                "504 upstream_timeout".to_owned(),
+                Class::Fault,
+                1,
+            ),
+            (Kind::Admin, "POST /workers 201".to_owned(), Class::Ok, 9),
+        ];
+        assert_eq!(by_status(&outcomes), "6 requests: 200 x 5, 504 x 1");
+    }
+}
