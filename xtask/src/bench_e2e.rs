@@ -7,7 +7,6 @@
 //! commit's, measured beside this one in the same rounds).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::processes::{Target, json_field, release_dir, rss_kib, spawn_ready};
 use crate::{cargo, step};
 
 /// Peer routers and the versions benchmarked.
@@ -63,31 +63,6 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
     Ok(options)
 }
 
-/// A process under test, stopped on drop.
-struct Target {
-    name: String,
-    url: String,
-    process: Option<Child>,
-}
-
-impl Drop for Target {
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "a bench tool gives processes a moment to exit"
-    )]
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.process {
-            let _ = Command::new("kill").arg(child.id().to_string()).status();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, Default)]
 struct Sample {
     requests_per_sec: f64,
@@ -118,7 +93,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     if Command::new("wrk").arg("--version").output().is_err() {
         bail!("wrk is needed (Debian: apt-get install wrk)");
     }
-    let release = root.join("target/release");
+    let release = release_dir()?;
     let mut engine_cmd = Command::new(release.join("switchyard"));
     engine_cmd.args([
         "sim-engine",
@@ -131,7 +106,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         "--max-running-requests",
         "1024",
     ]);
-    let (engine, ready) = spawn_ready(engine_cmd)?;
+    let (engine, ready) = spawn_ready(engine_cmd, Stdio::null())?;
     let engine_url = format!("http://{}", json_field(&ready, &["ports", "http"])?);
     let _engine = Target {
         name: "engine".into(),
@@ -412,19 +387,7 @@ fn tree_cpu_ticks(pid: u32) -> u64 {
 
 /// Resident memory of a process tree in KiB.
 fn tree_rss_kib(pid: u32) -> u64 {
-    process_tree(pid)
-        .into_iter()
-        .filter_map(|p| {
-            let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))?
-                .trim()
-                .trim_end_matches(" kB")
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    process_tree(pid).into_iter().filter_map(rss_kib).sum()
 }
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {
@@ -494,29 +457,6 @@ fn print_report(
             println!();
         }
     }
-}
-
-/// Spawns a process that prints one JSON ready line on stdout; returns it and the line.
-fn spawn_ready(mut command: Command) -> anyhow::Result<(Child, serde_json::Value)> {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().context("stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    Ok((
-        child,
-        serde_json::from_str(&line).with_context(|| format!("ready line {line:?}"))?,
-    ))
-}
-
-fn json_field(value: &serde_json::Value, path: &[&str]) -> anyhow::Result<String> {
-    let field = path.iter().fold(value, |v, key| &v[key]);
-    field
-        .as_str()
-        .map(str::to_owned)
-        .with_context(|| format!("no {} in {value}", path.join(".")))
 }
 
 fn free_port() -> anyhow::Result<u16> {

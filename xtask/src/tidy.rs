@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::cargo;
+use crate::cargo_metadata;
 
 /// Each router crate and the router crates it may depend on (dev-dependencies may
 /// reach further, for tests). The selection core (state, policy, buckets) and the
@@ -91,18 +91,8 @@ impl Dependency {
 }
 
 pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
-    let output = cargo()
-        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
-        .output()
-        .context("running cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
     let metadata: Metadata =
-        serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
+        serde_json::from_slice(&cargo_metadata()?).context("parsing cargo metadata")?;
     let mut problems = check_dependencies(&metadata.packages);
     for package in &metadata.packages {
         let manifest = fs::read_to_string(&package.manifest_path)?;
