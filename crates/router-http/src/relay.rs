@@ -52,6 +52,11 @@ pub(crate) struct RelayBody {
     started: Instant,
     first_byte_seen: bool,
     ending: Ending,
+    /// Data was handed to the server since the body last made it wait: the server may
+    /// still hold it in its write buffer.
+    unflushed: bool,
+    /// An error held back until the data before it is flushed.
+    held: Option<RelayError>,
     _guards: Vec<InflightGuard>,
 }
 
@@ -84,6 +89,8 @@ impl RelayBody {
             started,
             first_byte_seen: false,
             ending: Ending::Pending,
+            unflushed: false,
+            held: None,
             _guards: guards,
         };
         if body.is_end_stream() {
@@ -110,24 +117,36 @@ impl RelayBody {
         };
         self.ctx.metrics.requests.get_or_create(&labels).inc();
     }
-}
 
-impl Body for RelayBody {
-    type Data = Bytes;
-    type Error = RelayError;
+    /// Ends the body with `error`, once the server has flushed the data before it: a
+    /// server that meets a body error closes the connection at once and would drop
+    /// what it still buffers, so the body first makes it wait (and flush).
+    fn fail(
+        &mut self,
+        cx: &mut Context<'_>,
+        error: RelayError,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        if self.unflushed {
+            self.unflushed = false;
+            self.held = Some(error);
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(Some(Err(error)))
+    }
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
+    fn poll_inner(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
-        let this = self.get_mut();
+        let this = self;
         if let Some(companion) = this.companion.as_mut()
             && let Poll::Ready(result) = companion.as_mut().poll(cx)
         {
             this.companion = None;
             if let Err(e) = result {
                 this.finish(Ending::Failed, "prefill_failed");
-                return Poll::Ready(Some(Err(RelayError::Companion(e))));
+                return this.fail(cx, RelayError::Companion(e));
             }
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -150,11 +169,12 @@ impl Body for RelayBody {
                     // A server writing a known length stops polling here.
                     this.finish(Ending::Done, "ok");
                 }
+                this.unflushed |= frame.is_data();
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 this.finish(Ending::Failed, "upstream_error");
-                Poll::Ready(Some(Err(RelayError::Upstream(e))))
+                this.fail(cx, RelayError::Upstream(e))
             }
             Poll::Ready(None) if this.companion.is_none() => {
                 this.finish(Ending::Done, "ok");
@@ -171,9 +191,29 @@ impl Body for RelayBody {
             }
         }
     }
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let this = self.get_mut();
+        if let Some(error) = this.held.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        let polled = this.poll_inner(cx);
+        if polled.is_pending() {
+            this.unflushed = false;
+        }
+        polled
+    }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream() && self.companion.is_none()
+        self.inner.is_end_stream() && self.companion.is_none() && self.held.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

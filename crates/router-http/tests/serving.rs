@@ -353,3 +353,38 @@ async fn a_long_generation_is_not_held_against_the_engine_but_a_silent_stream_is
     );
     router.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_an_engine_sent_before_cutting_its_stream_reaches_the_client() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let a = sim(|c| c.faults.disconnect_after_chunks = Some(3)).await;
+    let model = ModelConfig::new("m", vec![engine("A", &a, EngineRole::Plain)]);
+    let router = router(config(vec![model])).await;
+    let body = r#"{"model":"m","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // The router used to drop the last events it had been handed when the error
+    // behind them closed the connection: most streams lost one.
+    for attempt in 0..20 {
+        let mut socket = tokio::net::TcpStream::connect(router.addr()).await.unwrap();
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut received = Vec::new();
+        let read = socket.read_to_end(&mut received);
+        tokio::time::timeout(std::time::Duration::from_secs(30), read)
+            .await
+            .expect("the router ends the cut stream")
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert_eq!(
+            text.matches("data: ").count(),
+            3,
+            "attempt {attempt}: the three events the engine sent: {text}"
+        );
+        assert!(!text.contains("[DONE]"), "the cut shows: {text}");
+    }
+    router.shutdown().await;
+}
