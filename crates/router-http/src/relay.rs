@@ -52,8 +52,8 @@ pub(crate) struct RelayBody {
     started: Instant,
     first_byte_seen: bool,
     ending: Ending,
-    /// Data was handed to the server since the body last made it wait: the server may
-    /// still hold it in its write buffer.
+    /// The head, or data, was handed to the server since the body last made it wait:
+    /// the server may still hold it in its write buffer.
     unflushed: bool,
     /// An error held back until the data before it is flushed.
     held: Option<RelayError>,
@@ -89,7 +89,7 @@ impl RelayBody {
             started,
             first_byte_seen: false,
             ending: Ending::Pending,
-            unflushed: false,
+            unflushed: true,
             held: None,
             _guards: guards,
         };

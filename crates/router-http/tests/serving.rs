@@ -354,11 +354,13 @@ async fn a_long_generation_is_not_held_against_the_engine_but_a_silent_stream_is
     router.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_an_engine_sent_before_cutting_its_stream_reaches_the_client() {
+/// Streams from an engine that cuts each after `events` events, read raw by a client
+/// to the connection's close, 20 times: each must hold the 200 head and exactly the
+/// events the engine sent.
+async fn cut_streams_reach_the_client_whole(events: u32) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let a = sim(|c| c.faults.disconnect_after_chunks = Some(3)).await;
+    let a = sim(|c| c.faults.disconnect_after_chunks = Some(events)).await;
     let model = ModelConfig::new("m", vec![engine("A", &a, EngineRole::Plain)]);
     let router = router(config(vec![model])).await;
     let body = r#"{"model":"m","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -366,8 +368,6 @@ async fn every_event_an_engine_sent_before_cutting_its_stream_reaches_the_client
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    // The router used to drop the last events it had been handed when the error
-    // behind them closed the connection: most streams lost one.
     for attempt in 0..20 {
         let mut socket = tokio::net::TcpStream::connect(router.addr()).await.unwrap();
         socket.write_all(request.as_bytes()).await.unwrap();
@@ -378,13 +378,28 @@ async fn every_event_an_engine_sent_before_cutting_its_stream_reaches_the_client
             .expect("the router ends the cut stream")
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&received);
-        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "attempt {attempt}: {text}"
+        );
         assert_eq!(
             text.matches("data: ").count(),
-            3,
-            "attempt {attempt}: the three events the engine sent: {text}"
+            events as usize,
+            "attempt {attempt}: the events the engine sent: {text}"
         );
         assert!(!text.contains("[DONE]"), "the cut shows: {text}");
     }
     router.shutdown().await;
+}
+
+// The router used to drop what it had last handed the server when the error behind it
+// closed the connection: most cut streams lost their last event, some their head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_an_engine_sent_before_cutting_its_stream_reaches_the_client() {
+    cut_streams_reach_the_client_whole(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_right_after_its_head_still_gives_the_client_the_head() {
+    cut_streams_reach_the_client_whole(0).await;
 }
