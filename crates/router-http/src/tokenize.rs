@@ -51,6 +51,10 @@ pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
     /// The added tokens' texts: a window never ends inside one.
     added: Vec<String>,
+    /// Whether a prompt may be tokenized in several windows: not when the
+    /// normalizer or pre-tokenizer adds something at the start of a text (a window
+    /// would add it where the whole prompt does not).
+    windows: bool,
     template: Environment<'static>,
     bos_token: String,
     eos_token: String,
@@ -62,8 +66,14 @@ impl ChatTokenizer {
     /// # Errors
     /// The file at fault and what is wrong with it.
     pub fn load(path: &Path) -> Result<Self, TokenizerError> {
-        let tokenizer =
+        let mut tokenizer =
             tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::at(path, e))?;
+        // Routing needs the prompt's true length: no truncation, no padding.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| TokenizerError::at(path, e))?;
+        tokenizer.with_padding(None);
+        let windows = !window::prepends(&tokenizer);
         let config_path = path.with_file_name("tokenizer_config.json");
         let at_config = |e: &dyn std::fmt::Display| TokenizerError::at(&config_path, e);
         let text = std::fs::read_to_string(&config_path).map_err(|e| at_config(&e))?;
@@ -104,6 +114,7 @@ impl ChatTokenizer {
         Ok(Self {
             tokenizer,
             added,
+            windows,
             template: env,
             bos_token: special("bos_token"),
             eos_token: special("eos_token"),

@@ -78,27 +78,42 @@ fn count(stats: &FeedStats, label: &str) -> u64 {
         .map_or(0, |(_, n)| n)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_resubscribes() {
+/// A publisher that announces a 16 TiB message (reserving it would abort the process)
+/// on every connection: its endpoint, the bytes each closed connection received, and
+/// its task.
+async fn oversized_publisher() -> (
+    String,
+    mpsc::UnboundedReceiver<usize>,
+    tokio::task::JoinHandle<()>,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
-    let (closed, mut closures) = mpsc::unbounded_channel();
+    let (closed, closures) = mpsc::unbounded_channel();
     let publisher = tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
             let closed = closed.clone();
             tokio::spawn(async move {
-                // 16 TiB: reserving it would abort the process.
                 let _ = closed.send(announce(socket, 1 << 44).await);
             });
         }
     });
+    (endpoint, closures, publisher)
+}
+
+/// Waits until the subscriber closes its `connection`-th connection; what it sent.
+async fn closed(closures: &mut mpsc::UnboundedReceiver<usize>, connection: usize) -> usize {
+    tokio::time::timeout(Duration::from_secs(30), closures.recv())
+        .await
+        .unwrap_or_else(|_| panic!("connection {connection} is closed by the subscriber"))
+        .expect("the publisher runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_resubscribes() {
+    let (endpoint, mut closures, publisher) = oversized_publisher().await;
     let (feed, stats) = subscribe(endpoint);
-    let guard = Duration::from_secs(30);
     for connection in 1..=2 {
-        let sent = tokio::time::timeout(guard, closures.recv())
-            .await
-            .unwrap_or_else(|_| panic!("connection {connection} is closed by the subscriber"))
-            .expect("the publisher runs");
+        let sent = closed(&mut closures, connection).await;
         assert!(sent >= 64, "the subscriber completed its greeting first");
     }
     // The first connection's refusal was counted before the second connection began.
@@ -203,17 +218,7 @@ async fn an_oversized_kv_event_message_is_counted_and_the_feed_reconnects() {
         IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
     };
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
-    let (closed, mut closures) = mpsc::unbounded_channel();
-    let publisher = tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let closed = closed.clone();
-            tokio::spawn(async move {
-                let _ = closed.send(announce(socket, 1 << 44).await);
-            });
-        }
-    });
+    let (endpoint, mut closures, publisher) = oversized_publisher().await;
     let stats = Arc::new(KvFeedStats::default());
     let source = KvSource {
         engine: EngineId::from("E1"),
@@ -226,10 +231,7 @@ async fn an_oversized_kv_event_message_is_counted_and_the_feed_reconnects() {
     let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
     let feed = spawn_kv_subscriber(index, source, Arc::clone(&stats));
     for connection in 1..=2 {
-        tokio::time::timeout(Duration::from_secs(30), closures.recv())
-            .await
-            .unwrap_or_else(|_| panic!("connection {connection} is closed by the subscriber"))
-            .expect("the publisher runs");
+        closed(&mut closures, connection).await;
     }
     let oversized = stats
         .dropped()

@@ -15,9 +15,10 @@ type Job = Box<dyn FnOnce() + Send>;
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct TokenizePool {
-    /// One per thread: a job waits for a permit, so the queue never holds more jobs
-    /// than there are threads.
-    permits: Semaphore,
+    /// One per thread: a job waits for a permit and holds it until it has run, so
+    /// the queue never holds more jobs than there are threads, even when the
+    /// requests that queued them have gone.
+    permits: Arc<Semaphore>,
     jobs: Mutex<mpsc::Sender<Job>>,
 }
 
@@ -44,19 +45,26 @@ impl TokenizePool {
                 .expect("a tokenizing thread starts");
         }
         Self {
-            permits: Semaphore::new(threads),
+            permits: Arc::new(Semaphore::new(threads)),
             jobs: Mutex::new(jobs),
         }
     }
 
-    /// Runs `job` on one of the threads once one is free; `None` if it panicked.
+    /// Runs `job` on one of the threads once one is free; `None` if it panicked. A
+    /// job whose caller went away between queueing it and a thread taking it is
+    /// skipped.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        let _permit = self.permits.acquire().await.ok()?;
+        let permit = Arc::clone(&self.permits).acquire_owned().await.ok()?;
         let (answer, answered) = oneshot::channel();
-        let job: Job = Box::new(move || drop(answer.send(job())));
+        let job: Job = Box::new(move || {
+            if !answer.is_closed() {
+                drop(answer.send(job()));
+            }
+            drop(permit);
+        });
         self.jobs.lock().send(job).ok()?;
         answered.await.ok()
     }
@@ -93,5 +101,28 @@ mod tests {
             threads.insert(job.await.unwrap().expect("the job ran"));
         }
         assert!(threads.len() <= 2, "{} threads tokenized", threads.len());
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_job_holds_its_thread_until_it_ends() {
+        let pool = TokenizePool::new(1);
+        let (started, mut running) = tokio::sync::mpsc::unbounded_channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        // The job blocks the only thread; its caller goes away.
+        let abandoned = pool.run(move || {
+            started.send(()).unwrap();
+            released.recv().unwrap();
+        });
+        tokio::select! {
+            _ = abandoned => unreachable!("the job is blocked"),
+            _ = running.recv() => {}
+        }
+        assert_eq!(
+            pool.permits.available_permits(),
+            0,
+            "the running job still holds the thread's permit: nothing queues behind it"
+        );
+        release.send(()).unwrap();
+        assert_eq!(pool.run(|| 7).await, Some(7));
     }
 }

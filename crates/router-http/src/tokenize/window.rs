@@ -10,6 +10,14 @@
 //! the whole prompt would have them, and BPE never merges across words. A stretch
 //! with no split point doubles the window, up to [`MAX_WINDOW`]; past that the rest
 //! is left untokenized (and counted by its size).
+//!
+//! A tokenizer that adds something at the start of a text (a Metaspace pre-tokenizer
+//! that prepends `▁`, a byte-level one with `add_prefix_space`, a `Prepend`
+//! normalizer) would add it at every window's start: its prompts are tokenized in one
+//! window of at most [`MAX_WINDOW`], and what is past its split point is counted by
+//! its size.
+
+use serde_json::Value;
 
 use super::{ChatTokenizer, PromptTokens};
 
@@ -34,6 +42,9 @@ pub(super) fn encode(
             .encode(text, false)
             .map_err(|e| format!("tokenization failed: {e}"))
     };
+    if !tokenizer.windows {
+        window = max_window;
+    }
     let mut ids = Vec::new();
     let mut rest = prompt;
     let first_window = window;
@@ -63,6 +74,12 @@ pub(super) fn encode(
                 ids.extend_from_slice(&encoding.get_ids()[..token]);
                 rest = &rest[byte..];
                 window = first_window;
+                if !tokenizer.windows {
+                    return Ok(PromptTokens {
+                        ids,
+                        untokenized_bytes: rest.len(),
+                    });
+                }
             }
             None if window < max_window => window *= 2,
             None => {
@@ -98,13 +115,45 @@ fn split_point(
             continue;
         }
         let byte = offsets[token].0;
-        let starts_word = offsets[token - 1].1 <= byte;
+        // Adjacent offsets: a start moved past a space (trimmed offsets) is no split
+        // point, and neither is the window's start.
+        let starts_word = byte > 0 && offsets[token - 1].1 == byte;
         let visible_ascii = text.as_bytes().get(byte).is_some_and(u8::is_ascii_graphic);
         if starts_word && visible_ascii && added_around(text, byte, added).is_none() {
             return Some((token, byte));
         }
     }
     None
+}
+
+/// Whether the tokenizer's normalizer or pre-tokenizer adds something at the start
+/// of a text.
+pub(super) fn prepends(tokenizer: &tokenizers::Tokenizer) -> bool {
+    let Ok(json) = serde_json::from_str::<Value>(&tokenizer.to_string(false).unwrap_or_default())
+    else {
+        return true;
+    };
+    [&json["normalizer"], &json["pre_tokenizer"]]
+        .into_iter()
+        .any(prepending)
+}
+
+fn prepending(value: &Value) -> bool {
+    match value {
+        Value::Object(fields) => {
+            let kind = fields.get("type").and_then(Value::as_str);
+            let scheme = fields.get("prepend_scheme").and_then(Value::as_str);
+            let prefix_space = fields.get("add_prefix_space") == Some(&Value::Bool(true));
+            match kind {
+                Some("Prepend") => true,
+                Some("Metaspace") => scheme.map_or(prefix_space, |s| s != "never"),
+                Some("ByteLevel") => prefix_space,
+                _ => fields.values().any(prepending),
+            }
+        }
+        Value::Array(items) => items.iter().any(prepending),
+        _ => false,
+    }
 }
 
 /// An added token whose text covers both sides of `byte`: its start and length.

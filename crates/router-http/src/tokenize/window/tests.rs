@@ -2,6 +2,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
+use serde_json::Value;
 
 use super::*;
 
@@ -19,7 +20,44 @@ fn load(relative: &str) -> ChatTokenizer {
     ChatTokenizer::load(&path).unwrap()
 }
 
-/// Every tokenizer the tests have: both of testdata and the Qwen3 one, loaded once.
+/// A byte-level BPE tokenizer without merges (one token a byte) in GPT-2's shape:
+/// the GPT-2 split pattern, offsets trimmed of their leading space, and, when
+/// `prefix_space`, a space added before every text. Loaded from a directory of its
+/// own, with a chat template beside it, removed once loaded.
+fn gpt2_shaped(prefix_space: bool) -> ChatTokenizer {
+    let vocab: serde_json::Map<String, Value> =
+        tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+            .into_iter()
+            .enumerate()
+            .map(|(id, c)| (c.to_string(), Value::from(id)))
+            .collect();
+    let json = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": prefix_space, "trim_offsets": true, "use_regex": true},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": prefix_space, "trim_offsets": true, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": prefix_space, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "vocab": vocab, "merges": []}
+    });
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-gpt2-shaped-{prefix_space}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}"#,
+    )
+    .unwrap();
+    let loaded = ChatTokenizer::load(&dir.join("tokenizer.json")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    loaded
+}
+
+/// Every tokenizer the tests have: both of testdata, the Qwen3 one and two GPT-2
+/// shaped ones, loaded once.
 fn tokenizers() -> &'static [ChatTokenizer] {
     static LOADED: OnceLock<Vec<ChatTokenizer>> = OnceLock::new();
     LOADED.get_or_init(|| {
@@ -27,6 +65,8 @@ fn tokenizers() -> &'static [ChatTokenizer] {
             load("testdata/tokenizer-tiny/tokenizer.json"),
             load("testdata/tokenizer-bytes/tokenizer.json"),
             load(".cache/qwen3/tokenizer.json"),
+            gpt2_shaped(false),
+            gpt2_shaped(true),
         ]
     })
 }
@@ -137,4 +177,29 @@ fn a_window_never_ends_inside_an_added_token() {
     );
     assert_eq!(added_around(text, 3, &added), None, "right before it");
     assert_eq!(added_around(text, 13, &added), None, "right after it");
+}
+
+#[test]
+fn tokenizers_that_add_to_a_texts_start_are_tokenized_in_one_window() {
+    assert!(tokenizers()[..4].iter().all(|t| t.windows));
+    assert!(
+        !tokenizers()[4].windows,
+        "a byte-level pre-tokenizer adding a prefix space"
+    );
+    let metaspace = |scheme: &str| {
+        prepending(&serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": true}
+        ]}))
+    };
+    assert!(metaspace("first") && metaspace("always") && !metaspace("never"));
+    assert!(prepending(
+        &serde_json::json!({"type": "Prepend", "prepend": "▁"})
+    ));
+    let text = "word,\nnext".repeat(50);
+    let got = encode(&tokenizers()[4], &text, 16, 64).unwrap();
+    assert!(
+        got.untokenized_bytes > 0 && got.untokenized_bytes < text.len() - 16,
+        "{got:?}"
+    );
+    assert_eq!(got.ids[..], whole(&tokenizers()[4], &text)[..got.ids.len()]);
 }
