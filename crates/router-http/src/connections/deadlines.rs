@@ -5,7 +5,9 @@
 //!
 //! The socket cannot see where requests begin and end, so the connection's service
 //! tells it through a shared [`Phase`]: busy from the moment a request's head is
-//! parsed until its response body is dropped (written whole or abandoned).
+//! parsed until its response body is dropped (written whole or abandoned). The
+//! deadline of the next phase is armed at the next read, or at the flush that ends
+//! the response, whichever the server does first, without waking the connection.
 
 use std::io;
 use std::pin::Pin;
@@ -15,7 +17,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -40,9 +41,6 @@ const IDLE: u8 = 2;
 #[derive(Debug)]
 pub(crate) struct Phase {
     state: AtomicU8,
-    /// The read that waited while a request was served: it must arm the idle
-    /// deadline once the response is done.
-    reader: AtomicWaker,
 }
 
 impl Phase {
@@ -50,7 +48,6 @@ impl Phase {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             state: AtomicU8::new(HEAD),
-            reader: AtomicWaker::new(),
         })
     }
 
@@ -61,7 +58,6 @@ impl Phase {
 
     fn idle(&self) {
         self.state.store(IDLE, Ordering::Relaxed);
-        self.reader.wake();
     }
 }
 
@@ -200,13 +196,9 @@ impl AsyncRead for Guarded {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
-                let expired = match this.read_deadline() {
-                    Some(timer) => timer.as_mut().poll(cx).is_ready(),
-                    None => {
-                        this.phase.reader.register(cx.waker());
-                        false
-                    }
-                };
+                let expired = this
+                    .read_deadline()
+                    .is_some_and(|timer| timer.as_mut().poll(cx).is_ready());
                 if expired {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -245,7 +237,18 @@ impl AsyncWrite for Guarded {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let this = &mut *self;
+        let flushed = Pin::new(&mut this.stream).poll_flush(cx);
+        // The server flushes once a response is written whole, and may not read
+        // again before the client sends something: the idle deadline starts here
+        // (an expired one ends the connection at the next read, which the wake-up
+        // brings).
+        if flushed.is_ready()
+            && let Some(timer) = this.read_deadline()
+        {
+            let _ = timer.as_mut().poll(cx);
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
