@@ -240,17 +240,10 @@ async fn ours(case: &Case) -> Outcome {
         return Outcome::NoHead;
     };
     let status = response.status().as_u16();
-    let mut body = response.into_body();
-    let mut data = Vec::new();
-    while let Some(frame) = tokio::time::timeout(GUARD, body.frame())
-        .await
-        .expect("the body in time")
-    {
-        match frame {
-            Ok(frame) => data.extend_from_slice(&frame.into_data().unwrap_or_default()),
-            Err(_) => return Outcome::BodyFailed(status, data.into()),
-        }
-    }
+    let data = match read_body(response.into_body()).await {
+        Ok(data) => data,
+        Err(data) => return Outcome::BodyFailed(status, data.into()),
+    };
     let second = tokio::time::timeout(GUARD, get(&client, &authority))
         .await
         .expect("the second answer in time");
@@ -260,6 +253,23 @@ async fn ours(case: &Case) -> Outcome {
     );
     let reused = connections.load(Ordering::SeqCst) == 1;
     Outcome::Whole(status, data.into(), reused)
+}
+
+/// A body's bytes, or the bytes before it failed.
+async fn read_body<B: http_body::Body<Data = Bytes> + Unpin>(
+    mut body: B,
+) -> Result<Vec<u8>, Vec<u8>> {
+    let mut data = Vec::new();
+    while let Some(frame) = tokio::time::timeout(GUARD, body.frame())
+        .await
+        .expect("the body in time")
+    {
+        match frame {
+            Ok(frame) => data.extend_from_slice(&frame.into_data().unwrap_or_default()),
+            Err(_) => return Err(data),
+        }
+    }
+    Ok(data)
 }
 
 fn hyper_request(authority: &str) -> Request<Empty<Bytes>> {
@@ -283,17 +293,10 @@ async fn hyper(case: &Case) -> Outcome {
         return Outcome::NoHead;
     };
     let status = response.status().as_u16();
-    let mut body = response.into_body();
-    let mut data = Vec::new();
-    while let Some(frame) = tokio::time::timeout(GUARD, body.frame())
-        .await
-        .expect("the body in time")
-    {
-        match frame {
-            Ok(frame) => data.extend_from_slice(&frame.into_data().unwrap_or_default()),
-            Err(_) => return Outcome::BodyFailed(status, data.into()),
-        }
-    }
+    let data = match read_body(response.into_body()).await {
+        Ok(data) => data,
+        Err(data) => return Outcome::BodyFailed(status, data.into()),
+    };
     let reused = tokio::time::timeout(GUARD, async {
         if sender.ready().await.is_err() {
             return false;
