@@ -36,8 +36,12 @@ type Observer = Arc<dyn Fn(&FleetEvent) + Send + Sync>;
 #[derive(Debug)]
 struct Runtime {
     spec: EngineSpec,
-    /// Whether `/server_info` was read; retried once the engine answers probes.
+    /// Whether what `/server_info` says is current: not before it was read, nor
+    /// after a failed probe (the engine may come back as a new process on other
+    /// feed ports); read again once the engine answers probes.
     introspected: bool,
+    /// The `/server_info` the feeds were started from (`None`: never read).
+    info: Option<ServerInfo>,
     _feeds: Vec<FeedHandle>,
 }
 
@@ -284,6 +288,7 @@ impl Fleet {
             Runtime {
                 spec,
                 introspected: healthy,
+                info,
                 _feeds: feeds,
             },
         );
@@ -372,8 +377,9 @@ impl Fleet {
         }
     }
 
-    /// Probes every engine once; engines that answer and were never introspected are
-    /// introspected again, so their feeds start.
+    /// Probes every engine once. An engine that fails a probe is introspected again
+    /// once it answers, so an engine that never answered gets its feeds, and one
+    /// that came back on other feed ports is subscribed there.
     pub async fn probe_all(&self) {
         let snapshot = self.registry.snapshot();
         let timeout = self.health.policy().probe_timeout;
@@ -390,6 +396,8 @@ impl Fleet {
             }
             if passed {
                 self.retry_introspection(&engine).await;
+            } else if let Some(runtime) = self.engines.lock().get_mut(engine.id()) {
+                runtime.introspected = false;
             }
         }
     }
@@ -408,14 +416,25 @@ impl Fleet {
         let Some(info) = self.upstream.server_info(engine.url()).await else {
             return;
         };
-        let feeds = self.start_feeds(&spec, engine.dp_size(), Some(&info));
+        let moved = {
+            let engines = self.engines.lock();
+            engines
+                .get(engine.id())
+                .is_none_or(|runtime| advertised(runtime.info.as_ref()) != advertised(Some(&info)))
+        };
+        // Feeds at the same endpoints reconnect by themselves, keeping what they hold.
+        let feeds = moved.then(|| self.start_feeds(&spec, engine.dp_size(), Some(&info)));
         // The engine may have been replaced or removed meanwhile: its feeds then
         // belong to nobody and stop when dropped here.
         if let Some(runtime) = self.engines.lock().get_mut(engine.id())
             && runtime.spec == spec
         {
             runtime.introspected = true;
-            runtime._feeds = feeds;
+            if let Some(feeds) = feeds {
+                tracing::info!(engine = %engine.id(), "engine feeds (re)started from /server_info");
+                runtime.info = Some(info);
+                runtime._feeds = feeds;
+            }
         }
     }
 

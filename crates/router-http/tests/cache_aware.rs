@@ -331,3 +331,58 @@ async fn an_engine_restart_removes_its_entries() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_engine_back_on_other_feed_ports_is_subscribed_there() {
+    let mut h = Harness::start(fleet(1).await, cache_aware()).await;
+    h.chat(&[system_prompt(), user("warm up")]).await;
+    let fleet = Arc::clone(h.router.context().fleet());
+    let prefix = fleet.prefix_index(MODEL).expect("an index");
+    let health =
+        |fleet: &router_fleet::Fleet| fleet.snapshot().get("E0").map(|engine| engine.health());
+
+    // The engine stops; a probe finds it gone.
+    let stopped = h.engines.remove(0);
+    let http = stopped.ports().http.port();
+    stopped.shutdown().await;
+    let down = async {
+        while health(&fleet) != Some(router_state::Health::Unhealthy) {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(GUARD, down)
+        .await
+        .expect("a probe finds the engine down");
+
+    // A new process answers on the same HTTP port, its KV events on other ports.
+    let restarted = engine_sim::start(sim_config(http, 0, 0))
+        .await
+        .expect("the engine restarts on its HTTP port");
+    h.engines.push(restarted);
+    let up = async {
+        while health(&fleet) != Some(router_state::Health::Healthy) {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(GUARD, up)
+        .await
+        .expect("a probe finds the engine back");
+    h.send(&[system_prompt(), user("after the restart")]).await;
+    let stats = Arc::clone(fleet.kv_stats());
+    let subscribed = async {
+        let mut seen = stats.steps();
+        while prefix.size().entries == 0 {
+            seen = stats.steps_after(seen).await;
+        }
+    };
+    tokio::time::timeout(GUARD, subscribed)
+        .await
+        .expect("the router follows the engine's new KV-event ports");
+
+    // Predictions match what the engine reports again.
+    let before = h.predicted().await;
+    let (_, cached) = h.send(&[system_prompt(), user("after the restart")]).await;
+    assert!(cached > 0, "the engine holds the prompt's prefix");
+    assert_eq!((h.predicted().await - before) as u64, cached);
+    h.shutdown().await;
+}
