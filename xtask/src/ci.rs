@@ -33,6 +33,8 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             "--locked",
             "--workspace",
             "--no-fail-fast",
+            "--profile",
+            "ci",
         ]),
     )?;
     // The fuzz crate is its own workspace; it starts from the main lockfile so it
