@@ -148,6 +148,23 @@ impl Harness {
         (engine, cached)
     }
 
+    /// Waits until the router's index holds a page: after an engine restart, the
+    /// applied-batch count says nothing about the new process's batches.
+    async fn indexed(&self) {
+        let fleet = self.router.context().fleet();
+        let prefix = fleet.prefix_index(MODEL).expect("an index");
+        let stats = fleet.kv_stats();
+        let wait = async {
+            let mut seen = stats.steps();
+            while prefix.size().entries == 0 {
+                seen = stats.steps_after(seen).await;
+            }
+        };
+        tokio::time::timeout(GUARD, wait)
+            .await
+            .expect("the router indexes the engine's pages");
+    }
+
     async fn metric(&self, line_prefix: &str) -> f64 {
         let text = self
             .client
@@ -324,11 +341,19 @@ async fn an_engine_restart_removes_its_entries() {
     h.engines.push(restarted);
     let before = h.predicted().await;
     let (_, cached) = h.send(&[system_prompt(), user("after the restart")]).await;
+    assert_eq!(cached, 0, "the restarted engine's cache is empty");
     assert_eq!(
         (h.predicted().await - before) as u64,
         cached,
         "no stale prediction"
     );
+
+    // And what is cached from now on is predicted again.
+    h.indexed().await;
+    let before = h.predicted().await;
+    let (_, cached) = h.send(&[system_prompt(), user("after the restart")]).await;
+    assert!(cached > 0, "the engine holds the prompt it just served");
+    assert_eq!((h.predicted().await - before) as u64, cached);
     h.shutdown().await;
 }
 
@@ -337,7 +362,6 @@ async fn an_engine_back_on_other_feed_ports_is_subscribed_there() {
     let mut h = Harness::start(fleet(1).await, cache_aware()).await;
     h.chat(&[system_prompt(), user("warm up")]).await;
     let fleet = Arc::clone(h.router.context().fleet());
-    let prefix = fleet.prefix_index(MODEL).expect("an index");
     let health =
         |fleet: &router_fleet::Fleet| fleet.snapshot().get("E0").map(|engine| engine.health());
 
@@ -368,16 +392,8 @@ async fn an_engine_back_on_other_feed_ports_is_subscribed_there() {
         .await
         .expect("a probe finds the engine back");
     h.send(&[system_prompt(), user("after the restart")]).await;
-    let stats = Arc::clone(fleet.kv_stats());
-    let subscribed = async {
-        let mut seen = stats.steps();
-        while prefix.size().entries == 0 {
-            seen = stats.steps_after(seen).await;
-        }
-    };
-    tokio::time::timeout(GUARD, subscribed)
-        .await
-        .expect("the router follows the engine's new KV-event ports");
+    // The router follows the engine's new KV-event ports.
+    h.indexed().await;
 
     // Predictions match what the engine reports again.
     let before = h.predicted().await;
