@@ -87,7 +87,25 @@ async fn the_hang_fault_never_sends_a_byte() {
     set_faults(&engine, json!({"hang_before_first_byte": true})).await;
     let url = format!("{}/v1/chat/completions", engine.url());
     let hung = tokio::spawn(async move { client().post(url).json(&chat_body("hi")).send().await });
-    tokio::task::yield_now().await;
+    // The fault is cleared only once the engine holds the request, so the request
+    // is caught by it (clearing it sooner would race the request).
+    let requests = format!("{}/admin/requests", engine.url());
+    let arrived = async {
+        loop {
+            let seen: Value = client()
+                .get(&requests)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if seen["requests"].as_array().is_some_and(|r| !r.is_empty()) {
+                return;
+            }
+        }
+    };
+    within("the engine receiving the request", arrived).await;
     set_faults(&engine, json!({})).await;
     assert_eq!(
         chat(&engine, &chat_body("after")).await.0,
@@ -174,20 +192,23 @@ async fn the_refuse_fault_closes_the_listener_until_cleared() {
     let engine = engine(config).await;
     set_faults(&engine, json!({"refuse_connections": true})).await;
     let addr = engine.ports().http;
-    let refused = loop {
-        match tokio::net::TcpStream::connect(addr).await {
-            Err(e) => break e,
-            Ok(_) => tokio::task::yield_now().await,
+    let refused = async {
+        loop {
+            match tokio::net::TcpStream::connect(addr).await {
+                Err(e) => break e,
+                Ok(_) => tokio::task::yield_now().await,
+            }
         }
     };
+    let refused = within("the listener closing", refused).await;
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
     set_faults(&engine, json!({})).await;
-    loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            break;
+    let reopened = async {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            tokio::task::yield_now().await;
         }
-        tokio::task::yield_now().await;
-    }
+    };
+    within("the listener opening again", reopened).await;
     assert_eq!(chat(&engine, &chat_body("back")).await.0, 200);
     engine.shutdown().await;
 }
