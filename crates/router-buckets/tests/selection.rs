@@ -309,14 +309,23 @@ proptest! {
             bucket("b3", None, "P3", "D3"),
         ]).unwrap();
         let _guards: Vec<_> = ids.iter().zip(&busy).filter(|(_, b)| **b).map(|(id, _)| load.acquire(&(*id).into())).collect();
+        // The buckets the request fits, smallest first; the pick is the first whose
+        // prefill and decode engines both have room, and only when none has is the
+        // answer at_capacity.
+        let fits = [Some(1000), Some(2000), None].map(|max: Option<u64>| max.is_none_or(|m| input <= m));
+        let expected = (0..3).find(|&i| fits[i] && !busy[2 * i] && !busy[2 * i + 1]);
         match rt.block_on(resolver.select(&fleet.snapshot(), &BucketRequest::new("m", input))) {
             Ok(selection) => {
                 let EnginePicks::Pd { prefill, decode } = &selection.pick.engines else { panic!("PD bucket") };
                 let suffix = |id: &str| id[1..].to_owned();
                 prop_assert_eq!(suffix(prefill.engine.id().as_str()), suffix(decode.engine.id().as_str()), "both PD picks come from one bucket");
                 prop_assert_eq!(format!("b{}", suffix(prefill.engine.id().as_str())), selection.pick.bucket.to_string());
+                prop_assert_eq!(Some(selection.pick.bucket.to_string()), expected.map(|i| format!("b{}", i + 1)));
             }
-            Err(err) => prop_assert_eq!(err.code(), "at_capacity"),
+            Err(err) => {
+                prop_assert_eq!(err.code(), "at_capacity");
+                prop_assert_eq!(expected, None, "a bucket with room was passed over");
+            }
         }
     }
 }
