@@ -267,6 +267,19 @@ mod tests {
             None,
             "a failed half-open probe reopens it"
         );
+        assert_eq!(
+            book.breaker(&id),
+            Some(Breaker::Open {
+                until: after + Duration::from_millis(1000)
+            }),
+            "for a whole new cool-down"
+        );
+        assert_eq!(
+            book.record_probe(&id, true, after + Duration::from_millis(999)),
+            None,
+            "a pass during the new cool-down changes nothing"
+        );
+        assert!(matches!(book.breaker(&id), Some(Breaker::Open { .. })));
         let later = after + Duration::from_millis(1000);
         assert_eq!(
             book.record_probe(&id, true, later),
