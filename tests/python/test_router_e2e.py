@@ -107,8 +107,10 @@ def test_pd_chat_sends_one_room_and_the_prefill_bootstrap_address_to_both_legs(s
     assert raw.parse().usage.completion_tokens == 4
     assert (raw.headers["x-switchyard-prefill"], raw.headers["x-switchyard-decode"]) == ("P1", "D1")
     assert len(streamed_text(chat(r, max_tokens=4, stream=True)).split()) == 4
-    legs = zip(get_json(f"{prefill.url}/admin/requests")["requests"], get_json(f"{decode.url}/admin/requests")["requests"])
-    for p, d in legs:
+    prefills = get_json(f"{prefill.url}/admin/requests")["requests"]
+    decodes = get_json(f"{decode.url}/admin/requests")["requests"]
+    assert (len(prefills), len(decodes)) == (2, 2), "both legs of both requests arrived"
+    for p, d in zip(prefills, decodes):
         assert p["bootstrap_room"] == d["bootstrap_room"] and 0 <= d["bootstrap_room"] < 2**63
         assert d["bootstrap_host"] == "127.0.0.1"
         assert d["bootstrap_port"] == prefill.ports["bootstrap"]

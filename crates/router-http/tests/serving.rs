@@ -122,7 +122,11 @@ async fn pd_legs_share_one_room_and_the_prefill_bootstrap_address() {
         recent_requests(&prefill).await,
         recent_requests(&decode).await,
     );
-    assert_eq!(p.len(), 2);
+    assert_eq!(
+        (p.len(), d.len()),
+        (2, 2),
+        "both legs of both requests arrived"
+    );
     for (p, d) in p.iter().zip(&d) {
         assert_eq!(
             p["bootstrap_room"], d["bootstrap_room"],
