@@ -103,6 +103,8 @@ pub(crate) struct Rank {
     events: Option<mpsc::UnboundedSender<PublisherMsg>>,
     /// Batches emitted since the last restart.
     batches: AtomicU64,
+    /// The most requests the rank held at once (waiting or running) since start.
+    peak: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -197,6 +199,7 @@ impl SimEngine {
                     }),
                     events: publishers.next(),
                     batches: AtomicU64::new(0),
+                    peak: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -221,6 +224,16 @@ impl SimEngine {
             .iter()
             .map(|r| r.batches.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// The most requests one rank held at once (waiting or running) since start:
+    /// what an admission cap in front of the engine must keep down.
+    pub fn peak_requests(&self) -> u64 {
+        self.ranks
+            .iter()
+            .map(|r| r.peak.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The summed load of every rank.
@@ -277,6 +290,10 @@ impl SimEngine {
             state.load.waiting_requests += 1;
             state.load.waiting_uncached_tokens += uncached;
             state.load.total_tokens += prompt;
+            rank.peak.fetch_max(
+                state.load.waiting_requests + state.load.running_requests,
+                Ordering::Relaxed,
+            );
             uncached
         };
         Run {

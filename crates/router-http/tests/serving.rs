@@ -407,3 +407,49 @@ async fn every_event_an_engine_sent_before_cutting_its_stream_reaches_the_client
 async fn a_stream_cut_right_after_its_head_still_gives_the_client_the_head() {
     cut_streams_reach_the_client_whole(0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_never_lets_more_than_its_cap_reach_the_engine() {
+    const CAP: u64 = 4;
+    let a = sim(|c| c.decode_tokens_per_sec = 200.0).await;
+    let mut model = ModelConfig::new("m", vec![engine("A", &a, EngineRole::Plain)]);
+    model.policies.plain = Some(
+        serde_json::from_value::<router_policy::PolicyConfig>(serde_json::json!({
+            "type": "round_robin",
+            "admission": {"max_inflight_requests": CAP}
+        }))
+        .unwrap(),
+    );
+    let router = router(config(vec![model])).await;
+    let client = reqwest::Client::new();
+    let mut body = chat("m", "at once");
+    body["stream"] = true.into();
+    body["max_tokens"] = 20.into();
+    let streams = (0..48).map(|_| {
+        let request = client
+            .post(url(&router, "/v1/chat/completions"))
+            .json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            response.bytes().await.unwrap();
+            status
+        }
+    });
+    let statuses = futures_util::future::join_all(streams).await;
+    let served = statuses.iter().filter(|s| **s == 200).count() as u64;
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
+    assert!(
+        served >= CAP,
+        "at least the cap's worth is served: {statuses:?}"
+    );
+    let peak = a.engine().peak_requests();
+    assert!(
+        (1..=CAP).contains(&peak),
+        "the engine held {peak} requests at once"
+    );
+    router.shutdown().await;
+}
