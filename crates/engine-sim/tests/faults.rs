@@ -92,14 +92,7 @@ async fn the_hang_fault_never_sends_a_byte() {
     let requests = format!("{}/admin/requests", engine.url());
     let arrived = async {
         loop {
-            let seen: Value = client()
-                .get(&requests)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let seen = get_json(requests.clone()).await;
             if seen["requests"].as_array().is_some_and(|r| !r.is_empty()) {
                 return;
             }

@@ -178,14 +178,7 @@ async fn server_info_advertises_exactly_the_bound_ports() {
     config.model = "qwen-sim".into();
     config.page_size = 32;
     let engine = engine(config).await;
-    let info: Value = client()
-        .get(format!("{}/server_info", engine.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = get_json(format!("{}/server_info", engine.url())).await;
     let ports = engine.ports();
     assert_eq!(info["disaggregation_mode"], "null");
     assert_eq!(info["page_size"], 32);

@@ -29,14 +29,7 @@ fn pd_body(host: &str, port: u16, room: u64) -> Value {
 async fn decode_generates_once_prefill_has_filled_the_room() {
     let prefill = engine(role(EngineRole::Prefill)).await;
     let decode = engine(role(EngineRole::Decode)).await;
-    let info: Value = client()
-        .get(format!("{}/server_info", prefill.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = get_json(format!("{}/server_info", prefill.url())).await;
     assert_eq!(info["disaggregation_mode"], "prefill");
     let port = info["disaggregation_bootstrap_port"].as_u64().unwrap() as u16;
     assert_eq!(Some(port), prefill.ports().bootstrap);

@@ -38,6 +38,18 @@ pub(crate) fn chat_body(prompt: &str) -> Value {
 }
 
 /// Posts a chat request and returns the status and JSON body.
+/// `GET url`, answered with JSON.
+pub(crate) async fn get_json(url: String) -> Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub(crate) async fn chat(engine: &RunningEngine, body: &Value) -> (reqwest::StatusCode, Value) {
     let response = client()
         .post(format!("{}/v1/chat/completions", engine.url()))
