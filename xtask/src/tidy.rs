@@ -287,16 +287,8 @@ mod tests {
         let metadata: Metadata =
             serde_json::from_slice(&cargo_metadata().expect("cargo metadata runs"))
                 .expect("cargo metadata parses");
-        for crate_name in [
-            "router-state",
-            "router-policy",
-            "router-buckets",
-            "router-upstream",
-            "router-fleet",
-            "router-http",
-            "switchyard",
-            SIMULATOR,
-        ] {
+        let layered = ALLOWED.iter().map(|(name, _)| *name);
+        for crate_name in layered.chain([SIMULATOR]) {
             assert!(
                 metadata.packages.iter().any(|p| p.name == crate_name),
                 "{crate_name} is in the workspace's graph"
