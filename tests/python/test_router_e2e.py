@@ -7,7 +7,6 @@ import urllib.request
 
 import openai
 import pytest
-import zmq
 
 from conftest import CACHE
 
@@ -64,23 +63,9 @@ def streamed_text(raw):
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
 
-class LoadFeed:
-    """An engine's LoadStat feed, to wait for its running-request count."""
-
-    def __init__(self, sim):
-        self.socket = zmq.Context.instance().socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVTIMEO, 20_000)
-        self.socket.setsockopt(zmq.SUBSCRIBE, b"load")
-        self.socket.connect(f"tcp://127.0.0.1:{sim.ports['load'][0]}")
-
-    def until_running(self, count):
-        import msgspec
-
-        while True:
-            _, _, payload = self.socket.recv_multipart()
-            if msgspec.msgpack.decode(payload)[1] == count:
-                return
+def visits(sim):
+    """The engine's chat requests by how they ended: open, answered, abandoned."""
+    return get_json(f"{sim.url}/admin/requests")["visits"]
 
 
 def test_plain_chat_with_and_without_streaming(sim, router):
@@ -186,21 +171,23 @@ def test_a_short_request_falls_back_to_the_long_bucket_with_both_pd_legs(sim, ro
 
 
 def test_a_client_closing_mid_stream_aborts_both_pd_legs(sim, router):
-    feeds = ("--kv-port", 0, "--load-port", 0, "--decode-tokens-per-sec", 20)
-    prefill = sim("--role", "prefill", "--bootstrap-port", 0, *feeds)
-    decode = sim("--role", "decode", *feeds)
+    # The prefill leg holds after its first event, so it is still open while the
+    # decode leg streams and the close must reach both.
+    prefill = sim("--role", "prefill", "--bootstrap-port", 0, "--hold-after-chunks", 1)
+    decode = sim("--role", "decode", "--decode-tokens-per-sec", 20)
     r = router({"models": [pd_model(prefill, decode)]})
-    prefill_load, decode_load = LoadFeed(prefill), LoadFeed(decode)
     stream = chat(r, max_tokens=1000, stream=True).parse()
     next(iter(stream))
-    decode_load.until_running(1)
+    assert visits(prefill)["open"] == 1, "the prefill leg is still open"
     stream.close()
-    decode_load.until_running(0)
-    prefill_load.until_running(0)
+    gone = {"open": 0, "answered": 0, "abandoned": 1}
+    wait_until(lambda: visits(prefill) == gone, "the prefill engine seeing its leg closed")
+    wait_until(lambda: visits(decode) == gone, "the decode engine seeing its leg closed")
     with urllib.request.urlopen(f"{r.url}/metrics") as response:
         metrics = response.read().decode()
     assert 'switchyard_engine_in_flight{engine="P1"} 0' in metrics
     assert 'switchyard_engine_in_flight{engine="D1"} 0' in metrics
+    assert 'switchyard_requests_total{model="m",outcome="cancelled",code="client_disconnected"} 1' in metrics
 
 
 def test_a_failing_engine_leaves_the_candidates_and_returns_after_recovery(sim, router):

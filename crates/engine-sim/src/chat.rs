@@ -16,6 +16,7 @@ use crate::config::EngineRole;
 use crate::engine::Run;
 use crate::server::AppState;
 use crate::tokenizer::{ChatMessage, output_word};
+use crate::visits::Visit;
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
@@ -104,21 +105,47 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let visit = app.visits.arrive();
+    match answer(app, &headers, &body).await {
+        Answer::Whole(response) => {
+            visit.answered();
+            response
+        }
+        Answer::Stream(generation, include_usage) => {
+            stream_response(generation, include_usage, visit)
+        }
+    }
+}
+
+/// A chat request's answer: whole, or a generation to stream.
+enum Answer {
+    Whole(Response),
+    Stream(Generation, bool),
+}
+
+impl From<Response> for Answer {
+    fn from(response: Response) -> Self {
+        Self::Whole(response)
+    }
+}
+
+async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Answer {
     let request_id = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let request: ChatRequest = match serde_json::from_slice(&body) {
+    let request: ChatRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
             return error_response(
                 StatusCode::BAD_REQUEST,
                 format!("invalid request body: {e}"),
-            );
+            )
+            .into();
         }
     };
     if request.messages.is_empty() && request.input_ids.is_none() {
-        return error_response(StatusCode::BAD_REQUEST, "messages must not be empty");
+        return error_response(StatusCode::BAD_REQUEST, "messages must not be empty").into();
     }
     app.remember(json!({
         "stream": request.stream,
@@ -128,6 +155,7 @@ pub(crate) async fn chat_completions(
         "bootstrap_room": request.bootstrap_room,
         "request_id": request_id,
     }));
+    app.engine.faults().hold(0).await;
     let faults = app.engine.faults().current();
     if faults.slow_start_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.slow_start_ms)).await;
@@ -139,7 +167,8 @@ pub(crate) async fn chat_completions(
         return error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             "simulated engine failure",
-        );
+        )
+        .into();
     }
     let tokens = match request.input_ids.clone() {
         Some(ids) => ids,
@@ -148,16 +177,16 @@ pub(crate) async fn chat_completions(
                 request.messages.iter().map(RawMessage::flatten).collect();
             match app.tokenizer.encode_chat(&messages) {
                 Ok(tokens) => tokens,
-                Err(e) => return error_response(StatusCode::BAD_REQUEST, e),
+                Err(e) => return error_response(StatusCode::BAD_REQUEST, e).into(),
             }
         }
     };
     if tokens.is_empty() {
-        return error_response(StatusCode::BAD_REQUEST, "the prompt has no tokens");
+        return error_response(StatusCode::BAD_REQUEST, "the prompt has no tokens").into();
     }
     let run = match start_run(&app, &request, tokens).await {
         Ok(run) => run,
-        Err(response) => return *response,
+        Err(response) => return (*response).into(),
     };
     let limit = request.max_completion_tokens.or(request.max_tokens);
     let wanted = limit.unwrap_or(u64::from(app.config.output_tokens));
@@ -183,9 +212,9 @@ pub(crate) async fn chat_completions(
     };
     if request.stream {
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        stream_response(generation, include_usage, faults.disconnect_after_chunks)
+        Answer::Stream(generation, include_usage)
     } else {
-        json_response(generation).await
+        json_response(generation).await.into()
     }
 }
 
@@ -333,14 +362,22 @@ struct StreamState {
     step: Step,
     include_usage: bool,
     sent: u32,
-    disconnect_after: Option<u32>,
+    /// Taken when the engine ends the stream itself; dropped with the stream before
+    /// that, the request was abandoned.
+    visit: Option<Visit>,
 }
 
 impl StreamState {
     async fn next_event(&mut self) -> Option<Result<Bytes, std::io::Error>> {
-        if self.disconnect_after.is_some_and(|n| self.sent >= n) {
+        let faults = self.generation.app.engine.faults();
+        faults.hold(self.sent).await;
+        let disconnect_after = faults.current().disconnect_after_chunks;
+        if disconnect_after.is_some_and(|n| self.sent >= n) {
             // Let the server flush what was sent before the connection is cut.
             tokio::task::yield_now().await;
+            if let Some(visit) = self.visit.take() {
+                visit.answered();
+            }
             return Some(Err(std::io::Error::other("simulated disconnect")));
         }
         let g = &mut self.generation;
@@ -383,6 +420,9 @@ impl StreamState {
                 }
                 Step::Done => {
                     self.step = Step::End;
+                    if let Some(visit) = self.visit.take() {
+                        visit.answered();
+                    }
                     break Bytes::from_static(b"data: [DONE]\n\n");
                 }
                 Step::End => return None,
@@ -393,17 +433,13 @@ impl StreamState {
     }
 }
 
-fn stream_response(
-    generation: Generation,
-    include_usage: bool,
-    disconnect_after: Option<u32>,
-) -> Response {
+fn stream_response(generation: Generation, include_usage: bool, visit: Visit) -> Response {
     let state = StreamState {
         generation,
         step: Step::Role,
         include_usage,
         sent: 0,
-        disconnect_after,
+        visit: Some(visit),
     };
     let stream = futures_util::stream::unfold(state, |mut state| async move {
         let event = state.next_event().await?;

@@ -16,6 +16,12 @@ pub struct FaultConfig {
     /// Accept chat requests but never send a byte.
     #[arg(long)]
     pub hang_before_first_byte: bool,
+    /// Hold chat responses while set: at 0 a request waits before its answer begins,
+    /// at N a stream waits before its chunk N+1. Clearing it (or raising N) releases
+    /// them to the faults then in force, so a test can stop an answer at a known point
+    /// and then choose how it goes on.
+    #[arg(long)]
+    pub hold_after_chunks: Option<u32>,
     /// Cut streamed responses (closing the connection) after this many chunks.
     #[arg(long)]
     pub disconnect_after_chunks: Option<u32>,
@@ -60,6 +66,8 @@ pub(crate) struct Faults {
     config: Mutex<FaultConfig>,
     rng: Mutex<Xoshiro256PlusPlus>,
     refuse: watch::Sender<bool>,
+    /// Bumped on every replacement, for the responses the hold fault holds.
+    replaced: watch::Sender<u64>,
 }
 
 impl Faults {
@@ -69,6 +77,7 @@ impl Faults {
             config: Mutex::new(config),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed)),
             refuse,
+            replaced: watch::Sender::new(0),
         }
     }
 
@@ -79,6 +88,22 @@ impl Faults {
     pub(crate) fn replace(&self, config: FaultConfig) {
         self.refuse.send_replace(config.refuse_connections);
         *self.config.lock() = config;
+        self.replaced.send_modify(|n| *n += 1);
+    }
+
+    /// Waits while the hold fault holds a response that has sent `sent` chunks.
+    pub(crate) async fn hold(&self, sent: u32) {
+        let mut replaced = self.replaced.subscribe();
+        while self
+            .config
+            .lock()
+            .hold_after_chunks
+            .is_some_and(|n| sent >= n)
+        {
+            if replaced.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Watches the refuse-connections switch.

@@ -39,6 +39,7 @@ mod load_stat;
 mod publish;
 mod server;
 mod tokenizer;
+mod visits;
 
 pub use config::{EngineRole, EventForm, LoadForm, SimConfig};
 pub use engine::{EngineSpec, LoadSample, Run, Served, SimEngine};
@@ -47,3 +48,4 @@ pub use load_stat::{encode_basic_load_stat, encode_load_stat};
 pub use publish::BindError;
 pub use server::{BoundPorts, RunningEngine, StartError, start};
 pub use tokenizer::TokenizerError;
+pub use visits::Visits;

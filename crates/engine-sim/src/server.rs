@@ -28,6 +28,7 @@ use crate::publish::{
     BindError, KvPublisherSettings, LOAD_TOPIC, bind, run_kv_publisher, run_load_publisher,
 };
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::visits::{VisitLog, Visits};
 
 /// Why an engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,7 @@ pub(crate) struct AppState {
     ids: AtomicU64,
     /// The routing-relevant fields of recent chat requests, newest last.
     recent: parking_lot::Mutex<std::collections::VecDeque<Value>>,
+    pub(crate) visits: Arc<VisitLog>,
 }
 
 /// How many recent requests `GET /admin/requests` keeps.
@@ -109,6 +111,7 @@ impl AppState {
 pub struct RunningEngine {
     ports: BoundPorts,
     engine: Arc<SimEngine>,
+    visits: Arc<VisitLog>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -122,6 +125,16 @@ impl RunningEngine {
     /// The engine model behind the HTTP surface.
     pub fn engine(&self) -> &Arc<SimEngine> {
         &self.engine
+    }
+
+    /// The chat requests so far, by how they ended.
+    pub fn visits(&self) -> Visits {
+        self.visits.current()
+    }
+
+    /// Waits until the chat-request counts satisfy `ok`, and returns them.
+    pub async fn visits_until(&self, ok: impl Fn(&Visits) -> bool) -> Visits {
+        self.visits.until(ok).await
     }
 
     /// The base URL, e.g. `http://127.0.0.1:41234`.
@@ -250,6 +263,7 @@ pub async fn start(config: SimConfig) -> Result<RunningEngine, StartError> {
         }
         None => None,
     };
+    let visits = Arc::new(VisitLog::default());
     let state = Arc::new(AppState {
         config,
         engine: Arc::clone(&engine),
@@ -259,6 +273,7 @@ pub async fn start(config: SimConfig) -> Result<RunningEngine, StartError> {
         ports: ports.clone(),
         ids: AtomicU64::new(0),
         recent: parking_lot::Mutex::default(),
+        visits: Arc::clone(&visits),
     });
     if let (Some(listener), Some(addr)) = (admin_listener, ports.admin) {
         tasks.spawn(serve_http(
@@ -279,6 +294,7 @@ pub async fn start(config: SimConfig) -> Result<RunningEngine, StartError> {
     Ok(RunningEngine {
         ports,
         engine,
+        visits,
         stop,
         tasks,
     })
@@ -481,7 +497,8 @@ async fn set_faults(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 async fn recent_requests(State(app): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"requests": app.recent.lock().iter().cloned().collect::<Vec<_>>()}))
+    let requests = app.recent.lock().iter().cloned().collect::<Vec<_>>();
+    Json(json!({"requests": requests, "visits": app.visits.current()}))
 }
 
 async fn restart_publisher(State(app): State<Arc<AppState>>) -> StatusCode {

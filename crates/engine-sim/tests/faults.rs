@@ -89,16 +89,11 @@ async fn the_hang_fault_never_sends_a_byte() {
     let hung = tokio::spawn(async move { client().post(url).json(&chat_body("hi")).send().await });
     // The fault is cleared only once the engine holds the request, so the request
     // is caught by it (clearing it sooner would race the request).
-    let requests = format!("{}/admin/requests", engine.url());
-    let arrived = async {
-        loop {
-            let seen = get_json(requests.clone()).await;
-            if seen["requests"].as_array().is_some_and(|r| !r.is_empty()) {
-                return;
-            }
-        }
-    };
-    within("the engine receiving the request", arrived).await;
+    within(
+        "the engine receiving the request",
+        engine.visits_until(|v| v.open == 1),
+    )
+    .await;
     set_faults(&engine, json!({})).await;
     assert_eq!(
         chat(&engine, &chat_body("after")).await.0,
@@ -144,6 +139,84 @@ async fn the_disconnect_fault_cuts_a_stream_after_n_chunks() {
         "exactly two events before the cut: {text}"
     );
     assert!(!text.contains("[DONE]"));
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_hold_fault_stops_an_answer_until_it_is_released() {
+    let engine = engine(config()).await;
+    set_faults(&engine, json!({"hold_after_chunks": 0})).await;
+    let held = tokio::spawn({
+        let url = format!("{}/v1/chat/completions", engine.url());
+        async move { client().post(url).json(&chat_body("hold me")).send().await }
+    });
+    within("the held request", engine.visits_until(|v| v.open == 1)).await;
+    assert!(!held.is_finished(), "no answer while held");
+    set_faults(&engine, json!({"error_rate": 1.0})).await;
+    let response = within("the released answer", held).await.unwrap().unwrap();
+    assert_eq!(
+        response.status(),
+        500,
+        "a released request meets the faults in force then"
+    );
+    let visits = engine.visits_until(|v| v.open == 0).await;
+    assert_eq!((visits.answered, visits.abandoned), (1, 0));
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_held_stream_goes_on_into_a_cut_set_after_it_began() {
+    let engine = engine(config()).await;
+    set_faults(&engine, json!({"hold_after_chunks": 1})).await;
+    let response = client()
+        .post(format!("{}/v1/chat/completions", engine.url()))
+        .json(&streaming("hold me mid-stream", 10))
+        .send()
+        .await
+        .unwrap();
+    let mut body = response.bytes_stream();
+    let first = within("the first chunk", body.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first).contains(r#""role":"assistant""#));
+    set_faults(&engine, json!({"disconnect_after_chunks": 1})).await;
+    let mut rest = Vec::new();
+    let ended = loop {
+        match within("the next chunk", body.next()).await {
+            Some(Ok(bytes)) => rest.extend_from_slice(&bytes),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended cleanly instead of being cut"),
+        }
+    };
+    assert!(ended.is_body() || ended.is_decode(), "{ended:?}");
+    assert!(rest.is_empty(), "nothing after the held chunk: {rest:?}");
+    let visits = engine.visits_until(|v| v.open == 0).await;
+    assert_eq!(
+        (visits.answered, visits.abandoned),
+        (1, 0),
+        "the engine cut it"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_a_held_request_is_counted_as_abandoned() {
+    let engine = engine(config()).await;
+    set_faults(&engine, json!({"hold_after_chunks": 0})).await;
+    let held = tokio::spawn({
+        let url = format!("{}/v1/chat/completions", engine.url());
+        async move { client().post(url).json(&chat_body("leave me")).send().await }
+    });
+    within("the held request", engine.visits_until(|v| v.open == 1)).await;
+    held.abort();
+    let visits = within("the engine noticing", engine.visits_until(|v| v.open == 0)).await;
+    assert_eq!((visits.answered, visits.abandoned), (0, 1));
+    let seen = get_json(format!("{}/admin/requests", engine.url())).await;
+    assert_eq!(
+        seen["visits"],
+        json!({"open": 0, "answered": 0, "abandoned": 1})
+    );
     engine.shutdown().await;
 }
 

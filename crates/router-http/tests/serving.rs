@@ -151,60 +151,6 @@ async fn pd_legs_share_one_room_and_the_prefill_bootstrap_address() {
 }
 
 #[tokio::test]
-async fn a_client_closing_mid_stream_aborts_both_pd_legs_and_releases_in_flight() {
-    let slow = |c: &mut engine_sim::SimConfig| {
-        c.decode_tokens_per_sec = 20.0;
-        c.kv_port = Some(0);
-        c.load_port = Some(0);
-    };
-    let prefill = sim(|c| {
-        slow(c);
-        c.role = engine_sim::EngineRole::Prefill;
-        c.bootstrap_port = Some(0);
-    })
-    .await;
-    let decode = sim(|c| {
-        slow(c);
-        c.role = engine_sim::EngineRole::Decode;
-    })
-    .await;
-    let model = ModelConfig::new(
-        "m",
-        vec![
-            engine("P1", &prefill, EngineRole::Prefill),
-            engine("D1", &decode, EngineRole::Decode),
-        ],
-    );
-    let router = router(config(vec![model])).await;
-    let watch = LoadWatch::new(&[("P1", &prefill), ("D1", &decode)]);
-    let mut body = chat("m", "a long answer");
-    body["stream"] = true.into();
-    body["max_tokens"] = 1000.into();
-    let response = post(&router, &body).await;
-    let mut stream = response.bytes_stream();
-    futures_util::StreamExt::next(&mut stream)
-        .await
-        .unwrap()
-        .unwrap();
-    watch.until("D1", |running| running == 1).await;
-    drop(stream);
-    watch.until("D1", |running| running == 0).await;
-    watch.until("P1", |running| running == 0).await;
-    let ctx = router.context();
-    assert_eq!(
-        ctx.fleet().load().in_flight(&"P1".into()) + ctx.fleet().load().in_flight(&"D1".into()),
-        0,
-        "the router's guards are gone"
-    );
-    assert!(
-        metrics(&router)
-            .await
-            .contains(r#"outcome="cancelled",code="client_disconnected"} 1"#)
-    );
-    router.shutdown().await;
-}
-
-#[tokio::test]
 async fn graceful_shutdown_completes_an_in_flight_stream() {
     let engine_a = sim(|c| c.decode_tokens_per_sec = 50.0).await;
     let model = ModelConfig::new("m", vec![engine("A", &engine_a, EngineRole::Plain)]);
@@ -233,66 +179,6 @@ async fn graceful_shutdown_completes_an_in_flight_stream() {
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "the listener is closed"
     );
-}
-
-/// Load reports of simulated engines, as a router would receive them.
-struct LoadWatch {
-    table: std::sync::Arc<router_state::EngineReportedLoadTable>,
-    stats: std::sync::Arc<router_state::FeedStats>,
-    _feeds: Vec<router_state::FeedHandle>,
-}
-
-impl LoadWatch {
-    fn new(engines: &[(&str, &engine_sim::RunningEngine)]) -> Self {
-        let table = std::sync::Arc::new(router_state::EngineReportedLoadTable::default());
-        let stats = std::sync::Arc::new(router_state::FeedStats::default());
-        let feeds = engines
-            .iter()
-            .map(|(id, sim)| {
-                table.register(&(*id).into(), std::num::NonZeroU32::MIN);
-                let source = router_state::LoadFeedSource {
-                    engine: (*id).into(),
-                    rank: 0,
-                    endpoint: format!("tcp://127.0.0.1:{}", sim.ports().load[0]),
-                    topic: "load".into(),
-                    max_message_bytes: router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES,
-                };
-                router_state::spawn_load_subscriber(
-                    std::sync::Arc::clone(&table),
-                    source,
-                    std::sync::Arc::clone(&stats),
-                )
-            })
-            .collect();
-        Self {
-            table,
-            stats,
-            _feeds: feeds,
-        }
-    }
-
-    /// Waits for a report of `engine` whose running-request count satisfies `ok`.
-    async fn until(&self, engine: &str, ok: impl Fn(u64) -> bool) {
-        let id = router_state::EngineId::from(engine);
-        let wait = async {
-            let mut seen = 0;
-            loop {
-                if self
-                    .table
-                    .snapshot()
-                    .observe(&id)
-                    .reported
-                    .is_some_and(|r| ok(r.running_requests))
-                {
-                    return;
-                }
-                seen = self.stats.applied_after(seen).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(20), wait)
-            .await
-            .expect("the engine reported the expected load");
-    }
 }
 
 #[tokio::test]

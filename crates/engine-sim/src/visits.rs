@@ -1,0 +1,88 @@
+//! Chat requests counted as they arrive and as they end: answered to the end by the
+//! engine, or abandoned by a client (a router) that went away first. A test asserts
+//! what the engine saw of a failure with these counts, and waits on them instead of
+//! on time.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+/// The chat requests of one engine, by how they ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Visits {
+    /// Requests received and not yet ended.
+    pub open: u64,
+    /// Requests the engine ended: a whole answer, an error status, or a stream it
+    /// finished or cut itself (the disconnect fault).
+    pub answered: u64,
+    /// Requests whose client closed the connection before the engine ended them.
+    pub abandoned: u64,
+}
+
+/// The live counts, shared by the handlers and the engine's owner.
+#[derive(Debug)]
+pub(crate) struct VisitLog {
+    counts: watch::Sender<Visits>,
+}
+
+impl Default for VisitLog {
+    fn default() -> Self {
+        Self {
+            counts: watch::Sender::new(Visits::default()),
+        }
+    }
+}
+
+impl VisitLog {
+    /// Counts a request in; it is abandoned unless [`Visit::answered`] is called.
+    pub(crate) fn arrive(self: &Arc<Self>) -> Visit {
+        self.counts.send_modify(|v| v.open += 1);
+        Visit {
+            log: Arc::clone(self),
+            answered: false,
+        }
+    }
+
+    pub(crate) fn current(&self) -> Visits {
+        *self.counts.borrow()
+    }
+
+    /// Waits until the counts satisfy `ok`, and returns them.
+    pub(crate) async fn until(&self, ok: impl Fn(&Visits) -> bool) -> Visits {
+        let mut counts = self.counts.subscribe();
+        let seen = counts
+            .wait_for(|v| ok(v))
+            .await
+            .expect("the log outlives its receivers");
+        *seen
+    }
+}
+
+/// One request being served; dropping it ends the request.
+#[derive(Debug)]
+pub(crate) struct Visit {
+    log: Arc<VisitLog>,
+    answered: bool,
+}
+
+impl Visit {
+    /// The engine ended the request itself.
+    pub(crate) fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Visit {
+    fn drop(&mut self) {
+        let answered = self.answered;
+        self.log.counts.send_modify(|v| {
+            v.open -= 1;
+            if answered {
+                v.answered += 1;
+            } else {
+                v.abandoned += 1;
+            }
+        });
+    }
+}

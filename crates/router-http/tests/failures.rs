@@ -1,0 +1,540 @@
+//! Every failure path end to end, over real sockets against simulated engines: what
+//! the client gets (a status, or a stream that ends with an error), what each engine
+//! saw (an answer it finished, or a request abandoned by the router), and the
+//! router's in-flight counts back to 0. Engines are stopped at known points with the
+//! hold fault and released into the failure under test, so nothing depends on timing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use engine_sim::{RunningEngine, SimConfig, Visits};
+use futures_util::StreamExt;
+use router_http::{AppContext, EngineRole, ModelConfig, RouterConfig, RunningRouter};
+use serde_json::{Value, json};
+
+/// Upper bound on any wait; a healthy run needs milliseconds.
+const GUARD: Duration = Duration::from_secs(30);
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(GUARD, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// Replaces an engine's fault set.
+async fn set_faults(sim: &RunningEngine, faults: Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/admin/faults", sim.url()))
+        .json(&faults)
+        .send()
+        .await
+        .expect("the engine answers");
+    assert_eq!(response.status(), 200);
+}
+
+/// Waits until an engine has ended every request it received, and returns the counts.
+async fn settled(sim: &RunningEngine) -> Visits {
+    within(
+        "the engine ending its requests",
+        sim.visits_until(|v| v.open == 0),
+    )
+    .await
+}
+
+fn answered(n: u64) -> Visits {
+    Visits {
+        open: 0,
+        answered: n,
+        abandoned: 0,
+    }
+}
+
+fn abandoned(n: u64) -> Visits {
+    Visits {
+        open: 0,
+        answered: 0,
+        abandoned: n,
+    }
+}
+
+/// The router's in-flight count of every engine, summed.
+fn in_flight(ctx: &AppContext, engines: &[&str]) -> u64 {
+    engines
+        .iter()
+        .map(|id| ctx.fleet().load().in_flight(&(*id).into()))
+        .sum()
+}
+
+async fn holding(
+    role: engine_sim::EngineRole,
+    configure: impl FnOnce(&mut SimConfig),
+) -> RunningEngine {
+    sim(|c| {
+        c.role = role;
+        if role == engine_sim::EngineRole::Prefill {
+            c.bootstrap_port = Some(0);
+        }
+        configure(c);
+    })
+    .await
+}
+
+/// A router over one prefill and one decode engine.
+async fn pd_router(prefill: &RunningEngine, decode: &RunningEngine) -> RunningRouter {
+    let model = ModelConfig::new(
+        "m",
+        vec![
+            engine("P1", prefill, EngineRole::Prefill),
+            engine("D1", decode, EngineRole::Decode),
+        ],
+    );
+    router(config(vec![model])).await
+}
+
+fn streamed(prompt: &str, max_tokens: u64) -> Value {
+    let mut body = chat("m", prompt);
+    body["stream"] = true.into();
+    body["max_tokens"] = max_tokens.into();
+    body
+}
+
+/// Sends a request from a task of its own, so the test can abandon it.
+fn send(router: &RunningRouter, body: Value) -> tokio::task::JoinHandle<reqwest::Response> {
+    let url = url(router, "/v1/chat/completions");
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("the router answers")
+    })
+}
+
+/// Reads a stream to its end and returns what came and the error that ended it;
+/// panics when it ends cleanly.
+async fn broken(response: reqwest::Response) -> (String, reqwest::Error) {
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    loop {
+        match within("the next chunk", body.next()).await {
+            Some(Ok(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(Err(e)) => return (text, e),
+            None => panic!("the stream ended cleanly: {text}"),
+        }
+    }
+}
+
+fn requests_line(outcome: &str, code: &str) -> String {
+    format!(r#"switchyard_requests_total{{model="m",outcome="{outcome}",code="{code}"}} 1"#)
+}
+
+#[tokio::test]
+async fn a_prefill_failing_before_the_decode_answers_is_a_502_and_the_decode_leg_is_aborted() {
+    let prefill = holding(engine_sim::EngineRole::Prefill, |c| {
+        c.faults.hold_after_chunks = Some(0);
+    })
+    .await;
+    let decode = holding(engine_sim::EngineRole::Decode, |_| {}).await;
+    let router = pd_router(&prefill, &decode).await;
+    let request = send(&router, streamed("fail the prefill", 8));
+    // Both legs are at their engines: the prefill held, the decode waiting for the
+    // prefill's KV.
+    within("the prefill leg", prefill.visits_until(|v| v.open == 1)).await;
+    within("the decode leg", decode.visits_until(|v| v.open == 1)).await;
+    set_faults(&prefill, json!({"error_rate": 1.0})).await;
+    let response = within("the answer", request).await.unwrap();
+    assert_eq!(response.status(), 502);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("prefill engine P1 failed with status 500"),
+        "{body}"
+    );
+    assert_eq!(settled(&prefill).await, answered(1));
+    assert_eq!(
+        settled(&decode).await,
+        abandoned(1),
+        "the decode leg is cancelled, not left waiting for a prefill that failed"
+    );
+    assert_eq!(in_flight(router.context(), &["P1", "D1"]), 0);
+    assert!(
+        metrics(&router)
+            .await
+            .contains(&requests_line("server_error", "upstream_error"))
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_decode_failing_is_a_502_and_the_prefill_leg_is_aborted() {
+    let hold = |c: &mut SimConfig| c.faults.hold_after_chunks = Some(0);
+    let prefill = holding(engine_sim::EngineRole::Prefill, hold).await;
+    let decode = holding(engine_sim::EngineRole::Decode, hold).await;
+    let router = pd_router(&prefill, &decode).await;
+    let request = send(&router, streamed("fail the decode", 8));
+    within("the prefill leg", prefill.visits_until(|v| v.open == 1)).await;
+    within("the decode leg", decode.visits_until(|v| v.open == 1)).await;
+    set_faults(&decode, json!({"error_rate": 1.0})).await;
+    let response = within("the answer", request).await.unwrap();
+    assert_eq!(response.status(), 502);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("decode engine D1 failed with status 500"),
+        "{body}"
+    );
+    assert_eq!(settled(&decode).await, answered(1));
+    assert_eq!(
+        settled(&prefill).await,
+        abandoned(1),
+        "the prefill leg is cancelled"
+    );
+    assert_eq!(in_flight(router.context(), &["P1", "D1"]), 0);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_while_the_prefill_computes_aborts_both_legs() {
+    let prefill = holding(engine_sim::EngineRole::Prefill, |c| {
+        c.faults.hold_after_chunks = Some(0);
+    })
+    .await;
+    let decode = holding(engine_sim::EngineRole::Decode, |_| {}).await;
+    let router = pd_router(&prefill, &decode).await;
+    let request = send(&router, streamed("never mind", 8));
+    within("the prefill leg", prefill.visits_until(|v| v.open == 1)).await;
+    within("the decode leg", decode.visits_until(|v| v.open == 1)).await;
+    request.abort();
+    assert_eq!(settled(&prefill).await, abandoned(1));
+    assert_eq!(settled(&decode).await, abandoned(1));
+    assert_eq!(in_flight(router.context(), &["P1", "D1"]), 0);
+    assert!(
+        metrics(&router)
+            .await
+            .contains(&requests_line("cancelled", "client_disconnected")),
+        "a request given up before its answer is counted"
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_prefill_breaking_after_the_decode_stream_began_ends_the_clients_stream_with_an_error() {
+    // The prefill leg sends its head and first event (the prompt is computed and
+    // handed over), then holds: it is still open while the decode leg streams.
+    let prefill = holding(engine_sim::EngineRole::Prefill, |c| {
+        c.faults.hold_after_chunks = Some(1);
+    })
+    .await;
+    let decode = holding(engine_sim::EngineRole::Decode, |c| {
+        c.decode_tokens_per_sec = 50.0;
+    })
+    .await;
+    let router = pd_router(&prefill, &decode).await;
+    let response = post(&router, &streamed("break the prefill", 1000)).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let first = within("the decode stream", body.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data: "));
+    set_faults(&prefill, json!({"disconnect_after_chunks": 1})).await;
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    let error = loop {
+        match within("the next chunk", body.next()).await {
+            Some(Ok(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended cleanly: {text}"),
+        }
+    };
+    assert!(error.is_body() || error.is_decode(), "{error:?}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert_eq!(
+        settled(&prefill).await,
+        answered(1),
+        "the prefill engine cut it"
+    );
+    assert_eq!(
+        settled(&decode).await,
+        abandoned(1),
+        "the decode stream is aborted with the prefill"
+    );
+    assert_eq!(in_flight(router.context(), &["P1", "D1"]), 0);
+    assert!(
+        metrics(&router)
+            .await
+            .contains(&requests_line("server_error", "prefill_failed"))
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_closing_mid_stream_aborts_both_pd_legs_and_releases_in_flight() {
+    // The prefill leg stays open (held after its first event) while decode streams,
+    // so the close must reach both.
+    let prefill = holding(engine_sim::EngineRole::Prefill, |c| {
+        c.faults.hold_after_chunks = Some(1);
+    })
+    .await;
+    let decode = holding(engine_sim::EngineRole::Decode, |c| {
+        c.decode_tokens_per_sec = 20.0;
+    })
+    .await;
+    let router = pd_router(&prefill, &decode).await;
+    let response = post(&router, &streamed("a long answer", 1000)).await;
+    let mut stream = response.bytes_stream();
+    within("the decode stream", stream.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(prefill.visits().open, 1, "the prefill leg is still open");
+    drop(stream);
+    assert_eq!(settled(&prefill).await, abandoned(1));
+    assert_eq!(settled(&decode).await, abandoned(1));
+    assert_eq!(in_flight(router.context(), &["P1", "D1"]), 0);
+    assert!(
+        metrics(&router)
+            .await
+            .contains(&requests_line("cancelled", "client_disconnected"))
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stream_the_engine_stops_feeding_is_ended_by_the_idle_timeout() {
+    let silent = sim(|c| c.faults.hold_after_chunks = Some(1)).await;
+    let model = ModelConfig::new("m", vec![engine("A", &silent, EngineRole::Plain)]);
+    let mut config = config(vec![model]);
+    config.timeouts.idle_ms = 200;
+    let router = router(config).await;
+    let response = post(&router, &streamed("go quiet", 8)).await;
+    assert_eq!(response.status(), 200);
+    let (text, error) = broken(response).await;
+    assert!(error.is_body() || error.is_decode(), "{error:?}");
+    assert_eq!(text.matches("data: ").count(), 1, "{text}");
+    assert_eq!(
+        settled(&silent).await,
+        abandoned(1),
+        "the silent stream is closed"
+    );
+    assert_eq!(in_flight(router.context(), &["A"]), 0);
+    assert!(
+        metrics(&router)
+            .await
+            .contains(&requests_line("server_error", "upstream_timeout"))
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_past_its_grace_period_ends_the_streams_still_running() {
+    let stuck = sim(|c| c.faults.hold_after_chunks = Some(1)).await;
+    let model = ModelConfig::new("m", vec![engine("A", &stuck, EngineRole::Plain)]);
+    let mut config = config(vec![model]);
+    config.shutdown_grace_ms = 200;
+    let router = router(config).await;
+    let (addr, ctx) = (router.addr(), Arc::clone(router.context()));
+    let response = post(&router, &streamed("outlive the grace", 8)).await;
+    let mut body = response.bytes_stream();
+    let first = within("the first event", body.next())
+        .await
+        .unwrap()
+        .unwrap();
+    within("the shutdown", router.shutdown()).await;
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    let ended = loop {
+        match within("the stream's end", body.next()).await {
+            Some(Ok(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended cleanly: {text}"),
+        }
+    };
+    assert!(ended.is_body() || ended.is_decode(), "{ended:?}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert_eq!(settled(&stuck).await, abandoned(1));
+    assert_eq!(in_flight(&ctx, &["A"]), 0);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+}
+
+/// A router whose engines are probed only when the test calls `probe_all`: one
+/// failed probe makes an engine unhealthy, one passed probe healthy again.
+fn probed_by_hand(models: Vec<ModelConfig>) -> RouterConfig {
+    let mut config = config(models);
+    config.health.interval_ms = 86_400_000;
+    config.health.failure_threshold = 1;
+    config.health.success_threshold = 1;
+    config
+}
+
+async fn ready(router: &RunningRouter) -> (u16, String) {
+    let response = reqwest::get(url(router, "/ready")).await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn ready_is_503_while_every_engine_is_down_and_200_once_one_is_back() {
+    let down = |c: &mut SimConfig| c.faults.fail_health = true;
+    let (a, b) = (sim(down).await, sim(down).await);
+    let model = ModelConfig::new(
+        "m",
+        vec![
+            engine("A", &a, EngineRole::Plain),
+            engine("B", &b, EngineRole::Plain),
+        ],
+    );
+    let router = router(probed_by_hand(vec![model])).await;
+    router.context().fleet().probe_all().await;
+    assert_eq!(
+        ready(&router).await,
+        (503, "no engine is routable\n".to_owned())
+    );
+    let response = post(&router, &chat("m", "anyone?")).await;
+    assert_eq!(response.status(), 503);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_engine_available");
+    assert_eq!(
+        (a.visits(), b.visits()),
+        (Visits::default(), Visits::default())
+    );
+    set_faults(&b, json!({})).await;
+    router.context().fleet().probe_all().await;
+    assert_eq!(ready(&router).await.0, 200);
+    let response = post(&router, &chat("m", "anyone?")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-switchyard-engine"], "B");
+    response.bytes().await.unwrap();
+    assert_eq!((a.visits(), b.visits()), (Visits::default(), answered(1)));
+    router.shutdown().await;
+}
+
+fn breaker_line(engine: &str, open: bool) -> String {
+    format!(
+        r#"switchyard_engine_breaker_open{{engine="{engine}"}} {}"#,
+        u8::from(open)
+    )
+}
+
+#[tokio::test]
+async fn a_failing_engines_breaker_opens_keeps_it_out_and_closes_after_a_passing_probe() {
+    let (a, b) = (sim(|c| c.faults.error_rate = 1.0).await, sim(|_| {}).await);
+    let model = ModelConfig::new(
+        "m",
+        vec![
+            engine("A", &a, EngineRole::Plain),
+            engine("B", &b, EngineRole::Plain),
+        ],
+    );
+    let mut config = probed_by_hand(vec![model]);
+    config.health.breaker_failures = 2;
+    config.health.breaker_cooldown_ms = 300;
+    let cooldown = Duration::from_millis(config.health.breaker_cooldown_ms);
+    let router = router(config).await;
+    let engine_of = async |prompt: &str| {
+        let response = post(&router, &chat("m", prompt)).await;
+        let status = response.status().as_u16();
+        let engine = response.headers()["x-switchyard-engine"]
+            .to_str()
+            .map(str::to_owned);
+        (status, engine.unwrap_or_default())
+    };
+    // Round-robin alternates; A fails twice and its breaker opens.
+    let mut failed = 0;
+    while failed < 2 {
+        let response = post(&router, &chat("m", "open it")).await;
+        if response.status() == 502 {
+            failed += 1;
+        } else {
+            assert_eq!(response.headers()["x-switchyard-engine"], "B");
+        }
+        response.bytes().await.unwrap();
+    }
+    assert_eq!(a.visits(), answered(2));
+    assert!(metrics(&router).await.contains(&breaker_line("A", true)));
+    // Open: A is out of the candidates, with no probe to close it.
+    for _ in 0..4 {
+        assert_eq!(engine_of("kept out").await, (200, "B".to_owned()));
+    }
+    assert_eq!(a.visits(), answered(2), "no request reached A while open");
+    // After the cool-down the next probe is the half-open one: failing, it opens the
+    // breaker for another cool-down. (The sleep waits out the breaker's own clock.)
+    set_faults(&a, json!({"fail_health": true})).await;
+    tokio::time::sleep(cooldown).await;
+    router.context().fleet().probe_all().await;
+    assert!(metrics(&router).await.contains(&breaker_line("A", true)));
+    assert_eq!(engine_of("still out").await, (200, "B".to_owned()));
+    // Passing, it closes the breaker and A serves again.
+    set_faults(&a, json!({})).await;
+    tokio::time::sleep(cooldown).await;
+    router.context().fleet().probe_all().await;
+    assert!(metrics(&router).await.contains(&breaker_line("A", false)));
+    let served: std::collections::BTreeSet<_> =
+        [engine_of("back").await, engine_of("back").await].into();
+    assert_eq!(
+        served,
+        [(200, "A".to_owned()), (200, "B".to_owned())].into(),
+        "A is a candidate again"
+    );
+    assert_eq!(a.visits(), answered(3));
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_engine_starting_after_the_router_joins_once_it_answers() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let late_url = format!("http://127.0.0.1:{port}");
+    let model = ModelConfig::new(
+        "m",
+        vec![router_http::EngineConfig {
+            role: Some(EngineRole::Plain),
+            ..router_http::EngineConfig::new("L", &late_url)
+        }],
+    );
+    let router = router(probed_by_hand(vec![model])).await;
+    assert_eq!(ready(&router).await.0, 503, "nothing answers yet");
+    let response = post(&router, &chat("m", "too early")).await;
+    assert_eq!(response.status(), 503);
+    let late = sim(|c| {
+        c.port = port;
+        c.kv_port = Some(0);
+        c.load_port = Some(0);
+    })
+    .await;
+    router.context().fleet().probe_all().await;
+    assert_eq!(ready(&router).await.0, 200);
+    let response = post(&router, &chat("m", "now")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-switchyard-engine"], "L");
+    response.bytes().await.unwrap();
+    // Its /server_info was read once it answered: the router follows its load feed.
+    let fleet = router.context().fleet();
+    within("a load report from the late engine", async {
+        let mut seen = 0;
+        while fleet
+            .load()
+            .snapshot()
+            .observe(&"L".into())
+            .reported
+            .is_none()
+        {
+            seen = fleet.feed_stats().applied_after(seen).await;
+        }
+    })
+    .await;
+    assert_eq!(late.visits(), answered(1));
+    router.shutdown().await;
+}
