@@ -77,6 +77,8 @@ async fn holding(
         if role == engine_sim::EngineRole::Prefill {
             c.bootstrap_port = Some(0);
         }
+        // A decode engine waits for a held prefill as long as the test may take.
+        c.bootstrap_timeout_ms = 2 * GUARD.as_millis() as u64;
         configure(c);
     })
     .await
@@ -462,14 +464,16 @@ async fn a_failing_engines_breaker_opens_keeps_it_out_and_closes_after_a_passing
     }
     assert_eq!(a.visits(), answered(2));
     assert!(metrics(&router).await.contains(&breaker_line("A", true)));
-    // Open: A is out of the candidates, with no probe to close it.
+    // A's probes fail from now on, so that a probe (the one at startup, running late
+    // on a loaded machine) cannot close the breaker during the checks below.
+    set_faults(&a, json!({"fail_health": true})).await;
+    // Open: A is out of the candidates.
     for _ in 0..4 {
         assert_eq!(engine_of("kept out").await, (200, "B".to_owned()));
     }
     assert_eq!(a.visits(), answered(2), "no request reached A while open");
     // After the cool-down the next probe is the half-open one: failing, it opens the
     // breaker for another cool-down. (The sleep waits out the breaker's own clock.)
-    set_faults(&a, json!({"fail_health": true})).await;
     tokio::time::sleep(cooldown).await;
     router.context().fleet().probe_all().await;
     assert!(metrics(&router).await.contains(&breaker_line("A", true)));
