@@ -221,6 +221,19 @@ def test_graceful_shutdown_completes_an_in_flight_stream(sim, router):
     assert r.process.wait(timeout=30) == 0
 
 
+def test_sigterm_past_the_grace_period_ends_running_streams_and_exits_0(sim, router):
+    stuck = sim("--hold-after-chunks", 1)
+    r = router({"models": [plain_model(stuck)], "shutdown_grace_ms": 200})
+    stream = chat(r, max_tokens=20, stream=True).parse()
+    chunks = iter(stream)
+    next(chunks)
+    r.process.send_signal(signal.SIGTERM)
+    with pytest.raises(openai.APIConnectionError):
+        list(chunks)
+    assert r.process.wait(timeout=30) == 0
+    wait_until(lambda: visits(stuck) == {"open": 0, "answered": 0, "abandoned": 1}, "the engine seeing the stream closed")
+
+
 def test_the_router_counts_prompt_tokens_as_the_engine_does_with_a_real_tokenizer(sim, router):
     tokenizer = CACHE / "qwen3" / "tokenizer.json"
     r = router({"models": [plain_model(sim("--tokenizer", tokenizer), tokenizer=str(tokenizer))]})
