@@ -44,7 +44,10 @@ pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
         "python tests (router end to end, routing policies, openai client, SGLang conformance, tokenizer parity)",
         Command::new(python)
             .args(["-m", "pytest", "tests/python", "-q"])
-            .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
+            .env(
+                "SWITCHYARD_BIN",
+                crate::processes::profile_dir("debug")?.join("switchyard"),
+            )
             .env("SWITCHYARD_CACHE", &cache),
     )
 }
