@@ -192,7 +192,9 @@ def test_a_client_closing_mid_stream_aborts_both_pd_legs(sim, router):
 
 def test_a_failing_engine_leaves_the_candidates_and_returns_after_recovery(sim, router):
     a, b = sim("--admin-port", 0), sim()
-    r = router({"models": [plain_model(a, b)], "health": {"interval_ms": 50, "failure_threshold": 1, "success_threshold": 1}})
+    # Probes every 50 ms; three failures in a row, not one slow probe on a loaded
+    # machine, take an engine out, so the healthy one always serves.
+    r = router({"models": [plain_model(a, b)], "health": {"interval_ms": 50, "timeout_ms": 5000, "failure_threshold": 3, "success_threshold": 1}})
 
     def healthy(engine_id):
         with urllib.request.urlopen(f"{r.url}/metrics") as response:

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::processes::{Target, json_field, release_dir, rss_kib, spawn_ready};
+use crate::processes::{Target, json_field, profile_dir, rss_kib, spawn_ready};
 use crate::{cargo, step};
 
 /// Peer routers and the versions benchmarked.
@@ -93,7 +93,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     if Command::new("wrk").arg("--version").output().is_err() {
         bail!("wrk is needed (Debian: apt-get install wrk)");
     }
-    let release = release_dir()?;
+    let release = profile_dir("release")?;
     let mut engine_cmd = Command::new(release.join("switchyard"));
     engine_cmd.args([
         "sim-engine",

@@ -3,7 +3,8 @@
 //! - `ci`: everything CI checks (format, lints, Rust and Python tests, doc tests, tidy,
 //!   licences), installing what the tests need.
 //! - `tidy`: the architecture and hygiene rules of `ARCHITECTURE.md`.
-//! - `python-env`: the venv and third-party test data some tests need (`.cache`).
+//! - `python-env`: the venv and third-party test data some tests need (`.cache`, or
+//!   `SWITCHYARD_CACHE`); the Rust tests that need them run it on first use.
 //! - `bench`: the criterion benches of the routing hot paths.
 //! - `bench-e2e`: the side-by-side load benchmark (wrk) against peer routers.
 //! - `soak`: the release router for `--minutes N` (10) under `--connections C` (256)

@@ -36,15 +36,15 @@ impl Drop for Target {
     }
 }
 
-/// Where cargo puts release binaries (`CARGO_TARGET_DIR` and `build.target-dir`
-/// included).
-pub(crate) fn release_dir() -> anyhow::Result<PathBuf> {
+/// Where cargo puts the binaries of `profile` ("debug", "release"), `CARGO_TARGET_DIR`
+/// and `build.target-dir` included.
+pub(crate) fn profile_dir(profile: &str) -> anyhow::Result<PathBuf> {
     let metadata: serde_json::Value =
         serde_json::from_slice(&cargo_metadata()?).context("parsing cargo metadata")?;
     let target = metadata["target_directory"]
         .as_str()
         .context("cargo metadata has no target_directory")?;
-    Ok(PathBuf::from(target).join("release"))
+    Ok(PathBuf::from(target).join(profile))
 }
 
 /// Spawns a process that prints one JSON ready line on stdout, its stderr going to

@@ -8,11 +8,17 @@ use anyhow::Context;
 
 use crate::{cargo, step};
 
+/// Where the venv and the third-party test data live: `SWITCHYARD_CACHE` if set, else
+/// `.cache` in the workspace root.
+pub(crate) fn cache_dir(root: &Path) -> PathBuf {
+    std::env::var_os("SWITCHYARD_CACHE").map_or_else(|| root.join(".cache"), PathBuf::from)
+}
+
 /// Installs what the Python tests (and the Rust tests that drive the real engine
-/// publishers) need: the venv with pinned packages and the third-party test data.
-/// Returns the venv's interpreter.
+/// publishers or load the Qwen3 tokenizer) need into the cache: the venv with pinned
+/// packages and the third-party test data. Returns the venv's interpreter.
 pub(crate) fn prepare(root: &Path) -> anyhow::Result<PathBuf> {
-    let cache = root.join(".cache");
+    let cache = cache_dir(root);
     let python = venv(&cache)?;
     step(
         "python packages (tests/python/requirements.txt)",
@@ -29,7 +35,7 @@ pub(crate) fn prepare(root: &Path) -> anyhow::Result<PathBuf> {
 
 /// Runs the Python tests against the debug binary.
 pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
-    let cache = root.join(".cache");
+    let cache = cache_dir(root);
     step(
         "build switchyard for the python tests",
         cargo().args(["build", "--locked", "-p", "switchyard"]),
@@ -38,7 +44,10 @@ pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
         "python tests (router end to end, routing policies, openai client, SGLang conformance, tokenizer parity)",
         Command::new(python)
             .args(["-m", "pytest", "tests/python", "-q"])
-            .env("SWITCHYARD_BIN", root.join("target/debug/switchyard"))
+            .env(
+                "SWITCHYARD_BIN",
+                crate::processes::profile_dir("debug")?.join("switchyard"),
+            )
             .env("SWITCHYARD_CACHE", &cache),
     )
 }
@@ -66,7 +75,7 @@ fn venv(cache: &Path) -> anyhow::Result<PathBuf> {
     let python = dir.join("bin/python");
     if !python.exists() {
         step(
-            "create the python venv (.cache/venv)",
+            "create the python venv (venv in the cache)",
             Command::new("python3").args(["-m", "venv"]).arg(&dir),
         )
         .context("python3 with the venv module is needed for the Python tests")?;

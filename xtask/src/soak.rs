@@ -48,7 +48,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::processes::{Target, json_field, release_dir, rss_kib, spawn_ready, status_field};
+use crate::processes::{Target, json_field, profile_dir, rss_kib, spawn_ready, status_field};
 use crate::{cargo, step};
 use load::{Load, Tally};
 use report::{Report, by_status, verdict};
@@ -113,7 +113,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             "switchyard",
         ]),
     )?;
-    let release = release_dir()?;
+    let release = profile_dir("release")?;
     let binary = release.join("switchyard");
     let dir = release.with_file_name("soak");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -103,7 +103,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             ));
         }
     }
-    for dir in ["crates", "bins", "xtask", "benches"] {
+    for dir in ["crates", "bins", "xtask", "benches", "tests"] {
         for file in rust_files(&root.join(dir))? {
             let text = fs::read_to_string(&file)?;
             let relative = file

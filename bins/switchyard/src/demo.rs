@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use engine_sim::{EngineRole as SimRole, RunningEngine, SimConfig};
+use engine_sim::{EngineRole as SimRole, RunningEngine, SimConfig, SimEngine};
 use futures_util::StreamExt;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
-use router_http::{EngineConfig, EngineRole, ModelConfig, RouterConfig};
+use router_http::{EngineConfig, EngineRole, ModelConfig, RouterConfig, RunningRouter};
+use router_state::kv_events::KvFeedStats;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, interval};
@@ -77,6 +78,48 @@ const BUCKETS: &[(&str, &str)] = &[
 const TOKENIZER: &str = include_str!("../../../testdata/tokenizer-bytes/tokenizer.json");
 const TOKENIZER_CONFIG: &str =
     include_str!("../../../testdata/tokenizer-bytes/tokenizer_config.json");
+
+/// Longest a conversation waits for the router to index its last turn's KV events.
+const INDEX_WAIT: Duration = Duration::from_secs(5);
+
+/// The KV-event feeds the router follows (the engines of models it keeps a prefix
+/// index for), to wait for after each turn.
+struct Feeds {
+    stats: Arc<KvFeedStats>,
+    engines: Vec<Arc<SimEngine>>,
+}
+
+impl Feeds {
+    fn of(router: &RunningRouter, fleet: &[(&str, &str, SimRole, RunningEngine)]) -> Self {
+        let routing = router.context().fleet();
+        Self {
+            stats: Arc::clone(routing.kv_stats()),
+            engines: fleet
+                .iter()
+                .filter(|(model, ..)| routing.prefix_index(model).is_some())
+                .map(|(.., engine)| Arc::clone(engine.engine()))
+                .collect(),
+        }
+    }
+
+    /// Waits until the router has applied every KV-event batch these engines had
+    /// published, so the next turn is routed on an index that holds the turns before
+    /// it, as a client pausing between turns would see; a feed lagging longer than
+    /// `INDEX_WAIT` does not hold the workload up.
+    async fn indexed(&self) {
+        let published: u64 = self.engines.iter().map(|e| e.published_batches()).sum();
+        let caught_up = async {
+            loop {
+                let seen = self.stats.steps();
+                if self.stats.applied() >= published {
+                    return;
+                }
+                self.stats.steps_after(seen).await;
+            }
+        };
+        let _ = tokio::time::timeout(INDEX_WAIT, caught_up).await;
+    }
+}
 
 /// A temporary directory holding the demo's tokenizer, removed when dropped.
 struct TokenizerDir(std::path::PathBuf);
@@ -186,16 +229,18 @@ async fn drive(args: DemoArgs) -> anyhow::Result<()> {
         args.concurrency
     );
     let report = Arc::new(Mutex::new(Report::default()));
+    let feeds = Arc::new(Feeds::of(&router, &fleet));
     let next = Arc::new(Mutex::new(0usize));
     let progress = tokio::spawn(show_progress(Arc::clone(&report), total));
     let started = Instant::now();
     let client = reqwest::Client::new();
     let workers: Vec<_> = (0..args.concurrency)
         .map(|_| {
-            let (client, base, report, next) = (
+            let (client, base, report, feeds, next) = (
                 client.clone(),
                 base.clone(),
                 Arc::clone(&report),
+                Arc::clone(&feeds),
                 Arc::clone(&next),
             );
             let (conversations, turns, seed) = (args.conversations, args.turns, args.seed);
@@ -209,7 +254,7 @@ async fn drive(args: DemoArgs) -> anyhow::Result<()> {
                         *n += 1;
                         *n - 1
                     };
-                    converse(&client, &base, conversation, turns, seed, &report).await;
+                    converse(&client, &base, conversation, turns, seed, &report, &feeds).await;
                 }
             })
         })
@@ -242,7 +287,8 @@ async fn drive(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// One multi-turn conversation: every turn resends the history plus a new message,
-/// so later turns share ever longer prefixes with earlier ones.
+/// so later turns share ever longer prefixes with earlier ones. Each turn waits until
+/// the router has indexed the KV events of the turns before it.
 async fn converse(
     client: &reqwest::Client,
     base: &str,
@@ -250,6 +296,7 @@ async fn converse(
     turns: usize,
     seed: u64,
     report: &Mutex<Report>,
+    feeds: &Feeds,
 ) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ conversation as u64);
     let model = if conversation % 5 < 3 {
@@ -266,6 +313,9 @@ async fn converse(
             "model": model, "messages": messages, "max_tokens": 16 + rng.next_u32() % 48,
             "stream": true, "stream_options": {"include_usage": true},
         });
+        if turn > 0 {
+            feeds.indexed().await;
+        }
         let outcome = one_turn(client, base, &body).await;
         let mut report = report.lock().await;
         match outcome {

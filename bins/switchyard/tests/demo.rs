@@ -34,6 +34,7 @@ fn the_demo_routes_a_multi_turn_workload_and_reports_it() {
         "prompt tokens:",
         "time to first token: p50",
         "picks by reason (router metrics):",
+        // Each later turn waits until the router has indexed the turns before it.
         "cache_hit",
     ] {
         assert!(stdout.contains(line), "the report has {line}: {stdout}");

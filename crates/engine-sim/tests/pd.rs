@@ -61,7 +61,7 @@ async fn a_wrong_room_or_host_fails_the_decode_request() {
             "KV transfer failed: bootstrap room 2 at 127.0.0.1:{port} was not ready within 300 ms"
         )
     );
-    let closed = free_port_base(1);
+    let [closed] = free_port_ranges([1]);
     let (status, body) = chat(&decode, &pd_body("127.0.0.1", closed, 1)).await;
     assert_eq!(status, 500, "nothing listens there");
     assert!(

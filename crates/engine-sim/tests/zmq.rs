@@ -126,8 +126,9 @@ async fn replay_answers_a_range_and_sends_the_end_marker() {
 async fn each_rank_publishes_on_its_own_port_with_its_rank() {
     let mut config = config();
     config.dp_size = 2;
-    config.kv_port = Some(free_port_base(2));
-    config.replay_port = Some(free_port_base(2));
+    let [kv_base, replay_base] = free_port_ranges([2, 2]);
+    config.kv_port = Some(kv_base);
+    config.replay_port = Some(replay_base);
     config.load_port = None;
     let engine = engine(config).await;
     let ports = engine.ports().clone();

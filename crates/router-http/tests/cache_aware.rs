@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{config, router, url};
-use engine_sim::{RunningEngine, SimConfig};
+use engine_sim::{RunningEngine, SimConfig, StartError};
 use router_http::{EngineConfig, EngineRole, ModelConfig, RunningRouter};
 use router_policy::PolicyConfig;
 use serde_json::{Value, json};
@@ -35,6 +35,26 @@ fn sim_config(http: u16, kv: u16, replay: u16) -> SimConfig {
     c.replay_port = Some(replay);
     c.output_tokens = 8;
     c
+}
+
+/// Starts an engine on ports a stopped one held (after its `shutdown`). Its ZeroMQ
+/// listeners close in tasks of their own, a moment after the shutdown, so a failed
+/// bind is tried again until the ports are free (a hang fails at `GUARD`).
+async fn restart(config: SimConfig) -> RunningEngine {
+    let again = async {
+        loop {
+            match engine_sim::start(config.clone()).await {
+                Ok(engine) => return engine,
+                Err(StartError::Zmq(_) | StartError::Listen { .. }) => {
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => panic!("the engine restarts: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(GUARD, again)
+        .await
+        .expect("the stopped engine's ports are free again")
 }
 
 async fn fleet(n: usize) -> Vec<RunningEngine> {
@@ -335,9 +355,7 @@ async fn an_engine_restart_removes_its_entries() {
         .expect("the engine's entries are dropped");
 
     // It comes back on the same ports with an empty cache: nothing stale is predicted.
-    let restarted = engine_sim::start(sim_config(ports.http.port(), ports.kv[0], ports.replay[0]))
-        .await
-        .expect("the engine restarts on its ports");
+    let restarted = restart(sim_config(ports.http.port(), ports.kv[0], ports.replay[0])).await;
     h.engines.push(restarted);
     let before = h.predicted().await;
     let (_, cached) = h.send(&[system_prompt(), user("after the restart")]).await;
@@ -379,9 +397,7 @@ async fn an_engine_back_on_other_feed_ports_is_subscribed_there() {
         .expect("a probe finds the engine down");
 
     // A new process answers on the same HTTP port, its KV events on other ports.
-    let restarted = engine_sim::start(sim_config(http, 0, 0))
-        .await
-        .expect("the engine restarts on its HTTP port");
+    let restarted = restart(sim_config(http, 0, 0)).await;
     h.engines.push(restarted);
     let up = async {
         while health(&fleet) != Some(router_state::Health::Healthy) {

@@ -3,8 +3,8 @@
 //! stores, removals, clears, a lost batch, an unreplayable gap and a restart, and the
 //! index must end holding what the engine holds.
 //!
-//! Needs the Python venv and the unpacked wheels that `cargo xtask python-env` (part of
-//! `cargo xtask ci`) installs into `.cache`.
+//! Needs the Python venv and the unpacked wheels that `cargo xtask python-env` installs
+//! into the cache; the first test to need them runs it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -18,6 +18,9 @@ use router_state::kv_events::{
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+#[path = "../../../tests/python_env.rs"]
+mod python_env;
 
 const BLOCK: u32 = 16;
 /// Upper bound on any wait; a healthy run needs milliseconds.
@@ -57,17 +60,8 @@ struct Publisher {
 impl Publisher {
     async fn start(engine: Engine) -> (Self, String, String) {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let cache =
-            std::env::var_os("SWITCHYARD_CACHE").map_or_else(|| root.join(".cache"), PathBuf::from);
-        let python = cache.join("venv/bin/python");
-        let unpacked = cache.join(engine.name());
-        assert!(
-            python.exists() && unpacked.exists(),
-            "{} and {} are missing: run `cargo xtask python-env` (part of `cargo xtask ci`)",
-            python.display(),
-            unpacked.display()
-        );
-        let mut child = Command::new(python)
+        let cache = python_env::ensure();
+        let mut child = Command::new(cache.join("venv/bin/python"))
             .arg(root.join("tests/python/kv_publisher.py"))
             .arg(engine.name())
             .arg(&cache)

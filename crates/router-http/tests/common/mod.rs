@@ -34,11 +34,17 @@ pub(crate) fn engine(id: &str, sim: &RunningEngine, role: EngineRole) -> EngineC
     }
 }
 
+/// A router on a local port whose probes notice a stopped or recovered engine within a
+/// few 50 ms intervals. Only three failed probes in a row, each with a generous
+/// timeout, make an engine unhealthy, so one slow probe on a loaded machine never takes
+/// a serving engine out of an exact round-robin or affinity assertion; tests that stop
+/// an engine wait for its health state to change.
 pub(crate) fn config(models: Vec<ModelConfig>) -> RouterConfig {
     let mut config = RouterConfig::new(models);
     config.listen = "127.0.0.1:0".parse().expect("an address");
     config.health.interval_ms = 50;
-    config.health.failure_threshold = 1;
+    config.health.timeout_ms = 5_000;
+    config.health.failure_threshold = 3;
     config.health.success_threshold = 1;
     config
 }

@@ -8,9 +8,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinSet;
 
 use super::{H1Client, H1Error};
 
@@ -36,8 +38,11 @@ impl From<bool> for Then {
     }
 }
 
-/// A server answering each request head it reads with the next scripted response,
-/// then doing what the entry says. Counts connections.
+/// A server answering each request head it reads, on whichever connection, with the
+/// next scripted response, then doing what the entry says. Each connection is served
+/// in a task of its own, so a connection held open never keeps another waiting. Once
+/// the script is used up, the server stops: the listener and every connection close.
+/// Counts connections.
 pub(super) async fn scripted<R, T>(script: Vec<(R, T)>) -> (Arc<str>, Arc<AtomicUsize>)
 where
     R: AsRef<[u8]> + Send + 'static,
@@ -48,36 +53,60 @@ where
     let connections = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&connections);
     tokio::spawn(async move {
-        let mut script = script.into_iter();
-        'accept: while let Ok((mut socket, _)) = listener.accept().await {
+        let script = Arc::new(Mutex::new(script.into_iter()));
+        let used_up = Arc::new(Notify::new());
+        // Dropped with this task, which aborts every connection's task.
+        let mut served = JoinSet::new();
+        loop {
+            let socket = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((socket, _)) => socket,
+                    Err(_) => return,
+                },
+                () = used_up.notified() => return,
+            };
             counted.fetch_add(1, Ordering::SeqCst);
-            loop {
-                let mut request = Vec::new();
-                let mut byte = [0_u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut byte).await {
-                        Ok(0) | Err(_) => continue 'accept,
-                        Ok(n) => request.extend_from_slice(&byte[..n]),
-                    }
-                }
-                let Some((response, then)) = script.next() else {
-                    return;
-                };
-                socket.write_all(response.as_ref()).await.unwrap();
-                match then.into() {
-                    Then::KeepOpen => {}
-                    Then::Close => continue 'accept,
-                    Then::Unsolicited { bytes, go, done } => {
-                        if go.await.is_ok() {
-                            socket.write_all(bytes).await.unwrap();
-                            let _ = done.send(());
-                        }
-                    }
-                }
-            }
+            served.spawn(serve(socket, Arc::clone(&script), Arc::clone(&used_up)));
         }
     });
     (authority, connections)
+}
+
+/// One connection of [`scripted`]: reads request heads until the client closes, the
+/// script closes the connection, or the script is used up (then wakes `used_up`).
+async fn serve<R, T>(
+    mut socket: TcpStream,
+    script: Arc<Mutex<std::vec::IntoIter<(R, T)>>>,
+    used_up: Arc<Notify>,
+) where
+    R: AsRef<[u8]>,
+    T: Into<Then>,
+{
+    loop {
+        let mut request = Vec::new();
+        let mut byte = [0_u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => request.extend_from_slice(&byte[..n]),
+            }
+        }
+        let Some((response, then)) = script.lock().next() else {
+            used_up.notify_one();
+            return;
+        };
+        socket.write_all(response.as_ref()).await.unwrap();
+        match then.into() {
+            Then::KeepOpen => {}
+            Then::Close => return,
+            Then::Unsolicited { bytes, go, done } => {
+                if go.await.is_ok() {
+                    socket.write_all(bytes).await.unwrap();
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
 }
 
 /// A client with a pool of up to 8 connections per engine.

@@ -1,13 +1,18 @@
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::time::timeout;
 
 use super::body::Decoder;
 use super::testing::{client, get, scripted};
 use super::*;
+
+/// A bound on every network wait, so a client or engine that hangs fails the test.
+const GUARD: Duration = Duration::from_secs(10);
 
 /// `body` in chunks of the given sizes, with an extension on every other chunk-size
 /// line and a trailer when `trailer` is set.
@@ -220,6 +225,39 @@ async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
     // connection is found closed (or fails before any byte) and replaced.
     let (status, body) = get(&client, &authority).await.unwrap();
     assert_eq!((status, body.len()), (StatusCode::CREATED, 0));
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_second_connection_is_served_while_the_first_is_held() {
+    let (authority, connections) = scripted::<&[u8], _>(vec![
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n",
+            false,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecond", false),
+    ])
+    .await;
+    let client = client();
+    let held = timeout(
+        GUARD,
+        client.request("GET", &authority, "/x", &[], &Bytes::new()),
+    )
+    .await
+    .expect("the first head in time")
+    .unwrap();
+    let mut held = held.into_body();
+    let first = timeout(GUARD, held.frame())
+        .await
+        .expect("the first chunk in time");
+    assert_eq!(first.unwrap().unwrap().into_data().unwrap(), "first");
+    // The first body is unfinished, so its connection is busy: the second request
+    // opens another, which the engine answers while the first stays open.
+    let (status, body) = timeout(GUARD, get(&client, &authority))
+        .await
+        .expect("the second connection is served while the first is held")
+        .unwrap();
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"second"[..]));
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
 

@@ -6,18 +6,18 @@ use serde_json::Value;
 
 use super::*;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+#[path = "../../../../../tests/python_env.rs"]
+mod python_env;
+
+fn load(path: &Path) -> ChatTokenizer {
+    assert!(path.exists(), "{} is missing", path.display());
+    ChatTokenizer::load(path).unwrap()
 }
 
-fn load(relative: &str) -> ChatTokenizer {
-    let path = root().join(relative);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo xtask python-env` (CI runs it first)",
-        path.display()
-    );
-    ChatTokenizer::load(&path).unwrap()
+fn testdata(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(relative)
 }
 
 /// A byte-level BPE tokenizer without merges (one token a byte) in GPT-2's shape:
@@ -62,9 +62,9 @@ fn tokenizers() -> &'static [ChatTokenizer] {
     static LOADED: OnceLock<Vec<ChatTokenizer>> = OnceLock::new();
     LOADED.get_or_init(|| {
         vec![
-            load("testdata/tokenizer-tiny/tokenizer.json"),
-            load("testdata/tokenizer-bytes/tokenizer.json"),
-            load(".cache/qwen3/tokenizer.json"),
+            load(&testdata("tokenizer-tiny/tokenizer.json")),
+            load(&testdata("tokenizer-bytes/tokenizer.json")),
+            load(&python_env::ensure().join("qwen3/tokenizer.json")),
             gpt2_shaped(false),
             gpt2_shaped(true),
         ]
