@@ -16,7 +16,8 @@ pub struct Visits {
     /// Requests the engine ended: a whole answer, an error status, or a stream it
     /// finished or cut itself (the disconnect fault).
     pub answered: u64,
-    /// Requests whose client closed the connection before the engine ended them.
+    /// Requests whose client closed the connection before the engine ended them,
+    /// and requests still open when the engine shut down.
     pub abandoned: u64,
 }
 

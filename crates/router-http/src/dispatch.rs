@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::app::AppContext;
 use crate::error::ApiError;
-use crate::metrics::{RequestLabels, StageLabels};
+use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
 
 const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
@@ -50,45 +50,8 @@ pub(crate) struct Outgoing {
     pub(crate) started: Instant,
 }
 
-/// Sends the request to the selected engines and relays the answer. A client that
-/// goes away before the answer's head is counted as cancelled here; from the head on,
-/// the relayed body counts how the request ends, and an error is counted by the caller.
+/// Sends the request to the selected engines and relays the answer.
 pub(crate) async fn dispatch(
-    ctx: &Arc<AppContext>,
-    selection: Selection,
-    out: Outgoing,
-) -> Result<Response, ApiError> {
-    let mut unanswered = Unanswered {
-        ctx,
-        model: Some(Arc::clone(&out.model)),
-    };
-    let result = send_legs(ctx, selection, out).await;
-    unanswered.model = None;
-    result
-}
-
-/// Counts a request whose dispatch was dropped (its client went away) before an
-/// answer, unless its model was taken out.
-struct Unanswered<'a> {
-    ctx: &'a AppContext,
-    model: Option<Arc<str>>,
-}
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        let Some(model) = self.model.take() else {
-            return;
-        };
-        let labels = RequestLabels {
-            model,
-            outcome: "cancelled",
-            code: "client_disconnected",
-        };
-        self.ctx.metrics.requests.get_or_create(&labels).inc();
-    }
-}
-
-async fn send_legs(
     ctx: &Arc<AppContext>,
     selection: Selection,
     out: Outgoing,

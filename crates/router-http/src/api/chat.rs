@@ -91,7 +91,22 @@ async fn respond(
         .unwrap_or_else(|| {
             HeaderValue::from_str(&ctx.next_request_id()).expect("hex is a valid header")
         });
-    let (model, result) = route(endpoint, &ctx, &headers, body, started, request_id.clone()).await;
+    let mut unanswered = Unanswered {
+        ctx: &ctx,
+        model: unknown_model(),
+        armed: true,
+    };
+    let (model, result) = route(
+        endpoint,
+        &ctx,
+        &headers,
+        body,
+        started,
+        request_id.clone(),
+        &mut unanswered,
+    )
+    .await;
+    unanswered.armed = false;
     match result {
         Ok(response) => response,
         Err(error) => {
@@ -114,6 +129,28 @@ async fn respond(
     }
 }
 
+/// Counts a request that is dropped before it has an answer (its client went away,
+/// or shutdown closed its connection), under its model once that is known; from the
+/// answer's head on, the relayed body counts how the request ends.
+struct Unanswered<'a> {
+    ctx: &'a AppContext,
+    model: Arc<str>,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let labels = RequestLabels {
+                model: Arc::clone(&self.model),
+                outcome: "cancelled",
+                code: "client_disconnected",
+            };
+            self.ctx.metrics.requests.get_or_create(&labels).inc();
+        }
+    }
+}
+
 /// The metric label of a request whose model is not (yet) known: never the
 /// client's string, which would let clients create label values.
 fn unknown_model() -> Arc<str> {
@@ -128,6 +165,7 @@ async fn route(
     body: Result<Bytes, ApiError>,
     started: Instant,
     request_id: HeaderValue,
+    unanswered: &mut Unanswered<'_>,
 ) -> (Arc<str>, Result<Response, ApiError>) {
     let body = match body {
         Ok(body) => body,
@@ -152,6 +190,7 @@ async fn route(
     };
     let route = route.expect("prepare resolved the model");
     let model = Arc::clone(&route.id);
+    unanswered.model = Arc::clone(&model);
     let affinity = &ctx.affinity_headers;
     let header = |name: &str| -> Result<Option<&str>, ApiError> {
         let value = headers
