@@ -48,4 +48,4 @@ pub use config::{
 pub use error::ApiError;
 pub use router_policy::ConfigError;
 pub use server::{RunningRouter, start, start_validated};
-pub use tokenize::{ChatTokenizer, TokenizerError};
+pub use tokenize::{ChatTokenizer, PromptTokens, TokenizerError};

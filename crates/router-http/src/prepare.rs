@@ -11,7 +11,6 @@ mod checks;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
@@ -53,13 +52,9 @@ enum Prompt<'b> {
 impl Prompt<'_> {
     fn token_ids(&self, tokenizer: &ChatTokenizer) -> Result<PromptTokens, ApiError> {
         match self {
-            Prompt::Messages(messages) => {
-                let messages: Vec<Value> = serde_json::from_str(messages.get())
-                    .map_err(|e| ApiError::bad_body(e.to_string()))?;
-                tokenizer
-                    .encode(messages)
-                    .map_err(|e| ApiError::invalid("invalid_messages", "messages", e))
-            }
+            Prompt::Messages(messages) => tokenizer
+                .encode_chat(messages.get())
+                .map_err(|e| ApiError::invalid("invalid_messages", "messages", e)),
         }
     }
 }

@@ -1,9 +1,11 @@
 //! Prompt tokenization with a model's `tokenizer.json` and chat template, rendered as
 //! Hugging Face transformers renders it (what SGLang and vLLM use).
 //!
-//! A long prompt is tokenized in windows of about 256 KiB ([`window`]), so the
-//! tokenizer's working memory (about a hundred times the text) stays bounded
-//! whatever the prompt's size, and the ids are still exactly those of the whole.
+//! Byte-level BPE tokenizers (GPT-2, Qwen, Llama 3 and their kin) are encoded by an
+//! exact encoder of their own ([`bytelevel`]); any other by `tokenizers`, a long
+//! prompt in windows of about 256 KiB ([`window`]), so its working memory (about a
+//! hundred times the text) stays bounded whatever the prompt's size, and the ids are
+//! still exactly those of the whole.
 
 use std::path::{Path, PathBuf};
 
@@ -29,25 +31,45 @@ impl TokenizerError {
     }
 }
 
+mod bytelevel;
 mod pool;
+#[cfg(test)]
+#[path = "../../../tests/python_env.rs"]
+mod python_env;
 mod window;
 
 pub(crate) use pool::TokenizePool;
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PromptTokens {
+pub struct PromptTokens {
     /// The ids, exactly as the whole prompt tokenizes (of its first part, when
     /// `untokenized_bytes` is not 0).
-    pub(crate) ids: Vec<u32>,
+    pub ids: Vec<u32>,
     /// Bytes at the end of the prompt left untokenized: a stretch of more than
     /// 2 MiB without a point where tokenization may be split.
-    pub(crate) untokenized_bytes: usize,
+    pub untokenized_bytes: usize,
 }
 
 /// A model's tokenizer and chat template, loaded once at startup.
 #[derive(Debug)]
 pub struct ChatTokenizer {
+    encoder: Encoder,
+    template: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// How a rendered prompt becomes ids.
+#[derive(Debug)]
+enum Encoder {
+    ByteLevel(bytelevel::ByteLevelBpe),
+    General(General),
+}
+
+/// A tokenizer `tokenizers` encodes, with what windowed tokenization needs of it.
+#[derive(Debug)]
+pub(crate) struct General {
     tokenizer: tokenizers::Tokenizer,
     /// The added tokens' texts: a window never ends inside one.
     added: Vec<String>,
@@ -55,17 +77,10 @@ pub struct ChatTokenizer {
     /// normalizer or pre-tokenizer adds something at the start of a text (a window
     /// would add it where the whole prompt does not).
     windows: bool,
-    template: Environment<'static>,
-    bos_token: String,
-    eos_token: String,
 }
 
-impl ChatTokenizer {
-    /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it.
-    ///
-    /// # Errors
-    /// The file at fault and what is wrong with it.
-    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+impl General {
+    fn load(path: &Path) -> Result<Self, TokenizerError> {
         let mut tokenizer =
             tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::at(path, e))?;
         // Routing needs the prompt's true length: no truncation, no padding.
@@ -74,6 +89,30 @@ impl ChatTokenizer {
             .map_err(|e| TokenizerError::at(path, e))?;
         tokenizer.with_padding(None);
         let windows = !window::prepends(&tokenizer);
+        let added = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|token| token.content)
+            .filter(|content| !content.is_empty())
+            .collect();
+        Ok(Self {
+            tokenizer,
+            added,
+            windows,
+        })
+    }
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it.
+    ///
+    /// # Errors
+    /// The file at fault and what is wrong with it.
+    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+        let encoder = match bytelevel::ByteLevelBpe::load(path) {
+            Some(encoder) => Encoder::ByteLevel(encoder),
+            None => Encoder::General(General::load(path)?),
+        };
         let config_path = path.with_file_name("tokenizer_config.json");
         let at_config = |e: &dyn std::fmt::Display| TokenizerError::at(&config_path, e);
         let text = std::fs::read_to_string(&config_path).map_err(|e| at_config(&e))?;
@@ -105,28 +144,22 @@ impl ChatTokenizer {
         );
         env.add_template_owned("chat", template)
             .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
-        let added = tokenizer
-            .get_added_tokens_decoder()
-            .into_values()
-            .map(|token| token.content)
-            .filter(|content| !content.is_empty())
-            .collect();
         Ok(Self {
-            tokenizer,
-            added,
-            windows,
+            encoder,
             template: env,
             bos_token: special("bos_token"),
             eos_token: special("eos_token"),
         })
     }
 
-    /// Renders `messages` (the request's array, content parts flattened to text) for
-    /// generation and returns the prompt's token ids.
+    /// Renders a chat request's `messages` (the JSON array as sent; content parts are
+    /// flattened to text) for generation and returns the prompt's token ids.
     ///
     /// # Errors
-    /// The template or the tokenizer failed on this input.
-    pub(crate) fn encode(&self, mut messages: Vec<Value>) -> Result<PromptTokens, String> {
+    /// `messages` is not a JSON array, or the template or the tokenizer failed on it.
+    pub fn encode_chat(&self, messages: &str) -> Result<PromptTokens, String> {
+        let mut messages: Vec<Value> = serde_json::from_str(messages)
+            .map_err(|e| format!("messages must be an array of objects: {e}"))?;
         messages.iter_mut().for_each(flatten_content);
         let prompt = self
             .template
@@ -140,7 +173,18 @@ impl ChatTokenizer {
                 })
             })
             .map_err(|e| format!("the chat template failed: {e}"))?;
-        window::encode(self, &prompt, window::WINDOW, window::MAX_WINDOW)
+        match &self.encoder {
+            Encoder::ByteLevel(encoder) => {
+                let (ids, untokenized_bytes) = encoder.encode(&prompt)?;
+                Ok(PromptTokens {
+                    ids,
+                    untokenized_bytes,
+                })
+            }
+            Encoder::General(general) => {
+                window::encode(general, &prompt, window::WINDOW, window::MAX_WINDOW)
+            }
+        }
     }
 }
 
@@ -164,7 +208,8 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/tokenizer-tiny/tokenizer.json");
         let t = ChatTokenizer::load(&path).unwrap();
-        let ids = t.encode(vec![json!({"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]})]).unwrap().ids;
+        let messages = json!([{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]);
+        let ids = t.encode_chat(&messages.to_string()).unwrap().ids;
         assert_eq!(
             ids,
             [1, 2, 4, 5, 3],

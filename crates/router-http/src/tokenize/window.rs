@@ -19,7 +19,7 @@
 
 use serde_json::Value;
 
-use super::{ChatTokenizer, PromptTokens};
+use super::{General, PromptTokens};
 
 /// The usual window, in bytes.
 pub(super) const WINDOW: usize = 256 << 10;
@@ -31,7 +31,7 @@ const TAIL_WORDS: usize = 3;
 /// The token ids of `prompt`, tokenized in windows of `window` bytes growing up to
 /// `max_window`.
 pub(super) fn encode(
-    tokenizer: &ChatTokenizer,
+    tokenizer: &General,
     prompt: &str,
     mut window: usize,
     max_window: usize,

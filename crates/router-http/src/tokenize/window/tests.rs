@@ -6,12 +6,11 @@ use serde_json::Value;
 
 use super::*;
 
-#[path = "../../../../../tests/python_env.rs"]
-mod python_env;
+use crate::tokenize::python_env;
 
-fn load(path: &Path) -> ChatTokenizer {
+fn load(path: &Path) -> General {
     assert!(path.exists(), "{} is missing", path.display());
-    ChatTokenizer::load(path).unwrap()
+    General::load(path).unwrap()
 }
 
 fn testdata(relative: &str) -> PathBuf {
@@ -24,7 +23,7 @@ fn testdata(relative: &str) -> PathBuf {
 /// the GPT-2 split pattern, offsets trimmed of their leading space, and, when
 /// `prefix_space`, a space added before every text. Loaded from a directory of its
 /// own, with a chat template beside it, removed once loaded.
-fn gpt2_shaped(prefix_space: bool) -> ChatTokenizer {
+fn gpt2_shaped(prefix_space: bool) -> General {
     let vocab: serde_json::Map<String, Value> =
         tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
             .into_iter()
@@ -51,15 +50,15 @@ fn gpt2_shaped(prefix_space: bool) -> ChatTokenizer {
         r#"{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}"#,
     )
     .unwrap();
-    let loaded = ChatTokenizer::load(&dir.join("tokenizer.json")).unwrap();
+    let loaded = General::load(&dir.join("tokenizer.json")).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     loaded
 }
 
 /// Every tokenizer the tests have: both of testdata, the Qwen3 one and two GPT-2
 /// shaped ones, loaded once.
-fn tokenizers() -> &'static [ChatTokenizer] {
-    static LOADED: OnceLock<Vec<ChatTokenizer>> = OnceLock::new();
+fn tokenizers() -> &'static [General] {
+    static LOADED: OnceLock<Vec<General>> = OnceLock::new();
     LOADED.get_or_init(|| {
         vec![
             load(&testdata("tokenizer-tiny/tokenizer.json")),
@@ -71,11 +70,11 @@ fn tokenizers() -> &'static [ChatTokenizer] {
     })
 }
 
-fn qwen3() -> &'static ChatTokenizer {
+fn qwen3() -> &'static General {
     &tokenizers()[2]
 }
 
-fn whole(tokenizer: &ChatTokenizer, text: &str) -> Vec<u32> {
+fn whole(tokenizer: &General, text: &str) -> Vec<u32> {
     tokenizer
         .tokenizer
         .encode(text, false)

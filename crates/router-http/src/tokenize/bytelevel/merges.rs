@@ -1,0 +1,97 @@
+//! Byte-pair merging of one piece: start from one symbol a byte and apply the merge of
+//! lowest rank, leftmost first, until none applies. The order is the one every BPE
+//! tokenizer of the `tokenizers` family follows, so the ids are the same.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
+
+/// The merge rules, by the pair of ids they join.
+#[derive(Debug, Default)]
+pub(super) struct Merges {
+    /// `(left, right)` to `(rank, joined)`.
+    rules: FxHashMap<(u32, u32), (u32, u32)>,
+}
+
+/// A symbol of the piece being merged: its id and its neighbours (`usize::MAX`: none);
+/// a symbol merged into its left neighbour is `GONE`.
+#[derive(Debug, Clone, Copy)]
+struct Symbol {
+    id: u32,
+    prev: usize,
+    next: usize,
+}
+
+const NONE: usize = usize::MAX;
+const GONE: u32 = u32::MAX;
+
+impl Merges {
+    /// Adds the rule of `rank`; a later rule for the same pair replaces an earlier
+    /// one, as when `tokenizers` loads the list.
+    pub(super) fn insert(&mut self, left: u32, right: u32, rank: u32, joined: u32) {
+        self.rules.insert((left, right), (rank, joined));
+    }
+
+    fn rule(&self, left: u32, right: u32) -> Option<(u32, u32)> {
+        self.rules.get(&(left, right)).copied()
+    }
+
+    /// Appends the ids `symbols` merge into to `out`.
+    pub(super) fn apply(&self, symbols: &[u32], out: &mut Vec<u32>) {
+        if let [only] = symbols {
+            out.push(*only);
+            return;
+        }
+        let mut word: Vec<Symbol> = symbols
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| Symbol {
+                id,
+                prev: if i == 0 { NONE } else { i - 1 },
+                next: if i + 1 == symbols.len() { NONE } else { i + 1 },
+            })
+            .collect();
+        // (rank, position, joined), lowest rank first, then leftmost.
+        let mut queue: BinaryHeap<Reverse<(u32, usize, u32)>> = symbols
+            .windows(2)
+            .enumerate()
+            .filter_map(|(pos, pair)| {
+                let (rank, joined) = self.rule(pair[0], pair[1])?;
+                Some(Reverse((rank, pos, joined)))
+            })
+            .collect();
+        while let Some(Reverse((_, pos, joined))) = queue.pop() {
+            let left = word[pos];
+            if left.id == GONE || left.next == NONE {
+                continue;
+            }
+            let right = word[left.next];
+            // An entry whose pair changed since it was queued is stale.
+            if self
+                .rule(left.id, right.id)
+                .is_none_or(|(_, now)| now != joined)
+            {
+                continue;
+            }
+            word[pos].id = joined;
+            word[pos].next = right.next;
+            word[left.next].id = GONE;
+            if right.next != NONE {
+                word[right.next].prev = pos;
+            }
+            let current = word[pos];
+            if current.prev != NONE
+                && let Some((rank, joined)) = self.rule(word[current.prev].id, current.id)
+            {
+                queue.push(Reverse((rank, current.prev, joined)));
+            }
+            if current.next != NONE
+                && let Some((rank, joined)) = self.rule(current.id, word[current.next].id)
+            {
+                queue.push(Reverse((rank, pos, joined)));
+            }
+        }
+        out.extend(word.iter().filter(|s| s.id != GONE).map(|s| s.id));
+    }
+}
