@@ -10,6 +10,7 @@
 //! pre-tokenizer's regex, and merge each piece's bytes.
 
 mod merges;
+mod pieces;
 mod spec;
 #[cfg(test)]
 mod tests;
@@ -18,11 +19,13 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use aho_corasick::{AhoCorasick, MatchKind};
+use rustc_hash::FxHashMap;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::{NormalizedString, Normalizer};
 use unicode_normalization_alignments::IsNormalized;
 
 use merges::Merges;
+use pieces::Pieces;
 use spec::{Normalization, Split, TokenizerFile};
 
 /// A stretch of text that is not ASCII and not already normalized is normalized in
@@ -40,10 +43,12 @@ pub(crate) struct ByteLevelBpe {
     /// The added tokens' texts and ids, matched leftmost-longest.
     added: Option<(AhoCorasick, Vec<u32>)>,
     normalizer: Option<(NormalizerWrapper, Form)>,
-    /// `None`: the whole text is one piece.
-    pattern: Option<fancy_regex::Regex>,
+    pieces: Pieces,
     /// The vocabulary, by the bytes of each token.
-    vocab: HashMap<Box<[u8]>, u32>,
+    vocab: FxHashMap<Box<[u8]>, u32>,
+    /// By id: whether merging the token's bytes gives the token itself, so a piece
+    /// that is such a token needs no merging.
+    whole: Vec<bool>,
     /// Each byte's own token.
     byte_ids: [u32; 256],
     merges: Merges,
@@ -87,7 +92,8 @@ impl ByteLevelBpe {
             return None;
         }
         let byte_of = byte_of_char();
-        let mut vocab = HashMap::with_capacity(file.model.vocab.len());
+        let mut vocab = FxHashMap::default();
+        vocab.reserve(file.model.vocab.len());
         for (token, &id) in &file.model.vocab {
             if let Some(bytes) = token
                 .chars()
@@ -113,6 +119,15 @@ impl ByteLevelBpe {
                 joined,
             );
         }
+        let mut whole = vec![false; vocab.values().max().map_or(0, |&m| m as usize + 1)];
+        let (mut symbols, mut merged) = (Vec::new(), Vec::new());
+        for (bytes, &id) in &vocab {
+            symbols.clear();
+            symbols.extend(bytes.iter().map(|&b| byte_ids[usize::from(b)]));
+            merged.clear();
+            merges.apply(&mut symbols, &mut merged);
+            whole[id as usize] = merged == [id];
+        }
         let added = added_matcher(&file)?;
         let normalizer = match file.normalization()? {
             Normalization::None => None,
@@ -127,15 +142,16 @@ impl ByteLevelBpe {
                 Some((serde_json::from_value(json).ok()?, form))
             }
         };
-        let pattern = match file.split()? {
-            Split::Whole => None,
-            Split::Pattern(p) => Some(fancy_regex::Regex::new(&p).ok()?),
+        let pieces = match file.split()? {
+            Split::Whole => Pieces::new(None)?,
+            Split::Pattern(p) => Pieces::new(Some(&p))?,
         };
         Some(Self {
             added,
             normalizer,
-            pattern,
+            pieces,
             vocab,
+            whole,
             byte_ids,
             merges,
             ignore_merges: file.model.ignore_merges,
@@ -212,27 +228,17 @@ impl ByteLevelBpe {
         ids: &mut Vec<u32>,
         symbols: &mut Vec<u32>,
     ) -> Result<(), String> {
-        let Some(pattern) = &self.pattern else {
-            self.encode_piece(text.as_bytes(), ids, symbols);
-            return Ok(());
-        };
-        let mut end = 0;
-        for found in pattern.find_iter(text) {
-            let found = found.map_err(|e| format!("the pre-tokenizer's regex failed: {e}"))?;
-            self.encode_piece(&text.as_bytes()[end..found.start()], ids, symbols);
-            self.encode_piece(found.as_str().as_bytes(), ids, symbols);
-            end = found.end();
-        }
-        self.encode_piece(&text.as_bytes()[end..], ids, symbols);
-        Ok(())
+        self.pieces.each(text, |piece| {
+            self.encode_piece(piece.as_bytes(), ids, symbols)
+        })
     }
 
     fn encode_piece(&self, piece: &[u8], ids: &mut Vec<u32>, symbols: &mut Vec<u32>) {
         if piece.is_empty() {
             return;
         }
-        if self.ignore_merges
-            && let Some(&id) = self.vocab.get(piece)
+        if let Some(&id) = self.vocab.get(piece)
+            && (self.ignore_merges || self.whole.get(id as usize).is_some_and(|w| *w))
         {
             ids.push(id);
             return;

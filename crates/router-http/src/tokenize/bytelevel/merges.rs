@@ -24,6 +24,9 @@ struct Symbol {
 }
 
 const NONE: usize = usize::MAX;
+
+/// The longest piece, in bytes, merged by scanning rather than with a queue.
+const SHORT: usize = 48;
 const GONE: u32 = u32::MAX;
 
 impl Merges {
@@ -38,11 +41,49 @@ impl Merges {
     }
 
     /// Appends the ids `symbols` merge into to `out`.
-    pub(super) fn apply(&self, symbols: &[u32], out: &mut Vec<u32>) {
-        if let [only] = symbols {
-            out.push(*only);
-            return;
+    pub(super) fn apply(&self, symbols: &mut Vec<u32>, out: &mut Vec<u32>) {
+        if symbols.len() <= SHORT {
+            self.apply_short(symbols);
+            out.extend_from_slice(symbols);
+        } else {
+            self.apply_long(symbols, out);
         }
+    }
+
+    /// Merging in place, finding the next merge by scanning the pairs: for a short
+    /// piece (most are a few bytes) cheaper than a queue. The merge applied is the
+    /// same: the lowest rank, then the leftmost.
+    fn apply_short(&self, symbols: &mut Vec<u32>) {
+        // The rule of each adjacent pair: (rank, joined), rank u32::MAX for none.
+        let mut rules: Vec<(u32, u32)> = symbols
+            .windows(2)
+            .map(|pair| self.rule(pair[0], pair[1]).unwrap_or((u32::MAX, 0)))
+            .collect();
+        loop {
+            let Some((at, &(rank, joined))) = rules
+                .iter()
+                .enumerate()
+                .min_by_key(|&(at, &(rank, _))| (rank, at))
+            else {
+                return;
+            };
+            if rank == u32::MAX {
+                return;
+            }
+            symbols[at] = joined;
+            symbols.remove(at + 1);
+            rules.remove(at);
+            if at > 0 {
+                rules[at - 1] = self.rule(symbols[at - 1], joined).unwrap_or((u32::MAX, 0));
+            }
+            if at < rules.len() {
+                rules[at] = self.rule(joined, symbols[at + 1]).unwrap_or((u32::MAX, 0));
+            }
+        }
+    }
+
+    /// Merging with a queue of candidate merges, for long pieces.
+    fn apply_long(&self, symbols: &[u32], out: &mut Vec<u32>) {
         let mut word: Vec<Symbol> = symbols
             .iter()
             .enumerate()

@@ -39,14 +39,16 @@ fn written(name: &str, json: &Value) -> PathBuf {
     path
 }
 
-/// A byte-level BPE without merges in GPT-2's shape (the GPT-2 split pattern).
+/// A byte-level BPE without merges in GPT-2's shape (the GPT-2 split pattern), with
+/// one token no merge leads to (a piece that is that token is still merged).
 fn gpt2_shaped(add_prefix_space: bool) -> Value {
-    let vocab: serde_json::Map<String, Value> =
+    let mut vocab: serde_json::Map<String, Value> =
         tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
             .into_iter()
             .enumerate()
             .map(|(id, c)| (c.to_string(), Value::from(id)))
             .collect();
+    vocab.insert("zzqx".to_owned(), Value::from(256));
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true, "use_regex": true});
     json!({
         "version": "1.0",
@@ -271,6 +273,17 @@ fn normalization_parts_end_before_an_ascii_character() {
         "the stretch without one is counted by its size, from the ASCII character before it"
     );
     assert!(!ids.is_empty());
+}
+
+#[test]
+fn the_byte_level_patterns_are_matched_without_lookahead() {
+    for pair in &pairs()[..3] {
+        assert!(
+            matches!(pair.fast.pieces, Pieces::Pattern { plain: Some(_), .. }),
+            "{}",
+            pair.name
+        );
+    }
 }
 
 #[test]
