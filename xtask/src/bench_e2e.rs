@@ -2,9 +2,16 @@
 //! with delays off: direct, a minimal pass-through proxy (the floor), Switchyard, and
 //! the prebuilt peer routers from PyPI, in alternating rounds, with wrk.
 //!
+//! Switchyard (and the baseline) tokenize every request with the model's real
+//! tokenizer, Qwen3's `tokenizer.json` and chat template from the test cache (what a
+//! deployment routing on token counts does); `--tokenizer PATH` names another,
+//! `--no-tokenizer` estimates prompt lengths from body sizes instead. The peers are
+//! run as their documented round-robin setups, which do not tokenize.
+//!
 //! Options: `--rounds N` (3), `--duration SECONDS` (5), `--concurrency 1,32,128`,
 //! `--no-peers`, `--baseline PATH` (another switchyard binary, say the previous
-//! commit's, measured beside this one in the same rounds).
+//! commit's, measured beside this one in the same rounds), `--tokenizer PATH`,
+//! `--no-tokenizer`.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -30,6 +37,8 @@ struct Options {
     concurrency: Vec<u32>,
     peers: bool,
     baseline: Option<PathBuf>,
+    /// `None`: no tokenizer; `Some(None)`: the Qwen3 one from the test cache.
+    tokenizer: Option<Option<PathBuf>>,
 }
 
 /// The name the baseline binary is reported under.
@@ -42,6 +51,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
         concurrency: vec![1, 32, 128],
         peers: true,
         baseline: None,
+        tokenizer: Some(None),
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -57,6 +67,8 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
             }
             "--no-peers" => options.peers = false,
             "--baseline" => options.baseline = Some(value()?.into()),
+            "--tokenizer" => options.tokenizer = Some(Some(value()?.into())),
+            "--no-tokenizer" => options.tokenizer = None,
             other => bail!("unknown option {other}"),
         }
     }
@@ -92,6 +104,18 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     )?;
     if Command::new("wrk").arg("--version").output().is_err() {
         bail!("wrk is needed (Debian: apt-get install wrk)");
+    }
+    let tokenizer = match &options.tokenizer {
+        None => None,
+        Some(Some(path)) => Some(path.clone()),
+        Some(None) => {
+            crate::python::prepare(root)?;
+            Some(crate::python::cache_dir(root).join("qwen3/tokenizer.json"))
+        }
+    };
+    match &tokenizer {
+        Some(path) => eprintln!("switchyard tokenizes with {}", path.display()),
+        None => eprintln!("switchyard estimates prompt lengths (no tokenizer)"),
     }
     let release = profile_dir("release")?;
     let mut engine_cmd = Command::new(release.join("switchyard"));
@@ -138,6 +162,9 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             ])
             .args(["--worker-urls", &engine_url])
             .env("RUST_LOG", "warn");
+        if let Some(path) = &tokenizer {
+            command.arg("--tokenizer").arg(path);
+        }
         command
     };
     let port = free_port()?;
@@ -402,8 +429,14 @@ fn print_report(
     options: &Options,
 ) {
     println!(
-        "\nMedians of {} alternating rounds of {} s per cell; wrk -t1; one simulated engine with delays off.\n",
-        options.rounds, options.duration
+        "\nMedians of {} alternating rounds of {} s per cell; wrk -t1; one simulated engine with delays off; switchyard {}.\n",
+        options.rounds,
+        options.duration,
+        match &options.tokenizer {
+            None => "without a tokenizer".to_owned(),
+            Some(None) => "with the Qwen3 tokenizer".to_owned(),
+            Some(Some(path)) => format!("with the tokenizer {}", path.display()),
+        }
     );
     for kind in ["JSON", "SSE"] {
         for &c in &options.concurrency {

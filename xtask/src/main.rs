@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         "ci" => ci::run(&root),
         "tidy" => tidy::run(&root),
         "python-env" => python::prepare(&root).map(drop),
-        "bench" => bench::run(&rest),
+        "bench" => bench::run(&root, &rest),
         "bench-e2e" => bench_e2e::run(&root, &rest),
         "soak" => soak::run(&root, &rest),
         _ => bail!(
