@@ -6,7 +6,12 @@ use std::path::Path;
 use crate::{cargo, step};
 
 pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
-    crate::python::prepare(root)?;
+    if !crate::python::cache_dir(root)
+        .join("qwen3/.complete")
+        .exists()
+    {
+        crate::python::prepare(root)?;
+    }
     step(
         "criterion benches",
         cargo()

@@ -175,7 +175,7 @@ impl ChatTokenizer {
             .map_err(|e| format!("the chat template failed: {e}"))?;
         match &self.encoder {
             Encoder::ByteLevel(encoder) => {
-                let (ids, untokenized_bytes) = encoder.encode(&prompt)?;
+                let (ids, untokenized_bytes) = encoder.encode(&prompt);
                 Ok(PromptTokens {
                     ids,
                     untokenized_bytes,

@@ -26,7 +26,7 @@ use unicode_normalization_alignments::IsNormalized;
 
 use merges::Merges;
 use pieces::Pieces;
-use spec::{Normalization, Split, TokenizerFile};
+use spec::TokenizerFile;
 
 /// A stretch of text that is not ASCII and not already normalized is normalized in
 /// parts of about this size, each ending before an ASCII character (where
@@ -35,14 +35,21 @@ const NORMALIZED_PART: usize = 64 << 10;
 
 /// The longest part normalized at once: text beyond a longer stretch without an
 /// ASCII character is left untokenized.
-pub(super) const MAX_NORMALIZED_PART: usize = 2 << 20;
+const MAX_NORMALIZED_PART: usize = 2 << 20;
+
+/// The longest piece merged: merging holds about 45 bytes a byte of the piece, so the
+/// text from a longer piece on (a quarter of a mebibyte of letters, say) is left
+/// untokenized.
+const MAX_PIECE: usize = 256 << 10;
 
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct ByteLevelBpe {
     /// The added tokens' texts and ids, matched leftmost-longest.
     added: Option<(AhoCorasick, Vec<u32>)>,
+    /// The normalizer (`tokenizers`' own) and its form, for text that needs it.
     normalizer: Option<(NormalizerWrapper, Form)>,
+    /// How normalized text is cut into pieces.
     pieces: Pieces,
     /// The vocabulary, by the bytes of each token.
     vocab: FxHashMap<Box<[u8]>, u32>,
@@ -56,9 +63,9 @@ pub(crate) struct ByteLevelBpe {
     ignore_merges: bool,
 }
 
-/// The normal form, for its quick check.
-#[derive(Debug, Clone, Copy)]
-enum Form {
+/// A normal form, for its quick check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
     Nfc,
     Nfkc,
     Nfd,
@@ -66,6 +73,7 @@ enum Form {
 }
 
 impl Form {
+    /// Whether `text` is certainly in this form (so normalizing leaves it as it is).
     fn holds(self, text: &str) -> bool {
         use unicode_normalization_alignments as un;
         let quick = match self {
@@ -78,8 +86,8 @@ impl Form {
     }
 }
 
-/// Ids, and the bytes at the end of the text left untokenized.
-pub(super) type Encoded = (Vec<u32>, usize);
+/// How encoding a text went: every byte, or all but so many at its end.
+type Untokenized = usize;
 
 impl ByteLevelBpe {
     /// The encoder for the tokenizer at `path`, or `None` when it is not a byte-level
@@ -109,8 +117,7 @@ impl ByteLevelBpe {
         }
         let id_of = |token: &str| file.model.vocab.get(token).copied();
         let mut merges = Merges::default();
-        for (rank, merge) in file.model.merges.iter().enumerate() {
-            let (left, right) = merge.parts()?;
+        for (rank, (left, right)) in file.model.merges.parts()?.into_iter().enumerate() {
             let joined = id_of(&format!("{left}{right}"))?;
             merges.insert(
                 id_of(left)?,
@@ -130,22 +137,10 @@ impl ByteLevelBpe {
         }
         let added = added_matcher(&file)?;
         let normalizer = match file.normalization()? {
-            Normalization::None => None,
-            Normalization::Unicode => {
-                let json = file.normalizer.clone()?;
-                let form = match json["type"].as_str()? {
-                    "NFC" => Form::Nfc,
-                    "NFKC" => Form::Nfkc,
-                    "NFD" => Form::Nfd,
-                    _ => Form::Nfkd,
-                };
-                Some((serde_json::from_value(json).ok()?, form))
-            }
+            None => None,
+            Some(form) => Some((serde_json::from_value(file.normalizer.clone()?).ok()?, form)),
         };
-        let pieces = match file.split()? {
-            Split::Whole => Pieces::new(None)?,
-            Split::Pattern(p) => Pieces::new(Some(&p))?,
-        };
+        let pieces = Pieces::new(file.split()?.as_deref())?;
         Some(Self {
             added,
             normalizer,
@@ -159,12 +154,11 @@ impl ByteLevelBpe {
     }
 
     /// The ids of `text`, exactly as `tokenizers` encodes it without special tokens
-    /// added, and the bytes left untokenized at its end (see
-    /// [`MAX_NORMALIZED_PART`]).
-    ///
-    /// # Errors
-    /// The pre-tokenizer's regex gave up on this text (its backtracking limit).
-    pub(super) fn encode(&self, text: &str) -> Result<Encoded, String> {
+    /// added, and the bytes left untokenized at its end: the rest of a stretch
+    /// without a point where normalizing may be split ([`MAX_NORMALIZED_PART`]), or
+    /// from a piece too long to merge ([`MAX_PIECE`]) on. (Cut in a stretch that
+    /// normalizing changes, the last ids may differ from the whole text's.)
+    pub(super) fn encode(&self, text: &str) -> (Vec<u32>, Untokenized) {
         let mut ids = Vec::with_capacity(text.len() / 3);
         let mut symbols = Vec::new();
         let mut start = 0;
@@ -174,33 +168,30 @@ impl ByteLevelBpe {
                 .map(|m| (m.start(), m.end(), ids[m.pattern().as_usize()]))
         });
         for (from, to, id) in matches {
-            if let Some(rest) = self.encode_stretch(&text[start..from], &mut ids, &mut symbols)? {
-                return Ok((ids, text.len() - (start + rest)));
+            let left = self.encode_stretch(&text[start..from], &mut ids, &mut symbols);
+            if left > 0 {
+                return (ids, left + (text.len() - from));
             }
             ids.push(id);
             start = to;
         }
-        match self.encode_stretch(&text[start..], &mut ids, &mut symbols)? {
-            Some(rest) => Ok((ids, text.len() - (start + rest))),
-            None => Ok((ids, 0)),
-        }
+        let left = self.encode_stretch(&text[start..], &mut ids, &mut symbols);
+        (ids, left)
     }
 
-    /// Encodes a stretch between added tokens; `Some(offset)` when the stretch was
-    /// left untokenized from `offset` on.
+    /// Encodes a stretch between added tokens; returns the bytes of it left
+    /// untokenized.
     fn encode_stretch(
         &self,
         stretch: &str,
         ids: &mut Vec<u32>,
         symbols: &mut Vec<u32>,
-    ) -> Result<Option<usize>, String> {
+    ) -> Untokenized {
         let Some((normalizer, form)) = &self.normalizer else {
-            self.encode_normalized(stretch, ids, symbols)?;
-            return Ok(None);
+            return self.encode_normalized(stretch, ids, symbols);
         };
         if stretch.is_ascii() || form.holds(stretch) {
-            self.encode_normalized(stretch, ids, symbols)?;
-            return Ok(None);
+            return self.encode_normalized(stretch, ids, symbols);
         }
         // Normalizing needs about 17 bytes a byte: part by part, each ending before
         // an ASCII character (one that nothing before it composes with).
@@ -208,31 +199,38 @@ impl ByteLevelBpe {
         let mut done = 0;
         while done < stretch.len() {
             let Some(length) = normalization_part(&stretch[done..]) else {
-                self.encode_normalized(&normalized, ids, symbols)?;
-                return Ok(Some(done));
+                break;
             };
             let mut part = NormalizedString::from(&stretch[done..done + length]);
-            normalizer
-                .normalize(&mut part)
-                .map_err(|e| format!("normalizing failed: {e}"))?;
+            if normalizer.normalize(&mut part).is_err() {
+                break;
+            }
             normalized.push_str(part.get());
             done += length;
         }
-        self.encode_normalized(&normalized, ids, symbols)?;
-        Ok(None)
+        self.encode_normalized(&normalized, ids, symbols) + (stretch.len() - done)
     }
 
+    /// Encodes normalized text piece by piece; returns the bytes left untokenized.
     fn encode_normalized(
         &self,
         text: &str,
         ids: &mut Vec<u32>,
         symbols: &mut Vec<u32>,
-    ) -> Result<(), String> {
-        self.pieces.each(text, |piece| {
-            self.encode_piece(piece.as_bytes(), ids, symbols)
-        })
+    ) -> Untokenized {
+        let mut merged = 0;
+        let stopped = self.pieces.each(text, |piece| {
+            if piece.len() > MAX_PIECE {
+                return false;
+            }
+            self.encode_piece(piece.as_bytes(), ids, symbols);
+            merged += piece.len();
+            true
+        });
+        if stopped { text.len() - merged } else { 0 }
     }
 
+    /// Appends the ids of one piece.
     fn encode_piece(&self, piece: &[u8], ids: &mut Vec<u32>, symbols: &mut Vec<u32>) {
         if piece.is_empty() {
             return;
@@ -267,7 +265,7 @@ fn normalization_part(rest: &str) -> Option<usize> {
 }
 
 /// The added tokens' matcher, `Some(None)` without added tokens, `None` when two
-/// share a text.
+/// share a text or an id (`tokenizers` would keep one of them).
 fn added_matcher(file: &TokenizerFile) -> Option<Option<(AhoCorasick, Vec<u32>)>> {
     let tokens: Vec<_> = file
         .added_tokens
@@ -277,16 +275,11 @@ fn added_matcher(file: &TokenizerFile) -> Option<Option<(AhoCorasick, Vec<u32>)>
     if tokens.is_empty() {
         return Some(None);
     }
-    let mut texts: Vec<&str> = tokens.iter().map(|t| t.content.as_str()).collect();
-    texts.sort_unstable();
-    if texts.windows(2).any(|w| w[0] == w[1]) {
-        return None;
-    }
     // The ids `tokenizers` gives them (not the ones the file states): a token of the
     // model's vocabulary keeps its id, the others are numbered on from the
     // vocabulary's size, in order.
     let mut next = u32::try_from(file.model.vocab.len()).ok()?;
-    let ids = tokens
+    let ids: Vec<u32> = tokens
         .iter()
         .map(|t| match file.model.vocab.get(&t.content) {
             Some(&id) => id,
@@ -296,6 +289,15 @@ fn added_matcher(file: &TokenizerFile) -> Option<Option<(AhoCorasick, Vec<u32>)>
             }
         })
         .collect();
+    let mut texts: Vec<&str> = tokens.iter().map(|t| t.content.as_str()).collect();
+    texts.sort_unstable();
+    texts.dedup();
+    let mut sorted_ids = ids.clone();
+    sorted_ids.sort_unstable();
+    sorted_ids.dedup();
+    if texts.len() != tokens.len() || sorted_ids.len() != tokens.len() {
+        return None;
+    }
     let matcher = AhoCorasick::builder()
         .match_kind(MatchKind::LeftmostLongest)
         .build(tokens.iter().map(|t| &t.content))

@@ -23,11 +23,14 @@ struct Symbol {
     next: usize,
 }
 
+/// No neighbour.
 const NONE: usize = usize::MAX;
+
+/// The id of a symbol merged into its left neighbour.
+const GONE: u32 = u32::MAX;
 
 /// The longest piece, in bytes, merged by scanning rather than with a queue.
 const SHORT: usize = 48;
-const GONE: u32 = u32::MAX;
 
 impl Merges {
     /// Adds the rule of `rank`; a later rule for the same pair replaces an earlier
@@ -36,6 +39,7 @@ impl Merges {
         self.rules.insert((left, right), (rank, joined));
     }
 
+    /// The rule joining `left` and `right`: its rank and the joined id.
     fn rule(&self, left: u32, right: u32) -> Option<(u32, u32)> {
         self.rules.get(&(left, right)).copied()
     }

@@ -21,11 +21,10 @@ const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
 pub(super) enum Pieces {
     /// The whole text is one piece.
     Whole,
-    /// The pattern, with `A|\s+` and `A` for a pattern `A|\s+(?!\S)|\s+`.
-    Pattern {
-        fancy: fancy_regex::Regex,
-        plain: Option<(Regex, Regex)>,
-    },
+    /// A pattern on the backtracking engine.
+    Fancy(fancy_regex::Regex),
+    /// A pattern `A|\s+(?!\S)|\s+` as `A|\s+`, with `A` alone.
+    Plain { any: Regex, first: Regex },
 }
 
 impl Pieces {
@@ -34,34 +33,27 @@ impl Pieces {
         let Some(pattern) = pattern else {
             return Some(Self::Whole);
         };
-        let fancy = fancy_regex::Regex::new(pattern).ok()?;
-        let plain = pattern.strip_suffix(LOOKAHEAD_TAIL).and_then(|a| {
-            let any = Regex::new(&format!(r"(?:{a})|\s+")).ok()?;
-            let first = Regex::new(a).ok()?;
-            Some((any, first))
-        });
-        Some(Self::Pattern { fancy, plain })
+        if let Some(a) = pattern
+            .strip_suffix(LOOKAHEAD_TAIL)
+            .filter(|a| plain_matches(a))
+            && let (Ok(any), Ok(first)) = (Regex::new(&format!(r"(?:{a})|\s+")), Regex::new(a))
+        {
+            return Some(Self::Plain { any, first });
+        }
+        fancy_regex::Regex::new(pattern).ok().map(Self::Fancy)
     }
 
-    /// Calls `piece` with each piece of `text`, in order.
-    ///
-    /// # Errors
-    /// The backtracking engine gave up on this text (its backtracking limit).
-    pub(super) fn each(&self, text: &str, mut piece: impl FnMut(&str)) -> Result<(), String> {
+    /// Calls `piece` with each piece of `text`, in order, until it returns false;
+    /// returns whether it did.
+    pub(super) fn each(&self, text: &str, mut piece: impl FnMut(&str) -> bool) -> bool {
         match self {
-            Pieces::Whole => piece(text),
-            Pieces::Pattern {
-                plain: Some((any, first)),
-                ..
-            } => {
+            Pieces::Whole => !piece(text),
+            Pieces::Fancy(regex) => each_fancy(regex, text, piece),
+            Pieces::Plain { any, first } => {
                 let mut end = 0;
+                // `A` never matches empty (`plain_matches`), nor does `\s+`.
                 while let Some(found) = any.find(Input::new(text).range(end..)) {
                     let (start, mut stop) = (found.start(), found.end());
-                    if start == stop {
-                        // An empty match: `tokenizers` steps over it as its engine
-                        // does; leave the whole text to that engine.
-                        return self.each_fancy(text, piece);
-                    }
                     let run = &text[start..stop];
                     if stop < text.len() && run.chars().all(char::is_whitespace) {
                         let last = run.chars().next_back().map_or(0, char::len_utf8);
@@ -72,30 +64,44 @@ impl Pieces {
                             stop -= last;
                         }
                     }
-                    piece(&text[end..start]);
-                    piece(&text[start..stop]);
+                    if !(piece(&text[end..start]) && piece(&text[start..stop])) {
+                        return true;
+                    }
                     end = stop;
                 }
-                piece(&text[end..]);
+                !piece(&text[end..])
             }
-            Pieces::Pattern { plain: None, .. } => return self.each_fancy(text, piece),
         }
-        Ok(())
     }
+}
 
-    fn each_fancy(&self, text: &str, mut piece: impl FnMut(&str)) -> Result<(), String> {
-        let Pieces::Pattern { fancy, .. } = self else {
-            piece(text);
-            return Ok(());
+/// Whether `A` can be matched as `(?:A)|\s+` with the same matches: it never matches
+/// empty (an empty match would be stepped over differently) and sets no `U` flag
+/// (which in the whole pattern would also make `\s+(?!\S)` lazy).
+fn plain_matches(a: &str) -> bool {
+    let sets_lazy = a.match_indices("(?").any(|(at, _)| {
+        a[at + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphabetic() || *c == '-')
+            .any(|c| c == 'U')
+    });
+    !sets_lazy
+        && regex_automata::util::syntax::parse(a)
+            .is_ok_and(|hir| hir.properties().minimum_len().is_some_and(|m| m > 0))
+}
+
+/// The pieces by the backtracking engine. Where it gives up (its backtracking limit),
+/// the rest of the text is one piece, as `tokenizers` takes it.
+fn each_fancy(regex: &fancy_regex::Regex, text: &str, mut piece: impl FnMut(&str) -> bool) -> bool {
+    let mut end = 0;
+    for found in regex.find_iter(text) {
+        let Ok(found) = found else {
+            break;
         };
-        let mut end = 0;
-        for found in fancy.find_iter(text) {
-            let found = found.map_err(|e| format!("the pre-tokenizer's regex failed: {e}"))?;
-            piece(&text[end..found.start()]);
-            piece(found.as_str());
-            end = found.end();
+        if !(piece(&text[end..found.start()]) && piece(found.as_str())) {
+            return true;
         }
-        piece(&text[end..]);
-        Ok(())
+        end = found.end();
     }
+    !piece(&text[end..])
 }

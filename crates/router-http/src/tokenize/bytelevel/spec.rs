@@ -2,41 +2,58 @@
 //! them: a BPE model with merges and nothing that changes how they apply, every added
 //! token matched as written, no normalizer or one that leaves ASCII unchanged, and a
 //! byte-level pre-tokenizer that adds no prefix space (alone, or after one regex split
-//! that isolates its matches).
+//! that isolates its matches). A file `tokenizers` would refuse to load is not covered
+//! either: its fields are read as strictly, and the parts the encoder does not use are
+//! read with `tokenizers`' own types.
 
 use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::Form;
+
 /// The regex the byte-level pre-tokenizer splits with when `use_regex` is on (GPT-2's).
-pub(super) const GPT2_PATTERN: &str =
+const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
+/// A `tokenizer.json`, as far as the encoder reads it.
 #[derive(Debug, Deserialize)]
 pub(super) struct TokenizerFile {
+    #[serde(default)]
+    version: Option<String>,
     #[serde(default)]
     pub(super) added_tokens: Vec<AddedToken>,
     #[serde(default)]
     pub(super) normalizer: Option<Value>,
     #[serde(default)]
     pub(super) pre_tokenizer: Option<Value>,
+    #[serde(default)]
+    post_processor: Option<Value>,
+    #[serde(default)]
+    decoder: Option<Value>,
+    #[serde(default)]
+    truncation: Option<Value>,
+    #[serde(default)]
+    padding: Option<Value>,
     pub(super) model: Model,
 }
 
+/// An added token; every field is required, as `tokenizers` requires it.
 #[derive(Debug, Deserialize)]
 pub(super) struct AddedToken {
+    #[serde(rename = "id")]
+    _id: u32,
     pub(super) content: String,
-    #[serde(default)]
     single_word: bool,
-    #[serde(default)]
     lstrip: bool,
-    #[serde(default)]
     rstrip: bool,
-    #[serde(default)]
     normalized: bool,
+    #[serde(rename = "special")]
+    _special: bool,
 }
 
+/// The model section of a BPE tokenizer.
 #[derive(Debug, Deserialize)]
 pub(super) struct Model {
     #[serde(rename = "type")]
@@ -52,40 +69,34 @@ pub(super) struct Model {
     #[serde(default)]
     pub(super) ignore_merges: bool,
     pub(super) vocab: HashMap<String, u32>,
-    pub(super) merges: Vec<Merge>,
+    pub(super) merges: MergeList,
 }
 
-/// A merge, in either of the forms `tokenizer.json` has had: `"a b"` or `["a", "b"]`.
+/// The merges, in either of the forms `tokenizer.json` has had (one form for the
+/// whole list): `["a", "b"]` pairs, or `"a b"` lines.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub(super) enum Merge {
-    Joined(String),
-    Pair(String, String),
+pub(super) enum MergeList {
+    Pairs(Vec<(String, String)>),
+    Lines(Vec<String>),
 }
 
-impl Merge {
-    pub(super) fn parts(&self) -> Option<(&str, &str)> {
+impl MergeList {
+    /// The merges in rank order, `None` for a line that is not two parts (which
+    /// `tokenizers` refuses); `#version` lines are skipped, as `tokenizers` skips them.
+    pub(super) fn parts(&self) -> Option<Vec<(&str, &str)>> {
         match self {
-            Merge::Joined(joined) => joined.split_once(' '),
-            Merge::Pair(left, right) => Some((left, right)),
+            MergeList::Pairs(pairs) => Some(pairs.iter().map(|(l, r)| (&**l, &**r)).collect()),
+            MergeList::Lines(lines) => lines
+                .iter()
+                .filter(|line| !line.starts_with("#version"))
+                .map(|line| {
+                    let (left, right) = line.split_once(' ')?;
+                    (!right.contains(' ')).then_some((left, right))
+                })
+                .collect(),
         }
     }
-}
-
-/// How the normalized text is cut into the pieces BPE runs on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Split {
-    /// The whole text is one piece.
-    Whole,
-    /// Every match of the regex is a piece, and so is every stretch between matches.
-    Pattern(String),
-}
-
-/// The normalizers that leave ASCII text as it is (so ASCII needs no normalizing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Normalization {
-    None,
-    Unicode,
 }
 
 impl TokenizerFile {
@@ -102,27 +113,48 @@ impl TokenizerFile {
                 .added_tokens
                 .iter()
                 .all(|t| !(t.single_word || t.lstrip || t.rstrip || t.normalized))
+            && self.version.as_deref().is_none_or(|v| v == "1.0")
+            && self.loads_in_tokenizers()
             && self.normalization().is_some()
             && self.split().is_some()
     }
 
-    pub(super) fn normalization(&self) -> Option<Normalization> {
+    /// Whether the parts the encoder does not use would load in `tokenizers`.
+    fn loads_in_tokenizers(&self) -> bool {
+        fn loads<T: serde::de::DeserializeOwned>(part: &Option<Value>) -> bool {
+            part.as_ref()
+                .is_none_or(|v| v.is_null() || serde_json::from_value::<T>(v.clone()).is_ok())
+        }
+        loads::<tokenizers::NormalizerWrapper>(&self.normalizer)
+            && loads::<tokenizers::PreTokenizerWrapper>(&self.pre_tokenizer)
+            && loads::<tokenizers::PostProcessorWrapper>(&self.post_processor)
+            && loads::<tokenizers::DecoderWrapper>(&self.decoder)
+            && loads::<tokenizers::TruncationParams>(&self.truncation)
+            && loads::<tokenizers::PaddingParams>(&self.padding)
+    }
+
+    /// The normal form, `Some(None)` for none, `None` for a normalizer that may
+    /// change ASCII text (not covered).
+    pub(super) fn normalization(&self) -> Option<Option<Form>> {
         match &self.normalizer {
-            None | Some(Value::Null) => Some(Normalization::None),
-            Some(n) => matches!(n["type"].as_str(), Some("NFC" | "NFKC" | "NFD" | "NFKD"))
-                .then_some(Normalization::Unicode),
+            None | Some(Value::Null) => Some(None),
+            Some(n) => match n["type"].as_str()? {
+                "NFC" => Some(Some(Form::Nfc)),
+                "NFKC" => Some(Some(Form::Nfkc)),
+                "NFD" => Some(Some(Form::Nfd)),
+                "NFKD" => Some(Some(Form::Nfkd)),
+                _ => None,
+            },
         }
     }
 
-    pub(super) fn split(&self) -> Option<Split> {
+    /// The pre-tokenizer's split pattern, `Some(None)` when the whole text is one
+    /// piece, `None` for a pre-tokenizer not covered.
+    pub(super) fn split(&self) -> Option<Option<String>> {
         let byte_level = |p: &Value| p["type"] == "ByteLevel" && p["add_prefix_space"] == false;
         let pre = self.pre_tokenizer.as_ref()?;
         if byte_level(pre) {
-            return Some(if pre["use_regex"] == false {
-                Split::Whole
-            } else {
-                Split::Pattern(GPT2_PATTERN.to_owned())
-            });
+            return Some((pre["use_regex"] != false).then(|| GPT2_PATTERN.to_owned()));
         }
         if pre["type"] != "Sequence" {
             return None;
@@ -137,6 +169,6 @@ impl TokenizerFile {
         }
         split["pattern"]["Regex"]
             .as_str()
-            .map(|p| Split::Pattern(p.to_owned()))
+            .map(|p| Some(p.to_owned()))
     }
 }

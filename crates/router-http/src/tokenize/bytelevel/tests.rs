@@ -108,7 +108,7 @@ fn pairs() -> &'static [Pair] {
 fn assert_same(text: &str) -> Result<(), TestCaseError> {
     for pair in pairs() {
         let expected = pair.reference.encode(text, false).unwrap();
-        let (got, untokenized) = pair.fast.encode(text).unwrap();
+        let (got, untokenized) = pair.fast.encode(text);
         prop_assert_eq!(untokenized, 0);
         prop_assert_eq!(&got[..], expected.get_ids(), "{} on {:?}", pair.name, text);
     }
@@ -266,7 +266,7 @@ fn normalization_parts_end_before_an_ascii_character() {
         None,
         "a part is never empty: the ASCII at 0 is no end"
     );
-    let (ids, untokenized) = pairs()[0].fast.encode(&format!("hi {endless}")).unwrap();
+    let (ids, untokenized) = pairs()[0].fast.encode(&format!("hi {endless}"));
     assert_eq!(
         untokenized,
         " ".len() + endless.len(),
@@ -279,11 +279,40 @@ fn normalization_parts_end_before_an_ascii_character() {
 fn the_byte_level_patterns_are_matched_without_lookahead() {
     for pair in &pairs()[..3] {
         assert!(
-            matches!(pair.fast.pieces, Pieces::Pattern { plain: Some(_), .. }),
+            matches!(pair.fast.pieces, Pieces::Plain { .. }),
             "{}",
             pair.name
         );
     }
+}
+
+#[test]
+fn a_piece_too_long_to_merge_is_counted_by_its_size_with_the_rest() {
+    let letters = "a".repeat(MAX_PIECE + 1);
+    let text = format!("hi {letters} there");
+    let (ids, untokenized) = pairs()[0].fast.encode(&text);
+    assert_eq!(untokenized, text.len() - "hi".len());
+    assert_eq!(
+        ids,
+        pairs()[0].reference.encode("hi", false).unwrap().get_ids()
+    );
+}
+
+#[test]
+fn only_patterns_without_empty_matches_or_laziness_are_matched_without_lookahead() {
+    let tail = r"|\s+(?!\S)|\s+";
+    assert!(matches!(
+        Pieces::new(Some(&format!(r" ?\p{{L}}+| ?\p{{N}}*{tail}"))),
+        Some(Pieces::Fancy(_))
+    ));
+    assert!(matches!(
+        Pieces::new(Some(&format!(r"(?U)'s| ?\p{{L}}+{tail}"))),
+        Some(Pieces::Fancy(_))
+    ));
+    assert!(matches!(
+        Pieces::new(Some(&format!(r"'s| ?\p{{L}}+{tail}"))),
+        Some(Pieces::Plain { .. })
+    ));
 }
 
 #[test]
