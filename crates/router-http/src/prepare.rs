@@ -32,6 +32,12 @@ pub(crate) const CHAT: Endpoint = Endpoint {
     parse: chat::parse,
 };
 
+/// The largest body whose prompt is tokenized on the request's own thread: at most
+/// a few hundred tokens, tens of microseconds with the byte-level encoder, while
+/// handing a prompt to a tokenizing thread and back costs about as much again in CPU
+/// and latency (docs/BENCHMARKS.md).
+pub(crate) const INLINE_BODY_BYTES: usize = 2 << 10;
+
 /// What an endpoint's parser finds in a valid body.
 #[derive(Debug)]
 pub(crate) struct Parsed<'b> {
@@ -97,9 +103,19 @@ impl Tokenize {
         parsed.prompt.token_ids(&self.tokenizer)
     }
 
+    /// Tokenizes a small prompt on this thread, where it costs less than handing it
+    /// to another thread and back, and a larger one on one of `pool`'s threads.
+    pub(crate) async fn run_sized(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
+        if self.body.len() <= INLINE_BODY_BYTES {
+            self.run()
+        } else {
+            self.off_thread(pool).await
+        }
+    }
+
     /// Tokenizes the prompt on one of `pool`'s threads, so a large prompt never
     /// stalls the threads that serve requests.
-    pub(crate) async fn off_thread(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
+    async fn off_thread(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
         pool.run(move || self.run())
             .await
             .ok_or_else(|| ApiError::internal("tokenization failed"))?

@@ -245,9 +245,10 @@ async fn the_prompt_is_tokenized_off_the_request_thread() {
         .unwrap(),
     );
     let (_, tokenize) = prepare(&CHAT, &body, |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    assert!(body.len() > INLINE_BODY_BYTES);
     let ids = tokenize
         .expect("a tokenization to run")
-        .off_thread(&TokenizePool::new(1))
+        .run_sized(&TokenizePool::new(1))
         .await
         .unwrap();
     assert_eq!(
@@ -258,6 +259,36 @@ async fn the_prompt_is_tokenized_off_the_request_thread() {
     assert!(
         ran.load(Ordering::SeqCst),
         "another task ran on this thread while the prompt was tokenized"
+    );
+    other.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_small_prompt_is_tokenized_on_the_request_thread() {
+    // The spawned task could run only if tokenizing left this thread; a small prompt
+    // is tokenized here, without a hand-over.
+    let ran = Arc::new(AtomicBool::new(false));
+    let other = {
+        let ran = Arc::clone(&ran);
+        tokio::spawn(async move { ran.store(true, Ordering::SeqCst) })
+    };
+    let body = Bytes::from(
+        serde_json::to_vec(
+            &json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]}),
+        )
+        .unwrap(),
+    );
+    assert!(body.len() <= INLINE_BODY_BYTES);
+    let (_, tokenize) = prepare(&CHAT, &body, |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    let ids = tokenize
+        .expect("a tokenization to run")
+        .run_sized(&TokenizePool::new(1))
+        .await
+        .unwrap();
+    assert_eq!(ids.ids.len(), 5, "<s> <|user|> hello world <|assistant|>");
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "nothing else ran on this thread: the prompt never left it"
     );
     other.await.unwrap();
 }
