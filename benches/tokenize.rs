@@ -10,6 +10,10 @@
     missing_docs,
     reason = "criterion_group! generates an undocumented public function"
 )]
+#![allow(
+    clippy::print_stderr,
+    reason = "a bench reports the size of its inputs beside criterion's output"
+)]
 
 use std::hint::black_box;
 use std::path::PathBuf;
