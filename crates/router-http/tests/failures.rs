@@ -121,12 +121,21 @@ fn send(router: &RunningRouter, body: Value) -> tokio::task::JoinHandle<reqwest:
 /// Reads a stream to its end and returns what came and the error that ended it;
 /// panics when it ends cleanly.
 async fn broken(response: reqwest::Response) -> (String, reqwest::Error) {
-    let mut body = response.bytes_stream();
     let mut text = String::new();
+    let error = broken_on(&mut response.bytes_stream(), &mut text).await;
+    (text, error)
+}
+
+/// Reads the rest of a stream onto `text` and returns the error that ended it;
+/// panics when it ends cleanly.
+async fn broken_on(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    text: &mut String,
+) -> reqwest::Error {
     loop {
         match within("the next chunk", body.next()).await {
             Some(Ok(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
-            Some(Err(e)) => return (text, e),
+            Some(Err(e)) => return e,
             None => panic!("the stream ended cleanly: {text}"),
         }
     }
@@ -280,13 +289,7 @@ async fn a_prefill_breaking_after_the_decode_stream_began_ends_the_clients_strea
     assert!(String::from_utf8_lossy(&first).contains("data: "));
     set_faults(&prefill, json!({"disconnect_after_chunks": 1})).await;
     let mut text = String::from_utf8_lossy(&first).into_owned();
-    let error = loop {
-        match within("the next chunk", body.next()).await {
-            Some(Ok(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
-            Some(Err(e)) => break e,
-            None => panic!("the stream ended cleanly: {text}"),
-        }
-    };
+    let error = broken_on(&mut body, &mut text).await;
     assert!(error.is_body() || error.is_decode(), "{error:?}");
     assert!(!text.contains("[DONE]"), "{text}");
     assert_eq!(
@@ -372,13 +375,7 @@ async fn shutdown_past_its_grace_period_ends_the_streams_still_running() {
         .unwrap();
     within("the shutdown", router.shutdown()).await;
     let mut text = String::from_utf8_lossy(&first).into_owned();
-    let ended = loop {
-        match within("the stream's end", body.next()).await {
-            Some(Ok(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
-            Some(Err(e)) => break e,
-            None => panic!("the stream ended cleanly: {text}"),
-        }
-    };
+    let ended = broken_on(&mut body, &mut text).await;
     assert!(ended.is_body() || ended.is_decode(), "{ended:?}");
     assert!(!text.contains("[DONE]"), "{text}");
     assert_eq!(settled(&stuck).await, abandoned(1));
