@@ -165,6 +165,21 @@ impl Bucket {
         }
     }
 
+    /// Whether where a request goes in this bucket can depend on its prompt: the
+    /// bucket bounds the prompt's length (or its context, which holds the prompt) or
+    /// one of its groups' policies reads the prompt.
+    pub fn routes_on_prompt(&self) -> bool {
+        let bounded =
+            self.limits.min > 0 || self.limits.max.is_some() || self.max_context_tokens.is_some();
+        let reads = match &self.groups {
+            BucketGroups::Plain(group) => group.policy().reads_prompt(),
+            BucketGroups::Pd { prefill, decode } => {
+                prefill.policy().reads_prompt() || decode.policy().reads_prompt()
+            }
+        };
+        bounded || reads
+    }
+
     /// Whether a request of `input_tokens` (and, when known, `expected_peak_tokens`)
     /// fits this bucket.
     pub fn accepts(&self, input_tokens: u64, expected_peak_tokens: Option<u64>) -> bool {

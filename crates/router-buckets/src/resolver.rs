@@ -40,6 +40,12 @@ impl BucketResolver {
         self.buckets.iter().find(|b| b.id() == id)
     }
 
+    /// Whether where a request goes can depend on its prompt (see
+    /// [`Bucket::routes_on_prompt`]); when not, a router need not tokenize prompts.
+    pub fn routes_on_prompt(&self) -> bool {
+        self.buckets.iter().any(Bucket::routes_on_prompt)
+    }
+
     /// The buckets a request fits, in the order to try them; possibly empty.
     ///
     /// A bucket fits when its inclusive token range contains `input_tokens` and its

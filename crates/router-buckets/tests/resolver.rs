@@ -184,3 +184,43 @@ proptest! {
         prop_assert_eq!(ids(&resolved), ids(&naive), "resolver order equals a naive filter-then-sort");
     }
 }
+
+/// Picks like [`CountingPolicy`] and says it reads the prompt.
+#[derive(Debug, Default)]
+struct PromptReader(CountingPolicy);
+
+impl router_policy::Policy for PromptReader {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<router_state::Engine>],
+        request: &'a router_policy::PickRequest<'a>,
+    ) -> router_policy::BoxFuture<'a, Result<router_policy::Pick, PickError>> {
+        self.0.pick(engines, request)
+    }
+
+    fn reads_prompt(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_route_depends_on_the_prompt_only_through_a_length_bound_or_a_policy_reading_it() {
+    let blind = || bucket("open", 0, 0, None, None);
+    let routes = |buckets: Vec<Bucket>| BucketResolver::new(buckets).unwrap().routes_on_prompt();
+    assert!(!routes(vec![blind()]), "no bound, no reader");
+    assert!(routes(vec![blind(), bucket("min", 1, 1, None, None)]));
+    assert!(routes(vec![blind(), bucket("max", 1, 0, Some(4096), None)]));
+    assert!(routes(vec![blind(), bucket("ctx", 1, 0, None, Some(8192))]));
+    let reader = || EngineGroup::new(Arc::new(PromptReader::default()));
+    let counter = || EngineGroup::new(Arc::new(CountingPolicy::default()));
+    assert!(routes(vec![plain_bucket("plain", None, reader())]));
+    assert!(!routes(vec![pd_bucket("pd", None, counter(), counter())]));
+    assert!(
+        routes(vec![pd_bucket("pd", None, counter(), reader())]),
+        "a decode reader"
+    );
+    assert!(
+        routes(vec![pd_bucket("pd", None, reader(), counter())]),
+        "a prefill reader"
+    );
+}

@@ -104,6 +104,10 @@ impl Policy for SessionAwarePolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.0.pick(engines, request))
     }
+
+    fn reads_prompt(&self) -> bool {
+        self.0.fallback.reads_prompt()
+    }
 }
 
 impl Policy for StickyPolicy {
@@ -113,6 +117,10 @@ impl Policy for StickyPolicy {
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.0.pick(engines, request))
+    }
+
+    fn reads_prompt(&self) -> bool {
+        self.0.fallback.reads_prompt()
     }
 }
 

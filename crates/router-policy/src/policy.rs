@@ -29,6 +29,13 @@ pub trait Policy: Send + Sync + fmt::Debug {
         engines: &'a [Arc<Engine>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>>;
+
+    /// Whether picks read the prompt ([`PickRequest::token_ids`] or
+    /// [`PickRequest::input_tokens`]); a router need not tokenize a prompt that no
+    /// policy on its way reads. None does unless it says so.
+    fn reads_prompt(&self) -> bool {
+        false
+    }
 }
 
 /// The facts of one stage of one request, as a bucket hands them to a group's policy.

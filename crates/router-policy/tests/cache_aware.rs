@@ -564,3 +564,29 @@ fn the_design_documents_engine_count_names_are_accepted() {
         (Some(16), 2, 4)
     );
 }
+
+#[test]
+fn only_cache_aware_reads_the_prompt() {
+    let source: Arc<dyn CacheSource> = Scripted::hits(&[]);
+    let store = Arc::new(router_state::affinity::AffinityStore::new(
+        router_state::affinity::AffinityConfig::default(),
+    ));
+    let handles = PolicyHandles::new(Arc::default())
+        .with_prefix_source(Some(source))
+        .with_affinity_store(Some(store));
+    let reads = |json: &str| {
+        let config = serde_json::from_str::<PolicyConfig>(json).unwrap();
+        config.build(Role::Plain, &handles).unwrap().reads_prompt()
+    };
+    assert!(reads(r#"{"type": "cache_aware"}"#));
+    for kind in [
+        "round_robin",
+        "random",
+        "power_of_two",
+        "load_based",
+        "session_aware",
+        "sticky",
+    ] {
+        assert!(!reads(&format!(r#"{{"type": "{kind}"}}"#)), "{kind}");
+    }
+}
