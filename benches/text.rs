@@ -88,8 +88,13 @@ pub(crate) fn english(tokens: usize, seed: u64) -> String {
 
 /// A conversation of `turns` turns (a system prompt, then user and assistant in
 /// turn) whose history is about `history_tokens` tokens, ending with a new user
-/// message of about `new_tokens`.
-pub(crate) fn conversation(turns: usize, history_tokens: usize, new_tokens: usize) -> Value {
+/// message of about `new_tokens`, varied by `variant`.
+pub(crate) fn conversation(
+    turns: usize,
+    history_tokens: usize,
+    new_tokens: usize,
+    variant: u64,
+) -> Value {
     let per_message = history_tokens / (2 * turns);
     let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
     for turn in 0..turns {
@@ -98,6 +103,6 @@ pub(crate) fn conversation(turns: usize, history_tokens: usize, new_tokens: usiz
             json!({"role": "assistant", "content": english(per_message, 2 * turn as u64 + 1)}),
         );
     }
-    messages.push(json!({"role": "user", "content": english(new_tokens, 9_999)}));
+    messages.push(json!({"role": "user", "content": english(new_tokens, 9_999 + variant)}));
     Value::Array(messages)
 }

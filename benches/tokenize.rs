@@ -1,7 +1,8 @@
 //! Chat tokenization with the Qwen3 tokenizer and chat template, as the router does it
 //! for every request of a model with a tokenizer: the load benchmark's short chat, one
-//! message of about 8k and 64k tokens, and turn 20 of a conversation whose history is
-//! about 50k tokens followed by a 200-token message.
+//! message of 8k and 64k tokens, and turn 20 of a conversation whose history is about
+//! 50k tokens followed by a 200-token message, with no prefix cache and after turn 19
+//! (whose prefix the cache keeps).
 //!
 //! Needs the Qwen3 tokenizer that `cargo xtask python-env` puts into `.cache/qwen3`
 //! (or `$SWITCHYARD_CACHE/qwen3`); `cargo xtask bench` prepares it.
@@ -18,7 +19,7 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use router_http::ChatTokenizer;
 use serde_json::json;
 
@@ -43,26 +44,32 @@ fn qwen3() -> ChatTokenizer {
 
 fn tokenize(c: &mut Criterion) {
     let tokenizer = qwen3();
+    let count = |messages: &str| {
+        tokenizer
+            .encode_chat(messages)
+            .expect("tokenizes")
+            .ids
+            .len()
+    };
+    // The generated text's tokens a word, so the cases have the tokens they name.
+    let sample = json!([{"role": "user", "content": text::english(10_000, 1)}]).to_string();
+    let words = |tokens: usize| tokens * 10_000 / count(&sample);
     let short = json!([{"role": "user", "content": "hello there, how are you today?"}]).to_string();
-    let one =
-        |tokens: usize| json!([{"role": "user", "content": text::english(tokens, 1)}]).to_string();
-    let conversation = text::conversation(20, 50_000, 200).to_string();
+    let one = |tokens: usize| {
+        json!([{"role": "user", "content": text::english(words(tokens), 1)}]).to_string()
+    };
+    let turn = |n: u64| text::conversation(20, words(50_000), words(200), n);
     let cases = [
         ("chat_short", short),
         ("chat_8k_tokens", one(8_000)),
         ("chat_64k_tokens", one(64_000)),
-        ("chat_turn_20_of_50k", conversation),
     ];
     let mut group = c.benchmark_group("tokenize_qwen3");
     for (name, messages) in &cases {
-        let tokens = tokenizer
-            .encode_chat(messages)
-            .expect("tokenizes")
-            .ids
-            .len();
         eprintln!(
-            "{name}: {} bytes of messages, {tokens} tokens",
-            messages.len()
+            "{name}: {} bytes of messages, {} tokens",
+            messages.len(),
+            count(messages)
         );
         group.bench_function(*name, |b| {
             b.iter(|| {
@@ -72,6 +79,35 @@ fn tokenize(c: &mut Criterion) {
             })
         });
     }
+    // Turn 20 of a conversation: its history (about 50k tokens) was the prompt of
+    // turn 19 but for the last answer; a new 200-token message follows. Each
+    // iteration's message differs, so only turn 19's prefix is ever reused.
+    let follow_up = turn(0);
+    let mut before = follow_up.as_array().expect("messages").clone();
+    before.truncate(before.len() - 2);
+    let before = serde_json::Value::Array(before).to_string();
+    let follow_up = follow_up.to_string();
+    eprintln!(
+        "chat_turn_20_of_50k: {} bytes of messages, {} tokens",
+        follow_up.len(),
+        count(&follow_up)
+    );
+    let fresh = qwen3().with_prefix_cache(0);
+    group.bench_function("chat_turn_20_of_50k_uncached", |b| {
+        b.iter(|| fresh.encode_chat(black_box(&follow_up)).expect("tokenizes"))
+    });
+    tokenizer.encode_chat(&before).expect("tokenizes");
+    let mut n = 0;
+    group.bench_function("chat_turn_20_of_50k_after_turn_19", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                turn(n).to_string()
+            },
+            |messages| tokenizer.encode_chat(&messages).expect("tokenizes"),
+            BatchSize::LargeInput,
+        )
+    });
     group.finish();
 }
 

@@ -238,10 +238,20 @@ def test_sigterm_past_the_grace_period_ends_running_streams_and_exits_0(sim, rou
 
 def test_the_router_counts_prompt_tokens_as_the_engine_does_with_a_real_tokenizer(sim, router):
     tokenizer = CACHE / "qwen3" / "tokenizer.json"
-    r = router({"models": [plain_model(sim("--tokenizer", tokenizer), tokenizer=str(tokenizer))]})
+    bounded = [{"id": "short", "limits": {"max": 4096}, "groups": {"plain": {}}}]
+    r = router({"models": [plain_model(sim("--tokenizer", tokenizer), tokenizer=str(tokenizer), buckets=bounded)]})
     for prompt in ["Hello!", "Explain KV caches, in one line. 猫が好き 🐕"]:
         raw = chat(r, prompt=prompt, max_tokens=1)
         assert int(raw.headers["x-switchyard-prompt-tokens"]) == raw.parse().usage.prompt_tokens
+
+
+def test_a_route_that_reads_no_prompt_tokenizes_none(sim, router):
+    tokenizer = CACHE / "qwen3" / "tokenizer.json"
+    r = router({"models": [plain_model(sim("--tokenizer", tokenizer), tokenizer=str(tokenizer))]})
+    raw = chat(r, prompt="1234567890" * 30, max_tokens=1)
+    assert raw.parse().usage.prompt_tokens > 300, "the engine counts a token a digit"
+    estimated = int(raw.headers["x-switchyard-prompt-tokens"])
+    assert 75 <= estimated < 150, f"one open bucket, no policy reading prompts: about four bytes a token, {estimated}"
 
 
 def test_worker_admin_requires_the_token_and_adds_and_removes_engines(sim, router):

@@ -3,10 +3,12 @@
 //! the prebuilt peer routers from PyPI, in alternating rounds, with wrk.
 //!
 //! Switchyard (and the baseline) tokenize every request with the model's real
-//! tokenizer, Qwen3's `tokenizer.json` and chat template from the test cache (what a
-//! deployment routing on token counts does); `--tokenizer PATH` names another,
-//! `--no-tokenizer` estimates prompt lengths from body sizes instead. The peers are
-//! run as their documented round-robin setups, which do not tokenize.
+//! tokenizer, Qwen3's `tokenizer.json` and chat template from the test cache, in a
+//! bucket bounded by prompt length (what a deployment routing on token counts does:
+//! without a bound or a policy reading prompts the router would not tokenize);
+//! `--tokenizer PATH` names another, `--no-tokenizer` estimates prompt lengths from
+//! body sizes instead. The peers are run as their documented round-robin setups,
+//! which do not tokenize.
 //!
 //! Options: `--rounds N` (3), `--duration SECONDS` (5), `--concurrency 1,32,128`,
 //! `--no-peers`, `--baseline PATH` (another switchyard binary, say the previous
@@ -146,25 +148,21 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let mut passthrough = Command::new(release.join("passthrough"));
     passthrough.args([format!("127.0.0.1:{port}"), engine_url.clone()]);
     targets.push(start(passthrough, "pass-through", port)?);
+    let config = match &tokenizer {
+        Some(path) => Some(bounded_config(path, &engine_url)?),
+        None => None,
+    };
     let serve = |binary: &Path, port: u16| {
         let mut command = Command::new(binary);
         command
-            .args([
-                "serve",
-                "--model",
-                "sim-model",
-                "--policy",
-                "round_robin",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-            ])
-            .args(["--worker-urls", &engine_url])
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .env("RUST_LOG", "warn");
-        if let Some(path) = &tokenizer {
-            command.arg("--tokenizer").arg(path);
-        }
+        match &config {
+            Some(file) => command.arg("--config").arg(file),
+            None => command
+                .args(["--model", "sim-model", "--policy", "round_robin"])
+                .args(["--worker-urls", &engine_url]),
+        };
         command
     };
     let port = free_port()?;
@@ -252,6 +250,9 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         }
     }
     print_report(&targets, &results, &options);
+    if let Some(file) = &config {
+        std::fs::remove_file(file)?;
+    }
     Ok(())
 }
 
@@ -490,6 +491,18 @@ fn print_report(
             println!();
         }
     }
+}
+
+/// A configuration file for the router with `tokenizer`: one round-robin bucket
+/// bounded by prompt length, so every prompt is tokenized.
+fn bounded_config(tokenizer: &Path, engine_url: &str) -> anyhow::Result<PathBuf> {
+    let file = std::env::temp_dir().join(format!("switchyard-bench-{}.yaml", std::process::id()));
+    let config = format!(
+        "models:\n  - id: sim-model\n    tokenizer: {}\n    engines: [{{id: E1, url: '{engine_url}', role: plain}}]\n    buckets:\n      - id: bounded\n        limits: {{max: 1048576}}\n        groups: {{plain: {{policy: {{type: round_robin}}}}}}\n",
+        serde_json::to_string(&tokenizer.display().to_string())?
+    );
+    std::fs::write(&file, config)?;
+    Ok(file)
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -89,7 +89,7 @@ impl AppContext {
         let routing = Arc::new(Routing::new(routes, config.defaults, config.handles));
         let affinity = config.affinity;
         observe_fleet(&fleet, &routing, &affinity);
-        let metrics = Metrics::new(&fleet, &affinity);
+        let metrics = Metrics::new(&fleet, &affinity, &routing);
         Ok(Arc::new(Self {
             fleet,
             routing,
@@ -175,11 +175,9 @@ async fn start_model(fleet: &Fleet, model: ModelPlan) -> Result<ModelRoute, Vec<
         }
     };
     match resolver {
-        Ok(resolver) if errors.is_empty() => Ok(ModelRoute {
-            id: Arc::from(model.id.as_str()),
-            resolver,
-            tokenizer: model.tokenizer,
-        }),
+        Ok(resolver) if errors.is_empty() => {
+            Ok(ModelRoute::new(&model.id, resolver, model.tokenizer))
+        }
         Ok(_) => Err(errors),
         Err(e) => {
             errors.push(e);

@@ -314,6 +314,9 @@ const MAX_MS: u64 = 86_400_000;
 /// The most prompts `limits.tokenize_concurrency` lets be tokenized at once.
 const MAX_TOKENIZE_CONCURRENCY: usize = 1024;
 
+/// The most bytes `limits.tokenize_cache_bytes` allows.
+const MAX_TOKENIZE_CACHE_BYTES: usize = 16 << 30;
+
 /// The most client connections `limits.max_connections` allows.
 const MAX_CONNECTIONS: usize = 1 << 20;
 
@@ -333,6 +336,15 @@ pub struct LimitsConfig {
     /// apart from those serving requests); absent = one per core.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenize_concurrency: Option<usize>,
+    /// Bytes of long prompts' prefixes' token ids kept per model (0: none), so the
+    /// next turn of a conversation, which sends the whole history again, tokenizes
+    /// only what is new (byte-level BPE tokenizers).
+    #[serde(default = "default_tokenize_cache_bytes")]
+    pub tokenize_cache_bytes: usize,
+}
+
+fn default_tokenize_cache_bytes() -> usize {
+    crate::tokenize::DEFAULT_PREFIX_CACHE_BYTES
 }
 
 fn default_max_connections() -> usize {
@@ -349,6 +361,7 @@ impl Default for LimitsConfig {
             max_connections: default_max_connections(),
             zmq_max_message_bytes: default_zmq_max_message_bytes(),
             tokenize_concurrency: None,
+            tokenize_cache_bytes: default_tokenize_cache_bytes(),
         }
     }
 }
@@ -511,6 +524,12 @@ impl RouterConfig {
             errors.push(ConfigError::at(
                 "limits.tokenize_concurrency",
                 format_args!("must be between 1 and {MAX_TOKENIZE_CONCURRENCY}"),
+            ));
+        }
+        if self.limits.tokenize_cache_bytes > MAX_TOKENIZE_CACHE_BYTES {
+            errors.push(ConfigError::at(
+                "limits.tokenize_cache_bytes",
+                format_args!("must be at most {MAX_TOKENIZE_CACHE_BYTES} (16 GiB)"),
             ));
         }
         if self.limits.max_connections > MAX_CONNECTIONS {

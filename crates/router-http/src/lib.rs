@@ -48,4 +48,6 @@ pub use config::{
 pub use error::ApiError;
 pub use router_policy::ConfigError;
 pub use server::{RunningRouter, start, start_validated};
-pub use tokenize::{ChatTokenizer, PromptTokens, TokenizerError};
+pub use tokenize::{
+    ChatTokenizer, DEFAULT_PREFIX_CACHE_BYTES, PrefixCacheStats, PromptTokens, TokenizerError,
+};

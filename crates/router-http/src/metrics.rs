@@ -3,6 +3,7 @@
 //! the format the scraper asked for.
 
 mod exposition;
+mod prefix_cache;
 
 use std::sync::Arc;
 
@@ -15,6 +16,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use router_fleet::Fleet;
 use router_state::affinity::AffinityStore;
+
+use crate::routing::Routing;
 
 pub(crate) use exposition::Format;
 
@@ -78,9 +81,13 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// The request-path families, with the fleet's and the affinity store's
-    /// collectors beside them.
-    pub(crate) fn new(fleet: &Arc<Fleet>, affinity: &Arc<AffinityStore>) -> Self {
+    /// The request-path families, with the fleet's, the affinity store's and the
+    /// tokenizers' prefix caches' collectors beside them.
+    pub(crate) fn new(
+        fleet: &Arc<Fleet>,
+        affinity: &Arc<AffinityStore>,
+        routing: &Arc<Routing>,
+    ) -> Self {
         let mut registry = Registry::with_prefix("switchyard");
         let requests = Family::default();
         registry.register(
@@ -122,6 +129,9 @@ impl Metrics {
         );
         router_fleet::register_metrics(fleet, &mut registry);
         registry.register_collector(Box::new(AffinityCollector(Arc::clone(affinity))));
+        registry.register_collector(Box::new(prefix_cache::PrefixCacheCollector(Arc::clone(
+            routing,
+        ))));
         Self {
             registry,
             requests,

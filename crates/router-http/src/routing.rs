@@ -20,6 +20,33 @@ pub(crate) struct ModelRoute {
     pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
 }
 
+impl ModelRoute {
+    /// The route of model `id`. Its prompts are tokenized only when where a request
+    /// goes can depend on them (a bucket bounds their length or a policy reads
+    /// them): otherwise the tokenizer is left out and prompt lengths are estimated.
+    pub(crate) fn new(
+        id: &str,
+        resolver: BucketResolver,
+        tokenizer: Option<Arc<ChatTokenizer>>,
+    ) -> Self {
+        let tokenizer = tokenizer.filter(|_| {
+            let needed = resolver.routes_on_prompt();
+            if !needed {
+                tracing::info!(
+                    model = id,
+                    "prompts are not tokenized: no bucket bounds their length and no policy reads them"
+                );
+            }
+            needed
+        });
+        Self {
+            id: Arc::from(id),
+            resolver,
+            tokenizer,
+        }
+    }
+}
+
 /// Every model's route, read on each request with one atomic load.
 #[derive(Debug)]
 pub(crate) struct Routing {
@@ -47,6 +74,20 @@ impl Routing {
         self.models.load().get(model).cloned()
     }
 
+    /// The models whose prompts are tokenized, sorted, with their tokenizers.
+    pub(crate) fn tokenizers(&self) -> Vec<(Arc<str>, Arc<ChatTokenizer>)> {
+        let mut found: Vec<_> = self
+            .models
+            .load()
+            .values()
+            .filter_map(|route| {
+                Some((Arc::clone(&route.id), Arc::clone(route.tokenizer.as_ref()?)))
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found
+    }
+
     /// The served models, sorted.
     pub(crate) fn model_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.models.load().keys().cloned().collect();
@@ -69,13 +110,8 @@ impl Routing {
         let resolver = build_resolver(None, &roster, &self.defaults, &self.handles)?;
         self.models.rcu(|models| {
             let mut next = HashMap::clone(models);
-            next.entry(model.to_owned()).or_insert_with(|| {
-                Arc::new(ModelRoute {
-                    id: Arc::from(model),
-                    resolver: resolver.clone(),
-                    tokenizer: None,
-                })
-            });
+            next.entry(model.to_owned())
+                .or_insert_with(|| Arc::new(ModelRoute::new(model, resolver.clone(), None)));
             next
         });
         Ok(())

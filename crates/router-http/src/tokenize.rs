@@ -33,12 +33,19 @@ impl TokenizerError {
 
 mod bytelevel;
 mod pool;
+mod prefixes;
 #[cfg(test)]
 #[path = "../../../tests/python_env.rs"]
 mod python_env;
 mod window;
 
 pub(crate) use pool::TokenizePool;
+use prefixes::PrefixCache;
+pub use prefixes::PrefixCacheStats;
+
+/// The bytes of prompt prefixes' token ids a tokenizer keeps unless told otherwise
+/// ([`ChatTokenizer::with_prefix_cache`]).
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 64 << 20;
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +62,8 @@ pub struct PromptTokens {
 #[derive(Debug)]
 pub struct ChatTokenizer {
     encoder: Encoder,
+    /// Long prompts' prefixes, for the byte-level encoder.
+    prefixes: PrefixCache,
     template: Environment<'static>,
     bos_token: String,
     eos_token: String,
@@ -146,10 +155,25 @@ impl ChatTokenizer {
             .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
         Ok(Self {
             encoder,
+            prefixes: PrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES),
             template: env,
             bos_token: special("bos_token"),
             eos_token: special("eos_token"),
         })
+    }
+
+    /// Keeps at most `bytes` of long prompts' prefixes' token ids (0: none), so the
+    /// next turn of a conversation tokenizes only what is new (byte-level BPE
+    /// tokenizers only; others encode every prompt whole).
+    #[must_use]
+    pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
+        self.prefixes = PrefixCache::new(bytes);
+        self
+    }
+
+    /// What the prefix cache has done and holds.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefixes.stats()
     }
 
     /// Renders a chat request's `messages` (the JSON array as sent; content parts are
@@ -175,7 +199,7 @@ impl ChatTokenizer {
             .map_err(|e| format!("the chat template failed: {e}"))?;
         match &self.encoder {
             Encoder::ByteLevel(encoder) => {
-                let (ids, untokenized_bytes) = encoder.encode(&prompt);
+                let (ids, untokenized_bytes) = self.prefixes.encode(encoder, &prompt);
                 Ok(PromptTokens {
                     ids,
                     untokenized_bytes,

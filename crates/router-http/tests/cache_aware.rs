@@ -418,3 +418,88 @@ async fn an_engine_back_on_other_feed_ports_is_subscribed_there() {
     assert_eq!((h.predicted().await - before) as u64, cached);
     h.shutdown().await;
 }
+
+/// The prompt length the router routed on and the one the engine counted.
+async fn prompt_lengths(harness: &Harness, content: &str) -> (u64, u64) {
+    prompt_lengths_of(harness, &[json!({"role": "user", "content": content})]).await
+}
+
+/// [`prompt_lengths`] of a whole conversation.
+async fn prompt_lengths_of(harness: &Harness, messages: &[Value]) -> (u64, u64) {
+    let response = harness
+        .client
+        .post(url(&harness.router, "/v1/chat/completions"))
+        .json(&json!({"model": MODEL, "messages": messages}))
+        .send()
+        .await
+        .expect("the router answers");
+    let routed = response.headers()["x-switchyard-prompt-tokens"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a number");
+    let body: Value = response.json().await.expect("a JSON body");
+    (
+        routed,
+        body["usage"]["prompt_tokens"].as_u64().expect("usage"),
+    )
+}
+
+#[tokio::test]
+async fn prompts_are_tokenized_only_where_a_policy_reads_them() {
+    let content = "x".repeat(600);
+    let reading = Harness::start(fleet(1).await, json!({"type": "cache_aware"})).await;
+    let (routed, counted) = prompt_lengths(&reading, &content).await;
+    assert_eq!(
+        routed, counted,
+        "cache-aware: the router counts as the engine does"
+    );
+    reading.shutdown().await;
+    let blind = Harness::start(fleet(1).await, json!({"type": "round_robin"})).await;
+    let (routed, counted) = prompt_lengths(&blind, &content).await;
+    assert!(
+        counted > 600,
+        "the byte tokenizer counts a token a byte: {counted}"
+    );
+    assert!(
+        (150..200).contains(&routed),
+        "round-robin in one open bucket: estimated at four bytes a token, {routed}"
+    );
+    blind.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_next_turn_of_a_long_conversation_reuses_its_tokenized_prefix() {
+    let harness = Harness::start(fleet(1).await, json!({"type": "cache_aware"})).await;
+    let mut messages = vec![
+        json!({"role": "system", "content": "a long system prompt. ".repeat(500)}),
+        json!({"role": "user", "content": "first question"}),
+    ];
+    harness.chat(&messages).await;
+    let lookups = "switchyard_prompt_prefix_cache_lookups_total{model=\"m\",result=";
+    assert_eq!(harness.metric(&format!("{lookups}\"miss\"}}")).await, 1.0);
+    assert_eq!(harness.metric(&format!("{lookups}\"hit\"}}")).await, 0.0);
+    messages.push(json!({"role": "assistant", "content": "an answer"}));
+    messages.push(json!({"role": "user", "content": "second question"}));
+    let (routed, counted) = prompt_lengths_of(&harness, &messages).await;
+    assert_eq!(
+        routed, counted,
+        "the reused prefix and the new part count as the engine does"
+    );
+    assert_eq!(harness.metric(&format!("{lookups}\"hit\"}}")).await, 1.0);
+    let reused = harness
+        .metric("switchyard_prompt_prefix_cache_reused_tokens_total{model=\"m\"}")
+        .await;
+    assert!(
+        reused > 11_000.0,
+        "the first turn's system prompt was reused: {reused}"
+    );
+    assert!(
+        harness
+            .metric("switchyard_prompt_prefix_cache_bytes{model=\"m\"}")
+            .await
+            > 2.0 * 44_000.0,
+        "both turns' prefixes are held"
+    );
+    harness.shutdown().await;
+}

@@ -128,7 +128,7 @@ impl RouterConfig {
         let defaults = self.policies.over(&DefaultPolicies::default());
         let mut models = Vec::with_capacity(self.models.len());
         for (m, model) in self.models.iter().enumerate() {
-            match plan_model(model, &handles, &defaults) {
+            match plan_model(model, &handles, &defaults, self.limits.tokenize_cache_bytes) {
                 Ok(plan) => models.push(plan),
                 Err(problems) => {
                     let at = format!("models[{m}]");
@@ -178,17 +178,19 @@ impl RouterConfig {
     }
 }
 
-/// Loads the model's tokenizer, gives it a prefix index when a cache-aware group
+/// Loads the model's tokenizer (keeping up to `prefix_cache_bytes` of its prompts'
+/// prefixes), gives it a prefix index when a cache-aware group
 /// reads one, and builds (or checks) its buckets. Paths are within the model.
 fn plan_model(
     model: &ModelConfig,
     handles: &PolicyHandles,
     defaults: &DefaultPolicies,
+    prefix_cache_bytes: usize,
 ) -> Result<ModelPlan, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let tokenizer = match &model.tokenizer {
         Some(path) => match ChatTokenizer::load(path) {
-            Ok(t) => Some(Arc::new(t)),
+            Ok(t) => Some(Arc::new(t.with_prefix_cache(prefix_cache_bytes))),
             Err(e) => {
                 errors.push(ConfigError::at("tokenizer", e));
                 None

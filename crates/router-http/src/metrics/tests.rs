@@ -20,7 +20,12 @@ fn metrics() -> (Metrics, Arc<Fleet>) {
         HealthPolicy::default(),
     ));
     let affinity = Arc::new(AffinityStore::new(AffinityConfig::default()));
-    (Metrics::new(&fleet, &affinity), fleet)
+    let routing = Arc::new(Routing::new(
+        std::collections::HashMap::new(),
+        router_buckets::DefaultPolicies::default(),
+        router_policy::PolicyHandles::new(Arc::default()),
+    ));
+    (Metrics::new(&fleet, &affinity, &routing), fleet)
 }
 
 #[tokio::test]

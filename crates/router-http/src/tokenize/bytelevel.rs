@@ -160,6 +160,12 @@ impl ByteLevelBpe {
     /// normalizing changes, the last ids may differ from the whole text's.)
     pub(super) fn encode(&self, text: &str) -> (Vec<u32>, Untokenized) {
         let mut ids = Vec::with_capacity(text.len() / 3);
+        let left = self.encode_into(text, &mut ids);
+        (ids, left)
+    }
+
+    /// [`encode`](Self::encode), appending the ids to `ids`.
+    pub(super) fn encode_into(&self, text: &str, ids: &mut Vec<u32>) -> Untokenized {
         let mut symbols = Vec::new();
         let mut start = 0;
         let matches = self.added.iter().flat_map(|(matcher, ids)| {
@@ -168,15 +174,23 @@ impl ByteLevelBpe {
                 .map(|m| (m.start(), m.end(), ids[m.pattern().as_usize()]))
         });
         for (from, to, id) in matches {
-            let left = self.encode_stretch(&text[start..from], &mut ids, &mut symbols);
+            let left = self.encode_stretch(&text[start..from], ids, &mut symbols);
             if left > 0 {
-                return (ids, left + (text.len() - from));
+                return left + (text.len() - from);
             }
             ids.push(id);
             start = to;
         }
-        let left = self.encode_stretch(&text[start..], &mut ids, &mut symbols);
-        (ids, left)
+        self.encode_stretch(&text[start..], ids, &mut symbols)
+    }
+
+    /// Where each added token in `text` ends, in order: the points where the text may
+    /// be split, the ids of the part before one followed by those of the part after
+    /// it being the ids of the whole.
+    pub(super) fn added_ends(&self, text: &str) -> Vec<usize> {
+        self.added.as_ref().map_or_else(Vec::new, |(matcher, _)| {
+            matcher.find_iter(text).map(|m| m.end()).collect()
+        })
     }
 
     /// Encodes a stretch between added tokens; returns the bytes of it left
