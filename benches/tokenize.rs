@@ -1,5 +1,5 @@
 //! Chat tokenization with the Qwen3 tokenizer and chat template, as the router does it
-//! for every request of a model with a tokenizer: the load benchmark's short chat, one
+//! for every request of a model whose route reads prompts: the load benchmark's short chat, one
 //! message of 8k and 64k tokens, and turn 20 of a conversation whose history is about
 //! 50k tokens followed by a 200-token message, with no prefix cache and after turn 19
 //! (whose prefix the cache keeps).

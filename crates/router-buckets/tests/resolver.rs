@@ -185,7 +185,8 @@ proptest! {
     }
 }
 
-/// Picks like [`CountingPolicy`] and says it reads the prompt.
+/// Picks like [`CountingPolicy`] and, saying nothing of it, is taken to read the
+/// prompt.
 #[derive(Debug, Default)]
 struct PromptReader(CountingPolicy);
 
@@ -196,10 +197,6 @@ impl router_policy::Policy for PromptReader {
         request: &'a router_policy::PickRequest<'a>,
     ) -> router_policy::BoxFuture<'a, Result<router_policy::Pick, PickError>> {
         self.0.pick(engines, request)
-    }
-
-    fn reads_prompt(&self) -> bool {
-        true
     }
 }
 

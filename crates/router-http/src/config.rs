@@ -82,7 +82,8 @@ pub struct ModelConfig {
     /// The `model` field clients send.
     pub id: String,
     /// Path to the model's `tokenizer.json`; the chat template comes from the
-    /// `tokenizer_config.json` beside it. Absent = prompt length estimated from size.
+    /// `tokenizer_config.json` beside it, used when a bucket bounds prompt length or
+    /// a policy reads prompts. Absent (or unused) = prompt length estimated from size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
     /// KV page size in tokens, for prefix hashing.
@@ -314,8 +315,12 @@ const MAX_MS: u64 = 86_400_000;
 /// The most prompts `limits.tokenize_concurrency` lets be tokenized at once.
 const MAX_TOKENIZE_CONCURRENCY: usize = 1024;
 
+/// The fewest bytes `limits.tokenize_cache_bytes` allows, but for 0 (no cache): less
+/// would keep no long prompt's prefix.
+const MIN_TOKENIZE_CACHE_BYTES: u64 = 1 << 20;
+
 /// The most bytes `limits.tokenize_cache_bytes` allows.
-const MAX_TOKENIZE_CACHE_BYTES: usize = 16 << 30;
+const MAX_TOKENIZE_CACHE_BYTES: u64 = 16 << 30;
 
 /// The most client connections `limits.max_connections` allows.
 const MAX_CONNECTIONS: usize = 1 << 20;
@@ -526,10 +531,13 @@ impl RouterConfig {
                 format_args!("must be between 1 and {MAX_TOKENIZE_CONCURRENCY}"),
             ));
         }
-        if self.limits.tokenize_cache_bytes > MAX_TOKENIZE_CACHE_BYTES {
+        let cache = self.limits.tokenize_cache_bytes as u64;
+        if cache != 0 && !(MIN_TOKENIZE_CACHE_BYTES..=MAX_TOKENIZE_CACHE_BYTES).contains(&cache) {
             errors.push(ConfigError::at(
                 "limits.tokenize_cache_bytes",
-                format_args!("must be at most {MAX_TOKENIZE_CACHE_BYTES} (16 GiB)"),
+                format_args!(
+                    "must be 0 (no cache) or between {MIN_TOKENIZE_CACHE_BYTES} (1 MiB) and {MAX_TOKENIZE_CACHE_BYTES} (16 GiB)"
+                ),
             ));
         }
         if self.limits.max_connections > MAX_CONNECTIONS {

@@ -3,7 +3,8 @@
 //! output budget, token ids).
 //!
 //! The body is read once, borrowing from the original bytes; the prompt is only
-//! parsed when the model has a tokenizer. The original bytes are what is forwarded.
+//! parsed when the model's prompts are tokenized (its route can depend on them). The
+//! original bytes are what is forwarded.
 
 mod chat;
 mod checks;
@@ -86,8 +87,8 @@ impl Prepared {
     }
 }
 
-/// The tokenization a request still needs: the costly part of preparation, done
-/// apart from the request thread.
+/// The tokenization a request with a large prompt still needs: the costly part of
+/// preparation, done apart from the request thread.
 #[derive(Debug)]
 pub(crate) struct Tokenize {
     endpoint: &'static Endpoint,
@@ -98,24 +99,14 @@ pub(crate) struct Tokenize {
 impl Tokenize {
     /// Tokenizes the prompt on this thread (the body is parsed again, borrowing from
     /// it: the prompt is never copied).
-    pub(crate) fn run(self) -> Result<PromptTokens, ApiError> {
+    fn run(self) -> Result<PromptTokens, ApiError> {
         let parsed = (self.endpoint.parse)(&self.body)?;
         parsed.prompt.token_ids(&self.tokenizer)
     }
 
-    /// Tokenizes a small prompt on this thread, where it costs less than handing it
-    /// to another thread and back, and a larger one on one of `pool`'s threads.
-    pub(crate) async fn run_sized(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
-        if self.body.len() <= INLINE_BODY_BYTES {
-            self.run()
-        } else {
-            self.off_thread(pool).await
-        }
-    }
-
     /// Tokenizes the prompt on one of `pool`'s threads, so a large prompt never
     /// stalls the threads that serve requests.
-    async fn off_thread(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
+    pub(crate) async fn off_thread(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
         pool.run(move || self.run())
             .await
             .ok_or_else(|| ApiError::internal("tokenization failed"))?
@@ -123,19 +114,31 @@ impl Tokenize {
 }
 
 /// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the model's
-/// tokenizer, `Ok(None)` for a model without one, or the 404 for a model not served.
-/// With a tokenizer, the tokenization is returned to be run where the caller wants.
+/// tokenizer, `Ok(None)` for a model whose prompts are not tokenized, or the 404 for
+/// a model not served. A prompt in a body of at most [`INLINE_BODY_BYTES`] is
+/// tokenized here, where it costs less than handing it to another thread and back; a
+/// larger one's tokenization is returned, to be run off the request thread.
 pub(crate) fn prepare(
     endpoint: &'static Endpoint,
     body: &Bytes,
     tokenizer: impl FnOnce(&str) -> Result<Option<Arc<ChatTokenizer>>, ApiError>,
 ) -> Result<(Prepared, Option<Tokenize>), ApiError> {
     let parsed = (endpoint.parse)(body)?;
-    let tokenize = tokenizer(&parsed.model)?.map(|tokenizer| Tokenize {
-        endpoint,
-        body: body.clone(),
-        tokenizer,
-    });
+    let mut inline = None;
+    let mut tokenize = None;
+    match tokenizer(&parsed.model)? {
+        Some(tokenizer) if body.len() <= INLINE_BODY_BYTES => {
+            inline = Some(parsed.prompt.token_ids(&tokenizer)?);
+        }
+        Some(tokenizer) => {
+            tokenize = Some(Tokenize {
+                endpoint,
+                body: body.clone(),
+                tokenizer,
+            });
+        }
+        None => {}
+    }
     let prepared = Prepared {
         model: parsed.model,
         stream: parsed.stream,
@@ -144,7 +147,10 @@ pub(crate) fn prepare(
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,
     };
-    Ok((prepared, tokenize))
+    match inline {
+        Some(tokens) => Ok((prepared.with_tokens(tokens), None)),
+        None => Ok((prepared, tokenize)),
+    }
 }
 
 #[cfg(test)]

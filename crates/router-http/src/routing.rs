@@ -21,9 +21,9 @@ pub(crate) struct ModelRoute {
 }
 
 impl ModelRoute {
-    /// The route of model `id`. Its prompts are tokenized only when where a request
-    /// goes can depend on them (a bucket bounds their length or a policy reads
-    /// them): otherwise the tokenizer is left out and prompt lengths are estimated.
+    /// The route of model `id`. Its prompts are tokenized only when the route can
+    /// depend on them (a bucket bounds their length or a policy reads them):
+    /// otherwise the tokenizer is left out and prompt lengths are estimated.
     pub(crate) fn new(
         id: &str,
         resolver: BucketResolver,

@@ -370,8 +370,4 @@ impl Policy for CacheAwarePolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.pick_async(engines, request))
     }
-
-    fn reads_prompt(&self) -> bool {
-        true
-    }
 }

@@ -106,6 +106,10 @@ impl Policy for LeastLoadPolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))
     }
+
+    fn reads_prompt(&self) -> bool {
+        false
+    }
 }
 
 /// Settings of `load_based`.

@@ -32,9 +32,10 @@ pub trait Policy: Send + Sync + fmt::Debug {
 
     /// Whether picks read the prompt ([`PickRequest::token_ids`] or
     /// [`PickRequest::input_tokens`]); a router need not tokenize a prompt that no
-    /// policy on its way reads. None does unless it says so.
+    /// policy on its way reads. Every policy is taken to read it unless it says it
+    /// does not.
     fn reads_prompt(&self) -> bool {
-        false
+        true
     }
 }
 

@@ -101,6 +101,10 @@ impl Policy for PowerOfTwoPolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))
     }
+
+    fn reads_prompt(&self) -> bool {
+        false
+    }
 }
 
 /// Settings of `power_of_two`.

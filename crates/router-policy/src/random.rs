@@ -100,6 +100,10 @@ impl Policy for RandomPolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))
     }
+
+    fn reads_prompt(&self) -> bool {
+        false
+    }
 }
 
 /// Settings of `random`.

@@ -72,6 +72,10 @@ impl Policy for RoundRobinPolicy {
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(std::future::ready(self.select(engines, request)))
     }
+
+    fn reads_prompt(&self) -> bool {
+        false
+    }
 }
 
 /// Settings of `round_robin`.

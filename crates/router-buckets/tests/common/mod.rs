@@ -107,6 +107,10 @@ impl Policy for CountingPolicy {
             PickReason::RoundRobin,
         ))))
     }
+
+    fn reads_prompt(&self) -> bool {
+        false
+    }
 }
 
 /// Records the candidate ids it was offered, then picks the first.

@@ -182,7 +182,7 @@ async fn route(
     });
     let prepared = match prepared {
         Ok((prepared, None)) => prepared,
-        Ok((prepared, Some(tokenize))) => match tokenize.run_sized(&ctx.tokenizing).await {
+        Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
             Ok(tokens) => prepared.with_tokens(tokens),
             Err(e) => return (unknown_model(), Err(e)),
         },

@@ -98,6 +98,14 @@ fn validation_errors_name_their_path() {
             "limits.max_connections: must be at most 1048576",
         ),
         (
+            "limits: {tokenize_cache_bytes: 1000}\nmodels: [{id: m}]\n",
+            "limits.tokenize_cache_bytes: must be 0 (no cache) or between 1048576 (1 MiB) and 17179869184 (16 GiB)",
+        ),
+        (
+            "limits: {tokenize_cache_bytes: 17179869185}\nmodels: [{id: m}]\n",
+            "limits.tokenize_cache_bytes: must be 0 (no cache) or between 1048576 (1 MiB) and 17179869184 (16 GiB)",
+        ),
+        (
             "models: [{id: m, buckets: [{id: 'b\"} 1', groups: {plain: {}}}]}]\n",
             "models[0].buckets[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not '\"'",
         ),

@@ -219,9 +219,8 @@ fn hello_world() -> Bytes {
 
 #[test]
 fn a_tokenizer_gives_token_ids_and_the_exact_prompt_length() {
-    let (prepared, tokenize) =
-        prepare(&CHAT, &hello_world(), |_| Ok(Some(tiny_tokenizer()))).unwrap();
-    let p = prepared.with_tokens(tokenize.expect("a tokenization to run").run().unwrap());
+    let (p, tokenize) = prepare(&CHAT, &hello_world(), |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    assert!(tokenize.is_none(), "a small prompt is tokenized at once");
     assert_eq!(p.token_ids.as_deref(), Some(&[1, 2, 4, 5, 3][..]));
     assert_eq!(p.input_tokens, 5);
 }
@@ -248,7 +247,7 @@ async fn the_prompt_is_tokenized_off_the_request_thread() {
     assert!(body.len() > INLINE_BODY_BYTES);
     let ids = tokenize
         .expect("a tokenization to run")
-        .run_sized(&TokenizePool::new(1))
+        .off_thread(&TokenizePool::new(1))
         .await
         .unwrap();
     assert_eq!(
@@ -263,32 +262,26 @@ async fn the_prompt_is_tokenized_off_the_request_thread() {
     other.await.unwrap();
 }
 
-#[tokio::test]
-async fn a_small_prompt_is_tokenized_on_the_request_thread() {
-    // The spawned task could run only if tokenizing left this thread; a small prompt
-    // is tokenized here, without a hand-over.
-    let ran = Arc::new(AtomicBool::new(false));
-    let other = {
-        let ran = Arc::clone(&ran);
-        tokio::spawn(async move { ran.store(true, Ordering::SeqCst) })
-    };
-    let body = Bytes::from(
-        serde_json::to_vec(
-            &json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]}),
+#[test]
+fn a_small_prompt_is_tokenized_in_preparation_and_a_large_one_is_handed_over() {
+    let body = |content: &str| {
+        Bytes::from(
+            serde_json::to_vec(
+                &json!({"model": "m", "messages": [{"role": "user", "content": content}]}),
+            )
+            .unwrap(),
         )
-        .unwrap(),
+    };
+    let small = body("hello world");
+    assert!(small.len() <= INLINE_BODY_BYTES);
+    let (prepared, tokenize) = prepare(&CHAT, &small, |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    assert!(tokenize.is_none(), "nothing is handed over");
+    assert_eq!(
+        prepared.input_tokens, 5,
+        "<s> <|user|> hello world <|assistant|>"
     );
-    assert!(body.len() <= INLINE_BODY_BYTES);
-    let (_, tokenize) = prepare(&CHAT, &body, |_| Ok(Some(tiny_tokenizer()))).unwrap();
-    let ids = tokenize
-        .expect("a tokenization to run")
-        .run_sized(&TokenizePool::new(1))
-        .await
-        .unwrap();
-    assert_eq!(ids.ids.len(), 5, "<s> <|user|> hello world <|assistant|>");
-    assert!(
-        !ran.load(Ordering::SeqCst),
-        "nothing else ran on this thread: the prompt never left it"
-    );
-    other.await.unwrap();
+    let large = body(&"hello ".repeat(INLINE_BODY_BYTES / 6 + 1));
+    let (prepared, tokenize) = prepare(&CHAT, &large, |_| Ok(Some(tiny_tokenizer()))).unwrap();
+    assert!(tokenize.is_some(), "a larger prompt is handed over");
+    assert_eq!(prepared.token_ids, None, "not tokenized yet");
 }

@@ -187,10 +187,10 @@ impl ByteLevelBpe {
     /// Where each added token in `text` ends, in order: the points where the text may
     /// be split, the ids of the part before one followed by those of the part after
     /// it being the ids of the whole.
-    pub(super) fn added_ends(&self, text: &str) -> Vec<usize> {
-        self.added.as_ref().map_or_else(Vec::new, |(matcher, _)| {
-            matcher.find_iter(text).map(|m| m.end()).collect()
-        })
+    pub(super) fn added_ends<'t>(&'t self, text: &'t str) -> impl Iterator<Item = usize> + 't {
+        self.added
+            .iter()
+            .flat_map(move |(matcher, _)| matcher.find_iter(text).map(|m| m.end()))
     }
 
     /// Encodes a stretch between added tokens; returns the bytes of it left

@@ -5,15 +5,21 @@
 //! `<|im_start|>`, `<|eot_id|>` ...): added tokens are split out before anything else,
 //! and no normalization, pre-tokenization or merge crosses one, so the ids of the text
 //! up to such a point, followed by the ids of the rest encoded alone, are exactly the
-//! ids of the whole. A prompt's prefix up to its last added token is kept, keyed by a
-//! keyed hash of its bytes (and its length): the hash's keys are drawn per process,
-//! so a client cannot make its prompt collide with another's. Prompts shorter than
-//! [`MIN_PROMPT_BYTES`] are encoded whole, without hashing.
+//! ids of the whole. A prompt's prefix up to its last added token is kept, keyed by its
+//! length and a keyed hash of its bytes: the hash's keys are drawn per process, so a
+//! client cannot make its prompt collide with another's. Only a prompt's last
+//! [`MAX_PROBES`] split points are looked up (a conversation's previous turn ends a
+//! few added tokens before the end), so a prompt made of added tokens costs no more
+//! than any other. Prompts shorter than [`MIN_PROMPT_BYTES`] are encoded whole,
+//! without hashing.
 //!
 //! The cache is bounded in bytes (the ids' size plus [`ENTRY_OVERHEAD`] an entry) and
-//! forgets the least recently used prefix first.
+//! forgets the least recently used prefix first; a prefix that a newly kept one
+//! extends (the previous turn's) is forgotten before any other, as the new one holds
+//! its ids too.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,15 +32,25 @@ use super::bytelevel::ByteLevelBpe;
 /// fraction of a millisecond, while their prefixes would crowd the cache.
 const MIN_PROMPT_BYTES: usize = 8 << 10;
 
+/// The most split points of a prompt looked up, its last ones.
+const MAX_PROBES: usize = 64;
+
+/// Prefixes are hashed in blocks of this size, then the bytes up to their end: the
+/// same prefix is hashed the same way in every prompt.
+const HASH_BLOCK: usize = 4 << 10;
+
 /// What an entry costs beyond its ids: the map's and the order's slots and the
 /// shared slice's counts.
 const ENTRY_OVERHEAD: usize = 128;
+
+/// Where the use clock starts: ticks below it are given to demoted entries, counting
+/// down, so they come first in the order.
+const CLOCK_START: u64 = 1 << 63;
 
 /// A prefix's key: its length and its bytes' keyed hash.
 type Key = (usize, u64);
 
 /// See the module documentation.
-#[derive(Debug)]
 pub(crate) struct PrefixCache {
     /// The most bytes the entries may take.
     budget: usize,
@@ -47,16 +63,26 @@ pub(crate) struct PrefixCache {
     reused_tokens: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+impl fmt::Debug for PrefixCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixCache")
+            .field("budget", &self.budget)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Entries {
     by_key: HashMap<Key, Entry>,
     /// Keys by last use, oldest first.
     by_use: BTreeMap<u64, Key>,
+    /// The last tick given to a use.
     clock: u64,
+    /// The last tick given to a demoted entry.
+    floor: u64,
     bytes: usize,
 }
 
-#[derive(Debug)]
 struct Entry {
     ids: Arc<[u32]>,
     used: u64,
@@ -65,9 +91,9 @@ struct Entry {
 /// What the cache has done since it was made, and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixCacheStats {
-    /// Prompts long enough to look up whose prefix was found.
+    /// Prompts whose prefix was found.
     pub hits: u64,
-    /// Prompts long enough to look up whose prefix was not.
+    /// Prompts with a prefix long enough to keep whose prefix was not found.
     pub misses: u64,
     /// Token ids taken from the cache instead of encoded.
     pub reused_tokens: u64,
@@ -84,7 +110,13 @@ impl PrefixCache {
             budget,
             min_prompt_bytes: MIN_PROMPT_BYTES,
             hashing: RandomState::new(),
-            entries: Mutex::default(),
+            entries: Mutex::new(Entries {
+                by_key: HashMap::new(),
+                by_use: BTreeMap::new(),
+                clock: CLOCK_START,
+                floor: CLOCK_START,
+                bytes: 0,
+            }),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             reused_tokens: AtomicU64::new(0),
@@ -109,18 +141,22 @@ impl PrefixCache {
         if text.len() < self.min_prompt_bytes || self.budget == 0 {
             return encoder.encode(text);
         }
-        let keys = self.keys(text, &encoder.added_ends(text));
+        let keys = self.keys(text, &self.split_points(encoder, text));
         let mut ids = Vec::with_capacity(text.len() / 3);
         let mut start = 0;
-        match self.longest(&keys) {
-            Some((end, prefix)) => {
+        let found = self.longest(&keys);
+        match &found {
+            Some((key, prefix)) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 self.reused_tokens
                     .fetch_add(prefix.len() as u64, Ordering::Relaxed);
-                ids.extend_from_slice(&prefix);
-                start = end;
+                ids.extend_from_slice(prefix);
+                start = key.0;
             }
-            None => drop(self.misses.fetch_add(1, Ordering::Relaxed)),
+            None if keys.is_empty() => {}
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if let Some(&(end, hash)) = keys.last()
             && end > start
@@ -129,83 +165,120 @@ impl PrefixCache {
             if left > 0 {
                 return (ids, left + (text.len() - end));
             }
-            self.insert((end, hash), Arc::from(&ids[..]));
+            self.insert((end, hash), &ids, found.map(|(key, _)| key));
             start = end;
         }
         let left = encoder.encode_into(&text[start..], &mut ids);
         (ids, left)
     }
 
-    /// The keys of the prefixes of `text` that end at `ends` and are long enough to
-    /// keep, shortest first.
-    fn keys(&self, text: &str, ends: &[usize]) -> Vec<Key> {
-        let mut hasher = self.hashing.build_hasher();
-        let mut hashed = 0;
-        let mut keys = Vec::new();
-        for &end in ends {
-            hasher.write(&text.as_bytes()[hashed..end]);
-            hashed = end;
+    /// Where `text` may be split and the prefix before is long enough to keep: the
+    /// last [`MAX_PROBES`] such points, ascending.
+    fn split_points(&self, encoder: &ByteLevelBpe, text: &str) -> Vec<usize> {
+        let mut ends = VecDeque::with_capacity(MAX_PROBES);
+        for end in encoder.added_ends(text) {
             if end >= self.min_prompt_bytes {
-                keys.push((end, hasher.clone().finish()));
+                if ends.len() == MAX_PROBES {
+                    ends.pop_front();
+                }
+                ends.push_back(end);
             }
         }
-        keys
+        ends.into()
     }
 
-    /// The longest of `keys` held, its end and its ids.
-    fn longest(&self, keys: &[Key]) -> Option<(usize, Arc<[u32]>)> {
+    /// The keys of the prefixes of `text` that end at `ends` (ascending).
+    fn keys(&self, text: &str, ends: &[usize]) -> Vec<Key> {
+        let bytes = text.as_bytes();
+        let mut blocks = self.hashing.build_hasher();
+        let mut hashed = 0;
+        ends.iter()
+            .map(|&end| {
+                while hashed + HASH_BLOCK <= end {
+                    blocks.write(&bytes[hashed..hashed + HASH_BLOCK]);
+                    hashed += HASH_BLOCK;
+                }
+                let mut prefix = blocks.clone();
+                prefix.write(&bytes[hashed..end]);
+                (end, prefix.finish())
+            })
+            .collect()
+    }
+
+    /// The longest of `keys` held, and its ids.
+    fn longest(&self, keys: &[Key]) -> Option<(Key, Arc<[u32]>)> {
         let mut entries = self.entries.lock();
         let key = *keys.iter().rev().find(|k| entries.by_key.contains_key(k))?;
-        let ids = entries.touch(key);
-        Some((key.0, ids))
+        let ids = entries.touch(key)?;
+        Some((key, ids))
     }
 
-    /// Keeps `ids` under `key`, forgetting the least recently used prefixes while
-    /// the budget is exceeded; a prefix over a quarter of the budget is not kept
-    /// (it would push out most of the others).
-    fn insert(&self, key: Key, ids: Arc<[u32]>) {
-        let size = cost(&ids);
+    /// Keeps `ids` under `key`, forgetting `extended` first (a shorter prefix of the
+    /// same text, which `ids` hold too), then the least recently used prefixes, while
+    /// the budget is exceeded. A prefix over a quarter of the budget is not kept (it
+    /// would push out most of the others).
+    fn insert(&self, key: Key, ids: &[u32], extended: Option<Key>) {
+        let size = cost(ids.len());
         if size > self.budget / 4 {
             return;
         }
-        let mut entries = self.entries.lock();
-        if entries.by_key.contains_key(&key) {
-            entries.touch(key);
-            return;
-        }
-        while entries.bytes + size > self.budget {
-            let Some((_, oldest)) = entries.by_use.pop_first() else {
-                break;
-            };
-            if let Some(gone) = entries.by_key.remove(&oldest) {
-                entries.bytes -= cost(&gone.ids);
+        let ids: Arc<[u32]> = Arc::from(ids);
+        let mut gone = Vec::new();
+        {
+            let mut entries = self.entries.lock();
+            if entries.by_key.contains_key(&key) {
+                entries.touch(key);
+                return;
             }
+            if let Some(extended) = extended {
+                entries.demote(extended);
+            }
+            while entries.bytes + size > self.budget {
+                let Some((_, oldest)) = entries.by_use.pop_first() else {
+                    break;
+                };
+                if let Some(entry) = entries.by_key.remove(&oldest) {
+                    entries.bytes -= cost(entry.ids.len());
+                    gone.push(entry.ids);
+                }
+            }
+            entries.clock += 1;
+            let used = entries.clock;
+            entries.by_use.insert(used, key);
+            entries.by_key.insert(key, Entry { ids, used });
+            entries.bytes += size;
         }
-        entries.clock += 1;
-        let used = entries.clock;
-        entries.by_use.insert(used, key);
-        entries.by_key.insert(key, Entry { ids, used });
-        entries.bytes += size;
+        // The forgotten ids are freed after the lock is let go.
+        drop(gone);
     }
 }
 
 impl Entries {
-    /// Marks `key` (held) as just used; returns its ids.
-    fn touch(&mut self, key: Key) -> Arc<[u32]> {
+    /// Marks `key` as just used; returns its ids, `None` if it is not held.
+    fn touch(&mut self, key: Key) -> Option<Arc<[u32]>> {
         self.clock += 1;
-        let now = self.clock;
-        let entry = self.by_key.get_mut(&key).expect("the key is held");
-        let before = std::mem::replace(&mut entry.used, now);
+        self.reorder(key, self.clock)
+    }
+
+    /// Puts `key`, if held, first in line to be forgotten.
+    fn demote(&mut self, key: Key) {
+        self.floor -= 1;
+        self.reorder(key, self.floor);
+    }
+
+    fn reorder(&mut self, key: Key, tick: u64) -> Option<Arc<[u32]>> {
+        let entry = self.by_key.get_mut(&key)?;
+        let before = std::mem::replace(&mut entry.used, tick);
         let ids = Arc::clone(&entry.ids);
         self.by_use.remove(&before);
-        self.by_use.insert(now, key);
-        ids
+        self.by_use.insert(tick, key);
+        Some(ids)
     }
 }
 
-/// The bytes an entry of `ids` takes.
-fn cost(ids: &[u32]) -> usize {
-    std::mem::size_of_val(ids) + ENTRY_OVERHEAD
+/// The bytes an entry of `ids` ids takes.
+fn cost(ids: usize) -> usize {
+    ids.saturating_mul(4).saturating_add(ENTRY_OVERHEAD)
 }
 
 #[cfg(test)]

@@ -73,29 +73,42 @@ pub(super) struct Model {
 }
 
 /// The merges, in either of the forms `tokenizer.json` has had (one form for the
-/// whole list): `["a", "b"]` pairs, or `"a b"` lines.
+/// whole list): `["a", "b"]` pairs, or `"a b"` lines. Read a merge at a time (an
+/// untagged list would first be copied whole into serde's buffer: tens of MiB for a
+/// large vocabulary).
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub(super) struct MergeList(Vec<Merge>);
+
+/// One merge, in either form.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub(super) enum MergeList {
-    Pairs(Vec<(String, String)>),
-    Lines(Vec<String>),
+enum Merge {
+    Pair(String, String),
+    Line(String),
 }
 
 impl MergeList {
-    /// The merges in rank order, `None` for a line that is not two parts (which
-    /// `tokenizers` refuses); `#version` lines are skipped, as `tokenizers` skips them.
+    /// The merges in rank order, `None` for a line that is not two parts or a list
+    /// that mixes the forms (which `tokenizers` refuses); `#version` lines are
+    /// skipped, as `tokenizers` skips them.
     pub(super) fn parts(&self) -> Option<Vec<(&str, &str)>> {
-        match self {
-            MergeList::Pairs(pairs) => Some(pairs.iter().map(|(l, r)| (&**l, &**r)).collect()),
-            MergeList::Lines(lines) => lines
-                .iter()
-                .filter(|line| !line.starts_with("#version"))
-                .map(|line| {
+        let pairs = self.0.iter().all(|m| matches!(m, Merge::Pair(..)));
+        let lines = self.0.iter().all(|m| matches!(m, Merge::Line(_)));
+        if !(pairs || lines) {
+            return None;
+        }
+        self.0
+            .iter()
+            .filter(|m| !matches!(m, Merge::Line(line) if line.starts_with("#version")))
+            .map(|merge| match merge {
+                Merge::Pair(left, right) => Some((&**left, &**right)),
+                Merge::Line(line) => {
                     let (left, right) = line.split_once(' ')?;
                     (!right.contains(' ')).then_some((left, right))
-                })
-                .collect(),
-        }
+                }
+            })
+            .collect()
     }
 }
 

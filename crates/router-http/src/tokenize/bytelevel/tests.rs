@@ -322,3 +322,26 @@ fn tokenizers_it_does_not_cover_are_left_to_tokenizers() {
     assert!(ByteLevelBpe::load(&prefix_space).is_none());
     std::fs::remove_dir_all(prefix_space.parent().unwrap()).unwrap();
 }
+
+#[test]
+fn merges_in_one_form_are_read_and_a_list_tokenizers_refuses_is_left_to_it() {
+    let cases = [
+        (json!([["a", "b"]]), true),
+        (json!(["#version: 0.2", "a b"]), true),
+        (json!([["a", "b"], "a b"]), false),
+        (json!(["a b c"]), false),
+    ];
+    for (merges, covered) in cases {
+        let mut file = gpt2_shaped(false);
+        file["model"]["vocab"]["ab"] = json!(257);
+        file["model"]["merges"] = merges.clone();
+        let path = written("merge-forms", &file);
+        assert_eq!(
+            tokenizers::Tokenizer::from_file(&path).is_ok(),
+            covered,
+            "tokenizers on {merges}"
+        );
+        assert_eq!(ByteLevelBpe::load(&path).is_some(), covered, "{merges}");
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+}

@@ -10,17 +10,46 @@ use proptest::prelude::*;
 use super::*;
 use crate::tokenize::python_env;
 
+fn bytes_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
+}
+
+/// The bytes tokenizer with added tokens that overlap each other (`<a>` starts
+/// `<a>b`, whose end starts `b>`), so a shorter one may end where a longer one of a
+/// longer text would not.
+fn overlapping() -> ByteLevelBpe {
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bytes_path()).unwrap()).unwrap();
+    let added = json["added_tokens"].as_array_mut().unwrap();
+    let template = added[0].clone();
+    for (n, content) in ["<a>", "<a>b", "b>"].into_iter().enumerate() {
+        let mut token = template.clone();
+        token["content"] = content.into();
+        token["id"] = (300 + n).into();
+        added.push(token);
+    }
+    let dir = std::env::temp_dir().join(format!("switchyard-overlapping-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let encoder = ByteLevelBpe::load(&path).expect("byte-level");
+    std::fs::remove_dir_all(&dir).unwrap();
+    encoder
+}
+
 /// The byte-level tokenizers with added tokens the tests have.
 fn encoders() -> &'static [(&'static str, ByteLevelBpe)] {
     static LOADED: OnceLock<Vec<(&'static str, ByteLevelBpe)>> = OnceLock::new();
     LOADED.get_or_init(|| {
-        let bytes = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/tokenizer-bytes/tokenizer.json");
         let qwen3 = python_env::ensure().join("qwen3/tokenizer.json");
-        [("qwen3", qwen3), ("bytes", bytes)]
-            .into_iter()
-            .map(|(name, path)| (name, ByteLevelBpe::load(&path).expect("byte-level")))
-            .collect()
+        vec![
+            ("qwen3", ByteLevelBpe::load(&qwen3).expect("byte-level")),
+            (
+                "bytes",
+                ByteLevelBpe::load(&bytes_path()).expect("byte-level"),
+            ),
+            ("overlapping", overlapping()),
+        ]
     })
 }
 
@@ -39,6 +68,11 @@ const FRAGMENTS: &[&str] = &[
     "<|assistant|>",
     "<s>",
     "<|im_",
+    "<a>",
+    "<a>b",
+    "b>",
+    "b",
+    ">",
     "user\n",
     "assistant\n",
     "\n",
@@ -63,22 +97,85 @@ fn turn() -> impl Strategy<Value = String> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+    /// Each conversation's prompts extend the one before; a second conversation
+    /// branches from the first after `branch` turns, so it meets prefixes the first
+    /// left, of prompts that are not its own.
     #[test]
     fn reused_prefixes_give_the_ids_of_the_whole(
         turns in prop::collection::vec(turn(), 1..8),
-        budget in prop_oneof![Just(0usize), Just(600), Just(1 << 20)],
+        other in prop::collection::vec(turn(), 1..4),
+        branch in 0usize..8,
+        budget in prop_oneof![Just(0usize), Just(2400), Just(1 << 20)],
     ) {
+        let branch = branch.min(turns.len());
+        let second = turns[..branch].iter().chain(&other);
         for (name, encoder) in encoders() {
             let cache = eager(budget);
-            let mut prompt = String::new();
-            for turn in &turns {
-                prompt.push_str(turn);
-                let whole = encoder.encode(&prompt);
-                prop_assert_eq!(cache.encode(encoder, &prompt), whole, "{} on {:?}", name, prompt);
-                prop_assert!(cache.stats().bytes as usize <= budget);
+            for conversation in [turns.iter().collect::<Vec<_>>(), second.clone().collect()] {
+                let mut prompt = String::new();
+                for turn in conversation {
+                    prompt.push_str(turn);
+                    let whole = encoder.encode(&prompt);
+                    prop_assert_eq!(cache.encode(encoder, &prompt), whole, "{} on {:?}", name, prompt);
+                    prop_assert!(cache.stats().bytes as usize <= budget);
+                }
             }
         }
     }
+}
+
+#[test]
+fn a_prompt_past_what_is_merged_keeps_its_untokenized_tail_through_the_cache() {
+    let (_, qwen3) = &encoders()[0];
+    let cache = eager(1 << 30);
+    let prompt = format!(
+        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>",
+        "a".repeat(300 << 10)
+    );
+    let whole = qwen3.encode(&prompt);
+    assert!(whole.1 > 0, "a piece over 256 KiB is left untokenized");
+    assert_eq!(cache.encode(qwen3, &prompt), whole);
+    assert_eq!(
+        cache.stats().entries,
+        0,
+        "a prefix not wholly tokenized is not kept"
+    );
+}
+
+#[test]
+fn a_prompt_of_added_tokens_probes_only_its_last_split_points() {
+    let (_, bytes) = &encoders()[1];
+    let cache = PrefixCache::new(4 << 20);
+    let prompt = "<s>".repeat(100_000);
+    let points = cache.split_points(bytes, &prompt);
+    let last: Vec<usize> = (100_000 - MAX_PROBES + 1..=100_000)
+        .map(|n| 3 * n)
+        .collect();
+    assert_eq!(points, last);
+    assert_eq!(cache.encode(bytes, &prompt), bytes.encode(&prompt));
+    assert_eq!(cache.encode(bytes, &prompt), bytes.encode(&prompt));
+    let stats = cache.stats();
+    assert_eq!((stats.hits, stats.misses, stats.entries), (1, 1, 1));
+}
+
+#[test]
+fn the_prefix_a_new_one_extends_is_forgotten_first() {
+    let cache = PrefixCache::new(4 * cost(100));
+    let key = |n: usize| (n, n as u64);
+    let ids = [7; 100];
+    cache.insert(key(1), &ids, None);
+    cache.insert(key(2), &ids, None);
+    cache.insert(key(3), &ids, Some(key(2)));
+    cache.insert(key(4), &ids, None);
+    cache.insert(key(5), &ids, None);
+    let held = |n| cache.entries.lock().by_key.contains_key(&key(n));
+    assert!(!held(2), "the extended prefix went first");
+    assert!(
+        [1, 3, 4, 5].into_iter().all(held),
+        "the oldest other stayed"
+    );
+    cache.insert(key(6), &ids, None);
+    assert!(!held(1), "then the least recently used");
 }
 
 #[test]
@@ -97,7 +194,7 @@ fn the_next_turn_of_a_conversation_reuses_the_last_ones_prefix() {
     let kept = qwen3.encode(&history).0;
     assert_eq!(
         stats.bytes as usize,
-        kept.len() * 4 + ENTRY_OVERHEAD,
+        cost(kept.len()),
         "the prefix up to the last added token is kept"
     );
     let next = format!(
@@ -121,7 +218,7 @@ fn the_least_recently_used_prefix_goes_first_and_a_large_one_is_not_kept() {
     let (_, bytes) = &encoders()[1];
     // Each prompt's kept prefix is "<s>", 99 letters and "<s>": 101 ids.
     let prompt = |c: char| format!("<s>{}<s>tail", String::from(c).repeat(99));
-    let entry = 101 * 4 + ENTRY_OVERHEAD;
+    let entry = cost(101);
     let cache = eager(4 * entry);
     for c in ['a', 'b', 'c', 'd'] {
         cache.encode(bytes, &prompt(c));
