@@ -15,7 +15,7 @@ mod spec;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::Path;
 
 use aho_corasick::{AhoCorasick, MatchKind};
@@ -99,33 +99,54 @@ impl ByteLevelBpe {
         if !file.covered() {
             return None;
         }
+        let added = added_matcher(&file)?;
+        let normalizer = match file.normalization()? {
+            None => None,
+            Some(form) => Some((serde_json::from_value(file.normalizer.clone()?).ok()?, form)),
+        };
+        let pieces = Pieces::new(file.split()?.as_deref())?;
+        let ignore_merges = file.model.ignore_merges;
+        let (names, listed) = (file.model.vocab, file.model.merges);
         let byte_of = byte_of_char();
-        let mut vocab = FxHashMap::default();
-        vocab.reserve(file.model.vocab.len());
-        for (token, &id) in &file.model.vocab {
-            if let Some(bytes) = token
+        let bytes_of = |token: &str| {
+            token
                 .chars()
-                .map(|c| byte_of.get(&c).copied())
+                .map(|c| *byte_of.get(c as usize)?)
                 .collect::<Option<Vec<u8>>>()
-            {
-                vocab.insert(bytes.into_boxed_slice(), id);
+        };
+        // The vocabulary by bytes, its names freed as they are read; a token no bytes
+        // stand for can never be a piece's symbol.
+        let mut vocab = FxHashMap::default();
+        vocab.reserve(names.len());
+        let mut unmapped = HashSet::new();
+        for (token, id) in names {
+            match bytes_of(&token) {
+                Some(bytes) => drop(vocab.insert(bytes.into_boxed_slice(), id)),
+                None => drop(unmapped.insert(token)),
             }
         }
         let mut byte_ids = [0; 256];
         for (byte, id) in byte_ids.iter_mut().enumerate() {
             *id = *vocab.get(&[byte as u8][..])?;
         }
-        let id_of = |token: &str| file.model.vocab.get(token).copied();
-        let mut merges = Merges::default();
-        for (rank, (left, right)) in file.model.merges.parts()?.into_iter().enumerate() {
-            let joined = id_of(&format!("{left}{right}"))?;
-            merges.insert(
-                id_of(left)?,
-                id_of(right)?,
-                u32::try_from(rank).ok()?,
-                joined,
-            );
-        }
+        let mut merges = Merges::with_capacity(vocab.len());
+        spec::each_merge(&listed, |rank, left, right| {
+            if let (Some(mut joined), Some(right_bytes)) = (bytes_of(left), bytes_of(right)) {
+                let left_id = *vocab.get(&joined[..])?;
+                let right_id = *vocab.get(&right_bytes[..])?;
+                joined.extend_from_slice(&right_bytes);
+                merges.insert(left_id, right_id, rank, *vocab.get(&joined[..])?);
+                return Some(());
+            }
+            // A rule with a token no bytes stand for never applies, but `tokenizers`
+            // refuses one whose tokens are not all in the vocabulary.
+            let known = |token: &str| match bytes_of(token) {
+                Some(bytes) => vocab.contains_key(&bytes[..]),
+                None => unmapped.contains(token),
+            };
+            (known(left) && known(right) && known(&format!("{left}{right}"))).then_some(())
+        })?;
+        drop(listed);
         let mut whole = vec![false; vocab.values().max().map_or(0, |&m| m as usize + 1)];
         let (mut symbols, mut merged) = (Vec::new(), Vec::new());
         for (bytes, &id) in &vocab {
@@ -135,12 +156,6 @@ impl ByteLevelBpe {
             merges.apply(&mut symbols, &mut merged);
             whole[id as usize] = merged == [id];
         }
-        let added = added_matcher(&file)?;
-        let normalizer = match file.normalization()? {
-            None => None,
-            Some(form) => Some((serde_json::from_value(file.normalizer.clone()?).ok()?, form)),
-        };
-        let pieces = Pieces::new(file.split()?.as_deref())?;
         Some(Self {
             added,
             normalizer,
@@ -149,7 +164,7 @@ impl ByteLevelBpe {
             whole,
             byte_ids,
             merges,
-            ignore_merges: file.model.ignore_merges,
+            ignore_merges,
         })
     }
 
@@ -319,21 +334,21 @@ fn added_matcher(file: &TokenizerFile) -> Option<Option<(AhoCorasick, Vec<u32>)>
     Some(Some((matcher, ids)))
 }
 
-/// The byte each character of a byte-level vocabulary stands for: printable
-/// characters of Latin-1 stand for their own code, and the other bytes, in order, for
-/// the characters from U+0100 on.
-fn byte_of_char() -> HashMap<char, u8> {
+/// The byte each character of a byte-level vocabulary stands for, by the character's
+/// code (all below U+0200): printable characters of Latin-1 stand for their own code,
+/// and the other bytes, in order, for the characters from U+0100 on.
+fn byte_of_char() -> [Option<u8>; 0x200] {
     let own = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut table = [None; 0x200];
     let mut shifted = 0;
-    (0..=255u8)
-        .map(|b| {
-            let c = if own(b) {
-                char::from(b)
-            } else {
-                shifted += 1;
-                char::from_u32(255 + shifted).expect("below U+0200")
-            };
-            (c, b)
-        })
-        .collect()
+    for b in 0..=255u8 {
+        let code = if own(b) {
+            usize::from(b)
+        } else {
+            shifted += 1;
+            255 + shifted
+        };
+        table[code] = Some(b);
+    }
+    table
 }

@@ -33,6 +33,13 @@ const GONE: u32 = u32::MAX;
 const SHORT: usize = 48;
 
 impl Merges {
+    /// No rules yet, room for `n`.
+    pub(super) fn with_capacity(n: usize) -> Self {
+        let mut rules = FxHashMap::default();
+        rules.reserve(n);
+        Self { rules }
+    }
+
     /// Adds the rule of `rank`; a later rule for the same pair replaces an earlier
     /// one, as when `tokenizers` loads the list.
     pub(super) fn insert(&mut self, left: u32, right: u32, rank: u32, joined: u32) {

@@ -6,10 +6,13 @@
 //! either: its fields are read as strictly, and the parts the encoder does not use are
 //! read with `tokenizers`' own types.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::Deserialize;
+use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::Form;
 
@@ -69,47 +72,64 @@ pub(super) struct Model {
     #[serde(default)]
     pub(super) ignore_merges: bool,
     pub(super) vocab: HashMap<String, u32>,
-    pub(super) merges: MergeList,
+    /// Read by [`each_merge`], a merge at a time.
+    pub(super) merges: Box<RawValue>,
 }
 
-/// The merges, in either of the forms `tokenizer.json` has had (one form for the
-/// whole list): `["a", "b"]` pairs, or `"a b"` lines. Read a merge at a time (an
-/// untagged list would first be copied whole into serde's buffer: tens of MiB for a
-/// large vocabulary).
-#[derive(Debug, Deserialize)]
-#[serde(transparent)]
-pub(super) struct MergeList(Vec<Merge>);
-
-/// One merge, in either form.
-#[derive(Debug, Deserialize)]
+/// One merge, in either of the forms `tokenizer.json` has had: `["a", "b"]` or
+/// `"a b"`.
+#[derive(Deserialize)]
 #[serde(untagged)]
-enum Merge {
-    Pair(String, String),
-    Line(String),
+enum Merge<'a> {
+    Pair(#[serde(borrow)] Cow<'a, str>, #[serde(borrow)] Cow<'a, str>),
+    Line(#[serde(borrow)] Cow<'a, str>),
 }
 
-impl MergeList {
-    /// The merges in rank order, `None` for a line that is not two parts or a list
-    /// that mixes the forms (which `tokenizers` refuses); `#version` lines are
-    /// skipped, as `tokenizers` skips them.
-    pub(super) fn parts(&self) -> Option<Vec<(&str, &str)>> {
-        let pairs = self.0.iter().all(|m| matches!(m, Merge::Pair(..)));
-        let lines = self.0.iter().all(|m| matches!(m, Merge::Line(_)));
-        if !(pairs || lines) {
-            return None;
+/// Reads `merges` (the list as written) a merge at a time, in rank order, calling
+/// `each(rank, left, right)`, so the list is never held whole; `#version` lines are
+/// skipped, as `tokenizers` skips them. `None` when the list is not one `tokenizers`
+/// loads (not a list, a line not of two parts, the two forms mixed) or when `each`
+/// says `None`.
+pub(super) fn each_merge(
+    merges: &RawValue,
+    each: impl FnMut(u32, &str, &str) -> Option<()>,
+) -> Option<()> {
+    struct Reader<F>(F);
+
+    impl<'de, F: FnMut(u32, &str, &str) -> Option<()>> Visitor<'de> for Reader<F> {
+        type Value = Option<()>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of merges")
         }
-        self.0
-            .iter()
-            .filter(|m| !matches!(m, Merge::Line(line) if line.starts_with("#version")))
-            .map(|merge| match merge {
-                Merge::Pair(left, right) => Some((&**left, &**right)),
-                Merge::Line(line) => {
-                    let (left, right) = line.split_once(' ')?;
-                    (!right.contains(' ')).then_some((left, right))
+
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Option<()>, A::Error> {
+            let mut pairs = None;
+            let mut rank = 0;
+            while let Some(merge) = seq.next_element::<Merge<'_>>()? {
+                let pair = matches!(merge, Merge::Pair(..));
+                if *pairs.get_or_insert(pair) != pair {
+                    return Ok(None);
                 }
-            })
-            .collect()
+                let (left, right) = match &merge {
+                    Merge::Pair(left, right) => (&**left, &**right),
+                    Merge::Line(line) if line.starts_with("#version") => continue,
+                    Merge::Line(line) => match line.split_once(' ') {
+                        Some((left, right)) if !right.contains(' ') => (left, right),
+                        _ => return Ok(None),
+                    },
+                };
+                if (self.0)(rank, left, right).is_none() {
+                    return Ok(None);
+                }
+                rank += 1;
+            }
+            Ok(Some(()))
+        }
     }
+
+    let mut reader = serde_json::Deserializer::from_str(merges.get());
+    reader.deserialize_seq(Reader(each)).ok().flatten()
 }
 
 impl TokenizerFile {

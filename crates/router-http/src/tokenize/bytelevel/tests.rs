@@ -330,10 +330,16 @@ fn merges_in_one_form_are_read_and_a_list_tokenizers_refuses_is_left_to_it() {
         (json!(["#version: 0.2", "a b"]), true),
         (json!([["a", "b"], "a b"]), false),
         (json!(["a b c"]), false),
+        // Tokens no bytes stand for: a rule that never applies, or one `tokenizers`
+        // refuses as its joined token is missing.
+        (json!(["猫 a", "a b"]), true),
+        (json!(["猫 b"]), false),
     ];
     for (merges, covered) in cases {
         let mut file = gpt2_shaped(false);
         file["model"]["vocab"]["ab"] = json!(257);
+        file["model"]["vocab"]["猫"] = json!(258);
+        file["model"]["vocab"]["猫a"] = json!(259);
         file["model"]["merges"] = merges.clone();
         let path = written("merge-forms", &file);
         assert_eq!(
@@ -341,7 +347,14 @@ fn merges_in_one_form_are_read_and_a_list_tokenizers_refuses_is_left_to_it() {
             covered,
             "tokenizers on {merges}"
         );
-        assert_eq!(ByteLevelBpe::load(&path).is_some(), covered, "{merges}");
+        let fast = ByteLevelBpe::load(&path);
+        assert_eq!(fast.is_some(), covered, "{merges}");
+        if let Some(fast) = fast {
+            let reference = tokenizers::Tokenizer::from_file(&path).unwrap();
+            let text = "ab 猫a abab";
+            let expected = reference.encode(text, false).unwrap();
+            assert_eq!(fast.encode(text).0, expected.get_ids(), "{merges}");
+        }
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }
