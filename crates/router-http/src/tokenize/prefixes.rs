@@ -16,7 +16,8 @@
 //! The cache is bounded in bytes (the ids' size plus [`ENTRY_OVERHEAD`] an entry) and
 //! forgets the least recently used prefix first; a prefix that a newly kept one
 //! extends (the previous turn's) is forgotten before any other, as the new one holds
-//! its ids too.
+//! its ids too, unless it was reused more than once (a branch point: a turn answered
+//! again, a shared start), which is kept by its use.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -86,6 +87,8 @@ struct Entries {
 struct Entry {
     ids: Arc<[u32]>,
     used: u64,
+    /// Times the prefix was reused.
+    reused: u32,
 }
 
 /// What the cache has done since it was made, and what it holds.
@@ -210,12 +213,15 @@ impl PrefixCache {
         let mut entries = self.entries.lock();
         let key = *keys.iter().rev().find(|k| entries.by_key.contains_key(k))?;
         let ids = entries.touch(key)?;
+        if let Some(entry) = entries.by_key.get_mut(&key) {
+            entry.reused = entry.reused.saturating_add(1);
+        }
         Some((key, ids))
     }
 
     /// Keeps `ids` under `key`, forgetting `extended` first (a shorter prefix of the
-    /// same text, which `ids` hold too), then the least recently used prefixes, while
-    /// the budget is exceeded. A prefix over a quarter of the budget is not kept (it
+    /// same text, which `ids` hold too) unless it was reused more than once, then the
+    /// least recently used prefixes, while the budget is exceeded. A prefix over a quarter of the budget is not kept (it
     /// would push out most of the others).
     fn insert(&self, key: Key, ids: &[u32], extended: Option<Key>) {
         let size = cost(ids.len());
@@ -245,7 +251,14 @@ impl PrefixCache {
             entries.clock += 1;
             let used = entries.clock;
             entries.by_use.insert(used, key);
-            entries.by_key.insert(key, Entry { ids, used });
+            entries.by_key.insert(
+                key,
+                Entry {
+                    ids,
+                    used,
+                    reused: 0,
+                },
+            );
             entries.bytes += size;
         }
         // The forgotten ids are freed after the lock is let go.
@@ -260,10 +273,12 @@ impl Entries {
         self.reorder(key, self.clock)
     }
 
-    /// Puts `key`, if held, first in line to be forgotten.
+    /// Puts `key`, if held and reused at most once, first in line to be forgotten.
     fn demote(&mut self, key: Key) {
-        self.floor -= 1;
-        self.reorder(key, self.floor);
+        if self.by_key.get(&key).is_some_and(|e| e.reused <= 1) {
+            self.floor -= 1;
+            self.reorder(key, self.floor);
+        }
     }
 
     fn reorder(&mut self, key: Key, tick: u64) -> Option<Arc<[u32]>> {

@@ -176,6 +176,14 @@ fn the_prefix_a_new_one_extends_is_forgotten_first() {
     );
     cache.insert(key(6), &ids, None);
     assert!(!held(1), "then the least recently used");
+    // A prefix reused twice is a branch point: kept by its use.
+    for _ in 0..2 {
+        cache.longest(&[key(3)]).expect("held");
+    }
+    cache.insert(key(7), &ids, Some(key(3)));
+    cache.insert(key(8), &ids, None);
+    assert!(held(3), "the branch point stayed");
+    assert!(!held(4), "the least recently used went");
 }
 
 #[test]
