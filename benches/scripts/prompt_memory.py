@@ -1,6 +1,7 @@
 """Peak router memory and /health latency while huge prompts are tokenized.
 
-Starts one simulated engine and the router with a tokenizer, sends N concurrent chat
+Starts one simulated engine and the router with a tokenizer (in a bucket bounded by
+prompt length, so prompts are tokenized), sends N concurrent chat
 requests whose single message is SIZE bytes of text, polls /health every 10 ms
 throughout, and prints the router's peak RSS (VmHWM) and the /health latencies.
 
@@ -44,9 +45,12 @@ def main():
         engine = json.loads(sim.stdout.readline())["ports"]["http"]
         port = free_port()
         config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+        # A bucket bounded by prompt length: without a bound or a policy reading
+        # prompts the router would not tokenize them.
         config.write(
             f"listen: 127.0.0.1:{port}\nmodels:\n  - id: m\n    tokenizer: {tokenizer}\n"
             f"    engines:\n      - {{id: A, url: \"http://{engine}\"}}\n"
+            f"    buckets: [{{id: b, limits: {{max: 1073741824}}, groups: {{plain: {{}}}}}}]\n"
         )
         config.close()
         router = subprocess.Popen([binary, "serve", "--config", config.name], stdout=subprocess.DEVNULL)
