@@ -55,6 +55,7 @@ class Router:
             model += f"    tokenizer: {tokenizer}\n    buckets: [{{id: b, limits: {{max: 1048576}}, groups: {{plain: {{}}}}}}]\n"
         config.write(f"listen: 127.0.0.1:{self.port}\nmodels:\n{model}")
         config.close()
+        self.config = config.name
         self.process = subprocess.Popen(
             [binary, "serve", "--config", config.name],
             stdout=subprocess.DEVNULL,
@@ -87,12 +88,12 @@ class Router:
         return 0.0
 
 
-def conversation(words_per_message, variant):
+def conversation(words_per_message, new_words, variant):
     messages = [{"role": "system", "content": "You are a helpful assistant."}]
     for turn in range(19):
         messages.append({"role": "user", "content": text(words_per_message, 2 * turn)})
         messages.append({"role": "assistant", "content": text(words_per_message, 2 * turn + 1)})
-    messages.append({"role": "user", "content": text(200, 10_000 + variant)})
+    messages.append({"role": "user", "content": text(new_words, 10_000 + variant)})
     return messages
 
 
@@ -108,23 +109,29 @@ def main():
     routers = []
     try:
         engine = json.loads(sim.stdout.readline())["ports"]["http"]
-        tokenized, estimated = Router(binary, engine, tokenizer), Router(binary, engine, None)
-        routers = [tokenized, estimated]
+        for with_tokenizer in (tokenizer, None):
+            routers.append(Router(binary, engine, with_tokenizer))
+        tokenized, estimated = routers
         # Words for the token counts asked for, from the router's own count.
         _, counted = tokenized.chat([{"role": "user", "content": text(10_000, 1)}])
         per_token = 10_000 / counted
+
         def one(seed):
             return [{"role": "user", "content": text(round(tokens * per_token), seed)}]
 
+        # Both routers warmed with the same requests; the count is the tokenizing one's.
         _, long_tokens = tokenized.chat(one(1))
+        estimated.chat([{"role": "user", "content": text(10_000, 1)}])
+        estimated.chat(one(1))
         per_message = round(50_000 * per_token / 38)
         results = {("long", r): [] for r in ("tokenized", "estimated")}
         results.update({("turn 20", r): [] for r in ("tokenized", "estimated")})
         turn_tokens = 0
         for n in range(repetitions):
-            for name, router in (("tokenized", tokenized), ("estimated", estimated)):
+            order = [("tokenized", tokenized), ("estimated", estimated)]
+            for name, router in order if n % 2 == 0 else order[::-1]:
                 results[("long", name)].append(router.chat(one(100 + n))[0])
-                turn = conversation(per_message, n)
+                turn = conversation(per_message, round(200 * per_token), n)
                 router.chat(turn[:-2])
                 elapsed, routed = router.chat(turn)
                 results[("turn 20", name)].append(elapsed)
@@ -145,6 +152,7 @@ def main():
         for router in routers:
             router.process.terminate()
             router.process.wait()
+            os.unlink(router.config)
         sim.terminate()
         sim.wait()
 

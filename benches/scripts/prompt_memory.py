@@ -13,6 +13,7 @@ the router still writes): the answers do not matter here, the tokenization befor
 them does.
 """
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def main():
     size = int(sys.argv[3]) if len(sys.argv) > 3 else 30 << 20
     count = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     sim = subprocess.Popen([binary, "sim-engine", "--port", "0"], stdout=subprocess.PIPE, text=True)
-    router = None
+    router = config = None
     try:
         engine = json.loads(sim.stdout.readline())["ports"]["http"]
         port = free_port()
@@ -107,6 +108,8 @@ def main():
             if process is not None:
                 process.terminate()
                 process.wait()
+        if config is not None:
+            os.unlink(config.name)
 
 
 if __name__ == "__main__":

@@ -90,8 +90,11 @@ pub(crate) struct General {
 
 impl General {
     fn load(path: &Path) -> Result<Self, TokenizerError> {
-        let mut tokenizer =
-            tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::at(path, e))?;
+        // `tokenizers` panics on some malformed files (a merge whose joined token is
+        // missing and longer than any in the vocabulary) instead of refusing them.
+        let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(path))
+            .map_err(|_| TokenizerError::at(path, "tokenizers could not read it (it panicked)"))?;
+        let mut tokenizer = loaded.map_err(|e| TokenizerError::at(path, e))?;
         // Routing needs the prompt's true length: no truncation, no padding.
         tokenizer
             .with_truncation(None)

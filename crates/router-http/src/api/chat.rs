@@ -23,6 +23,7 @@ use crate::dispatch::{Leg, Outgoing, REQUEST_ID, dispatch};
 use crate::error::ApiError;
 use crate::metrics::{ModelStageLabels, PickLabels, RequestLabels};
 use crate::prepare::{Endpoint, prepare};
+use crate::routing::ModelRoute;
 
 /// The longest client `x-request-id` kept, in bytes.
 const MAX_REQUEST_ID_BYTES: usize = 128;
@@ -157,6 +158,12 @@ fn unknown_model() -> Arc<str> {
     Arc::from("")
 }
 
+/// The metric label of a request routed (or about to be) on `route`: its model once
+/// known.
+fn model_of(route: Option<&Arc<ModelRoute>>) -> Arc<str> {
+    route.map_or_else(unknown_model, |route| Arc::clone(&route.id))
+}
+
 /// The model (for metrics; empty until known) and the response.
 async fn route(
     endpoint: &'static Endpoint,
@@ -184,9 +191,9 @@ async fn route(
         Ok((prepared, None)) => prepared,
         Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
             Ok(tokens) => prepared.with_tokens(tokens),
-            Err(e) => return (unknown_model(), Err(e)),
+            Err(e) => return (model_of(route.as_ref()), Err(e)),
         },
-        Err(e) => return (unknown_model(), Err(e)),
+        Err(e) => return (model_of(route.as_ref()), Err(e)),
     };
     let route = route.expect("prepare resolved the model");
     let model = Arc::clone(&route.id);

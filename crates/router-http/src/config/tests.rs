@@ -29,6 +29,20 @@ fn the_minimal_config_takes_every_default() {
 }
 
 #[test]
+fn the_tokenize_cache_is_off_at_0_and_bounded_otherwise() {
+    let with = |bytes: u64| {
+        errors(&format!(
+            "limits: {{tokenize_cache_bytes: {bytes}}}\n{MINIMAL}"
+        ))
+    };
+    assert_eq!(with(0), Vec::<String>::new(), "no cache");
+    assert_eq!(with(1 << 20), Vec::<String>::new(), "the smallest");
+    assert_eq!(with(16 << 30), Vec::<String>::new(), "the largest");
+    assert_eq!(with((1 << 20) - 1).len(), 1);
+    assert_eq!(with((16 << 30) + 1).len(), 1);
+}
+
+#[test]
 fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
     let yaml = MINIMAL.replace(
         "    engines:",

@@ -8,10 +8,10 @@
 //! ids of the whole. A prompt's prefix up to its last added token is kept, keyed by its
 //! length and a keyed hash of its bytes: the hash's keys are drawn per process, so a
 //! client cannot make its prompt collide with another's. Only a prompt's last
-//! [`MAX_PROBES`] split points are looked up (a conversation's previous turn ends a
-//! few added tokens before the end), so a prompt made of added tokens costs no more
-//! than any other. Prompts shorter than [`MIN_PROMPT_BYTES`] are encoded whole,
-//! without hashing.
+//! [`MAX_PROBES`] split points are considered, and only those where some kept prefix
+//! ends are hashed and looked up, so a prompt made of added tokens costs no more than
+//! any other. Prompts shorter than [`MIN_PROMPT_BYTES`] are encoded whole, without
+//! hashing.
 //!
 //! The cache is bounded in bytes (the ids' size plus [`ENTRY_OVERHEAD`] an entry) and
 //! forgets the least recently used prefix first; a prefix that a newly kept one
@@ -33,8 +33,10 @@ use super::bytelevel::ByteLevelBpe;
 /// fraction of a millisecond, while their prefixes would crowd the cache.
 const MIN_PROMPT_BYTES: usize = 8 << 10;
 
-/// The most split points of a prompt looked up, its last ones.
-const MAX_PROBES: usize = 64;
+/// The most split points of a prompt looked up, its last ones: a conversation's
+/// previous turn ends a few added tokens before the end, an agent's turn with many
+/// tool calls a few hundred.
+const MAX_PROBES: usize = 1024;
 
 /// Prefixes are hashed in blocks of this size, then the bytes up to their end: the
 /// same prefix is hashed the same way in every prompt.
@@ -75,6 +77,9 @@ impl fmt::Debug for PrefixCache {
 
 struct Entries {
     by_key: HashMap<Key, Entry>,
+    /// How many held prefixes end at each length: only a prompt's split points at
+    /// such a length are hashed and looked up.
+    lengths: HashMap<usize, u32>,
     /// Keys by last use, oldest first.
     by_use: BTreeMap<u64, Key>,
     /// The last tick given to a use.
@@ -115,6 +120,7 @@ impl PrefixCache {
             hashing: RandomState::new(),
             entries: Mutex::new(Entries {
                 by_key: HashMap::new(),
+                lengths: HashMap::new(),
                 by_use: BTreeMap::new(),
                 clock: CLOCK_START,
                 floor: CLOCK_START,
@@ -144,10 +150,19 @@ impl PrefixCache {
         if text.len() < self.min_prompt_bytes || self.budget == 0 {
             return encoder.encode(text);
         }
-        let keys = self.keys(text, &self.split_points(encoder, text));
+        let points = self.split_points(encoder, text);
+        let Some(&last) = points.last() else {
+            return encoder.encode(text);
+        };
+        // Only the points where some kept prefix ends are hashed and looked up.
+        let mut ends = self.held_lengths(&points);
+        ends.push(last);
+        ends.dedup();
+        let mut keys = self.keys(text, &ends);
+        let own = keys.pop().expect("the last point");
         let mut ids = Vec::with_capacity(text.len() / 3);
         let mut start = 0;
-        let found = self.longest(&keys);
+        let found = self.longest(&keys, own);
         match &found {
             Some((key, prefix)) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
@@ -156,20 +171,17 @@ impl PrefixCache {
                 ids.extend_from_slice(prefix);
                 start = key.0;
             }
-            None if keys.is_empty() => {}
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if let Some(&(end, hash)) = keys.last()
-            && end > start
-        {
-            let left = encoder.encode_into(&text[start..end], &mut ids);
+        if own.0 > start {
+            let left = encoder.encode_into(&text[start..own.0], &mut ids);
             if left > 0 {
-                return (ids, left + (text.len() - end));
+                return (ids, left + (text.len() - own.0));
             }
-            self.insert((end, hash), &ids, found.map(|(key, _)| key));
-            start = end;
+            self.insert(own, &ids, found.map(|(key, _)| key));
+            start = own.0;
         }
         let left = encoder.encode_into(&text[start..], &mut ids);
         (ids, left)
@@ -190,6 +202,16 @@ impl PrefixCache {
         ends.into()
     }
 
+    /// Those of `points` (ascending) where a kept prefix ends.
+    fn held_lengths(&self, points: &[usize]) -> Vec<usize> {
+        let entries = self.entries.lock();
+        points
+            .iter()
+            .copied()
+            .filter(|end| entries.lengths.contains_key(end))
+            .collect()
+    }
+
     /// The keys of the prefixes of `text` that end at `ends` (ascending).
     fn keys(&self, text: &str, ends: &[usize]) -> Vec<Key> {
         let bytes = text.as_bytes();
@@ -208,10 +230,12 @@ impl PrefixCache {
             .collect()
     }
 
-    /// The longest of `keys` held, and its ids.
-    fn longest(&self, keys: &[Key]) -> Option<(Key, Arc<[u32]>)> {
+    /// The longest held of `own` and `keys` (shorter, ascending), and its ids.
+    fn longest(&self, keys: &[Key], own: Key) -> Option<(Key, Arc<[u32]>)> {
         let mut entries = self.entries.lock();
-        let key = *keys.iter().rev().find(|k| entries.by_key.contains_key(k))?;
+        let key = *std::iter::once(&own)
+            .chain(keys.iter().rev())
+            .find(|k| entries.by_key.contains_key(k))?;
         let ids = entries.touch(key)?;
         if let Some(entry) = entries.by_key.get_mut(&key) {
             entry.reused = entry.reused.saturating_add(1);
@@ -236,21 +260,25 @@ impl PrefixCache {
                 entries.touch(key);
                 return;
             }
-            if let Some(extended) = extended {
-                entries.demote(extended);
-            }
             while entries.bytes + size > self.budget {
                 let Some((_, oldest)) = entries.by_use.pop_first() else {
                     break;
                 };
                 if let Some(entry) = entries.by_key.remove(&oldest) {
                     entries.bytes -= cost(entry.ids.len());
+                    entries.forget_length(oldest.0);
                     gone.push(entry.ids);
                 }
+            }
+            // After the room is made: the prefix just reused is not the one forgotten
+            // for it, so a branch point has a chance to be reused again.
+            if let Some(extended) = extended {
+                entries.demote(extended);
             }
             entries.clock += 1;
             let used = entries.clock;
             entries.by_use.insert(used, key);
+            *entries.lengths.entry(key.0).or_default() += 1;
             entries.by_key.insert(
                 key,
                 Entry {
@@ -271,6 +299,16 @@ impl Entries {
     fn touch(&mut self, key: Key) -> Option<Arc<[u32]>> {
         self.clock += 1;
         self.reorder(key, self.clock)
+    }
+
+    /// One prefix of `length` bytes fewer.
+    fn forget_length(&mut self, length: usize) {
+        if let Some(count) = self.lengths.get_mut(&length) {
+            *count -= 1;
+            if *count == 0 {
+                self.lengths.remove(&length);
+            }
+        }
     }
 
     /// Puts `key`, if held and reused at most once, first in line to be forgotten.

@@ -147,9 +147,18 @@ impl TokenizerFile {
                 .iter()
                 .all(|t| !(t.single_word || t.lstrip || t.rstrip || t.normalized))
             && self.version.as_deref().is_none_or(|v| v == "1.0")
+            && self.unique_ids()
             && self.loads_in_tokenizers()
             && self.normalization().is_some()
             && self.split().is_some()
+    }
+
+    /// Whether no two tokens of the vocabulary share an id (the encoder skips merges
+    /// of tokens no bytes stand for, exact only when no such token shares its id
+    /// with one it encodes).
+    fn unique_ids(&self) -> bool {
+        let ids: std::collections::HashSet<u32> = self.model.vocab.values().copied().collect();
+        ids.len() == self.model.vocab.len()
     }
 
     /// Whether the parts the encoder does not use would load in `tokenizers`.

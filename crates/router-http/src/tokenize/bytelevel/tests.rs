@@ -334,12 +334,17 @@ fn merges_in_one_form_are_read_and_a_list_tokenizers_refuses_is_left_to_it() {
         // refuses as its joined token is missing.
         (json!(["猫 a", "a b"]), true),
         (json!(["猫 b"]), false),
+        // A later duplicate takes the later rank: "b c" first, so "abc" is a, bc.
+        (json!(["a b", "b c", "a b"]), true),
+        (json!(["a  b"]), false),
+        (json!([""]), false),
     ];
     for (merges, covered) in cases {
         let mut file = gpt2_shaped(false);
         file["model"]["vocab"]["ab"] = json!(257);
         file["model"]["vocab"]["猫"] = json!(258);
         file["model"]["vocab"]["猫a"] = json!(259);
+        file["model"]["vocab"]["bc"] = json!(260);
         file["model"]["merges"] = merges.clone();
         let path = written("merge-forms", &file);
         assert_eq!(
@@ -351,7 +356,7 @@ fn merges_in_one_form_are_read_and_a_list_tokenizers_refuses_is_left_to_it() {
         assert_eq!(fast.is_some(), covered, "{merges}");
         if let Some(fast) = fast {
             let reference = tokenizers::Tokenizer::from_file(&path).unwrap();
-            let text = "ab 猫a abab";
+            let text = "ab 猫a abab abc";
             let expected = reference.encode(text, false).unwrap();
             assert_eq!(fast.encode(text).0, expected.get_ids(), "{merges}");
         }

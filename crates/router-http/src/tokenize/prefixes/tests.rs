@@ -163,88 +163,59 @@ fn the_prefix_a_new_one_extends_is_forgotten_first() {
     let cache = PrefixCache::new(4 * cost(100));
     let key = |n: usize| (n, n as u64);
     let ids = [7; 100];
-    cache.insert(key(1), &ids, None);
-    cache.insert(key(2), &ids, None);
-    cache.insert(key(3), &ids, Some(key(2)));
-    cache.insert(key(4), &ids, None);
-    cache.insert(key(5), &ids, None);
     let held = |n| cache.entries.lock().by_key.contains_key(&key(n));
-    assert!(!held(2), "the extended prefix went first");
+    for n in 1..=3 {
+        cache.insert(key(n), &ids, None);
+    }
+    cache.longest(&[], key(2)).expect("held");
+    cache.insert(key(4), &ids, Some(key(2)));
+    cache.insert(key(5), &ids, None);
+    assert!(!held(2), "the extended prefix, reused once, went first");
     assert!(
         [1, 3, 4, 5].into_iter().all(held),
         "the oldest other stayed"
     );
     cache.insert(key(6), &ids, None);
     assert!(!held(1), "then the least recently used");
-    // A prefix reused twice is a branch point: kept by its use.
-    for _ in 0..2 {
-        cache.longest(&[key(3)]).expect("held");
-    }
-    cache.insert(key(7), &ids, Some(key(3)));
-    cache.insert(key(8), &ids, None);
-    assert!(held(3), "the branch point stayed");
-    assert!(!held(4), "the least recently used went");
 }
 
 #[test]
-fn the_next_turn_of_a_conversation_reuses_the_last_ones_prefix() {
-    let (_, qwen3) = &encoders()[0];
+fn a_prefix_reused_again_after_an_extension_is_kept_by_its_use() {
+    let cache = PrefixCache::new(4 * cost(100));
+    let key = |n: usize| (n, n as u64);
+    let ids = [7; 100];
+    let held = |n| cache.entries.lock().by_key.contains_key(&key(n));
+    for n in 1..=4 {
+        cache.insert(key(n), &ids, None);
+    }
+    // A full cache: the branch from 2 makes room before 2 is put first in line.
+    cache.longest(&[], key(2)).expect("held");
+    cache.insert(key(5), &ids, Some(key(2)));
+    assert!(
+        held(2) && !held(1),
+        "the oldest made room, not the prefix just reused"
+    );
+    cache
+        .longest(&[], key(2))
+        .expect("reused again: a branch point");
+    cache.insert(key(6), &ids, Some(key(2)));
+    cache.insert(key(7), &ids, None);
+    assert!(held(2), "a branch point stays while it is used");
+    assert!(!held(3) && !held(4), "the least recently used went");
+}
+
+#[test]
+fn a_prefix_hashes_alike_whatever_other_points_are_hashed_with_it() {
     let cache = PrefixCache::new(1 << 20);
-    let history = format!(
-        "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>",
-        "You are helpful. ".repeat(600)
+    let text = "x".repeat(20_000);
+    let longer = format!("{text}more");
+    let alone = cache.keys(&text, &[12_345]);
+    assert_eq!(cache.keys(&text, &[100, 4_096, 12_345])[2], alone[0]);
+    assert_eq!(cache.keys(&longer, &[12_345, 19_999])[0], alone[0]);
+    assert_ne!(cache.keys(&text, &[12_344])[0], alone[0]);
+    assert_ne!(
+        PrefixCache::new(1 << 20).keys(&text, &[12_345])[0],
+        alone[0],
+        "another process's keys"
     );
-    let first = format!("{history}assistant\n");
-    let (ids, left) = cache.encode(qwen3, &first);
-    assert_eq!((ids.clone(), left), qwen3.encode(&first));
-    let stats = cache.stats();
-    assert_eq!((stats.hits, stats.misses, stats.entries), (0, 1, 1));
-    let kept = qwen3.encode(&history).0;
-    assert_eq!(
-        stats.bytes as usize,
-        cost(kept.len()),
-        "the prefix up to the last added token is kept"
-    );
-    let next = format!(
-        "{first}Hello!<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
-    );
-    assert_eq!(cache.encode(qwen3, &next), qwen3.encode(&next));
-    let stats = cache.stats();
-    assert_eq!((stats.hits, stats.misses, stats.entries), (1, 1, 2));
-    assert_eq!(stats.reused_tokens, kept.len() as u64);
-    let short = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
-    assert_eq!(cache.encode(qwen3, short), qwen3.encode(short));
-    assert_eq!(
-        cache.stats().hits + cache.stats().misses,
-        2,
-        "a short prompt is encoded whole, without a lookup"
-    );
-}
-
-#[test]
-fn the_least_recently_used_prefix_goes_first_and_a_large_one_is_not_kept() {
-    let (_, bytes) = &encoders()[1];
-    // Each prompt's kept prefix is "<s>", 99 letters and "<s>": 101 ids.
-    let prompt = |c: char| format!("<s>{}<s>tail", String::from(c).repeat(99));
-    let entry = cost(101);
-    let cache = eager(4 * entry);
-    for c in ['a', 'b', 'c', 'd'] {
-        cache.encode(bytes, &prompt(c));
-    }
-    assert_eq!(cache.stats().entries, 4);
-    cache.encode(bytes, &prompt('a'));
-    assert_eq!(cache.stats().hits, 1, "a is used again");
-    cache.encode(bytes, &prompt('e'));
-    let stats = cache.stats();
-    assert_eq!((stats.entries, stats.bytes), (4, 4 * entry as u64));
-    cache.encode(bytes, &prompt('a'));
-    cache.encode(bytes, &prompt('b'));
-    assert_eq!(
-        cache.stats().hits,
-        2,
-        "a was kept, b (least recently used) was not"
-    );
-    let small = eager(4 * entry - 1);
-    small.encode(bytes, &prompt('a'));
-    assert_eq!(small.stats().entries, 0, "over a quarter of the budget");
 }
