@@ -363,3 +363,24 @@ fn merges_in_one_form_are_read_and_a_list_tokenizers_refuses_is_left_to_it() {
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }
+
+#[test]
+fn a_vocabulary_with_shared_ids_is_left_to_tokenizers() {
+    let mut file = gpt2_shaped(false);
+    file["model"]["vocab"]["qxzz"] = json!(256);
+    let path = written("shared-ids", &file);
+    assert!(ByteLevelBpe::load(&path).is_none());
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn a_file_tokenizers_panics_on_is_a_load_error() {
+    // A merge whose joined token is missing and longer than any in the vocabulary.
+    let mut file = gpt2_shaped(false);
+    file["model"]["merges"] = json!(["zzqx zzqx"]);
+    let path = written("panicking", &file);
+    let error = crate::tokenize::ChatTokenizer::load(&path).unwrap_err();
+    assert_eq!(error.file, path);
+    assert!(error.problem.contains("panicked"), "{error}");
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
