@@ -8,7 +8,7 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 
 /// The merge rules, by the pair of ids they join.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Merges {
     /// `(left, right)` to `(rank, joined)`.
     rules: FxHashMap<(u32, u32), (u32, u32)>,
