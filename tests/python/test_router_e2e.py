@@ -266,3 +266,23 @@ def test_worker_admin_requires_the_token_and_adds_and_removes_engines(sim, route
     request = urllib.request.Request(f"{r.url}/workers/B", method="DELETE", headers=auth)
     assert urllib.request.urlopen(request).status == 204
     assert {chat(r).headers["x-switchyard-engine"] for _ in range(4)} == {"A1"}
+
+
+def test_completions_through_the_router_json_and_streamed_text_and_token_ids(sim, router):
+    tokenizer = CACHE / "qwen3" / "tokenizer.json"
+    bounded = [{"id": "short", "limits": {"max": 4096}, "groups": {"plain": {}}}]
+    r = router({"models": [plain_model(sim("--tokenizer", tokenizer), tokenizer=str(tokenizer), buckets=bounded)]})
+    completions = client(r).completions
+    for prompt in ["Explain KV caches, in one line. 猫が好き", [9707, 11, 1879, 0]]:
+        raw = completions.with_raw_response.create(model="m", prompt=prompt, max_tokens=3)
+        reply = raw.parse()
+        assert reply.object == "text_completion"
+        assert len(reply.choices[0].text.split()) == 3
+        assert reply.choices[0].finish_reason == "length"
+        assert int(raw.headers["x-switchyard-prompt-tokens"]) == reply.usage.prompt_tokens
+        chunks = list(completions.create(model="m", prompt=prompt, max_tokens=3, stream=True, stream_options={"include_usage": True}))
+        assert len("".join(c.choices[0].text for c in chunks if c.choices).split()) == 3
+        assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as refused:
+        completions.create(model="m", prompt=[], max_tokens=1)
+    assert refused.value.body["param"] == "prompt"

@@ -1,4 +1,5 @@
-//! `POST /v1/chat/completions` in the exact OpenAI shapes, JSON and SSE.
+//! `POST /v1/chat/completions` and `POST /v1/completions` in the exact OpenAI shapes,
+//! JSON and SSE.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,6 +23,9 @@ use crate::visits::Visit;
 struct ChatRequest {
     #[serde(default)]
     messages: Vec<RawMessage>,
+    /// A completion's prompt.
+    #[serde(default)]
+    prompt: Option<CompletionPrompt>,
     #[serde(default)]
     stream: bool,
     #[serde(default)]
@@ -38,6 +42,24 @@ struct ChatRequest {
     bootstrap_port: Option<u16>,
     #[serde(default)]
     bootstrap_room: Option<u64>,
+}
+
+/// A completion's prompt: text or token ids, alone or in a list of one (the simulated
+/// engine answers one prompt a request).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum CompletionPrompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// The shape of the answer: a chat completion or a text completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Chat,
+    Text,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,8 +127,20 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    respond(app, &headers, &body, Shape::Chat).await
+}
+
+pub(crate) async fn completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    respond(app, &headers, &body, Shape::Text).await
+}
+
+async fn respond(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Response {
     let visit = app.visits.arrive();
-    match answer(app, &headers, &body).await {
+    match answer(app, headers, body, shape).await {
         Answer::Whole(response) => {
             visit.answered();
             response
@@ -129,7 +163,7 @@ impl From<Response> for Answer {
     }
 }
 
-async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Answer {
     let request_id = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
@@ -144,8 +178,21 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Answer 
             .into();
         }
     };
-    if request.messages.is_empty() && request.input_ids.is_none() {
-        return error_response(StatusCode::BAD_REQUEST, "messages must not be empty").into();
+    let missing = match shape {
+        Shape::Chat => request.messages.is_empty() && request.input_ids.is_none(),
+        Shape::Text => request.prompt.is_none() && request.input_ids.is_none(),
+    };
+    if missing {
+        let field = if shape == Shape::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            format!("{field} must not be empty"),
+        )
+        .into();
     }
     app.remember(json!({
         "stream": request.stream,
@@ -170,16 +217,26 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Answer 
         )
         .into();
     }
-    let tokens = match request.input_ids.clone() {
-        Some(ids) => ids,
-        None => {
+    let tokens = match (request.input_ids.clone(), &request.prompt) {
+        (Some(ids), _) => Ok(ids),
+        (None, Some(prompt)) if shape == Shape::Text => match prompt {
+            CompletionPrompt::Text(text) => app.tokenizer.encode_text(text),
+            CompletionPrompt::Ids(ids) => Ok(ids.clone()),
+            CompletionPrompt::Texts(texts) if texts.len() == 1 => {
+                app.tokenizer.encode_text(&texts[0])
+            }
+            CompletionPrompt::IdLists(lists) if lists.len() == 1 => Ok(lists[0].clone()),
+            _ => Err("the simulated engine answers one prompt a request".to_owned()),
+        },
+        _ => {
             let messages: Vec<ChatMessage> =
                 request.messages.iter().map(RawMessage::flatten).collect();
-            match app.tokenizer.encode_chat(&messages) {
-                Ok(tokens) => tokens,
-                Err(e) => return error_response(StatusCode::BAD_REQUEST, e).into(),
-            }
+            app.tokenizer.encode_chat(&messages)
         }
+    };
+    let tokens = match tokens {
+        Ok(tokens) => tokens,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, e).into(),
     };
     if tokens.is_empty() {
         return error_response(StatusCode::BAD_REQUEST, "the prompt has no tokens").into();
@@ -195,10 +252,16 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Answer 
     } else {
         wanted
     };
+    let prefix = if shape == Shape::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
     let generation = Generation {
         app: Arc::clone(&app),
         run,
-        id: format!("chatcmpl-{}", app.next_id()),
+        shape,
+        id: format!("{prefix}-{}", app.next_id()),
         created: unix_seconds(),
         output_tokens,
         finish_reason: if limit == Some(output_tokens) {
@@ -262,6 +325,7 @@ async fn start_run(
 struct Generation {
     app: Arc<AppState>,
     run: Run,
+    shape: Shape,
     id: String,
     created: u64,
     output_tokens: u64,
@@ -310,15 +374,38 @@ impl Generation {
         })
     }
 
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Bytes {
-        let chunk = json!({
+    /// A streamed event with `text` (for a chat, the content delta; `None`: the
+    /// role, the first event of a chat stream).
+    fn chunk(&self, text: Option<&str>, finish_reason: Option<&str>) -> Bytes {
+        let choice = match (self.shape, text) {
+            (Shape::Chat, None) => json!({"role": "assistant", "content": ""}),
+            (Shape::Chat, Some(text)) if finish_reason.is_none() => json!({"content": text}),
+            (Shape::Chat, Some(_)) => json!({}),
+            (Shape::Text, text) => json!(text.unwrap_or_default()),
+        };
+        let choice = match self.shape {
+            Shape::Chat => {
+                json!({"index": 0, "delta": choice, "logprobs": null, "finish_reason": finish_reason})
+            }
+            Shape::Text => {
+                json!({"index": 0, "text": choice, "logprobs": null, "finish_reason": finish_reason})
+            }
+        };
+        sse(&json!({
             "id": self.id,
-            "object": "chat.completion.chunk",
+            "object": self.chunk_object(),
             "created": self.created,
             "model": self.app.config.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
-        });
-        sse(&chunk)
+            "choices": [choice],
+        }))
+    }
+
+    /// The `object` of a streamed event.
+    fn chunk_object(&self) -> &'static str {
+        match self.shape {
+            Shape::Chat => "chat.completion.chunk",
+            Shape::Text => "text_completion",
+        }
     }
 }
 
@@ -328,17 +415,28 @@ async fn json_response(mut generation: Generation) -> Response {
     while let Some(word) = generation.next_word().await {
         words.push(word);
     }
+    let text = words.join(" ");
+    let (object, choice) = match generation.shape {
+        Shape::Chat => (
+            "chat.completion",
+            json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": generation.finish_reason,
+            }),
+        ),
+        Shape::Text => (
+            "text_completion",
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason}),
+        ),
+    };
     let body = json!({
         "id": generation.id,
-        "object": "chat.completion",
+        "object": object,
         "created": generation.created,
         "model": generation.app.config.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": words.join(" ")},
-            "logprobs": null,
-            "finish_reason": generation.finish_reason,
-        }],
+        "choices": [choice],
         "usage": generation.usage(),
     });
     (
@@ -386,7 +484,10 @@ impl StreamState {
                 Step::Role => {
                     g.prefill().await;
                     self.step = Step::Words;
-                    break g.chunk(json!({"role": "assistant", "content": ""}), None);
+                    // A text completion's stream has no role event.
+                    if g.shape == Shape::Chat {
+                        break g.chunk(None, None);
+                    }
                 }
                 Step::Words => match g.next_word().await {
                     Some(word) => {
@@ -395,7 +496,7 @@ impl StreamState {
                         } else {
                             format!(" {word}")
                         };
-                        break g.chunk(json!({"content": text}), None);
+                        break g.chunk(Some(&text), None);
                     }
                     None => self.step = Step::Finish,
                 },
@@ -405,13 +506,13 @@ impl StreamState {
                     } else {
                         Step::Done
                     };
-                    break g.chunk(json!({}), Some(g.finish_reason));
+                    break g.chunk(Some(""), Some(g.finish_reason));
                 }
                 Step::Usage => {
                     self.step = Step::Done;
                     break sse(&json!({
                         "id": g.id,
-                        "object": "chat.completion.chunk",
+                        "object": g.chunk_object(),
                         "created": g.created,
                         "model": g.app.config.model,
                         "choices": [],

@@ -94,6 +94,19 @@ impl Tokenizer {
         })))
     }
 
+    /// Tokenizes a completion prompt as it is, with the special tokens the tokenizer
+    /// adds around a sequence (what vLLM and SGLang do for `/v1/completions`).
+    pub(crate) fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self {
+            Tokenizer::BuiltIn => Ok(text.split_whitespace().map(word_token).collect()),
+            Tokenizer::HuggingFace(hf) => hf
+                .tokenizer
+                .encode(text, true)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     /// Renders the conversation for generation and tokenizes it.
     pub(crate) fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
         match self {

@@ -265,3 +265,74 @@ async fn health_metrics_and_flush() {
     );
     engine.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_text_completion_has_the_openai_shape_for_text_and_token_id_prompts() {
+    let engine = engine(config()).await;
+    let url = format!("{}/v1/completions", engine.url());
+    for (prompt, tokens) in [
+        (json!("three words here"), 3),
+        (json!([7, 8, 9, 10]), 4),
+        (json!(["one prompt in a list"]), 5),
+        (json!([[1, 2]]), 2),
+    ] {
+        let body = json!({"model": "m", "prompt": prompt, "max_tokens": 2});
+        let response = client().post(&url).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{prompt}");
+        let reply: Value = response.json().await.unwrap();
+        assert_eq!(reply["object"], "text_completion");
+        assert!(reply["id"].as_str().unwrap().starts_with("cmpl-"));
+        let choice = &reply["choices"][0];
+        assert_eq!(choice["text"].as_str().unwrap().split(' ').count(), 2);
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(reply["usage"]["prompt_tokens"], tokens, "{prompt}");
+    }
+    let batch = json!({"model": "m", "prompt": ["a", "b"]});
+    let response = client().post(&url).json(&batch).send().await.unwrap();
+    assert_eq!(response.status(), 400, "one prompt a request");
+    let missing = client()
+        .post(&url)
+        .json(&json!({"model": "m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_streamed_text_completion_has_no_role_event() {
+    let engine = engine(config()).await;
+    let body = json!({"model": "m", "prompt": "stream me", "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}});
+    let response = client()
+        .post(format!("{}/v1/completions", engine.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let events: Vec<String> = response
+        .bytes_stream()
+        .eventsource()
+        .map(|event| event.expect("well-formed SSE").data)
+        .collect()
+        .await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+    let text: String = chunks[..3]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text.split(' ').count(),
+        3,
+        "three words, no role event first"
+    );
+    assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[4]["usage"]["prompt_tokens"], 2);
+    assert_eq!(chunks.len(), 5);
+    engine.shutdown().await;
+}

@@ -13,7 +13,7 @@ use axum::middleware;
 use axum::routing::{delete, get};
 
 use crate::app::AppContext;
-use crate::prepare::CHAT;
+use crate::prepare::{CHAT, COMPLETIONS};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -22,6 +22,7 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 pub(crate) fn router(ctx: Arc<AppContext>, with_admin: bool) -> axum::Router {
     let public = axum::Router::new()
         .route(CHAT.path, chat::routed(&CHAT))
+        .route(COMPLETIONS.path, chat::routed(&COMPLETIONS))
         .route("/v1/models", get(models::list))
         .route("/health", get(health::live))
         .route("/ready", get(health::ready))

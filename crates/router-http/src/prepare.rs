@@ -8,6 +8,7 @@
 
 mod chat;
 mod checks;
+mod completions;
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use serde_json::value::RawValue;
 
 use crate::error::ApiError;
 use crate::tokenize::{ChatTokenizer, PromptTokens, TokenizePool};
+use completions::CompletionPrompts;
 
 /// An endpoint the router serves: its path (the same on the engine) and how its body
 /// is read. A new endpoint is one module with a parser, one value here and one route.
@@ -31,6 +33,12 @@ pub(crate) struct Endpoint {
 pub(crate) const CHAT: Endpoint = Endpoint {
     path: "/v1/chat/completions",
     parse: chat::parse,
+};
+
+/// `POST /v1/completions`.
+pub(crate) const COMPLETIONS: Endpoint = Endpoint {
+    path: "/v1/completions",
+    parse: completions::parse,
 };
 
 /// The largest body whose prompt is tokenized on the request's own thread: at most
@@ -49,19 +57,72 @@ pub(crate) struct Parsed<'b> {
     max_output_tokens: Option<u64>,
 }
 
-/// The part of a body that is tokenized.
+/// The part of a body that is routed on.
 #[derive(Debug)]
 enum Prompt<'b> {
     /// A chat `messages` array, rendered with the model's chat template.
     Messages(&'b RawValue),
+    /// A completion's prompts, tokenized as they are (or token ids already).
+    Completion(CompletionPrompts<'b>),
+}
+
+/// A prompt's length and the token ids routed on.
+#[derive(Debug)]
+pub(crate) struct Counted {
+    /// The prompt's length in tokens: of the longest, for several prompts.
+    tokens: u64,
+    /// The ids of the (first) prompt, of its first part when it was not wholly
+    /// tokenized.
+    ids: Vec<u32>,
+}
+
+impl Counted {
+    fn of(tokens: PromptTokens) -> Self {
+        Self {
+            tokens: tokens.ids.len() as u64 + estimate(tokens.untokenized_bytes),
+            ids: tokens.ids,
+        }
+    }
 }
 
 impl Prompt<'_> {
-    fn token_ids(&self, tokenizer: &ChatTokenizer) -> Result<PromptTokens, ApiError> {
+    /// The length and ids the body gives without a tokenizer (token ids as sent).
+    fn given(&self) -> Option<Counted> {
+        match self {
+            Prompt::Completion(CompletionPrompts::Ids(lists)) => Some(Counted {
+                tokens: lists.iter().map(|ids| ids.len() as u64).max().unwrap_or(0),
+                ids: lists.first().cloned().unwrap_or_default(),
+            }),
+            Prompt::Messages(_) | Prompt::Completion(CompletionPrompts::Texts(_)) => None,
+        }
+    }
+
+    /// The length and ids `tokenizer` gives.
+    fn count(&self, tokenizer: &ChatTokenizer) -> Result<Counted, ApiError> {
         match self {
             Prompt::Messages(messages) => tokenizer
                 .encode_chat(messages.get())
+                .map(Counted::of)
                 .map_err(|e| ApiError::invalid("invalid_messages", "messages", e)),
+            Prompt::Completion(CompletionPrompts::Texts(texts)) => {
+                let mut first = None;
+                let mut longest = 0;
+                for text in texts {
+                    let counted = tokenizer
+                        .encode_text(text)
+                        .map(Counted::of)
+                        .map_err(|e| ApiError::invalid("invalid_prompt", "prompt", e))?;
+                    longest = longest.max(counted.tokens);
+                    first.get_or_insert(counted.ids);
+                }
+                Ok(Counted {
+                    tokens: longest,
+                    ids: first.unwrap_or_default(),
+                })
+            }
+            Prompt::Completion(CompletionPrompts::Ids(_)) => {
+                Ok(self.given().expect("token ids are given"))
+            }
         }
     }
 }
@@ -78,11 +139,10 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// With the prompt's token ids, which give its exact length (plus an estimate
-    /// for a part left untokenized).
-    pub(crate) fn with_tokens(mut self, tokens: PromptTokens) -> Self {
-        self.input_tokens = tokens.ids.len() as u64 + estimate(tokens.untokenized_bytes);
-        self.token_ids = Some(tokens.ids);
+    /// With the prompt's counted length and token ids.
+    pub(crate) fn with_tokens(mut self, counted: Counted) -> Self {
+        self.input_tokens = counted.tokens;
+        self.token_ids = Some(counted.ids);
         self
     }
 }
@@ -99,14 +159,14 @@ pub(crate) struct Tokenize {
 impl Tokenize {
     /// Tokenizes the prompt on this thread (the body is parsed again, borrowing from
     /// it: the prompt is never copied).
-    fn run(self) -> Result<PromptTokens, ApiError> {
+    fn run(self) -> Result<Counted, ApiError> {
         let parsed = (self.endpoint.parse)(&self.body)?;
-        parsed.prompt.token_ids(&self.tokenizer)
+        parsed.prompt.count(&self.tokenizer)
     }
 
     /// Tokenizes the prompt on one of `pool`'s threads, so a large prompt never
     /// stalls the threads that serve requests.
-    pub(crate) async fn off_thread(self, pool: &TokenizePool) -> Result<PromptTokens, ApiError> {
+    pub(crate) async fn off_thread(self, pool: &TokenizePool) -> Result<Counted, ApiError> {
         pool.run(move || self.run())
             .await
             .ok_or_else(|| ApiError::internal("tokenization failed"))?
@@ -115,20 +175,23 @@ impl Tokenize {
 
 /// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the model's
 /// tokenizer, `Ok(None)` for a model whose prompts are not tokenized, or the 404 for
-/// a model not served. A prompt in a body of at most [`INLINE_BODY_BYTES`] is
-/// tokenized here, where it costs less than handing it to another thread and back; a
-/// larger one's tokenization is returned, to be run off the request thread.
+/// a model not served. Token ids sent as the prompt are routed on as they are. A
+/// prompt in a body of at most [`INLINE_BODY_BYTES`] is tokenized here, where it
+/// costs less than handing it to another thread and back; a larger one's
+/// tokenization is returned, to be run off the request thread.
 pub(crate) fn prepare(
     endpoint: &'static Endpoint,
     body: &Bytes,
     tokenizer: impl FnOnce(&str) -> Result<Option<Arc<ChatTokenizer>>, ApiError>,
 ) -> Result<(Prepared, Option<Tokenize>), ApiError> {
     let parsed = (endpoint.parse)(body)?;
-    let mut inline = None;
+    let tokenizer = tokenizer(&parsed.model)?;
+    let mut inline = parsed.prompt.given();
     let mut tokenize = None;
-    match tokenizer(&parsed.model)? {
+    match tokenizer {
+        _ if inline.is_some() => {}
         Some(tokenizer) if body.len() <= INLINE_BODY_BYTES => {
-            inline = Some(parsed.prompt.token_ids(&tokenizer)?);
+            inline = Some(parsed.prompt.count(&tokenizer)?);
         }
         Some(tokenizer) => {
             tokenize = Some(Tokenize {

@@ -86,6 +86,9 @@ pub(crate) struct General {
     /// normalizer or pre-tokenizer adds something at the start of a text (a window
     /// would add it where the whole prompt does not).
     windows: bool,
+    /// The special tokens' ids the post-processor puts before and after a sequence
+    /// (a completion's prompt).
+    around: (Vec<u32>, Vec<u32>),
 }
 
 impl General {
@@ -107,10 +110,12 @@ impl General {
             .map(|token| token.content)
             .filter(|content| !content.is_empty())
             .collect();
+        let around = special_tokens_around(&tokenizer).map_err(|e| TokenizerError::at(path, e))?;
         Ok(Self {
             tokenizer,
             added,
             windows,
+            around,
         })
     }
 }
@@ -179,6 +184,38 @@ impl ChatTokenizer {
         self.prefixes.stats()
     }
 
+    /// A completion's prompt as it is, with the special tokens the tokenizer adds
+    /// around a sequence (as vLLM and SGLang tokenize `/v1/completions` prompts).
+    ///
+    /// # Errors
+    /// The tokenizer failed on it.
+    pub fn encode_text(&self, text: &str) -> Result<PromptTokens, String> {
+        let ((before, after), body) = match &self.encoder {
+            Encoder::ByteLevel(encoder) => {
+                let (ids, untokenized_bytes) = self.prefixes.encode(encoder, text);
+                let body = PromptTokens {
+                    ids,
+                    untokenized_bytes,
+                };
+                (encoder.around(), body)
+            }
+            Encoder::General(general) => {
+                let body = window::encode(general, text, window::WINDOW, window::MAX_WINDOW)?;
+                ((&general.around.0[..], &general.around.1[..]), body)
+            }
+        };
+        let mut ids = Vec::with_capacity(before.len() + body.ids.len() + after.len());
+        ids.extend_from_slice(before);
+        ids.extend(body.ids);
+        if body.untokenized_bytes == 0 {
+            ids.extend_from_slice(after);
+        }
+        Ok(PromptTokens {
+            ids,
+            untokenized_bytes: body.untokenized_bytes,
+        })
+    }
+
     /// Renders a chat request's `messages` (the JSON array as sent; content parts are
     /// flattened to text) for generation and returns the prompt's token ids.
     ///
@@ -213,6 +250,21 @@ impl ChatTokenizer {
             }
         }
     }
+}
+
+/// The ids `tokenizer` puts before and after a sequence when it adds special tokens:
+/// a text encoded with them, less the same text encoded without.
+fn special_tokens_around(
+    tokenizer: &tokenizers::Tokenizer,
+) -> Result<(Vec<u32>, Vec<u32>), tokenizers::Error> {
+    let with = tokenizer.encode("a", true)?.get_ids().to_vec();
+    let without = tokenizer.encode("a", false)?.get_ids().to_vec();
+    let at =
+        (0..=with.len().saturating_sub(without.len())).find(|&i| with[i..].starts_with(&without));
+    Ok(match at {
+        Some(i) => (with[..i].to_vec(), with[i + without.len()..].to_vec()),
+        None => (Vec::new(), Vec::new()),
+    })
 }
 
 /// Joins the text parts of a message whose `content` is a list of parts, in place.

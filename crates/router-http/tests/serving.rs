@@ -339,3 +339,78 @@ async fn admission_never_lets_more_than_its_cap_reach_the_engine() {
     );
     router.shutdown().await;
 }
+
+/// `POST /v1/completions` with `body` through `router`.
+async fn complete(router: &router_http::RunningRouter, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url(router, "/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("the router answers")
+}
+
+#[tokio::test]
+async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed() {
+    let plain = sim(|_| {}).await;
+    let (prefill, decode) = (prefill_sim().await, decode_sim().await);
+    let models = vec![
+        ModelConfig::new("m", vec![engine("A", &plain, EngineRole::Plain)]),
+        ModelConfig::new(
+            "pd",
+            vec![
+                engine("P1", &prefill, EngineRole::Prefill),
+                engine("D1", &decode, EngineRole::Decode),
+            ],
+        ),
+    ];
+    let router = router(config(models)).await;
+    for model in ["m", "pd"] {
+        let ids =
+            serde_json::json!({"model": model, "prompt": [11, 12, 13, 14, 15], "max_tokens": 3});
+        let response = complete(&router, &ids).await;
+        assert_eq!(response.status(), 200, "{model}");
+        assert_eq!(
+            response.headers()["x-switchyard-prompt-tokens"],
+            "5",
+            "token ids are routed on as sent"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["object"], "text_completion");
+        assert_eq!(body["usage"]["prompt_tokens"], 5);
+        assert_eq!(
+            body["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .count(),
+            3
+        );
+        let streamed =
+            serde_json::json!({"model": model, "prompt": "a b c", "max_tokens": 2, "stream": true});
+        let response = complete(&router, &streamed).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let text = response.text().await.unwrap();
+        let events: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+        let first: Value = serde_json::from_str(events[0]).unwrap();
+        assert_eq!(
+            first["object"], "text_completion",
+            "{model}: no role event first"
+        );
+    }
+    let bad = complete(&router, &serde_json::json!({"model": "m", "prompt": []})).await;
+    assert_eq!(bad.status(), 400);
+    let error: Value = bad.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "prompt");
+    let pd_requests = recent_requests(&decode).await;
+    assert!(
+        pd_requests.iter().all(|r| r["bootstrap_room"].is_u64()),
+        "the PD legs of completions carry a room: {pd_requests:?}"
+    );
+    router.shutdown().await;
+}

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::{check_integer, check_number, model};
+use super::checks::{Sampling, check_integer, model, stream_and_sampling};
 use super::{Parsed, Prompt};
 use crate::error::ApiError;
 
@@ -67,71 +67,15 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
             "messages must not be empty",
         ));
     }
-    let stream = match probe.stream {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => b,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "stream",
-                "stream must be a boolean",
-            ));
-        }
-    };
-    match probe.stream_options {
-        None | Some(Value::Null) => {}
-        Some(_) if !stream => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "stream_options",
-                "stream_options is only allowed when stream is true",
-            ));
-        }
-        Some(Value::Object(options)) => {
-            if options
-                .get("include_usage")
-                .is_some_and(|v| !v.is_boolean() && !v.is_null())
-            {
-                return Err(ApiError::invalid(
-                    "invalid_parameter",
-                    "stream_options.include_usage",
-                    "include_usage must be a boolean",
-                ));
-            }
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "stream_options",
-                "stream_options must be an object",
-            ));
-        }
-    }
-    check_number(
-        &probe.temperature,
-        "temperature",
-        |v| (0.0..=2.0).contains(&v),
-        "between 0 and 2",
-    )?;
-    check_number(
-        &probe.top_p,
-        "top_p",
-        |v| v > 0.0 && v <= 1.0,
-        "greater than 0 and at most 1",
-    )?;
-    check_number(
-        &probe.presence_penalty,
-        "presence_penalty",
-        |v| (-2.0..=2.0).contains(&v),
-        "between -2 and 2",
-    )?;
-    check_number(
-        &probe.frequency_penalty,
-        "frequency_penalty",
-        |v| (-2.0..=2.0).contains(&v),
-        "between -2 and 2",
-    )?;
-    check_integer(&probe.n, "n", 1, 128)?;
+    let stream = stream_and_sampling(&Sampling {
+        stream: &probe.stream,
+        stream_options: &probe.stream_options,
+        n: &probe.n,
+        temperature: &probe.temperature,
+        top_p: &probe.top_p,
+        presence_penalty: &probe.presence_penalty,
+        frequency_penalty: &probe.frequency_penalty,
+    })?;
     let max_tokens = check_integer(&probe.max_tokens, "max_tokens", 1, u64::from(u32::MAX))?;
     let max_completion_tokens = check_integer(
         &probe.max_completion_tokens,

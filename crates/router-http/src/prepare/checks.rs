@@ -28,7 +28,7 @@ pub(crate) fn model(model: Option<&RawValue>) -> Result<String, ApiError> {
     }
 }
 
-pub(crate) fn check_number(
+fn check_number(
     value: &Option<Value>,
     name: &str,
     ok: impl Fn(f64) -> bool,
@@ -62,4 +62,85 @@ pub(crate) fn check_integer(
             format!("{name} must be an integer from {min} to {max}"),
         )),
     }
+}
+
+/// The streaming and sampling fields the chat and completion bodies share, as sent.
+pub(crate) struct Sampling<'a> {
+    pub(crate) stream: &'a Option<Value>,
+    pub(crate) stream_options: &'a Option<Value>,
+    pub(crate) n: &'a Option<Value>,
+    pub(crate) temperature: &'a Option<Value>,
+    pub(crate) top_p: &'a Option<Value>,
+    pub(crate) presence_penalty: &'a Option<Value>,
+    pub(crate) frequency_penalty: &'a Option<Value>,
+}
+
+/// Checks the streaming and sampling fields; returns whether the answer is streamed.
+pub(crate) fn stream_and_sampling(fields: &Sampling<'_>) -> Result<bool, ApiError> {
+    let stream = match fields.stream {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_parameter",
+                "stream",
+                "stream must be a boolean",
+            ));
+        }
+    };
+    match fields.stream_options {
+        None | Some(Value::Null) => {}
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "invalid_parameter",
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ));
+        }
+        Some(Value::Object(options)) => {
+            if options
+                .get("include_usage")
+                .is_some_and(|v| !v.is_boolean() && !v.is_null())
+            {
+                return Err(ApiError::invalid(
+                    "invalid_parameter",
+                    "stream_options.include_usage",
+                    "include_usage must be a boolean",
+                ));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_parameter",
+                "stream_options",
+                "stream_options must be an object",
+            ));
+        }
+    }
+    check_number(
+        fields.temperature,
+        "temperature",
+        |v| (0.0..=2.0).contains(&v),
+        "between 0 and 2",
+    )?;
+    check_number(
+        fields.top_p,
+        "top_p",
+        |v| v > 0.0 && v <= 1.0,
+        "greater than 0 and at most 1",
+    )?;
+    check_number(
+        fields.presence_penalty,
+        "presence_penalty",
+        |v| (-2.0..=2.0).contains(&v),
+        "between -2 and 2",
+    )?;
+    check_number(
+        fields.frequency_penalty,
+        "frequency_penalty",
+        |v| (-2.0..=2.0).contains(&v),
+        "between -2 and 2",
+    )?;
+    check_integer(fields.n, "n", 1, 128)?;
+    Ok(stream)
 }

@@ -285,3 +285,114 @@ fn a_small_prompt_is_tokenized_in_preparation_and_a_large_one_is_handed_over() {
     assert!(tokenize.is_some(), "a larger prompt is handed over");
     assert_eq!(prepared.token_ids, None, "not tokenized yet");
 }
+
+fn complete(
+    body: serde_json::Value,
+    with: Option<Arc<ChatTokenizer>>,
+) -> Result<Prepared, ApiError> {
+    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+    let (prepared, tokenize) = prepare(&COMPLETIONS, &bytes, |_| Ok(with))?;
+    assert!(tokenize.is_none(), "a small body is tokenized at once");
+    Ok(prepared)
+}
+
+#[test]
+fn a_completion_routes_on_its_prompt_as_it_is() {
+    let p = complete(
+        json!({"model": "m", "prompt": [5, 6, 7], "max_tokens": 4}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (p.input_tokens, p.token_ids.as_deref(), p.max_output_tokens),
+        (3, Some(&[5, 6, 7][..]), Some(4)),
+        "token ids are routed on without a tokenizer"
+    );
+    let p = complete(
+        json!({"model": "m", "prompt": [[1], [2, 3, 4, 5], [6, 7]]}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (p.input_tokens, p.token_ids.as_deref()),
+        (4, Some(&[1][..])),
+        "the longest prompt's length, the first prompt's ids"
+    );
+    let p = complete(
+        json!({"model": "m", "prompt": "hello world", "stream": true}),
+        Some(tiny_tokenizer()),
+    )
+    .unwrap();
+    assert_eq!(
+        p.token_ids.as_deref(),
+        Some(&[4, 5][..]),
+        "no chat template"
+    );
+    assert!(p.stream);
+    let p = complete(
+        json!({"model": "m", "prompt": ["hello", "hello world hello"]}),
+        Some(tiny_tokenizer()),
+    )
+    .unwrap();
+    assert_eq!(
+        (p.input_tokens, p.token_ids.as_deref()),
+        (3, Some(&[4][..]))
+    );
+    let p = complete(json!({"model": "m", "prompt": "hello world"}), None).unwrap();
+    assert_eq!(p.token_ids, None, "text without a tokenizer is estimated");
+}
+
+#[test]
+fn every_invalid_completion_field_gets_a_precise_400() {
+    let cases = [
+        (json!({"model": "m"}), "prompt", "prompt is required"),
+        (
+            json!({"model": "m", "prompt": []}),
+            "prompt",
+            "a prompt must not be empty",
+        ),
+        (
+            json!({"model": "m", "prompt": ""}),
+            "prompt",
+            "a prompt must not be empty",
+        ),
+        (
+            json!({"model": "m", "prompt": [[1], []]}),
+            "prompt",
+            "a prompt must not be empty",
+        ),
+        (
+            json!({"model": "m", "prompt": [1, "a"]}),
+            "prompt",
+            "prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+        ),
+        (
+            json!({"model": "m", "prompt": [-1]}),
+            "prompt",
+            "prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+        ),
+        (
+            json!({"model": "m", "prompt": "a", "max_tokens": 0}),
+            "max_tokens",
+            "max_tokens must be an integer from 1 to 4294967295",
+        ),
+        (
+            json!({"model": "m", "prompt": "a", "stream_options": {}}),
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        ),
+        (
+            json!({"model": "m", "prompt": "a", "temperature": 3}),
+            "temperature",
+            "temperature must be a number between 0 and 2",
+        ),
+    ];
+    for (body, param, message) in cases {
+        let err = complete(body.clone(), None).unwrap_err();
+        assert_eq!(
+            (err.status().as_u16(), err.param(), err.message()),
+            (400, Some(param), message),
+            "{body}"
+        );
+    }
+}

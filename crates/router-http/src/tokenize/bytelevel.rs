@@ -61,6 +61,9 @@ pub(crate) struct ByteLevelBpe {
     merges: Merges,
     /// A piece that is a token is that token, without merging.
     ignore_merges: bool,
+    /// The special tokens' ids put before and after one sequence when they are added
+    /// (a completion's prompt).
+    around: (Vec<u32>, Vec<u32>),
 }
 
 /// A normal form, for its quick check.
@@ -105,6 +108,7 @@ impl ByteLevelBpe {
             Some(form) => Some((serde_json::from_value(file.normalizer.clone()?).ok()?, form)),
         };
         let pieces = Pieces::new(file.split()?.as_deref())?;
+        let around = file.around()?;
         let ignore_merges = file.model.ignore_merges;
         let (names, listed) = (file.model.vocab, file.model.merges);
         let byte_of = byte_of_char();
@@ -165,6 +169,7 @@ impl ByteLevelBpe {
             byte_ids,
             merges,
             ignore_merges,
+            around,
         })
     }
 
@@ -177,6 +182,12 @@ impl ByteLevelBpe {
         let mut ids = Vec::with_capacity(text.len() / 3);
         let left = self.encode_into(text, &mut ids);
         (ids, left)
+    }
+
+    /// The special tokens' ids to put before and after a sequence whose special
+    /// tokens are added.
+    pub(super) fn around(&self) -> (&[u32], &[u32]) {
+        (&self.around.0, &self.around.1)
     }
 
     /// [`encode`](Self::encode), appending the ids to `ids`.

@@ -151,6 +151,7 @@ impl TokenizerFile {
             && self.loads_in_tokenizers()
             && self.normalization().is_some()
             && self.split().is_some()
+            && self.around().is_some()
     }
 
     /// Whether no two tokens of the vocabulary share an id (the encoder skips merges
@@ -188,6 +189,46 @@ impl TokenizerFile {
                 _ => None,
             },
         }
+    }
+
+    /// The special tokens' ids the post-processor puts before and after one
+    /// sequence (for `add_special_tokens`); `None` for a post-processor not covered.
+    pub(super) fn around(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        fn of(processor: &Value) -> Option<(Vec<u32>, Vec<u32>)> {
+            match processor["type"].as_str() {
+                _ if processor.is_null() => Some((Vec::new(), Vec::new())),
+                Some("ByteLevel") => Some((Vec::new(), Vec::new())),
+                Some("Sequence") => {
+                    let mut around = (Vec::new(), Vec::new());
+                    for inner in processor["processors"].as_array()? {
+                        let (before, after) = of(inner)?;
+                        around.0.extend(before);
+                        around.1.extend(after);
+                    }
+                    Some(around)
+                }
+                Some("TemplateProcessing") => {
+                    let (mut before, mut after) = (Vec::new(), Vec::new());
+                    let mut seen = false;
+                    for piece in processor["single"].as_array()? {
+                        if piece.get("Sequence").is_some() {
+                            seen = true;
+                            continue;
+                        }
+                        let name = piece["SpecialToken"]["id"].as_str()?;
+                        let ids = processor["special_tokens"][name]["ids"].as_array()?;
+                        let ids = ids
+                            .iter()
+                            .map(|id| u32::try_from(id.as_u64()?).ok())
+                            .collect::<Option<Vec<u32>>>()?;
+                        if seen { &mut after } else { &mut before }.extend(ids);
+                    }
+                    seen.then_some((before, after))
+                }
+                _ => None,
+            }
+        }
+        of(self.post_processor.as_ref().unwrap_or(&Value::Null))
     }
 
     /// The pre-tokenizer's split pattern, `Some(None)` when the whole text is one
