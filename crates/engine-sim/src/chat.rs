@@ -23,9 +23,9 @@ use crate::visits::Visit;
 struct ChatRequest {
     #[serde(default)]
     messages: Vec<RawMessage>,
-    /// A completion's prompt.
+    /// A completion's prompt (read only by `/v1/completions`).
     #[serde(default)]
-    prompt: Option<CompletionPrompt>,
+    prompt: Option<Value>,
     #[serde(default)]
     stream: bool,
     #[serde(default)]
@@ -219,15 +219,20 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
     }
     let tokens = match (request.input_ids.clone(), &request.prompt) {
         (Some(ids), _) => Ok(ids),
-        (None, Some(prompt)) if shape == Shape::Text => match prompt {
-            CompletionPrompt::Text(text) => app.tokenizer.encode_text(text),
-            CompletionPrompt::Ids(ids) => Ok(ids.clone()),
-            CompletionPrompt::Texts(texts) if texts.len() == 1 => {
-                app.tokenizer.encode_text(&texts[0])
+        (None, Some(prompt)) if shape == Shape::Text => {
+            match serde_json::from_value::<CompletionPrompt>(prompt.clone()) {
+                Ok(CompletionPrompt::Text(text)) => app.tokenizer.encode_text(&text),
+                Ok(CompletionPrompt::Ids(ids)) => Ok(ids),
+                Ok(CompletionPrompt::Texts(texts)) if texts.len() == 1 => {
+                    app.tokenizer.encode_text(&texts[0])
+                }
+                Ok(CompletionPrompt::IdLists(mut lists)) if lists.len() == 1 => {
+                    Ok(lists.swap_remove(0))
+                }
+                Ok(_) => Err("the simulated engine answers one prompt a request".to_owned()),
+                Err(e) => Err(format!("invalid prompt: {e}")),
             }
-            CompletionPrompt::IdLists(lists) if lists.len() == 1 => Ok(lists[0].clone()),
-            _ => Err("the simulated engine answers one prompt a request".to_owned()),
-        },
+        }
         _ => {
             let messages: Vec<ChatMessage> =
                 request.messages.iter().map(RawMessage::flatten).collect();

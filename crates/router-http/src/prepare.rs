@@ -86,44 +86,65 @@ impl Counted {
 }
 
 impl Prompt<'_> {
-    /// The length and ids the body gives without a tokenizer (token ids as sent).
-    fn given(&self) -> Option<Counted> {
+    /// The length and ids the body gives without a tokenizer (token ids as sent,
+    /// the first list taken out of the prompt).
+    fn given(&mut self) -> Option<Counted> {
         match self {
             Prompt::Completion(CompletionPrompts::Ids(lists)) => Some(Counted {
                 tokens: lists.iter().map(|ids| ids.len() as u64).max().unwrap_or(0),
-                ids: lists.first().cloned().unwrap_or_default(),
+                ids: lists.first_mut().map(std::mem::take).unwrap_or_default(),
             }),
-            Prompt::Messages(_) | Prompt::Completion(CompletionPrompts::Texts(_)) => None,
+            Prompt::Messages(_) | Prompt::Completion(CompletionPrompts::Texts { .. }) => None,
         }
     }
 
-    /// The length and ids `tokenizer` gives.
-    fn count(&self, tokenizer: &ChatTokenizer) -> Result<Counted, ApiError> {
-        match self {
-            Prompt::Messages(messages) => tokenizer
-                .encode_chat(messages.get())
-                .map(Counted::of)
-                .map_err(|e| ApiError::invalid("invalid_messages", "messages", e)),
-            Prompt::Completion(CompletionPrompts::Texts(texts)) => {
-                let mut first = None;
-                let mut longest = 0;
-                for text in texts {
-                    let counted = tokenizer
-                        .encode_text(text)
-                        .map(Counted::of)
-                        .map_err(|e| ApiError::invalid("invalid_prompt", "prompt", e))?;
-                    longest = longest.max(counted.tokens);
-                    first.get_or_insert(counted.ids);
-                }
-                Ok(Counted {
-                    tokens: longest,
-                    ids: first.unwrap_or_default(),
-                })
+    /// The prompt's length estimated from its size (`body` bytes in all).
+    fn estimate(&self, body: usize) -> u64 {
+        let bytes = match self {
+            Prompt::Completion(CompletionPrompts::Texts { texts, .. }) => {
+                texts.iter().map(|t| t.len()).max().unwrap_or(0)
+            }
+            Prompt::Messages(_) | Prompt::Completion(CompletionPrompts::Ids(_)) => body,
+        };
+        estimate(bytes).max(1)
+    }
+
+    /// The length and ids `tokenizer` gives (token ids: as sent).
+    fn count(&mut self, tokenizer: &ChatTokenizer) -> Result<Counted, ApiError> {
+        let texts = match self {
+            Prompt::Messages(messages) => {
+                return tokenizer
+                    .encode_chat(messages.get())
+                    .map(Counted::of)
+                    .map_err(|e| ApiError::invalid("invalid_messages", "messages", e));
             }
             Prompt::Completion(CompletionPrompts::Ids(_)) => {
-                Ok(self.given().expect("token ids are given"))
+                return Ok(self.given().unwrap_or(Counted {
+                    tokens: 0,
+                    ids: Vec::new(),
+                }));
             }
+            Prompt::Completion(CompletionPrompts::Texts {
+                texts,
+                special_tokens,
+            }) => texts.iter().map(|text| {
+                tokenizer
+                    .encode_text(text, *special_tokens)
+                    .map(Counted::of)
+                    .map_err(|e| ApiError::invalid("invalid_prompt", "prompt", e))
+            }),
+        };
+        let mut first = None;
+        let mut longest = 0;
+        for counted in texts {
+            let counted = counted?;
+            longest = longest.max(counted.tokens);
+            first.get_or_insert(counted.ids);
         }
+        Ok(Counted {
+            tokens: longest,
+            ids: first.unwrap_or_default(),
+        })
     }
 }
 
@@ -160,7 +181,7 @@ impl Tokenize {
     /// Tokenizes the prompt on this thread (the body is parsed again, borrowing from
     /// it: the prompt is never copied).
     fn run(self) -> Result<Counted, ApiError> {
-        let parsed = (self.endpoint.parse)(&self.body)?;
+        let mut parsed = (self.endpoint.parse)(&self.body)?;
         parsed.prompt.count(&self.tokenizer)
     }
 
@@ -184,7 +205,7 @@ pub(crate) fn prepare(
     body: &Bytes,
     tokenizer: impl FnOnce(&str) -> Result<Option<Arc<ChatTokenizer>>, ApiError>,
 ) -> Result<(Prepared, Option<Tokenize>), ApiError> {
-    let parsed = (endpoint.parse)(body)?;
+    let mut parsed = (endpoint.parse)(body)?;
     let tokenizer = tokenizer(&parsed.model)?;
     let mut inline = parsed.prompt.given();
     let mut tokenize = None;
@@ -205,8 +226,7 @@ pub(crate) fn prepare(
     let prepared = Prepared {
         model: parsed.model,
         stream: parsed.stream,
-        // The body is the only size known.
-        input_tokens: estimate(body.len()).max(1),
+        input_tokens: parsed.prompt.estimate(body.len()),
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,
     };

@@ -87,8 +87,8 @@ pub(crate) struct General {
     /// would add it where the whole prompt does not).
     windows: bool,
     /// The special tokens' ids the post-processor puts before and after a sequence
-    /// (a completion's prompt).
-    around: (Vec<u32>, Vec<u32>),
+    /// (a completion's prompt); `None` when they could not be worked out.
+    around: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl General {
@@ -110,7 +110,13 @@ impl General {
             .map(|token| token.content)
             .filter(|content| !content.is_empty())
             .collect();
-        let around = special_tokens_around(&tokenizer).map_err(|e| TokenizerError::at(path, e))?;
+        let around = special_tokens_around(&tokenizer);
+        if around.is_none() {
+            tracing::warn!(
+                tokenizer = %path.display(),
+                "the special tokens the tokenizer adds around a sequence could not be worked out: completion prompts are counted without them"
+            );
+        }
         Ok(Self {
             tokenizer,
             added,
@@ -134,15 +140,16 @@ impl ChatTokenizer {
         let at_config = |e: &dyn std::fmt::Display| TokenizerError::at(&config_path, e);
         let text = std::fs::read_to_string(&config_path).map_err(|e| at_config(&e))?;
         let config: Value = serde_json::from_str(&text).map_err(|e| at_config(&e))?;
+        // A base model may have no chat template: its completions are still tokenized.
         let template = match &config["chat_template"] {
-            Value::String(t) => t.clone(),
+            Value::String(t) => Some(t.clone()),
             Value::Array(named) => named
                 .iter()
                 .find(|t| t["name"] == "default")
                 .and_then(|t| t["template"].as_str())
-                .map(str::to_owned)
-                .ok_or_else(|| at_config(&"no default chat template"))?,
-            _ => return Err(at_config(&"no chat_template")),
+                .map(str::to_owned),
+            Value::Null => None,
+            _ => return Err(at_config(&"chat_template must be a string or a list")),
         };
         let special = |key: &str| match &config[key] {
             Value::String(s) => s.clone(),
@@ -159,8 +166,10 @@ impl ChatTokenizer {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
             },
         );
-        env.add_template_owned("chat", template)
-            .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
+        if let Some(template) = template {
+            env.add_template_owned("chat", template)
+                .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
+        }
         Ok(Self {
             encoder,
             prefixes: PrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES),
@@ -185,12 +194,14 @@ impl ChatTokenizer {
     }
 
     /// A completion's prompt as it is, with the special tokens the tokenizer adds
-    /// around a sequence (as vLLM and SGLang tokenize `/v1/completions` prompts).
+    /// around a sequence when `special_tokens` (as vLLM and SGLang tokenize
+    /// `/v1/completions` prompts, `add_special_tokens` true unless the request says
+    /// otherwise). A tokenizer whose post-processor is not understood adds none.
     ///
     /// # Errors
     /// The tokenizer failed on it.
-    pub fn encode_text(&self, text: &str) -> Result<PromptTokens, String> {
-        let ((before, after), body) = match &self.encoder {
+    pub fn encode_text(&self, text: &str, special_tokens: bool) -> Result<PromptTokens, String> {
+        let (around, body) = match &self.encoder {
             Encoder::ByteLevel(encoder) => {
                 let (ids, untokenized_bytes) = self.prefixes.encode(encoder, text);
                 let body = PromptTokens {
@@ -201,8 +212,12 @@ impl ChatTokenizer {
             }
             Encoder::General(general) => {
                 let body = window::encode(general, text, window::WINDOW, window::MAX_WINDOW)?;
-                ((&general.around.0[..], &general.around.1[..]), body)
+                (general.around.as_ref(), body)
             }
+        };
+        let (before, after) = match around {
+            Some((before, after)) if special_tokens => (&before[..], &after[..]),
+            _ => (&[][..], &[][..]),
         };
         let mut ids = Vec::with_capacity(before.len() + body.ids.len() + after.len());
         ids.extend_from_slice(before);
@@ -225,16 +240,16 @@ impl ChatTokenizer {
         let mut messages: Vec<Value> = serde_json::from_str(messages)
             .map_err(|e| format!("messages must be an array of objects: {e}"))?;
         messages.iter_mut().for_each(flatten_content);
-        let prompt = self
+        let template = self
             .template
             .get_template("chat")
-            .and_then(|t| {
-                t.render(context! {
-                    messages => messages,
-                    add_generation_prompt => true,
-                    bos_token => self.bos_token,
-                    eos_token => self.eos_token,
-                })
+            .map_err(|_| "the model's tokenizer has no chat template".to_owned())?;
+        let prompt = template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
             })
             .map_err(|e| format!("the chat template failed: {e}"))?;
         match &self.encoder {
@@ -253,17 +268,18 @@ impl ChatTokenizer {
 }
 
 /// The ids `tokenizer` puts before and after a sequence when it adds special tokens:
-/// a text encoded with them, less the same text encoded without.
-fn special_tokens_around(
-    tokenizer: &tokenizers::Tokenizer,
-) -> Result<(Vec<u32>, Vec<u32>), tokenizers::Error> {
-    let with = tokenizer.encode("a", true)?.get_ids().to_vec();
-    let without = tokenizer.encode("a", false)?.get_ids().to_vec();
-    let at =
-        (0..=with.len().saturating_sub(without.len())).find(|&i| with[i..].starts_with(&without));
-    Ok(match at {
-        Some(i) => (with[..i].to_vec(), with[i + without.len()..].to_vec()),
-        None => (Vec::new(), Vec::new()),
+/// a text encoded with them, less the same text encoded without; `None` when no
+/// probe text shows it.
+fn special_tokens_around(tokenizer: &tokenizers::Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
+    ["a", "hello", "0", "."].into_iter().find_map(|probe| {
+        let with = tokenizer.encode(probe, true).ok()?.get_ids().to_vec();
+        let without = tokenizer.encode(probe, false).ok()?.get_ids().to_vec();
+        if without.is_empty() {
+            return None;
+        }
+        let at = (0..=with.len().saturating_sub(without.len()))
+            .find(|&i| with[i..].starts_with(&without))?;
+        Some((with[..at].to_vec(), with[at + without.len()..].to_vec()))
     })
 }
 
@@ -300,5 +316,49 @@ mod tests {
             missing.to_string().starts_with("/missing/tokenizer.json: "),
             "{missing}"
         );
+    }
+
+    /// The tiny tokenizer with `post_processor` and, beside it, its config without a
+    /// chat template, written to a directory of its own.
+    fn tiny_base_model(post_processor: serde_json::Value) -> PathBuf {
+        let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-tiny");
+        let mut file: Value =
+            serde_json::from_slice(&std::fs::read(testdata.join("tokenizer.json")).unwrap())
+                .unwrap();
+        file["post_processor"] = post_processor;
+        let dir =
+            std::env::temp_dir().join(format!("switchyard-base-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), file.to_string()).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"bos_token": "<s>"}"#).unwrap();
+        dir.join("tokenizer.json")
+    }
+
+    #[test]
+    fn a_base_model_without_a_chat_template_tokenizes_completions_with_its_special_tokens() {
+        let template = json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+        });
+        let path = tiny_base_model(template);
+        let t = ChatTokenizer::load(&path).unwrap();
+        let reference = tokenizers::Tokenizer::from_file(&path).unwrap();
+        let with = reference.encode("hello world", true).unwrap();
+        assert_eq!(with.get_ids(), [1, 4, 5], "<s> hello world");
+        assert_eq!(
+            t.encode_text("hello world", true).unwrap().ids,
+            with.get_ids()
+        );
+        assert_eq!(t.encode_text("hello world", false).unwrap().ids, [4, 5]);
+        let chat = json!([{"role": "user", "content": "hello"}]).to_string();
+        assert!(
+            t.encode_chat(&chat)
+                .unwrap_err()
+                .contains("no chat template"),
+            "a chat is refused"
+        );
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

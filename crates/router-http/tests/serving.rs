@@ -398,9 +398,15 @@ async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed()
             .collect();
         assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
         let first: Value = serde_json::from_str(events[0]).unwrap();
+        assert_eq!(first["object"], "text_completion");
+        assert!(
+            !first["choices"][0]["text"].as_str().unwrap().is_empty(),
+            "{model}: the first event is text, no role event"
+        );
         assert_eq!(
-            first["object"], "text_completion",
-            "{model}: no role event first"
+            events.len(),
+            2 + 1 + 1,
+            "{model}: two words, the finish, [DONE]"
         );
     }
     let bad = complete(&router, &serde_json::json!({"model": "m", "prompt": []})).await;
@@ -408,6 +414,11 @@ async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed()
     let error: Value = bad.json().await.unwrap();
     assert_eq!(error["error"]["param"], "prompt");
     let pd_requests = recent_requests(&decode).await;
+    assert_eq!(
+        pd_requests.len(),
+        2,
+        "the decode engine had both completions"
+    );
     assert!(
         pd_requests.iter().all(|r| r["bootstrap_room"].is_u64()),
         "the PD legs of completions carry a room: {pd_requests:?}"

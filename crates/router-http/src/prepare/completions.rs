@@ -4,17 +4,27 @@
 //!
 //! A list of prompts is one request to one engine, which holds every prompt as a
 //! sequence of its own: the longest decides the bucket, and cache-aware routing
-//! hashes the first.
+//! hashes the first. `max_tokens` defaults to 16, as in vLLM and SGLang, and may be 0
+//! (vLLM scores a prompt with `echo` and no output).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use serde::Deserialize;
+use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::checks::{Sampling, check_integer, model, stream_and_sampling};
 use super::{Parsed, Prompt};
 use crate::error::ApiError;
+
+/// The most token ids a request's prompts may hold together: far past any model's
+/// context, and a bound on what a body of ids makes the router hold (4 bytes an id).
+pub(crate) const MAX_PROMPT_IDS: usize = 1 << 22;
+
+/// The output budget of a completion that names none (vLLM's and SGLang's default).
+const DEFAULT_MAX_TOKENS: u64 = 16;
 
 #[derive(Deserialize)]
 struct Probe<'a> {
@@ -36,27 +46,26 @@ struct Probe<'a> {
     presence_penalty: Option<Value>,
     #[serde(default)]
     frequency_penalty: Option<Value>,
-    #[serde(default)]
+    /// `Some(Null)` for `null` (no budget), `None` when absent (the default).
+    #[serde(default, deserialize_with = "present")]
     max_tokens: Option<Value>,
+    #[serde(default)]
+    add_special_tokens: Option<Value>,
 }
 
-/// A completion's prompts, each text or token ids (never empty).
+/// A completion's prompts, each text or token ids; at least one is not empty.
 #[derive(Debug)]
 pub(crate) enum CompletionPrompts<'b> {
     /// Text, tokenized as it is.
-    Texts(Vec<Cow<'b, str>>),
+    Texts {
+        /// The prompts.
+        texts: Vec<Cow<'b, str>>,
+        /// Whether the tokenizer's special tokens are put around each (vLLM's
+        /// `add_special_tokens`, true unless the body says otherwise).
+        special_tokens: bool,
+    },
     /// Token ids, routed on as they are.
     Ids(Vec<Vec<u32>>),
-}
-
-/// The forms `prompt` may take.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Form<'b> {
-    Text(#[serde(borrow)] Cow<'b, str>),
-    Ids(Vec<u32>),
-    Texts(#[serde(borrow)] Vec<Cow<'b, str>>),
-    IdLists(Vec<Vec<u32>>),
 }
 
 /// Validates a completion body and finds its routing facts.
@@ -68,7 +77,18 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     let prompt = probe
         .prompt
         .ok_or_else(|| ApiError::invalid("invalid_prompt", "prompt", "prompt is required"))?;
-    let prompts = prompts(prompt)?;
+    let special_tokens = match probe.add_special_tokens {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_parameter",
+                "add_special_tokens",
+                "add_special_tokens must be a boolean",
+            ));
+        }
+    };
+    let prompts = prompts(prompt, special_tokens)?;
     let stream = stream_and_sampling(&Sampling {
         stream: &probe.stream,
         stream_options: &probe.stream_options,
@@ -78,7 +98,11 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         presence_penalty: &probe.presence_penalty,
         frequency_penalty: &probe.frequency_penalty,
     })?;
-    let max_tokens = check_integer(&probe.max_tokens, "max_tokens", 1, u64::from(u32::MAX))?;
+    // Absent: the engines' default; `null`: no budget.
+    let max_tokens = match probe.max_tokens {
+        None => Some(DEFAULT_MAX_TOKENS),
+        given => check_integer(&given, "max_tokens", 0, u64::from(u32::MAX))?,
+    };
     Ok(Parsed {
         model,
         stream,
@@ -87,27 +111,160 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     })
 }
 
-/// `prompt` read as one of its forms, each prompt and the list non-empty.
-fn prompts(prompt: &RawValue) -> Result<CompletionPrompts<'_>, ApiError> {
-    let invalid = |message: &str| ApiError::invalid("invalid_prompt", "prompt", message);
-    let form: Form<'_> = serde_json::from_str(prompt.get()).map_err(|_| {
-        invalid("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
-    })?;
+/// A field that is present, `null` included.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
+/// `prompt` read as one of its forms, without buffering it: a list of ids is held as
+/// 4 bytes an id, at most [`MAX_PROMPT_IDS`] of them.
+fn prompts(prompt: &RawValue, special_tokens: bool) -> Result<CompletionPrompts<'_>, ApiError> {
+    let invalid = |message: String| ApiError::invalid("invalid_prompt", "prompt", message);
+    let mut reader = serde_json::Deserializer::from_str(prompt.get());
+    let form = reader
+        .deserialize_any(FormVisitor)
+        .map_err(|e| invalid(format!("prompt must be {EXPECTED}: {e}")))?;
     let prompts = match form {
-        Form::Text(text) => CompletionPrompts::Texts(vec![text]),
-        Form::Ids(ids) => CompletionPrompts::Ids(vec![ids]),
-        Form::Texts(texts) => CompletionPrompts::Texts(texts),
-        Form::IdLists(lists) => CompletionPrompts::Ids(lists),
+        Form::Texts(texts) => CompletionPrompts::Texts {
+            texts,
+            special_tokens,
+        },
+        Form::Ids(lists) => CompletionPrompts::Ids(lists),
     };
-    let (count, empty) = match &prompts {
-        CompletionPrompts::Texts(texts) => (texts.len(), texts.iter().any(|t| t.is_empty())),
-        CompletionPrompts::Ids(lists) => (lists.len(), lists.iter().any(Vec::is_empty)),
+    let (count, all_empty) = match &prompts {
+        CompletionPrompts::Texts { texts, .. } => (texts.len(), texts.iter().all(|t| t.is_empty())),
+        CompletionPrompts::Ids(lists) => (lists.len(), lists.iter().all(Vec::is_empty)),
     };
     if count == 0 {
-        return Err(invalid("prompt must not be an empty list"));
+        return Err(invalid("prompt must not be an empty list".into()));
     }
-    if empty {
-        return Err(invalid("a prompt must not be empty"));
+    if all_empty {
+        return Err(invalid("prompt must not be empty".into()));
     }
     Ok(prompts)
+}
+
+/// What `prompt` holds: texts, or lists of ids.
+enum Form<'b> {
+    Texts(Vec<Cow<'b, str>>),
+    Ids(Vec<Vec<u32>>),
+}
+
+const EXPECTED: &str =
+    "a string, a list of strings, a list of token ids or a list of lists of token ids";
+
+/// Reads `prompt` in one pass, deciding its form by its first element.
+struct FormVisitor;
+
+impl<'de> Visitor<'de> for FormVisitor {
+    type Value = Form<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "prompt as {EXPECTED}")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Form<'de>, E> {
+        Ok(Form::Texts(vec![Cow::Borrowed(text)]))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Form<'de>, E> {
+        Ok(Form::Texts(vec![Cow::Owned(text.to_owned())]))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Form<'de>, A::Error> {
+        let mut ids = 0;
+        let mut count = |n: usize| {
+            ids += n;
+            if ids > MAX_PROMPT_IDS {
+                Err(A::Error::custom(format_args!(
+                    "the prompts hold more than {MAX_PROMPT_IDS} token ids"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let Some(first) = seq.next_element::<Element<'de>>()? else {
+            return Ok(Form::Ids(Vec::new()));
+        };
+        match first {
+            Element::Text(text) => {
+                let mut texts = vec![text];
+                while let Some(element) = seq.next_element::<Element<'de>>()? {
+                    let Element::Text(text) = element else {
+                        return Err(A::Error::custom("a list mixes texts and token ids"));
+                    };
+                    texts.push(text);
+                }
+                Ok(Form::Texts(texts))
+            }
+            Element::Id(id) => {
+                count(1)?;
+                let mut list = vec![id];
+                while let Some(id) = seq.next_element::<u32>()? {
+                    count(1)?;
+                    list.push(id);
+                }
+                Ok(Form::Ids(vec![list]))
+            }
+            Element::Ids(list) => {
+                count(list.len())?;
+                let mut lists = vec![list];
+                while let Some(list) = seq.next_element::<Vec<u32>>()? {
+                    count(list.len())?;
+                    lists.push(list);
+                }
+                Ok(Form::Ids(lists))
+            }
+        }
+    }
+}
+
+/// The first element of a `prompt` list, which decides the list's form.
+enum Element<'b> {
+    Text(Cow<'b, str>),
+    Id(u32),
+    Ids(Vec<u32>),
+}
+
+impl<'de> Deserialize<'de> for Element<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ElementVisitor)
+    }
+}
+
+struct ElementVisitor;
+
+impl<'de> Visitor<'de> for ElementVisitor {
+    type Value = Element<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a string, a token id or a list of token ids")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Element<'de>, E> {
+        Ok(Element::Text(Cow::Borrowed(text)))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Element<'de>, E> {
+        Ok(Element::Text(Cow::Owned(text.to_owned())))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, id: u64) -> Result<Element<'de>, E> {
+        u32::try_from(id)
+            .map(Element::Id)
+            .map_err(|_| E::custom(format_args!("token id {id} is out of range")))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Element<'de>, A::Error> {
+        let mut ids = Vec::new();
+        while let Some(id) = seq.next_element::<u32>()? {
+            if ids.len() == MAX_PROMPT_IDS {
+                return Err(A::Error::custom(format_args!(
+                    "the prompts hold more than {MAX_PROMPT_IDS} token ids"
+                )));
+            }
+            ids.push(id);
+        }
+        Ok(Element::Ids(ids))
+    }
 }

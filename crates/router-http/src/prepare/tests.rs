@@ -344,37 +344,42 @@ fn a_completion_routes_on_its_prompt_as_it_is() {
 
 #[test]
 fn every_invalid_completion_field_gets_a_precise_400() {
+    let form = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids: ";
     let cases = [
         (json!({"model": "m"}), "prompt", "prompt is required"),
         (
             json!({"model": "m", "prompt": []}),
             "prompt",
-            "a prompt must not be empty",
+            "prompt must not be an empty list",
         ),
         (
             json!({"model": "m", "prompt": ""}),
             "prompt",
-            "a prompt must not be empty",
+            "prompt must not be empty",
         ),
         (
-            json!({"model": "m", "prompt": [[1], []]}),
+            json!({"model": "m", "prompt": [[], []]}),
             "prompt",
-            "a prompt must not be empty",
+            "prompt must not be empty",
         ),
+        (json!({"model": "m", "prompt": [1, "a"]}), "prompt", form),
+        (json!({"model": "m", "prompt": ["a", 1]}), "prompt", form),
+        (json!({"model": "m", "prompt": [-1]}), "prompt", form),
         (
-            json!({"model": "m", "prompt": [1, "a"]}),
+            json!({"model": "m", "prompt": [4_294_967_296_u64]}),
             "prompt",
-            "prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+            form,
         ),
+        (json!({"model": "m", "prompt": 7}), "prompt", form),
         (
-            json!({"model": "m", "prompt": [-1]}),
-            "prompt",
-            "prompt must be a string, a list of strings, a list of token ids or a list of such lists",
-        ),
-        (
-            json!({"model": "m", "prompt": "a", "max_tokens": 0}),
+            json!({"model": "m", "prompt": "a", "max_tokens": -1}),
             "max_tokens",
-            "max_tokens must be an integer from 1 to 4294967295",
+            "max_tokens must be an integer from 0 to 4294967295",
+        ),
+        (
+            json!({"model": "m", "prompt": "a", "add_special_tokens": "yes"}),
+            "add_special_tokens",
+            "add_special_tokens must be a boolean",
         ),
         (
             json!({"model": "m", "prompt": "a", "stream_options": {}}),
@@ -390,9 +395,61 @@ fn every_invalid_completion_field_gets_a_precise_400() {
     for (body, param, message) in cases {
         let err = complete(body.clone(), None).unwrap_err();
         assert_eq!(
-            (err.status().as_u16(), err.param(), err.message()),
-            (400, Some(param), message),
+            (err.status().as_u16(), err.param()),
+            (400, Some(param)),
             "{body}"
         );
+        assert!(
+            err.message().starts_with(message),
+            "{body}: {}",
+            err.message()
+        );
     }
+}
+
+#[test]
+fn a_completion_defaults_to_16_output_tokens_and_allows_0() {
+    let p = complete(json!({"model": "m", "prompt": [1]}), None).unwrap();
+    assert_eq!(p.max_output_tokens, Some(16), "vLLM's and SGLang's default");
+    let p = complete(
+        json!({"model": "m", "prompt": [1], "max_tokens": 0, "echo": true}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        p.max_output_tokens,
+        Some(0),
+        "a prompt scored without output"
+    );
+    let p = complete(
+        json!({"model": "m", "prompt": [1], "max_tokens": null}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(p.max_output_tokens, None, "no budget");
+}
+
+#[test]
+fn a_body_of_token_ids_is_bounded() {
+    let over = vec![1_u32; completions::MAX_PROMPT_IDS + 1];
+    let err = complete(json!({"model": "m", "prompt": over}), None).unwrap_err();
+    assert!(
+        err.message().contains("more than 4194304 token ids"),
+        "{}",
+        err.message()
+    );
+    let split = vec![vec![1_u32; completions::MAX_PROMPT_IDS / 2 + 1]; 2];
+    let err = complete(json!({"model": "m", "prompt": split}), None).unwrap_err();
+    assert!(
+        err.message().contains("more than 4194304 token ids"),
+        "{}",
+        err.message()
+    );
+}
+
+#[test]
+fn texts_without_a_tokenizer_are_estimated_by_the_longest() {
+    let long = "x".repeat(400);
+    let p = complete(json!({"model": "m", "prompt": ["short", long]}), None).unwrap();
+    assert_eq!((p.input_tokens, p.token_ids), (100, None));
 }

@@ -62,8 +62,8 @@ pub(crate) struct ByteLevelBpe {
     /// A piece that is a token is that token, without merging.
     ignore_merges: bool,
     /// The special tokens' ids put before and after one sequence when they are added
-    /// (a completion's prompt).
-    around: (Vec<u32>, Vec<u32>),
+    /// (a completion's prompt); `None` for a post-processor not understood.
+    around: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 /// A normal form, for its quick check.
@@ -108,7 +108,7 @@ impl ByteLevelBpe {
             Some(form) => Some((serde_json::from_value(file.normalizer.clone()?).ok()?, form)),
         };
         let pieces = Pieces::new(file.split()?.as_deref())?;
-        let around = file.around()?;
+        let around = file.around();
         let ignore_merges = file.model.ignore_merges;
         let (names, listed) = (file.model.vocab, file.model.merges);
         let byte_of = byte_of_char();
@@ -185,9 +185,9 @@ impl ByteLevelBpe {
     }
 
     /// The special tokens' ids to put before and after a sequence whose special
-    /// tokens are added.
-    pub(super) fn around(&self) -> (&[u32], &[u32]) {
-        (&self.around.0, &self.around.1)
+    /// tokens are added; `None` for a post-processor not understood.
+    pub(super) fn around(&self) -> Option<&(Vec<u32>, Vec<u32>)> {
+        self.around.as_ref()
     }
 
     /// [`encode`](Self::encode), appending the ids to `ids`.

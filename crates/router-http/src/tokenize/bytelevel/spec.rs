@@ -2,7 +2,9 @@
 //! them: a BPE model with merges and nothing that changes how they apply, every added
 //! token matched as written, no normalizer or one that leaves ASCII unchanged, and a
 //! byte-level pre-tokenizer that adds no prefix space (alone, or after one regex split
-//! that isolates its matches). A file `tokenizers` would refuse to load is not covered
+//! that isolates its matches). The special tokens a post-processor adds around a
+//! sequence (for a completion's prompt) are read from ByteLevel, TemplateProcessing,
+//! Roberta and Bert processors and sequences of them; another leaves them unknown. A file `tokenizers` would refuse to load is not covered
 //! either: its fields are read as strictly, and the parts the encoder does not use are
 //! read with `tokenizers`' own types.
 
@@ -151,7 +153,6 @@ impl TokenizerFile {
             && self.loads_in_tokenizers()
             && self.normalization().is_some()
             && self.split().is_some()
-            && self.around().is_some()
     }
 
     /// Whether no two tokens of the vocabulary share an id (the encoder skips merges
@@ -199,19 +200,28 @@ impl TokenizerFile {
                 _ if processor.is_null() => Some((Vec::new(), Vec::new())),
                 Some("ByteLevel") => Some((Vec::new(), Vec::new())),
                 Some("Sequence") => {
+                    // Each processor wraps what the ones before it made.
                     let mut around = (Vec::new(), Vec::new());
                     for inner in processor["processors"].as_array()? {
-                        let (before, after) = of(inner)?;
-                        around.0.extend(before);
+                        let (mut before, after) = of(inner)?;
+                        before.append(&mut around.0);
+                        around.0 = before;
                         around.1.extend(after);
                     }
                     Some(around)
+                }
+                Some("RobertaProcessing" | "BertProcessing") => {
+                    let id = |field: &str| u32::try_from(processor[field][1].as_u64()?).ok();
+                    Some((vec![id("cls")?], vec![id("sep")?]))
                 }
                 Some("TemplateProcessing") => {
                     let (mut before, mut after) = (Vec::new(), Vec::new());
                     let mut seen = false;
                     for piece in processor["single"].as_array()? {
                         if piece.get("Sequence").is_some() {
+                            if seen {
+                                return None;
+                            }
                             seen = true;
                             continue;
                         }

@@ -386,40 +386,39 @@ fn a_file_tokenizers_panics_on_is_a_load_error() {
 }
 
 #[test]
-fn the_special_tokens_a_template_adds_around_a_sequence_are_those_of_tokenizers() {
-    let mut file = llama3_shaped();
+fn the_special_tokens_a_post_processor_adds_around_a_sequence_are_those_of_tokenizers() {
     let special = |name: &str, id: u32| json!({"id": name, "ids": [id], "tokens": [name]});
-    file["post_processor"] = json!({"type": "Sequence", "processors": [
-        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-        {
-            "type": "TemplateProcessing",
-            "single": [
-                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-                {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}}
-            ],
-            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {
-                "<|endoftext|>": special("<|endoftext|>", 151_643),
-                "<|im_end|>": special("<|im_end|>", 151_645)
-            }
+    let template = json!({
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}}
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|endoftext|>": special("<|endoftext|>", 151_643),
+            "<|im_end|>": special("<|im_end|>", 151_645)
         }
-    ]});
-    let pair = written_pair("llama3-template", &file);
-    let (before, after) = pair.fast.around();
-    assert_eq!((before, after), (&[151_643][..], &[151_645][..]));
-    for text in ["hello world", "  12345 猫が好き\n"] {
-        let mut ids = before.to_vec();
-        ids.extend(pair.fast.encode(text).0);
-        ids.extend_from_slice(after);
-        let expected = pair.reference.encode(text, true).unwrap();
-        assert_eq!(ids, expected.get_ids(), "{text:?}");
+    });
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let processors = [
+        json!({"type": "Sequence", "processors": [byte_level, template]}),
+        json!({"type": "BertProcessing", "sep": ["<|im_end|>", 151_645], "cls": ["<|endoftext|>", 151_643]}),
+        json!({"type": "RobertaProcessing", "sep": ["<|im_end|>", 151_645], "cls": ["<|endoftext|>", 151_643], "trim_offsets": false, "add_prefix_space": false}),
+    ];
+    for processor in processors {
+        let mut file = llama3_shaped();
+        file["post_processor"] = processor.clone();
+        let pair = written_pair("post-processor", &file);
+        let (before, after) = pair.fast.around().expect("understood");
+        assert_eq!((&before[..], &after[..]), (&[151_643][..], &[151_645][..]));
+        for text in ["hello world", "  12345 猫が好き\n"] {
+            let mut ids = before.clone();
+            ids.extend(pair.fast.encode(text).0);
+            ids.extend_from_slice(after);
+            let expected = pair.reference.encode(text, true).unwrap();
+            assert_eq!(ids, expected.get_ids(), "{processor} on {text:?}");
+        }
     }
-    file["post_processor"] = json!({"type": "BertProcessing", "sep": ["<|im_end|>", 151_645], "cls": ["<|endoftext|>", 151_643]});
-    let bert = written("bert-processing", &file);
-    assert!(
-        ByteLevelBpe::load(&bert).is_none(),
-        "a post-processor it does not read is left to tokenizers"
-    );
-    std::fs::remove_dir_all(bert.parent().unwrap()).unwrap();
 }
