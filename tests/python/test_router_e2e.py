@@ -286,3 +286,13 @@ def test_completions_through_the_router_json_and_streamed_text_and_token_ids(sim
     with pytest.raises(openai.BadRequestError) as refused:
         completions.create(model="m", prompt=[], max_tokens=1)
     assert refused.value.body["param"] == "prompt"
+
+
+def test_embeddings_through_the_router(sim, router):
+    r = router({"models": [plain_model(sim())]})
+    reply = client(r).embeddings.create(model="m", input=["a b c", "d e"])
+    assert [d.index for d in reply.data] == [0, 1]
+    assert all(len(d.embedding) == 8 for d in reply.data)
+    assert reply.usage.prompt_tokens == 5
+    single = client(r).embeddings.create(model="m", input=[1, 2, 3])
+    assert single.usage.prompt_tokens == 3

@@ -32,6 +32,7 @@ mod bootstrap;
 mod cache;
 mod chat;
 mod config;
+mod embeddings;
 mod engine;
 mod events;
 mod faults;

@@ -378,6 +378,7 @@ fn routes(state: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/health", get(health))
         .route("/server_info", get(server_info))
         .route("/v1/models", get(models))

@@ -336,3 +336,58 @@ async fn a_streamed_text_completion_has_no_role_event() {
     assert_eq!(chunks.len(), 5);
     engine.shutdown().await;
 }
+
+#[tokio::test]
+async fn embeddings_have_the_openai_shape_one_unit_vector_an_input() {
+    let engine = engine(config()).await;
+    let url = format!("{}/v1/embeddings", engine.url());
+    let body = json!({"model": "m", "input": ["one two", "three four five"]});
+    let reply: Value = client()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reply["object"], "list");
+    let data = reply["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    for (index, item) in data.iter().enumerate() {
+        assert_eq!(
+            (item["object"].as_str(), item["index"].as_u64()),
+            (Some("embedding"), Some(index as u64))
+        );
+        let norm: f64 = item["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap().powi(2))
+            .sum();
+        assert!((norm - 1.0).abs() < 1e-9, "unit length: {norm}");
+    }
+    assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    assert_eq!(reply["usage"]["prompt_tokens"], 5);
+    let again: Value = client()
+        .post(&url)
+        .json(&json!({"model": "m", "input": "one two"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        again["data"][0]["embedding"], data[0]["embedding"],
+        "deterministic"
+    );
+    let empty = client()
+        .post(&url)
+        .json(&json!({"model": "m", "input": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 400);
+    engine.shutdown().await;
+}

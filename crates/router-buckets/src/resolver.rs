@@ -40,6 +40,14 @@ impl BucketResolver {
         self.buckets.iter().find(|b| b.id() == id)
     }
 
+    /// Whether some bucket picks plain engines (what serves a request prefill/decode
+    /// engines do not, such as an embedding).
+    pub fn has_plain_bucket(&self) -> bool {
+        self.buckets
+            .iter()
+            .any(|b| matches!(b.groups(), crate::BucketGroups::Plain(_)))
+    }
+
     /// Whether where a request goes can depend on its prompt (see
     /// [`Bucket::routes_on_prompt`]); when not, a router need not tokenize prompts.
     pub fn routes_on_prompt(&self) -> bool {

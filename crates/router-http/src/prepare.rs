@@ -9,6 +9,7 @@
 mod chat;
 mod checks;
 mod completions;
+mod embeddings;
 
 use std::sync::Arc;
 
@@ -27,18 +28,29 @@ pub(crate) struct Endpoint {
     pub(crate) path: &'static str,
     /// Validates a body and finds its routing facts.
     parse: fn(&[u8]) -> Result<Parsed<'_>, ApiError>,
+    /// Whether only plain engines serve it (prefill/decode engines generate).
+    pub(crate) plain_only: bool,
 }
 
 /// `POST /v1/chat/completions`.
 pub(crate) const CHAT: Endpoint = Endpoint {
     path: "/v1/chat/completions",
     parse: chat::parse,
+    plain_only: false,
 };
 
 /// `POST /v1/completions`.
 pub(crate) const COMPLETIONS: Endpoint = Endpoint {
     path: "/v1/completions",
     parse: completions::parse,
+    plain_only: false,
+};
+
+/// `POST /v1/embeddings`.
+pub(crate) const EMBEDDINGS: Endpoint = Endpoint {
+    path: "/v1/embeddings",
+    parse: embeddings::parse,
+    plain_only: true,
 };
 
 /// The largest body whose prompt is tokenized on the request's own thread: at most

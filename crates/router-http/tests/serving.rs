@@ -425,3 +425,54 @@ async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed()
     );
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn embeddings_are_served_by_plain_engines_only() {
+    let plain = sim(|_| {}).await;
+    let (prefill, decode) = (prefill_sim().await, decode_sim().await);
+    let models = vec![
+        ModelConfig::new("m", vec![engine("A", &plain, EngineRole::Plain)]),
+        ModelConfig::new(
+            "pd",
+            vec![
+                engine("P1", &prefill, EngineRole::Prefill),
+                engine("D1", &decode, EngineRole::Decode),
+            ],
+        ),
+    ];
+    let router = router(config(models)).await;
+    let embed = |body: Value| {
+        reqwest::Client::new()
+            .post(url(&router, "/v1/embeddings"))
+            .json(&body)
+            .send()
+    };
+    let response = embed(serde_json::json!({"model": "m", "input": ["a b c", "d e"]}))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"].as_array().unwrap().len(), 2);
+    assert_eq!(body["usage"]["prompt_tokens"], 5);
+    let ids = embed(serde_json::json!({"model": "m", "input": [[1, 2, 3], [4, 5]]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids.headers()["x-switchyard-prompt-tokens"],
+        "3",
+        "the longest input"
+    );
+    ids.bytes().await.unwrap();
+    let refused = embed(serde_json::json!({"model": "pd", "input": "a"}))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "invalid_model");
+    assert!(
+        recent_requests(&prefill).await.is_empty() && recent_requests(&decode).await.is_empty(),
+        "no PD engine was asked"
+    );
+    router.shutdown().await;
+}

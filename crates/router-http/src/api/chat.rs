@@ -198,6 +198,16 @@ async fn route(
     let route = route.expect("prepare resolved the model");
     let model = Arc::clone(&route.id);
     unanswered.model = Arc::clone(&model);
+    if endpoint.plain_only && !route.resolver.has_plain_bucket() {
+        let message = format!(
+            "model {model:?} is served by prefill/decode engines, which do not serve {}",
+            endpoint.path
+        );
+        return (
+            model,
+            Err(ApiError::invalid("invalid_model", "model", message)),
+        );
+    }
     let affinity = &ctx.affinity_headers;
     let header = |name: &str| -> Result<Option<&str>, ApiError> {
         let value = headers

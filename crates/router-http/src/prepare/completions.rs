@@ -88,7 +88,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
             ));
         }
     };
-    let prompts = prompts(prompt, special_tokens)?;
+    let prompts = read_prompts(prompt, "prompt", special_tokens)?;
     let stream = stream_and_sampling(&Sampling {
         stream: &probe.stream,
         stream_options: &probe.stream_options,
@@ -116,14 +116,19 @@ fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, 
     Value::deserialize(deserializer).map(Some)
 }
 
-/// `prompt` read as one of its forms, without buffering it: a list of ids is held as
-/// 4 bytes an id, at most [`MAX_PROMPT_IDS`] of them.
-fn prompts(prompt: &RawValue, special_tokens: bool) -> Result<CompletionPrompts<'_>, ApiError> {
-    let invalid = |message: String| ApiError::invalid("invalid_prompt", "prompt", message);
+/// The prompts in the body field `param` (a completion's `prompt`, an embedding's
+/// `input`), read as one of their forms without buffering them: a list of ids is held
+/// as 4 bytes an id, at most [`MAX_PROMPT_IDS`] of them.
+pub(super) fn read_prompts<'b>(
+    prompt: &'b RawValue,
+    param: &'static str,
+    special_tokens: bool,
+) -> Result<CompletionPrompts<'b>, ApiError> {
+    let invalid = |message: String| ApiError::invalid("invalid_prompt", param, message);
     let mut reader = serde_json::Deserializer::from_str(prompt.get());
     let form = reader
         .deserialize_any(FormVisitor)
-        .map_err(|e| invalid(format!("prompt must be {EXPECTED}: {e}")))?;
+        .map_err(|e| invalid(format!("{param} must be {EXPECTED}: {e}")))?;
     let prompts = match form {
         Form::Texts(texts) => CompletionPrompts::Texts {
             texts,
@@ -136,10 +141,10 @@ fn prompts(prompt: &RawValue, special_tokens: bool) -> Result<CompletionPrompts<
         CompletionPrompts::Ids(lists) => (lists.len(), lists.iter().all(Vec::is_empty)),
     };
     if count == 0 {
-        return Err(invalid("prompt must not be an empty list".into()));
+        return Err(invalid(format!("{param} must not be an empty list")));
     }
     if all_empty {
-        return Err(invalid("prompt must not be empty".into()));
+        return Err(invalid(format!("{param} must not be empty")));
     }
     Ok(prompts)
 }
@@ -160,7 +165,7 @@ impl<'de> Visitor<'de> for FormVisitor {
     type Value = Form<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "prompt as {EXPECTED}")
+        f.write_str(EXPECTED)
     }
 
     fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Form<'de>, E> {

@@ -453,3 +453,45 @@ fn texts_without_a_tokenizer_are_estimated_by_the_longest() {
     let p = complete(json!({"model": "m", "prompt": ["short", long]}), None).unwrap();
     assert_eq!((p.input_tokens, p.token_ids), (100, None));
 }
+
+#[test]
+fn an_embedding_routes_on_its_input_with_no_output() {
+    let embed = |body: serde_json::Value| {
+        let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+        prepare(&EMBEDDINGS, &bytes, |_| Ok(Some(tiny_tokenizer()))).map(|(p, _)| p)
+    };
+    let p = embed(json!({"model": "m", "input": ["hello world", "hello"]})).unwrap();
+    assert_eq!(
+        (
+            p.input_tokens,
+            p.token_ids.as_deref(),
+            p.max_output_tokens,
+            p.stream
+        ),
+        (2, Some(&[4, 5][..]), Some(0), false)
+    );
+    let p = embed(
+        json!({"model": "m", "input": [3, 4, 5], "encoding_format": "base64", "dimensions": 4}),
+    )
+    .unwrap();
+    assert_eq!(p.input_tokens, 3);
+    for (body, param) in [
+        (json!({"model": "m"}), "input"),
+        (json!({"model": "m", "input": []}), "input"),
+        (
+            json!({"model": "m", "input": "a", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+        (
+            json!({"model": "m", "input": "a", "dimensions": 0}),
+            "dimensions",
+        ),
+    ] {
+        let err = embed(body.clone()).unwrap_err();
+        assert_eq!(
+            (err.status().as_u16(), err.param()),
+            (400, Some(param)),
+            "{body}"
+        );
+    }
+}
