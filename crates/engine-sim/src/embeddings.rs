@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chat::error_response;
+use crate::config::EngineRole;
 use crate::server::AppState;
 
 /// The length of every embedding.
@@ -48,6 +49,12 @@ fn answer(app: &AppState, body: &[u8]) -> Response {
             );
         }
     };
+    if app.config.role != EngineRole::Plain {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "a prefill or decode engine does not serve embeddings",
+        );
+    }
     if app.engine.faults().draw_error() {
         return error_response(
             StatusCode::INTERNAL_SERVER_ERROR,

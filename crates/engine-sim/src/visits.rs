@@ -1,14 +1,14 @@
-//! Chat requests counted as they arrive and as they end: answered to the end by the
-//! engine, or abandoned by a client (a router) that went away first. A test asserts
-//! what the engine saw of a failure with these counts, and waits on them instead of
-//! on time.
+//! Chat, completion and embedding requests counted as they arrive and as they end:
+//! answered to the end by the engine, or abandoned by a client (a router) that went
+//! away first. A test asserts what the engine saw of a failure with these counts, and
+//! waits on them instead of on time.
 
 use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::sync::watch;
 
-/// The chat requests of one engine, by how they ended.
+/// The requests of one engine (chat, completion, embedding), by how they ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Visits {
     /// Requests received and not yet ended.

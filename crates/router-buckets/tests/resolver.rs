@@ -221,3 +221,12 @@ fn a_route_depends_on_the_prompt_only_through_a_length_bound_or_a_policy_reading
         "a prefill reader"
     );
 }
+
+#[test]
+fn a_resolver_knows_whether_it_picks_plain_engines() {
+    let counter = || EngineGroup::new(Arc::new(CountingPolicy::default()));
+    let plain = BucketResolver::new(vec![plain_bucket("p", None, counter())]).unwrap();
+    let pd = BucketResolver::new(vec![pd_bucket("pd", None, counter(), counter())]).unwrap();
+    assert!(plain.has_plain_bucket());
+    assert!(!pd.has_plain_bucket());
+}

@@ -138,12 +138,13 @@ impl Prompt<'_> {
             }
             Prompt::Completion(CompletionPrompts::Texts {
                 texts,
+                param,
                 special_tokens,
             }) => texts.iter().map(|text| {
                 tokenizer
                     .encode_text(text, *special_tokens)
                     .map(Counted::of)
-                    .map_err(|e| ApiError::invalid("invalid_prompt", "prompt", e))
+                    .map_err(|e| ApiError::invalid("invalid_prompt", *param, e))
             }),
         };
         let mut first = None;

@@ -114,7 +114,7 @@ impl General {
         if around.is_none() {
             tracing::warn!(
                 tokenizer = %path.display(),
-                "the special tokens the tokenizer adds around a sequence could not be worked out: completion prompts are counted without them"
+                "the special tokens the tokenizer adds around a sequence could not be worked out: completion prompts and embedding inputs are counted without them"
             );
         }
         Ok(Self {

@@ -185,6 +185,14 @@ async fn route(
                 .get(model)
                 .ok_or_else(|| ApiError::model_not_found(model))?,
         );
+        // Refused before its prompt is tokenized.
+        if endpoint.plain_only && !found.resolver.has_plain_bucket() {
+            let message = format!(
+                "model {model:?} is served by prefill/decode engines, which do not serve {}",
+                endpoint.path
+            );
+            return Err(ApiError::invalid("invalid_model", "model", message));
+        }
         Ok(found.tokenizer.clone())
     });
     let prepared = match prepared {
@@ -198,16 +206,6 @@ async fn route(
     let route = route.expect("prepare resolved the model");
     let model = Arc::clone(&route.id);
     unanswered.model = Arc::clone(&model);
-    if endpoint.plain_only && !route.resolver.has_plain_bucket() {
-        let message = format!(
-            "model {model:?} is served by prefill/decode engines, which do not serve {}",
-            endpoint.path
-        );
-        return (
-            model,
-            Err(ApiError::invalid("invalid_model", "model", message)),
-        );
-    }
     let affinity = &ctx.affinity_headers;
     let header = |name: &str| -> Result<Option<&str>, ApiError> {
         let value = headers

@@ -23,6 +23,10 @@ use crate::error::ApiError;
 /// context, and a bound on what a body of ids makes the router hold (4 bytes an id).
 pub(crate) const MAX_PROMPT_IDS: usize = 1 << 22;
 
+/// The most prompts a request may list (OpenAI takes 2,048 embedding inputs): each
+/// costs the router a few dozen bytes however short.
+pub(crate) const MAX_PROMPTS: usize = 1 << 16;
+
 /// The output budget of a completion that names none (vLLM's and SGLang's default).
 const DEFAULT_MAX_TOKENS: u64 = 16;
 
@@ -60,6 +64,8 @@ pub(crate) enum CompletionPrompts<'b> {
     Texts {
         /// The prompts.
         texts: Vec<Cow<'b, str>>,
+        /// The body field they came from, named in errors.
+        param: &'static str,
         /// Whether the tokenizer's special tokens are put around each (vLLM's
         /// `add_special_tokens`, true unless the body says otherwise).
         special_tokens: bool,
@@ -77,18 +83,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     let prompt = probe
         .prompt
         .ok_or_else(|| ApiError::invalid("invalid_prompt", "prompt", "prompt is required"))?;
-    let special_tokens = match probe.add_special_tokens {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => b,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "invalid_parameter",
-                "add_special_tokens",
-                "add_special_tokens must be a boolean",
-            ));
-        }
-    };
-    let prompts = read_prompts(prompt, "prompt", special_tokens)?;
+    let prompts = read_prompts(prompt, "prompt", special_tokens(probe.add_special_tokens)?)?;
     let stream = stream_and_sampling(&Sampling {
         stream: &probe.stream,
         stream_options: &probe.stream_options,
@@ -109,6 +104,19 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         prompt: Prompt::Completion(prompts),
         max_output_tokens: max_tokens,
     })
+}
+
+/// `add_special_tokens`: true unless the body says otherwise.
+pub(super) fn special_tokens(value: Option<Value>) -> Result<bool, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::Bool(b)) => Ok(b),
+        Some(_) => Err(ApiError::invalid(
+            "invalid_parameter",
+            "add_special_tokens",
+            "add_special_tokens must be a boolean",
+        )),
+    }
 }
 
 /// A field that is present, `null` included.
@@ -132,6 +140,7 @@ pub(super) fn read_prompts<'b>(
     let prompts = match form {
         Form::Texts(texts) => CompletionPrompts::Texts {
             texts,
+            param,
             special_tokens,
         },
         Form::Ids(lists) => CompletionPrompts::Ids(lists),
@@ -195,6 +204,11 @@ impl<'de> Visitor<'de> for FormVisitor {
             Element::Text(text) => {
                 let mut texts = vec![text];
                 while let Some(element) = seq.next_element::<Element<'de>>()? {
+                    if texts.len() == MAX_PROMPTS {
+                        return Err(A::Error::custom(format_args!(
+                            "more than {MAX_PROMPTS} prompts"
+                        )));
+                    }
                     let Element::Text(text) = element else {
                         return Err(A::Error::custom("a list mixes texts and token ids"));
                     };
@@ -215,6 +229,11 @@ impl<'de> Visitor<'de> for FormVisitor {
                 count(list.len())?;
                 let mut lists = vec![list];
                 while let Some(list) = seq.next_element::<Vec<u32>>()? {
+                    if lists.len() == MAX_PROMPTS {
+                        return Err(A::Error::custom(format_args!(
+                            "more than {MAX_PROMPTS} prompts"
+                        )));
+                    }
                     count(list.len())?;
                     lists.push(list);
                 }

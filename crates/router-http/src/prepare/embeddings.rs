@@ -9,7 +9,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::checks::model;
-use super::completions::read_prompts;
+use super::completions::{read_prompts, special_tokens};
 use super::{Parsed, Prompt};
 use crate::error::ApiError;
 
@@ -23,6 +23,8 @@ struct Probe<'a> {
     encoding_format: Option<Value>,
     #[serde(default)]
     dimensions: Option<Value>,
+    #[serde(default)]
+    add_special_tokens: Option<Value>,
 }
 
 /// Validates an embedding body and finds its routing facts.
@@ -34,7 +36,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     let input = probe
         .input
         .ok_or_else(|| ApiError::invalid("invalid_prompt", "input", "input is required"))?;
-    let prompts = read_prompts(input, "input", true)?;
+    let prompts = read_prompts(input, "input", special_tokens(probe.add_special_tokens)?)?;
     match probe.encoding_format {
         None | Some(Value::Null) => {}
         Some(Value::String(f)) if f == "float" || f == "base64" => {}

@@ -445,6 +445,20 @@ fn a_body_of_token_ids_is_bounded() {
         "{}",
         err.message()
     );
+    let many = vec![vec![1_u32]; completions::MAX_PROMPTS + 1];
+    let err = complete(json!({"model": "m", "prompt": many}), None).unwrap_err();
+    assert!(
+        err.message().contains("more than 65536 prompts"),
+        "{}",
+        err.message()
+    );
+    let texts = vec!["a"; completions::MAX_PROMPTS + 1];
+    let err = complete(json!({"model": "m", "prompt": texts}), None).unwrap_err();
+    assert!(
+        err.message().contains("more than 65536 prompts"),
+        "{}",
+        err.message()
+    );
 }
 
 #[test]
@@ -460,7 +474,7 @@ fn an_embedding_routes_on_its_input_with_no_output() {
         let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
         prepare(&EMBEDDINGS, &bytes, |_| Ok(Some(tiny_tokenizer()))).map(|(p, _)| p)
     };
-    let p = embed(json!({"model": "m", "input": ["hello world", "hello"]})).unwrap();
+    let p = embed(json!({"model": "m", "input": ["hello", "hello world hello"]})).unwrap();
     assert_eq!(
         (
             p.input_tokens,
@@ -468,7 +482,8 @@ fn an_embedding_routes_on_its_input_with_no_output() {
             p.max_output_tokens,
             p.stream
         ),
-        (2, Some(&[4, 5][..]), Some(0), false)
+        (3, Some(&[4][..]), Some(0), false),
+        "the longest input's length, the first's ids"
     );
     let p = embed(
         json!({"model": "m", "input": [3, 4, 5], "encoding_format": "base64", "dimensions": 4}),
@@ -485,6 +500,14 @@ fn an_embedding_routes_on_its_input_with_no_output() {
         (
             json!({"model": "m", "input": "a", "dimensions": 0}),
             "dimensions",
+        ),
+        (
+            json!({"model": "m", "input": "a", "dimensions": -1}),
+            "dimensions",
+        ),
+        (
+            json!({"model": "m", "input": "a", "add_special_tokens": 1}),
+            "add_special_tokens",
         ),
     ] {
         let err = embed(body.clone()).unwrap_err();
