@@ -1,6 +1,7 @@
 //! `cargo xtask bench-e2e`: side-by-side load benchmark against one simulated engine
 //! with delays off: direct, a minimal pass-through proxy (the floor), Switchyard, and
-//! the prebuilt peer routers from PyPI, in alternating rounds, with wrk.
+//! the prebuilt peer routers from PyPI, in alternating rounds, with wrk: small chats
+//! and small completions, each JSON and streamed.
 //!
 //! Switchyard (and the baseline) tokenize every request with the model's real
 //! tokenizer, Qwen3's `tokenizer.json` and chat template from the test cache, in a
@@ -219,12 +220,9 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             targets.push(start(command, &format!("{peer} {version}"), port)?);
         }
     }
-    let scripts = [
-        ("JSON", root.join("benches/load/chat.lua")),
-        ("SSE", root.join("benches/load/chat-sse.lua")),
-    ];
     let mut results: BTreeMap<(&str, u32, String), Vec<Sample>> = BTreeMap::new();
-    for (kind, script) in &scripts {
+    for (kind, script, path) in LOADS {
+        let script = root.join("benches/load").join(script);
         for &concurrency in &options.concurrency {
             for round in 0..options.rounds {
                 let order: Vec<&Target> = targets
@@ -240,11 +238,15 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                         options.rounds,
                         target.name
                     );
-                    let sample = measure(target, script, concurrency, options.duration)?;
-                    results
-                        .entry((kind, concurrency, target.name.clone()))
-                        .or_default()
-                        .push(sample);
+                    // A target that cannot serve a load (a peer without the endpoint)
+                    // has no row for it; the others are still measured.
+                    match measure(target, &script, path, concurrency, options.duration) {
+                        Ok(sample) => results
+                            .entry((kind, concurrency, target.name.clone()))
+                            .or_default()
+                            .push(sample),
+                        Err(e) => eprintln!("{e:#}"),
+                    }
                 }
             }
         }
@@ -255,6 +257,15 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The loads measured: a name, the wrk script in `benches/load` and the path it is
+/// sent to.
+const LOADS: [(&str, &str, &str); 4] = [
+    ("JSON", "chat.lua", "/v1/chat/completions"),
+    ("SSE", "chat-sse.lua", "/v1/chat/completions"),
+    ("completions JSON", "completion.lua", "/v1/completions"),
+    ("completions SSE", "completion-sse.lua", "/v1/completions"),
+];
 
 fn start(command: Command, name: &str, port: u16) -> anyhow::Result<Target> {
     let mut command = command;
@@ -306,6 +317,7 @@ fn wait_ready(target: &Target) -> anyhow::Result<()> {
 fn measure(
     target: &Target,
     script: &Path,
+    path: &str,
     concurrency: u32,
     duration: u64,
 ) -> anyhow::Result<Sample> {
@@ -320,7 +332,7 @@ fn measure(
             "-s",
         ])
         .arg(script)
-        .arg(format!("{}/v1/chat/completions", target.url))
+        .arg(format!("{}{path}", target.url))
         .output()
         .context("running wrk")?;
     let text = String::from_utf8_lossy(&output.stdout);
@@ -439,7 +451,7 @@ fn print_report(
             Some(Some(path)) => format!("with the tokenizer {}", path.display()),
         }
     );
-    for kind in ["JSON", "SSE"] {
+    for (kind, _, _) in LOADS {
         for &c in &options.concurrency {
             let stat = |name: &str, f: fn(&Sample) -> Option<f64>| {
                 results
