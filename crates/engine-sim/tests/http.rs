@@ -7,6 +7,21 @@ use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+/// The JSON events of an SSE answer, which must end with `data: [DONE]`.
+async fn chunks(response: reqwest::Response) -> Vec<Value> {
+    let events: Vec<String> = response
+        .bytes_stream()
+        .eventsource()
+        .map(|event| event.expect("well-formed SSE").data)
+        .collect()
+        .await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    events[..events.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
 #[tokio::test]
 async fn a_chat_completion_has_the_openai_shape_and_honours_max_tokens() {
     let engine = engine(config()).await;
@@ -72,17 +87,7 @@ async fn a_stream_parses_as_server_sent_events_in_the_openai_chunk_shape() {
         .await
         .unwrap();
     assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let events: Vec<String> = response
-        .bytes_stream()
-        .eventsource()
-        .map(|event| event.expect("well-formed SSE").data)
-        .collect()
-        .await;
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = chunks(response).await;
     assert!(
         chunks
             .iter()
@@ -310,17 +315,7 @@ async fn a_streamed_text_completion_has_no_role_event() {
         .send()
         .await
         .unwrap();
-    let events: Vec<String> = response
-        .bytes_stream()
-        .eventsource()
-        .map(|event| event.expect("well-formed SSE").data)
-        .collect()
-        .await;
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = chunks(response).await;
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
     let text: String = chunks[..3]
         .iter()

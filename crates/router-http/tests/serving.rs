@@ -350,8 +350,14 @@ async fn complete(router: &router_http::RunningRouter, body: &Value) -> reqwest:
         .expect("the router answers")
 }
 
-#[tokio::test]
-async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed() {
+/// A router serving model `m` on one plain engine and `pd` on a prefill and a decode
+/// engine, with the engines.
+async fn plain_and_pd() -> (
+    router_http::RunningRouter,
+    engine_sim::RunningEngine,
+    engine_sim::RunningEngine,
+    engine_sim::RunningEngine,
+) {
     let plain = sim(|_| {}).await;
     let (prefill, decode) = (prefill_sim().await, decode_sim().await);
     let models = vec![
@@ -364,7 +370,12 @@ async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed()
             ],
         ),
     ];
-    let router = router(config(models)).await;
+    (router(config(models)).await, plain, prefill, decode)
+}
+
+#[tokio::test]
+async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed() {
+    let (router, _plain, _prefill, decode) = plain_and_pd().await;
     for model in ["m", "pd"] {
         let ids =
             serde_json::json!({"model": model, "prompt": [11, 12, 13, 14, 15], "max_tokens": 3});
@@ -428,19 +439,7 @@ async fn completions_are_routed_on_their_prompt_plain_and_pd_json_and_streamed()
 
 #[tokio::test]
 async fn embeddings_are_served_by_plain_engines_only() {
-    let plain = sim(|_| {}).await;
-    let (prefill, decode) = (prefill_sim().await, decode_sim().await);
-    let models = vec![
-        ModelConfig::new("m", vec![engine("A", &plain, EngineRole::Plain)]),
-        ModelConfig::new(
-            "pd",
-            vec![
-                engine("P1", &prefill, EngineRole::Prefill),
-                engine("D1", &decode, EngineRole::Decode),
-            ],
-        ),
-    ];
-    let router = router(config(models)).await;
+    let (router, _plain, prefill, decode) = plain_and_pd().await;
     let embed = |body: Value| {
         reqwest::Client::new()
             .post(url(&router, "/v1/embeddings"))
