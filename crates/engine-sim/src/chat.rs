@@ -1,5 +1,5 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions` in the exact OpenAI shapes,
-//! JSON and SSE.
+//! and SGLang's native `POST /generate`, JSON and SSE.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,14 +34,57 @@ struct ChatRequest {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    /// Token ids instead of text (any prompt form, as `prompt`).
     #[serde(default)]
-    input_ids: Option<Vec<u32>>,
+    input_ids: Option<Value>,
+    /// `/generate`'s text prompt.
     #[serde(default)]
-    bootstrap_host: Option<String>,
+    text: Option<Value>,
+    /// `/generate`'s sampling parameters.
     #[serde(default)]
-    bootstrap_port: Option<u16>,
+    sampling_params: Option<PerPrompt<GenerateSampling>>,
+    /// `/generate`'s request id.
     #[serde(default)]
-    bootstrap_room: Option<u64>,
+    rid: Option<Value>,
+    #[serde(default)]
+    bootstrap_host: Option<PerPrompt<String>>,
+    #[serde(default)]
+    bootstrap_port: Option<PerPrompt<u16>>,
+    #[serde(default)]
+    bootstrap_room: Option<PerPrompt<u64>>,
+}
+
+/// A bootstrap field: one value, or a batch's list with one value a prompt.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PerPrompt<T> {
+    One(T),
+    List(Vec<T>),
+}
+
+impl<T: Clone> PerPrompt<T> {
+    /// The value of the request's one prompt: a single value, or a list of one when
+    /// the prompt is a batch of one (SGLang reads a batch's fields item by item).
+    fn of(field: Option<&Self>, batch: bool, name: &str) -> Result<Option<T>, String> {
+        match (field, batch) {
+            (None, _) => Ok(None),
+            (Some(Self::One(v)), false) => Ok(Some(v.clone())),
+            (Some(Self::List(list)), true) if list.len() == 1 => Ok(list.first().cloned()),
+            (Some(Self::One(_)), true) => {
+                Err(format!("{name} must be a list, one a prompt, for a batch"))
+            }
+            (Some(Self::List(_)), _) => {
+                Err(format!("{name} must hold one value a prompt of the batch"))
+            }
+        }
+    }
+}
+
+/// The part of `/generate`'s `sampling_params` the simulator reads.
+#[derive(Debug, Deserialize)]
+struct GenerateSampling {
+    #[serde(default)]
+    max_new_tokens: Option<u64>,
 }
 
 /// A completion's prompt: text or token ids, alone or in a list of one (the simulated
@@ -55,11 +98,13 @@ enum CompletionPrompt {
     IdLists(Vec<Vec<u32>>),
 }
 
-/// The shape of the answer: a chat completion or a text completion.
+/// The shape of the answer: a chat completion, a text completion or SGLang's
+/// `/generate` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
     Chat,
     Text,
+    Generate,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,6 +183,14 @@ pub(crate) async fn completions(
     respond(app, &headers, &body, Shape::Text).await
 }
 
+pub(crate) async fn generate(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    respond(app, &headers, &body, Shape::Generate).await
+}
+
 async fn respond(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Response {
     let visit = app.visits.arrive();
     match answer(app, headers, body, shape).await {
@@ -178,28 +231,56 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
             .into();
         }
     };
-    let missing = match shape {
-        Shape::Chat => request.messages.is_empty() && request.input_ids.is_none(),
-        Shape::Text => request.prompt.is_none() && request.input_ids.is_none(),
+    let (field, prompt) = match shape {
+        Shape::Chat => ("messages", None),
+        Shape::Text => ("prompt", request.prompt.as_ref()),
+        Shape::Generate => ("text", request.text.as_ref()),
     };
-    if missing {
-        let field = if shape == Shape::Chat {
-            "messages"
-        } else {
-            "prompt"
-        };
+    let prompt = request.input_ids.as_ref().or(prompt);
+    if prompt.is_none() && (shape != Shape::Chat || request.messages.is_empty()) {
         return error_response(
             StatusCode::BAD_REQUEST,
             format!("{field} must not be empty"),
         )
         .into();
     }
+    let batch = prompt.is_some_and(is_batch);
+    let bootstrap = (|| {
+        Ok::<_, String>(Rendezvous {
+            host: PerPrompt::of(request.bootstrap_host.as_ref(), batch, "bootstrap_host")?,
+            port: PerPrompt::of(request.bootstrap_port.as_ref(), batch, "bootstrap_port")?,
+            room: PerPrompt::of(request.bootstrap_room.as_ref(), batch, "bootstrap_room")?,
+        })
+    })();
+    let bootstrap = match bootstrap {
+        Ok(bootstrap) => bootstrap,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, e).into(),
+    };
+    // A batch's sampling parameters are one for all prompts, or a list.
+    let sampling = match &request.sampling_params {
+        Some(PerPrompt::List(list)) if batch && list.len() == 1 => list.first(),
+        Some(PerPrompt::One(params)) => Some(params),
+        None => None,
+        Some(PerPrompt::List(_)) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "sampling_params must hold one object a prompt of the batch",
+            )
+            .into();
+        }
+    };
+    let limit = match (shape, sampling) {
+        (Shape::Generate, Some(params)) => params.max_new_tokens,
+        (Shape::Generate, None) => None,
+        _ => request.max_completion_tokens.or(request.max_tokens),
+    };
     app.remember(json!({
         "stream": request.stream,
-        "max_tokens": request.max_completion_tokens.or(request.max_tokens),
-        "bootstrap_host": request.bootstrap_host,
-        "bootstrap_port": request.bootstrap_port,
-        "bootstrap_room": request.bootstrap_room,
+        "max_tokens": limit,
+        "bootstrap_host": bootstrap.host,
+        "bootstrap_port": bootstrap.port,
+        "bootstrap_room": bootstrap.room,
+        "batch": batch,
         "request_id": request_id,
     }));
     app.engine.faults().hold(0).await;
@@ -217,23 +298,20 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         )
         .into();
     }
-    let tokens = match (request.input_ids.clone(), &request.prompt) {
-        (Some(ids), _) => Ok(ids),
-        (None, Some(prompt)) if shape == Shape::Text => {
-            match serde_json::from_value::<CompletionPrompt>(prompt.clone()) {
-                Ok(CompletionPrompt::Text(text)) => app.tokenizer.encode_text(&text),
-                Ok(CompletionPrompt::Ids(ids)) => Ok(ids),
-                Ok(CompletionPrompt::Texts(texts)) if texts.len() == 1 => {
-                    app.tokenizer.encode_text(&texts[0])
-                }
-                Ok(CompletionPrompt::IdLists(mut lists)) if lists.len() == 1 => {
-                    Ok(lists.swap_remove(0))
-                }
-                Ok(_) => Err("the simulated engine answers one prompt a request".to_owned()),
-                Err(e) => Err(format!("invalid prompt: {e}")),
+    let tokens = match prompt {
+        Some(prompt) => match serde_json::from_value::<CompletionPrompt>(prompt.clone()) {
+            Ok(CompletionPrompt::Text(text)) => app.tokenizer.encode_text(&text),
+            Ok(CompletionPrompt::Ids(ids)) => Ok(ids),
+            Ok(CompletionPrompt::Texts(texts)) if texts.len() == 1 => {
+                app.tokenizer.encode_text(&texts[0])
             }
-        }
-        _ => {
+            Ok(CompletionPrompt::IdLists(mut lists)) if lists.len() == 1 => {
+                Ok(lists.swap_remove(0))
+            }
+            Ok(_) => Err("the simulated engine answers one prompt a request".to_owned()),
+            Err(e) => Err(format!("invalid prompt: {e}")),
+        },
+        None => {
             let messages: Vec<ChatMessage> =
                 request.messages.iter().map(RawMessage::flatten).collect();
             app.tokenizer.encode_chat(&messages)
@@ -246,27 +324,31 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
     if tokens.is_empty() {
         return error_response(StatusCode::BAD_REQUEST, "the prompt has no tokens").into();
     }
-    let run = match start_run(&app, &request, tokens).await {
+    let run = match start_run(&app, &bootstrap, tokens).await {
         Ok(run) => run,
         Err(response) => return (*response).into(),
     };
-    let limit = request.max_completion_tokens.or(request.max_tokens);
     let wanted = limit.unwrap_or(u64::from(app.config.output_tokens));
     let output_tokens = if app.config.role == EngineRole::Prefill {
         wanted.min(1)
     } else {
         wanted
     };
-    let prefix = if shape == Shape::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
+    let prefix = match shape {
+        Shape::Chat => "chatcmpl",
+        Shape::Text => "cmpl",
+        Shape::Generate => "gen",
+    };
+    let rid = match &request.rid {
+        Some(Value::String(rid)) => Some(rid.clone()),
+        Some(Value::Array(rids)) => rids.first().and_then(Value::as_str).map(str::to_owned),
+        _ => None,
     };
     let generation = Generation {
         app: Arc::clone(&app),
         run,
         shape,
-        id: format!("{prefix}-{}", app.next_id()),
+        id: rid.unwrap_or_else(|| format!("{prefix}-{}", app.next_id())),
         created: unix_seconds(),
         output_tokens,
         finish_reason: if limit == Some(output_tokens) {
@@ -274,39 +356,55 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         } else {
             "stop"
         },
-        room: request.bootstrap_room,
+        room: bootstrap.room,
         cached_tokens: 0,
         produced: 0,
+        text: String::new(),
+        batch,
     };
     if request.stream {
-        let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
+        let include_usage =
+            shape != Shape::Generate && request.stream_options.is_some_and(|o| o.include_usage);
         Answer::Stream(generation, include_usage)
     } else {
         json_response(generation).await.into()
     }
 }
 
+/// A prompt in a list form (texts, or lists of ids): a batch, even of one.
+fn is_batch(prompt: &Value) -> bool {
+    prompt
+        .as_array()
+        .and_then(|items| items.first())
+        .is_some_and(|first| first.is_string() || first.is_array())
+}
+
+/// The bootstrap fields of the request's one prompt.
+struct Rendezvous {
+    host: Option<String>,
+    port: Option<u16>,
+    room: Option<u64>,
+}
+
 /// Registers the request on its rank; a decode engine first waits for its room.
 async fn start_run(
     app: &AppState,
-    request: &ChatRequest,
+    bootstrap: &Rendezvous,
     tokens: Vec<u32>,
 ) -> Result<Run, Box<Response>> {
     let bad = |m: &str| Box::new(error_response(StatusCode::BAD_REQUEST, m));
     match app.config.role {
         EngineRole::Plain => Ok(app.engine.start(tokens, None)),
         EngineRole::Prefill => {
-            let room = request
-                .bootstrap_room
+            let room = bootstrap
+                .room
                 .ok_or_else(|| bad("a prefill engine needs bootstrap_room"))?;
             Ok(app.engine.start(tokens, Some(room)))
         }
         EngineRole::Decode => {
-            let (Some(host), Some(port), Some(room)) = (
-                &request.bootstrap_host,
-                request.bootstrap_port,
-                request.bootstrap_room,
-            ) else {
+            let (Some(host), Some(port), Some(room)) =
+                (&bootstrap.host, bootstrap.port, bootstrap.room)
+            else {
                 return Err(bad(
                     "a decode engine needs bootstrap_host, bootstrap_port and bootstrap_room",
                 ));
@@ -338,6 +436,10 @@ struct Generation {
     room: Option<u64>,
     cached_tokens: u64,
     produced: u64,
+    /// The words so far (`/generate` streams them cumulatively, as SGLang does).
+    text: String,
+    /// Whether the prompt came as a batch (of one): `/generate` answers with a list.
+    batch: bool,
 }
 
 impl Generation {
@@ -363,10 +465,35 @@ impl Generation {
         }
         self.run.decode_token().await;
         self.produced += 1;
-        Some(output_word(
-            self.run.prompt_tokens() as usize,
-            self.produced,
-        ))
+        let word = output_word(self.run.prompt_tokens() as usize, self.produced);
+        if self.shape == Shape::Generate {
+            if !self.text.is_empty() {
+                self.text.push(' ');
+            }
+            self.text.push_str(word);
+        }
+        Some(word)
+    }
+
+    /// A `/generate` answer so far: its cumulative text, output ids (the simulator's
+    /// ids count the tokens) and `meta_info`, with `finish_reason` once done.
+    fn generated(&self, done: bool) -> Value {
+        let finish_reason = match (done, self.finish_reason) {
+            (false, _) => Value::Null,
+            (true, "length") => json!({"type": "length", "length": self.produced}),
+            (true, _) => json!({"type": "stop", "matched": null}),
+        };
+        json!({
+            "text": self.text,
+            "output_ids": (1..=self.produced).collect::<Vec<_>>(),
+            "meta_info": {
+                "id": self.id,
+                "finish_reason": finish_reason,
+                "prompt_tokens": self.run.prompt_tokens(),
+                "completion_tokens": self.produced,
+                "cached_tokens": self.cached_tokens,
+            },
+        })
     }
 
     fn usage(&self) -> Value {
@@ -382,17 +509,20 @@ impl Generation {
     /// A streamed event with `text` (for a chat, the content delta; `None`: the
     /// role, the first event of a chat stream).
     fn chunk(&self, text: Option<&str>, finish_reason: Option<&str>) -> Bytes {
+        if self.shape == Shape::Generate {
+            return sse(&self.generated(finish_reason.is_some()));
+        }
         let choice = match (self.shape, text) {
             (Shape::Chat, None) => json!({"role": "assistant", "content": ""}),
             (Shape::Chat, Some(text)) if finish_reason.is_none() => json!({"content": text}),
             (Shape::Chat, Some(_)) => json!({}),
-            (Shape::Text, text) => json!(text.unwrap_or_default()),
+            (Shape::Text | Shape::Generate, text) => json!(text.unwrap_or_default()),
         };
         let choice = match self.shape {
             Shape::Chat => {
                 json!({"index": 0, "delta": choice, "logprobs": null, "finish_reason": finish_reason})
             }
-            Shape::Text => {
+            Shape::Text | Shape::Generate => {
                 json!({"index": 0, "text": choice, "logprobs": null, "finish_reason": finish_reason})
             }
         };
@@ -409,7 +539,7 @@ impl Generation {
     fn chunk_object(&self) -> &'static str {
         match self.shape {
             Shape::Chat => "chat.completion.chunk",
-            Shape::Text => "text_completion",
+            Shape::Text | Shape::Generate => "text_completion",
         }
     }
 }
@@ -419,6 +549,19 @@ async fn json_response(mut generation: Generation) -> Response {
     let mut words = Vec::new();
     while let Some(word) = generation.next_word().await {
         words.push(word);
+    }
+    if generation.shape == Shape::Generate {
+        let answer = generation.generated(true);
+        let body = if generation.batch {
+            json!([answer])
+        } else {
+            answer
+        };
+        return (
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
     }
     let text = words.join(" ");
     let (object, choice) = match generation.shape {
@@ -431,7 +574,7 @@ async fn json_response(mut generation: Generation) -> Response {
                 "finish_reason": generation.finish_reason,
             }),
         ),
-        Shape::Text => (
+        Shape::Text | Shape::Generate => (
             "text_completion",
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason}),
         ),

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use zeromq::{PubSocket, RouterSocket};
 
 use crate::bootstrap::{self, Rooms};
-use crate::chat::{chat_completions, completions, error_response};
+use crate::chat::{chat_completions, completions, error_response, generate};
 use crate::config::{EngineRole, SimConfig};
 use crate::engine::{EngineSpec, SimEngine};
 use crate::faults::{FaultConfig, Faults};
@@ -378,6 +378,7 @@ fn routes(state: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/generate", post(generate))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/health", get(health))
         .route("/server_info", get(server_info))

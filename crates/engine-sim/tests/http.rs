@@ -386,3 +386,68 @@ async fn embeddings_have_the_openai_shape_one_unit_vector_an_input() {
     assert_eq!(empty.status(), 400);
     engine.shutdown().await;
 }
+
+#[tokio::test]
+async fn generate_answers_in_sglangs_native_shape() {
+    let engine = engine(config()).await;
+    let url = format!("{}/generate", engine.url());
+    let body =
+        json!({"text": "three words here", "sampling_params": {"max_new_tokens": 3}, "rid": "r-1"});
+    let reply: Value = client()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reply["text"].as_str().unwrap().split(' ').count(), 3);
+    assert_eq!(reply["output_ids"], json!([1, 2, 3]));
+    let meta = &reply["meta_info"];
+    assert_eq!(
+        (
+            &meta["id"],
+            &meta["finish_reason"],
+            &meta["prompt_tokens"],
+            &meta["completion_tokens"]
+        ),
+        (
+            &json!("r-1"),
+            &json!({"type": "length", "length": 3}),
+            &json!(3),
+            &json!(3)
+        )
+    );
+    let batch = json!({"input_ids": [[5, 6]], "sampling_params": [{"max_new_tokens": 1}]});
+    let reply: Value = client()
+        .post(&url)
+        .json(&batch)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        reply[0]["meta_info"]["prompt_tokens"], 2,
+        "a batch of one is answered with a list of one: {reply}"
+    );
+    let stream =
+        json!({"text": "stream me", "sampling_params": {"max_new_tokens": 3}, "stream": true});
+    let response = client().post(&url).json(&stream).send().await.unwrap();
+    let chunks = chunks(response).await;
+    let texts: Vec<&str> = chunks.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(chunks.len(), 4, "three tokens, then the finish: {texts:?}");
+    for pair in texts.windows(2) {
+        assert!(pair[1].starts_with(pair[0]), "cumulative text: {texts:?}");
+    }
+    assert_eq!(texts[3].split(' ').count(), 3);
+    assert!(
+        chunks[..3]
+            .iter()
+            .all(|c| c["meta_info"]["finish_reason"].is_null())
+    );
+    assert_eq!(chunks[3]["meta_info"]["finish_reason"]["type"], "length");
+    engine.shutdown().await;
+}

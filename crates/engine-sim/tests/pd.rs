@@ -80,3 +80,44 @@ async fn a_wrong_room_or_host_fails_the_decode_request() {
     prefill.shutdown().await;
     decode.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_batch_needs_a_list_of_bootstrap_fields_one_a_prompt() {
+    let prefill = engine(role(EngineRole::Prefill)).await;
+    let decode = engine(role(EngineRole::Decode)).await;
+    let port = prefill.ports().bootstrap.unwrap();
+    let generate = |engine: &engine_sim::RunningEngine, body: Value| {
+        let url = format!("{}/generate", engine.url());
+        async move {
+            let response = client().post(url).json(&body).send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let scalar = json!({"text": ["a batch of one"], "bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": 9});
+    let (status, body) = generate(&prefill, scalar).await;
+    assert_eq!(
+        (status, body["error"]["message"].as_str()),
+        (
+            400,
+            Some("bootstrap_host must be a list, one a prompt, for a batch")
+        )
+    );
+    let listed = json!({"text": ["a batch of one"], "bootstrap_host": ["127.0.0.1"], "bootstrap_port": [port], "bootstrap_room": [9], "sampling_params": {"max_new_tokens": 2}});
+    let (decoded, prefilled) = tokio::join!(
+        generate(&decode, listed.clone()),
+        generate(&prefill, listed)
+    );
+    assert_eq!(prefilled.0, 200, "{}", prefilled.1);
+    assert_eq!(
+        (decoded.0, &decoded.1[0]["meta_info"]["completion_tokens"]),
+        (200, &json!(2))
+    );
+    let one = json!({"text": "one prompt", "bootstrap_host": ["127.0.0.1"], "bootstrap_port": [port], "bootstrap_room": [10]});
+    let (status, _) = generate(&prefill, one).await;
+    assert_eq!(status, 400, "one prompt takes one value a field");
+    prefill.shutdown().await;
+    decode.shutdown().await;
+}

@@ -13,7 +13,7 @@ use axum::middleware;
 use axum::routing::{delete, get};
 
 use crate::app::AppContext;
-use crate::prepare::{CHAT, COMPLETIONS, EMBEDDINGS};
+use crate::prepare::{CHAT, COMPLETIONS, EMBEDDINGS, GENERATE};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -24,6 +24,7 @@ pub(crate) fn router(ctx: Arc<AppContext>, with_admin: bool) -> axum::Router {
         .route(CHAT.path, chat::routed(&CHAT))
         .route(COMPLETIONS.path, chat::routed(&COMPLETIONS))
         .route(EMBEDDINGS.path, chat::routed(&EMBEDDINGS))
+        .route(GENERATE.path, chat::routed(&GENERATE))
         .route("/v1/models", get(models::list))
         .route("/health", get(health::live))
         .route("/ready", get(health::ready))

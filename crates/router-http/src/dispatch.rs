@@ -44,6 +44,8 @@ pub(crate) struct Leg {
 pub(crate) struct Outgoing {
     pub(crate) leg: Leg,
     pub(crate) body: Bytes,
+    /// The number of prompts of a batch, which gets one bootstrap room a prompt.
+    pub(crate) batch: Option<usize>,
     pub(crate) prompt_tokens: u64,
     pub(crate) model: Arc<str>,
     pub(crate) request_id: HeaderValue,
@@ -82,7 +84,7 @@ pub(crate) async fn dispatch(
                 ctx.fleet.load().acquire(prefill.id()),
                 ctx.fleet.load().acquire(decode.id()),
             ];
-            let body = with_bootstrap(&out.body, &prefill, ctx.next_room());
+            let body = with_bootstrap(&out.body, &prefill, out.batch, || ctx.next_room());
             let mut prefill_leg: LegFuture = {
                 let ctx = Arc::clone(ctx);
                 let (prefill, body, request_id, leg) = (
@@ -236,30 +238,57 @@ fn id_header(engine: &Engine) -> HeaderValue {
 }
 
 /// The body with the bootstrap fields appended to its top-level object (the body
-/// was validated as a JSON object; later keys win over any the client sent).
-fn with_bootstrap(body: &Bytes, prefill: &Engine, room: u64) -> Bytes {
+/// was validated as a JSON object; later keys win over any the client sent). A batch
+/// of `n` prompts gets a list of `n` of each field, with a fresh room for every prompt,
+/// as SGLang reads a batch's bootstrap fields item by item.
+fn with_bootstrap(
+    body: &Bytes,
+    prefill: &Engine,
+    batch: Option<usize>,
+    mut room: impl FnMut() -> u64,
+) -> Bytes {
+    use std::fmt::Write;
     let host = prefill
         .url()
         .parse::<http::Uri>()
         .ok()
         .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
         .unwrap_or_default();
+    let host = serde_json::Value::String(host).to_string();
     let port = prefill
         .bootstrap_port()
         .map_or_else(|| "null".to_owned(), |p| p.to_string());
-    let fields = format!(
-        r#""bootstrap_host":{},"bootstrap_port":{port},"bootstrap_room":{room}}}"#,
-        serde_json::Value::String(host)
-    );
+    let mut fields = String::new();
+    match batch {
+        None => {
+            let _ = write!(
+                fields,
+                r#""bootstrap_host":{host},"bootstrap_port":{port},"bootstrap_room":{}"#,
+                room()
+            );
+        }
+        Some(n) => {
+            let list = |item: &str| vec![item; n].join(",");
+            let rooms: Vec<String> = (0..n).map(|_| room().to_string()).collect();
+            let _ = write!(
+                fields,
+                r#""bootstrap_host":[{}],"bootstrap_port":[{}],"bootstrap_room":[{}]"#,
+                list(&host),
+                list(&port),
+                rooms.join(",")
+            );
+        }
+    }
     let trimmed = body.trim_ascii_end();
     let object = trimmed.strip_suffix(b"}").unwrap_or(trimmed);
     let empty = object.trim_ascii_end().ends_with(b"{");
-    let mut out = BytesMut::with_capacity(object.len() + fields.len() + 1);
+    let mut out = BytesMut::with_capacity(object.len() + fields.len() + 2);
     out.extend_from_slice(object);
     if !empty {
         out.extend_from_slice(b",");
     }
     out.extend_from_slice(fields.as_bytes());
+    out.extend_from_slice(b"}");
     out.freeze()
 }
 
@@ -275,7 +304,8 @@ mod tests {
         let prefill = Engine::new("P1", "http://10.0.0.5:30000", "m", Role::Prefill)
             .with_bootstrap_port(8998);
         let body = Bytes::from_static(br#"{"model":"m","messages":[],"bootstrap_room":1} "#);
-        let spliced: Value = serde_json::from_slice(&with_bootstrap(&body, &prefill, 42)).unwrap();
+        let spliced: Value =
+            serde_json::from_slice(&with_bootstrap(&body, &prefill, None, || 42)).unwrap();
         assert_eq!(spliced["bootstrap_host"], "10.0.0.5");
         assert_eq!(spliced["bootstrap_port"], 8998);
         assert_eq!(
@@ -284,12 +314,33 @@ mod tests {
         );
         assert_eq!(spliced["model"], "m");
         let no_port = Engine::new("P2", "http://[::1]:1", "m", Role::Prefill);
-        let spliced: Value =
-            serde_json::from_slice(&with_bootstrap(&Bytes::from_static(b"{}"), &no_port, 7))
-                .unwrap();
+        let spliced: Value = serde_json::from_slice(&with_bootstrap(
+            &Bytes::from_static(b"{}"),
+            &no_port,
+            None,
+            || 7,
+        ))
+        .unwrap();
         assert_eq!(
             spliced,
             json!({"bootstrap_host": "::1", "bootstrap_port": null, "bootstrap_room": 7})
+        );
+        let mut rooms = 10..;
+        let batch = Bytes::from_static(br#"{"text":["a","b","c"]}"#);
+        let spliced: Value =
+            serde_json::from_slice(&with_bootstrap(&batch, &prefill, Some(3), || {
+                rooms.next().unwrap()
+            }))
+            .unwrap();
+        assert_eq!(
+            spliced,
+            json!({
+                "text": ["a", "b", "c"],
+                "bootstrap_host": ["10.0.0.5", "10.0.0.5", "10.0.0.5"],
+                "bootstrap_port": [8998, 8998, 8998],
+                "bootstrap_room": [10, 11, 12],
+            }),
+            "a batch gets a list of each field and a room for every prompt"
         );
     }
 }

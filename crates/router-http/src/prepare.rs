@@ -10,6 +10,7 @@ mod chat;
 mod checks;
 mod completions;
 mod embeddings;
+mod generate;
 
 use std::sync::Arc;
 
@@ -53,6 +54,13 @@ pub(crate) const EMBEDDINGS: Endpoint = Endpoint {
     plain_only: true,
 };
 
+/// `POST /generate` (SGLang's native endpoint).
+pub(crate) const GENERATE: Endpoint = Endpoint {
+    path: "/generate",
+    parse: generate::parse,
+    plain_only: false,
+};
+
 /// The largest body whose prompt is tokenized on the request's own thread: at most
 /// a few hundred tokens, tens of microseconds with the byte-level encoder, while
 /// handing a prompt to a tokenizing thread and back costs about as much again in CPU
@@ -62,9 +70,13 @@ pub(crate) const INLINE_BODY_BYTES: usize = 2 << 10;
 /// What an endpoint's parser finds in a valid body.
 #[derive(Debug)]
 pub(crate) struct Parsed<'b> {
-    model: String,
+    /// The model named (SGLang's `/generate` may name none).
+    model: Option<String>,
     /// Whether the answer is streamed (its head comes before the generation).
     stream: bool,
+    /// The number of prompts of a batch: set when the prompt is a list of prompts,
+    /// which the engines take as a batch even of one.
+    batch: Option<usize>,
     prompt: Prompt<'b>,
     max_output_tokens: Option<u64>,
 }
@@ -164,8 +176,11 @@ impl Prompt<'_> {
 /// The routing facts of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Prepared {
-    pub(crate) model: String,
+    /// The model named (SGLang's `/generate` may name none).
+    pub(crate) model: Option<String>,
     pub(crate) stream: bool,
+    /// The number of prompts of a batch (see [`Parsed`]).
+    pub(crate) batch: Option<usize>,
     /// The prompt's length in tokens: counted once tokenized, else estimated.
     pub(crate) input_tokens: u64,
     pub(crate) max_output_tokens: Option<u64>,
@@ -207,19 +222,19 @@ impl Tokenize {
     }
 }
 
-/// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the model's
-/// tokenizer, `Ok(None)` for a model whose prompts are not tokenized, or the 404 for
-/// a model not served. Token ids sent as the prompt are routed on as they are. A
+/// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the tokenizer of
+/// the model named (or of the one served, when none is), `Ok(None)` for a model whose
+/// prompts are not tokenized, or the error for a model not served. Token ids sent as the prompt are routed on as they are. A
 /// prompt in a body of at most [`INLINE_BODY_BYTES`] is tokenized here, where it
 /// costs less than handing it to another thread and back; a larger one's
 /// tokenization is returned, to be run off the request thread.
 pub(crate) fn prepare(
     endpoint: &'static Endpoint,
     body: &Bytes,
-    tokenizer: impl FnOnce(&str) -> Result<Option<Arc<ChatTokenizer>>, ApiError>,
+    tokenizer: impl FnOnce(Option<&str>) -> Result<Option<Arc<ChatTokenizer>>, ApiError>,
 ) -> Result<(Prepared, Option<Tokenize>), ApiError> {
     let mut parsed = (endpoint.parse)(body)?;
-    let tokenizer = tokenizer(&parsed.model)?;
+    let tokenizer = tokenizer(parsed.model.as_deref())?;
     let mut inline = parsed.prompt.given();
     let mut tokenize = None;
     match tokenizer {
@@ -239,6 +254,7 @@ pub(crate) fn prepare(
     let prepared = Prepared {
         model: parsed.model,
         stream: parsed.stream,
+        batch: parsed.batch,
         input_tokens: parsed.prompt.estimate(body.len()),
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,
@@ -251,6 +267,17 @@ pub(crate) fn prepare(
 
 #[cfg(test)]
 mod tests;
+
+/// The number of prompts when `raw`, read as `prompts`, is a list of prompts (texts,
+/// or lists of ids); `None` for one prompt (a string, or a flat list of ids).
+fn batch_of(raw: &RawValue, prompts: &CompletionPrompts<'_>) -> Option<usize> {
+    let list = raw.get().trim_start().strip_prefix('[')?;
+    match prompts {
+        CompletionPrompts::Texts { texts, .. } => Some(texts.len()),
+        CompletionPrompts::Ids(lists) if list.trim_start().starts_with('[') => Some(lists.len()),
+        CompletionPrompts::Ids(_) => None,
+    }
+}
 
 /// Tokens in `bytes` of text, estimated: about four bytes a token.
 fn estimate(bytes: usize) -> u64 {

@@ -74,6 +74,16 @@ impl Routing {
         self.models.load().get(model).cloned()
     }
 
+    /// The route of the one model served, if exactly one is (SGLang's `/generate`
+    /// names no model).
+    pub(crate) fn only(&self) -> Option<Arc<ModelRoute>> {
+        let models = self.models.load();
+        match models.len() {
+            1 => models.values().next().cloned(),
+            _ => None,
+        }
+    }
+
     /// The models whose prompts are tokenized, sorted, with their tokenizers.
     pub(crate) fn tokenizers(&self) -> Vec<(Arc<str>, Arc<ChatTokenizer>)> {
         let mut found: Vec<_> = self

@@ -152,6 +152,24 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+/// The most served models a missing-model error names.
+const NAMED_MODELS: usize = 8;
+
+/// The served models `ids`, quoted, for an error: the first [`NAMED_MODELS`], then how
+/// many more.
+fn served_models(ids: &[String]) -> String {
+    let named: Vec<String> = ids
+        .iter()
+        .take(NAMED_MODELS)
+        .map(|id| format!("{id:?}"))
+        .collect();
+    match ids.len() {
+        0 => "no model yet".to_owned(),
+        n if n > NAMED_MODELS => format!("{} and {} more", named.join(", "), n - NAMED_MODELS),
+        _ => named.join(", "),
+    }
+}
+
 /// The metric label of a request whose model is not (yet) known: never the
 /// client's string, which would let clients create label values.
 fn unknown_model() -> Arc<str> {
@@ -180,16 +198,27 @@ async fn route(
     };
     let mut route = None;
     let prepared = prepare(endpoint, &body, |model| {
-        let found = route.insert(
-            ctx.routing
+        let found = route.insert(match model {
+            Some(model) => ctx
+                .routing
                 .get(model)
                 .ok_or_else(|| ApiError::model_not_found(model))?,
-        );
+            None => ctx.routing.only().ok_or_else(|| {
+                ApiError::invalid(
+                    "missing_model",
+                    "model",
+                    format!(
+                        "model is required: this router serves {}",
+                        served_models(&ctx.routing.model_ids())
+                    ),
+                )
+            })?,
+        });
         // Refused before its prompt is tokenized.
         if endpoint.plain_only && !found.resolver.has_plain_bucket() {
             let message = format!(
-                "model {model:?} is served by prefill/decode engines, which do not serve {}",
-                endpoint.path
+                "model {:?} is served by prefill/decode engines, which do not serve {}",
+                found.id, endpoint.path
             );
             return Err(ApiError::invalid("invalid_model", "model", message));
         }
@@ -230,7 +259,7 @@ async fn route(
         Ok(keys) => keys,
         Err(e) => return (model, Err(e)),
     };
-    let request = BucketRequest::new(&prepared.model, prepared.input_tokens)
+    let request = BucketRequest::new(&route.id, prepared.input_tokens)
         .with_max_output_tokens(prepared.max_output_tokens)
         .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()));
     let memo = PrefixMemo::new();
@@ -279,6 +308,7 @@ async fn route(
             stream: prepared.stream,
         },
         body,
+        batch: prepared.batch,
         prompt_tokens: prepared.input_tokens,
         model: Arc::clone(&model),
         request_id,

@@ -84,8 +84,9 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         u64::from(u32::MAX),
     )?;
     Ok(Parsed {
-        model,
+        model: Some(model),
         stream,
+        batch: None,
         prompt: Prompt::Messages(messages),
         max_output_tokens: max_completion_tokens.or(max_tokens),
     })

@@ -16,7 +16,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::checks::{Sampling, check_integer, model, stream_and_sampling};
-use super::{Parsed, Prompt};
+use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
 
 /// The most token ids a request's prompts may hold together: far past any model's
@@ -99,8 +99,9 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         given => check_integer(&given, "max_tokens", 0, u64::from(u32::MAX))?,
     };
     Ok(Parsed {
-        model,
+        model: Some(model),
         stream,
+        batch: batch_of(prompt, &prompts),
         prompt: Prompt::Completion(prompts),
         max_output_tokens: max_tokens,
     })

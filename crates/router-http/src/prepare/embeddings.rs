@@ -60,8 +60,9 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         ));
     }
     Ok(Parsed {
-        model,
+        model: Some(model),
         stream: false,
+        batch: None,
         prompt: Prompt::Completion(prompts),
         max_output_tokens: Some(0),
     })

@@ -9,12 +9,9 @@ use crate::tokenize::TokenizePool;
 
 fn run(body: serde_json::Value) -> Result<Prepared, ApiError> {
     let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
-    let (prepared, tokenize) = prepare(&CHAT, &bytes, |model| {
-        if model == "m" {
-            Ok(None)
-        } else {
-            Err(ApiError::model_not_found(model))
-        }
+    let (prepared, tokenize) = prepare(&CHAT, &bytes, |model| match model {
+        Some("m") => Ok(None),
+        other => Err(ApiError::model_not_found(other.unwrap_or_default())),
     })?;
     assert!(
         tokenize.is_none(),
@@ -38,8 +35,13 @@ fn prepares_the_routing_facts() {
     ))
     .unwrap();
     assert_eq!(
-        (p.model.as_str(), p.stream, p.max_output_tokens, p.token_ids),
-        ("m", true, Some(100), None)
+        (
+            p.model.as_deref(),
+            p.stream,
+            p.max_output_tokens,
+            p.token_ids
+        ),
+        (Some("m"), true, Some(100), None)
     );
     let body_len = serde_json::to_vec(&chat(
         json!({"stream": true, "max_tokens": 100, "stream_options": {"include_usage": true}}),
@@ -515,6 +517,161 @@ fn an_embedding_routes_on_its_input_with_no_output() {
             (err.status().as_u16(), err.param()),
             (400, Some(param)),
             "{body}"
+        );
+    }
+}
+
+#[test]
+fn a_list_of_prompts_is_a_batch_even_of_one() {
+    let batch = |prompt: serde_json::Value| {
+        complete(json!({"model": "m", "prompt": prompt}), None)
+            .unwrap()
+            .batch
+    };
+    assert_eq!(batch(json!("x")), None);
+    assert_eq!(
+        batch(json!([1, 2, 3])),
+        None,
+        "a flat list of ids is one prompt"
+    );
+    assert_eq!(batch(json!(["x"])), Some(1));
+    assert_eq!(batch(json!(["x", "y"])), Some(2));
+    assert_eq!(batch(json!([[1], [2, 3], [4]])), Some(3));
+    let p = run(chat(json!({}))).unwrap();
+    assert_eq!(p.batch, None, "a chat is one conversation");
+}
+
+fn generate(
+    body: serde_json::Value,
+    with: Option<Arc<ChatTokenizer>>,
+) -> Result<Prepared, ApiError> {
+    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+    let (prepared, tokenize) = prepare(&GENERATE, &bytes, |_| Ok(with))?;
+    assert!(tokenize.is_none(), "a small body is tokenized at once");
+    Ok(prepared)
+}
+
+#[test]
+fn a_generate_body_routes_on_text_or_input_ids() {
+    let p = generate(json!({"text": "hello world"}), Some(tiny_tokenizer())).unwrap();
+    assert_eq!(
+        (
+            p.model,
+            p.token_ids.as_deref(),
+            p.max_output_tokens,
+            p.stream,
+            p.batch
+        ),
+        (None, Some(&[4, 5][..]), Some(128), false, None),
+        "no model, text tokenized as it is, SGLang's default budget"
+    );
+    let p = generate(
+        json!({"model": "m", "input_ids": [[1, 2], [3, 4, 5]], "stream": true,
+               "sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 9}],
+               "rid": ["a", "b"], "lora_path": [null, "sql"]}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            p.model.as_deref(),
+            p.input_tokens,
+            p.token_ids.as_deref(),
+            p.max_output_tokens,
+            p.stream,
+            p.batch
+        ),
+        (Some("m"), 3, Some(&[1, 2][..]), Some(9), true, Some(2)),
+        "a batch: the longest prompt, the first's ids, the largest budget"
+    );
+    let budget = |params: serde_json::Value| {
+        generate(json!({"input_ids": [1], "sampling_params": params}), None)
+            .unwrap()
+            .max_output_tokens
+    };
+    assert_eq!(budget(json!({"temperature": 0})), Some(128));
+    assert_eq!(budget(json!({"max_new_tokens": 0})), Some(0));
+    assert_eq!(budget(json!({"max_new_tokens": null})), None, "no budget");
+    assert_eq!(
+        budget(json!([{"max_new_tokens": 3}, {"max_new_tokens": null}])),
+        None
+    );
+    assert_eq!(budget(json!(null)), Some(128));
+    let p = generate(json!({"text": ["a", "b"], "model": null}), None).unwrap();
+    assert_eq!((p.model, p.batch), (None, Some(2)));
+}
+
+#[test]
+fn every_invalid_generate_field_gets_a_precise_400() {
+    let cases = [
+        (json!({}), "text", "text or input_ids is required"),
+        (
+            json!({"text": "a", "input_ids": [1]}),
+            "text",
+            "send either text or input_ids, not both",
+        ),
+        (
+            json!({"text": [1, 2]}),
+            "text",
+            "text must be a string or a list of strings",
+        ),
+        (
+            json!({"input_ids": "a"}),
+            "input_ids",
+            "input_ids must be a list of token ids",
+        ),
+        (
+            json!({"input_ids": []}),
+            "input_ids",
+            "input_ids must not be an empty list",
+        ),
+        (
+            json!({"input_embeds": [[0.5]]}),
+            "input_embeds",
+            "input_embeds cannot be routed on",
+        ),
+        (
+            json!({"text": "a", "model": 3}),
+            "model",
+            "model must be a string",
+        ),
+        (
+            json!({"text": "a", "stream": "yes"}),
+            "stream",
+            "stream must be a boolean",
+        ),
+        (
+            json!({"text": "a", "sampling_params": 3}),
+            "sampling_params",
+            "sampling_params must be an object",
+        ),
+        (
+            json!({"text": "a", "sampling_params": [{"max_new_tokens": -1}]}),
+            "sampling_params.max_new_tokens",
+            "sampling_params.max_new_tokens must be an integer from 0",
+        ),
+        (
+            json!({"text": "a", "rid": 3}),
+            "rid",
+            "rid must be a string",
+        ),
+        (
+            json!({"text": "a", "lora_path": {"x": 1}}),
+            "lora_path",
+            "lora_path must be a string",
+        ),
+    ];
+    for (body, param, message) in cases {
+        let err = generate(body.clone(), None).unwrap_err();
+        assert_eq!(
+            (err.status().as_u16(), err.param()),
+            (400, Some(param)),
+            "{body}"
+        );
+        assert!(
+            err.message().starts_with(message),
+            "{body}: {}",
+            err.message()
         );
     }
 }

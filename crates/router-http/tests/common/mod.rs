@@ -78,3 +78,14 @@ pub(crate) async fn metrics(router: &RunningRouter) -> String {
         .await
         .expect("text")
 }
+
+/// What `sim` recorded of its latest requests (bootstrap fields, budgets, ids).
+pub(crate) async fn recent_requests(sim: &RunningEngine) -> Vec<Value> {
+    let body: Value = reqwest::get(format!("{}/admin/requests", sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["requests"].as_array().unwrap().clone()
+}

@@ -1,0 +1,176 @@
+//! `POST /generate`: SGLang's native body, validated with precise 400s; the prompt is
+//! `text` (tokenized as it is, with the tokenizer's special tokens, as SGLang does) or
+//! `input_ids` (routed on as sent), one prompt or a batch.
+//!
+//! SGLang clients send no `model`: the router's only model serves them (with several,
+//! a missing `model` is refused naming them). The output budget is
+//! `sampling_params.max_new_tokens`, 128 when absent (SGLang's default), `null` for
+//! none; a batch's `sampling_params` may be a list, one per prompt, and its largest
+//! budget counts. A batch is routed as a completion's list of prompts is.
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::checks::check_integer;
+use super::completions::{CompletionPrompts, read_prompts};
+use super::{Parsed, Prompt, batch_of};
+use crate::error::ApiError;
+
+/// The output budget of a request that names none (SGLang's default).
+const DEFAULT_MAX_NEW_TOKENS: u64 = 128;
+
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(default, borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    input_ids: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    input_embeds: Option<&'a RawValue>,
+    #[serde(default)]
+    sampling_params: Option<Value>,
+    #[serde(default)]
+    stream: Option<Value>,
+    #[serde(default)]
+    rid: Option<Value>,
+    #[serde(default)]
+    lora_path: Option<Value>,
+}
+
+/// Validates a `/generate` body and finds its routing facts.
+pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
+    let probe: Probe<'_> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_body(format!("the body is not a valid generate request: {e}"))
+    })?;
+    let model = match probe.model {
+        None => None,
+        Some(raw) if raw.get() == "null" => None,
+        given => Some(super::checks::model(given)?),
+    };
+    if probe.input_embeds.is_some_and(|e| e.get() != "null") {
+        return Err(ApiError::invalid(
+            "invalid_prompt",
+            "input_embeds",
+            "input_embeds cannot be routed on: send text or input_ids",
+        ));
+    }
+    let (raw, prompts) = match (probe.text, probe.input_ids) {
+        (Some(text), None) => (text, read_prompts(text, "text", true)?),
+        (None, Some(ids)) => (ids, read_prompts(ids, "input_ids", true)?),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "invalid_prompt",
+                "text",
+                "send either text or input_ids, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "invalid_prompt",
+                "text",
+                "text or input_ids is required",
+            ));
+        }
+    };
+    match (&prompts, probe.input_ids.is_some()) {
+        (CompletionPrompts::Ids(_), false) => {
+            return Err(ApiError::invalid(
+                "invalid_prompt",
+                "text",
+                "text must be a string or a list of strings (token ids go in input_ids)",
+            ));
+        }
+        (CompletionPrompts::Texts { .. }, true) => {
+            return Err(ApiError::invalid(
+                "invalid_prompt",
+                "input_ids",
+                "input_ids must be a list of token ids or a list of lists of token ids",
+            ));
+        }
+        _ => {}
+    }
+    let stream = match probe.stream {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_parameter",
+                "stream",
+                "stream must be a boolean",
+            ));
+        }
+    };
+    check_names(probe.rid.as_ref(), "rid")?;
+    check_names(probe.lora_path.as_ref(), "lora_path")?;
+    Ok(Parsed {
+        model,
+        stream,
+        batch: batch_of(raw, &prompts),
+        prompt: Prompt::Completion(prompts),
+        max_output_tokens: max_new_tokens(probe.sampling_params)?,
+    })
+}
+
+/// The largest `max_new_tokens` of `sampling_params` (an object, or a list of them):
+/// the default when none names one, `None` when one is `null` (no budget).
+fn max_new_tokens(params: Option<Value>) -> Result<Option<u64>, ApiError> {
+    let one = |params: &Value| -> Result<Option<u64>, ApiError> {
+        match params {
+            Value::Object(fields) => match fields.get("max_new_tokens") {
+                None => Ok(Some(DEFAULT_MAX_NEW_TOKENS)),
+                Some(Value::Null) => Ok(None),
+                given => check_integer(
+                    &given.cloned(),
+                    "sampling_params.max_new_tokens",
+                    0,
+                    u64::from(u32::MAX),
+                ),
+            },
+            _ => Err(ApiError::invalid(
+                "invalid_parameter",
+                "sampling_params",
+                "sampling_params must be an object or a list of objects",
+            )),
+        }
+    };
+    match params {
+        None | Some(Value::Null) => Ok(Some(DEFAULT_MAX_NEW_TOKENS)),
+        Some(Value::Array(list)) => {
+            let mut largest = Some(0);
+            for params in &list {
+                largest = match (largest, one(params)?) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            Ok(if list.is_empty() {
+                Some(DEFAULT_MAX_NEW_TOKENS)
+            } else {
+                largest
+            })
+        }
+        Some(params) => one(&params),
+    }
+}
+
+/// `rid` and `lora_path`: a string, a list of strings (or nulls), or null; relayed as
+/// sent.
+fn check_names(value: Option<&Value>, param: &'static str) -> Result<(), ApiError> {
+    let valid = match value {
+        None | Some(Value::Null | Value::String(_)) => true,
+        Some(Value::Array(items)) => items.iter().all(|i| i.is_string() || i.is_null()),
+        Some(_) => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "invalid_parameter",
+            param,
+            format!("{param} must be a string or a list of strings"),
+        ))
+    }
+}
