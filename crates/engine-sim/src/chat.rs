@@ -291,12 +291,8 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
     if faults.hang_before_first_byte {
         std::future::pending::<()>().await;
     }
-    if app.engine.faults().draw_error() {
-        return error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "simulated engine failure",
-        )
-        .into();
+    if let Some(status) = app.engine.faults().draw_error() {
+        return error_response(status, "simulated engine failure").into();
     }
     let tokens = match prompt {
         Some(prompt) => match serde_json::from_value::<CompletionPrompt>(prompt.clone()) {

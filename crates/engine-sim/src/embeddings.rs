@@ -55,11 +55,8 @@ fn answer(app: &AppState, body: &[u8]) -> Response {
             "a prefill or decode engine does not serve embeddings",
         );
     }
-    if app.engine.faults().draw_error() {
-        return error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "simulated engine failure",
-        );
+    if let Some(status) = app.engine.faults().draw_error() {
+        return error_response(status, "simulated engine failure");
     }
     let inputs: Result<Vec<Vec<u32>>, String> = match request.input {
         Input::Text(text) => app.tokenizer.encode_text(&text).map(|ids| vec![ids]),

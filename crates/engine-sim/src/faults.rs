@@ -1,5 +1,6 @@
 //! Faults a test can switch on at start (flags) or at runtime (`POST /admin/faults`).
 
+use axum::http::StatusCode;
 use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
@@ -13,6 +14,10 @@ pub struct FaultConfig {
     /// Fraction of chat requests answered with HTTP 500 (0 to 1).
     #[arg(long, default_value_t = 0.0)]
     pub error_rate: f64,
+    /// The status of the errors `error_rate` draws (500 when unset; 429 and 503 say
+    /// the engine did not start the request).
+    #[arg(long)]
+    pub error_status: Option<u16>,
     /// Accept chat requests but never send a byte.
     #[arg(long)]
     pub hang_before_first_byte: bool,
@@ -50,6 +55,12 @@ impl FaultConfig {
     /// # Errors
     /// A message naming the setting at fault.
     pub fn validate(&self) -> Result<(), String> {
+        if self.error_status.is_some_and(|s| !(400..=599).contains(&s)) {
+            return Err(format!(
+                "error_status must be an HTTP error status (400 to 599), got {}",
+                self.error_status.unwrap_or_default()
+            ));
+        }
         if !(0.0..=1.0).contains(&self.error_rate) {
             return Err(format!(
                 "error_rate must be between 0 and 1, got {}",
@@ -111,10 +122,18 @@ impl Faults {
         self.refuse.subscribe()
     }
 
-    /// Whether this request draws the error-rate fault.
-    pub(crate) fn draw_error(&self) -> bool {
-        let rate = self.config.lock().error_rate;
-        rate > 0.0 && (self.rng.lock().next_u64() as f64 / u64::MAX as f64) < rate
+    /// The error status this request draws from the error-rate fault, if any.
+    pub(crate) fn draw_error(&self) -> Option<StatusCode> {
+        let (rate, status) = {
+            let config = self.config.lock();
+            (config.error_rate, config.error_status)
+        };
+        let drawn = rate > 0.0 && (self.rng.lock().next_u64() as f64 / u64::MAX as f64) < rate;
+        drawn.then(|| {
+            status
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        })
     }
 
     /// Consumes one dropped batch, if the drop fault has any left.

@@ -195,6 +195,7 @@ impl Bucket {
             .with_prefix_memo(request.prefix_memo)
             .with_session_key(request.session_key)
             .with_routing_key(request.routing_key)
+            .with_excluded(request.excluded)
     }
 
     /// Picks the bucket's complete selection: its plain engine, or a prefill engine and

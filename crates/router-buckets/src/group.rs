@@ -79,8 +79,9 @@ impl EngineGroup {
             .collect()
     }
 
-    /// Resolves the candidates, runs the policy and checks that the engine it returns
-    /// is one of the candidates: the same `Arc`, not merely the same id.
+    /// Resolves the candidates (leaving out the request's excluded engines), runs the
+    /// policy and checks that the engine it returns is one of the candidates: the
+    /// same `Arc`, not merely the same id.
     ///
     /// # Errors
     /// [`PickError::NoCandidates`] without invoking the policy when no engine is
@@ -91,7 +92,10 @@ impl EngineGroup {
         engines: &RegistrySnapshot,
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let candidates = self.candidates(engines, request.model, request.stage);
+        let mut candidates = self.candidates(engines, request.model, request.stage);
+        if !request.excluded.is_empty() {
+            candidates.retain(|c| !request.excluded.contains(c.id()));
+        }
         if candidates.is_empty() {
             return Err(PickError::NoCandidates {
                 stage: request.stage,

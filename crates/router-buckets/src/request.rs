@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use router_policy::{Pick, PickError, PrefixMemo};
+use router_state::EngineId;
 
 /// The prepared routing facts of one request: extracted once by the handler and
 /// reused for every bucket attempt.
@@ -23,6 +24,8 @@ pub struct BucketRequest<'a> {
     pub routing_key: Option<&'a str>,
     /// The request's prefix lookups, shared by every bucket attempt.
     pub prefix_memo: Option<&'a PrefixMemo>,
+    /// Engines no pick may return (the engines a retried request failed on).
+    pub excluded: &'a [EngineId],
 }
 
 impl<'a> BucketRequest<'a> {
@@ -36,6 +39,7 @@ impl<'a> BucketRequest<'a> {
             session_key: None,
             routing_key: None,
             prefix_memo: None,
+            excluded: &[],
         }
     }
 
@@ -72,6 +76,12 @@ impl<'a> BucketRequest<'a> {
     /// Sets the memo that shares prefix lookups across bucket attempts.
     pub fn with_prefix_memo(mut self, memo: Option<&'a PrefixMemo>) -> Self {
         self.prefix_memo = memo;
+        self
+    }
+
+    /// Sets the engines no pick may return.
+    pub fn with_excluded(mut self, engines: &'a [EngineId]) -> Self {
+        self.excluded = engines;
         self
     }
 }

@@ -70,6 +70,47 @@ fn a_group_offers_healthy_members_of_the_stage_in_id_order() {
 }
 
 #[test]
+fn excluded_engines_are_left_out_of_every_stages_candidates() {
+    let rt = runtime();
+    let snapshot = plain_fleet().snapshot();
+    let recorder = Arc::new(RecordingPolicy::default());
+    let excluded = ["a".into(), "d".into()];
+    let request = PickRequest::new("m", Role::Plain, "bucket", 10).with_excluded(&excluded);
+    rt.block_on(EngineGroup::new(recorder.clone()).pick(&snapshot, &request))
+        .unwrap();
+    assert_eq!(*recorder.0.lock().unwrap(), ["b", "c"]);
+    let only = ["a".into()];
+    let err = rt
+        .block_on(members(recorder.clone(), &["a"]).pick(&snapshot, &request.with_excluded(&only)))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        PickError::NoCandidates { stage: Role::Plain },
+        "a group whose every member is excluded has no candidates"
+    );
+    let pd = pd_fleet().snapshot();
+    let load = Arc::new(EngineReportedLoadTable::default());
+    let bucket = pd_bucket(
+        "b",
+        None,
+        EngineGroup::new(capped(&load, None)),
+        EngineGroup::new(capped(&load, None)),
+    );
+    let failed = ["P1".into(), "D1".into()];
+    let pick = rt
+        .block_on(bucket.pick_engines(&pd, &BucketRequest::new("m", 100).with_excluded(&failed)))
+        .unwrap();
+    let EnginePicks::Pd { prefill, decode } = &pick.engines else {
+        panic!("a PD pick")
+    };
+    assert_eq!(
+        (prefill.engine.id().as_str(), decode.engine.id().as_str()),
+        ("P2", "D2"),
+        "the bucket passes its exclusions to both stages"
+    );
+}
+
+#[test]
 fn an_empty_membership_has_no_candidates_and_never_calls_the_policy() {
     let rt = runtime();
     let snapshot = plain_fleet().snapshot();

@@ -18,6 +18,7 @@ use crate::config::{
     AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster,
 };
 use crate::metrics::Metrics;
+use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
 use crate::tokenize::TokenizePool;
 
@@ -55,6 +56,8 @@ pub struct AppContext {
     pub(crate) client_body_timeout: Duration,
     /// Prompts tokenized at once, on the blocking pool.
     pub(crate) tokenizing: TokenizePool,
+    /// The router-wide retry budget.
+    pub(crate) retries: RetryBudget,
     rng: Mutex<Xoshiro256PlusPlus>,
 }
 
@@ -102,6 +105,7 @@ impl AppContext {
             idle_timeout: config.idle_timeout,
             client_body_timeout: config.client.body,
             tokenizing: TokenizePool::new(config.tokenize_concurrency),
+            retries: RetryBudget::new(&config.retries),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))
     }

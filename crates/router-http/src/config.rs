@@ -44,6 +44,9 @@ pub struct RouterConfig {
     /// Bounds on what clients may hold.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Retries of requests an engine never started.
+    #[serde(default)]
+    pub retries: RetryConfig,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -62,6 +65,7 @@ impl RouterConfig {
             admin: AdminConfig::default(),
             affinity: AffinitySettings::default(),
             limits: LimitsConfig::default(),
+            retries: RetryConfig::default(),
             shutdown_grace_ms: default_grace(),
         }
     }
@@ -484,6 +488,7 @@ impl RouterConfig {
     fn check_fields(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         self.affinity.validate(&mut errors);
+        self.retries.validate(&mut errors);
         for (field, value) in [
             ("timeouts.connect_ms", self.timeouts.connect_ms),
             ("timeouts.first_byte_ms", self.timeouts.first_byte_ms),
@@ -656,11 +661,13 @@ impl RouterConfig {
 
 mod admin;
 mod affinity;
+mod retries;
 mod validated;
 
 pub(crate) use admin::AdminAccess;
 pub use admin::AdminConfig;
 pub use affinity::AffinitySettings;
+pub use retries::RetryConfig;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{
     AffinityHeaders, ClientLimits, ModelPlan, ModelRouting, engine_spec, roster,

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, header};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
-use router_buckets::{EnginePicks, Selection};
-use router_state::Engine;
+use router_buckets::{BucketPick, EnginePicks};
+use router_state::{Engine, EngineId};
 use router_upstream::{H1Body, UpstreamError};
 use tokio::time::Instant;
 
@@ -19,6 +19,7 @@ use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
+use crate::retries::RetryReason;
 
 const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
 const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
@@ -28,7 +29,7 @@ const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-t
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
-type LegFuture = Pin<Box<dyn Future<Output = Result<Response<H1Body>, ApiError>> + Send>>;
+type LegFuture = Pin<Box<dyn Future<Output = Result<Response<H1Body>, Failed>> + Send>>;
 
 /// What every leg of a request is: where it goes on the engine, and whether its
 /// answer is streamed.
@@ -40,7 +41,7 @@ pub(crate) struct Leg {
     pub(crate) stream: bool,
 }
 
-/// What dispatch needs besides the selection.
+/// What dispatch needs besides the selection; the same for every attempt.
 pub(crate) struct Outgoing {
     pub(crate) leg: Leg,
     pub(crate) body: Bytes,
@@ -52,15 +53,49 @@ pub(crate) struct Outgoing {
     pub(crate) started: Instant,
 }
 
+/// A dispatch that ended before any byte reached the client.
+pub(crate) struct Failed {
+    /// What the client gets if the request is not sent again: the router's error, or
+    /// the engine's own answer (a 429).
+    pub(crate) answer: Result<Response, ApiError>,
+    /// Set when the engine never started the request: another engine may be sent it.
+    pub(crate) retry: Option<Retry>,
+}
+
+/// Why a failed dispatch may be sent to another engine, and which engine failed.
+pub(crate) struct Retry {
+    pub(crate) reason: RetryReason,
+    pub(crate) engine: EngineId,
+}
+
+impl From<ApiError> for Failed {
+    fn from(error: ApiError) -> Self {
+        Self {
+            answer: Err(error),
+            retry: None,
+        }
+    }
+}
+
+impl Failed {
+    /// The failure in words, for a leg that fails after the answer began.
+    fn message(&self) -> String {
+        match &self.answer {
+            Err(e) => e.message().to_owned(),
+            Ok(response) => format!("status {}", response.status()),
+        }
+    }
+}
+
 /// Sends the request to the selected engines and relays the answer.
 pub(crate) async fn dispatch(
     ctx: &Arc<AppContext>,
-    selection: Selection,
-    out: Outgoing,
-) -> Result<Response, ApiError> {
-    let bucket = HeaderValue::from_str(&selection.pick.bucket)
-        .map_err(|_| ApiError::upstream("invalid bucket id"))?;
-    match selection.pick.engines {
+    pick: BucketPick,
+    out: &Outgoing,
+) -> Result<Response, Failed> {
+    let bucket =
+        HeaderValue::from_str(&pick.bucket).map_err(|_| ApiError::upstream("invalid bucket id"))?;
+    match pick.engines {
         EnginePicks::Plain(pick) => {
             let engine = pick.engine;
             let guards = vec![ctx.fleet.load().acquire(engine.id())];
@@ -76,7 +111,12 @@ pub(crate) async fn dispatch(
             let mut headers = HeaderMap::new();
             headers.insert(BUCKET, bucket);
             headers.insert(ENGINE, id_header(&engine));
-            Ok(relay(ctx, response, None, headers, out, guards))
+            let overloaded = response.status() == StatusCode::TOO_MANY_REQUESTS;
+            let relayed = relay(ctx, response, None, headers, out, guards);
+            if overloaded {
+                return Err(refused(relayed, &engine));
+            }
+            Ok(relayed)
         }
         EnginePicks::Pd { prefill, decode } => {
             let (prefill, decode) = (prefill.engine, decode.engine);
@@ -100,26 +140,37 @@ pub(crate) async fn dispatch(
             let request_id = out.request_id.clone();
             let decode_leg = send(ctx, &decode, "decode", out.leg, body, &request_id);
             tokio::pin!(decode_leg);
+            let mut headers = HeaderMap::new();
+            headers.insert(BUCKET, bucket);
+            headers.insert(PREFILL, id_header(&prefill));
+            headers.insert(DECODE, id_header(&decode));
             let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
                 tokio::select! {
                     result = &mut prefill_leg, if prefill_response.is_none() => {
                         // A failed prefill returns here, dropping (cancelling) the decode leg.
-                        prefill_response = Some(result?);
+                        let response = result?;
+                        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                            let relayed = relay(ctx, response, None, headers, out, guards);
+                            return Err(refused(relayed, &prefill));
+                        }
+                        prefill_response = Some(response);
                     }
                     result = &mut decode_leg => break result?,
                 }
             };
+            if decode_response.status() == StatusCode::TOO_MANY_REQUESTS {
+                let relayed = relay(ctx, decode_response, None, headers, out, guards);
+                return Err(refused(relayed, &decode));
+            }
             let companion: Companion = match prefill_response {
                 Some(response) => Box::pin(drain(response)),
-                None => Box::pin(async move {
-                    drain(prefill_leg.await.map_err(|e| e.message().to_owned())?).await
-                }),
+                None => {
+                    Box::pin(
+                        async move { drain(prefill_leg.await.map_err(|e| e.message())?).await },
+                    )
+                }
             };
-            let mut headers = HeaderMap::new();
-            headers.insert(BUCKET, bucket);
-            headers.insert(PREFILL, id_header(&prefill));
-            headers.insert(DECODE, id_header(&decode));
             Ok(relay(
                 ctx,
                 decode_response,
@@ -132,11 +183,23 @@ pub(crate) async fn dispatch(
     }
 }
 
-/// Sends one leg and waits for a successful response head. Engine 5xx answers,
-/// transport failures and timeouts count against the engine's breaker and become 502
-/// (504 for timeouts), except the first-byte timeout of an answer that is not
-/// streamed (its head waits for the whole generation); 4xx answers are the client's
-/// and are returned as they are.
+/// An engine's 429, relayed as it is unless another engine takes the request.
+fn refused(relayed: Response, engine: &Engine) -> Failed {
+    Failed {
+        answer: Ok(relayed),
+        retry: Some(Retry {
+            reason: RetryReason::Status429,
+            engine: engine.id().clone(),
+        }),
+    }
+}
+
+/// Sends one leg and waits for a response head. Engine 5xx answers, transport
+/// failures and timeouts count against the engine's breaker and become 502 (504 for
+/// timeouts), except the first-byte timeout of an answer that is not streamed (its
+/// head waits for the whole generation); 4xx answers are the client's and are
+/// returned as they are. A 503, and a request the engine never received, may be
+/// sent to another engine.
 async fn send(
     ctx: &AppContext,
     engine: &Engine,
@@ -144,7 +207,7 @@ async fn send(
     leg: Leg,
     body: Bytes,
     request_id: &HeaderValue,
-) -> Result<Response<H1Body>, ApiError> {
+) -> Result<Response<H1Body>, Failed> {
     let invalid =
         || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
     let authority = ctx.fleet.authority(engine).ok_or_else(invalid)?;
@@ -159,14 +222,27 @@ async fn send(
         .upstream_latency
         .get_or_create(&StageLabels { stage })
         .observe(sent.elapsed().as_secs_f64());
+    let retry = |reason| {
+        Some(Retry {
+            reason,
+            engine: engine.id().clone(),
+        })
+    };
     match result {
         Ok(response) if response.status().is_server_error() => {
             ctx.fleet.record_dispatch(engine.id(), false);
-            Err(ApiError::upstream(format!(
-                "{stage} engine {} failed with status {}",
-                engine.id(),
-                response.status()
-            )))
+            let status = response.status();
+            Err(Failed {
+                answer: Err(ApiError::upstream(format!(
+                    "{stage} engine {} failed with status {status}",
+                    engine.id(),
+                ))),
+                retry: if status == StatusCode::SERVICE_UNAVAILABLE {
+                    retry(RetryReason::Status503)
+                } else {
+                    None
+                },
+            })
         }
         Ok(response) => {
             ctx.fleet.record_dispatch(engine.id(), true);
@@ -180,9 +256,19 @@ async fn send(
                 ctx.fleet.record_dispatch(engine.id(), false);
             }
             let message = format!("{stage} engine {}: {}", engine.id(), e.describe());
-            Err(match e {
-                UpstreamError::Timeout(_) | UpstreamError::NoHead => ApiError::timeout(message),
-                _ => ApiError::upstream(message),
+            let reason = match &e {
+                UpstreamError::NotWritten(_) => Some(RetryReason::NotWritten),
+                e if e.never_sent() => Some(RetryReason::ConnectFailed),
+                _ => None,
+            };
+            Err(Failed {
+                answer: Err(match e {
+                    UpstreamError::Timeout(_)
+                    | UpstreamError::ConnectTimeout
+                    | UpstreamError::NoHead => ApiError::timeout(message),
+                    _ => ApiError::upstream(message),
+                }),
+                retry: reason.and_then(retry),
             })
         }
     }
@@ -206,7 +292,7 @@ fn relay(
     response: Response<H1Body>,
     companion: Option<Companion>,
     mut headers: HeaderMap,
-    out: Outgoing,
+    out: &Outgoing,
     guards: Vec<router_state::InflightGuard>,
 ) -> Response {
     let (parts, body) = response.into_parts();
@@ -215,7 +301,7 @@ fn relay(
         body,
         companion,
         Arc::clone(ctx),
-        out.model,
+        Arc::clone(&out.model),
         out.started,
         guards,
     );
@@ -226,7 +312,7 @@ fn relay(
             headers.insert(name, value.clone());
         }
     }
-    headers.insert(REQUEST_ID, out.request_id);
+    headers.insert(REQUEST_ID, out.request_id.clone());
     headers.insert(PROMPT_TOKENS, HeaderValue::from(out.prompt_tokens));
     response.headers_mut().extend(headers);
     response

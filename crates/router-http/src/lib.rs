@@ -28,6 +28,7 @@
 
 mod api;
 mod app;
+mod attempts;
 mod config;
 mod connections;
 mod dispatch;
@@ -35,6 +36,7 @@ mod error;
 mod metrics;
 mod prepare;
 mod relay;
+mod retries;
 mod routing;
 mod server;
 mod tokenize;
@@ -43,7 +45,8 @@ pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
     AdminConfig, AffinitySettings, EngineConfig, EngineRole, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
+    LoadConfig, ModelConfig, RetryConfig, RolePolicies, RouterConfig, TimeoutConfig,
+    ValidatedConfig,
 };
 pub use error::ApiError;
 pub use router_policy::ConfigError;

@@ -49,6 +49,11 @@ pub(crate) struct ModelStageLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabels {
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ModelLabels {
     pub(crate) model: Arc<str>,
 }
@@ -78,6 +83,10 @@ pub(crate) struct Metrics {
     pub(crate) predicted_cached_tokens: Family<ModelStageLabels, Counter>,
     /// Prompt tokens of the picks that made such a prediction (the denominator).
     pub(crate) predicted_prompt_tokens: Family<ModelStageLabels, Counter>,
+    /// Requests sent again to another engine, by why the engine never started them.
+    pub(crate) retries: Family<ReasonLabels, Counter>,
+    /// Retries the budget refused (the request failed with its first engine's error).
+    pub(crate) retries_refused: Counter,
 }
 
 impl Metrics {
@@ -127,6 +136,18 @@ impl Metrics {
             "Prompt tokens of the picks that predicted cached tokens, by model and stage",
             predicted_prompt_tokens.clone(),
         );
+        let retries = Family::default();
+        registry.register(
+            "retries",
+            "Requests sent again to another engine, by why the engine never started them",
+            retries.clone(),
+        );
+        let retries_refused = Counter::default();
+        registry.register(
+            "retries_refused",
+            "Retries the router-wide retry budget refused",
+            retries_refused.clone(),
+        );
         router_fleet::register_metrics(fleet, &mut registry);
         registry.register_collector(Box::new(AffinityCollector(Arc::clone(affinity))));
         registry.register_collector(Box::new(prefix_cache::PrefixCacheCollector(Arc::clone(
@@ -140,6 +161,8 @@ impl Metrics {
             time_to_first_token,
             predicted_cached_tokens,
             predicted_prompt_tokens,
+            retries,
+            retries_refused,
         }
     }
 

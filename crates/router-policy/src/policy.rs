@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use router_state::{Engine, Role};
+use router_state::{Engine, EngineId, Role};
 
 use crate::cache::PrefixMemo;
 use crate::error::PickError;
@@ -65,6 +65,9 @@ pub struct PickRequest<'a> {
     /// The request's prefix lookups, shared by every bucket attempt; without one a
     /// cache-aware policy looks up afresh.
     pub prefix_memo: Option<&'a PrefixMemo>,
+    /// Engines the pick must not return (the engines a retried request failed on):
+    /// the group leaves them out of the candidates a policy sees.
+    pub excluded: &'a [EngineId],
 }
 
 impl<'a> PickRequest<'a> {
@@ -80,6 +83,7 @@ impl<'a> PickRequest<'a> {
             session_key: None,
             routing_key: None,
             prefix_memo: None,
+            excluded: &[],
         }
     }
 
@@ -110,6 +114,12 @@ impl<'a> PickRequest<'a> {
     /// Sets the request's prefix-lookup memo.
     pub fn with_prefix_memo(mut self, memo: Option<&'a PrefixMemo>) -> Self {
         self.prefix_memo = memo;
+        self
+    }
+
+    /// Sets the engines the pick must not return.
+    pub fn with_excluded(mut self, engines: &'a [EngineId]) -> Self {
+        self.excluded = engines;
         self
     }
 }

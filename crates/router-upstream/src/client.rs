@@ -19,6 +19,12 @@ pub enum UpstreamError {
     /// The connection could not be made (refused, unreachable).
     #[error("connection failed: {0}")]
     Connect(String),
+    /// The connection was not made within the connect timeout.
+    #[error("timed out: connect timeout")]
+    ConnectTimeout,
+    /// The connection broke before the request was written.
+    #[error("the connection broke before the request was written: {0}")]
+    NotWritten(String),
     /// Connecting, or reading a probe's or introspection's answer, took too long.
     #[error("timed out: {0}")]
     Timeout(&'static str),
@@ -37,10 +43,22 @@ impl UpstreamError {
     pub fn describe(&self) -> &'static str {
         match self {
             Self::Connect(_) => "connection failed",
+            Self::ConnectTimeout => "connect timeout",
+            Self::NotWritten(_) => "the connection broke before the request was written",
             Self::Timeout(what) => what,
             Self::NoHead => "no response head within the first-byte timeout",
             Self::Transport(_) => "the connection broke",
         }
+    }
+
+    /// Whether the engine never received the request (no connection was made, or it
+    /// broke before the request was written), so sending it to another engine cannot
+    /// run it twice.
+    pub fn never_sent(&self) -> bool {
+        matches!(
+            self,
+            Self::Connect(_) | Self::ConnectTimeout | Self::NotWritten(_)
+        )
     }
 }
 
@@ -48,7 +66,8 @@ impl From<H1Error> for UpstreamError {
     fn from(e: H1Error) -> Self {
         match e {
             H1Error::Connect(e) => Self::Connect(e.to_string()),
-            H1Error::ConnectTimeout => Self::Timeout("connect timeout"),
+            H1Error::ConnectTimeout => Self::ConnectTimeout,
+            H1Error::NotWritten(e) => Self::NotWritten(e.to_string()),
             e => Self::Transport(e.to_string()),
         }
     }

@@ -46,6 +46,10 @@ pub enum H1Error {
     /// The TCP connection was not made within the connect timeout.
     #[error("connect timeout")]
     ConnectTimeout,
+    /// A new connection broke before the request was written (the engine reset it):
+    /// the engine never read the request.
+    #[error("the connection broke before the request was written: {0}")]
+    NotWritten(io::Error),
     /// Reading or writing the connection failed.
     #[error("{0}")]
     Io(io::Error),
@@ -176,6 +180,11 @@ impl H1Client {
         let stream = self.connect(authority).await?;
         match exchange(stream, &head, body).await {
             Ok(exchanged) => Ok(self.response(exchanged, authority)),
+            Err(Failure {
+                error: H1Error::Io(e),
+                sent: false,
+                ..
+            }) => Err(H1Error::NotWritten(e)),
             Err(failure) => Err(failure.error),
         }
     }

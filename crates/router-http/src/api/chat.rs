@@ -12,16 +12,17 @@ use axum::routing::{MethodRouter, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use router_buckets::{BucketRequest, EnginePicks};
+use router_buckets::BucketRequest;
 use router_policy::PrefixMemo;
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
 use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
-use crate::dispatch::{Leg, Outgoing, REQUEST_ID, dispatch};
+use crate::attempts;
+use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
-use crate::metrics::{ModelStageLabels, PickLabels, RequestLabels};
+use crate::metrics::RequestLabels;
 use crate::prepare::{Endpoint, prepare};
 use crate::routing::ModelRoute;
 
@@ -275,33 +276,6 @@ async fn route(
         Ok(selection) => selection,
         Err(e) => return (model, Err(ApiError::from(e))),
     };
-    for pick in selection.pick.engines.iter() {
-        let labels = PickLabels {
-            model: Arc::clone(&model),
-            bucket: Arc::clone(&selection.pick.bucket),
-            stage: pick.engine.role().as_str(),
-            engine: Arc::clone(pick.engine.id().as_arc_str()),
-            reason: pick.reason.as_str(),
-        };
-        ctx.metrics.picks.get_or_create(&labels).inc();
-        if let Some(cached) = pick.predicted_cached_tokens {
-            let labels = ModelStageLabels {
-                model: Arc::clone(&model),
-                stage: pick.engine.role().as_str(),
-            };
-            ctx.metrics
-                .predicted_cached_tokens
-                .get_or_create(&labels)
-                .inc_by(cached);
-            ctx.metrics
-                .predicted_prompt_tokens
-                .get_or_create(&labels)
-                .inc_by(prepared.input_tokens);
-        }
-    }
-    if let EnginePicks::Pd { prefill, decode } = &selection.pick.engines {
-        tracing::debug!(bucket = %selection.pick.bucket, prefill = %prefill.engine.id(), decode = %decode.engine.id(), "selected");
-    }
     let out = Outgoing {
         leg: Leg {
             path: endpoint.path,
@@ -314,5 +288,6 @@ async fn route(
         request_id,
         started,
     };
-    (model, dispatch(ctx, selection, out).await)
+    let answer = attempts::run(ctx, &route, &request, selection.pick, &out).await;
+    (model, answer)
 }

@@ -33,6 +33,7 @@ pub struct ValidatedConfig {
     pub(crate) client: ClientLimits,
     /// Prompts tokenized at once.
     pub(crate) tokenize_concurrency: usize,
+    pub(crate) retries: super::RetryConfig,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
     pub(crate) load: Arc<EngineReportedLoadTable>,
@@ -149,6 +150,7 @@ impl RouterConfig {
                 pool_idle: Duration::from_millis(self.timeouts.pool_idle_ms),
             },
             idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
+            retries: self.retries,
             tokenize_concurrency: self.limits.tokenize_concurrency.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
             }),

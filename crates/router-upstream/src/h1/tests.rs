@@ -414,3 +414,27 @@ async fn an_answer_that_comes_before_the_body_is_written_is_read() {
     assert_eq!(text, "too large");
     drop(done);
 }
+
+#[tokio::test]
+async fn a_connection_reset_before_the_request_was_written_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let engine = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        // The request has begun arriving; closing with unread bytes resets the
+        // connection while the rest is still being written.
+        let mut first = [0_u8; 1];
+        stream.read_exact(&mut first).await.unwrap();
+        drop(stream);
+    });
+    let body = Bytes::from(vec![b'x'; 64 << 20]);
+    let result = timeout(GUARD, client().request("POST", &authority, "/", &[], &body))
+        .await
+        .expect("no hang");
+    assert!(
+        matches!(result, Err(H1Error::NotWritten(_))),
+        "{:?}",
+        result.map(|r| r.status())
+    );
+    engine.await.unwrap();
+}

@@ -1,0 +1,101 @@
+//! A request's attempts: its selection dispatched and, when the engine never started
+//! the request, another engine of the same bucket (PD: both legs again, with a fresh
+//! bootstrap room) within the attempt limit and the router-wide retry budget. The
+//! bucket loop is not resumed: a retry is picked by the bucket first chosen, with the
+//! engines that failed left out.
+
+use std::sync::Arc;
+
+use axum::response::Response;
+use router_buckets::{BucketPick, BucketRequest, EnginePicks};
+use router_state::EngineId;
+
+use crate::app::AppContext;
+use crate::dispatch::{Failed, Outgoing, dispatch};
+use crate::error::ApiError;
+use crate::metrics::{ModelStageLabels, PickLabels, ReasonLabels};
+use crate::routing::ModelRoute;
+
+/// Dispatches `pick`, and picks and dispatches again while a failure may be retried.
+pub(crate) async fn run(
+    ctx: &Arc<AppContext>,
+    route: &ModelRoute,
+    request: &BucketRequest<'_>,
+    mut pick: BucketPick,
+    out: &Outgoing,
+) -> Result<Response, ApiError> {
+    ctx.retries.record_request();
+    let mut failed_engines: Vec<EngineId> = Vec::new();
+    let mut attempt = 1;
+    loop {
+        count_picks(ctx, out, &pick, request.input_tokens);
+        let bucket = Arc::clone(&pick.bucket);
+        let Failed { answer, retry } = match dispatch(ctx, pick, out).await {
+            Ok(response) => return Ok(response),
+            Err(failed) => failed,
+        };
+        let Some(retry) = retry.filter(|_| attempt < ctx.retries.max_attempts()) else {
+            return answer;
+        };
+        failed_engines.push(retry.engine);
+        let again = match route.resolver.get(&bucket) {
+            Some(bucket) => bucket
+                .pick_engines(
+                    &ctx.fleet.snapshot(),
+                    &request.with_excluded(&failed_engines),
+                )
+                .await
+                .ok(),
+            None => None,
+        };
+        let Some(again) = again else {
+            tracing::debug!(%bucket, reason = retry.reason.as_str(), "no other engine to retry on");
+            return answer;
+        };
+        if !ctx.retries.try_retry() {
+            ctx.metrics.retries_refused.inc();
+            tracing::warn!(%bucket, reason = retry.reason.as_str(), "retry budget spent: not retried");
+            return answer;
+        }
+        // The failed attempt's answer (with its in-flight guards) goes before the next.
+        drop(answer);
+        let labels = ReasonLabels {
+            reason: retry.reason.as_str(),
+        };
+        ctx.metrics.retries.get_or_create(&labels).inc();
+        tracing::info!(%bucket, engine = %failed_engines.last().map_or("", |e| e.as_str()), reason = retry.reason.as_str(), attempt, "sent to another engine");
+        pick = again;
+        attempt += 1;
+    }
+}
+
+/// Counts the attempt's picks, and the cached tokens cache-aware picks predicted.
+fn count_picks(ctx: &AppContext, out: &Outgoing, pick: &BucketPick, input_tokens: u64) {
+    for engine in pick.engines.iter() {
+        let labels = PickLabels {
+            model: Arc::clone(&out.model),
+            bucket: Arc::clone(&pick.bucket),
+            stage: engine.engine.role().as_str(),
+            engine: Arc::clone(engine.engine.id().as_arc_str()),
+            reason: engine.reason.as_str(),
+        };
+        ctx.metrics.picks.get_or_create(&labels).inc();
+        if let Some(cached) = engine.predicted_cached_tokens {
+            let labels = ModelStageLabels {
+                model: Arc::clone(&out.model),
+                stage: engine.engine.role().as_str(),
+            };
+            ctx.metrics
+                .predicted_cached_tokens
+                .get_or_create(&labels)
+                .inc_by(cached);
+            ctx.metrics
+                .predicted_prompt_tokens
+                .get_or_create(&labels)
+                .inc_by(input_tokens);
+        }
+    }
+    if let EnginePicks::Pd { prefill, decode } = &pick.engines {
+        tracing::debug!(bucket = %pick.bucket, prefill = %prefill.engine.id(), decode = %decode.engine.id(), "selected");
+    }
+}
