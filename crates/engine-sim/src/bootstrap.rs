@@ -18,8 +18,17 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-/// Ready rooms remembered for late decode requests.
+/// Ready rooms remembered for late decode requests, and vLLM transfers offered.
 const READY_ROOMS_KEPT: usize = 65_536;
+
+/// What a vLLM prefill offers a decode engine: its KV blocks of one request, taken
+/// once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Transfer {
+    pub(crate) engine_id: String,
+    pub(crate) block_ids: Vec<u64>,
+    pub(crate) prompt_tokens: u64,
+}
 
 /// What a ready room hands over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +47,8 @@ pub(crate) struct Rooms {
 struct RoomTable {
     rooms: HashMap<u64, watch::Sender<Option<RoomInfo>>>,
     ready_order: VecDeque<u64>,
+    transfers: HashMap<String, Transfer>,
+    transfer_order: VecDeque<String>,
 }
 
 impl Rooms {
@@ -55,6 +66,24 @@ impl Rooms {
         {
             table.rooms.remove(&oldest);
         }
+    }
+
+    /// Offers a vLLM transfer under `id` (the prefill's `remote_request_id`).
+    pub(crate) fn offer(&self, id: String, transfer: Transfer) {
+        let mut table = self.inner.lock();
+        table.transfers.insert(id.clone(), transfer);
+        table.transfer_order.push_back(id);
+        if table.transfer_order.len() > READY_ROOMS_KEPT
+            && let Some(oldest) = table.transfer_order.pop_front()
+        {
+            table.transfers.remove(&oldest);
+        }
+    }
+
+    /// Takes the transfer offered under `id`: a second decode of the same params
+    /// finds nothing, as the prefill frees its blocks once they are read.
+    pub(crate) fn take(&self, id: &str) -> Option<Transfer> {
+        self.inner.lock().transfers.remove(id)
     }
 
     /// Waits up to `timeout` for a room to become ready.
@@ -95,7 +124,19 @@ struct WaitParams {
 pub(crate) fn router(rooms: Arc<Rooms>) -> axum::Router {
     axum::Router::new()
         .route("/rooms/{room}", axum::routing::get(wait_room))
+        .route("/transfers/{id}", axum::routing::post(take_transfer))
         .with_state(rooms)
+}
+
+async fn take_transfer(State(rooms): State<Arc<Rooms>>, Path(id): Path<String>) -> Response {
+    match rooms.take(&id) {
+        Some(transfer) => Json(transfer).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no transfer {id} is offered"),
+        )
+            .into_response(),
+    }
 }
 
 async fn wait_room(

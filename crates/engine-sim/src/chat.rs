@@ -13,8 +13,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::bootstrap::{RoomInfo, fetch_room};
-use crate::config::EngineRole;
+use crate::config::{EngineRole, PdProtocol};
 use crate::engine::Run;
+use crate::nixl;
 use crate::server::AppState;
 use crate::tokenizer::{ChatMessage, output_word};
 use crate::visits::Visit;
@@ -52,6 +53,9 @@ struct ChatRequest {
     bootstrap_port: Option<PerPrompt<u16>>,
     #[serde(default)]
     bootstrap_room: Option<PerPrompt<u64>>,
+    /// vLLM's prefill/decode hand-over.
+    #[serde(default)]
+    kv_transfer_params: Option<Value>,
 }
 
 /// A bootstrap field: one value, or a batch's list with one value a prompt.
@@ -281,6 +285,7 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         "bootstrap_port": bootstrap.port,
         "bootstrap_room": bootstrap.room,
         "batch": batch,
+        "kv_transfer_params": request.kv_transfer_params,
         "request_id": request_id,
     }));
     app.engine.faults().hold(0).await;
@@ -320,9 +325,27 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
     if tokens.is_empty() {
         return error_response(StatusCode::BAD_REQUEST, "the prompt has no tokens").into();
     }
-    let run = match start_run(&app, &bootstrap, tokens).await {
-        Ok(run) => run,
-        Err(response) => return (*response).into(),
+    let run = if app.config.pd_protocol == PdProtocol::Vllm {
+        let handover = match app.config.role {
+            EngineRole::Prefill => {
+                nixl::check_prefill(request.kv_transfer_params.as_ref(), request.stream, limit)
+            }
+            EngineRole::Decode => match &request.kv_transfer_params {
+                Some(params) => nixl::receive(&app, params).await,
+                // No hand-over: the decode engine computes the prompt itself.
+                None => Ok(()),
+            },
+            EngineRole::Plain => Ok(()),
+        };
+        if let Err(e) = handover {
+            return error_response(StatusCode::BAD_REQUEST, e).into();
+        }
+        app.engine.start(tokens, None)
+    } else {
+        match start_run(&app, &bootstrap, tokens).await {
+            Ok(run) => run,
+            Err(response) => return (*response).into(),
+        }
     };
     let wanted = limit.unwrap_or(u64::from(app.config.output_tokens));
     let output_tokens = if app.config.role == EngineRole::Prefill {
@@ -357,6 +380,7 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         produced: 0,
         text: String::new(),
         batch,
+        transfer: None,
     };
     if request.stream {
         let include_usage =
@@ -436,6 +460,8 @@ struct Generation {
     text: String,
     /// Whether the prompt came as a batch (of one): `/generate` answers with a list.
     batch: bool,
+    /// A vLLM prefill's `kv_transfer_params`, once its prompt is computed.
+    transfer: Option<Value>,
 }
 
 impl Generation {
@@ -446,6 +472,11 @@ impl Generation {
             return;
         }
         self.cached_tokens = self.run.prefill().await;
+        if self.app.config.pd_protocol == PdProtocol::Vllm
+            && self.app.config.role == EngineRole::Prefill
+        {
+            self.transfer = Some(nixl::offer(&self.app, self.run.prompt_tokens()));
+        }
         if let (Some(rooms), Some(room)) = (&self.app.rooms, self.room) {
             rooms.mark_ready(RoomInfo {
                 room,
@@ -575,7 +606,7 @@ async fn json_response(mut generation: Generation) -> Response {
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason}),
         ),
     };
-    let body = json!({
+    let mut body = json!({
         "id": generation.id,
         "object": object,
         "created": generation.created,
@@ -583,6 +614,9 @@ async fn json_response(mut generation: Generation) -> Response {
         "choices": [choice],
         "usage": generation.usage(),
     });
+    if let Some(params) = generation.transfer.take() {
+        body["kv_transfer_params"] = params;
+    }
     (
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),

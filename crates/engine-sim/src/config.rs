@@ -27,6 +27,16 @@ impl EngineRole {
     }
 }
 
+/// How a prefill engine hands a request's KV cache to a decode engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PdProtocol {
+    /// SGLang's: both legs at once, meeting in a bootstrap room.
+    Sglang,
+    /// vLLM's NIXL connector: the prefill answers with `kv_transfer_params`, which the
+    /// decode leg brings (no `/server_info`, as on vLLM).
+    Vllm,
+}
+
 /// How KV events are encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EventForm {
@@ -96,6 +106,10 @@ pub struct SimConfig {
     /// Bootstrap port of a prefill engine's KV hand-over server (0 = any free port).
     #[arg(long)]
     pub bootstrap_port: Option<u16>,
+    /// The prefill/decode hand-over (a vLLM prefill engine serves its transfers on
+    /// the bootstrap port, its side channel).
+    #[arg(long, value_enum, default_value_t = PdProtocol::Sglang)]
+    pub pd_protocol: PdProtocol,
     /// How long a decode engine waits for a prefill engine's room, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub bootstrap_timeout_ms: u64,

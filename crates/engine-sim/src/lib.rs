@@ -6,7 +6,8 @@
 //! a shared misunderstanding could otherwise pass every test. It speaks the OpenAI chat
 //! API (JSON and SSE), `/server_info`, `/metrics` and `/flush_cache`; publishes KV-cache
 //! events and the `LoadStat` gauge over ZeroMQ per data-parallel rank with replay;
-//! hands prompts from prefill to decode engines through bootstrap rooms; and models a
+//! hands prompts from prefill to decode engines through bootstrap rooms (SGLang) or
+//! `kv_transfer_params` (vLLM's NIXL connector); and models a
 //! paged prefix cache and a scheduler, so time to first token depends on cache hits
 //! and load as on a real engine. Faults can be switched on by flag or at runtime.
 //!
@@ -37,12 +38,13 @@ mod engine;
 mod events;
 mod faults;
 mod load_stat;
+mod nixl;
 mod publish;
 mod server;
 mod tokenizer;
 mod visits;
 
-pub use config::{EngineRole, EventForm, LoadForm, SimConfig};
+pub use config::{EngineRole, EventForm, LoadForm, PdProtocol, SimConfig};
 pub use engine::{EngineSpec, LoadSample, Run, Served, SimEngine};
 pub use faults::FaultConfig;
 pub use load_stat::{encode_basic_load_stat, encode_load_stat};

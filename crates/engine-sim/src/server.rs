@@ -21,7 +21,7 @@ use zeromq::{PubSocket, RouterSocket};
 
 use crate::bootstrap::{self, Rooms};
 use crate::chat::{chat_completions, completions, error_response, generate};
-use crate::config::{EngineRole, SimConfig};
+use crate::config::{EngineRole, PdProtocol, SimConfig};
 use crate::engine::{EngineSpec, SimEngine};
 use crate::faults::{FaultConfig, Faults};
 use crate::publish::{
@@ -93,6 +93,16 @@ const RECENT_REQUESTS: usize = 256;
 impl AppState {
     pub(crate) fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The bound ports.
+    pub(crate) fn ports(&self) -> &BoundPorts {
+        &self.ports
+    }
+
+    /// The engine's id in vLLM's transfer params (one per HTTP port).
+    pub(crate) fn engine_id(&self) -> String {
+        format!("sim-{}", self.ports.http.port())
     }
 
     /// Remembers a chat request's routing-relevant fields for `GET /admin/requests`.
@@ -404,7 +414,10 @@ async fn health(State(app): State<Arc<AppState>>) -> StatusCode {
     }
 }
 
-async fn server_info(State(app): State<Arc<AppState>>) -> Json<Value> {
+async fn server_info(State(app): State<Arc<AppState>>) -> Response {
+    if app.config.pd_protocol == PdProtocol::Vllm {
+        return error_response(StatusCode::NOT_FOUND, "vLLM serves no /server_info");
+    }
     let c = &app.config;
     let p = &app.ports;
     let kv_events = p.kv.first().map(|&base| {
@@ -437,6 +450,7 @@ async fn server_info(State(app): State<Arc<AppState>>) -> Json<Value> {
         "kv_events": kv_events,
         "version": concat!("switchyard-engine-sim ", env!("CARGO_PKG_VERSION")),
     }))
+    .into_response()
 }
 
 async fn models(State(app): State<Arc<AppState>>) -> Json<Value> {

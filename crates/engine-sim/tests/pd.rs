@@ -121,3 +121,93 @@ async fn a_batch_needs_a_list_of_bootstrap_fields_one_a_prompt() {
     prefill.shutdown().await;
     decode.shutdown().await;
 }
+
+fn vllm(role: EngineRole) -> SimConfig {
+    let mut config = self::role(role);
+    config.pd_protocol = engine_sim::PdProtocol::Vllm;
+    config
+}
+
+async fn post(engine: &engine_sim::RunningEngine, body: &Value) -> (u16, Value) {
+    let response = client()
+        .post(format!("{}/v1/chat/completions", engine.url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (
+        response.status().as_u16(),
+        response.json::<Value>().await.unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn vllm_decode_takes_the_blocks_a_prefill_offered_once_and_refuses_any_other_params() {
+    let prefill = engine(vllm(EngineRole::Prefill)).await;
+    let decode = engine(vllm(EngineRole::Decode)).await;
+    let info = client()
+        .get(format!("{}/server_info", prefill.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(info.status(), 404, "vLLM serves no /server_info");
+    let mut body = chat_body(&words(40, "nixl"));
+    let (status, refused) = post(&prefill, &body).await;
+    assert_eq!(status, 400, "{refused}");
+    body["kv_transfer_params"] = json!({"do_remote_decode": true});
+    body["max_tokens"] = json!(1);
+    let (status, prefilled) = post(&prefill, &body).await;
+    assert_eq!(status, 200, "{prefilled}");
+    let params = prefilled["kv_transfer_params"].clone();
+    assert_eq!(
+        (
+            &params["do_remote_prefill"],
+            &params["remote_port"],
+            params["remote_block_ids"][0].as_array().map(Vec::len)
+        ),
+        (
+            &json!(true),
+            &json!(prefill.ports().bootstrap.unwrap()),
+            Some(3)
+        ),
+        "40 prompt tokens in pages of 16: {params}"
+    );
+    let mut decoded = chat_body(&words(40, "nixl"));
+    decoded["kv_transfer_params"] = params.clone();
+    decoded["max_tokens"] = json!(4);
+    let (status, answer) = post(&decode, &decoded).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 4);
+    let (status, again) = post(&decode, &decoded).await;
+    assert_eq!(
+        (status, again["error"]["message"].as_str()),
+        (
+            400,
+            Some(
+                format!(
+                    "invalid KVTransferParams: no prefill offered {} (or it was taken already)",
+                    params["remote_request_id"].as_str().unwrap()
+                )
+                .as_str()
+            )
+        ),
+        "params are single-use"
+    );
+    let (_, prefilled) = post(&prefill, &body).await;
+    let mut forged = prefilled["kv_transfer_params"].clone();
+    forged["remote_engine_id"] = json!("someone-else");
+    decoded["kv_transfer_params"] = forged;
+    let (status, refused) = post(&decode, &decoded).await;
+    assert_eq!(
+        (status, refused["error"]["message"].as_str()),
+        (
+            400,
+            Some(
+                "invalid KVTransferParams: the engine id or block ids differ from what the prefill offered"
+            )
+        ),
+        "params no prefill offered"
+    );
+    prefill.shutdown().await;
+    decode.shutdown().await;
+}

@@ -180,7 +180,8 @@ async fn start_model(fleet: &Fleet, model: ModelPlan) -> Result<ModelRoute, Vec<
     };
     match resolver {
         Ok(resolver) if errors.is_empty() => {
-            Ok(ModelRoute::new(&model.id, resolver, model.tokenizer))
+            Ok(ModelRoute::new(&model.id, resolver, model.tokenizer)
+                .with_pd_protocol(model.pd_protocol))
         }
         Ok(_) => Err(errors),
         Err(e) => {

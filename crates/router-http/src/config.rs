@@ -106,6 +106,24 @@ pub struct ModelConfig {
     /// Default policies of this model's groups, overriding the router-wide ones.
     #[serde(default)]
     pub policies: RolePolicies,
+    /// How the model's prefill and decode engines hand a request over.
+    #[serde(default)]
+    pub pd_protocol: PdProtocol,
+}
+
+/// How a model's prefill and decode engines hand a request over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PdProtocol {
+    /// SGLang's bootstrap rendezvous: both legs sent at once, with the prefill
+    /// engine's bootstrap address and one fresh bootstrap room.
+    #[default]
+    Sglang,
+    /// vLLM's `kv_transfer_params` (its NIXL connector, as vLLM's own proxy drives
+    /// it): the prefill leg first, for one token and not streamed; the
+    /// `kv_transfer_params` of its answer then go with the decode leg, whose answer
+    /// the client gets.
+    Vllm,
 }
 
 impl ModelConfig {
@@ -119,6 +137,7 @@ impl ModelConfig {
             engines,
             buckets: None,
             policies: RolePolicies::default(),
+            pd_protocol: PdProtocol::default(),
         }
     }
 }

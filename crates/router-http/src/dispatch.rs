@@ -16,10 +16,13 @@ use router_upstream::{H1Body, UpstreamError};
 use tokio::time::Instant;
 
 use crate::app::AppContext;
+use crate::config::PdProtocol;
 use crate::error::ApiError;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
 use crate::retries::RetryReason;
+
+mod vllm;
 
 const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
 const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
@@ -47,6 +50,8 @@ pub(crate) struct Outgoing {
     pub(crate) body: Bytes,
     /// The number of prompts of a batch, which gets one bootstrap room a prompt.
     pub(crate) batch: Option<usize>,
+    /// How the model's prefill and decode engines hand the request over.
+    pub(crate) pd_protocol: PdProtocol,
     pub(crate) prompt_tokens: u64,
     pub(crate) model: Arc<str>,
     pub(crate) request_id: HeaderValue,
@@ -117,6 +122,9 @@ pub(crate) async fn dispatch(
                 return Err(refused(relayed, &engine));
             }
             Ok(relayed)
+        }
+        EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
+            vllm::dispatch(ctx, bucket, prefill.engine, decode.engine, out).await
         }
         EnginePicks::Pd { prefill, decode } => {
             let (prefill, decode) = (prefill.engine, decode.engine);
@@ -365,6 +373,12 @@ fn with_bootstrap(
             );
         }
     }
+    with_fields(body, &fields)
+}
+
+/// The body (a JSON object, as validated) with `fields` (`"key":value` pairs) appended
+/// to its top level: later keys win over any the client sent.
+fn with_fields(body: &Bytes, fields: &str) -> Bytes {
     let trimmed = body.trim_ascii_end();
     let object = trimmed.strip_suffix(b"}").unwrap_or(trimmed);
     let empty = object.trim_ascii_end().ends_with(b"{");

@@ -45,7 +45,7 @@ pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
     AdminConfig, AffinitySettings, EngineConfig, EngineRole, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, RetryConfig, RolePolicies, RouterConfig, TimeoutConfig,
+    LoadConfig, ModelConfig, PdProtocol, RetryConfig, RolePolicies, RouterConfig, TimeoutConfig,
     ValidatedConfig,
 };
 pub use error::ApiError;

@@ -31,6 +31,8 @@ pub(crate) struct Endpoint {
     parse: fn(&[u8]) -> Result<Parsed<'_>, ApiError>,
     /// Whether only plain engines serve it (prefill/decode engines generate).
     pub(crate) plain_only: bool,
+    /// Whether vLLM's prefill/decode hand-over serves it (its OpenAI endpoints).
+    pub(crate) vllm_pd: bool,
 }
 
 /// `POST /v1/chat/completions`.
@@ -38,6 +40,7 @@ pub(crate) const CHAT: Endpoint = Endpoint {
     path: "/v1/chat/completions",
     parse: chat::parse,
     plain_only: false,
+    vllm_pd: true,
 };
 
 /// `POST /v1/completions`.
@@ -45,6 +48,7 @@ pub(crate) const COMPLETIONS: Endpoint = Endpoint {
     path: "/v1/completions",
     parse: completions::parse,
     plain_only: false,
+    vllm_pd: true,
 };
 
 /// `POST /v1/embeddings`.
@@ -52,6 +56,7 @@ pub(crate) const EMBEDDINGS: Endpoint = Endpoint {
     path: "/v1/embeddings",
     parse: embeddings::parse,
     plain_only: true,
+    vllm_pd: false,
 };
 
 /// `POST /generate` (SGLang's native endpoint).
@@ -59,6 +64,7 @@ pub(crate) const GENERATE: Endpoint = Endpoint {
     path: "/generate",
     parse: generate::parse,
     plain_only: false,
+    vllm_pd: false,
 };
 
 /// The largest body whose prompt is tokenized on the request's own thread: at most

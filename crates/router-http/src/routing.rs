@@ -9,6 +9,7 @@ use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolve
 use router_policy::{ConfigError, PolicyHandles};
 use router_state::Engine;
 
+use crate::config::PdProtocol;
 use crate::tokenize::ChatTokenizer;
 
 /// A model's routing: its buckets and, when configured, its tokenizer.
@@ -18,6 +19,8 @@ pub(crate) struct ModelRoute {
     pub(crate) id: Arc<str>,
     pub(crate) resolver: BucketResolver,
     pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
+    /// How its prefill and decode engines hand a request over.
+    pub(crate) pd_protocol: PdProtocol,
 }
 
 impl ModelRoute {
@@ -43,7 +46,14 @@ impl ModelRoute {
             id: Arc::from(id),
             resolver,
             tokenizer,
+            pd_protocol: PdProtocol::default(),
         }
+    }
+
+    /// With `protocol` for its prefill/decode hand-over.
+    pub(crate) fn with_pd_protocol(mut self, protocol: PdProtocol) -> Self {
+        self.pd_protocol = protocol;
+        self
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
 use crate::attempts;
+use crate::config::PdProtocol;
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
 use crate::metrics::RequestLabels;
@@ -216,9 +217,17 @@ async fn route(
             })?,
         });
         // Refused before its prompt is tokenized.
-        if endpoint.plain_only && !found.resolver.has_plain_bucket() {
+        let pd_only = !found.resolver.has_plain_bucket();
+        if pd_only && endpoint.plain_only {
             let message = format!(
                 "model {:?} is served by prefill/decode engines, which do not serve {}",
+                found.id, endpoint.path
+            );
+            return Err(ApiError::invalid("invalid_model", "model", message));
+        }
+        if pd_only && found.pd_protocol == PdProtocol::Vllm && !endpoint.vllm_pd {
+            let message = format!(
+                "model {:?} is served by vLLM prefill/decode engines, whose hand-over serves /v1/chat/completions and /v1/completions, not {}",
                 found.id, endpoint.path
             );
             return Err(ApiError::invalid("invalid_model", "model", message));
@@ -283,6 +292,7 @@ async fn route(
         },
         body,
         batch: prepared.batch,
+        pd_protocol: route.pd_protocol,
         prompt_tokens: prepared.input_tokens,
         model: Arc::clone(&model),
         request_id,

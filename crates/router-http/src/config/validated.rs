@@ -82,6 +82,7 @@ pub(crate) struct ModelPlan {
     /// Kept by the fleet before the engines join, so their KV events feed it.
     pub(crate) prefix_index: Option<Arc<PrefixIndex>>,
     pub(crate) routing: ModelRouting,
+    pub(crate) pd_protocol: super::PdProtocol,
 }
 
 /// A model's buckets: built, or to build once introspection has told the roles its
@@ -247,6 +248,7 @@ fn plan_model(
         engines,
         prefix_index,
         routing,
+        pd_protocol: model.pd_protocol,
     })
 }
 

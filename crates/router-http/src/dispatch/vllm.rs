@@ -1,0 +1,265 @@
+//! vLLM's prefill/decode hand-over (its NIXL connector, driven as vLLM's own proxy
+//! drives it): the prefill leg first, for one token, not streamed, with
+//! `kv_transfer_params` asking for a remote decode; the `kv_transfer_params` of its
+//! answer, copied byte for byte, then go with the client's own body to the decode
+//! leg, whose answer the client gets. A prefill that fails never reaches the decode
+//! engine; a client that leaves while the prefill computes closes its connection,
+//! which is how vLLM learns to abort it.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use router_state::Engine;
+use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::{DECODE, Failed, Leg, Outgoing, PREFILL, refused, relay, send, with_fields};
+use crate::app::AppContext;
+use crate::error::ApiError;
+
+/// The largest prefill answer read: one generated token and its metadata.
+const MAX_PREFILL_ANSWER_BYTES: usize = 4 << 20;
+
+/// What the prefill leg is told: compute the prompt and hold its KV for a remote
+/// decode.
+const REMOTE_DECODE: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
+/// Fields of the client's body the prefill leg does without: it is not streamed
+/// (vLLM refuses `stream_options` then) and generates one token (a minimum above one
+/// would contradict it).
+const DROPPED: [&str; 7] = [
+    "kv_transfer_params",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+    "min_completion_tokens",
+];
+
+/// Sends the prefill leg, then the decode leg with the prefill's `kv_transfer_params`.
+pub(super) async fn dispatch(
+    ctx: &Arc<AppContext>,
+    bucket: HeaderValue,
+    prefill: Arc<Engine>,
+    decode: Arc<Engine>,
+    out: &Outgoing,
+) -> Result<Response, Failed> {
+    if out.batch.is_some_and(|n| n > 1) {
+        return Err(ApiError::invalid(
+            "invalid_prompt",
+            "prompt",
+            "vLLM prefill/decode engines take one prompt a request",
+        )
+        .into());
+    }
+    let guards = vec![
+        ctx.fleet.load().acquire(prefill.id()),
+        ctx.fleet.load().acquire(decode.id()),
+    ];
+    let mut headers = HeaderMap::new();
+    headers.insert(super::BUCKET, bucket);
+    headers.insert(PREFILL, super::id_header(&prefill));
+    headers.insert(DECODE, super::id_header(&decode));
+    let whole = Leg {
+        path: out.leg.path,
+        stream: false,
+    };
+    let answer = send(
+        ctx,
+        &prefill,
+        "prefill",
+        whole,
+        prefill_body(&out.body)?,
+        &out.request_id,
+    )
+    .await?;
+    if answer.status() == StatusCode::TOO_MANY_REQUESTS {
+        let relayed = relay(ctx, answer, None, headers, out, guards);
+        return Err(refused(relayed, &prefill));
+    }
+    if !answer.status().is_success() {
+        // The client's own error (say, a prompt past the model's context).
+        return Ok(relay(ctx, answer, None, headers, out, guards));
+    }
+    let failed = |what: &dyn fmt::Display| {
+        ApiError::upstream(format!("prefill engine {}: {what}", prefill.id()))
+    };
+    let read = Limited::new(answer.into_body(), MAX_PREFILL_ANSWER_BYTES).collect();
+    let answer = match tokio::time::timeout(ctx.idle_timeout, read).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => return Err(failed(&format_args!("its answer could not be read: {e}")).into()),
+        Err(_) => return Err(failed(&"its answer stopped arriving").into()),
+    };
+    let params = transfer_params(&answer).map_err(|e| failed(&e))?;
+    let body = match params {
+        Some(params) => with_fields(&out.body, &format!(r#""kv_transfer_params":{params}"#)),
+        // No hand-over (the prefill did not finish length-capped): the decode engine
+        // computes the prompt itself, as vLLM's proxy lets it.
+        None => out.body.clone(),
+    };
+    let response = send(ctx, &decode, "decode", out.leg, body, &out.request_id).await?;
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        let relayed = relay(ctx, response, None, headers, out, guards);
+        return Err(refused(relayed, &decode));
+    }
+    Ok(relay(ctx, response, None, headers, out, guards))
+}
+
+/// The prefill leg's body: the client's, without [`DROPPED`], then asking for a
+/// remote decode of one token, not streamed (`max_completion_tokens` only when the
+/// client sent it, as vLLM's proxy does).
+fn prefill_body(body: &Bytes) -> Result<Bytes, ApiError> {
+    let fields: Fields<'_> = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_body(format!("the body is not a JSON object: {e}")))?;
+    let mut out = String::with_capacity(body.len() + REMOTE_DECODE.len() + 64);
+    out.push('{');
+    let mut completion_budget = false;
+    for (key, value) in &fields.0 {
+        if DROPPED.contains(&key.as_ref()) {
+            completion_budget |= key == "max_completion_tokens";
+            continue;
+        }
+        out.push_str(&serde_json::to_string(key).expect("a string serializes"));
+        out.push(':');
+        out.push_str(value.get());
+        out.push(',');
+    }
+    out.push_str(r#""kv_transfer_params":"#);
+    out.push_str(REMOTE_DECODE);
+    out.push_str(r#","stream":false,"max_tokens":1"#);
+    if completion_budget {
+        out.push_str(r#","max_completion_tokens":1"#);
+    }
+    out.push('}');
+    Ok(Bytes::from(out))
+}
+
+/// The `kv_transfer_params` of a prefill's answer, as sent; `None` when absent or
+/// null.
+fn transfer_params(answer: &[u8]) -> Result<Option<&str>, String> {
+    #[derive(Deserialize)]
+    struct Answer<'a> {
+        #[serde(default, borrow)]
+        kv_transfer_params: Option<&'a RawValue>,
+    }
+    let answer: Answer<'_> = serde_json::from_slice(answer)
+        .map_err(|e| format!("its answer is not a JSON object: {e}"))?;
+    Ok(answer
+        .kv_transfer_params
+        .map(RawValue::get)
+        .filter(|params| *params != "null"))
+}
+
+/// A JSON object's top-level fields in order, their values as sent.
+struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(FieldsVisitor)
+    }
+}
+
+struct FieldsVisitor;
+
+impl<'de> Visitor<'de> for FieldsVisitor {
+    type Value = Fields<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+        let mut fields = Vec::new();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            fields.push((key.0, map.next_value::<&'de RawValue>()?));
+        }
+        Ok(Fields(fields))
+    }
+}
+
+/// A field name, borrowed from the body unless it holds escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+
+            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    #[test]
+    fn the_prefill_leg_asks_for_a_remote_decode_of_one_token_not_streamed() {
+        let body = Bytes::from(
+            json!({
+                "model": "m", "messages": [{"role": "user", "content": "hi \"there\""}],
+                "stream": true, "stream_options": {"include_usage": true},
+                "max_tokens": 50, "max_completion_tokens": 60, "min_tokens": 5,
+                "kv_transfer_params": {"do_remote_prefill": true}, "temperature": 0.5,
+                "esc\u{e9}ped": 1
+            })
+            .to_string(),
+        );
+        let sent: Value = serde_json::from_slice(&prefill_body(&body).unwrap()).unwrap();
+        assert_eq!(
+            sent,
+            json!({
+                "model": "m", "messages": [{"role": "user", "content": "hi \"there\""}],
+                "temperature": 0.5, "esc\u{e9}ped": 1,
+                "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
+                    "remote_engine_id": null, "remote_block_ids": null,
+                    "remote_host": null, "remote_port": null},
+                "stream": false, "max_tokens": 1, "max_completion_tokens": 1,
+            })
+        );
+        let plain = Bytes::from_static(br#"{"model":"m","prompt":"x"}"#);
+        let sent: Value = serde_json::from_slice(&prefill_body(&plain).unwrap()).unwrap();
+        assert_eq!(sent["max_tokens"], 1);
+        assert!(
+            sent.get("max_completion_tokens").is_none(),
+            "only when the client sent it"
+        );
+    }
+
+    #[test]
+    fn the_prefills_transfer_params_are_taken_as_sent() {
+        let answer = br#"{"id":"x","kv_transfer_params":{"remote_block_ids":[[1, 2]],"tp_size":1},"choices":[]}"#;
+        assert_eq!(
+            transfer_params(answer).unwrap(),
+            Some(r#"{"remote_block_ids":[[1, 2]],"tp_size":1}"#)
+        );
+        assert_eq!(
+            transfer_params(br#"{"kv_transfer_params":null}"#).unwrap(),
+            None
+        );
+        assert_eq!(transfer_params(b"{}").unwrap(), None);
+        assert!(transfer_params(b"not json").is_err());
+    }
+}

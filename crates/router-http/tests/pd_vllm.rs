@@ -1,0 +1,194 @@
+//! vLLM's prefill/decode hand-over through the router, against simulated engines in
+//! vLLM mode (no `/server_info`; a decode engine refuses `kv_transfer_params` no
+//! prefill offered).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use engine_sim::{RunningEngine, SimConfig, Visits};
+use router_http::{EngineRole, ModelConfig, PdProtocol, RunningRouter};
+use serde_json::{Value, json};
+
+const GUARD: Duration = Duration::from_secs(30);
+
+async fn vllm(
+    role: engine_sim::EngineRole,
+    configure: impl FnOnce(&mut SimConfig),
+) -> RunningEngine {
+    sim(|c| {
+        c.role = role;
+        c.pd_protocol = engine_sim::PdProtocol::Vllm;
+        if role == engine_sim::EngineRole::Prefill {
+            c.bootstrap_port = Some(0);
+        }
+        configure(c);
+    })
+    .await
+}
+
+async fn vllm_router(prefill: &RunningEngine, decode: &RunningEngine) -> RunningRouter {
+    let mut model = ModelConfig::new(
+        "m",
+        vec![
+            engine("P1", prefill, EngineRole::Prefill),
+            engine("D1", decode, EngineRole::Decode),
+        ],
+    );
+    model.pd_protocol = PdProtocol::Vllm;
+    router(config(vec![model])).await
+}
+
+async fn send(router: &RunningRouter, path: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url(router, path))
+        .json(body)
+        .send()
+        .await
+        .expect("the router answers")
+}
+
+#[tokio::test]
+async fn the_prefill_runs_first_and_its_transfer_params_go_with_the_decode_leg() {
+    let (prefill, decode) = (
+        vllm(engine_sim::EngineRole::Prefill, |_| {}).await,
+        vllm(engine_sim::EngineRole::Decode, |_| {}).await,
+    );
+    let router = vllm_router(&prefill, &decode).await;
+    let mut streamed = chat("m", "stream it please");
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    streamed["max_tokens"] = json!(3);
+    let response = send(&router, "/v1/chat/completions", &streamed).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        (
+            response.headers()["x-switchyard-prefill"].to_str().unwrap(),
+            response.headers()["x-switchyard-decode"].to_str().unwrap()
+        ),
+        ("P1", "D1")
+    );
+    let text = response.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(text.contains(r#""completion_tokens":3"#), "{text}");
+    let completion = json!({"model": "m", "prompt": [5, 6, 7, 8], "max_tokens": 2});
+    let response = send(&router, "/v1/completions", &completion).await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 2);
+    let (p, d) = (
+        recent_requests(&prefill).await,
+        recent_requests(&decode).await,
+    );
+    assert_eq!((p.len(), d.len()), (2, 2));
+    for (p, d) in p.iter().zip(&d) {
+        assert_eq!(
+            (
+                &p["stream"],
+                &p["max_tokens"],
+                &p["kv_transfer_params"]["do_remote_decode"]
+            ),
+            (&json!(false), &json!(1), &json!(true)),
+            "the prefill leg: {p}"
+        );
+        assert_eq!(
+            d["kv_transfer_params"]["do_remote_prefill"], true,
+            "the decode leg brings the prefill's params: {d}"
+        );
+        assert!(d["kv_transfer_params"]["remote_request_id"].is_string());
+        assert_eq!(p["request_id"], d["request_id"], "one request id");
+    }
+    assert_eq!(
+        (&d[0]["stream"], &d[0]["max_tokens"], &d[1]["max_tokens"]),
+        (&json!(true), &json!(3), &json!(2)),
+        "the decode leg is the client's own request"
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_prefill_never_reaches_the_decode_engine() {
+    let (prefill, decode) = (
+        vllm(engine_sim::EngineRole::Prefill, |c| {
+            c.faults.error_rate = 1.0
+        })
+        .await,
+        vllm(engine_sim::EngineRole::Decode, |_| {}).await,
+    );
+    let router = vllm_router(&prefill, &decode).await;
+    let response = send(&router, "/v1/chat/completions", &chat("m", "fail first")).await;
+    assert_eq!(response.status(), 502);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(
+        error["error"]["message"],
+        "prefill engine P1 failed with status 500 Internal Server Error"
+    );
+    assert_eq!(decode.visits(), Visits::default(), "decode never asked");
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_during_the_prefill_aborts_it_and_never_reaches_the_decode_engine() {
+    // A prefill of 1,000 s a token is still computing whatever the test's pace.
+    let (prefill, decode) = (
+        vllm(engine_sim::EngineRole::Prefill, |c| {
+            c.prefill_tokens_per_sec = 0.001
+        })
+        .await,
+        vllm(engine_sim::EngineRole::Decode, |_| {}).await,
+    );
+    let router = vllm_router(&prefill, &decode).await;
+    let request = {
+        let url = url(&router, "/v1/chat/completions");
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .json(&chat("m", "never mind"))
+                .send()
+                .await
+        })
+    };
+    tokio::time::timeout(GUARD, prefill.visits_until(|v| v.open == 1))
+        .await
+        .expect("the prefill leg arrives");
+    request.abort();
+    let settled = tokio::time::timeout(GUARD, prefill.visits_until(|v| v.open == 0))
+        .await
+        .expect("the prefill leg ends");
+    assert_eq!(settled.abandoned, 1, "the prefill was aborted");
+    let load = prefill.engine().load();
+    assert_eq!(load.running_requests + load.waiting_requests, 0);
+    assert_eq!(decode.visits(), Visits::default(), "decode never asked");
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn generate_and_batches_are_refused_before_any_engine_is_asked() {
+    let (prefill, decode) = (
+        vllm(engine_sim::EngineRole::Prefill, |_| {}).await,
+        vllm(engine_sim::EngineRole::Decode, |_| {}).await,
+    );
+    let router = vllm_router(&prefill, &decode).await;
+    let generate = send(&router, "/generate", &json!({"text": "hello"})).await;
+    assert_eq!(generate.status(), 400);
+    let error: Value = generate.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "invalid_model");
+    let batch = send(
+        &router,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": ["one", "two"]}),
+    )
+    .await;
+    assert_eq!(batch.status(), 400);
+    let error: Value = batch.json().await.unwrap();
+    assert_eq!(
+        error["error"]["message"],
+        "vLLM prefill/decode engines take one prompt a request"
+    );
+    assert_eq!(
+        (prefill.visits(), decode.visits()),
+        (Visits::default(), Visits::default())
+    );
+    router.shutdown().await;
+}
