@@ -461,30 +461,42 @@ async fn models(State(app): State<Arc<AppState>>) -> Json<Value> {
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    let load = app.engine.load();
     let model = &app.config.model;
-    let usage = load.used_kv_tokens as f64 / load.max_kv_tokens.max(1) as f64;
-    let gauges = [
+    let ranks: Vec<_> = app.engine.ranks().iter().map(|r| r.load()).collect();
+    type Value = fn(&crate::engine::LoadSample) -> f64;
+    let gauges: [(&str, &str, Value); 3] = [
         (
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
-            load.running_requests as f64,
+            |l| l.running_requests as f64,
         ),
         (
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
-            load.waiting_requests as f64,
+            |l| l.waiting_requests as f64,
         ),
         (
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
-            usage,
+            |l| l.used_kv_tokens as f64 / l.max_kv_tokens.max(1) as f64,
         ),
     ];
     let mut text = String::new();
     for (name, help, value) in gauges {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (rank, load) in ranks.iter().enumerate() {
+            text.push_str(&format!(
+                "{name}{{engine=\"{rank}\",model_name=\"{model}\"}} {:?}\n",
+                value(load)
+            ));
+        }
+    }
+    let page = u64::from(app.config.page_size);
+    text.push_str("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n");
+    for (rank, load) in ranks.iter().enumerate() {
         text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name=\"{model}\"}} {value}\n"
+            "vllm:cache_config_info{{block_size=\"{page}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"{rank}\",num_gpu_blocks=\"{}\"}} 1.0\n",
+            load.max_kv_tokens / page.max(1)
         ));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

@@ -249,9 +249,11 @@ async fn health_metrics_and_flush() {
         .await
         .unwrap();
     for gauge in [
-        "vllm:num_requests_running{model_name=\"sim-model\"} 0",
-        "vllm:num_requests_waiting{model_name=\"sim-model\"} 0",
+        "vllm:num_requests_running{engine=\"0\",model_name=\"sim-model\"} 0.0\n",
+        "vllm:num_requests_waiting{engine=\"0\",model_name=\"sim-model\"} 0.0\n",
+        "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"sim-model\"} 0.0\n",
         "# TYPE vllm:kv_cache_usage_perc gauge",
+        "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"65536\"} 1.0\n",
     ] {
         assert!(metrics.contains(gauge), "{gauge} in {metrics}");
     }

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
@@ -18,6 +19,7 @@ use tokio::time::Instant;
 use crate::error::FleetError;
 use crate::feeds::{advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, HealthBook, HealthPolicy};
+use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE};
 
 /// What changed in the fleet, as observers see it.
@@ -67,6 +69,9 @@ pub struct Fleet {
     observers: ArcSwap<Vec<Observer>>,
     /// The largest message an engine's feeds may send.
     max_feed_message_bytes: usize,
+    /// How often an engine without a `LoadStat` feed has its `/metrics` read;
+    /// `None`: never.
+    metrics_interval: Option<Duration>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -99,7 +104,17 @@ impl Fleet {
             authorities: ArcSwap::default(),
             observers: ArcSwap::default(),
             max_feed_message_bytes: DEFAULT_MAX_FEED_MESSAGE_BYTES,
+            metrics_interval: Some(DEFAULT_METRICS_INTERVAL),
         }
+    }
+
+    /// Reads the load of engines that serve no `/server_info` (vLLM, which has no
+    /// `LoadStat` feed) from their Prometheus `/metrics` every `interval`; `None`
+    /// never does. Defaults to every second.
+    #[must_use]
+    pub fn with_metrics_interval(mut self, interval: Option<Duration>) -> Self {
+        self.metrics_interval = interval;
+        self
     }
 
     /// Refuses feed messages (load reports, KV-event batches, replays) larger than
@@ -315,6 +330,17 @@ impl Fleet {
         let (load_feed, kv_feed) = advertised(info);
         let max = self.max_feed_message_bytes;
         let mut feeds = load_feeds(spec, dp_size, load_feed, &self.load, &self.feed_stats, max);
+        let vllm = info.is_some_and(|i| !i.served);
+        if let Some(interval) = self.metrics_interval.filter(|_| feeds.is_empty() && vllm) {
+            feeds.push(metrics_scraper(
+                spec,
+                dp_size,
+                self.upstream.clone(),
+                Arc::clone(&self.load),
+                Arc::clone(&self.feed_stats),
+                interval,
+            ));
+        }
         if let Some(index) = self.prefix_index(&spec.model) {
             feeds.extend(kv_feeds(
                 spec,

@@ -43,10 +43,12 @@ mod feeds;
 mod fleet;
 mod health;
 mod metrics;
+mod scrape;
 mod spec;
 
 pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, HealthPolicy};
 pub use metrics::register_metrics;
+pub use scrape::DEFAULT_METRICS_INTERVAL;
 pub use spec::{Change, EngineSpec, MAX_DP_SIZE};

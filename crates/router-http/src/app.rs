@@ -72,7 +72,8 @@ impl AppContext {
         let upstream = Upstream::new(config.upstream);
         let fleet = Arc::new(
             Fleet::new(upstream.clone(), config.load, config.health)
-                .with_max_feed_message_bytes(config.max_feed_message_bytes),
+                .with_max_feed_message_bytes(config.max_feed_message_bytes)
+                .with_metrics_interval(config.metrics_interval),
         );
         let mut errors = Vec::new();
         let mut routes = HashMap::new();

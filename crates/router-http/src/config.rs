@@ -457,16 +457,26 @@ pub struct LoadConfig {
     /// How long a rank's report stays fresh after receipt, in milliseconds.
     #[serde(default = "default_freshness")]
     pub freshness_ms: u64,
+    /// How often an engine that serves no `/server_info` (vLLM, which has no
+    /// `LoadStat` feed) has its load read from its `/metrics`, in milliseconds; 0
+    /// never reads it.
+    #[serde(default = "default_metrics_interval")]
+    pub metrics_interval_ms: u64,
 }
 
 fn default_freshness() -> u64 {
     5_000
 }
 
+fn default_metrics_interval() -> u64 {
+    1_000
+}
+
 impl Default for LoadConfig {
     fn default() -> Self {
         Self {
             freshness_ms: default_freshness(),
+            metrics_interval_ms: default_metrics_interval(),
         }
     }
 }
@@ -546,6 +556,12 @@ impl RouterConfig {
                     format_args!("must be at most {MAX_MS} (one day)"),
                 ));
             }
+        }
+        if self.load.metrics_interval_ms > MAX_MS {
+            errors.push(ConfigError::at(
+                "load.metrics_interval_ms",
+                format_args!("must be at most {MAX_MS} (one day); 0 never reads /metrics"),
+            ));
         }
         if let Some(n) = self.limits.tokenize_concurrency
             && !(1..=MAX_TOKENIZE_CONCURRENCY).contains(&n)

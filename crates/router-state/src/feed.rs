@@ -124,6 +124,7 @@ pub struct FeedStats {
     dropped_unknown_engine: AtomicU64,
     dropped_oversized: AtomicU64,
     connect_failures: AtomicU64,
+    scrape_failures: AtomicU64,
 }
 
 impl FeedStats {
@@ -144,8 +145,19 @@ impl FeedStats {
         }
     }
 
+    /// Counts a report read from an engine's metrics and applied.
+    pub fn scraped(&self) {
+        self.applied.fetch_add(1, Ordering::Relaxed);
+        self.applied_changed.notify_waiters();
+    }
+
+    /// Counts a failed read of an engine's metrics.
+    pub fn scrape_failed(&self) {
+        self.scrape_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// `(label, count)` for reports applied and every drop reason.
-    pub fn counts(&self) -> [(&'static str, u64); 6] {
+    pub fn counts(&self) -> [(&'static str, u64); 7] {
         [
             ("applied", self.applied.load(Ordering::Relaxed)),
             (
@@ -168,6 +180,10 @@ impl FeedStats {
                 "connect_failures",
                 self.connect_failures.load(Ordering::Relaxed),
             ),
+            (
+                "scrape_failures",
+                self.scrape_failures.load(Ordering::Relaxed),
+            ),
         ]
     }
 }
@@ -177,7 +193,9 @@ impl FeedStats {
 pub struct FeedHandle(JoinHandle<()>);
 
 impl FeedHandle {
-    pub(crate) fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+    /// Runs `task` until the handle is dropped (a feed read some other way: an
+    /// engine's metrics).
+    pub fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
         Self(tokio::spawn(task))
     }
 }

@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::h1::{H1Body, H1Client, H1Error};
 use crate::info::{ServerInfo, parse_server_info};
+use crate::metrics_text::{ScrapedRank, parse_load_metrics};
 use crate::url::authority;
 
 /// Why a request to an engine failed.
@@ -176,6 +177,26 @@ impl Upstream {
             self.get(base, "/health", timeout).await,
             Ok((status, _)) if status.is_success()
         )
+    }
+
+    /// Reads the load of the engine's ranks `0..dp_size` from its Prometheus
+    /// `/metrics` (at most 1 MiB) within `timeout`.
+    ///
+    /// # Errors
+    /// The exchange failed, took too long, or the engine answered an error status.
+    pub async fn scrape_load(
+        &self,
+        base: &str,
+        dp_size: u32,
+        timeout: Duration,
+    ) -> Result<Vec<ScrapedRank>, UpstreamError> {
+        let (status, body) = self.get(base, "/metrics", timeout).await?;
+        if !status.is_success() {
+            return Err(UpstreamError::Transport(format!(
+                "/metrics answered {status}"
+            )));
+        }
+        Ok(parse_load_metrics(&String::from_utf8_lossy(&body), dp_size))
     }
 
     /// Reads the engine's `/server_info`: up to three attempts, 100 ms then 200 ms

@@ -10,6 +10,9 @@ use crate::url::url_host;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerInfo {
+    /// Whether the engine served `/server_info` (SGLang does; vLLM has none and
+    /// answers 404, which leaves every other field empty).
+    pub served: bool,
     /// From `disaggregation_mode`.
     pub role: Option<Role>,
     /// From `disaggregation_bootstrap_port`.
@@ -85,6 +88,7 @@ pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
             .and_then(|b| u32::try_from(b).ok()),
     });
     ServerInfo {
+        served: true,
         role,
         bootstrap_port: info["disaggregation_bootstrap_port"]
             .as_u64()
@@ -141,8 +145,11 @@ mod tests {
         assert_eq!((plain.role, plain.load_feed), (Some(Role::Plain), None));
         assert_eq!(
             parse_server_info(&json!({}), "http://h:1"),
-            ServerInfo::default(),
-            "vLLM has no /server_info fields"
+            ServerInfo {
+                served: true,
+                ..ServerInfo::default()
+            },
+            "an answer without the fields says nothing but that it was served"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! Switchyard's client to engines: requests relayed to SGLang and vLLM servers, their
-//! health probes, and what they say about themselves.
+//! health probes, what they say about themselves, and the load a vLLM engine's
+//! `/metrics` states.
 //!
 //! The key choice is an HTTP/1.1 client of its own ([`H1Body`]): a response body is
 //! read from the engine's socket by the task that relays it, not handed over chunk by
@@ -37,9 +38,11 @@ mod client;
 pub mod fuzzing;
 mod h1;
 mod info;
+mod metrics_text;
 mod url;
 
 pub use client::{Upstream, UpstreamError, UpstreamTimeouts};
 pub use h1::{H1Body, H1Error};
 pub use info::{FeedEndpoint, KvFeedEndpoint, ServerInfo, parse_server_info};
+pub use metrics_text::{ScrapedRank, parse_load_metrics};
 pub use url::{EngineUrlError, authority, check_engine_url, url_host};

@@ -36,6 +36,8 @@ pub struct ValidatedConfig {
     pub(crate) retries: super::RetryConfig,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
+    /// How often a vLLM engine's `/metrics` is read; `None`: never.
+    pub(crate) metrics_interval: Option<Duration>,
     pub(crate) load: Arc<EngineReportedLoadTable>,
     pub(crate) affinity: Arc<AffinityStore>,
     pub(crate) sweep_interval: Duration,
@@ -164,6 +166,8 @@ impl RouterConfig {
             },
             health: health_policy(&self.health),
             max_feed_message_bytes: self.limits.zmq_max_message_bytes,
+            metrics_interval: (self.load.metrics_interval_ms > 0)
+                .then(|| Duration::from_millis(self.load.metrics_interval_ms)),
             load,
             affinity,
             sweep_interval: Duration::from_millis(affinity_settings.sweep_interval_ms),

@@ -1,6 +1,7 @@
-//! vLLM's prefill/decode hand-over through the router, against simulated engines in
-//! vLLM mode (no `/server_info`; a decode engine refuses `kv_transfer_params` no
-//! prefill offered).
+//! vLLM engines through the router, against simulated engines in vLLM mode (no
+//! `/server_info`, so no `LoadStat` feed; a decode engine refuses
+//! `kv_transfer_params` no prefill offered): the prefill/decode hand-over, and load
+//! read from their `/metrics`.
 
 mod common;
 
@@ -190,5 +191,74 @@ async fn generate_and_batches_are_refused_before_any_engine_is_asked() {
         (prefill.visits(), decode.visits()),
         (Visits::default(), Visits::default())
     );
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn load_read_from_a_vllm_engines_metrics_moves_load_based_picks() {
+    // A decodes slowly, so requests sent to it directly (not through the router:
+    // only its metrics can tell) stay running.
+    let (a, b) = (
+        vllm(engine_sim::EngineRole::Plain, |c| {
+            c.decode_tokens_per_sec = 0.001
+        })
+        .await,
+        vllm(engine_sim::EngineRole::Plain, |_| {}).await,
+    );
+    let mut model = ModelConfig::new(
+        "m",
+        vec![
+            engine("A", &a, EngineRole::Plain),
+            engine("B", &b, EngineRole::Plain),
+        ],
+    );
+    model.policies.plain = Some(serde_json::from_value(json!({"type": "load_based"})).unwrap());
+    let mut config = config(vec![model]);
+    config.load.metrics_interval_ms = 20;
+    let router = router(config).await;
+    let busy: Vec<_> = (0..3)
+        .map(|n| {
+            let url = format!("{}/v1/chat/completions", a.url());
+            let mut body = chat("m", &format!("busy {n}"));
+            body["stream"] = json!(true);
+            body["max_tokens"] = json!(100);
+            tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await })
+        })
+        .collect();
+    let fleet = router.context().fleet();
+    let reported = |id: &str| {
+        fleet
+            .load()
+            .snapshot()
+            .observe(&id.into())
+            .reported
+            .map(|r| r.running_requests)
+    };
+    tokio::time::timeout(GUARD, async {
+        let mut seen = 0;
+        while reported("A") != Some(3) || reported("B") != Some(0) {
+            seen = fleet.feed_stats().applied_after(seen).await;
+        }
+    })
+    .await
+    .expect("the router reads both engines' metrics");
+    for n in 0..4 {
+        let response = send(
+            &router,
+            "/v1/chat/completions",
+            &chat("m", &format!("pick {n}")),
+        )
+        .await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["x-switchyard-engine"],
+            "B",
+            "A's metrics say it runs 3 requests"
+        );
+        response.bytes().await.unwrap();
+    }
+    for request in busy {
+        request.abort();
+    }
     router.shutdown().await;
 }
