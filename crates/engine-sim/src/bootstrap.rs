@@ -35,6 +35,15 @@ pub(crate) struct Transfer {
 pub(crate) struct RoomInfo {
     pub(crate) room: u64,
     pub(crate) prompt_tokens: u64,
+    /// The rank that prefilled it, and the prefill engine's ranks.
+    #[serde(default)]
+    pub(crate) rank: u32,
+    #[serde(default = "one")]
+    pub(crate) dp_size: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// The rooms of one prefill engine.
@@ -211,12 +220,16 @@ mod tests {
         rooms.mark_ready(RoomInfo {
             room: 7,
             prompt_tokens: 12,
+            rank: 0,
+            dp_size: 1,
         });
         assert_eq!(
             waiter.await.unwrap(),
             Some(RoomInfo {
                 room: 7,
-                prompt_tokens: 12
+                prompt_tokens: 12,
+                rank: 0,
+                dp_size: 1,
             })
         );
         assert_eq!(
@@ -232,6 +245,8 @@ mod tests {
         rooms.mark_ready(RoomInfo {
             room: 1,
             prompt_tokens: 1,
+            rank: 0,
+            dp_size: 1,
         });
         assert_eq!(rooms.wait(2, Duration::from_secs(3)).await, None);
         assert_eq!(rooms.inner.lock().rooms.len(), 1);

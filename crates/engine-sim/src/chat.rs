@@ -56,6 +56,12 @@ struct ChatRequest {
     /// vLLM's prefill/decode hand-over.
     #[serde(default)]
     kv_transfer_params: Option<Value>,
+    /// The data-parallel rank SGLang is asked to run the request on.
+    #[serde(default)]
+    data_parallel_rank: Option<u32>,
+    /// Newer SGLang's name for it.
+    #[serde(default)]
+    routed_dp_rank: Option<u32>,
 }
 
 /// A bootstrap field: one value, or a batch's list with one value a prompt.
@@ -278,9 +284,23 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         (Shape::Generate, None) => None,
         _ => request.max_completion_tokens.or(request.max_tokens),
     };
+    // The header wins over the body, as on SGLang; a rank the engine lacks is refused.
+    let pinned = headers
+        .get("x-data-parallel-rank")
+        .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
+        .or(request.routed_dp_rank)
+        .or(request.data_parallel_rank);
+    if let Some(rank) = pinned.filter(|rank| *rank >= app.config.dp_size) {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            format!("DP rank {rank} is not active"),
+        )
+        .into();
+    }
     app.remember(json!({
         "stream": request.stream,
         "max_tokens": limit,
+        "dp_rank": pinned,
         "bootstrap_host": bootstrap.host,
         "bootstrap_port": bootstrap.port,
         "bootstrap_room": bootstrap.room,
@@ -340,9 +360,9 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         if let Err(e) = handover {
             return error_response(StatusCode::BAD_REQUEST, e).into();
         }
-        app.engine.start(tokens, None)
+        app.engine.start(tokens, pinned.map(u64::from))
     } else {
-        match start_run(&app, &bootstrap, tokens).await {
+        match start_run(&app, &bootstrap, pinned, tokens).await {
             Ok(run) => run,
             Err(response) => return (*response).into(),
         }
@@ -406,20 +426,25 @@ struct Rendezvous {
     room: Option<u64>,
 }
 
-/// Registers the request on its rank; a decode engine first waits for its room.
+/// Registers the request on its rank (the pinned one, else: a PD engine's follows
+/// the bootstrap room, a plain engine's rotates); a decode engine first waits for its
+/// room, which must have been prefilled on the rank the room points at (SGLang's
+/// `follow_bootstrap_room`: room mod the prefill engine's ranks).
 async fn start_run(
     app: &AppState,
     bootstrap: &Rendezvous,
+    pinned: Option<u32>,
     tokens: Vec<u32>,
 ) -> Result<Run, Box<Response>> {
     let bad = |m: &str| Box::new(error_response(StatusCode::BAD_REQUEST, m));
+    let pinned = pinned.map(u64::from);
     match app.config.role {
-        EngineRole::Plain => Ok(app.engine.start(tokens, None)),
+        EngineRole::Plain => Ok(app.engine.start(tokens, pinned)),
         EngineRole::Prefill => {
             let room = bootstrap
                 .room
                 .ok_or_else(|| bad("a prefill engine needs bootstrap_room"))?;
-            Ok(app.engine.start(tokens, Some(room)))
+            Ok(app.engine.start(tokens, pinned.or(Some(room))))
         }
         EngineRole::Decode => {
             let (Some(host), Some(port), Some(room)) =
@@ -430,15 +455,23 @@ async fn start_run(
                 ));
             };
             let timeout = Duration::from_millis(app.config.bootstrap_timeout_ms);
-            fetch_room(&app.client, host, port, room, timeout)
+            let failed = |e: String| {
+                Box::new(error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("KV transfer failed: {e}"),
+                ))
+            };
+            let info = fetch_room(&app.client, host, port, room, timeout)
                 .await
-                .map_err(|e| {
-                    Box::new(error_response(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("KV transfer failed: {e}"),
-                    ))
-                })?;
-            Ok(app.engine.start(tokens, Some(room)))
+                .map_err(failed)?;
+            let expected = room % u64::from(info.dp_size.max(1));
+            if u64::from(info.rank) != expected {
+                return Err(failed(format!(
+                    "bootstrap room {room} was prefilled on rank {}, but the room points at rank {expected}",
+                    info.rank
+                )));
+            }
+            Ok(app.engine.start(tokens, pinned.or(Some(room))))
         }
     }
 }
@@ -481,6 +514,8 @@ impl Generation {
             rooms.mark_ready(RoomInfo {
                 room,
                 prompt_tokens: self.run.prompt_tokens(),
+                rank: self.run.rank(),
+                dp_size: self.app.config.dp_size,
             });
         }
     }

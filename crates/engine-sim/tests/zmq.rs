@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use engine_sim::free_port_ranges;
 use engine_sim::{EventForm, LoadForm};
 use serde_json::json;
 

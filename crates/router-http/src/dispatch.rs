@@ -22,6 +22,7 @@ use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
 use crate::retries::RetryReason;
 
+mod ranks;
 mod vllm;
 
 const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
@@ -102,17 +103,16 @@ pub(crate) async fn dispatch(
         HeaderValue::from_str(&pick.bucket).map_err(|_| ApiError::upstream("invalid bucket id"))?;
     match pick.engines {
         EnginePicks::Plain(pick) => {
+            let rank = ranks::rank(ctx, &pick);
             let engine = pick.engine;
-            let guards = vec![ctx.fleet.load().acquire(engine.id())];
-            let response = send(
-                ctx,
-                &engine,
-                "plain",
-                out.leg,
-                out.body.clone(),
-                &out.request_id,
-            )
-            .await?;
+            let guards = vec![ranks::guard(ctx, &engine, rank)];
+            let to = Target {
+                engine: &engine,
+                stage: "plain",
+                rank,
+            };
+            let body = ranks::with_rank(&out.body, rank);
+            let response = send(ctx, to, out.leg, body, &out.request_id).await?;
             let mut headers = HeaderMap::new();
             headers.insert(BUCKET, bucket);
             headers.insert(ENGINE, id_header(&engine));
@@ -124,29 +124,46 @@ pub(crate) async fn dispatch(
             Ok(relayed)
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
-            vllm::dispatch(ctx, bucket, prefill.engine, decode.engine, out).await
+            vllm::dispatch(ctx, bucket, prefill, decode, out).await
         }
         EnginePicks::Pd { prefill, decode } => {
+            let (prefill_rank, decode_rank) =
+                (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
             let (prefill, decode) = (prefill.engine, decode.engine);
             let guards = vec![
-                ctx.fleet.load().acquire(prefill.id()),
-                ctx.fleet.load().acquire(decode.id()),
+                ranks::guard(ctx, &prefill, prefill_rank),
+                ranks::guard(ctx, &decode, decode_rank),
             ];
-            let body = with_bootstrap(&out.body, &prefill, out.batch, || ctx.next_room());
+            let prefill_ranks = prefill.dp_size().get();
+            let rooms: Vec<u64> = (0..out.batch.unwrap_or(1))
+                .map(|_| ranks::room(ctx.next_room(), prefill_rank, prefill_ranks))
+                .collect();
+            let body = with_bootstrap(&out.body, &prefill, out.batch, &rooms);
             let mut prefill_leg: LegFuture = {
                 let ctx = Arc::clone(ctx);
                 let (prefill, body, request_id, leg) = (
                     Arc::clone(&prefill),
-                    body.clone(),
+                    ranks::with_rank(&body, prefill_rank),
                     out.request_id.clone(),
                     out.leg,
                 );
-                Box::pin(
-                    async move { send(&ctx, &prefill, "prefill", leg, body, &request_id).await },
-                )
+                Box::pin(async move {
+                    let to = Target {
+                        engine: &prefill,
+                        stage: "prefill",
+                        rank: prefill_rank,
+                    };
+                    send(&ctx, to, leg, body, &request_id).await
+                })
             };
             let request_id = out.request_id.clone();
-            let decode_leg = send(ctx, &decode, "decode", out.leg, body, &request_id);
+            let to = Target {
+                engine: &decode,
+                stage: "decode",
+                rank: decode_rank,
+            };
+            let body = ranks::with_rank(&body, decode_rank);
+            let decode_leg = send(ctx, to, out.leg, body, &request_id);
             tokio::pin!(decode_leg);
             let mut headers = HeaderMap::new();
             headers.insert(BUCKET, bucket);
@@ -202,6 +219,15 @@ fn refused(relayed: Response, engine: &Engine) -> Failed {
     }
 }
 
+/// Where a leg goes: the engine, its stage (for metrics and errors) and the rank
+/// named, if any.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    engine: &'a Engine,
+    stage: &'static str,
+    rank: Option<u32>,
+}
+
 /// Sends one leg and waits for a response head. Engine 5xx answers, transport
 /// failures and timeouts count against the engine's breaker and become 502 (504 for
 /// timeouts), except the first-byte timeout of an answer that is not streamed (its
@@ -210,17 +236,25 @@ fn refused(relayed: Response, engine: &Engine) -> Failed {
 /// sent to another engine.
 async fn send(
     ctx: &AppContext,
-    engine: &Engine,
-    stage: &'static str,
+    to: Target<'_>,
     leg: Leg,
     body: Bytes,
     request_id: &HeaderValue,
 ) -> Result<Response<H1Body>, Failed> {
+    let Target {
+        engine,
+        stage,
+        rank,
+    } = to;
     let invalid =
         || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
     let authority = ctx.fleet.authority(engine).ok_or_else(invalid)?;
     let json = HeaderValue::from_static("application/json");
-    let headers = [(header::CONTENT_TYPE, &json), (REQUEST_ID, request_id)];
+    let rank = ranks::rank_header(rank);
+    let mut headers = vec![(header::CONTENT_TYPE, &json), (REQUEST_ID, request_id)];
+    if let Some((name, value)) = &rank {
+        headers.push((name.clone(), value));
+    }
     let sent = Instant::now();
     let result = ctx
         .upstream
@@ -335,12 +369,7 @@ fn id_header(engine: &Engine) -> HeaderValue {
 /// was validated as a JSON object; later keys win over any the client sent). A batch
 /// of `n` prompts gets a list of `n` of each field, with a fresh room for every prompt,
 /// as SGLang reads a batch's bootstrap fields item by item.
-fn with_bootstrap(
-    body: &Bytes,
-    prefill: &Engine,
-    batch: Option<usize>,
-    mut room: impl FnMut() -> u64,
-) -> Bytes {
+fn with_bootstrap(body: &Bytes, prefill: &Engine, batch: Option<usize>, rooms: &[u64]) -> Bytes {
     use std::fmt::Write;
     let host = prefill
         .url()
@@ -358,12 +387,12 @@ fn with_bootstrap(
             let _ = write!(
                 fields,
                 r#""bootstrap_host":{host},"bootstrap_port":{port},"bootstrap_room":{}"#,
-                room()
+                rooms.first().copied().unwrap_or_default()
             );
         }
         Some(n) => {
             let list = |item: &str| vec![item; n].join(",");
-            let rooms: Vec<String> = (0..n).map(|_| room().to_string()).collect();
+            let rooms: Vec<String> = rooms.iter().map(u64::to_string).collect();
             let _ = write!(
                 fields,
                 r#""bootstrap_host":[{}],"bootstrap_port":[{}],"bootstrap_room":[{}]"#,
@@ -405,7 +434,7 @@ mod tests {
             .with_bootstrap_port(8998);
         let body = Bytes::from_static(br#"{"model":"m","messages":[],"bootstrap_room":1} "#);
         let spliced: Value =
-            serde_json::from_slice(&with_bootstrap(&body, &prefill, None, || 42)).unwrap();
+            serde_json::from_slice(&with_bootstrap(&body, &prefill, None, &[42])).unwrap();
         assert_eq!(spliced["bootstrap_host"], "10.0.0.5");
         assert_eq!(spliced["bootstrap_port"], 8998);
         assert_eq!(
@@ -418,20 +447,17 @@ mod tests {
             &Bytes::from_static(b"{}"),
             &no_port,
             None,
-            || 7,
+            &[7],
         ))
         .unwrap();
         assert_eq!(
             spliced,
             json!({"bootstrap_host": "::1", "bootstrap_port": null, "bootstrap_room": 7})
         );
-        let mut rooms = 10..;
         let batch = Bytes::from_static(br#"{"text":["a","b","c"]}"#);
         let spliced: Value =
-            serde_json::from_slice(&with_bootstrap(&batch, &prefill, Some(3), || {
-                rooms.next().unwrap()
-            }))
-            .unwrap();
+            serde_json::from_slice(&with_bootstrap(&batch, &prefill, Some(3), &[10, 11, 12]))
+                .unwrap();
         assert_eq!(
             spliced,
             json!({

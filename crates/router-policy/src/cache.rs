@@ -22,6 +22,9 @@ pub struct PrefixHits {
     /// Leading blocks of the prompt each engine holds, for every engine holding at
     /// least one; sorted by engine id.
     pub engines: Vec<(EngineId, usize)>,
+    /// The data-parallel rank of each engine's deepest match, when the source knows
+    /// it (the local index does); sorted by engine id.
+    pub ranks: Vec<(EngineId, u32)>,
 }
 
 impl PrefixHits {
@@ -30,6 +33,14 @@ impl PrefixHits {
         self.engines
             .binary_search_by(|(id, _)| id.cmp(engine))
             .map_or(0, |i| self.engines[i].1)
+    }
+
+    /// The rank of `engine`'s deepest match, when known.
+    pub fn rank_of(&self, engine: &EngineId) -> Option<u32> {
+        self.ranks
+            .binary_search_by(|(id, _)| id.cmp(engine))
+            .ok()
+            .map(|i| self.ranks[i].1)
     }
 
     /// Prompt tokens `engine` holds: its blocks times the block size, never more than
@@ -84,6 +95,12 @@ impl LocalCacheSource {
     fn answer(&self, token_ids: &[u32]) -> PrefixHits {
         let chain = self.index.request_hashes(token_ids);
         let found = self.index.lookup(&chain);
+        let mut ranks: Vec<(EngineId, u32)> = found
+            .engines
+            .iter()
+            .map(|m| (m.engine.clone(), m.rank))
+            .collect();
+        ranks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut engines: Vec<(EngineId, usize)> = found
             .engines
             .into_iter()
@@ -94,6 +111,7 @@ impl LocalCacheSource {
             query_blocks: found.query_blocks,
             block_size: self.index.config().block_size,
             engines,
+            ranks,
         }
     }
 }

@@ -104,7 +104,16 @@ impl CacheAwarePolicy {
             None => Arc::new(self.source.lookup(tokens).await),
         };
         match answer.as_ref() {
-            Ok(CacheLookup::Answered(hits)) => self.select(engines, request, Some(hits)),
+            Ok(CacheLookup::Answered(hits)) => {
+                // A holder goes to the rank holding its prefix.
+                self.select(engines, request, Some(hits)).map(|pick| {
+                    let rank = pick
+                        .predicted_cached_tokens
+                        .filter(|cached| *cached > 0)
+                        .and_then(|_| hits.rank_of(pick.engine.id()));
+                    pick.with_rank(rank)
+                })
+            }
             Ok(CacheLookup::Unavailable(_)) => self.select(engines, request, None),
             Err(e) => Err(PickError::InvalidSignal {
                 stage: Some(stage),

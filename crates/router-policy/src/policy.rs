@@ -134,6 +134,10 @@ pub struct Pick {
     /// Prompt tokens the policy expects the engine to find cached, when the policy
     /// predicts it (cache-aware policies).
     pub predicted_cached_tokens: Option<u64>,
+    /// The data-parallel rank the request should go to, when the policy knows one
+    /// (a cache-aware pick: the rank holding the prefix); otherwise the dispatcher
+    /// chooses the engine's least-loaded rank.
+    pub rank: Option<u32>,
 }
 
 impl Pick {
@@ -143,7 +147,14 @@ impl Pick {
             engine,
             reason,
             predicted_cached_tokens: None,
+            rank: None,
         }
+    }
+
+    /// Sets the data-parallel rank the request should go to.
+    pub fn with_rank(mut self, rank: Option<u32>) -> Self {
+        self.rank = rank;
+        self
     }
 
     /// Sets the predicted cached prompt tokens.

@@ -37,6 +37,7 @@ impl Scripted {
             query_blocks: (PROMPT / u64::from(BLOCK)) as usize,
             block_size: BLOCK,
             engines,
+            ranks: Vec::new(),
         })))
     }
 

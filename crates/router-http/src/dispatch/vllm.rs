@@ -14,12 +14,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use router_state::Engine;
+use router_policy::Pick;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{DECODE, Failed, Leg, Outgoing, PREFILL, refused, relay, send, with_fields};
+use super::{
+    DECODE, Failed, Leg, Outgoing, PREFILL, Target, ranks, refused, relay, send, with_fields,
+};
 use crate::app::AppContext;
 use crate::error::ApiError;
 
@@ -43,14 +45,17 @@ const DROPPED: [&str; 7] = [
     "min_completion_tokens",
 ];
 
-/// Sends the prefill leg, then the decode leg with the prefill's `kv_transfer_params`.
+/// Sends the prefill leg, then the decode leg with the prefill's `kv_transfer_params`;
+/// a leg to an engine of several ranks names its rank in vLLM's header.
 pub(super) async fn dispatch(
     ctx: &Arc<AppContext>,
     bucket: HeaderValue,
-    prefill: Arc<Engine>,
-    decode: Arc<Engine>,
+    prefill: Pick,
+    decode: Pick,
     out: &Outgoing,
 ) -> Result<Response, Failed> {
+    let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
+    let (prefill, decode) = (prefill.engine, decode.engine);
     if out.batch.is_some_and(|n| n > 1) {
         return Err(ApiError::invalid(
             "invalid_prompt",
@@ -60,8 +65,8 @@ pub(super) async fn dispatch(
         .into());
     }
     let guards = vec![
-        ctx.fleet.load().acquire(prefill.id()),
-        ctx.fleet.load().acquire(decode.id()),
+        ranks::guard(ctx, &prefill, prefill_rank),
+        ranks::guard(ctx, &decode, decode_rank),
     ];
     let mut headers = HeaderMap::new();
     headers.insert(super::BUCKET, bucket);
@@ -71,15 +76,12 @@ pub(super) async fn dispatch(
         path: out.leg.path,
         stream: false,
     };
-    let answer = send(
-        ctx,
-        &prefill,
-        "prefill",
-        whole,
-        prefill_body(&out.body)?,
-        &out.request_id,
-    )
-    .await?;
+    let to = Target {
+        engine: &prefill,
+        stage: "prefill",
+        rank: prefill_rank,
+    };
+    let answer = send(ctx, to, whole, prefill_body(&out.body)?, &out.request_id).await?;
     if answer.status() == StatusCode::TOO_MANY_REQUESTS {
         let relayed = relay(ctx, answer, None, headers, out, guards);
         return Err(refused(relayed, &prefill));
@@ -104,7 +106,12 @@ pub(super) async fn dispatch(
         // computes the prompt itself, as vLLM's proxy lets it.
         None => out.body.clone(),
     };
-    let response = send(ctx, &decode, "decode", out.leg, body, &out.request_id).await?;
+    let to = Target {
+        engine: &decode,
+        stage: "decode",
+        rank: decode_rank,
+    };
+    let response = send(ctx, to, out.leg, body, &out.request_id).await?;
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
         let relayed = relay(ctx, response, None, headers, out, guards);
         return Err(refused(relayed, &decode));

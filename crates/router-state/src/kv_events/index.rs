@@ -104,6 +104,8 @@ pub struct EngineMatch {
     pub blocks: usize,
     /// Leading pages the engine holds on the device tier.
     pub device_blocks: usize,
+    /// The data-parallel rank holding the deepest match (the lowest on a tie).
+    pub rank: u32,
 }
 
 /// A request's prefix ownership.

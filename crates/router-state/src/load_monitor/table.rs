@@ -71,6 +71,8 @@ struct EngineSlot {
     /// difference between now and the value recorded with a report.
     dispatched: AtomicU64,
     ranks: Mutex<Vec<Option<RankSample>>>,
+    /// Requests this router has in flight to each rank it named.
+    rank_in_flight: Mutex<Vec<u64>>,
     published: ArcSwapOption<Published>,
 }
 
@@ -94,6 +96,7 @@ impl EngineSlot {
             in_flight: AtomicU64::new(0),
             dispatched: AtomicU64::new(0),
             ranks: Mutex::new(vec![None; dp_size.get() as usize]),
+            rank_in_flight: Mutex::new(vec![0; dp_size.get() as usize]),
             published: ArcSwapOption::empty(),
         }
     }
@@ -123,6 +126,10 @@ impl EngineReportedLoadTable {
             if ranks.len() != dp_size.get() as usize {
                 *ranks = vec![None; dp_size.get() as usize];
                 slot.published.store(None);
+                let mut in_flight = slot.rank_in_flight.lock();
+                if in_flight.len() < ranks.len() {
+                    in_flight.resize(ranks.len(), 0);
+                }
             }
             return;
         }
@@ -200,7 +207,51 @@ impl EngineReportedLoadTable {
         };
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
         slot.dispatched.fetch_add(1, Ordering::Relaxed);
-        InflightGuard { slot }
+        InflightGuard { slot, rank: None }
+    }
+
+    /// Counts a request dispatched to rank `rank` of `id` (and to `id`) until the
+    /// returned guard drops.
+    pub fn acquire_rank(&self, id: &EngineId, rank: u32) -> InflightGuard {
+        let mut guard = self.acquire(id);
+        let mut ranks = guard.slot.rank_in_flight.lock();
+        if ranks.len() <= rank as usize {
+            ranks.resize(rank as usize + 1, 0);
+        }
+        ranks[rank as usize] += 1;
+        drop(ranks);
+        guard.rank = Some(rank);
+        guard
+    }
+
+    /// The rank of a data-parallel engine a request should go to: the one with the
+    /// fewest requests, each rank's count being the larger of its fresh report
+    /// (running plus waiting) and this router's requests in flight to it; the lowest
+    /// rank on a tie. `None` for an engine of one rank, or one the table does not
+    /// track.
+    pub fn least_loaded_rank(&self, id: &EngineId) -> Option<u32> {
+        let engines = self.engines.load();
+        let slot = engines.get(id)?;
+        let now = Instant::now();
+        let reports = slot.ranks.lock();
+        if reports.len() <= 1 {
+            return None;
+        }
+        let in_flight = slot.rank_in_flight.lock();
+        let load = |rank: usize| {
+            let reported = reports[rank]
+                .as_ref()
+                .filter(|s| now.saturating_duration_since(s.received_at) < self.config.freshness)
+                .map_or(0, |s| {
+                    s.report
+                        .running_requests
+                        .saturating_add(s.report.waiting_requests)
+                });
+            reported.max(in_flight.get(rank).copied().unwrap_or(0))
+        };
+        (0..reports.len())
+            .min_by_key(|rank| (load(*rank), *rank))
+            .and_then(|rank| u32::try_from(rank).ok())
     }
 
     /// Requests this router currently has in flight to `id`.
@@ -326,10 +377,17 @@ impl LoadSnapshot {
 #[must_use = "the request counts as in flight only while the guard lives"]
 pub struct InflightGuard {
     slot: Arc<EngineSlot>,
+    /// The rank the request was sent to, when it named one.
+    rank: Option<u32>,
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.slot.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(rank) = self.rank
+            && let Some(count) = self.slot.rank_in_flight.lock().get_mut(rank as usize)
+        {
+            *count = count.saturating_sub(1);
+        }
     }
 }

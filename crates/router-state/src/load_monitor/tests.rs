@@ -541,3 +541,50 @@ fn snapshots_and_guards_can_cross_await_points_in_send_futures() {
     send::<InflightGuard>();
     send::<EngineReportedLoadTable>();
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_least_loaded_rank_weighs_fresh_reports_and_requests_in_flight() {
+    let table = EngineReportedLoadTable::new(LoadTableConfig {
+        freshness: Duration::from_secs(5),
+    });
+    table.register(&id("dp"), two(2));
+    table.register(&id("one"), NonZeroU32::MIN);
+    assert_eq!(
+        table.least_loaded_rank(&id("one")),
+        None,
+        "one rank: none named"
+    );
+    assert_eq!(table.least_loaded_rank(&id("unknown")), None);
+    assert_eq!(
+        table.least_loaded_rank(&id("dp")),
+        Some(0),
+        "a tie: the lowest"
+    );
+    let first = table.acquire_rank(&id("dp"), 0);
+    assert_eq!(table.least_loaded_rank(&id("dp")), Some(1));
+    let second = table.acquire_rank(&id("dp"), 1);
+    assert_eq!(table.in_flight(&id("dp")), 2, "the engine counts both");
+    drop(first);
+    assert_eq!(table.least_loaded_rank(&id("dp")), Some(0));
+    drop(second);
+    feed(&table, "dp", 0, basic_report(3, 1, 0, 0));
+    feed(&table, "dp", 1, basic_report(1, 0, 0, 0));
+    assert_eq!(
+        table.least_loaded_rank(&id("dp")),
+        Some(1),
+        "rank 0 reports 4"
+    );
+    let _held: Vec<_> = (0..2).map(|_| table.acquire_rank(&id("dp"), 1)).collect();
+    assert_eq!(
+        table.least_loaded_rank(&id("dp")),
+        Some(1),
+        "2 in flight is less than rank 0's reported 4"
+    );
+    advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        table.least_loaded_rank(&id("dp")),
+        Some(0),
+        "stale reports leave the 2 in flight on rank 1"
+    );
+    assert_eq!(table.in_flight(&id("dp")), 2);
+}

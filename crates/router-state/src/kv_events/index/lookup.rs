@@ -34,6 +34,11 @@ impl PrefixIndex {
             };
             match engines.iter_mut().find(|m| m.engine == source.engine) {
                 Some(m) => {
+                    if (blocks, std::cmp::Reverse(source.rank))
+                        > (m.blocks, std::cmp::Reverse(m.rank))
+                    {
+                        m.rank = source.rank;
+                    }
                     m.blocks = m.blocks.max(blocks);
                     m.device_blocks = m.device_blocks.max(device_blocks);
                 }
@@ -41,6 +46,7 @@ impl PrefixIndex {
                     engine: source.engine.clone(),
                     blocks,
                     device_blocks,
+                    rank: source.rank,
                 }),
             }
         }
