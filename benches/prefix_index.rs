@@ -89,7 +89,7 @@ fn lookup(c: &mut Criterion) {
         let held = &tokens[..pages * BLOCK as usize];
         index.apply(&engine, 0, &batch(1, pages, None, held));
     }
-    let chain = index.request_hashes(&tokens);
+    let chain = index.request_hashes(None, &tokens);
     let mut group = c.benchmark_group("prefix_index");
     group.bench_function("lookup/2048_blocks_64_engines", |b| {
         b.iter(|| black_box(index.lookup(black_box(&chain))));
@@ -105,7 +105,7 @@ fn hash(c: &mut Criterion) {
     let mut group = c.benchmark_group("prefix_index");
     group.throughput(Throughput::Elements(32_768));
     group.bench_function("hash/32768_tokens", |b| {
-        b.iter(|| black_box(index.request_hashes(black_box(&tokens))));
+        b.iter(|| black_box(index.request_hashes(None, black_box(&tokens))));
     });
     group.finish();
 }

@@ -90,7 +90,9 @@ fn main() {
         store(&index, c, &mut applies);
     }
     applies.clear();
-    let hot: Vec<Vec<u64>> = (0..HOT).map(|c| index.request_hashes(&tokens(c))).collect();
+    let hot: Vec<Vec<u64>> = (0..HOT)
+        .map(|c| index.request_hashes(None, &tokens(c)))
+        .collect();
     // Stores three budgets' worth of new pages while the reader runs.
     let new = 3 * budget_conversations;
     let done = AtomicBool::new(false);
@@ -105,7 +107,7 @@ fn main() {
                 // 64 conversations stored last, so it walks all its 64 pages.
                 black_box(index.lookup(&hot[i % hot.len()]));
                 let recent = latest.load(Ordering::Relaxed) - (i as u64 % 64);
-                let chain = index.request_hashes(&tokens(recent));
+                let chain = index.request_hashes(None, &tokens(recent));
                 let start = Instant::now();
                 let found = black_box(index.lookup(&chain));
                 latencies.push(nanos(start));

@@ -17,7 +17,7 @@ fuzz_target!(|input: &[u8]| {
     index.apply(&engine, 0, &batch);
     for event in &batch.events {
         if let KvEvent::Stored(stored) = event {
-            index.lookup(&index.request_hashes(&stored.tokens));
+            index.lookup(&index.request_hashes(stored.namespace.as_deref(), &stored.tokens));
         }
     }
     index.remove_engine(&engine);

@@ -8,7 +8,8 @@ Binds the PUB and replay sockets on 127.0.0.1 ports the OS picks and prints
 stdin and answers each with one JSON line once the publisher thread has sent
 everything queued so far:
 
-- `{"op": "store", "hashes": [...], "parent": h|null, "tokens": [...], "block_size": n}`
+- `{"op": "store", "hashes": [...], "parent": h|null, "tokens": [...], "block_size": n,
+  "lora": name?}` (`lora`: vLLM's `lora_name`; SGLang's events name no adapter)
 - `{"op": "remove", "hashes": [...]}` and `{"op": "clear"}`
 - `{"op": "lose_next"}`: the next batch misses the live socket but stays replayable,
   as a batch lost in transit
@@ -68,7 +69,8 @@ elif kind == "vllm":
         return kv.BlockStored(
             block_hashes=[hash_value(h) for h in c["hashes"]],
             parent_block_hash=None if parent is None else hash_value(parent),
-            token_ids=c["tokens"], block_size=c["block_size"], lora_id=None, medium="GPU", lora_name=None,
+            token_ids=c["tokens"], block_size=c["block_size"], lora_id=None, medium="GPU",
+            lora_name=c.get("lora"),
         )
 
     def removed(c):

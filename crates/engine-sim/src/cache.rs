@@ -18,14 +18,19 @@ pub(crate) struct PageKey {
     pub(crate) hash: i64,
 }
 
-/// The keys of every full page of `tokens`, in prompt order.
-pub(crate) fn page_keys(tokens: &[u32], page_size: usize) -> Vec<PageKey> {
+/// The keys of every full page of `tokens`, in prompt order, for LoRA adapter
+/// `adapter` (`None`: the base model): its name goes into every page's key (through
+/// the first page's, which every later one chains), so an adapter's pages are never
+/// the base model's or another adapter's.
+pub(crate) fn page_keys(tokens: &[u32], page_size: usize, adapter: Option<&str>) -> Vec<PageKey> {
     let mut keys = Vec::with_capacity(tokens.len() / page_size);
     let mut previous: Option<[u8; 32]> = None;
     for page in tokens.chunks_exact(page_size) {
         let mut hasher = Sha256::new();
-        if let Some(previous) = previous {
-            hasher.update(previous);
+        match (previous, adapter) {
+            (Some(previous), _) => hasher.update(previous),
+            (None, Some(adapter)) => hasher.update(adapter.as_bytes()),
+            (None, None) => {}
         }
         for token in page {
             hasher.update(token.to_le_bytes());
@@ -216,7 +221,7 @@ mod tests {
 
     #[test]
     fn page_hashes_chain_like_sglang() {
-        let keys = page_keys(&[1, 2, 3, 4, 5], 2);
+        let keys = page_keys(&[1, 2, 3, 4, 5], 2, None);
         assert_eq!(keys.len(), 2, "only full pages");
         let first: [u8; 32] = Sha256::digest([1u32, 2].map(u32::to_le_bytes).concat()).into();
         let mut second = Sha256::new();
@@ -232,7 +237,7 @@ mod tests {
             i64::from_be_bytes(second[..8].try_into().unwrap())
         );
         assert_ne!(
-            page_keys(&[3, 4], 2)[0].hash,
+            page_keys(&[3, 4], 2, None)[0].hash,
             keys[1].hash,
             "a page's hash depends on its prefix"
         );
@@ -241,7 +246,7 @@ mod tests {
     #[test]
     fn a_second_request_with_the_same_prefix_hits_the_cache() {
         let mut cache = PrefixCache::new(100);
-        let keys = page_keys(&tokens(64, 0), 16);
+        let keys = page_keys(&tokens(64, 0), 16, None);
         assert_eq!(cache.hold_prefix(&keys), 0);
         let change = cache.insert(&keys, 0);
         assert_eq!(
@@ -249,7 +254,7 @@ mod tests {
             (4, None, 0)
         );
         cache.release(&keys);
-        let longer = page_keys(&tokens(96, 0), 16);
+        let longer = page_keys(&tokens(96, 0), 16, None);
         assert_eq!(cache.hold_prefix(&longer), 4);
         let change = cache.insert(&longer, 4);
         assert_eq!(change.stored, [longer[4].hash, longer[5].hash]);
@@ -259,13 +264,13 @@ mod tests {
     #[test]
     fn evicts_least_recently_used_free_leaves_only() {
         let mut cache = PrefixCache::new(4);
-        let a = page_keys(&tokens(32, 1), 16);
-        let b = page_keys(&tokens(32, 2), 16);
+        let a = page_keys(&tokens(32, 1), 16, None);
+        let b = page_keys(&tokens(32, 2), 16, None);
         cache.insert(&a, 0);
         cache.release(&a);
         cache.insert(&b, 0);
         let held_b = b.clone();
-        let c = page_keys(&tokens(32, 3), 16);
+        let c = page_keys(&tokens(32, 3), 16, None);
         let change = cache.insert(&c, 0);
         assert_eq!(
             change.removed,
@@ -273,7 +278,7 @@ mod tests {
             "a's leaf goes first, then its parent"
         );
         assert_eq!(change.stored.len(), 2);
-        let d = page_keys(&tokens(16, 4), 16);
+        let d = page_keys(&tokens(16, 4), 16, None);
         let change = cache.insert(&d, 0);
         assert!(
             change.stored.is_empty() && change.removed.is_empty(),
@@ -289,7 +294,7 @@ mod tests {
     #[test]
     fn clearing_tolerates_later_releases() {
         let mut cache = PrefixCache::new(10);
-        let keys = page_keys(&tokens(48, 0), 16);
+        let keys = page_keys(&tokens(48, 0), 16, None);
         cache.insert(&keys, 0);
         assert_eq!(cache.clear(), 3);
         cache.release(&keys);

@@ -12,10 +12,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::bootstrap::{RoomInfo, fetch_room};
+use crate::bootstrap::RoomInfo;
 use crate::config::{EngineRole, PdProtocol};
 use crate::engine::Run;
 use crate::nixl;
+use crate::placement::{PerPrompt, Rendezvous, adapter_of, is_batch, start_run};
 use crate::server::AppState;
 use crate::tokenizer::{ChatMessage, output_word};
 use crate::visits::Visit;
@@ -62,32 +63,12 @@ struct ChatRequest {
     /// Newer SGLang's name for it.
     #[serde(default)]
     routed_dp_rank: Option<u32>,
-}
-
-/// A bootstrap field: one value, or a batch's list with one value a prompt.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum PerPrompt<T> {
-    One(T),
-    List(Vec<T>),
-}
-
-impl<T: Clone> PerPrompt<T> {
-    /// The value of the request's one prompt: a single value, or a list of one when
-    /// the prompt is a batch of one (SGLang reads a batch's fields item by item).
-    fn of(field: Option<&Self>, batch: bool, name: &str) -> Result<Option<T>, String> {
-        match (field, batch) {
-            (None, _) => Ok(None),
-            (Some(Self::One(v)), false) => Ok(Some(v.clone())),
-            (Some(Self::List(list)), true) if list.len() == 1 => Ok(list.first().cloned()),
-            (Some(Self::One(_)), true) => {
-                Err(format!("{name} must be a list, one a prompt, for a batch"))
-            }
-            (Some(Self::List(_)), _) => {
-                Err(format!("{name} must hold one value a prompt of the batch"))
-            }
-        }
-    }
+    /// The model, or a LoRA adapter (vLLM: its name; SGLang: `model:adapter`).
+    #[serde(default)]
+    model: Option<String>,
+    /// `/generate`'s LoRA adapter.
+    #[serde(default)]
+    lora_path: Option<Value>,
 }
 
 /// The part of `/generate`'s `sampling_params` the simulator reads.
@@ -209,7 +190,7 @@ async fn respond(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sh
             response
         }
         Answer::Stream(generation, include_usage) => {
-            stream_response(generation, include_usage, visit)
+            stream_response(*generation, include_usage, visit)
         }
     }
 }
@@ -217,7 +198,7 @@ async fn respond(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sh
 /// A chat request's answer: whole, or a generation to stream.
 enum Answer {
     Whole(Response),
-    Stream(Generation, bool),
+    Stream(Box<Generation>, bool),
 }
 
 impl From<Response> for Answer {
@@ -284,6 +265,14 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         (Shape::Generate, None) => None,
         _ => request.max_completion_tokens.or(request.max_tokens),
     };
+    let adapter = match adapter_of(
+        &app.config,
+        request.model.as_deref(),
+        request.lora_path.as_ref(),
+    ) {
+        Ok(adapter) => adapter,
+        Err(e) => return error_response(StatusCode::NOT_FOUND, e).into(),
+    };
     // The header wins over the body, as on SGLang; a rank the engine lacks is refused.
     let pinned = headers
         .get("x-data-parallel-rank")
@@ -301,6 +290,7 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         "stream": request.stream,
         "max_tokens": limit,
         "dp_rank": pinned,
+        "adapter": adapter.as_deref(),
         "bootstrap_host": bootstrap.host,
         "bootstrap_port": bootstrap.port,
         "bootstrap_room": bootstrap.room,
@@ -360,9 +350,9 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         if let Err(e) = handover {
             return error_response(StatusCode::BAD_REQUEST, e).into();
         }
-        app.engine.start(tokens, pinned.map(u64::from))
+        app.engine.start_for(tokens, pinned.map(u64::from), adapter)
     } else {
-        match start_run(&app, &bootstrap, pinned, tokens).await {
+        match start_run(&app, &bootstrap, pinned, adapter, tokens).await {
             Ok(run) => run,
             Err(response) => return (*response).into(),
         }
@@ -405,74 +395,9 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
     if request.stream {
         let include_usage =
             shape != Shape::Generate && request.stream_options.is_some_and(|o| o.include_usage);
-        Answer::Stream(generation, include_usage)
+        Answer::Stream(Box::new(generation), include_usage)
     } else {
         json_response(generation).await.into()
-    }
-}
-
-/// A prompt in a list form (texts, or lists of ids): a batch, even of one.
-fn is_batch(prompt: &Value) -> bool {
-    prompt
-        .as_array()
-        .and_then(|items| items.first())
-        .is_some_and(|first| first.is_string() || first.is_array())
-}
-
-/// The bootstrap fields of the request's one prompt.
-struct Rendezvous {
-    host: Option<String>,
-    port: Option<u16>,
-    room: Option<u64>,
-}
-
-/// Registers the request on its rank (the pinned one, else: a PD engine's follows
-/// the bootstrap room, a plain engine's rotates); a decode engine first waits for its
-/// room, which must have been prefilled on the rank the room points at (SGLang's
-/// `follow_bootstrap_room`: room mod the prefill engine's ranks).
-async fn start_run(
-    app: &AppState,
-    bootstrap: &Rendezvous,
-    pinned: Option<u32>,
-    tokens: Vec<u32>,
-) -> Result<Run, Box<Response>> {
-    let bad = |m: &str| Box::new(error_response(StatusCode::BAD_REQUEST, m));
-    let pinned = pinned.map(u64::from);
-    match app.config.role {
-        EngineRole::Plain => Ok(app.engine.start(tokens, pinned)),
-        EngineRole::Prefill => {
-            let room = bootstrap
-                .room
-                .ok_or_else(|| bad("a prefill engine needs bootstrap_room"))?;
-            Ok(app.engine.start(tokens, pinned.or(Some(room))))
-        }
-        EngineRole::Decode => {
-            let (Some(host), Some(port), Some(room)) =
-                (&bootstrap.host, bootstrap.port, bootstrap.room)
-            else {
-                return Err(bad(
-                    "a decode engine needs bootstrap_host, bootstrap_port and bootstrap_room",
-                ));
-            };
-            let timeout = Duration::from_millis(app.config.bootstrap_timeout_ms);
-            let failed = |e: String| {
-                Box::new(error_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("KV transfer failed: {e}"),
-                ))
-            };
-            let info = fetch_room(&app.client, host, port, room, timeout)
-                .await
-                .map_err(failed)?;
-            let expected = room % u64::from(info.dp_size.max(1));
-            if u64::from(info.rank) != expected {
-                return Err(failed(format!(
-                    "bootstrap room {room} was prefilled on rank {}, but the room points at rank {expected}",
-                    info.rank
-                )));
-            }
-            Ok(app.engine.start(tokens, pinned.or(Some(room))))
-        }
     }
 }
 

@@ -132,6 +132,11 @@ pub struct SimConfig {
     /// Output tokens generated when the request sets no lower `max_tokens`.
     #[arg(long, default_value_t = 32)]
     pub output_tokens: u32,
+    /// LoRA adapters served beside the model (listed in `/v1/models` with the model
+    /// as their `parent`): a request names one by `model` (vLLM), `model:adapter`
+    /// (SGLang) or `/generate`'s `lora_path`.
+    #[arg(long, value_delimiter = ',')]
+    pub lora_adapters: Vec<String>,
     /// Seed of the error-rate fault's random draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -276,12 +276,18 @@ impl SimEngine {
     /// Registers a request of `tokens` as waiting, on `rank` (modulo the rank count) or
     /// the next rank in rotation.
     pub fn start(&self, tokens: Vec<u32>, rank: Option<u64>) -> Run {
+        self.start_for(tokens, rank, None)
+    }
+
+    /// [`start`](Self::start) for LoRA adapter `adapter` (`None`: the base model):
+    /// its pages are cached, and published, in the adapter's namespace.
+    pub fn start_for(&self, tokens: Vec<u32>, rank: Option<u64>, adapter: Option<Arc<str>>) -> Run {
         let index = match rank {
             Some(r) => (r % self.ranks.len() as u64) as usize,
             None => self.next_rank.fetch_add(1, Ordering::Relaxed) % self.ranks.len(),
         };
         let rank = Arc::clone(&self.ranks[index]);
-        let keys = page_keys(&tokens, self.spec.page_size as usize);
+        let keys = page_keys(&tokens, self.spec.page_size as usize, adapter.as_deref());
         let prompt = tokens.len() as u64;
         let uncached = {
             let mut state = rank.state.lock();
@@ -306,6 +312,7 @@ impl SimEngine {
             phase: Phase::Waiting { uncached },
             generated: 0,
             arrived: Instant::now(),
+            adapter,
         }
     }
 
@@ -347,6 +354,8 @@ pub struct Run {
     phase: Phase,
     generated: u64,
     arrived: Instant,
+    /// The LoRA adapter it runs, named in its KV events (`lora_name`, as vLLM does).
+    adapter: Option<Arc<str>>,
 }
 
 impl Run {
@@ -421,6 +430,7 @@ impl Run {
                     parent: change.parent,
                     tokens,
                     block_size: self.spec.page_size,
+                    lora_name: self.adapter.clone(),
                 });
             }
             events

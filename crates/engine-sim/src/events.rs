@@ -16,6 +16,8 @@ pub(crate) enum KvEvent {
         parent: Option<i64>,
         tokens: Vec<u32>,
         block_size: u32,
+        /// The LoRA adapter whose pages these are (vLLM's field; `None` omitted).
+        lora_name: Option<std::sync::Arc<str>>,
     },
     /// Pages evicted.
     Removed { hashes: Vec<i64> },
@@ -51,8 +53,10 @@ fn encode_map(out: &mut Vec<u8>, event: &KvEvent) {
             parent,
             tokens,
             block_size,
+            lora_name,
         } => {
-            rmp::encode::write_map_len(out, 7).expect(INFALLIBLE);
+            let fields = if lora_name.is_some() { 8 } else { 7 };
+            rmp::encode::write_map_len(out, fields).expect(INFALLIBLE);
             write_str(out, "type");
             write_str(out, "BlockStored");
             write_str(out, "block_hashes");
@@ -67,6 +71,10 @@ fn encode_map(out: &mut Vec<u8>, event: &KvEvent) {
             rmp::encode::write_nil(out).expect(INFALLIBLE);
             write_str(out, "medium");
             write_str(out, MEDIUM);
+            if let Some(lora_name) = lora_name {
+                write_str(out, "lora_name");
+                write_str(out, lora_name);
+            }
         }
         KvEvent::Removed { hashes } => {
             rmp::encode::write_map_len(out, 3).expect(INFALLIBLE);
@@ -92,8 +100,10 @@ fn encode_array(out: &mut Vec<u8>, event: &KvEvent) {
             parent,
             tokens,
             block_size,
+            lora_name,
         } => {
-            rmp::encode::write_array_len(out, 7).expect(INFALLIBLE);
+            let fields = if lora_name.is_some() { 8 } else { 7 };
+            rmp::encode::write_array_len(out, fields).expect(INFALLIBLE);
             write_str(out, "BlockStored");
             write_ints(out, hashes);
             write_opt_int(out, *parent);
@@ -101,6 +111,9 @@ fn encode_array(out: &mut Vec<u8>, event: &KvEvent) {
             write_int(out, i64::from(*block_size));
             rmp::encode::write_nil(out).expect(INFALLIBLE);
             write_str(out, MEDIUM);
+            if let Some(lora_name) = lora_name {
+                write_str(out, lora_name);
+            }
         }
         KvEvent::Removed { hashes } => {
             rmp::encode::write_array_len(out, 3).expect(INFALLIBLE);
@@ -165,6 +178,7 @@ mod tests {
                 parent: None,
                 tokens: vec![1, 2],
                 block_size: 1,
+                lora_name: None,
             },
             KvEvent::Cleared,
         ];

@@ -39,6 +39,7 @@ mod events;
 mod faults;
 mod load_stat;
 mod nixl;
+mod placement;
 mod ports;
 mod publish;
 mod server;

@@ -454,10 +454,14 @@ async fn server_info(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn models(State(app): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": app.config.model, "object": "model", "created": 0, "owned_by": "sglang"}],
-    }))
+    let base = &app.config.model;
+    let mut data = vec![
+        json!({"id": base, "object": "model", "created": 0, "owned_by": "sglang", "root": base, "parent": null}),
+    ];
+    for adapter in &app.config.lora_adapters {
+        data.push(json!({"id": adapter, "object": "model", "created": 0, "owned_by": "sglang", "root": format!("/adapters/{adapter}"), "parent": base}));
+    }
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {

@@ -196,6 +196,7 @@ impl Bucket {
             .with_session_key(request.session_key)
             .with_routing_key(request.routing_key)
             .with_excluded(request.excluded)
+            .with_adapter(request.adapter)
     }
 
     /// Picks the bucket's complete selection: its plain engine, or a prefill engine and

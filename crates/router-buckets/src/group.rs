@@ -79,7 +79,8 @@ impl EngineGroup {
             .collect()
     }
 
-    /// Resolves the candidates (leaving out the request's excluded engines), runs the
+    /// Resolves the candidates (leaving out the request's excluded engines, and those
+    /// that do not serve the request's adapter), runs the
     /// policy and checks that the engine it returns is one of the candidates: the
     /// same `Arc`, not merely the same id.
     ///
@@ -95,6 +96,9 @@ impl EngineGroup {
         let mut candidates = self.candidates(engines, request.model, request.stage);
         if !request.excluded.is_empty() {
             candidates.retain(|c| !request.excluded.contains(c.id()));
+        }
+        if let Some(adapter) = request.adapter {
+            candidates.retain(|c| c.serves_adapter(adapter));
         }
         if candidates.is_empty() {
             return Err(PickError::NoCandidates {

@@ -26,6 +26,8 @@ pub struct BucketRequest<'a> {
     pub prefix_memo: Option<&'a PrefixMemo>,
     /// Engines no pick may return (the engines a retried request failed on).
     pub excluded: &'a [EngineId],
+    /// The LoRA adapter the request is for; `None` for the base model.
+    pub adapter: Option<&'a str>,
 }
 
 impl<'a> BucketRequest<'a> {
@@ -40,6 +42,7 @@ impl<'a> BucketRequest<'a> {
             routing_key: None,
             prefix_memo: None,
             excluded: &[],
+            adapter: None,
         }
     }
 
@@ -82,6 +85,12 @@ impl<'a> BucketRequest<'a> {
     /// Sets the engines no pick may return.
     pub fn with_excluded(mut self, engines: &'a [EngineId]) -> Self {
         self.excluded = engines;
+        self
+    }
+
+    /// Sets the LoRA adapter the request is for.
+    pub fn with_adapter(mut self, adapter: Option<&'a str>) -> Self {
+        self.adapter = adapter;
         self
     }
 }

@@ -267,7 +267,8 @@ impl Fleet {
             spec.model.as_str(),
             role,
         )
-        .with_dp_size(dp_size);
+        .with_dp_size(dp_size)
+        .with_adapters(known.adapters.iter().map(String::as_str));
         if let Some(port) = spec.bootstrap_port.or(known.bootstrap_port) {
             engine = engine.with_bootstrap_port(port);
         }
@@ -442,12 +443,36 @@ impl Fleet {
         let Some(info) = self.upstream.server_info(engine.url()).await else {
             return;
         };
+        // Feeds start again when the engine's endpoints moved, or when it had never
+        // answered (a vLLM engine's `/metrics` reader starts once it says it is one).
         let moved = {
             let engines = self.engines.lock();
-            engines
-                .get(engine.id())
-                .is_none_or(|runtime| advertised(runtime.info.as_ref()) != advertised(Some(&info)))
+            engines.get(engine.id()).is_none_or(|runtime| {
+                runtime
+                    .info
+                    .as_ref()
+                    .is_none_or(|known| known.served != info.served)
+                    || advertised(runtime.info.as_ref()) != advertised(Some(&info))
+            })
         };
+        // The adapters its `/v1/models` lists now (one that was down at startup
+        // listed none).
+        let mut listed: Vec<&str> = info.adapters.iter().map(String::as_str).collect();
+        listed.sort_unstable();
+        listed.dedup();
+        let current = self.registry.snapshot().get(engine.id().as_str()).cloned();
+        if let Some(current) = current
+            && current
+                .adapters()
+                .iter()
+                .map(AsRef::as_ref)
+                .ne(listed.iter().copied())
+        {
+            let updated = Engine::clone(&current).with_adapters(listed);
+            if let Err(e) = self.registry.replace(updated) {
+                tracing::debug!(engine = %engine.id(), error = %e, "the engine left before its adapters were updated");
+            }
+        }
         // Feeds at the same endpoints reconnect by themselves, keeping what they hold.
         let feeds = moved.then(|| self.start_feeds(&spec, engine.dp_size(), Some(&info)));
         // The engine may have been replaced or removed meanwhile: its feeds then

@@ -335,6 +335,9 @@ impl Default for TimeoutConfig {
 /// The longest duration a `*_ms` setting takes: one day.
 const MAX_MS: u64 = 86_400_000;
 
+/// The shortest interval between reads of an engine's `/metrics`.
+const MIN_METRICS_INTERVAL_MS: u64 = 10;
+
 /// The most prompts `limits.tokenize_concurrency` lets be tokenized at once.
 const MAX_TOKENIZE_CONCURRENCY: usize = 1024;
 
@@ -557,10 +560,13 @@ impl RouterConfig {
                 ));
             }
         }
-        if self.load.metrics_interval_ms > MAX_MS {
+        let interval = self.load.metrics_interval_ms;
+        if interval != 0 && !(MIN_METRICS_INTERVAL_MS..=MAX_MS).contains(&interval) {
             errors.push(ConfigError::at(
                 "load.metrics_interval_ms",
-                format_args!("must be at most {MAX_MS} (one day); 0 never reads /metrics"),
+                format_args!(
+                    "must be 0 (never read /metrics) or between {MIN_METRICS_INTERVAL_MS} and {MAX_MS} (one day)"
+                ),
             ));
         }
         if let Some(n) = self.limits.tokenize_concurrency

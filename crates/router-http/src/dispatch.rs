@@ -61,11 +61,43 @@ pub(crate) struct Outgoing {
 
 /// A dispatch that ended before any byte reached the client.
 pub(crate) struct Failed {
-    /// What the client gets if the request is not sent again: the router's error, or
-    /// the engine's own answer (a 429).
-    pub(crate) answer: Result<Response, ApiError>,
+    /// What the client gets if the request is not sent again.
+    pub(crate) answer: Answer,
     /// Set when the engine never started the request: another engine may be sent it.
     pub(crate) retry: Option<Retry>,
+}
+
+/// What the client gets for a failed dispatch that is not sent again.
+pub(crate) enum Answer {
+    /// The router's error.
+    Error(ApiError),
+    /// An engine's own answer (a 429), relayed only once it is the request's last: a
+    /// retried one is never counted, and holds no in-flight guard meanwhile.
+    Engine(Box<Refused>),
+}
+
+/// An engine's refusal, waiting to be relayed.
+pub(crate) struct Refused {
+    ctx: Arc<AppContext>,
+    response: Response<H1Body>,
+    headers: HeaderMap,
+}
+
+impl Answer {
+    /// The client's answer: relayed as the engine sent it, or the router's error.
+    pub(crate) fn into_response(self, out: &Outgoing) -> Result<Response, ApiError> {
+        match self {
+            Answer::Error(error) => Err(error),
+            Answer::Engine(refused) => {
+                let Refused {
+                    ctx,
+                    response,
+                    headers,
+                } = *refused;
+                Ok(relay(&ctx, response, None, headers, out, Vec::new()))
+            }
+        }
+    }
 }
 
 /// Why a failed dispatch may be sent to another engine, and which engine failed.
@@ -77,7 +109,7 @@ pub(crate) struct Retry {
 impl From<ApiError> for Failed {
     fn from(error: ApiError) -> Self {
         Self {
-            answer: Err(error),
+            answer: Answer::Error(error),
             retry: None,
         }
     }
@@ -87,8 +119,8 @@ impl Failed {
     /// The failure in words, for a leg that fails after the answer began.
     fn message(&self) -> String {
         match &self.answer {
-            Err(e) => e.message().to_owned(),
-            Ok(response) => format!("status {}", response.status()),
+            Answer::Error(e) => e.message().to_owned(),
+            Answer::Engine(refused) => format!("status {}", refused.response.status()),
         }
     }
 }
@@ -116,12 +148,10 @@ pub(crate) async fn dispatch(
             let mut headers = HeaderMap::new();
             headers.insert(BUCKET, bucket);
             headers.insert(ENGINE, id_header(&engine));
-            let overloaded = response.status() == StatusCode::TOO_MANY_REQUESTS;
-            let relayed = relay(ctx, response, None, headers, out, guards);
-            if overloaded {
-                return Err(refused(relayed, &engine));
+            if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                return Err(refused(ctx, response, headers, &engine));
             }
-            Ok(relayed)
+            Ok(relay(ctx, response, None, headers, out, guards))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
             vllm::dispatch(ctx, bucket, prefill, decode, out).await
@@ -176,8 +206,7 @@ pub(crate) async fn dispatch(
                         // A failed prefill returns here, dropping (cancelling) the decode leg.
                         let response = result?;
                         if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                            let relayed = relay(ctx, response, None, headers, out, guards);
-                            return Err(refused(relayed, &prefill));
+                            return Err(refused(ctx, response, headers, &prefill));
                         }
                         prefill_response = Some(response);
                     }
@@ -185,8 +214,7 @@ pub(crate) async fn dispatch(
                 }
             };
             if decode_response.status() == StatusCode::TOO_MANY_REQUESTS {
-                let relayed = relay(ctx, decode_response, None, headers, out, guards);
-                return Err(refused(relayed, &decode));
+                return Err(refused(ctx, decode_response, headers, &decode));
             }
             let companion: Companion = match prefill_response {
                 Some(response) => Box::pin(drain(response)),
@@ -208,10 +236,20 @@ pub(crate) async fn dispatch(
     }
 }
 
-/// An engine's 429, relayed as it is unless another engine takes the request.
-fn refused(relayed: Response, engine: &Engine) -> Failed {
+/// An engine's 429, relayed as it is unless another engine takes the request; the
+/// legs' in-flight guards go with the caller's return.
+fn refused(
+    ctx: &Arc<AppContext>,
+    response: Response<H1Body>,
+    headers: HeaderMap,
+    engine: &Engine,
+) -> Failed {
     Failed {
-        answer: Ok(relayed),
+        answer: Answer::Engine(Box::new(Refused {
+            ctx: Arc::clone(ctx),
+            response,
+            headers,
+        })),
         retry: Some(Retry {
             reason: RetryReason::Status429,
             engine: engine.id().clone(),
@@ -275,7 +313,7 @@ async fn send(
             ctx.fleet.record_dispatch(engine.id(), false);
             let status = response.status();
             Err(Failed {
-                answer: Err(ApiError::upstream(format!(
+                answer: Answer::Error(ApiError::upstream(format!(
                     "{stage} engine {} failed with status {status}",
                     engine.id(),
                 ))),
@@ -304,7 +342,7 @@ async fn send(
                 _ => None,
             };
             Err(Failed {
-                answer: Err(match e {
+                answer: Answer::Error(match e {
                     UpstreamError::Timeout(_)
                     | UpstreamError::ConnectTimeout
                     | UpstreamError::NoHead => ApiError::timeout(message),
@@ -349,7 +387,11 @@ fn relay(
     );
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
-    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+    for name in [
+        header::CONTENT_TYPE,
+        header::CACHE_CONTROL,
+        header::RETRY_AFTER,
+    ] {
         if let Some(value) = parts.headers.get(&name) {
             headers.insert(name, value.clone());
         }

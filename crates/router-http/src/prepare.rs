@@ -83,6 +83,8 @@ pub(crate) struct Parsed<'b> {
     /// The number of prompts of a batch: set when the prompt is a list of prompts,
     /// which the engines take as a batch even of one.
     batch: Option<usize>,
+    /// The LoRA adapter a field other than `model` names (`/generate`'s `lora_path`).
+    adapter: Option<String>,
     prompt: Prompt<'b>,
     max_output_tokens: Option<u64>,
 }
@@ -187,6 +189,8 @@ pub(crate) struct Prepared {
     pub(crate) stream: bool,
     /// The number of prompts of a batch (see [`Parsed`]).
     pub(crate) batch: Option<usize>,
+    /// The LoRA adapter a field other than `model` names (see [`Parsed`]).
+    pub(crate) adapter: Option<String>,
     /// The prompt's length in tokens: counted once tokenized, else estimated.
     pub(crate) input_tokens: u64,
     pub(crate) max_output_tokens: Option<u64>,
@@ -261,6 +265,7 @@ pub(crate) fn prepare(
         model: parsed.model,
         stream: parsed.stream,
         batch: parsed.batch,
+        adapter: parsed.adapter,
         input_tokens: parsed.prompt.estimate(body.len()),
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,

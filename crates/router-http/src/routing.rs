@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolver};
 use router_policy::{ConfigError, PolicyHandles};
-use router_state::Engine;
+use router_state::{Engine, RegistrySnapshot};
 
 use crate::config::PdProtocol;
 use crate::tokenize::ChatTokenizer;
@@ -82,6 +82,28 @@ impl Routing {
     /// The route of `model`, if it is served.
     pub(crate) fn get(&self, model: &str) -> Option<Arc<ModelRoute>> {
         self.models.load().get(model).cloned()
+    }
+
+    /// The route and LoRA adapter a request's `model` names: a served model; SGLang's
+    /// `base:adapter`, for a served `base`; or, as vLLM names them, an adapter an
+    /// engine of `engines` lists (its model's route).
+    pub(crate) fn resolve(
+        &self,
+        model: &str,
+        engines: impl FnOnce() -> Arc<RegistrySnapshot>,
+    ) -> Option<(Arc<ModelRoute>, Option<Arc<str>>)> {
+        if let Some(route) = self.get(model) {
+            return Some((route, None));
+        }
+        if let Some((base, adapter)) = model.split_once(':')
+            && let Some(route) = self.get(base)
+            && !adapter.is_empty()
+        {
+            return Some((route, Some(Arc::from(adapter))));
+        }
+        let engines = engines();
+        let engine = engines.engines().find(|e| e.serves_adapter(model))?;
+        Some((self.get(engine.model())?, Some(Arc::from(model))))
     }
 
     /// The route of the one model served, if exactly one is (SGLang's `/generate`

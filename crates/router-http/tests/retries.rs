@@ -76,30 +76,41 @@ async fn a_refused_engines_requests_are_served_by_another() {
 }
 
 #[tokio::test]
-async fn a_503_or_429_is_retried_and_the_last_engines_429_is_relayed_as_it_is() {
-    let (a, b) = (sim(failing(503)).await, sim(|_| {}).await);
+async fn a_429_or_503_is_retried_counted_once_and_the_last_engines_429_is_relayed_as_it_is() {
+    let (a, b) = (sim(failing(429)).await, sim(|_| {}).await);
     let router = router(steady(plain(&[("A", &a), ("B", &b)]))).await;
-    for n in 0..4 {
-        let response = post(&router, &chat("m", &format!("request {n}"))).await;
-        assert_eq!(response.status(), 200);
-        assert_eq!(response.headers()["x-switchyard-engine"], "B");
-        response.bytes().await.unwrap();
+    let set_faults = |sim: &RunningEngine, faults: Value| {
+        let url = format!("{}/admin/faults", sim.url());
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&faults)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+        }
+    };
+    for (status, reason) in [(429, "status_429"), (503, "status_503")] {
+        set_faults(&a, json!({"error_rate": 1.0, "error_status": status})).await;
+        let refused = a.visits().answered;
+        for n in 0..4 {
+            let response = post(&router, &chat("m", &format!("request {n}"))).await;
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()["x-switchyard-engine"], "B");
+            response.bytes().await.unwrap();
+        }
+        let retried = metric(
+            &router,
+            "switchyard_retries_total",
+            &[&format!(r#"reason="{reason}""#)],
+        )
+        .await;
+        assert_eq!(retried, (a.visits().answered - refused) as f64);
+        assert!(retried >= 1.0, "round robin offered A");
     }
-    let retried = metric(
-        &router,
-        "switchyard_retries_total",
-        &[r#"reason="status_503""#],
-    )
-    .await;
-    assert_eq!(retried, a.visits().answered as f64);
-    assert!(retried >= 1.0);
-    let response = reqwest::Client::new()
-        .post(format!("{}/admin/faults", b.url()))
-        .json(&json!({"error_rate": 1.0, "error_status": 429}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    set_faults(&a, json!({"error_rate": 1.0, "error_status": 503})).await;
+    set_faults(&b, json!({"error_rate": 1.0, "error_status": 429})).await;
     let (a_before, b_before) = (a.visits().answered, b.visits().answered);
     let response = post(&router, &chat("m", "nobody can take it")).await;
     assert_eq!(
@@ -117,6 +128,20 @@ async fn a_503_or_429_is_retried_and_the_last_engines_429_is_relayed_as_it_is() 
     );
     let relayed: Value = response.json().await.unwrap();
     assert_eq!(relayed["error"]["message"], "simulated engine failure");
+    assert_eq!(
+        metric(&router, "switchyard_requests_total", &[]).await,
+        9.0,
+        "each request counted once, a retried 429 not at all"
+    );
+    assert_eq!(
+        metric(
+            &router,
+            "switchyard_requests_total",
+            &[r#"outcome="cancelled""#]
+        )
+        .await,
+        0.0
+    );
     router.shutdown().await;
 }
 

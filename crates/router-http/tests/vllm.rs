@@ -262,3 +262,37 @@ async fn load_read_from_a_vllm_engines_metrics_moves_load_based_picks() {
     }
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_vllm_engine_down_at_startup_has_its_metrics_read_once_it_answers() {
+    let [port] = engine_sim::free_port_ranges([1]);
+    let url = format!("http://127.0.0.1:{port}");
+    let model = ModelConfig::new(
+        "m",
+        vec![router_http::EngineConfig {
+            role: Some(EngineRole::Plain),
+            ..router_http::EngineConfig::new("A", &url)
+        }],
+    );
+    let mut config = config(vec![model]);
+    config.load.metrics_interval_ms = 20;
+    let router = router(config).await;
+    let engine = vllm(engine_sim::EngineRole::Plain, |c| c.port = port).await;
+    let fleet = router.context().fleet();
+    tokio::time::timeout(GUARD, async {
+        let mut seen = 0;
+        while fleet
+            .load()
+            .snapshot()
+            .observe(&"A".into())
+            .reported
+            .is_none()
+        {
+            seen = fleet.feed_stats().applied_after(seen).await;
+        }
+    })
+    .await
+    .expect("the router reads the engine's /metrics once it answers");
+    engine.shutdown().await;
+    router.shutdown().await;
+}

@@ -70,12 +70,14 @@ pub struct CacheQueryError(pub String);
 
 /// A prefix-ownership source: the router's own index, or a remote indexer.
 ///
-/// Implementations answer for one model's cache namespace; the same `Arc` is shared
-/// by every policy that reads it (the [`PrefixMemo`] key).
+/// Implementations answer for one model; the same `Arc` is shared by every policy
+/// that reads it (the [`PrefixMemo`] key).
 pub trait CacheSource: Send + Sync + fmt::Debug {
-    /// Which engines hold how much of the prefix of `token_ids`.
+    /// Which engines hold how much of the prefix of `token_ids` in `namespace` (the
+    /// LoRA adapter the request is for; `None` for the base model).
     fn lookup<'a>(
         &'a self,
+        namespace: Option<&'a str>,
         token_ids: &'a [u32],
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>>;
 }
@@ -92,8 +94,8 @@ impl LocalCacheSource {
         Self { index }
     }
 
-    fn answer(&self, token_ids: &[u32]) -> PrefixHits {
-        let chain = self.index.request_hashes(token_ids);
+    fn answer(&self, namespace: Option<&str>, token_ids: &[u32]) -> PrefixHits {
+        let chain = self.index.request_hashes(namespace, token_ids);
         let found = self.index.lookup(&chain);
         let mut ranks: Vec<(EngineId, u32)> = found
             .engines
@@ -119,9 +121,10 @@ impl LocalCacheSource {
 impl CacheSource for LocalCacheSource {
     fn lookup<'a>(
         &'a self,
+        namespace: Option<&'a str>,
         token_ids: &'a [u32],
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
-        let hits = self.answer(token_ids);
+        let hits = self.answer(namespace, token_ids);
         Box::pin(std::future::ready(Ok(CacheLookup::Answered(hits))))
     }
 }
@@ -133,7 +136,7 @@ type Entry = (
 
 /// One request's prefix lookups, one per source, shared by every bucket attempt of
 /// that request (misses and unavailable sources included). A memo belongs to one
-/// request: its token ids are not part of the key.
+/// request: its token ids and namespace are not part of the key.
 #[derive(Default)]
 pub struct PrefixMemo {
     entries: Mutex<Vec<Entry>>,
@@ -145,16 +148,18 @@ impl PrefixMemo {
         Self::default()
     }
 
-    /// The lookup of `token_ids` in `source`, asking the source only the first time.
+    /// The lookup of `token_ids` in `namespace` of `source`, asking the source only
+    /// the first time.
     pub async fn lookup(
         &self,
         source: &Arc<dyn CacheSource>,
+        namespace: Option<&str>,
         token_ids: &[u32],
     ) -> Arc<Result<CacheLookup, CacheQueryError>> {
         if let Some(found) = self.find(source) {
             return found;
         }
-        let answer = Arc::new(source.lookup(token_ids).await);
+        let answer = Arc::new(source.lookup(namespace, token_ids).await);
         let mut entries = self.entries.lock();
         if let Some((_, found)) = entries.iter().find(|(s, _)| Arc::ptr_eq(s, source)) {
             return Arc::clone(found);

@@ -100,8 +100,8 @@ impl CacheAwarePolicy {
             return self.select(engines, request, None);
         };
         let answer = match request.prefix_memo {
-            Some(memo) => memo.lookup(&self.source, tokens).await,
-            None => Arc::new(self.source.lookup(tokens).await),
+            Some(memo) => memo.lookup(&self.source, request.adapter, tokens).await,
+            None => Arc::new(self.source.lookup(request.adapter, tokens).await),
         };
         match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {

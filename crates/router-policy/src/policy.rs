@@ -68,6 +68,10 @@ pub struct PickRequest<'a> {
     /// Engines the pick must not return (the engines a retried request failed on):
     /// the group leaves them out of the candidates a policy sees.
     pub excluded: &'a [EngineId],
+    /// The LoRA adapter the request is for (`None`: the base model): the group
+    /// offers only engines that serve it, and its prompt is looked up in the
+    /// adapter's cache namespace.
+    pub adapter: Option<&'a str>,
 }
 
 impl<'a> PickRequest<'a> {
@@ -84,6 +88,7 @@ impl<'a> PickRequest<'a> {
             routing_key: None,
             prefix_memo: None,
             excluded: &[],
+            adapter: None,
         }
     }
 
@@ -120,6 +125,12 @@ impl<'a> PickRequest<'a> {
     /// Sets the engines the pick must not return.
     pub fn with_excluded(mut self, engines: &'a [EngineId]) -> Self {
         self.excluded = engines;
+        self
+    }
+
+    /// Sets the LoRA adapter the request is for.
+    pub fn with_adapter(mut self, adapter: Option<&'a str>) -> Self {
+        self.adapter = adapter;
         self
     }
 }

@@ -50,7 +50,11 @@ impl Scripted {
 }
 
 impl CacheSource for Scripted {
-    fn lookup<'a>(&'a self, _: &'a [u32]) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
+    fn lookup<'a>(
+        &'a self,
+        _: Option<&'a str>,
+        _: &'a [u32],
+    ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         Box::pin(std::future::ready(self.answer.clone()))
     }

@@ -116,6 +116,8 @@ pub struct Engine {
     bootstrap_port: Option<u16>,
     dp_size: NonZeroU32,
     health: Health,
+    /// The LoRA adapters it serves (from its `/v1/models`), sorted.
+    adapters: Arc<[Arc<str>]>,
 }
 
 impl Engine {
@@ -134,7 +136,20 @@ impl Engine {
             bootstrap_port: None,
             dp_size: NonZeroU32::MIN,
             health: Health::Healthy,
+            adapters: Arc::new([]),
         }
+    }
+
+    /// Sets the LoRA adapters the engine serves.
+    pub fn with_adapters(
+        mut self,
+        adapters: impl IntoIterator<Item = impl Into<Arc<str>>>,
+    ) -> Self {
+        let mut adapters: Vec<Arc<str>> = adapters.into_iter().map(Into::into).collect();
+        adapters.sort();
+        adapters.dedup();
+        self.adapters = adapters.into();
+        self
     }
 
     /// Sets the port of the prefill engine's KV-transfer bootstrap server.
@@ -183,6 +198,18 @@ impl Engine {
     /// Number of data-parallel ranks.
     pub fn dp_size(&self) -> NonZeroU32 {
         self.dp_size
+    }
+
+    /// The LoRA adapters the engine serves, sorted.
+    pub fn adapters(&self) -> &[Arc<str>] {
+        &self.adapters
+    }
+
+    /// Whether the engine serves LoRA adapter `name`.
+    pub fn serves_adapter(&self, name: &str) -> bool {
+        self.adapters
+            .binary_search_by(|a| a.as_ref().cmp(name))
+            .is_ok()
     }
 
     /// Current health.

@@ -52,7 +52,7 @@ fn exercise(input: &[u8]) -> bool {
     );
     for event in &batch.events {
         if let KvEvent::Stored(stored) = event {
-            index.lookup(&index.request_hashes(&stored.tokens));
+            index.lookup(&index.request_hashes(stored.namespace.as_deref(), &stored.tokens));
         }
     }
     index.remove_engine(&engine);

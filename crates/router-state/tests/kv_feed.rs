@@ -65,7 +65,7 @@ impl Fixture {
 
     /// Tokens the index predicts the engine holds for `prompt`.
     fn predicted(&self, prompt: &[u32]) -> u64 {
-        let chain = self.index.request_hashes(prompt);
+        let chain = self.index.request_hashes(None, prompt);
         (self.index.lookup(&chain).blocks_of(&self.id) as u64) * u64::from(PAGE)
     }
 

@@ -139,8 +139,13 @@ impl Harness {
 
     /// Blocks of `prompt` the index says the engine holds.
     fn depth(&self, prompt: &[u32]) -> usize {
+        self.depth_in(None, prompt)
+    }
+
+    /// Blocks of `prompt` the engine holds in `namespace` (a LoRA adapter's).
+    fn depth_in(&self, namespace: Option<&str>, prompt: &[u32]) -> usize {
         self.index
-            .lookup(&self.index.request_hashes(prompt))
+            .lookup(&self.index.request_hashes(namespace, prompt))
             .blocks_of(&self.id)
     }
 
@@ -218,6 +223,26 @@ async fn the_index_follows(engine: Engine) {
     let b = [&a[..32], &b_own[..]].concat();
     h.settle().await;
     assert_eq!((h.depth(&a), h.depth(&b)), (4, 4));
+    if matches!(h.engine, Engine::Vllm) {
+        // An adapter's pages (vLLM names it in `lora_name`) are in its namespace
+        // only; SGLang's events name no adapter.
+        let lora = tokens(7, 2);
+        let hashes: Vec<Value> = (0..2).map(|i| h.engine.hash(h.next_block + i)).collect();
+        h.next_block += 2;
+        h.publisher
+            .send(json!({"op": "store", "hashes": hashes, "parent": null, "tokens": lora, "block_size": BLOCK, "lora": "sql-adapter"}))
+            .await;
+        h.settle().await;
+        assert_eq!(
+            (
+                h.depth_in(Some("sql-adapter"), &lora),
+                h.depth(&lora),
+                h.depth_in(Some("other"), &lora)
+            ),
+            (2, 0, 0),
+            "an adapter's pages match its requests only"
+        );
+    }
     h.publisher
         .send(json!({"op": "remove", "hashes": [h.engine.hash(4)]}))
         .await;

@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 
 use crate::h1::{H1Body, H1Client, H1Error};
-use crate::info::{ServerInfo, parse_server_info};
+use crate::info::{ServerInfo, parse_adapters, parse_server_info};
 use crate::metrics_text::{ScrapedRank, parse_load_metrics};
 use crate::url::authority;
 
@@ -199,7 +199,19 @@ impl Upstream {
         Ok(parse_load_metrics(&String::from_utf8_lossy(&body), dp_size))
     }
 
-    /// Reads the engine's `/server_info`: up to three attempts, 100 ms then 200 ms
+    /// The LoRA adapters the engine's `/v1/models` lists (none when it cannot be
+    /// read).
+    async fn adapters(&self, base: &str) -> Vec<String> {
+        match self.get(base, "/v1/models", INFO_TIMEOUT).await {
+            Ok((status, body)) if status.is_success() => {
+                parse_adapters(&serde_json::from_slice(&body).unwrap_or_default())
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Reads the engine's `/server_info` (and the adapters its `/v1/models` lists):
+    /// up to three attempts, 100 ms then 200 ms
     /// apart. An engine that answers 4xx (vLLM has no such endpoint) says nothing
     /// about itself; `None` if it never answered.
     pub async fn server_info(&self, base: &str) -> Option<ServerInfo> {
@@ -209,14 +221,18 @@ impl Upstream {
                 tokio::time::sleep(wait).await;
                 wait *= 2;
             }
-            match self.get(base, "/server_info", INFO_TIMEOUT).await {
+            let info = match self.get(base, "/server_info", INFO_TIMEOUT).await {
                 Ok((status, body)) if status.is_success() => {
                     let info = serde_json::from_slice(&body).unwrap_or_default();
-                    return Some(parse_server_info(&info, base));
+                    parse_server_info(&info, base)
                 }
-                Ok((status, _)) if status.is_client_error() => return Some(ServerInfo::default()),
-                _ => {}
-            }
+                Ok((status, _)) if status.is_client_error() => ServerInfo::default(),
+                _ => continue,
+            };
+            return Some(ServerInfo {
+                adapters: self.adapters(base).await,
+                ..info
+            });
         }
         None
     }

@@ -23,6 +23,30 @@ pub struct ServerInfo {
     pub load_feed: Option<FeedEndpoint>,
     /// The KV-event feed, from `kv_events.endpoint_port_base`.
     pub kv_feed: Option<KvFeedEndpoint>,
+    /// The LoRA adapters the engine serves: the cards of its `/v1/models` with a
+    /// `parent` (vLLM and SGLang list an adapter so), at most 1,024 names of at most
+    /// 256 bytes each.
+    pub adapters: Vec<String>,
+}
+
+/// The most adapters read from an engine's `/v1/models`.
+const MAX_ADAPTERS: usize = 1024;
+/// The longest adapter name kept.
+const MAX_ADAPTER_BYTES: usize = 256;
+
+/// The LoRA adapters a `/v1/models` answer lists: cards with a non-null `parent`.
+pub(crate) fn parse_adapters(models: &Value) -> Vec<String> {
+    let Some(cards) = models["data"].as_array() else {
+        return Vec::new();
+    };
+    cards
+        .iter()
+        .filter(|card| !card["parent"].is_null())
+        .filter_map(|card| card["id"].as_str())
+        .filter(|id| !id.is_empty() && id.len() <= MAX_ADAPTER_BYTES)
+        .take(MAX_ADAPTERS)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Where an engine publishes KV-cache events, and replays them.
@@ -101,6 +125,7 @@ pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
             .filter(|d| *d > 0),
         load_feed,
         kv_feed,
+        adapters: Vec::new(),
     }
 }
 

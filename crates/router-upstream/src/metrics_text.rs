@@ -62,11 +62,11 @@ pub fn parse_load_metrics(text: &str, dp_size: u32) -> Vec<ScrapedRank> {
         };
         match series {
             Series::Running => {
-                slot.running_requests += count(sample.value);
+                slot.running_requests = slot.running_requests.saturating_add(count(sample.value));
                 slot.seen = true;
             }
             Series::Waiting => {
-                slot.waiting_requests += count(sample.value);
+                slot.waiting_requests = slot.waiting_requests.saturating_add(count(sample.value));
                 slot.seen = true;
             }
             Series::KvUsage => {
@@ -247,6 +247,12 @@ vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 1234.0
                 seen: true,
             }
         );
+    }
+
+    #[test]
+    fn huge_values_saturate() {
+        let text = "vllm:num_requests_running{model_name=\"a\"} 1e300\nvllm:num_requests_running{model_name=\"b\"} 1e300\n";
+        assert_eq!(parse_load_metrics(text, 1)[0].running_requests, u64::MAX);
     }
 
     #[test]

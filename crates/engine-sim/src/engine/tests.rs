@@ -152,28 +152,30 @@ async fn caching_pages_publishes_stores_and_evictions() {
     let Some(PublisherMsg::Batch(batch)) = rx.recv().await else {
         panic!("a batch")
     };
-    let keys = page_keys(&prompt(25), 10);
+    let keys = page_keys(&prompt(25), 10, None);
     assert_eq!(
         batch,
         [KvEvent::Stored {
             hashes: vec![keys[0].hash, keys[1].hash],
             parent: None,
             tokens: prompt(20),
-            block_size: 10
+            block_size: 10,
+            lora_name: None,
         }]
     );
     engine.serve(prompt(35), 0).await;
     let Some(PublisherMsg::Batch(batch)) = rx.recv().await else {
         panic!("a batch")
     };
-    let longer = page_keys(&prompt(35), 10);
+    let longer = page_keys(&prompt(35), 10, None);
     assert_eq!(
         batch,
         [KvEvent::Stored {
             hashes: vec![longer[2].hash],
             parent: Some(longer[1].hash),
             tokens: (20..30).collect(),
-            block_size: 10
+            block_size: 10,
+            lora_name: None,
         }]
     );
     engine.serve((900..920).collect(), 0).await;

@@ -199,12 +199,17 @@ async fn route(
         Err(e) => return (unknown_model(), Err(e)),
     };
     let mut route = None;
+    let mut adapter = None;
     let prepared = prepare(endpoint, &body, |model| {
         let found = route.insert(match model {
-            Some(model) => ctx
-                .routing
-                .get(model)
-                .ok_or_else(|| ApiError::model_not_found(model))?,
+            Some(model) => {
+                let (found, named) = ctx
+                    .routing
+                    .resolve(model, || ctx.fleet.snapshot())
+                    .ok_or_else(|| ApiError::model_not_found(model))?;
+                adapter = named;
+                found
+            }
             None => ctx.routing.only().ok_or_else(|| {
                 ApiError::invalid(
                     "missing_model",
@@ -273,8 +278,11 @@ async fn route(
         .with_max_output_tokens(prepared.max_output_tokens)
         .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()));
     let memo = PrefixMemo::new();
+    // The adapter `model` names wins over `/generate`'s `lora_path`, as on SGLang.
+    let adapter = adapter.as_deref().or(prepared.adapter.as_deref());
     let request = match request {
         Ok(r) => r
+            .with_adapter(adapter)
             .with_token_ids(prepared.token_ids.as_deref())
             .with_prefix_memo(Some(&memo))
             .with_session_key(session_key)

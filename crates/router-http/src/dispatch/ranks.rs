@@ -15,6 +15,9 @@ use router_state::{Engine, InflightGuard};
 use super::with_fields;
 use crate::app::AppContext;
 
+// A room stays below 2^63 only while ranks fit in 11 bits (see `room`).
+const _: () = assert!(router_fleet::MAX_DP_SIZE <= 1 << 11);
+
 /// The header naming the rank.
 pub(super) const RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
 

@@ -83,8 +83,7 @@ pub(super) async fn dispatch(
     };
     let answer = send(ctx, to, whole, prefill_body(&out.body)?, &out.request_id).await?;
     if answer.status() == StatusCode::TOO_MANY_REQUESTS {
-        let relayed = relay(ctx, answer, None, headers, out, guards);
-        return Err(refused(relayed, &prefill));
+        return Err(refused(ctx, answer, headers, &prefill));
     }
     if !answer.status().is_success() {
         // The client's own error (say, a prompt past the model's context).
@@ -100,22 +99,24 @@ pub(super) async fn dispatch(
         Err(_) => return Err(failed(&"its answer stopped arriving").into()),
     };
     let params = transfer_params(&answer).map_err(|e| failed(&e))?;
-    let body = match params {
-        Some(params) => with_fields(&out.body, &format!(r#""kv_transfer_params":{params}"#)),
-        // No hand-over (the prefill did not finish length-capped): the decode engine
-        // computes the prompt itself, as vLLM's proxy lets it.
-        None => out.body.clone(),
-    };
+    // No hand-over (the prefill did not finish length-capped): the decode engine
+    // computes the prompt itself, as vLLM's proxy lets it; params the client sent
+    // never reach it (they would point its transfer anywhere).
+    let params = params.unwrap_or("null");
+    let body = with_fields(&out.body, &format!(r#""kv_transfer_params":{params}"#));
     let to = Target {
         engine: &decode,
         stage: "decode",
         rank: decode_rank,
     };
-    let response = send(ctx, to, out.leg, body, &out.request_id).await?;
-    if response.status() == StatusCode::TOO_MANY_REQUESTS {
-        let relayed = relay(ctx, response, None, headers, out, guards);
-        return Err(refused(relayed, &decode));
-    }
+    // The prefill holds the request's KV blocks for this decode: a decode that fails
+    // is not retried (a retry would prefill again, elsewhere, while they stay held).
+    let response = send(ctx, to, out.leg, body, &out.request_id)
+        .await
+        .map_err(|failed| Failed {
+            retry: None,
+            ..failed
+        })?;
     Ok(relay(ctx, response, None, headers, out, guards))
 }
 

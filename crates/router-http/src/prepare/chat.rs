@@ -87,6 +87,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         model: Some(model),
         stream,
         batch: None,
+        adapter: None,
         prompt: Prompt::Messages(messages),
         max_output_tokens: max_completion_tokens.or(max_tokens),
     })

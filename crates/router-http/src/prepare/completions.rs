@@ -102,6 +102,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         model: Some(model),
         stream,
         batch: batch_of(prompt, &prompts),
+        adapter: None,
         prompt: Prompt::Completion(prompts),
         max_output_tokens: max_tokens,
     })

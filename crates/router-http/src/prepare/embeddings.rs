@@ -63,6 +63,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         model: Some(model),
         stream: false,
         batch: None,
+        adapter: None,
         prompt: Prompt::Completion(prompts),
         max_output_tokens: Some(0),
     })

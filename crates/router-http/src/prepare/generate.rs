@@ -47,10 +47,9 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     })?;
     let model = match probe.model {
         None => None,
-        Some(raw) if raw.get() == "null" => None,
         given => Some(super::checks::model(given)?),
     };
-    if probe.input_embeds.is_some_and(|e| e.get() != "null") {
+    if probe.input_embeds.is_some() {
         return Err(ApiError::invalid(
             "invalid_prompt",
             "input_embeds",
@@ -109,6 +108,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         model,
         stream,
         batch: batch_of(raw, &prompts),
+        adapter: adapter(probe.lora_path.as_ref())?,
         prompt: Prompt::Completion(prompts),
         max_output_tokens: max_new_tokens(probe.sampling_params)?,
     })
@@ -153,6 +153,26 @@ fn max_new_tokens(params: Option<Value>) -> Result<Option<u64>, ApiError> {
             })
         }
         Some(params) => one(&params),
+    }
+}
+
+/// The adapter `lora_path` names: its string, or the one name a batch's list gives
+/// every prompt (`null`: the base model).
+fn adapter(lora_path: Option<&Value>) -> Result<Option<String>, ApiError> {
+    match lora_path {
+        Some(Value::String(name)) => Ok(Some(name.clone())),
+        Some(Value::Array(names)) => match names.first() {
+            Some(first) if names.iter().all(|n| n == first) => {
+                Ok(first.as_str().map(str::to_owned))
+            }
+            None => Ok(None),
+            Some(_) => Err(ApiError::invalid(
+                "invalid_parameter",
+                "lora_path",
+                "the prompts of a batch must name one adapter (or all none) to be routed",
+            )),
+        },
+        _ => Ok(None),
     }
 }
 

@@ -568,7 +568,7 @@ fn a_generate_body_routes_on_text_or_input_ids() {
     let p = generate(
         json!({"model": "m", "input_ids": [[1, 2], [3, 4, 5]], "stream": true,
                "sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 9}],
-               "rid": ["a", "b"], "lora_path": [null, "sql"]}),
+               "rid": ["a", "b"], "lora_path": ["sql", "sql"]}),
         None,
     )
     .unwrap();
@@ -598,7 +598,13 @@ fn a_generate_body_routes_on_text_or_input_ids() {
     );
     assert_eq!(budget(json!(null)), Some(128));
     let p = generate(json!({"text": ["a", "b"], "model": null}), None).unwrap();
-    assert_eq!((p.model, p.batch), (None, Some(2)));
+    assert_eq!((p.model, p.batch, p.adapter), (None, Some(2), None));
+    let p = generate(json!({"text": "a", "lora_path": "sql"}), None).unwrap();
+    assert_eq!(
+        p.adapter.as_deref(),
+        Some("sql"),
+        "lora_path names the adapter"
+    );
 }
 
 #[test]
@@ -659,6 +665,11 @@ fn every_invalid_generate_field_gets_a_precise_400() {
             json!({"text": "a", "lora_path": {"x": 1}}),
             "lora_path",
             "lora_path must be a string",
+        ),
+        (
+            json!({"text": ["a", "b"], "lora_path": [null, "sql"]}),
+            "lora_path",
+            "the prompts of a batch must name one adapter",
         ),
     ];
     for (body, param, message) in cases {

@@ -237,9 +237,15 @@ impl PrefixIndex {
         self.config
     }
 
-    /// Chain hashes of a request's full pages (no namespace).
-    pub fn request_hashes(&self, tokens: &[u32]) -> Vec<u64> {
-        super::hash::chain_hashes(tokens, self.config.block_size as usize, 0)
+    /// Chain hashes of a request's full pages in `namespace` (the LoRA adapter the
+    /// request is for, as vLLM names it in its events' `lora_name`; `None` for the
+    /// base model).
+    pub fn request_hashes(&self, namespace: Option<&str>, tokens: &[u32]) -> Vec<u64> {
+        super::hash::chain_hashes(
+            tokens,
+            self.config.block_size as usize,
+            namespace_seed(namespace),
+        )
     }
 
     /// Applies one batch from `engine`'s rank `rank`.

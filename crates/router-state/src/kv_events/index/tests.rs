@@ -45,7 +45,7 @@ fn index() -> PrefixIndex {
 fn stores_chain_under_their_parents_and_lookups_return_contiguous_depths() {
     let index = index();
     let tokens: Vec<u32> = (0..16).collect();
-    let chain = index.request_hashes(&tokens);
+    let chain = index.request_hashes(None, &tokens);
     index.apply(
         &id("a"),
         0,
@@ -130,7 +130,7 @@ fn skips_stores_that_do_not_fit_and_says_why() {
 fn a_removal_on_one_tier_keeps_the_copy_on_another() {
     let index = index();
     let tokens: Vec<u32> = (0..4).collect();
-    let chain = index.request_hashes(&tokens);
+    let chain = index.request_hashes(None, &tokens);
     index.apply(
         &id("a"),
         0,
@@ -177,7 +177,7 @@ fn a_removal_on_one_tier_keeps_the_copy_on_another() {
 fn clears_restarts_degradation_and_engine_removal() {
     let index = index();
     let tokens: Vec<u32> = (0..8).collect();
-    let chain = index.request_hashes(&tokens);
+    let chain = index.request_hashes(None, &tokens);
     for engine in ["a", "b"] {
         index.apply(
             &id(engine),
@@ -213,7 +213,7 @@ fn clears_restarts_degradation_and_engine_removal() {
 fn lookups_over_more_than_64_sources_match_word_by_word() {
     let index = index();
     let tokens: Vec<u32> = (0..40).collect();
-    let chain = index.request_hashes(&tokens);
+    let chain = index.request_hashes(None, &tokens);
     // Engine i holds the first i % 10 + 1 pages; engine 100 only a host copy of
     // four, engine 70 is being repaired.
     for i in 0..130u64 {
@@ -261,14 +261,14 @@ fn the_node_budget_evicts_least_recently_matched_leaves() {
                 Tier::Device,
             )]),
         );
-        index.lookup(&index.request_hashes(&prefixes[0]));
+        index.lookup(&index.request_hashes(None, &prefixes[0]));
     }
     let size = index.size();
     assert!(size.nodes <= 10, "the budget holds: {size:?}");
     assert!(index.evicted() > 0);
     assert_eq!(
         index
-            .lookup(&index.request_hashes(&prefixes[0]))
+            .lookup(&index.request_hashes(None, &prefixes[0]))
             .blocks_of(&id("a")),
         2,
         "the prefix matched often survives"
@@ -315,7 +315,7 @@ fn a_source_that_never_removes_keeps_engine_hashes_only_for_pages_in_the_budget(
 fn pages_announced_again_under_new_engine_hashes_keep_one_hash() {
     let index = index();
     let tokens: Vec<u32> = (0..8).collect();
-    let chain = index.request_hashes(&tokens);
+    let chain = index.request_hashes(None, &tokens);
     for round in 0..1_000u64 {
         let hashes = [round * 2, round * 2 + 1];
         index.apply(
@@ -346,7 +346,7 @@ fn pages_announced_again_under_new_engine_hashes_keep_one_hash() {
     assert_eq!(index.lookup(&chain).blocks_of(&id("a")), 1);
     assert_eq!(
         index
-            .lookup(&index.request_hashes(&other))
+            .lookup(&index.request_hashes(None, &other))
             .blocks_of(&id("a")),
         1
     );
@@ -359,14 +359,15 @@ fn removals_and_continuations_of_evicted_pages_are_skipped_as_unknown() {
     store_conversation(&index, "a", 0);
     for c in 1..20 {
         store_conversation(&index, "a", c);
-        index.lookup(
-            &index.request_hashes(&(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>()),
-        );
+        index.lookup(&index.request_hashes(
+            None,
+            &(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>(),
+        ));
     }
     assert!(!index.holds(
         &id("a"),
         0,
-        index.request_hashes(&(0..4).collect::<Vec<_>>())[0]
+        index.request_hashes(None, &(0..4).collect::<Vec<_>>())[0]
     ));
     let outcome = index.apply(
         &id("a"),
@@ -388,8 +389,12 @@ fn removals_and_continuations_of_evicted_pages_are_skipped_as_unknown() {
 #[test]
 fn eviction_keeps_the_prompts_matched_recently_among_many_leaves() {
     let index = budget(400);
-    let prompt =
-        |c: u64| index.request_hashes(&(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>());
+    let prompt = |c: u64| {
+        index.request_hashes(
+            None,
+            &(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>(),
+        )
+    };
     for c in 0..2_000 {
         store_conversation(&index, "a", c);
         for hot in 0..8 {
@@ -428,7 +433,7 @@ fn a_batch_far_past_the_budget_is_evicted_in_steps_down_to_the_budget() {
     assert_eq!(index.engine_hashes(), 100);
     assert_eq!(
         index
-            .lookup(&index.request_hashes(&tokens))
+            .lookup(&index.request_hashes(None, &tokens))
             .blocks_of(&id("a")),
         100,
         "the chain's deepest pages went first"
