@@ -7,6 +7,19 @@ use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+/// `POST url` with `body`, answered with JSON.
+async fn post_json(url: &str, body: &Value) -> Value {
+    client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// The JSON events of an SSE answer, which must end with `data: [DONE]`.
 async fn chunks(response: reqwest::Response) -> Vec<Value> {
     let events: Vec<String> = response
@@ -339,15 +352,7 @@ async fn embeddings_have_the_openai_shape_one_unit_vector_an_input() {
     let engine = engine(config()).await;
     let url = format!("{}/v1/embeddings", engine.url());
     let body = json!({"model": "m", "input": ["one two", "three four five"]});
-    let reply: Value = client()
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reply = post_json(&url, &body).await;
     assert_eq!(reply["object"], "list");
     let data = reply["data"].as_array().unwrap();
     assert_eq!(data.len(), 2);
@@ -395,15 +400,7 @@ async fn generate_answers_in_sglangs_native_shape() {
     let url = format!("{}/generate", engine.url());
     let body =
         json!({"text": "three words here", "sampling_params": {"max_new_tokens": 3}, "rid": "r-1"});
-    let reply: Value = client()
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reply = post_json(&url, &body).await;
     assert_eq!(reply["text"].as_str().unwrap().split(' ').count(), 3);
     assert_eq!(reply["output_ids"], json!([1, 2, 3]));
     let meta = &reply["meta_info"];
@@ -422,15 +419,7 @@ async fn generate_answers_in_sglangs_native_shape() {
         )
     );
     let batch = json!({"input_ids": [[5, 6]], "sampling_params": [{"max_new_tokens": 1}]});
-    let reply: Value = client()
-        .post(&url)
-        .json(&batch)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reply = post_json(&url, &batch).await;
     assert_eq!(
         reply[0]["meta_info"]["prompt_tokens"], 2,
         "a batch of one is answered with a list of one: {reply}"

@@ -288,14 +288,23 @@ fn a_small_prompt_is_tokenized_in_preparation_and_a_large_one_is_handed_over() {
     assert_eq!(prepared.token_ids, None, "not tokenized yet");
 }
 
-fn complete(
+/// Prepares a small `body` for `endpoint`, tokenized at once with `with`.
+fn small(
+    endpoint: &'static Endpoint,
     body: serde_json::Value,
     with: Option<Arc<ChatTokenizer>>,
 ) -> Result<Prepared, ApiError> {
     let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
-    let (prepared, tokenize) = prepare(&COMPLETIONS, &bytes, |_| Ok(with))?;
+    let (prepared, tokenize) = prepare(endpoint, &bytes, |_| Ok(with))?;
     assert!(tokenize.is_none(), "a small body is tokenized at once");
     Ok(prepared)
+}
+
+fn complete(
+    body: serde_json::Value,
+    with: Option<Arc<ChatTokenizer>>,
+) -> Result<Prepared, ApiError> {
+    small(&COMPLETIONS, body, with)
 }
 
 #[test]
@@ -545,10 +554,7 @@ fn generate(
     body: serde_json::Value,
     with: Option<Arc<ChatTokenizer>>,
 ) -> Result<Prepared, ApiError> {
-    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
-    let (prepared, tokenize) = prepare(&GENERATE, &bytes, |_| Ok(with))?;
-    assert!(tokenize.is_none(), "a small body is tokenized at once");
-    Ok(prepared)
+    small(&GENERATE, body, with)
 }
 
 #[test]
