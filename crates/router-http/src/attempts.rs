@@ -35,7 +35,7 @@ pub(crate) async fn run(
             Err(failed) => failed,
         };
         let Some(retry) = retry.filter(|_| attempt < ctx.retries.max_attempts()) else {
-            return answer.into_response(out);
+            return answer.into_response(ctx, out);
         };
         failed_engines.push(retry.engine);
         let again = match route.resolver.get(&bucket) {
@@ -50,12 +50,12 @@ pub(crate) async fn run(
         };
         let Some(again) = again else {
             tracing::debug!(%bucket, reason = retry.reason.as_str(), "no other engine to retry on");
-            return answer.into_response(out);
+            return answer.into_response(ctx, out);
         };
         if !ctx.retries.try_retry() {
             ctx.metrics.retries_refused.inc();
             tracing::warn!(%bucket, reason = retry.reason.as_str(), "retry budget spent: not retried");
-            return answer.into_response(out);
+            return answer.into_response(ctx, out);
         }
         // The failed attempt's answer (an engine's connection) goes before the next.
         drop(answer);

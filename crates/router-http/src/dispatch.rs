@@ -76,25 +76,24 @@ pub(crate) enum Answer {
     Engine(Box<Refused>),
 }
 
-/// An engine's refusal, waiting to be relayed.
+/// An engine's refusal, waiting to be relayed with the routing headers.
 pub(crate) struct Refused {
-    ctx: Arc<AppContext>,
     response: Response<H1Body>,
     headers: HeaderMap,
 }
 
 impl Answer {
     /// The client's answer: relayed as the engine sent it, or the router's error.
-    pub(crate) fn into_response(self, out: &Outgoing) -> Result<Response, ApiError> {
+    pub(crate) fn into_response(
+        self,
+        ctx: &Arc<AppContext>,
+        out: &Outgoing,
+    ) -> Result<Response, ApiError> {
         match self {
             Answer::Error(error) => Err(error),
             Answer::Engine(refused) => {
-                let Refused {
-                    ctx,
-                    response,
-                    headers,
-                } = *refused;
-                Ok(relay(&ctx, response, None, headers, out, Vec::new()))
+                let Refused { response, headers } = *refused;
+                Ok(relay(ctx, response, None, headers, out, Vec::new()))
             }
         }
     }
@@ -138,19 +137,17 @@ pub(crate) async fn dispatch(
             let rank = ranks::rank(ctx, &pick);
             let engine = pick.engine;
             let guards = vec![ranks::guard(ctx, &engine, rank)];
+            let mut headers = HeaderMap::new();
+            headers.insert(BUCKET, bucket);
+            headers.insert(ENGINE, id_header(&engine));
             let to = Target {
                 engine: &engine,
                 stage: "plain",
                 rank,
+                routing: &headers,
             };
             let body = ranks::with_rank(&out.body, rank);
             let response = send(ctx, to, out.leg, body, &out.request_id).await?;
-            let mut headers = HeaderMap::new();
-            headers.insert(BUCKET, bucket);
-            headers.insert(ENGINE, id_header(&engine));
-            if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                return Err(refused(ctx, response, headers, &engine));
-            }
             Ok(relay(ctx, response, None, headers, out, guards))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
@@ -169,19 +166,27 @@ pub(crate) async fn dispatch(
                 .map(|_| ranks::room(ctx.next_room(), prefill_rank, prefill_ranks))
                 .collect();
             let body = with_bootstrap(&out.body, &prefill, out.batch, &rooms);
+            let mut headers = HeaderMap::new();
+            headers.insert(BUCKET, bucket);
+            headers.insert(PREFILL, id_header(&prefill));
+            headers.insert(DECODE, id_header(&decode));
+            // The legs' copy: the relayed answer takes `headers` while they live.
+            let routing = headers.clone();
             let mut prefill_leg: LegFuture = {
                 let ctx = Arc::clone(ctx);
-                let (prefill, body, request_id, leg) = (
+                let (prefill, body, request_id, leg, routing) = (
                     Arc::clone(&prefill),
                     ranks::with_rank(&body, prefill_rank),
                     out.request_id.clone(),
                     out.leg,
+                    routing.clone(),
                 );
                 Box::pin(async move {
                     let to = Target {
                         engine: &prefill,
                         stage: "prefill",
                         rank: prefill_rank,
+                        routing: &routing,
                     };
                     send(&ctx, to, leg, body, &request_id).await
                 })
@@ -191,31 +196,21 @@ pub(crate) async fn dispatch(
                 engine: &decode,
                 stage: "decode",
                 rank: decode_rank,
+                routing: &routing,
             };
             let body = ranks::with_rank(&body, decode_rank);
             let decode_leg = send(ctx, to, out.leg, body, &request_id);
             tokio::pin!(decode_leg);
-            let mut headers = HeaderMap::new();
-            headers.insert(BUCKET, bucket);
-            headers.insert(PREFILL, id_header(&prefill));
-            headers.insert(DECODE, id_header(&decode));
             let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
                 tokio::select! {
                     result = &mut prefill_leg, if prefill_response.is_none() => {
                         // A failed prefill returns here, dropping (cancelling) the decode leg.
-                        let response = result?;
-                        if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                            return Err(refused(ctx, response, headers, &prefill));
-                        }
-                        prefill_response = Some(response);
+                        prefill_response = Some(result?);
                     }
                     result = &mut decode_leg => break result?,
                 }
             };
-            if decode_response.status() == StatusCode::TOO_MANY_REQUESTS {
-                return Err(refused(ctx, decode_response, headers, &decode));
-            }
             let companion: Companion = match prefill_response {
                 Some(response) => Box::pin(drain(response)),
                 None => {
@@ -236,34 +231,14 @@ pub(crate) async fn dispatch(
     }
 }
 
-/// An engine's 429, relayed as it is unless another engine takes the request; the
-/// legs' in-flight guards go with the caller's return.
-fn refused(
-    ctx: &Arc<AppContext>,
-    response: Response<H1Body>,
-    headers: HeaderMap,
-    engine: &Engine,
-) -> Failed {
-    Failed {
-        answer: Answer::Engine(Box::new(Refused {
-            ctx: Arc::clone(ctx),
-            response,
-            headers,
-        })),
-        retry: Some(Retry {
-            reason: RetryReason::Status429,
-            engine: engine.id().clone(),
-        }),
-    }
-}
-
-/// Where a leg goes: the engine, its stage (for metrics and errors) and the rank
-/// named, if any.
+/// Where a leg goes: the engine, its stage (for metrics and errors), the rank named,
+/// if any, and the routing headers the client gets with an engine's own refusal.
 #[derive(Clone, Copy)]
 struct Target<'a> {
     engine: &'a Engine,
     stage: &'static str,
     rank: Option<u32>,
+    routing: &'a HeaderMap,
 }
 
 /// Sends one leg and waits for a response head. Engine 5xx answers, transport
@@ -283,6 +258,7 @@ async fn send(
         engine,
         stage,
         rank,
+        routing,
     } = to;
     let invalid =
         || ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()));
@@ -322,6 +298,18 @@ async fn send(
                 } else {
                     None
                 },
+            })
+        }
+        // Overloaded, not faulty: another engine may take the request, else the
+        // engine's answer is relayed as it is.
+        Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+            ctx.fleet.record_dispatch(engine.id(), true);
+            Err(Failed {
+                answer: Answer::Engine(Box::new(Refused {
+                    response,
+                    headers: routing.clone(),
+                })),
+                retry: retry(RetryReason::Status429),
             })
         }
         Ok(response) => {

@@ -184,8 +184,6 @@ impl Prompt<'_> {
 /// The routing facts of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Prepared {
-    /// The model named (SGLang's `/generate` may name none).
-    pub(crate) model: Option<String>,
     pub(crate) stream: bool,
     /// The number of prompts of a batch (see [`Parsed`]).
     pub(crate) batch: Option<usize>,
@@ -262,7 +260,6 @@ pub(crate) fn prepare(
         None => {}
     }
     let prepared = Prepared {
-        model: parsed.model,
         stream: parsed.stream,
         batch: parsed.batch,
         adapter: parsed.adapter,

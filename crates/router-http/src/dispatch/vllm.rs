@@ -12,16 +12,14 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, Limited};
 use router_policy::Pick;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{
-    DECODE, Failed, Leg, Outgoing, PREFILL, Target, ranks, refused, relay, send, with_fields,
-};
+use super::{DECODE, Failed, Leg, Outgoing, PREFILL, Target, ranks, relay, send, with_fields};
 use crate::app::AppContext;
 use crate::error::ApiError;
 
@@ -80,11 +78,9 @@ pub(super) async fn dispatch(
         engine: &prefill,
         stage: "prefill",
         rank: prefill_rank,
+        routing: &headers,
     };
     let answer = send(ctx, to, whole, prefill_body(&out.body)?, &out.request_id).await?;
-    if answer.status() == StatusCode::TOO_MANY_REQUESTS {
-        return Err(refused(ctx, answer, headers, &prefill));
-    }
     if !answer.status().is_success() {
         // The client's own error (say, a prompt past the model's context).
         return Ok(relay(ctx, answer, None, headers, out, guards));
@@ -108,6 +104,7 @@ pub(super) async fn dispatch(
         engine: &decode,
         stage: "decode",
         rank: decode_rank,
+        routing: &headers,
     };
     // The prefill holds the request's KV blocks for this decode: a decode that fails
     // is not retried (a retry would prefill again, elsewhere, while they stay held).

@@ -6,13 +6,23 @@ use serde_json::value::RawValue;
 
 use crate::error::ApiError;
 
-/// The `model` field: a non-empty string.
+/// The longest `model` (or adapter name) accepted: past any served model's id
+/// (1-128 bytes) and adapter name (at most 256 bytes are read from an engine), and a
+/// bound on what an error echoes.
+pub(crate) const MAX_MODEL_BYTES: usize = 256;
+
+/// The `model` field: a non-empty string of at most [`MAX_MODEL_BYTES`].
 pub(crate) fn model(model: Option<&RawValue>) -> Result<String, ApiError> {
     match model.map(|m| serde_json::from_str::<Value>(m.get())) {
         None => Err(ApiError::invalid(
             "missing_model",
             "model",
             "model is required",
+        )),
+        Some(Ok(Value::String(m))) if m.len() > MAX_MODEL_BYTES => Err(ApiError::invalid(
+            "invalid_model",
+            "model",
+            format!("model must be at most {MAX_MODEL_BYTES} bytes"),
         )),
         Some(Ok(Value::String(m))) if !m.is_empty() => Ok(m),
         Some(Ok(Value::String(_))) => Err(ApiError::invalid(

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::check_integer;
+use super::checks::{MAX_MODEL_BYTES, check_integer};
 use super::completions::{CompletionPrompts, read_prompts};
 use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
@@ -159,7 +159,7 @@ fn max_new_tokens(params: Option<Value>) -> Result<Option<u64>, ApiError> {
 /// The adapter `lora_path` names: its string, or the one name a batch's list gives
 /// every prompt (`null`: the base model).
 fn adapter(lora_path: Option<&Value>) -> Result<Option<String>, ApiError> {
-    match lora_path {
+    let name = match lora_path {
         Some(Value::String(name)) => Ok(Some(name.clone())),
         Some(Value::Array(names)) => match names.first() {
             Some(first) if names.iter().all(|n| n == first) => {
@@ -173,7 +173,15 @@ fn adapter(lora_path: Option<&Value>) -> Result<Option<String>, ApiError> {
             )),
         },
         _ => Ok(None),
+    }?;
+    if name.as_ref().is_some_and(|n| n.len() > MAX_MODEL_BYTES) {
+        return Err(ApiError::invalid(
+            "invalid_parameter",
+            "lora_path",
+            format!("lora_path must name an adapter of at most {MAX_MODEL_BYTES} bytes"),
+        ));
     }
+    Ok(name)
 }
 
 /// `rid` and `lora_path`: a string, a list of strings (or nulls), or null; relayed as

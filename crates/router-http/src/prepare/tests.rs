@@ -35,13 +35,9 @@ fn prepares_the_routing_facts() {
     ))
     .unwrap();
     assert_eq!(
-        (
-            p.model.as_deref(),
-            p.stream,
-            p.max_output_tokens,
-            p.token_ids
-        ),
-        (Some("m"), true, Some(100), None)
+        (p.stream, p.max_output_tokens, p.token_ids),
+        (true, Some(100), None),
+        "run() accepts model \"m\" only"
     );
     let body_len = serde_json::to_vec(&chat(
         json!({"stream": true, "max_tokens": 100, "stream_options": {"include_usage": true}}),
@@ -298,6 +294,18 @@ fn small(
     let (prepared, tokenize) = prepare(endpoint, &bytes, |_| Ok(with))?;
     assert!(tokenize.is_none(), "a small body is tokenized at once");
     Ok(prepared)
+}
+
+/// The model `body` names to `endpoint`'s preparation (what the router resolves).
+fn named(endpoint: &'static Endpoint, body: serde_json::Value) -> Option<String> {
+    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+    let mut seen = None;
+    prepare(endpoint, &bytes, |model| {
+        seen = model.map(str::to_owned);
+        Ok(None)
+    })
+    .unwrap();
+    seen
 }
 
 fn complete(
@@ -562,14 +570,23 @@ fn a_generate_body_routes_on_text_or_input_ids() {
     let p = generate(json!({"text": "hello world"}), Some(tiny_tokenizer())).unwrap();
     assert_eq!(
         (
-            p.model,
             p.token_ids.as_deref(),
             p.max_output_tokens,
             p.stream,
             p.batch
         ),
-        (None, Some(&[4, 5][..]), Some(128), false, None),
-        "no model, text tokenized as it is, SGLang's default budget"
+        (Some(&[4, 5][..]), Some(128), false, None),
+        "text tokenized as it is, SGLang's default budget"
+    );
+    assert_eq!(named(&GENERATE, json!({"text": "x"})), None, "no model");
+    assert_eq!(
+        named(&GENERATE, json!({"text": "x", "model": null})),
+        None,
+        "a null model is none"
+    );
+    assert_eq!(
+        named(&GENERATE, json!({"text": "x", "model": "m"})).as_deref(),
+        Some("m")
     );
     let p = generate(
         json!({"model": "m", "input_ids": [[1, 2], [3, 4, 5]], "stream": true,
@@ -580,14 +597,13 @@ fn a_generate_body_routes_on_text_or_input_ids() {
     .unwrap();
     assert_eq!(
         (
-            p.model.as_deref(),
             p.input_tokens,
             p.token_ids.as_deref(),
             p.max_output_tokens,
             p.stream,
             p.batch
         ),
-        (Some("m"), 3, Some(&[1, 2][..]), Some(9), true, Some(2)),
+        (3, Some(&[1, 2][..]), Some(9), true, Some(2)),
         "a batch: the longest prompt, the first's ids, the largest budget"
     );
     let budget = |params: serde_json::Value| {
@@ -604,7 +620,7 @@ fn a_generate_body_routes_on_text_or_input_ids() {
     );
     assert_eq!(budget(json!(null)), Some(128));
     let p = generate(json!({"text": ["a", "b"], "model": null}), None).unwrap();
-    assert_eq!((p.model, p.batch, p.adapter), (None, Some(2), None));
+    assert_eq!((p.batch, p.adapter), (Some(2), None));
     let p = generate(json!({"text": "a", "lora_path": "sql"}), None).unwrap();
     assert_eq!(
         p.adapter.as_deref(),
@@ -676,6 +692,16 @@ fn every_invalid_generate_field_gets_a_precise_400() {
             json!({"text": ["a", "b"], "lora_path": [null, "sql"]}),
             "lora_path",
             "the prompts of a batch must name one adapter",
+        ),
+        (
+            json!({"text": "a", "lora_path": "x".repeat(257)}),
+            "lora_path",
+            "lora_path must name an adapter of at most 256 bytes",
+        ),
+        (
+            json!({"text": "a", "model": "m".repeat(257)}),
+            "model",
+            "model must be at most 256 bytes",
         ),
     ];
     for (body, param, message) in cases {
