@@ -10,13 +10,13 @@
 #[path = "rss.rs"]
 mod rss;
 
-use router_state::affinity::{AffinityConfig, AffinityScope, AffinityStore};
+use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore};
 use router_state::{EngineId, Role};
 use rss::rss;
 
 fn flood(keys: u64, bound: usize) {
     let before = rss();
-    let store = AffinityStore::new(AffinityConfig {
+    let store = LocalAffinityStore::new(AffinityConfig {
         max_entries: bound,
         ..AffinityConfig::default()
     });

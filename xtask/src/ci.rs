@@ -1,4 +1,5 @@
-//! `cargo xtask ci`: every check CI runs, from a clean clone.
+//! `cargo xtask ci`: every check CI runs, from a clean clone, installing what the
+//! tests need first (the Python venv and test data, Debian packages).
 
 use std::path::Path;
 use std::process::Command;
@@ -25,6 +26,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         ]),
     )?;
     let python = crate::python::prepare(root)?;
+    ensure_os_packages()?;
     step(
         "tests",
         cargo().args([
@@ -63,6 +65,52 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     )?;
     eprintln!("ci passed");
     Ok(())
+}
+
+/// The programs the tests start, with the Debian package of each.
+const OS_PACKAGES: &[(&str, &str)] = &[("redis-server", "redis-server")];
+
+/// Installs the Debian package of every program in [`OS_PACKAGES`] that is not on
+/// PATH (`apt-get`, as root or through `sudo`).
+fn ensure_os_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = OS_PACKAGES
+        .iter()
+        .filter(|(program, _)| {
+            !Command::new(program)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(|&(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let apt = |args: &[&str]| {
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.arg("apt-get");
+            sudo
+        };
+        command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        command
+    };
+    let names = missing.join(" ");
+    step("apt-get update", &mut apt(&["update", "-q"]))
+        .with_context(|| format!("the tests need {names}"))?;
+    let mut install = vec!["install", "-y", "-q", "--no-install-recommends"];
+    install.extend(&missing);
+    step(
+        &format!("install {names} (first run only)"),
+        &mut apt(&install),
+    )
+    .with_context(|| format!("the tests need {names}"))
 }
 
 /// The cargo-deny binary: from PATH if installed, else built into `.cache/tools`.

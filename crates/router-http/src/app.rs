@@ -11,7 +11,7 @@ use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use router_buckets::build_resolver;
 use router_fleet::{Change, Fleet, FleetEvent};
 use router_policy::ConfigError;
-use router_state::affinity::{AffinityStore, SweeperHandle};
+use router_state::affinity::{AffinityStore, SweeperHandle, spawn_sweeper};
 use router_upstream::Upstream;
 
 use crate::config::{
@@ -46,9 +46,9 @@ pub struct AppContext {
     pub(crate) routing: Arc<Routing>,
     pub(crate) upstream: Upstream,
     pub(crate) metrics: Metrics,
-    /// Session and routing-key bindings.
-    pub(crate) affinity: Arc<AffinityStore>,
-    _sweeper: SweeperHandle,
+    /// Session and routing-key bindings; `None` for rendezvous, which binds nothing.
+    pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
+    _sweeper: Option<SweeperHandle>,
     pub(crate) affinity_headers: AffinityHeaders,
     pub(crate) admin: AdminAccess,
     pub(crate) idle_timeout: Duration,
@@ -92,14 +92,23 @@ impl AppContext {
         }
         let routing = Arc::new(Routing::new(routes, config.defaults, config.handles));
         let affinity = config.affinity;
-        observe_fleet(&fleet, &routing, &affinity);
-        let metrics = Metrics::new(&fleet, &affinity, &routing);
+        if let Some(store) = &affinity
+            && !store.connect().await
+        {
+            tracing::warn!(
+                "the affinity store's backend did not answer at startup: bindings are local until it does"
+            );
+        }
+        observe_fleet(&fleet, &routing, affinity.clone());
+        let metrics = Metrics::new(&fleet, affinity.clone(), &routing);
         Ok(Arc::new(Self {
             fleet,
             routing,
             upstream,
             metrics,
-            _sweeper: affinity.spawn_sweeper(config.sweep_interval),
+            _sweeper: affinity
+                .clone()
+                .map(|store| spawn_sweeper(store, config.sweep_interval)),
             affinity,
             affinity_headers: config.affinity_headers,
             admin: config.admin,
@@ -116,9 +125,10 @@ impl AppContext {
         &self.fleet
     }
 
-    /// The session and routing-key bindings.
-    pub fn affinity(&self) -> &Arc<AffinityStore> {
-        &self.affinity
+    /// The session and routing-key bindings; `None` for rendezvous, which binds
+    /// nothing.
+    pub fn affinity(&self) -> Option<&Arc<dyn AffinityStore>> {
+        self.affinity.as_ref()
     }
 
     /// A fresh bootstrap room in `[0, 2^63)`.
@@ -134,15 +144,19 @@ impl AppContext {
 
 /// Keeps the routing tables and the bindings in step with the fleet: a model that
 /// first appears at runtime gets a catch-all bucket; a removed engine's bindings go.
-fn observe_fleet(fleet: &Fleet, routing: &Arc<Routing>, affinity: &Arc<AffinityStore>) {
-    let (routing, affinity) = (Arc::clone(routing), Arc::clone(affinity));
+fn observe_fleet(fleet: &Fleet, routing: &Arc<Routing>, affinity: Option<Arc<dyn AffinityStore>>) {
+    let routing = Arc::clone(routing);
     fleet.on_change(move |event| match event {
         FleetEvent::Added(engine) => {
             if let Err(e) = routing.serve_new_model(engine) {
                 tracing::warn!(model = engine.model(), error = %e, "the new model cannot be routed");
             }
         }
-        FleetEvent::Removed(engine) => drop(affinity.remove_engine(engine.id())),
+        FleetEvent::Removed(engine) => {
+            if let Some(store) = &affinity {
+                store.remove_engine(engine.id());
+            }
+        }
         _ => {}
     });
 }

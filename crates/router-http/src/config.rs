@@ -707,7 +707,7 @@ mod validated;
 
 pub(crate) use admin::AdminAccess;
 pub use admin::AdminConfig;
-pub use affinity::AffinitySettings;
+pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
 pub use retries::RetryConfig;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{

@@ -44,9 +44,9 @@ mod tokenize;
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
-    AdminConfig, AffinitySettings, EngineConfig, EngineRole, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, PdProtocol, RetryConfig, RolePolicies, RouterConfig, TimeoutConfig,
-    ValidatedConfig,
+    AdminConfig, AffinityBackendKind, AffinitySettings, EngineConfig, EngineRole, HealthConfig,
+    LimitsConfig, LoadConfig, ModelConfig, PdProtocol, RedisConfig, RetryConfig, RolePolicies,
+    RouterConfig, TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
 pub use router_policy::ConfigError;

@@ -2,16 +2,15 @@
 //! collectors of the components that own scrape-time state, and the exposition in
 //! the format the scraper asked for.
 
+mod affinity;
 mod exposition;
 mod prefix_cache;
 
 use std::sync::Arc;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use router_fleet::Fleet;
@@ -94,7 +93,7 @@ impl Metrics {
     /// tokenizers' prefix caches' collectors beside them.
     pub(crate) fn new(
         fleet: &Arc<Fleet>,
-        affinity: &Arc<AffinityStore>,
+        affinity: Option<Arc<dyn AffinityStore>>,
         routing: &Arc<Routing>,
     ) -> Self {
         let mut registry = Registry::with_prefix("switchyard");
@@ -149,7 +148,9 @@ impl Metrics {
             retries_refused.clone(),
         );
         router_fleet::register_metrics(fleet, &mut registry);
-        registry.register_collector(Box::new(AffinityCollector(Arc::clone(affinity))));
+        if let Some(store) = affinity {
+            registry.register_collector(Box::new(affinity::AffinityCollector(store)));
+        }
         registry.register_collector(Box::new(prefix_cache::PrefixCacheCollector(Arc::clone(
             routing,
         ))));
@@ -175,22 +176,6 @@ impl Metrics {
             Format::OpenMetrics => text,
             Format::Prometheus => exposition::to_prometheus_text(&text),
         }
-    }
-}
-
-/// The number of session and routing-key bindings, at scrape time.
-#[derive(Debug)]
-struct AffinityCollector(Arc<AffinityStore>);
-
-impl Collector for AffinityCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let bindings = ConstGauge::new(i64::try_from(self.0.len()).unwrap_or(i64::MAX));
-        bindings.encode(encoder.encode_descriptor(
-            "affinity_bindings",
-            "Session and routing-key bindings held (live or awaiting the sweeper)",
-            None,
-            bindings.metric_type(),
-        )?)
     }
 }
 

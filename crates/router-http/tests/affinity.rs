@@ -1,13 +1,15 @@
 //! Session and routing-key affinity through the router: turns stick to one engine,
-//! move together when it leaves, and keyless requests spread.
+//! move together when it leaves, keyless requests spread, and replicas sharing a
+//! backend (Redis, or rendezvous with none) agree on every session's engine.
 
 mod common;
 
 use std::collections::BTreeSet;
 
 use common::{chat, config, engine, router, sim, url};
-use router_http::{EngineRole, ModelConfig, RunningRouter};
+use router_http::{AffinityBackendKind, EngineRole, ModelConfig, RedisConfig, RunningRouter};
 use router_policy::PolicyConfig;
+use router_state::test_util::RedisServer;
 use serde_json::json;
 
 async fn fleet(policy: serde_json::Value) -> (RunningRouter, Vec<engine_sim::RunningEngine>) {
@@ -89,7 +91,7 @@ async fn a_session_sticks_and_moves_together_when_its_engine_leaves() {
     assert!(spread.len() >= 2, "keyless requests spread: {spread:?}");
     assert!(!spread.contains(&first));
     assert_eq!(
-        router.context().affinity().len(),
+        router.context().affinity().expect("a local store").len(),
         1,
         "only the keyed session is bound"
     );
@@ -128,4 +130,92 @@ async fn routing_keys_stick_and_oversized_keys_are_refused() {
     for s in sims {
         s.shutdown().await;
     }
+}
+
+/// Three routers in front of the same four engines, with `backend`; each session's
+/// turns go to the routers in turn. Answers the engines each session was served by.
+async fn sessions_across_replicas(
+    backend: AffinityBackendKind,
+    redis: Option<RedisConfig>,
+) -> Vec<BTreeSet<String>> {
+    let mut sims = Vec::new();
+    for _ in 0..4 {
+        sims.push(sim(|_| {}).await);
+    }
+    let mut routers = Vec::new();
+    for _ in 0..3 {
+        let engines = sims
+            .iter()
+            .enumerate()
+            .map(|(i, s)| engine(&format!("E{i}"), s, EngineRole::Plain))
+            .collect();
+        let mut model = ModelConfig::new("m", engines);
+        // Unseeded: each replica's fallback samples differently.
+        model.policies.plain = Some(
+            serde_json::from_value::<PolicyConfig>(json!({"type": "session_aware"}))
+                .expect("a policy"),
+        );
+        let mut config = config(vec![model]);
+        config.affinity.backend = backend;
+        config.affinity.redis = redis.clone();
+        routers.push(router(config).await);
+    }
+    let client = reqwest::Client::new();
+    let mut served = Vec::new();
+    for s in 0..12 {
+        let session = format!("conversation-{s}");
+        let mut engines = BTreeSet::new();
+        for turn in 0..6 {
+            let header = [("x-session-id", session.as_str())];
+            engines.insert(engine_of(&client, &routers[turn % 3], &header).await);
+        }
+        served.push(engines);
+    }
+    if redis.is_some() {
+        let scraped = common::metrics(&routers[0]).await;
+        assert!(
+            scraped.contains("switchyard_affinity_backend_up 1"),
+            "{scraped}"
+        );
+        assert!(
+            scraped.contains("switchyard_affinity_local_fallbacks_total 0"),
+            "{scraped}"
+        );
+    }
+    for r in routers {
+        r.shutdown().await;
+    }
+    for s in sims {
+        s.shutdown().await;
+    }
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_redis_or_rendezvous_keep_each_session_on_one_engine() {
+    let server = RedisServer::start();
+    let mut redis = RedisConfig::new(server.url());
+    // A loaded test machine must not time a command out into a local binding.
+    redis.timeout_ms = 5_000;
+    for (backend, redis) in [
+        (AffinityBackendKind::Redis, Some(redis)),
+        (AffinityBackendKind::Rendezvous, None),
+    ] {
+        let served = sessions_across_replicas(backend, redis).await;
+        assert!(
+            served.iter().all(|engines| engines.len() == 1),
+            "{backend:?}: {served:?}"
+        );
+        let used: BTreeSet<&String> = served.iter().flatten().collect();
+        assert!(
+            used.len() >= 2,
+            "{backend:?}: sessions spread over engines: {used:?}"
+        );
+    }
+    // The control: per-process bindings scatter a session over the replicas' picks.
+    let served = sessions_across_replicas(AffinityBackendKind::Local, None).await;
+    assert!(
+        served.iter().any(|engines| engines.len() > 1),
+        "local bindings are not shared: {served:?}"
+    );
 }

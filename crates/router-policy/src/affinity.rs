@@ -10,10 +10,15 @@
 //!   its engine wins if it is a candidate and passes admission; a winner outside the
 //!   candidates is replaced, a bounded number of times.
 //! - A request without a key (or an empty one) uses the fallback and binds nothing.
+//!
+//! With the [`AffinityBackend::Rendezvous`] backend nothing is bound: a keyed
+//! request goes to the first engine of the key's rendezvous order among the
+//! candidates that admission admits, so every router replica picks alike with no
+//! store between them.
 
 use std::sync::Arc;
 
-use router_state::affinity::{AffinityScope, AffinityStore};
+use router_state::affinity::{AffinityScope, AffinityStore, rendezvous};
 use router_state::{Engine, EngineId, EngineReportedLoadTable};
 
 use schemars::JsonSchema;
@@ -39,10 +44,19 @@ enum Key {
     Routing,
 }
 
+/// Where affinity policies keep a key's engine.
+#[derive(Debug, Clone)]
+pub enum AffinityBackend {
+    /// Bindings in a store: the process's own, or one shared by replicas.
+    Store(Arc<dyn AffinityStore>),
+    /// No bindings: the key's rendezvous order over the candidates.
+    Rendezvous,
+}
+
 #[derive(Debug)]
 struct Affinity {
     key: Key,
-    store: Arc<AffinityStore>,
+    backend: AffinityBackend,
     load: Arc<EngineReportedLoadTable>,
     admission: Arc<dyn EngineAdmission>,
     fallback: Arc<dyn Policy>,
@@ -59,17 +73,17 @@ pub struct SessionAwarePolicy(Affinity);
 pub struct StickyPolicy(Affinity);
 
 impl SessionAwarePolicy {
-    /// A policy binding in `store`, checking `admission`, with `fallback` (a
-    /// power-of-two policy with default admission) for new and keyless sessions.
+    /// A policy keeping sessions in `backend`, checking `admission`, with `fallback`
+    /// (a power-of-two policy with default admission) for new and keyless sessions.
     pub fn new(
-        store: Arc<AffinityStore>,
+        backend: AffinityBackend,
         load: Arc<EngineReportedLoadTable>,
         admission: Arc<dyn EngineAdmission>,
         fallback: Arc<dyn Policy>,
     ) -> Self {
         Self(Affinity {
             key: Key::Session,
-            store,
+            backend,
             load,
             admission,
             fallback,
@@ -78,17 +92,17 @@ impl SessionAwarePolicy {
 }
 
 impl StickyPolicy {
-    /// A policy binding in `store`, checking `admission`, with `fallback` (built with
-    /// default admission) for new and keyless routing keys.
+    /// A policy keeping routing keys in `backend`, checking `admission`, with
+    /// `fallback` (built with default admission) for new and keyless routing keys.
     pub fn new(
-        store: Arc<AffinityStore>,
+        backend: AffinityBackend,
         load: Arc<EngineReportedLoadTable>,
         admission: Arc<dyn EngineAdmission>,
         fallback: Arc<dyn Policy>,
     ) -> Self {
         Self(Affinity {
             key: Key::Routing,
-            store,
+            backend,
             load,
             admission,
             fallback,
@@ -139,13 +153,21 @@ impl Affinity {
             Key::Session => request.session_key,
             Key::Routing => request.routing_key,
         };
+        // Keyless and empty keys bind nothing.
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            return self.fallback(engines, request).await;
+        };
+        let store = match &self.backend {
+            AffinityBackend::Store(store) => store.as_ref(),
+            AffinityBackend::Rendezvous => return self.rendezvous(engines, request, key),
+        };
         let scope = AffinityScope {
             model: request.model,
             bucket: request.bucket_id,
             stage: request.stage,
         };
-        // Keyless, empty and over-long keys bind nothing.
-        let Some((key, bound)) = key.and_then(|k| Some((k, self.store.get(scope, k).ok()?))) else {
+        // Over-long keys bind nothing either.
+        let Ok(bound) = store.get(scope, key).await else {
             return self.fallback(engines, request).await;
         };
         if let Some(engine) = bound.as_ref().and_then(|b| candidate(engines, b)) {
@@ -155,8 +177,8 @@ impl Affinity {
         let mut expected = bound;
         for _ in 0..RECONCILE_ATTEMPTS {
             let bound = match &expected {
-                None => self.store.bind_if_absent(scope, key, chosen.engine.id()),
-                Some(old) => self.store.replace(scope, key, old, chosen.engine.id()),
+                None => store.bind_if_absent(scope, key, chosen.engine.id()).await,
+                Some(old) => store.replace(scope, key, old, chosen.engine.id()).await,
             };
             let Ok(bound) = bound else {
                 break;
@@ -171,6 +193,26 @@ impl Affinity {
             }
         }
         Ok(chosen)
+    }
+
+    /// The first engine of `key`'s rendezvous order that admission admits; when
+    /// every candidate is rejected, the first one's rejection.
+    fn rendezvous(
+        &self,
+        engines: &[Arc<Engine>],
+        request: &PickRequest<'_>,
+        key: &str,
+    ) -> Result<Pick, PickError> {
+        let mut first_rejection = None;
+        for engine in rendezvous::order(key, engines, |e| e.id()) {
+            match self.checked(engine, request, PickReason::AffinityRendezvous) {
+                Ok(pick) => return Ok(pick),
+                Err(rejected) => drop(first_rejection.get_or_insert(rejected)),
+            }
+        }
+        Err(first_rejection.unwrap_or(PickError::NoCandidates {
+            stage: request.stage,
+        }))
     }
 
     /// The fallback's pick, checked against this policy's admission.
@@ -252,7 +294,7 @@ pub enum StickyFallback {
 impl PolicySettings for SessionAwareConfig {
     admission_field!();
 
-    fn needs_affinity_store(&self) -> bool {
+    fn needs_affinity(&self) -> bool {
         true
     }
 
@@ -261,10 +303,10 @@ impl PolicySettings for SessionAwareConfig {
         admission: Arc<dyn EngineAdmission>,
         handles: &PolicyHandles,
     ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
-        let store = affinity_store(handles, "session_aware")?;
+        let backend = affinity_backend(handles, "session_aware")?;
         let fallback = fallback(StickyFallback::PowerOfTwo, self.seed, &handles.load);
         Ok(Arc::new(SessionAwarePolicy::new(
-            store,
+            backend,
             Arc::clone(&handles.load),
             admission,
             fallback,
@@ -275,7 +317,7 @@ impl PolicySettings for SessionAwareConfig {
 impl PolicySettings for StickyConfig {
     admission_field!();
 
-    fn needs_affinity_store(&self) -> bool {
+    fn needs_affinity(&self) -> bool {
         true
     }
 
@@ -284,10 +326,10 @@ impl PolicySettings for StickyConfig {
         admission: Arc<dyn EngineAdmission>,
         handles: &PolicyHandles,
     ) -> Result<Arc<dyn Policy>, PolicyConfigError> {
-        let store = affinity_store(handles, "sticky")?;
+        let backend = affinity_backend(handles, "sticky")?;
         let fallback = fallback(self.fallback, self.seed, &handles.load);
         Ok(Arc::new(StickyPolicy::new(
-            store,
+            backend,
             Arc::clone(&handles.load),
             admission,
             fallback,
@@ -295,16 +337,16 @@ impl PolicySettings for StickyConfig {
     }
 }
 
-fn affinity_store(
+fn affinity_backend(
     handles: &PolicyHandles,
     policy: &'static str,
-) -> Result<Arc<AffinityStore>, PolicyConfigError> {
+) -> Result<AffinityBackend, PolicyConfigError> {
     handles
         .affinity
         .clone()
         .ok_or(PolicyConfigError::MissingState {
             policy,
-            needs: "the router's affinity store",
+            needs: "the router's affinity backend",
         })
 }
 

@@ -3,14 +3,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use router_state::affinity::AffinityStore;
 use router_state::{EngineReportedLoadTable, Role};
 use schemars::JsonSchema;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::affinity::{SessionAwareConfig, StickyConfig};
+use crate::affinity::{AffinityBackend, SessionAwareConfig, StickyConfig};
 use crate::cache::CacheSource;
 use crate::cache_aware::CacheAwareConfig;
 use crate::dropped::{dropped_option, dropped_policy_type};
@@ -54,8 +53,8 @@ pub trait PolicySettings: fmt::Debug + Send + Sync {
         false
     }
 
-    /// Whether the policy binds keys (and so needs the affinity store).
-    fn needs_affinity_store(&self) -> bool {
+    /// Whether the policy keeps keys on engines (and so needs the affinity backend).
+    fn needs_affinity(&self) -> bool {
         false
     }
 
@@ -224,8 +223,8 @@ pub struct PolicyHandles {
     pub load: Arc<EngineReportedLoadTable>,
     /// The model's prefix-ownership source, for cache-aware policies.
     pub prefix: Option<Arc<dyn CacheSource>>,
-    /// The router's session and routing-key bindings, for affinity policies.
-    pub affinity: Option<Arc<AffinityStore>>,
+    /// Where affinity policies keep session and routing-key engines.
+    pub affinity: Option<AffinityBackend>,
 }
 
 impl PolicyHandles {
@@ -238,9 +237,9 @@ impl PolicyHandles {
         }
     }
 
-    /// Sets the affinity store session-aware and sticky policies bind in.
-    pub fn with_affinity_store(mut self, store: Option<Arc<AffinityStore>>) -> Self {
-        self.affinity = store;
+    /// Sets where session-aware and sticky policies keep their keys' engines.
+    pub fn with_affinity(mut self, backend: Option<AffinityBackend>) -> Self {
+        self.affinity = backend;
         self
     }
 
@@ -286,9 +285,9 @@ impl PolicyConfig {
         self.settings().needs_prefix_source()
     }
 
-    /// Whether the policy binds keys (and so needs the affinity store).
-    pub fn needs_affinity_store(&self) -> bool {
-        self.settings().needs_affinity_store()
+    /// Whether the policy keeps keys on engines (and so needs the affinity backend).
+    pub fn needs_affinity(&self) -> bool {
+        self.settings().needs_affinity()
     }
 
     /// Validates and builds the policy for a group of `role` around the shared

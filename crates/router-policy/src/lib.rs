@@ -4,7 +4,7 @@
 //! Every policy implements the object-safe [`Policy`] trait and returns a boxed
 //! future, so a policy that consults a remote prefix indexer and one that answers at
 //! once share one interface. A policy owns the state handles it reads (the load table,
-//! the prefix source, the affinity store), given at construction; a request
+//! the prefix source, the affinity backend), given at construction; a request
 //! carries only facts and candidates. Admission ([`EngineAdmission`],
 //! [`AdmissionLimits`]) is a separate acceptance step each policy calls where its
 //! algorithm needs it, so ordering (the policy) and acceptance (the caps) stay apart.
@@ -54,7 +54,8 @@ mod walk;
 
 pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
 pub use affinity::{
-    SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback, StickyPolicy,
+    AffinityBackend, SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback,
+    StickyPolicy,
 };
 pub use cache::{
     CacheLookup, CacheQueryError, CacheSource, LocalCacheSource, PrefixHits, PrefixMemo,

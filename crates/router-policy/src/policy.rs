@@ -215,6 +215,8 @@ pub enum PickReason {
     AffinityBound,
     /// The fallback's engine, now bound to the session or routing key.
     AffinityAssigned,
+    /// The first engine of the key's rendezvous order that admission admitted.
+    AffinityRendezvous,
 }
 
 impl PickReason {
@@ -236,6 +238,7 @@ impl PickReason {
             PickReason::CacheUnavailable => "cache_unavailable",
             PickReason::AffinityBound => "affinity_bound",
             PickReason::AffinityAssigned => "affinity_assigned",
+            PickReason::AffinityRendezvous => "affinity_rendezvous",
         }
     }
 }

@@ -9,23 +9,31 @@ use std::sync::Arc;
 use common::{engines, runtime, table};
 use proptest::prelude::*;
 use router_policy::{
-    AdmissionLimits, PickError, PickReason, PickRequest, Policy, PolicyConfig, PolicyConfigError,
-    PolicyHandles, SessionAwarePolicy,
+    AdmissionLimits, AffinityBackend, PickError, PickReason, PickRequest, Policy, PolicyConfig,
+    PolicyConfigError, PolicyHandles, SessionAwarePolicy,
 };
-use router_state::affinity::{AffinityConfig, AffinityScope, AffinityStore};
+use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore, rendezvous};
 use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
 
-fn store() -> Arc<AffinityStore> {
-    Arc::new(AffinityStore::new(AffinityConfig::default()))
+fn store() -> Arc<LocalAffinityStore> {
+    Arc::new(LocalAffinityStore::new(AffinityConfig::default()))
 }
 
 fn build(
     json: &str,
-    store: &Arc<AffinityStore>,
+    store: &Arc<LocalAffinityStore>,
+    load: &Arc<EngineReportedLoadTable>,
+) -> Arc<dyn Policy> {
+    build_with(json, AffinityBackend::Store(Arc::clone(store) as _), load)
+}
+
+fn build_with(
+    json: &str,
+    backend: AffinityBackend,
     load: &Arc<EngineReportedLoadTable>,
 ) -> Arc<dyn Policy> {
     let config: PolicyConfig = serde_json::from_str(json).expect("a policy");
-    let handles = PolicyHandles::new(Arc::clone(load)).with_affinity_store(Some(Arc::clone(store)));
+    let handles = PolicyHandles::new(Arc::clone(load)).with_affinity(Some(backend));
     config.build(Role::Plain, &handles).expect("built")
 }
 
@@ -294,7 +302,7 @@ proptest! {
 /// A fallback that, while it picks, lets a "concurrent request" bind the key first.
 #[derive(Debug)]
 struct RacedFallback {
-    store: Arc<AffinityStore>,
+    store: Arc<LocalAffinityStore>,
     winner: &'static str,
 }
 
@@ -330,7 +338,7 @@ fn a_concurrent_winner_is_checked_before_it_is_returned() {
             ..AdmissionLimits::default()
         };
         let policy = SessionAwarePolicy::new(
-            Arc::clone(&store),
+            AffinityBackend::Store(Arc::clone(&store) as _),
             Arc::clone(&load),
             Arc::new(caps),
             fallback,
@@ -358,4 +366,58 @@ fn a_concurrent_winner_is_checked_before_it_is_returned() {
         ("e2".to_owned(), PickReason::AffinityAssigned)
     );
     assert_eq!(store.get(scope(), "s"), Ok(Some(EngineId::from("e2"))));
+}
+
+#[test]
+fn rendezvous_sends_a_key_to_its_first_admitted_engine_on_every_replica() {
+    let fleet = engines(4);
+    let load = table(&fleet);
+    let json = r#"{"type": "sticky", "admission": {"max_inflight_requests": 1}}"#;
+    let replicas = [
+        build_with(json, AffinityBackend::Rendezvous, &load),
+        build_with(json, AffinityBackend::Rendezvous, &load),
+    ];
+    let keyed = |key: &'static str| {
+        PickRequest::new("m", Role::Plain, "b", 100).with_routing_key(Some(key))
+    };
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        let order = rendezvous::order(key, &fleet, |e| e.id());
+        for policy in &replicas {
+            assert_eq!(
+                pick(policy.as_ref(), &fleet, &keyed(key)).unwrap(),
+                (order[0].id().to_string(), PickReason::AffinityRendezvous),
+                "{key}"
+            );
+        }
+        // The first engine at its cap: the next in the key's order, on every replica.
+        let busy = load.acquire(order[0].id());
+        for policy in &replicas {
+            assert_eq!(
+                pick(policy.as_ref(), &fleet, &keyed(key)).unwrap().0,
+                order[1].id().to_string(),
+                "{key}"
+            );
+        }
+        // Every engine at its cap: the pick fails, so the bucket loop moves on.
+        let rest: Vec<_> = order[1..].iter().map(|e| load.acquire(e.id())).collect();
+        let err = pick(replicas[0].as_ref(), &fleet, &keyed(key)).unwrap_err();
+        assert!(matches!(err, PickError::AdmissionRejected { .. }), "{err}");
+        drop((busy, rest));
+        // Without the first engine (it left), the key goes where its order says next.
+        let without: Vec<_> = fleet
+            .iter()
+            .filter(|e| e.id() != order[0].id())
+            .cloned()
+            .collect();
+        assert_eq!(
+            pick(replicas[1].as_ref(), &without, &keyed(key)).unwrap().0,
+            order[1].id().to_string()
+        );
+    }
+    let keyless = PickRequest::new("m", Role::Plain, "b", 100);
+    assert_eq!(
+        pick(replicas[0].as_ref(), &fleet, &keyless).unwrap().1,
+        PickReason::RoundRobin,
+        "a keyless request uses the fallback"
+    );
 }

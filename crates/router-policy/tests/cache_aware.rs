@@ -573,12 +573,12 @@ fn the_design_documents_engine_count_names_are_accepted() {
 #[test]
 fn only_cache_aware_reads_the_prompt() {
     let source: Arc<dyn CacheSource> = Scripted::hits(&[]);
-    let store = Arc::new(router_state::affinity::AffinityStore::new(
+    let store = Arc::new(router_state::affinity::LocalAffinityStore::new(
         router_state::affinity::AffinityConfig::default(),
     ));
     let handles = PolicyHandles::new(Arc::default())
         .with_prefix_source(Some(source))
-        .with_affinity_store(Some(store));
+        .with_affinity(Some(router_policy::AffinityBackend::Store(store)));
     let reads = |json: &str| {
         let config = serde_json::from_str::<PolicyConfig>(json).unwrap();
         config.build(Role::Plain, &handles).unwrap().reads_prompt()

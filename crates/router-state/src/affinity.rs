@@ -2,33 +2,43 @@
 //!
 //! A binding is scoped by model, bucket id and stage, so one session may be bound to
 //! a prefill engine and a decode engine, and to different engines in different
-//! buckets. The store only keeps and updates bindings (atomic create-or-get and
+//! buckets. A store only keeps and updates bindings (atomic create-or-get and
 //! compare-and-replace); policies decide when to reuse or replace one.
+//!
+//! [`AffinityStore`] is what policies bind in. Two stores implement it:
+//! - [`LocalAffinityStore`]: the process's own bindings, in memory.
+//! - `RedisAffinityStore` (feature `redis`): bindings shared by router replicas in a
+//!   Redis server, with a short local cache in front and local bindings while the
+//!   server cannot be reached.
+//!
+//! [`rendezvous`] needs no store: every replica computes the same engine for a key.
 //!
 //! Memory is bounded however keys arrive from the network: keys longer than
 //! [`AffinityConfig::max_key_bytes`] are refused, and past
 //! [`AffinityConfig::max_entries`] the longest-idle binding is evicted. Bindings idle
 //! longer than [`AffinityConfig::idle_timeout`] are gone for lookups at once and freed
-//! by [`AffinityStore::sweep`], which the owner runs (see
-//! [`AffinityStore::spawn_sweeper`]).
+//! by [`AffinityStore::sweep`], which the owner runs (see [`spawn_sweeper`]).
 
 use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lru::LruCache;
-use parking_lot::Mutex;
-use rustc_hash::FxHasher;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::engine::{EngineId, Role};
 
-/// Shards of the store: bindings of different keys rarely contend.
-const SHARDS: usize = 16;
+mod local;
+#[cfg(feature = "redis")]
+mod redis;
+pub mod rendezvous;
 
-/// Limits of an [`AffinityStore`].
+pub use local::LocalAffinityStore;
+#[cfg(feature = "redis")]
+pub use redis::{RedisAffinityStore, RedisSettings, RedisUrlError};
+
+/// Limits of an affinity store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AffinityConfig {
     /// A binding unused this long is gone.
@@ -78,238 +88,105 @@ pub enum AffinityKeyError {
     },
 }
 
-#[derive(Debug)]
-struct Binding {
-    engine: EngineId,
-    last_used: Instant,
-}
+/// The future of an [`AffinityStore`] operation.
+pub type StoreFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, AffinityKeyError>> + Send + 'a>>;
 
-type Shard = LruCache<Box<str>, Binding, BuildHasherDefault<FxHasher>>;
-
-/// Scoped key-to-engine bindings with idle expiry and a hard size bound. Share it
-/// behind an `Arc`; every method takes `&self`.
-pub struct AffinityStore {
-    config: AffinityConfig,
-    /// Bindings each shard may hold.
-    per_shard: usize,
-    shards: Box<[Mutex<Shard>]>,
-}
-
-impl fmt::Debug for AffinityStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AffinityStore")
-            .field("config", &self.config)
-            .field("len", &self.len())
-            .finish()
-    }
-}
-
-impl AffinityStore {
-    /// An empty store.
-    pub fn new(config: AffinityConfig) -> Self {
-        // Shards grow with use (a bounded LRU would reserve its whole capacity up
-        // front); the bound is enforced on insert.
-        let shards = (0..SHARDS)
-            .map(|_| {
-                Mutex::new(LruCache::unbounded_with_hasher(
-                    BuildHasherDefault::default(),
-                ))
-            })
-            .collect();
-        Self {
-            config,
-            per_shard: config.max_entries.div_ceil(SHARDS).max(1),
-            shards,
-        }
-    }
-
-    /// The store's limits.
-    pub fn config(&self) -> AffinityConfig {
-        self.config
-    }
-
+/// Scoped key-to-engine bindings. Every operation answers: a store that cannot reach
+/// its backend keeps bindings of its own instead of failing the request.
+pub trait AffinityStore: fmt::Debug + Send + Sync {
     /// The engine `key` is bound to in `scope`, refreshing the binding; `None` when
     /// unbound or idle past the timeout.
     ///
     /// # Errors
     /// An empty or over-long key.
-    pub fn get(
-        &self,
-        scope: AffinityScope<'_>,
-        key: &str,
-    ) -> Result<Option<EngineId>, AffinityKeyError> {
-        let composed = self.compose(scope, key)?;
-        let now = Instant::now();
-        let mut shard = self.shard(&composed).lock();
-        let expired = match shard.get_mut(composed.as_str()) {
-            Some(binding) if !self.expired(binding, now) => {
-                binding.last_used = now;
-                return Ok(Some(binding.engine.clone()));
-            }
-            Some(_) => true,
-            None => false,
-        };
-        if expired {
-            shard.pop(composed.as_str());
-        }
-        Ok(None)
-    }
+    fn get<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+    ) -> StoreFuture<'a, Option<EngineId>>;
 
-    /// Binds `key` to `engine` unless a live binding exists; returns the binding in
+    /// Binds `key` to `engine` unless a live binding exists; answers the binding in
     /// force afterwards (the existing one wins, refreshed).
     ///
     /// # Errors
     /// An empty or over-long key.
-    pub fn bind_if_absent(
-        &self,
-        scope: AffinityScope<'_>,
-        key: &str,
-        engine: &EngineId,
-    ) -> Result<EngineId, AffinityKeyError> {
-        self.update(scope, key, engine, |_| false)
-    }
+    fn bind_if_absent<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+        engine: &'a EngineId,
+    ) -> StoreFuture<'a, EngineId>;
 
     /// Rebinds `key` to `engine` if it is still bound to `expected` (or unbound or
-    /// expired); returns the binding in force afterwards, which is another engine
+    /// expired); answers the binding in force afterwards, which is another engine
     /// when a concurrent rebinding won.
     ///
     /// # Errors
     /// An empty or over-long key.
-    pub fn replace(
-        &self,
-        scope: AffinityScope<'_>,
-        key: &str,
-        expected: &EngineId,
-        engine: &EngineId,
-    ) -> Result<EngineId, AffinityKeyError> {
-        self.update(scope, key, engine, |current| current == expected)
-    }
+    fn replace<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+        expected: &'a EngineId,
+        engine: &'a EngineId,
+    ) -> StoreFuture<'a, EngineId>;
 
-    /// Sets the binding to `engine` when there is none (or it expired) or when
-    /// `overwrite(current)` says so; otherwise refreshes and returns the current one.
-    fn update(
-        &self,
-        scope: AffinityScope<'_>,
-        key: &str,
-        engine: &EngineId,
-        overwrite: impl FnOnce(&EngineId) -> bool,
-    ) -> Result<EngineId, AffinityKeyError> {
-        let composed = self.compose(scope, key)?;
-        let now = Instant::now();
-        let mut shard = self.shard(&composed).lock();
-        if let Some(binding) = shard.get_mut(composed.as_str())
-            && !self.expired(binding, now)
-            && !overwrite(&binding.engine)
-        {
-            binding.last_used = now;
-            return Ok(binding.engine.clone());
-        }
-        shard.push(
-            composed.into_boxed_str(),
-            Binding {
-                engine: engine.clone(),
-                last_used: now,
-            },
-        );
-        while shard.len() > self.per_shard {
-            shard.pop_lru();
-        }
-        Ok(engine.clone())
-    }
+    /// Drops every binding to `engine` this process holds (it left the fleet);
+    /// returns how many. A shared store's bindings to it are replaced on their next
+    /// use, as the engine is no longer a candidate.
+    fn remove_engine(&self, engine: &EngineId) -> usize;
 
-    /// Drops every binding to `engine` (it left the fleet); returns how many.
-    pub fn remove_engine(&self, engine: &EngineId) -> usize {
-        let mut removed = 0;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            let keys: Vec<Box<str>> = shard
-                .iter()
-                .filter(|(_, b)| &b.engine == engine)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in keys {
-                shard.pop(&key);
-                removed += 1;
-            }
-        }
-        removed
-    }
+    /// Frees every binding this process holds that is idle past the timeout; returns
+    /// how many.
+    fn sweep(&self) -> usize;
 
-    /// Frees every binding idle past the timeout; returns how many.
-    pub fn sweep(&self) -> usize {
-        let now = Instant::now();
-        let mut swept = 0;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            // Least recently used first: stop at the first binding still live.
-            while shard
-                .peek_lru()
-                .is_some_and(|(_, binding)| self.expired(binding, now))
-            {
-                shard.pop_lru();
-                swept += 1;
-            }
-        }
-        swept
-    }
+    /// Bindings this process holds, live or awaiting a sweep.
+    fn len(&self) -> usize;
 
-    /// Runs [`sweep`](Self::sweep) every `every` until the handle is dropped.
-    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) -> SweeperHandle {
-        let store = Arc::clone(self);
-        SweeperHandle(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                store.sweep();
-            }
-        }))
-    }
-
-    /// Bindings held, live or awaiting a sweep.
-    pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
-    }
-
-    /// Whether no binding is held.
-    pub fn is_empty(&self) -> bool {
+    /// Whether this process holds no binding.
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn expired(&self, binding: &Binding, now: Instant) -> bool {
-        now.saturating_duration_since(binding.last_used) >= self.config.idle_timeout
+    /// Connects a shared store to its backend within its timeout; answers whether the
+    /// backend can be used (a local store has none to wait for). Startup calls it so
+    /// a replica's first requests share bindings.
+    fn connect(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(std::future::ready(true))
     }
 
-    fn compose(&self, scope: AffinityScope<'_>, key: &str) -> Result<String, AffinityKeyError> {
-        if key.is_empty() {
-            return Err(AffinityKeyError::Empty);
-        }
-        if key.len() > self.config.max_key_bytes {
-            return Err(AffinityKeyError::TooLong {
-                len: key.len(),
-                max: self.config.max_key_bytes,
-            });
-        }
-        let stage = scope.stage.as_str();
-        let mut composed = String::with_capacity(
-            scope.model.len() + scope.bucket.len() + stage.len() + key.len() + 3,
-        );
-        for part in [scope.model, scope.bucket, stage, key] {
-            composed.push_str(part);
-            composed.push('\0');
-        }
-        composed.pop();
-        Ok(composed)
-    }
-
-    fn shard(&self, composed: &str) -> &Mutex<Shard> {
-        let hash = BuildHasherDefault::<FxHasher>::default().hash_one(composed);
-        &self.shards[(hash >> 32) as usize % SHARDS]
+    /// The shared backend's state, for a store that has one.
+    fn backend(&self) -> Option<BackendStatus> {
+        None
     }
 }
 
-/// The store's sweeper task; dropping the handle stops it.
+/// The state of a store's shared backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendStatus {
+    /// Whether the backend answered its last command (or connection attempt).
+    pub reachable: bool,
+    /// Commands that failed or timed out, and connection attempts that failed.
+    pub errors: u64,
+    /// Operations answered from local bindings because the backend was unreachable.
+    pub local_fallbacks: u64,
+}
+
+/// Runs [`AffinityStore::sweep`] every `every` until the handle is dropped.
+pub fn spawn_sweeper(store: Arc<dyn AffinityStore>, every: Duration) -> SweeperHandle {
+    SweeperHandle(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            store.sweep();
+        }
+    }))
+}
+
+/// A store's sweeper task; dropping the handle stops it.
 #[derive(Debug)]
 pub struct SweeperHandle(JoinHandle<()>);
 
@@ -319,5 +196,29 @@ impl Drop for SweeperHandle {
     }
 }
 
-#[cfg(test)]
-mod tests;
+/// `key` within `scope` as one string (its parts joined by NUL), once the key is
+/// checked against `max_key_bytes`.
+fn compose(
+    scope: AffinityScope<'_>,
+    key: &str,
+    max_key_bytes: usize,
+) -> Result<String, AffinityKeyError> {
+    if key.is_empty() {
+        return Err(AffinityKeyError::Empty);
+    }
+    if key.len() > max_key_bytes {
+        return Err(AffinityKeyError::TooLong {
+            len: key.len(),
+            max: max_key_bytes,
+        });
+    }
+    let stage = scope.stage.as_str();
+    let mut composed =
+        String::with_capacity(scope.model.len() + scope.bucket.len() + stage.len() + key.len() + 3);
+    for part in [scope.model, scope.bucket, stage, key] {
+        composed.push_str(part);
+        composed.push('\0');
+    }
+    composed.pop();
+    Ok(composed)
+}

@@ -5,6 +5,10 @@ use std::sync::Arc;
 use crate::engine::{Engine, Role};
 use crate::load_monitor::{LOAD_STAT_TAG, LoadReport, NativeLoad};
 
+mod redis_server;
+
+pub use redis_server::RedisServer;
+
 /// `n` healthy engines `{prefix}0..` of one model and role, sorted by id.
 pub fn fleet(model: &str, role: Role, prefix: &str, n: usize) -> Vec<Arc<Engine>> {
     let width = n.saturating_sub(1).to_string().len();

@@ -1,9 +1,13 @@
-//! The `affinity` section: where session and routing keys come from, and the limits
-//! of the binding store they fill.
+//! The `affinity` section: where session and routing keys come from, where their
+//! engines are kept, and the limits of the binding store they fill.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use router_state::affinity::AffinityConfig;
+use router_policy::AffinityBackend;
+use router_state::affinity::{
+    AffinityConfig, AffinityStore, LocalAffinityStore, RedisAffinityStore, RedisSettings,
+};
 use schemars::JsonSchema;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -14,6 +18,7 @@ use super::ConfigError;
 ///
 /// ```yaml
 /// affinity: {session_header: x-session-id, idle_timeout_ms: 600000}
+/// affinity: {backend: redis, redis: {url: "redis://127.0.0.1:6379/0"}}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
@@ -36,7 +41,84 @@ pub struct AffinitySettings {
     /// Longest key accepted, in bytes; a longer header is a 400.
     #[serde(default = "default_max_key_bytes")]
     pub max_key_bytes: usize,
+    /// Where keys' engines are kept.
+    #[serde(default)]
+    pub backend: AffinityBackendKind,
+    /// The Redis server of the `redis` backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisConfig>,
 }
+
+/// Where session and routing keys' engines are kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AffinityBackendKind {
+    /// This process's own bindings: replicas behind one load balancer do not share
+    /// them.
+    #[default]
+    Local,
+    /// Bindings in a Redis server every replica names (`affinity.redis`), with a
+    /// short local cache in front; local bindings while it is unreachable.
+    Redis,
+    /// No bindings: a key goes to the highest-random-weight engine among its group's
+    /// routable engines (the next in that order when admission rejects), so every
+    /// replica agrees with no store.
+    Rendezvous,
+}
+
+/// The Redis server of the `redis` affinity backend.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host[:port][/db]`; never logged.
+    pub url: String,
+    /// Prepended to every key written; replicas sharing bindings use the same one.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    /// Longest wait for a connection or a command's answer, in milliseconds; past it
+    /// the request binds locally.
+    #[serde(default = "default_redis_timeout")]
+    pub timeout_ms: u64,
+    /// How long a binding read from Redis is answered without asking again, in
+    /// milliseconds; 0: every lookup asks. Another replica's rebinding is seen
+    /// within this time.
+    #[serde(default = "default_local_cache")]
+    pub local_cache_ms: u64,
+    /// Least time between connection attempts while Redis is unreachable, in
+    /// milliseconds.
+    #[serde(default = "default_reconnect_interval")]
+    pub reconnect_interval_ms: u64,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    /// The URL is left out: it may hold a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("local_cache_ms", &self.local_cache_ms)
+            .field("reconnect_interval_ms", &self.reconnect_interval_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_key_prefix() -> String {
+    "switchyard:affinity:".into()
+}
+fn default_redis_timeout() -> u64 {
+    100
+}
+fn default_local_cache() -> u64 {
+    1_000
+}
+fn default_reconnect_interval() -> u64 {
+    1_000
+}
+
+/// Longest `affinity.redis.key_prefix`, in bytes.
+const MAX_KEY_PREFIX_BYTES: usize = 128;
+/// Longest `affinity.redis.timeout_ms`: a request never waits longer on Redis.
+const MAX_REDIS_TIMEOUT_MS: u64 = 10_000;
 
 fn default_session_header() -> String {
     "x-session-id".into()
@@ -66,6 +148,8 @@ impl Default for AffinitySettings {
             sweep_interval_ms: default_sweep_interval(),
             max_entries: default_max_entries(),
             max_key_bytes: default_max_key_bytes(),
+            backend: AffinityBackendKind::default(),
+            redis: None,
         }
     }
 }
@@ -107,7 +191,35 @@ impl AffinitySettings {
         }
     }
 
+    /// Where affinity policies keep keys' engines, and the store the router holds
+    /// (none for `rendezvous`). Nothing is connected yet.
+    ///
+    /// # Errors
+    /// The Redis URL cannot be used (validation reports it with its path first).
+    pub(crate) fn backend(
+        &self,
+    ) -> Result<(AffinityBackend, Option<Arc<dyn AffinityStore>>), ConfigError> {
+        let store: Arc<dyn AffinityStore> = match (self.backend, &self.redis) {
+            (AffinityBackendKind::Rendezvous, _) => return Ok((AffinityBackend::Rendezvous, None)),
+            (AffinityBackendKind::Redis, Some(redis)) => Arc::new(
+                RedisAffinityStore::new(self.store_config(), redis.settings())
+                    .map_err(|e| ConfigError::at("affinity.redis.url", e))?,
+            ),
+            (AffinityBackendKind::Redis, None) => {
+                return Err(ConfigError::at(
+                    "affinity.redis",
+                    "is required by backend redis",
+                ));
+            }
+            (AffinityBackendKind::Local, _) => {
+                Arc::new(LocalAffinityStore::new(self.store_config()))
+            }
+        };
+        Ok((AffinityBackend::Store(Arc::clone(&store)), Some(store)))
+    }
+
     pub(super) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        self.validate_backend(errors);
         for (field, name) in [
             ("affinity.session_header", &self.session_header),
             ("affinity.routing_key_header", &self.routing_key_header),
@@ -134,6 +246,74 @@ impl AffinitySettings {
             if value == 0 {
                 errors.push(ConfigError::at(field, "must be at least 1"));
             }
+        }
+    }
+
+    fn validate_backend(&self, errors: &mut Vec<ConfigError>) {
+        let Some(redis) = &self.redis else {
+            if self.backend == AffinityBackendKind::Redis {
+                errors.push(ConfigError::at(
+                    "affinity.redis",
+                    "is required by backend redis",
+                ));
+            }
+            return;
+        };
+        if self.backend != AffinityBackendKind::Redis {
+            errors.push(ConfigError::at(
+                "affinity.redis",
+                "is set but affinity.backend is not redis",
+            ));
+        }
+        if let Err(e) = RedisAffinityStore::new(self.store_config(), redis.settings()) {
+            errors.push(ConfigError::at("affinity.redis.url", e));
+        }
+        if redis.key_prefix.len() > MAX_KEY_PREFIX_BYTES {
+            errors.push(ConfigError::at(
+                "affinity.redis.key_prefix",
+                format!("must be at most {MAX_KEY_PREFIX_BYTES} bytes"),
+            ));
+        }
+        if !(1..=MAX_REDIS_TIMEOUT_MS).contains(&redis.timeout_ms) {
+            errors.push(ConfigError::at(
+                "affinity.redis.timeout_ms",
+                format!("must be 1 to {MAX_REDIS_TIMEOUT_MS}"),
+            ));
+        }
+        if redis.local_cache_ms >= self.idle_timeout_ms {
+            errors.push(ConfigError::at(
+                "affinity.redis.local_cache_ms",
+                "must be below affinity.idle_timeout_ms",
+            ));
+        }
+        if redis.reconnect_interval_ms == 0 {
+            errors.push(ConfigError::at(
+                "affinity.redis.reconnect_interval_ms",
+                "must be at least 1",
+            ));
+        }
+    }
+}
+
+impl RedisConfig {
+    /// A server at `url` with every other setting at its default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            key_prefix: default_key_prefix(),
+            timeout_ms: default_redis_timeout(),
+            local_cache_ms: default_local_cache(),
+            reconnect_interval_ms: default_reconnect_interval(),
+        }
+    }
+
+    fn settings(&self) -> RedisSettings {
+        RedisSettings {
+            url: self.url.clone(),
+            key_prefix: self.key_prefix.clone(),
+            timeout: Duration::from_millis(self.timeout_ms),
+            cache_ttl: Duration::from_millis(self.local_cache_ms),
+            reconnect_interval: Duration::from_millis(self.reconnect_interval_ms),
         }
     }
 }

@@ -250,3 +250,53 @@ fn the_affinity_section_names_removed_modes_and_checks_its_values() {
         std::time::Duration::from_secs(1)
     );
 }
+
+#[test]
+fn the_affinity_backend_is_checked_and_a_redis_url_never_printed() {
+    let with = |section: &str| errors(&format!("{MINIMAL}affinity: {section}\n"));
+    assert_eq!(
+        with("{backend: redis}"),
+        ["affinity.redis: is required by backend redis"]
+    );
+    assert_eq!(
+        with("{redis: {url: 'redis://127.0.0.1:6379/0'}}"),
+        ["affinity.redis: is set but affinity.backend is not redis"]
+    );
+    let bad = with(
+        "{backend: redis, idle_timeout_ms: 1000, redis: {url: 'http://h:1', timeout_ms: 0, local_cache_ms: 1000, reconnect_interval_ms: 0}}",
+    );
+    assert_eq!(bad.len(), 4, "{bad:?}");
+    assert!(
+        bad[0].starts_with("affinity.redis.url: is not a usable redis:// URL"),
+        "{bad:?}"
+    );
+    assert_eq!(bad[1], "affinity.redis.timeout_ms: must be 1 to 10000");
+    assert_eq!(
+        bad[2],
+        "affinity.redis.local_cache_ms: must be below affinity.idle_timeout_ms"
+    );
+    assert_eq!(
+        bad[3],
+        "affinity.redis.reconnect_interval_ms: must be at least 1"
+    );
+    assert_eq!(
+        with(&format!(
+            "{{backend: redis, redis: {{url: 'redis://h', key_prefix: {}}}}}",
+            "p".repeat(129)
+        )),
+        ["affinity.redis.key_prefix: must be at most 128 bytes"]
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}affinity: {{backend: redis, redis: {{url: 'redis://user:hunter2@10.0.0.9:6379/2'}}}}\n"
+    ))
+    .unwrap();
+    assert!(!format!("{config:?}").contains("hunter2"));
+    let validated = config.validate().expect("valid");
+    assert!(!format!("{validated:?}").contains("hunter2"));
+    let rendezvous =
+        RouterConfig::from_yaml(&format!("{MINIMAL}affinity: {{backend: rendezvous}}\n"))
+            .unwrap()
+            .validate()
+            .expect("valid");
+    assert!(rendezvous.affinity.is_none(), "rendezvous keeps no store");
+}

@@ -39,7 +39,8 @@ pub struct ValidatedConfig {
     /// How often a vLLM engine's `/metrics` is read; `None`: never.
     pub(crate) metrics_interval: Option<Duration>,
     pub(crate) load: Arc<EngineReportedLoadTable>,
-    pub(crate) affinity: Arc<AffinityStore>,
+    /// The bindings the router holds; `None` for rendezvous, which binds nothing.
+    pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
     pub(crate) sweep_interval: Duration,
     pub(crate) affinity_headers: AffinityHeaders,
     pub(crate) admin: AdminAccess,
@@ -126,9 +127,12 @@ impl RouterConfig {
         let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
             freshness: Duration::from_millis(self.load.freshness_ms),
         }));
-        let affinity = Arc::new(AffinityStore::new(self.affinity.store_config()));
-        let handles =
-            PolicyHandles::new(Arc::clone(&load)).with_affinity_store(Some(Arc::clone(&affinity)));
+        let (backend, affinity) = match self.affinity.backend() {
+            Ok((backend, store)) => (Some(backend), store),
+            // Field validation named the problem.
+            Err(_) => (None, None),
+        };
+        let handles = PolicyHandles::new(Arc::clone(&load)).with_affinity(backend);
         let defaults = self.policies.over(&DefaultPolicies::default());
         let mut models = Vec::with_capacity(self.models.len());
         for (m, model) in self.models.iter().enumerate() {

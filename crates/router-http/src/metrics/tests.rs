@@ -3,7 +3,7 @@ use std::time::Duration;
 use http::HeaderValue;
 use router_fleet::{Change, EngineSpec, HealthPolicy};
 use router_state::Role;
-use router_state::affinity::AffinityConfig;
+use router_state::affinity::{AffinityConfig, LocalAffinityStore};
 use router_upstream::{Upstream, UpstreamTimeouts};
 
 use super::*;
@@ -19,13 +19,14 @@ fn metrics() -> (Metrics, Arc<Fleet>) {
         Arc::default(),
         HealthPolicy::default(),
     ));
-    let affinity = Arc::new(AffinityStore::new(AffinityConfig::default()));
+    let affinity: Arc<dyn AffinityStore> =
+        Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
     let routing = Arc::new(Routing::new(
         std::collections::HashMap::new(),
         router_buckets::DefaultPolicies::default(),
         router_policy::PolicyHandles::new(Arc::default()),
     ));
-    (Metrics::new(&fleet, &affinity, &routing), fleet)
+    (Metrics::new(&fleet, Some(affinity), &routing), fleet)
 }
 
 #[tokio::test]

@@ -1,4 +1,9 @@
+use std::sync::Arc;
+use std::time::Duration;
+
 use super::*;
+use crate::affinity::spawn_sweeper;
+use crate::engine::Role;
 
 fn scope(stage: Role) -> AffinityScope<'static> {
     AffinityScope {
@@ -12,8 +17,8 @@ fn id(s: &str) -> EngineId {
     EngineId::from(s)
 }
 
-fn store(max_entries: usize) -> AffinityStore {
-    AffinityStore::new(AffinityConfig {
+fn store(max_entries: usize) -> LocalAffinityStore {
+    LocalAffinityStore::new(AffinityConfig {
         idle_timeout: Duration::from_secs(60),
         max_entries,
         max_key_bytes: 32,
@@ -68,7 +73,10 @@ async fn idle_bindings_expire_and_the_sweeper_frees_them() {
         "and it can be rebound"
     );
 
-    let sweeper = s.spawn_sweeper(Duration::from_secs(10));
+    let sweeper = spawn_sweeper(
+        Arc::clone(&s) as Arc<dyn AffinityStore>,
+        Duration::from_secs(10),
+    );
     // Paused time: sleeping lets the clock jump from timer to timer, so the sweeper's
     // ticks at 10, 20, ... 60 s run before this task wakes at 61 s.
     tokio::time::sleep(Duration::from_secs(61)).await;

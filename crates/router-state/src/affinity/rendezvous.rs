@@ -1,0 +1,121 @@
+//! Rendezvous (highest-random-weight) hashing: a key's engines in an order every
+//! router replica computes alike from the key and the engine ids alone, with no
+//! store. Removing an engine moves only the keys whose first engine it was; adding
+//! one takes from each other engine only the keys it now outweighs.
+//!
+//! ```
+//! use router_state::EngineId;
+//! use router_state::affinity::rendezvous;
+//!
+//! let engines = [EngineId::from("A"), EngineId::from("B"), EngineId::from("C")];
+//! let order = rendezvous::order("session-42", &engines, |e| e);
+//! let without_last = rendezvous::order("session-42", &engines[..2], |e| e);
+//! if order[0] != &engines[2] {
+//!     assert_eq!(order[0], without_last[0], "only the removed engine's keys move");
+//! }
+//! ```
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use crate::engine::EngineId;
+
+/// The weight of `engine` for `key`: the key hashed with a seed drawn from the
+/// engine id, so every process gives the same weight.
+pub fn weight(key: &str, engine: &EngineId) -> u64 {
+    xxh3_64_with_seed(key.as_bytes(), xxh3_64(engine.as_str().as_bytes()))
+}
+
+/// `items` in the order `key` prefers them: highest weight first, equal weights by
+/// engine id, so the order does not depend on the order items are given in.
+pub fn order<'a, T>(key: &str, items: &'a [T], id: impl Fn(&T) -> &EngineId) -> Vec<&'a T> {
+    let mut weighted: Vec<(u64, &T)> = items.iter().map(|t| (weight(key, id(t)), t)).collect();
+    weighted.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| id(a.1).cmp(id(b.1))));
+    weighted.into_iter().map(|(_, t)| t).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn ids(n: usize) -> Vec<EngineId> {
+        (0..n)
+            .map(|i| EngineId::from(format!("engine-{i}")))
+            .collect()
+    }
+
+    #[test]
+    fn the_weight_is_a_fixed_function_of_key_and_engine() {
+        // Pinned so a change of hash (which would move every session of a fleet
+        // whose replicas run different versions) fails here first.
+        assert_eq!(
+            weight("k", &EngineId::from("A")),
+            weight("k", &EngineId::from("A"))
+        );
+        assert_ne!(
+            weight("k", &EngineId::from("A")),
+            weight("k", &EngineId::from("B"))
+        );
+        assert_eq!(
+            weight("session-1", &EngineId::from("engine-0")),
+            xxh3_64_with_seed(b"session-1", xxh3_64(b"engine-0"))
+        );
+    }
+
+    #[test]
+    fn keys_spread_over_every_engine() {
+        let engines = ids(8);
+        let mut counts = [0usize; 8];
+        for k in 0..8_000 {
+            let first = order(&format!("key-{k}"), &engines, |e| e)[0];
+            counts[engines.iter().position(|e| e == first).unwrap()] += 1;
+        }
+        // 1,000 expected each; a binomial spread stays far inside 700..1300.
+        assert!(
+            counts.iter().all(|&c| (700..1300).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn removing_an_engine_moves_only_its_own_keys(
+            n in 2usize..12,
+            removed in 0usize..12,
+            keys in proptest::collection::vec("[a-z0-9]{1,24}", 1..64),
+        ) {
+            let engines = ids(n);
+            let removed = removed % n;
+            let rest: Vec<EngineId> = engines
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != removed)
+                .map(|(_, e)| e.clone())
+                .collect();
+            for key in &keys {
+                let before = order(key, &engines, |e| e);
+                let after = order(key, &rest, |e| e);
+                // The order of the others is unchanged: the removed engine is
+                // simply left out.
+                let kept: Vec<&EngineId> =
+                    before.iter().copied().filter(|e| **e != engines[removed]).collect();
+                prop_assert_eq!(&kept, &after);
+                if *before[0] != engines[removed] {
+                    prop_assert_eq!(before[0], after[0]);
+                }
+            }
+        }
+
+        #[test]
+        fn the_order_does_not_depend_on_the_order_engines_are_given(
+            n in 1usize..12,
+            key in "[a-z0-9]{1,24}",
+        ) {
+            let engines = ids(n);
+            let mut reversed = engines.clone();
+            reversed.reverse();
+            prop_assert_eq!(order(&key, &engines, |e| e), order(&key, &reversed, |e| e));
+        }
+    }
+}
