@@ -1,8 +1,11 @@
 //! `switchyard serve` and `switchyard config`: run the router from a YAML file or
 //! from flags for simple fleets, check a configuration, print its schema.
 
+mod reload;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use router_buckets::DefaultPolicies;
@@ -15,9 +18,14 @@ use serde_json::json;
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// YAML configuration file (see docs/configuration.md). Without it, the fleet
-    /// flags below describe one model.
+    /// flags below describe one model. SIGHUP reloads it (models, engines, buckets
+    /// and policies; docs/operations.md).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Reload the configuration file when its content changes (read every second),
+    /// as on SIGHUP.
+    #[arg(long, requires = "config")]
+    watch_config: bool,
     /// Address to listen on (overrides the file's `listen`).
     #[arg(long)]
     host: Option<IpAddr>,
@@ -73,14 +81,26 @@ enum Filter {
 const ADMIN_TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = config_from(args, std::env::var(ADMIN_TOKEN_ENV).ok())?;
+    let env_token = std::env::var(ADMIN_TOKEN_ENV).ok();
+    let config = config_from(&args, env_token.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
         let router = router_http::start(config).await?;
+        // Listening for SIGHUP before the ready line, so no signal sent once it is
+        // printed ends the process.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("listening for SIGHUP")?;
+        let reloads = tokio::spawn(reload::run(
+            Arc::clone(router.context()),
+            hangup,
+            args,
+            env_token,
+        ));
         println!("{}", json!({"event": "ready", "addr": router.addr()}));
         crate::sim_engine::shutdown_signal().await;
+        reloads.abort();
         tracing::info!("shutting down: draining in-flight requests");
         router.shutdown().await;
         anyhow::Ok(())
@@ -89,34 +109,43 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 /// The configuration `args` describe; `env_token` is the admin token from the
 /// environment, used when neither the flags nor the file set one.
-fn config_from(args: ServeArgs, env_token: Option<String>) -> anyhow::Result<RouterConfig> {
+fn config_from(args: &ServeArgs, env_token: Option<String>) -> anyhow::Result<RouterConfig> {
     let fleet = args.model.is_some()
         || !args.worker_urls.is_empty()
         || !args.prefill.is_empty()
         || !args.decode.is_empty()
         || args.tokenizer.is_some();
-    let mut config = match (&args.config, fleet) {
+    let config = match (&args.config, fleet) {
         (Some(_), true) => bail!(
             "use either --config or the fleet flags (--model, --worker-urls, --prefill, --decode, --tokenizer)"
         ),
         (Some(path), false) => load(path)?,
-        (None, _) => fleet_config(&args)?,
+        (None, _) => fleet_config(args)?,
     };
+    Ok(overridden(config, args, env_token))
+}
+
+/// `config` with what the flags and the environment override in it.
+fn overridden(
+    mut config: RouterConfig,
+    args: &ServeArgs,
+    env_token: Option<String>,
+) -> RouterConfig {
     if args.host.is_some() || args.port.is_some() {
         config.listen = SocketAddr::new(
             args.host.unwrap_or(config.listen.ip()),
             args.port.unwrap_or(config.listen.port()),
         );
     }
-    if let Some(token) = args.admin_token {
+    if let Some(token) = &args.admin_token {
         // The flag wins over the file's token, whichever way the file gives it.
-        config.admin.token = Some(token);
+        config.admin.token = Some(token.clone());
         config.admin.token_file = None;
     }
     if config.admin.token.is_none() && config.admin.token_file.is_none() {
         config.admin.token = env_token.filter(|t| !t.trim().is_empty());
     }
-    Ok(config)
+    config
 }
 
 fn fleet_config(args: &ServeArgs) -> anyhow::Result<RouterConfig> {
@@ -256,7 +285,7 @@ mod tests {
 
     fn fleet(flags: &[&str]) -> anyhow::Result<RouterConfig> {
         let serve = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))?;
-        config_from(serve.args, None)
+        config_from(&serve.args, None)
     }
 
     fn capped(policy: &PolicyConfig) -> (&'static str, Option<u64>) {
@@ -358,18 +387,18 @@ mod tests {
             Serve::try_parse_from(all).unwrap().args
         };
         let token = |config: RouterConfig| config.admin.token;
-        assert_eq!(token(config_from(flags(&[]), None).unwrap()), None, "off");
+        assert_eq!(token(config_from(&flags(&[]), None).unwrap()), None, "off");
         assert_eq!(
-            token(config_from(flags(&[]), Some("env".into())).unwrap()).as_deref(),
+            token(config_from(&flags(&[]), Some("env".into())).unwrap()).as_deref(),
             Some("env")
         );
         assert_eq!(
-            token(config_from(flags(&[]), Some(String::new())).unwrap()),
+            token(config_from(&flags(&[]), Some(String::new())).unwrap()),
             None,
             "an empty variable sets nothing"
         );
         assert_eq!(
-            token(config_from(flags(&["--admin-token", "flag"]), Some("env".into())).unwrap())
+            token(config_from(&flags(&["--admin-token", "flag"]), Some("env".into())).unwrap())
                 .as_deref(),
             Some("flag")
         );

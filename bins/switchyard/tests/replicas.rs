@@ -3,15 +3,16 @@
 //! conversation's turns over the replicas the way a round-robin balancer does, and
 //! a replica or the Redis server killed mid-run.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::{Replica, TempFile};
 use engine_sim::{RunningEngine, SimConfig};
 use router_state::test_util::RedisServer;
 use serde_json::{Value, json};
@@ -20,95 +21,6 @@ use serde_json::{Value, json};
 const GUARD: Duration = Duration::from_secs(30);
 const SESSIONS: usize = 16;
 const PAGE: u32 = 16;
-
-/// A `switchyard serve` process, killed by its pid when dropped.
-struct Replica {
-    child: Option<Child>,
-    addr: SocketAddr,
-}
-
-impl Replica {
-    /// Starts a router on `config` and waits for its ready line.
-    async fn start(config: &std::path::Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the router starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let line = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line).map(|_| line)
-        })
-        .await
-        .expect("the reader runs")
-        .expect("the router prints its ready line");
-        let ready: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("a ready line, not {line:?}: {e}"));
-        let addr = ready["addr"]
-            .as_str()
-            .expect("the address")
-            .parse()
-            .unwrap();
-        Self {
-            child: Some(child),
-            addr,
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("the router is killed");
-            child.wait().expect("and reaped");
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    async fn metric(&self, client: &reqwest::Client, name: &str) -> f64 {
-        let text = client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("a body");
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    }
-}
-
-impl Replica {
-    /// The sum of the `switchyard_picks_total` samples whose labels contain `labels`.
-    async fn sum(&self, client: &reqwest::Client, labels: &str) -> f64 {
-        let text = client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("a body");
-        text.lines()
-            .filter(|l| l.starts_with("switchyard_picks_total{") && l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn tokenizer() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
@@ -151,27 +63,6 @@ fn config_file(engines: &[RunningEngine], policy: Value, affinity: Value) -> Tem
         "affinity": affinity,
     });
     TempFile::new(&config.to_string())
-}
-
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(text: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "switchyard-replicas-{}-{}.yaml",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, text).expect("the config is written");
-        Self(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// What a balancer saw of one request.
@@ -301,7 +192,7 @@ async fn with_redis_every_turn_of_a_session_lands_on_one_engine_through_a_replic
     );
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(Replica::start(&file.0).await);
+        replicas.push(Replica::start(&file.0, &[]).await);
     }
     let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
     let client = reqwest::Client::new();
@@ -371,7 +262,7 @@ async fn with_rendezvous_replicas_agree_with_nothing_shared_through_a_replica_lo
     );
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(Replica::start(&file.0).await);
+        replicas.push(Replica::start(&file.0, &[]).await);
     }
     let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
     let client = reqwest::Client::new();
@@ -441,10 +332,14 @@ async fn chat(client: &reqwest::Client, replica: &Replica, system: &str, user: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_aware_picks_agree_across_replicas() {
     let sims = engines(8).await;
-    let file = config_file(&sims, json!({"type": "cache_aware"}), json!({}));
+    let file = config_file(
+        &sims,
+        json!({"type": "cache_aware", "min_matched_tokens": 64}),
+        json!({}),
+    );
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(Replica::start(&file.0).await);
+        replicas.push(Replica::start(&file.0, &[]).await);
     }
     let client = reqwest::Client::new();
     caught_up(&client, &replicas, &sims).await;

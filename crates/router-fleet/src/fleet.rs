@@ -44,7 +44,7 @@ struct Runtime {
     introspected: bool,
     /// The `/server_info` the feeds were started from (`None`: never read).
     info: Option<ServerInfo>,
-    _feeds: Vec<FeedHandle>,
+    feeds: Vec<FeedHandle>,
 }
 
 /// The engines a router can use, and everything that keeps their state current.
@@ -146,9 +146,45 @@ impl Fleet {
         &self.kv_stats
     }
 
-    /// Feeds the KV events of `model`'s engines that join from now on into `index`.
-    pub fn keep_prefix_index(&self, model: &str, index: Arc<PrefixIndex>) {
-        self.prefix_indexes.write().insert(model.to_owned(), index);
+    /// Feeds the KV events of `model`'s engines into `index`, or into none. Engines
+    /// that join from now on subscribe to it; when it replaces another index (or
+    /// none), the model's registered engines' feeds start again into it.
+    pub fn keep_prefix_index(&self, model: &str, index: Option<Arc<PrefixIndex>>) {
+        let replaced = {
+            let mut indexes = self.prefix_indexes.write();
+            let previous = match &index {
+                Some(index) => indexes.insert(model.to_owned(), Arc::clone(index)),
+                None => indexes.remove(model),
+            };
+            match (&previous, &index) {
+                (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
+                (None, None) => false,
+                _ => true,
+            }
+        };
+        if replaced {
+            self.restart_feeds(model);
+        }
+    }
+
+    /// Starts the feeds of `model`'s registered engines again, from what their
+    /// specs and last introspection say.
+    fn restart_feeds(&self, model: &str) {
+        let _membership = self.membership.lock();
+        let snapshot = self.registry.snapshot();
+        let mut engines = self.engines.lock();
+        for (id, runtime) in engines.iter_mut() {
+            if runtime.spec.model != model {
+                continue;
+            }
+            let Some(engine) = snapshot.get(id.as_str()) else {
+                continue;
+            };
+            // The old subscribers stop before the new ones start.
+            runtime.feeds.clear();
+            runtime.feeds =
+                self.start_feeds(&runtime.spec, engine.dp_size(), runtime.info.as_ref());
+        }
     }
 
     /// The prefix index of `model`, when one is kept.
@@ -305,7 +341,7 @@ impl Fleet {
                 spec,
                 introspected: healthy,
                 info,
-                _feeds: feeds,
+                feeds,
             },
         );
         let engine = self
@@ -484,7 +520,7 @@ impl Fleet {
             if let Some(feeds) = feeds {
                 tracing::info!(engine = %engine.id(), "engine feeds (re)started from /server_info");
                 runtime.info = Some(info);
-                runtime._feeds = feeds;
+                runtime.feeds = feeds;
             }
         }
     }

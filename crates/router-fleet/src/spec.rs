@@ -54,8 +54,8 @@ impl EngineSpec {
     }
 }
 
-/// A change to the set of engines. Static configuration, the admin API and, later,
-/// a cluster watcher and a reloaded file are sources of the same changes.
+/// A change to the set of engines. Static configuration, a reloaded file, the admin
+/// API and, later, a cluster watcher are sources of the same changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Change {

@@ -1,7 +1,7 @@
 //! Application context: the fleet, the routing tables and the shared services of the
 //! request path, started once from a validated configuration.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,13 +9,14 @@ use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use router_buckets::build_resolver;
-use router_fleet::{Change, Fleet, FleetEvent};
+use router_fleet::{Change, EngineSpec, Fleet, FleetEvent};
 use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle, spawn_sweeper};
+use router_state::{EngineId, Role};
 use router_upstream::Upstream;
 
 use crate::config::{
-    AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, ValidatedConfig, roster,
+    AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, RestartOnly, ValidatedConfig, roster,
 };
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
@@ -58,7 +59,32 @@ pub struct AppContext {
     pub(crate) tokenizing: TokenizePool,
     /// The router-wide retry budget.
     pub(crate) retries: RetryBudget,
+    /// What the configuration file brought; a reload holds it while it runs.
+    pub(crate) configured: tokio::sync::Mutex<Configured>,
     rng: Mutex<Xoshiro256PlusPlus>,
+}
+
+/// What the configuration file brought, as opposed to engines and models the
+/// admin API added: a reload replaces only these.
+#[derive(Debug)]
+pub(crate) struct Configured {
+    pub(crate) restart_only: RestartOnly,
+    pub(crate) engines: HashMap<EngineId, EngineSpec>,
+    pub(crate) models: HashSet<String>,
+}
+
+impl Configured {
+    pub(crate) fn of(config: &ValidatedConfig) -> Self {
+        Self {
+            restart_only: config.restart_only.clone(),
+            engines: config
+                .models
+                .iter()
+                .flat_map(|m| m.engines.iter().map(|e| (e.id.clone(), e.clone())))
+                .collect(),
+            models: config.models.iter().map(|m| m.id.clone()).collect(),
+        }
+    }
 }
 
 impl AppContext {
@@ -69,6 +95,7 @@ impl AppContext {
     /// Engines that could not join, and buckets their discovered roles do not fit,
     /// each with its path.
     pub async fn new(config: ValidatedConfig) -> Result<Arc<Self>, StartError> {
+        let configured = Configured::of(&config);
         let upstream = Upstream::new(config.upstream);
         let fleet = Arc::new(
             Fleet::new(upstream.clone(), config.load, config.health)
@@ -79,7 +106,8 @@ impl AppContext {
         let mut routes = HashMap::new();
         for (m, model) in config.models.into_iter().enumerate() {
             let id = model.id.clone();
-            match start_model(&fleet, model).await {
+            let discovered = register(&fleet, &model).await;
+            match route(model, &discovered) {
                 Ok(route) => drop(routes.insert(id, Arc::new(route))),
                 Err(problems) => {
                     let at = format!("models[{m}]");
@@ -116,6 +144,7 @@ impl AppContext {
             client_body_timeout: config.client.body,
             tokenizing: TokenizePool::new(config.tokenize_concurrency),
             retries: RetryBudget::new(&config.retries),
+            configured: tokio::sync::Mutex::new(configured),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))
     }
@@ -161,25 +190,43 @@ fn observe_fleet(fleet: &Fleet, routing: &Arc<Routing>, affinity: Option<Arc<dyn
     });
 }
 
-/// Registers the model's engines (introspecting them concurrently) and finishes its
-/// route. Errors carry paths within the model.
-async fn start_model(fleet: &Fleet, model: ModelPlan) -> Result<ModelRoute, Vec<ConfigError>> {
-    if let Some(index) = &model.prefix_index {
-        fleet.keep_prefix_index(&model.id, Arc::clone(index));
-    }
-    let applied = futures_util::future::join_all(
+/// What registering a model's engines found: each engine's role, or why it could
+/// not join (with its path within the model).
+pub(crate) type Registered = Vec<Result<Role, ConfigError>>;
+
+/// Keeps the model's prefix index (before its engines join, so their KV events feed
+/// it) and registers its engines, introspecting them concurrently.
+pub(crate) async fn register(fleet: &Fleet, model: &ModelPlan) -> Registered {
+    fleet.keep_prefix_index(&model.id, model.prefix_index.clone());
+    futures_util::future::join_all(
         model
             .engines
             .iter()
             .map(|spec| fleet.apply(Change::Upsert(spec.clone()))),
     )
-    .await;
+    .await
+    .into_iter()
+    .enumerate()
+    .map(|(e, applied)| {
+        applied
+            .map(|engine| engine.role())
+            .map_err(|error| ConfigError::at(format!("engines[{e}]"), error))
+    })
+    .collect()
+}
+
+/// The model's route, its buckets built with the roles `registered` found. Errors
+/// carry paths within the model.
+pub(crate) fn route(
+    model: ModelPlan,
+    registered: &Registered,
+) -> Result<ModelRoute, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut discovered = HashMap::new();
-    for (e, (spec, applied)) in model.engines.iter().zip(applied).enumerate() {
-        match applied {
-            Ok(engine) => drop(discovered.insert(spec.id.clone(), engine.role())),
-            Err(error) => errors.push(ConfigError::at(format!("engines[{e}]"), error)),
+    for (spec, joined) in model.engines.iter().zip(registered) {
+        match joined {
+            Ok(role) => drop(discovered.insert(spec.id.clone(), *role)),
+            Err(error) => errors.push(error.clone()),
         }
     }
     let resolver = match model.routing {

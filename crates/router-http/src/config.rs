@@ -711,7 +711,8 @@ pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
 pub use retries::RetryConfig;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{
-    AffinityHeaders, ClientLimits, ModelPlan, ModelRouting, engine_spec, roster,
+    AffinityHeaders, ClientLimits, ModelPlan, ModelRouting, RestartOnly, SharedState, engine_spec,
+    roster,
 };
 
 #[cfg(test)]

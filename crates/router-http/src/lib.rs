@@ -36,6 +36,7 @@ mod error;
 mod metrics;
 mod prepare;
 mod relay;
+mod reload;
 mod retries;
 mod routing;
 mod server;
@@ -49,6 +50,7 @@ pub use config::{
     RouterConfig, TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
+pub use reload::{ReloadError, ReloadSummary};
 pub use router_policy::ConfigError;
 pub use server::{RunningRouter, start, start_validated};
 pub use tokenize::{

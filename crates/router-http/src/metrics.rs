@@ -53,6 +53,11 @@ pub(crate) struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabels {
+    pub(crate) outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ModelLabels {
     pub(crate) model: Arc<str>,
 }
@@ -86,6 +91,8 @@ pub(crate) struct Metrics {
     pub(crate) retries: Family<ReasonLabels, Counter>,
     /// Retries the budget refused (the request failed with its first engine's error).
     pub(crate) retries_refused: Counter,
+    /// Configuration reloads by outcome (`applied`, `invalid`, `failed`).
+    pub(crate) config_reloads: Family<OutcomeLabels, Counter>,
 }
 
 impl Metrics {
@@ -147,6 +154,12 @@ impl Metrics {
             "Retries the router-wide retry budget refused",
             retries_refused.clone(),
         );
+        let config_reloads = Family::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads: applied, invalid (refused with the old configuration kept), failed (an engine could not join; rolled back)",
+            config_reloads.clone(),
+        );
         router_fleet::register_metrics(fleet, &mut registry);
         if let Some(store) = affinity {
             registry.register_collector(Box::new(affinity::AffinityCollector(store)));
@@ -164,6 +177,7 @@ impl Metrics {
             predicted_prompt_tokens,
             retries,
             retries_refused,
+            config_reloads,
         }
     }
 

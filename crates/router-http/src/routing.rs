@@ -62,7 +62,7 @@ impl ModelRoute {
 pub(crate) struct Routing {
     models: ArcSwap<HashMap<String, Arc<ModelRoute>>>,
     /// The policies of a model that first appears at runtime.
-    defaults: DefaultPolicies,
+    defaults: ArcSwap<DefaultPolicies>,
     handles: PolicyHandles,
 }
 
@@ -74,9 +74,36 @@ impl Routing {
     ) -> Self {
         Self {
             models: ArcSwap::from_pointee(models),
-            defaults,
+            defaults: ArcSwap::from_pointee(defaults),
             handles,
         }
+    }
+
+    /// The state the policies of a model that first appears at runtime are built
+    /// around.
+    pub(crate) fn handles(&self) -> &PolicyHandles {
+        &self.handles
+    }
+
+    /// Swaps in `routes` and `defaults` in one step (a reload): every model of
+    /// `routes` takes its new route, and a model not among them keeps its route only
+    /// when `kept(model)` (a model an engine added at runtime brought).
+    pub(crate) fn replace(
+        &self,
+        routes: HashMap<String, Arc<ModelRoute>>,
+        defaults: DefaultPolicies,
+        kept: impl Fn(&str) -> bool,
+    ) {
+        self.defaults.store(Arc::new(defaults));
+        self.models.rcu(|current| {
+            let mut next = routes.clone();
+            for (model, route) in current.iter() {
+                if kept(model) && !next.contains_key(model) {
+                    next.insert(model.clone(), Arc::clone(route));
+                }
+            }
+            next
+        });
     }
 
     /// The route of `model`, if it is served.
@@ -149,7 +176,7 @@ impl Routing {
             return Ok(());
         }
         let roster = ModelRoster::new([(engine.id().clone(), engine.role())]);
-        let resolver = build_resolver(None, &roster, &self.defaults, &self.handles)?;
+        let resolver = build_resolver(None, &roster, &self.defaults.load(), &self.handles)?;
         self.models.rcu(|models| {
             let mut next = HashMap::clone(models);
             next.entry(model.to_owned())

@@ -5,6 +5,7 @@
 //! the buckets of a model with engines whose role introspection tells are built
 //! again at startup, with those roles.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +14,16 @@ use router_buckets::{
     BucketConfig, BucketResolver, DefaultPolicies, ModelRoster, build_resolver, group_policies,
 };
 use router_fleet::{EngineSpec, HealthPolicy};
-use router_policy::{CacheSource, ConfigError, LocalCacheSource, PolicyHandles};
+use router_policy::{AffinityBackend, CacheSource, ConfigError, LocalCacheSource, PolicyHandles};
 use router_state::affinity::AffinityStore;
 use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
 use router_upstream::UpstreamTimeouts;
 
-use super::{AdminAccess, EngineConfig, HealthConfig, ModelConfig, RouterConfig};
+use super::{
+    AdminAccess, AdminConfig, AffinitySettings, EngineConfig, HealthConfig, LimitsConfig,
+    LoadConfig, ModelConfig, RetryConfig, RouterConfig, TimeoutConfig,
+};
 use crate::tokenize::ChatTokenizer;
 
 /// A checked configuration, ready to start a router from
@@ -50,6 +54,100 @@ pub struct ValidatedConfig {
     pub(crate) defaults: DefaultPolicies,
     pub(crate) handles: PolicyHandles,
     pub(crate) models: Vec<ModelPlan>,
+    /// The sections a reload cannot change.
+    pub(crate) restart_only: RestartOnly,
+}
+
+/// The state a configuration's policies are built around: made anew for a router
+/// that starts, the running router's own for a reload, so load reports, bindings
+/// and prefix-index entries survive it.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedState {
+    pub(crate) load: Arc<EngineReportedLoadTable>,
+    pub(crate) backend: Option<AffinityBackend>,
+    pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
+    /// Each cache-aware model's prefix index, kept by a model whose index settings
+    /// are unchanged.
+    pub(crate) prefix_indexes: HashMap<String, Arc<PrefixIndex>>,
+}
+
+impl SharedState {
+    /// Fresh state for `config`; `None` backend when the affinity section is invalid
+    /// (its field check reports why).
+    fn new(config: &RouterConfig) -> Self {
+        let (backend, affinity) = match config.affinity.backend() {
+            Ok((backend, store)) => (Some(backend), store),
+            Err(_) => (None, None),
+        };
+        Self {
+            load: Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
+                freshness: Duration::from_millis(config.load.freshness_ms),
+            })),
+            backend,
+            affinity,
+            prefix_indexes: HashMap::new(),
+        }
+    }
+}
+
+/// The sections of a configuration a reload cannot change: they shape the
+/// listeners, the upstream client, the fleet's probes and feeds, or the state every
+/// policy holds.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RestartOnly {
+    listen: SocketAddr,
+    timeouts: TimeoutConfig,
+    health: HealthConfig,
+    load: LoadConfig,
+    admin: AdminConfig,
+    affinity: AffinitySettings,
+    limits: LimitsConfig,
+    retries: RetryConfig,
+    shutdown_grace_ms: u64,
+}
+
+impl RestartOnly {
+    pub(crate) fn of(config: &RouterConfig) -> Self {
+        Self {
+            listen: config.listen,
+            timeouts: config.timeouts,
+            health: config.health,
+            load: config.load,
+            admin: config.admin.clone(),
+            affinity: config.affinity.clone(),
+            limits: config.limits,
+            retries: config.retries,
+            shutdown_grace_ms: config.shutdown_grace_ms,
+        }
+    }
+
+    /// One error for each section `next` changes.
+    pub(crate) fn changes(&self, next: &Self) -> Vec<ConfigError> {
+        let changed = [
+            ("listen", self.listen != next.listen),
+            ("timeouts", self.timeouts != next.timeouts),
+            ("health", self.health != next.health),
+            ("load", self.load != next.load),
+            ("admin", self.admin != next.admin),
+            ("affinity", self.affinity != next.affinity),
+            ("limits", self.limits != next.limits),
+            ("retries", self.retries != next.retries),
+            (
+                "shutdown_grace_ms",
+                self.shutdown_grace_ms != next.shutdown_grace_ms,
+            ),
+        ];
+        changed
+            .into_iter()
+            .filter(|(_, changed)| *changed)
+            .map(|(section, _)| {
+                ConfigError::at(
+                    section,
+                    "changed: it takes effect only at a restart (a reload changes models and policies)",
+                )
+            })
+            .collect()
+    }
 }
 
 /// What a client connection may take.
@@ -122,21 +220,36 @@ impl RouterConfig {
     /// # Errors
     /// Every problem found, each with its path.
     pub fn validate(self) -> Result<ValidatedConfig, Vec<ConfigError>> {
+        let shared = SharedState::new(&self);
+        self.validate_with(shared)
+    }
+
+    /// [`validate`](Self::validate) around `shared` instead of fresh state.
+    pub(crate) fn validate_with(
+        self,
+        shared: SharedState,
+    ) -> Result<ValidatedConfig, Vec<ConfigError>> {
         let mut errors = self.check_fields();
         let admin = self.admin.access(&mut errors);
-        let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
-            freshness: Duration::from_millis(self.load.freshness_ms),
-        }));
-        let (backend, affinity) = match self.affinity.backend() {
-            Ok((backend, store)) => (Some(backend), store),
-            // Field validation named the problem.
-            Err(_) => (None, None),
-        };
+        let restart_only = RestartOnly::of(&self);
+        let SharedState {
+            load,
+            backend,
+            affinity,
+            prefix_indexes,
+        } = shared;
         let handles = PolicyHandles::new(Arc::clone(&load)).with_affinity(backend);
         let defaults = self.policies.over(&DefaultPolicies::default());
         let mut models = Vec::with_capacity(self.models.len());
         for (m, model) in self.models.iter().enumerate() {
-            match plan_model(model, &handles, &defaults, self.limits.tokenize_cache_bytes) {
+            let index = prefix_indexes.get(&model.id).cloned();
+            match plan_model(
+                model,
+                &handles,
+                &defaults,
+                self.limits.tokenize_cache_bytes,
+                index,
+            ) {
                 Ok(plan) => models.push(plan),
                 Err(problems) => {
                     let at = format!("models[{m}]");
@@ -185,18 +298,21 @@ impl RouterConfig {
             defaults,
             handles,
             models,
+            restart_only,
         })
     }
 }
 
 /// Loads the model's tokenizer (keeping up to `prefix_cache_bytes` of its prompts'
-/// prefixes), gives it a prefix index when a cache-aware group
-/// reads one, and builds (or checks) its buckets. Paths are within the model.
+/// prefixes), gives it a prefix index when a cache-aware group reads one (`kept`,
+/// when its settings are the same), and builds (or checks) its buckets. Paths are
+/// within the model.
 fn plan_model(
     model: &ModelConfig,
     handles: &PolicyHandles,
     defaults: &DefaultPolicies,
     prefix_cache_bytes: usize,
+    kept: Option<Arc<PrefixIndex>>,
 ) -> Result<ModelPlan, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let tokenizer = match &model.tokenizer {
@@ -215,11 +331,13 @@ fn plan_model(
         .any(|(_, policy)| policy.needs_prefix_source());
     // Without a tokenizer there are no token ids to hash: the cache-aware policy's
     // construction says what is missing.
+    let index_config = IndexConfig {
+        block_size: model.block_size,
+        max_nodes: model.prefix_index_pages,
+    };
     let prefix_index = (cache_aware && model.tokenizer.is_some()).then(|| {
-        Arc::new(PrefixIndex::new(IndexConfig {
-            block_size: model.block_size,
-            max_nodes: model.prefix_index_pages,
-        }))
+        kept.filter(|index| index.config() == index_config)
+            .unwrap_or_else(|| Arc::new(PrefixIndex::new(index_config)))
     });
     let handles = match &prefix_index {
         Some(index) => {
