@@ -91,14 +91,15 @@ fn ensure_os_packages() -> anyhow::Result<()> {
         .output()
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
     let apt = |args: &[&str]| {
-        let mut command = if root {
-            Command::new("apt-get")
-        } else {
-            let mut sudo = Command::new("sudo");
-            sudo.arg("apt-get");
-            sudo
-        };
-        command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        // `sudo` resets the environment: the variable is set by `env` under it.
+        let mut command = Command::new(if root { "env" } else { "sudo" });
+        if !root {
+            command.arg("env");
+        }
+        command
+            .arg("DEBIAN_FRONTEND=noninteractive")
+            .arg("apt-get")
+            .args(args);
         command
     };
     let names = missing.join(" ");

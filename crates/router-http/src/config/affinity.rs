@@ -70,13 +70,15 @@ pub enum AffinityBackendKind {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host[:port][/db]`; never logged.
+    /// `redis://[user:password@]host[:port][/db]` of a Redis 6.2 or later (not TLS,
+    /// a Unix socket or Cluster); never logged.
     pub url: String,
     /// Prepended to every key written; replicas sharing bindings use the same one.
     #[serde(default = "default_key_prefix")]
     pub key_prefix: String,
     /// Longest wait for a connection or a command's answer, in milliseconds; past it
-    /// the request binds locally.
+    /// the request binds locally. A pick makes one lookup and, for a new binding,
+    /// one bind (a few more only when replicas race on one key).
     #[serde(default = "default_redis_timeout")]
     pub timeout_ms: u64,
     /// How long a binding read from Redis is answered without asking again, in
@@ -117,7 +119,7 @@ fn default_reconnect_interval() -> u64 {
 
 /// Longest `affinity.redis.key_prefix`, in bytes.
 const MAX_KEY_PREFIX_BYTES: usize = 128;
-/// Longest `affinity.redis.timeout_ms`: a request never waits longer on Redis.
+/// Longest `affinity.redis.timeout_ms`, the wait of one command.
 const MAX_REDIS_TIMEOUT_MS: u64 = 10_000;
 
 fn default_session_header() -> String {
@@ -237,6 +239,12 @@ impl AffinitySettings {
                 "must differ from affinity.session_header",
             ));
         }
+        if self.idle_timeout_ms > super::MAX_MS {
+            errors.push(ConfigError::at(
+                "affinity.idle_timeout_ms",
+                format_args!("must be at most {} (one day)", super::MAX_MS),
+            ));
+        }
         for (field, value) in [
             ("affinity.idle_timeout_ms", self.idle_timeout_ms),
             ("affinity.sweep_interval_ms", self.sweep_interval_ms),
@@ -268,10 +276,13 @@ impl AffinitySettings {
         if let Err(e) = RedisAffinityStore::new(self.store_config(), redis.settings()) {
             errors.push(ConfigError::at("affinity.redis.url", e));
         }
-        if redis.key_prefix.len() > MAX_KEY_PREFIX_BYTES {
+        if redis.key_prefix.is_empty()
+            || redis.key_prefix.len() > MAX_KEY_PREFIX_BYTES
+            || !redis.key_prefix.bytes().all(|b| b.is_ascii_graphic())
+        {
             errors.push(ConfigError::at(
                 "affinity.redis.key_prefix",
-                format!("must be at most {MAX_KEY_PREFIX_BYTES} bytes"),
+                format!("must be 1 to {MAX_KEY_PREFIX_BYTES} bytes of visible ASCII"),
             ));
         }
         if !(1..=MAX_REDIS_TIMEOUT_MS).contains(&redis.timeout_ms) {

@@ -279,12 +279,18 @@ fn the_affinity_backend_is_checked_and_a_redis_url_never_printed() {
         bad[3],
         "affinity.redis.reconnect_interval_ms: must be at least 1"
     );
+    for prefix in ["p".repeat(129), "''".into(), "'a b'".into()] {
+        assert_eq!(
+            with(&format!(
+                "{{backend: redis, redis: {{url: 'redis://h', key_prefix: {prefix}}}}}"
+            )),
+            ["affinity.redis.key_prefix: must be 1 to 128 bytes of visible ASCII"],
+            "{prefix}"
+        );
+    }
     assert_eq!(
-        with(&format!(
-            "{{backend: redis, redis: {{url: 'redis://h', key_prefix: {}}}}}",
-            "p".repeat(129)
-        )),
-        ["affinity.redis.key_prefix: must be at most 128 bytes"]
+        with("{idle_timeout_ms: 86400001}"),
+        ["affinity.idle_timeout_ms: must be at most 86400000 (one day)"]
     );
     let config = RouterConfig::from_yaml(&format!(
         "{MINIMAL}affinity: {{backend: redis, redis: {{url: 'redis://user:hunter2@10.0.0.9:6379/2'}}}}\n"

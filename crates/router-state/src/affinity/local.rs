@@ -129,11 +129,14 @@ impl LocalAffinityStore {
         None
     }
 
-    /// Drops the binding of a composed key; returns the engine it was bound to.
+    /// Drops the binding of a composed key; returns the engine it was bound to,
+    /// unless it was idle past the timeout.
     pub(super) fn forget(&self, composed: &str) -> Option<EngineId> {
+        let now = Instant::now();
         self.shard(composed)
             .lock()
             .pop(composed)
+            .filter(|binding| !self.expired(binding, now))
             .map(|binding| binding.engine)
     }
 

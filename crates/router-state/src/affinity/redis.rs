@@ -1,51 +1,83 @@
-//! Bindings shared by router replicas in a Redis server.
+//! Bindings shared by router replicas in a Redis server (6.2 or later).
 //!
 //! A binding is a Redis string under `key_prefix` + the scoped key, holding the engine
-//! id, with a TTL of the idle timeout that every use refreshes (`GETEX ... PX`).
-//! Create-or-get and compare-and-replace run on the server as one Lua script, so two
-//! replicas binding a new session at once agree on the first binding. A short local
-//! cache answers repeated lookups of a key without a round trip; it is refreshed from
-//! the server once older than `cache_ttl`, so a rebinding made by another replica is
-//! seen within that time.
+//! id, with a TTL that every use refreshes: the idle timeout plus the local cache's
+//! lifetime, since uses the cache answers do not reach the server. Lookups,
+//! create-or-get and compare-and-replace each run on the server as one Lua script, so
+//! two replicas binding a new session at once agree on the first binding, and a value
+//! under a key that is not an engine id (too long, other characters, another type) is
+//! never sent back: a lookup treats it as no binding and a bind overwrites it. A
+//! short local cache answers repeated lookups of a key without a round trip; it is
+//! refreshed from the server once older than `cache_ttl`, so a rebinding made by
+//! another replica is seen within that time.
 //!
 //! The server is never in the way of a request: each command has a timeout, and
-//! while the server cannot be reached (refused, timed out, an error reply) the store
+//! while the server cannot be reached (refused, timed out, connection lost) the store
 //! binds in a local store of its own, counts each such operation, and logs once when
 //! the server goes and once when it returns. Reconnection runs in the background, at
-//! most once per `reconnect_interval`. A key bound locally during an outage is
-//! written to the server on its first lookup after it returns, unless another replica
-//! bound it there first.
+//! most once per `reconnect_interval`. An error the server answers (out of memory,
+//! read-only) fails that operation alone: it is answered locally and counted, and the
+//! connection stays. A key bound locally during an outage is written to the server on
+//! its first lookup after it returns, unless another replica bound it there first.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Script};
+use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 use tokio::time::Instant;
 
 use super::{
     AffinityConfig, AffinityScope, AffinityStore, BackendStatus, LocalAffinityStore, StoreFuture,
 };
 use crate::engine::EngineId;
-use crate::names::check_name;
+use crate::names::{MAX_NAME_BYTES, check_name};
 
-/// Sets `KEYS[1]` to `ARGV[1]` with a TTL of `ARGV[2]` ms unless it holds a value
-/// other than `ARGV[3]` (the expected engine, or empty: bind only if absent); a kept
-/// value has its TTL refreshed. Returns the value in force.
-const BIND: &str = r"
+/// Whether a value can be an engine id, as `check_name` says: 1 to 128 bytes of
+/// visible ASCII other than `"` `\` `{` `}` `,` `=`.
+const VALID: &str = r#"
+local function valid(value)
+  return #value >= 1 and #value <= 128 and string.find(value, '^[%w%p]+$') ~= nil
+    and string.find(value, '["\\{},=]') == nil
+end
+"#;
+
+/// `KEYS[1]`'s engine id with its TTL set to `ARGV[1]` ms; nil when absent or not an
+/// engine id.
+const LOOKUP: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+  return false
+end
 local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[3] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return current
+if not valid(current) then
+  return false
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return current
+";
+
+/// Sets `KEYS[1]` to `ARGV[1]` with a TTL of `ARGV[2]` ms unless it holds an engine id
+/// other than `ARGV[3]` (the expected engine, or empty: bind only if absent); a kept
+/// value has its TTL refreshed. Returns the engine id in force.
+const BIND: &str = r"
+if redis.call('TYPE', KEYS[1]).ok == 'string' then
+  local current = redis.call('GET', KEYS[1])
+  if valid(current) and current ~= ARGV[3] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return current
+  end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return ARGV[1]
 ";
+
+/// How often an error the server answers is logged, at most.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How the store reaches its server.
 #[derive(Clone, PartialEq, Eq)]
@@ -86,17 +118,26 @@ pub struct RedisAffinityStore {
     inner: Arc<Inner>,
 }
 
+/// A connection and the generation it belongs to: what a command on an older one
+/// reports changes nothing.
+type Current = Option<(u64, MultiplexedConnection)>;
+
 struct Inner {
     config: AffinityConfig,
     settings: RedisSettings,
     client: Client,
-    connection: Mutex<Option<MultiplexedConnection>>,
-    connecting: AtomicBool,
-    /// No connection attempt before this instant.
+    connection: Mutex<Current>,
+    generation: AtomicU64,
+    /// Held while a connection is being made.
+    attempting: Arc<tokio::sync::Mutex<()>>,
+    /// No background connection attempt before this instant.
     retry_at: Mutex<Instant>,
-    /// Whether the last command or connection attempt succeeded.
-    reachable: AtomicBool,
-    script: Script,
+    /// Whether the loss of the server was logged (once an outage).
+    down_logged: Mutex<bool>,
+    /// When an error the server answered was last logged.
+    refusal_logged: Mutex<Option<Instant>>,
+    lookup: Script,
+    bind: Script,
     cache: LocalAffinityStore,
     local: LocalAffinityStore,
     errors: AtomicU64,
@@ -112,13 +153,15 @@ impl fmt::Debug for RedisAffinityStore {
     }
 }
 
-/// Why a command gave no answer.
+/// Why a command gave no answer to use.
 enum Failure {
     /// No connection (the server is unreachable, or a connection is being made).
     Unavailable,
-    /// The command failed or timed out.
-    Failed(String),
-    /// The server holds a value under the key that is not an engine id.
+    /// The connection failed or the command timed out: the connection is dropped.
+    Lost(u64, String),
+    /// The server answered an error; the connection is fine.
+    Refused(String),
+    /// The server answered something that is not an engine id.
     Invalid,
 }
 
@@ -144,10 +187,13 @@ impl RedisAffinityStore {
                 settings,
                 client,
                 connection: Mutex::new(None),
-                connecting: AtomicBool::new(false),
+                generation: AtomicU64::new(0),
+                attempting: Arc::new(tokio::sync::Mutex::new(())),
                 retry_at: Mutex::new(Instant::now()),
-                reachable: AtomicBool::new(false),
-                script: Script::new(BIND),
+                down_logged: Mutex::new(false),
+                refusal_logged: Mutex::new(None),
+                lookup: Script::new(&format!("{VALID}{LOOKUP}")),
+                bind: Script::new(&format!("{VALID}{BIND}")),
                 cache,
                 local: LocalAffinityStore::new(config),
                 errors: AtomicU64::new(0),
@@ -159,7 +205,7 @@ impl RedisAffinityStore {
     /// The server's state and the store's counts.
     pub fn status(&self) -> BackendStatus {
         BackendStatus {
-            reachable: self.inner.reachable.load(Ordering::Relaxed),
+            reachable: self.inner.connection.lock().is_some(),
             errors: self.inner.errors.load(Ordering::Relaxed),
             local_fallbacks: self.inner.local_fallbacks.load(Ordering::Relaxed),
         }
@@ -172,14 +218,14 @@ impl RedisAffinityStore {
         {
             return Some(engine);
         }
-        let mut command = redis::cmd("GETEX");
-        command
-            .arg(inner.redis_key(&composed))
-            .arg("PX")
+        let mut invocation = inner.lookup.prepare_invoke();
+        invocation
+            .key(inner.redis_key(&composed))
             .arg(inner.ttl_ms());
-        match inner.query::<Option<Vec<u8>>>(&command).await {
-            Ok(Some(value)) => {
-                let engine = inner.engine_id(value)?;
+        match inner.run(&invocation).await {
+            Ok(Some(engine)) => {
+                // A binding of an earlier outage is the server's now.
+                inner.local.forget(&composed);
                 inner.cache_put(composed, &engine);
                 Some(engine)
             }
@@ -203,40 +249,23 @@ impl RedisAffinityStore {
         expected: Option<&EngineId>,
     ) -> EngineId {
         let inner = &self.inner;
-        let mut invocation = inner.script.prepare_invoke();
+        let mut invocation = inner.bind.prepare_invoke();
         invocation
             .key(inner.redis_key(&composed))
             .arg(engine.as_str())
             .arg(inner.ttl_ms())
             .arg(expected.map_or("", EngineId::as_str));
-        let answer = match inner.connection() {
-            Some(mut connection) => {
-                match tokio::time::timeout(
-                    inner.settings.timeout,
-                    invocation.invoke_async::<Vec<u8>>(&mut connection),
-                )
-                .await
-                {
-                    Ok(Ok(value)) => Ok(value),
-                    Ok(Err(e)) => Err(Failure::Failed(e.to_string())),
-                    Err(_) => Err(Failure::Failed("timed out".into())),
-                }
-            }
-            None => Err(Failure::Unavailable),
-        };
-        match answer.map(|value| inner.engine_id(value)) {
+        match inner.run(&invocation).await {
             Ok(Some(bound)) => {
-                inner.succeeded();
                 inner.cache_put(composed, &bound);
                 bound
             }
-            Ok(None) => {
-                inner.failed(Failure::Invalid);
-                inner.local_update(composed, engine, expected)
-            }
-            Err(failure) => {
-                inner.failed(failure);
-                inner.local_update(composed, engine, expected)
+            answer => {
+                inner.failed(answer.err().unwrap_or(Failure::Invalid));
+                inner.cache.forget(&composed);
+                inner
+                    .local
+                    .update(composed, engine, |current| Some(current) == expected)
             }
         }
     }
@@ -250,16 +279,11 @@ impl Inner {
         key
     }
 
+    /// The TTL a use sets: the idle timeout from the last use the cache may have
+    /// answered.
     fn ttl_ms(&self) -> u64 {
-        u64::try_from(self.config.idle_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1)
-    }
-
-    /// An engine id the server answered, if it is one.
-    fn engine_id(&self, value: Vec<u8>) -> Option<EngineId> {
-        let id = String::from_utf8(value).ok()?;
-        check_name(&id).is_ok().then(|| EngineId::from(id))
+        let ttl = self.config.idle_timeout + self.settings.cache_ttl;
+        u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
     }
 
     fn cache_put(&self, composed: String, engine: &EngineId) {
@@ -268,43 +292,65 @@ impl Inner {
         }
     }
 
-    fn local_update(
-        &self,
-        composed: String,
-        engine: &EngineId,
-        expected: Option<&EngineId>,
-    ) -> EngineId {
-        self.local
-            .update(composed, engine, |current| Some(current) == expected)
+    /// Runs a script within the timeout; its engine id (`None`: no binding).
+    async fn run(
+        self: &Arc<Self>,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Option<EngineId>, Failure> {
+        let (generation, mut connection) = self.connection().ok_or(Failure::Unavailable)?;
+        let answer = tokio::time::timeout(
+            self.settings.timeout,
+            invocation.invoke_async::<Option<Vec<u8>>>(&mut connection),
+        )
+        .await;
+        let value = match answer {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) if lost(&e) => return Err(Failure::Lost(generation, e.to_string())),
+            Ok(Err(e)) => return Err(Failure::Refused(e.to_string())),
+            Err(_) => return Err(Failure::Lost(generation, "timed out".into())),
+        };
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let id = (value.len() <= MAX_NAME_BYTES)
+            .then(|| String::from_utf8(value).ok())
+            .flatten()
+            .filter(|id| check_name(id).is_ok())
+            .ok_or(Failure::Invalid)?;
+        Ok(Some(EngineId::from(id)))
     }
 
     /// A connection to use now; `None` (and a connection attempt in the background,
     /// when one is due) while there is none.
-    fn connection(self: &Arc<Self>) -> Option<MultiplexedConnection> {
-        if let Some(connection) = self.connection.lock().clone() {
-            return Some(connection);
+    fn connection(self: &Arc<Self>) -> Option<(u64, MultiplexedConnection)> {
+        if let Some(current) = self.connection.lock().clone() {
+            return Some(current);
         }
-        if Instant::now() >= *self.retry_at.lock() && !self.connecting.swap(true, Ordering::AcqRel)
+        if Instant::now() >= *self.retry_at.lock()
+            && let Ok(attempting) = Arc::clone(&self.attempting).try_lock_owned()
         {
             let inner = Arc::clone(self);
             tokio::spawn(async move {
                 inner.attempt().await;
-                inner.connecting.store(false, Ordering::Release);
+                drop(attempting);
             });
         }
         None
     }
 
-    /// Connects unless a connection exists or another attempt is under way.
-    async fn connect(self: &Arc<Self>) {
-        if self.connection.lock().is_some() || self.connecting.swap(true, Ordering::AcqRel) {
-            return;
-        }
+    /// Connects unless a connection exists, waiting for an attempt under way.
+    async fn connect(&self) -> bool {
+        let _attempting = self.attempting.lock().await;
         self.attempt().await;
-        self.connecting.store(false, Ordering::Release);
+        self.connection.lock().is_some()
     }
 
+    /// One connection attempt (the caller holds `attempting`), unless a connection
+    /// exists.
     async fn attempt(&self) {
+        if self.connection.lock().is_some() {
+            return;
+        }
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.settings.timeout))
             .set_response_timeout(Some(self.settings.timeout));
@@ -314,62 +360,75 @@ impl Inner {
                 .get_multiplexed_async_connection_with_config(&config),
         )
         .await;
-        match connected {
+        let error = match connected {
             Ok(Ok(connection)) => {
-                *self.connection.lock() = Some(connection);
-                self.succeeded();
-            }
-            Ok(Err(e)) => self.failed(Failure::Failed(e.to_string())),
-            Err(_) => self.failed(Failure::Failed("connecting timed out".into())),
-        }
-    }
-
-    async fn query<T: redis::FromRedisValue>(
-        self: &Arc<Self>,
-        command: &redis::Cmd,
-    ) -> Result<T, Failure> {
-        let mut connection = self.connection().ok_or(Failure::Unavailable)?;
-        match tokio::time::timeout(
-            self.settings.timeout,
-            command.query_async::<T>(&mut connection),
-        )
-        .await
-        {
-            Ok(Ok(value)) => {
-                self.succeeded();
-                Ok(value)
-            }
-            Ok(Err(e)) => Err(Failure::Failed(e.to_string())),
-            Err(_) => Err(Failure::Failed("timed out".into())),
-        }
-    }
-
-    fn succeeded(&self) {
-        if !self.reachable.swap(true, Ordering::AcqRel) {
-            tracing::info!(prefix = %self.settings.key_prefix, "the Redis affinity store is reachable: bindings are shared");
-        }
-    }
-
-    /// Counts an operation answered locally; a failed command also drops the
-    /// connection, so the next attempt waits out the reconnect interval.
-    fn failed(&self, failure: Failure) {
-        self.local_fallbacks.fetch_add(1, Ordering::Relaxed);
-        let error = match failure {
-            Failure::Unavailable => return,
-            Failure::Invalid => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
+                let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                *self.connection.lock() = Some((generation, connection));
+                *self.down_logged.lock() = false;
+                tracing::info!(prefix = %self.settings.key_prefix, "the Redis affinity store is reachable: bindings are shared");
                 return;
             }
-            Failure::Failed(error) => error,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "connecting timed out".into(),
         };
         self.errors.fetch_add(1, Ordering::Relaxed);
-        *self.connection.lock() = None;
         *self.retry_at.lock() = Instant::now() + self.settings.reconnect_interval;
-        if self.reachable.swap(false, Ordering::AcqRel) || self.errors.load(Ordering::Relaxed) == 1
-        {
+        self.log_down(&error);
+    }
+
+    /// Counts an operation answered locally, and what made it so: a lost connection
+    /// is dropped (unless a newer one replaced it) and reconnected in the background.
+    fn failed(&self, failure: Failure) {
+        self.local_fallbacks.fetch_add(1, Ordering::Relaxed);
+        match failure {
+            Failure::Unavailable => {}
+            Failure::Invalid => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Failure::Refused(error) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                let now = Instant::now();
+                let mut logged = self.refusal_logged.lock();
+                if logged.is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_INTERVAL)
+                {
+                    *logged = Some(now);
+                    tracing::warn!(%error, "the Redis affinity store refused a command: it was answered from local bindings");
+                }
+            }
+            Failure::Lost(generation, error) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                {
+                    let mut connection = self.connection.lock();
+                    if connection
+                        .as_ref()
+                        .is_none_or(|(current, _)| *current != generation)
+                    {
+                        return;
+                    }
+                    *connection = None;
+                }
+                *self.retry_at.lock() = Instant::now() + self.settings.reconnect_interval;
+                self.log_down(&error);
+            }
+        }
+    }
+
+    fn log_down(&self, error: &str) {
+        let mut logged = self.down_logged.lock();
+        if !*logged {
+            *logged = true;
             tracing::warn!(%error, "the Redis affinity store is unreachable: bindings are local until it answers");
         }
     }
+}
+
+/// Whether an error means the connection is gone (rather than a command refused).
+fn lost(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
 }
 
 impl AffinityStore for RedisAffinityStore {
@@ -422,10 +481,7 @@ impl AffinityStore for RedisAffinityStore {
     }
 
     fn connect(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
-        Box::pin(async move {
-            Inner::connect(&self.inner).await;
-            self.inner.connection.lock().is_some()
-        })
+        Box::pin(self.inner.connect())
     }
 
     fn backend(&self) -> Option<BackendStatus> {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::affinity::AffinityKeyError;
+use crate::affinity::BackendStatus;
 use crate::engine::Role;
 use crate::test_util::RedisServer;
 
@@ -266,7 +267,7 @@ async fn a_server_down_from_the_start_serves_local_bindings() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_value_that_is_no_engine_id_is_no_binding() {
+async fn a_value_that_is_no_engine_id_is_no_binding_and_is_overwritten() {
     let server = RedisServer::start();
     let store = replica(settings(&server)).await;
     let mut raw = raw(&server).await;
@@ -274,9 +275,11 @@ async fn a_value_that_is_no_engine_id_is_no_binding() {
         ("binary", vec![0xff, 0xfe, 0x00]),
         ("long", vec![b'x'; 1 << 20]),
         ("spaces", b"an engine".to_vec()),
+        ("comma", b"a,b".to_vec()),
     ] {
+        let redis_key = format!("test:m\0b\0plain\0{key}");
         let () = redis::cmd("SET")
-            .arg(format!("test:m\0b\0plain\0{key}"))
+            .arg(&redis_key)
             .arg(value)
             .query_async(&mut raw)
             .await
@@ -285,9 +288,88 @@ async fn a_value_that_is_no_engine_id_is_no_binding() {
         assert_eq!(
             store.bind_if_absent(SCOPE, key, &id("E1")).await,
             Ok(id("E1")),
-            "{key}: bound locally instead"
+            "{key}"
         );
+        let value: String = redis::cmd("GET")
+            .arg(&redis_key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(value, "E1", "{key}: the server's value was replaced");
     }
+    let () = redis::cmd("RPUSH")
+        .arg("test:m\0b\0plain\0list")
+        .arg("E9")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(SCOPE, "list").await,
+        Ok(None),
+        "another type is no binding"
+    );
+    assert_eq!(
+        store.bind_if_absent(SCOPE, "list", &id("E1")).await,
+        Ok(id("E1"))
+    );
+    assert_eq!(
+        store.status(),
+        BackendStatus {
+            reachable: true,
+            errors: 0,
+            local_fallbacks: 0
+        },
+        "all of it on the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_the_server_refuses_is_answered_locally_and_keeps_the_connection() {
+    let server = RedisServer::start();
+    let store = replica(settings(&server)).await;
+    let mut raw = raw(&server).await;
+    // Full and refusing writes: SET fails with OOM inside the script.
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.bind_if_absent(SCOPE, "s", &id("E1")).await,
+        Ok(id("E1"))
+    );
+    assert_eq!(
+        store.get(SCOPE, "s").await,
+        Ok(Some(id("E1"))),
+        "bound locally"
+    );
+    let status = store.status();
+    assert!(status.reachable, "the connection stays: {status:?}");
+    assert!(
+        status.errors >= 1 && status.local_fallbacks >= 1,
+        "{status:?}"
+    );
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let other = replica(settings(&server)).await;
+    assert_eq!(
+        other.bind_if_absent(SCOPE, "t", &id("E2")).await,
+        Ok(id("E2"))
+    );
+    assert_eq!(
+        store.get(SCOPE, "t").await,
+        Ok(Some(id("E2"))),
+        "the same connection serves shared bindings again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
