@@ -82,19 +82,25 @@ const ADMIN_TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let env_token = std::env::var(ADMIN_TOKEN_ENV).ok();
+    // Read before the configuration is, so `--watch-config` sees any change after.
+    let started_from = args
+        .config
+        .as_ref()
+        .and_then(|path| std::fs::read_to_string(path).ok());
     let config = config_from(&args, env_token.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let router = router_http::start(config).await?;
-        // Listening for SIGHUP before the ready line, so no signal sent once it is
-        // printed ends the process.
+        // Listening for SIGHUP before startup, so no signal sent meanwhile ends the
+        // process; one received during startup reloads the file once it is done.
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("listening for SIGHUP")?;
+        let router = router_http::start(config).await?;
         let reloads = tokio::spawn(reload::run(
             Arc::clone(router.context()),
             hangup,
+            started_from,
             args,
             env_token,
         ));

@@ -187,6 +187,14 @@ impl Fleet {
         }
     }
 
+    /// The spec `id` was registered from, while it is registered.
+    pub fn spec(&self, id: &EngineId) -> Option<EngineSpec> {
+        self.engines
+            .lock()
+            .get(id)
+            .map(|runtime| runtime.spec.clone())
+    }
+
     /// The prefix index of `model`, when one is kept.
     pub fn prefix_index(&self, model: &str) -> Option<Arc<PrefixIndex>> {
         self.prefix_indexes.read().get(model).cloned()
@@ -510,13 +518,25 @@ impl Fleet {
             }
         }
         // Feeds at the same endpoints reconnect by themselves, keeping what they hold.
-        let feeds = moved.then(|| self.start_feeds(&spec, engine.dp_size(), Some(&info)));
+        let index = self.prefix_index(&spec.model);
+        let mut feeds = moved.then(|| self.start_feeds(&spec, engine.dp_size(), Some(&info)));
         // The engine may have been replaced or removed meanwhile: its feeds then
         // belong to nobody and stop when dropped here.
-        if let Some(runtime) = self.engines.lock().get_mut(engine.id())
+        let mut engines = self.engines.lock();
+        if let Some(runtime) = engines.get_mut(engine.id())
             && runtime.spec == spec
         {
             runtime.introspected = true;
+            // The model's prefix index was replaced meanwhile: these feeds feed the
+            // old one.
+            let replaced = match (&index, &self.prefix_index(&spec.model)) {
+                (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
+                (None, None) => false,
+                _ => true,
+            };
+            if feeds.is_some() && replaced {
+                feeds = Some(self.start_feeds(&spec, engine.dp_size(), Some(&info)));
+            }
             if let Some(feeds) = feeds {
                 tracing::info!(engine = %engine.id(), "engine feeds (re)started from /server_info");
                 runtime.info = Some(info);

@@ -2,6 +2,7 @@
 //! request path, started once from a validated configuration.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use crate::config::{
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
-use crate::tokenize::TokenizePool;
+use crate::tokenize::{ChatTokenizer, TokenizePool};
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,8 @@ pub(crate) struct Configured {
     pub(crate) restart_only: RestartOnly,
     pub(crate) engines: HashMap<EngineId, EngineSpec>,
     pub(crate) models: HashSet<String>,
+    /// The models' tokenizers, by file.
+    pub(crate) tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
 }
 
 impl Configured {
@@ -83,6 +86,13 @@ impl Configured {
                 .flat_map(|m| m.engines.iter().map(|e| (e.id.clone(), e.clone())))
                 .collect(),
             models: config.models.iter().map(|m| m.id.clone()).collect(),
+            tokenizers: config
+                .models
+                .iter()
+                .filter_map(|m| {
+                    Some((m.tokenizer_path.clone()?, Arc::clone(m.tokenizer.as_ref()?)))
+                })
+                .collect(),
         }
     }
 }

@@ -91,7 +91,8 @@ pub(crate) struct Metrics {
     pub(crate) retries: Family<ReasonLabels, Counter>,
     /// Retries the budget refused (the request failed with its first engine's error).
     pub(crate) retries_refused: Counter,
-    /// Configuration reloads by outcome (`applied`, `invalid`, `failed`).
+    /// Configuration reloads by outcome (`applied`, `invalid`, `failed`), each
+    /// present from startup.
     pub(crate) config_reloads: Family<OutcomeLabels, Counter>,
 }
 
@@ -154,10 +155,13 @@ impl Metrics {
             "Retries the router-wide retry budget refused",
             retries_refused.clone(),
         );
-        let config_reloads = Family::default();
+        let config_reloads: Family<OutcomeLabels, Counter> = Family::default();
+        for outcome in ["applied", "invalid", "failed"] {
+            drop(config_reloads.get_or_create(&OutcomeLabels { outcome }));
+        }
         registry.register(
             "config_reloads",
-            "Configuration reloads: applied, invalid (refused with the old configuration kept), failed (an engine could not join; rolled back)",
+            "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed)",
             config_reloads.clone(),
         );
         router_fleet::register_metrics(fleet, &mut registry);

@@ -5,27 +5,34 @@
 //! settings are unchanged), so nothing it shares with the running configuration is
 //! lost. It is refused whole, with the old configuration still serving, when any
 //! check fails or it changes a section only a restart can change. Otherwise:
-//! 1. the new engines join and changed ones are replaced (an unchanged engine is
-//!    left as it is: its load reports, feeds, bindings and cache entries stay);
-//! 2. every model's buckets and policies are built with the roles the engines have;
+//! 1. every model's buckets and policies are built with its engines' roles (an
+//!    engine whose role is not configured is asked for it first); an engine whose
+//!    role cannot be known, or buckets its role does not fit, fail the reload before
+//!    anything changed;
+//! 2. the new engines join and changed ones are replaced (an unchanged engine is
+//!    left as it is: its load reports, feeds, bindings and cache entries stay); a
+//!    model new to the router gets no route of its own until the swap;
 //! 3. the routes are swapped in one step, so a request sees the old configuration
 //!    or the new one, never a mix;
 //! 4. engines the file no longer names leave (their in-flight requests finish).
 //!
-//! An engine that cannot join (unreachable without a configured role, say) fails the
-//! reload: the engines added are removed and the replaced ones restored. Engines
-//! and models the admin API added are neither replaced nor removed.
+//! An engine that still fails to join in step 2 (it went away since step 1) fails
+//! the reload: the engines that joined leave and replaced ones are registered from
+//! their old settings again. Engines and models the admin API added are neither
+//! replaced nor removed; a model the file drops keeps serving the engines the admin
+//! API added to it.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use router_fleet::{Change, EngineSpec};
+use router_fleet::{Change, EngineSpec, FleetError};
 use router_policy::ConfigError;
 use router_state::EngineId;
+use router_state::kv_events::PrefixIndex;
 
-use crate::app::{AppContext, Configured, register, route};
-use crate::config::{RestartOnly, RouterConfig, SharedState};
+use crate::app::{AppContext, Configured, Registered, route};
+use crate::config::{RouterConfig, SharedState};
 use crate::metrics::OutcomeLabels;
 
 /// A reload that was refused or rolled back; the running configuration is
@@ -79,6 +86,9 @@ impl fmt::Display for ReloadSummary {
     }
 }
 
+/// What a model's engines join with: its id, its engines, its prefix index.
+type Joining = (String, Vec<EngineSpec>, Option<Arc<PrefixIndex>>);
+
 impl AppContext {
     /// Replaces the models, engines, buckets and policies the configuration file
     /// brought with those of `config`. Reloads run one at a time. See the module
@@ -122,32 +132,39 @@ impl AppContext {
         configured: &mut Configured,
         config: RouterConfig,
     ) -> Result<ReloadSummary, ReloadError> {
-        let mut errors = configured.restart_only.changes(&RestartOnly::of(&config));
         let shared = SharedState {
             load: Arc::clone(self.fleet.load()),
             backend: self.routing.handles().affinity.clone(),
             affinity: self.affinity.clone(),
             prefix_indexes: self.fleet.prefix_indexes().into_iter().collect(),
+            tokenizers: configured.tokenizers.clone(),
         };
-        let validated = config.validate_with(shared);
-        let validated = match validated {
-            Ok(validated) if errors.is_empty() => validated,
-            Ok(_) => return Err(ReloadError::Invalid(errors)),
-            Err(problems) => {
-                errors.extend(problems);
-                return Err(ReloadError::Invalid(errors));
-            }
-        };
+        // Loading a new tokenizer reads and parses a file: off the serving threads.
+        let validated = tokio::task::spawn_blocking(move || config.validate_with(shared))
+            .await
+            .map_err(|e| ReloadError::Invalid(vec![ConfigError::at("(root)", e)]))?
+            .map_err(ReloadError::Invalid)?;
+        let changes = configured.restart_only.changes(&validated.restart_only);
+        if !changes.is_empty() {
+            return Err(ReloadError::Invalid(changes));
+        }
         let next = Configured::of(&validated);
+
+        // Nothing changes until every engine's role is known and every route built.
         let mut summary = ReloadSummary {
             models: validated.models.len(),
             ..ReloadSummary::default()
         };
+        let mut before = HashMap::new();
         for (id, spec) in &next.engines {
-            match configured.engines.get(id) {
-                None => summary.added += 1,
-                Some(old) if old != spec => summary.replaced += 1,
-                Some(_) => {}
+            let current = self.fleet.spec(id);
+            if current.as_ref() != Some(spec) {
+                if current.is_some() {
+                    summary.replaced += 1;
+                } else {
+                    summary.added += 1;
+                }
+                before.insert(id.clone(), current);
             }
         }
         let leaving: Vec<EngineId> = configured
@@ -157,69 +174,140 @@ impl AppContext {
             .cloned()
             .collect();
         summary.removed = leaving.len();
-
-        let previous_indexes: HashMap<String, _> =
-            self.fleet.prefix_indexes().into_iter().collect();
         let mut routes = HashMap::new();
+        let mut plans: Vec<Joining> = Vec::new();
         let mut errors = Vec::new();
         for (m, model) in validated.models.into_iter().enumerate() {
-            let registered = register(&self.fleet, &model).await;
-            let id = model.id.clone();
-            match route(model, &registered) {
-                Ok(route) => drop(routes.insert(id, Arc::new(route))),
+            let roles = self.roles(&model.engines, &before).await;
+            let (id, engines, index) = (
+                model.id.clone(),
+                model.engines.clone(),
+                model.prefix_index.clone(),
+            );
+            match route(model, &roles) {
+                Ok(route) => drop(routes.insert(id.clone(), Arc::new(route))),
                 Err(problems) => {
                     let at = format!("models[{m}]");
                     errors.extend(problems.into_iter().map(|e| e.within(&at)));
                 }
             }
+            plans.push((id, engines, index));
         }
         if !errors.is_empty() {
-            self.restore(configured, &next, previous_indexes).await;
             return Err(ReloadError::Failed(errors));
         }
 
-        let runtime_models: HashSet<String> = self
-            .routing
-            .model_ids()
-            .into_iter()
-            .filter(|model| !configured.models.contains(model))
-            .collect();
+        // The engines join; routes of models new to the router wait for the swap.
+        let routed: HashSet<String> = self.routing.model_ids().into_iter().collect();
+        self.routing
+            .set_pending(next.models.difference(&routed).cloned().collect());
+        let indexes: HashMap<String, _> = self.fleet.prefix_indexes().into_iter().collect();
+        let mut joined = Vec::new();
+        for (m, (model, engines, index)) in plans.iter().enumerate() {
+            self.fleet.keep_prefix_index(model, index.clone());
+            let changed = engines
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| before.contains_key(&e.id));
+            let applied = futures_util::future::join_all(changed.map(|(e, spec)| async move {
+                (
+                    e,
+                    spec,
+                    self.fleet.apply(Change::Upsert(spec.clone())).await,
+                )
+            }))
+            .await;
+            for (e, spec, applied) in applied {
+                match applied {
+                    Ok(_) => joined.push(spec.id.clone()),
+                    Err(error) => {
+                        errors.push(ConfigError::at(format!("models[{m}].engines[{e}]"), error))
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            self.undo(&joined, &before, &plans, indexes).await;
+            self.routing.set_pending(HashSet::new());
+            return Err(ReloadError::Failed(errors));
+        }
+
+        // One step from the old routes to the new; then the engines left behind go.
+        let file_models = configured.models.clone();
         self.routing.replace(routes, validated.defaults, |model| {
-            runtime_models.contains(model)
+            !file_models.contains(model)
         });
         for id in leaving {
             // Gone already when the admin API removed it.
             drop(self.fleet.apply(Change::Remove(id)).await);
         }
+        let snapshot = self.fleet.snapshot();
         for model in configured.models.difference(&next.models) {
-            if !runtime_models.contains(model) {
-                self.fleet.keep_prefix_index(model, None);
+            // Engines the admin API added to a model the file dropped keep serving it.
+            match snapshot.model_engines(model).first() {
+                Some(engine) => {
+                    if let Err(e) = self.routing.serve_new_model(engine) {
+                        tracing::warn!(model, error = %e, "the model's engines added at runtime cannot be routed");
+                    }
+                }
+                None => self.fleet.keep_prefix_index(model, None),
             }
         }
         *configured = next;
         Ok(summary)
     }
 
-    /// Undoes a reload that could not finish: engines that joined leave, replaced
-    /// ones take their old settings again, and each model's prefix index is the one
-    /// it had.
-    async fn restore(
+    /// Each engine's role: configured, or the registered engine's when its spec is
+    /// unchanged, or what its `/server_info` says (an engine that does not answer
+    /// has none, and cannot join).
+    async fn roles(
         &self,
-        configured: &Configured,
-        next: &Configured,
-        indexes: HashMap<String, Arc<router_state::kv_events::PrefixIndex>>,
+        engines: &[EngineSpec],
+        before: &HashMap<EngineId, Option<EngineSpec>>,
+    ) -> Registered {
+        let snapshot = self.fleet.snapshot();
+        futures_util::future::join_all(engines.iter().enumerate().map(|(e, spec)| {
+            let registered = snapshot.get(spec.id.as_str()).cloned();
+            async move {
+                if let Some(role) = spec.role {
+                    return Ok(role);
+                }
+                if let Some(engine) = registered.filter(|_| !before.contains_key(&spec.id)) {
+                    return Ok(engine.role());
+                }
+                let info = self.upstream.server_info(&spec.url).await;
+                let reachable = info.is_some();
+                info.and_then(|info| info.role).ok_or_else(|| {
+                    ConfigError::at(
+                        format!("engines[{e}]"),
+                        FleetError::UnknownRole { reachable },
+                    )
+                })
+            }
+        }))
+        .await
+    }
+
+    /// Undoes the joins of a reload that could not finish: engines that joined leave
+    /// again, replaced ones are registered from their old specs (what was known of
+    /// them is gone), and each model's prefix index is the one it had.
+    async fn undo(
+        &self,
+        joined: &[EngineId],
+        before: &HashMap<EngineId, Option<EngineSpec>>,
+        plans: &[Joining],
+        indexes: HashMap<String, Arc<PrefixIndex>>,
     ) {
-        for (id, spec) in &next.engines {
-            let undo = match configured.engines.get(id) {
+        for id in joined {
+            let undo = match before.get(id).cloned().flatten() {
                 None => Change::Remove(id.clone()),
-                Some(old) if old != spec => Change::Upsert(EngineSpec::clone(old)),
-                Some(_) => continue,
+                Some(old) => Change::Upsert(old),
             };
             if let Err(e) = self.fleet.apply(undo).await {
                 tracing::warn!(engine = %id, error = %e, "undoing a failed reload");
             }
         }
-        for model in next.models.union(&configured.models) {
+        for (model, _, _) in plans {
             self.fleet
                 .keep_prefix_index(model, indexes.get(model).cloned());
         }

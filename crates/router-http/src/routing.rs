@@ -1,10 +1,11 @@
 //! The routing tables: each model's buckets (built once, replaced whole) and
 //! tokenizer, and what a model that first appears at runtime gets.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolver};
 use router_policy::{ConfigError, PolicyHandles};
 use router_state::{Engine, RegistrySnapshot};
@@ -64,6 +65,8 @@ pub(crate) struct Routing {
     /// The policies of a model that first appears at runtime.
     defaults: ArcSwap<DefaultPolicies>,
     handles: PolicyHandles,
+    /// Models a reload is bringing: their engines joining get no catch-all route.
+    pending: Mutex<HashSet<String>>,
 }
 
 impl Routing {
@@ -76,7 +79,14 @@ impl Routing {
             models: ArcSwap::from_pointee(models),
             defaults: ArcSwap::from_pointee(defaults),
             handles,
+            pending: Mutex::default(),
         }
+    }
+
+    /// Marks `models` as coming with a reload (or none, when it ends): an engine of
+    /// theirs that joins meanwhile gets no catch-all route.
+    pub(crate) fn set_pending(&self, models: HashSet<String>) {
+        *self.pending.lock() = models;
     }
 
     /// The state the policies of a model that first appears at runtime are built
@@ -87,7 +97,8 @@ impl Routing {
 
     /// Swaps in `routes` and `defaults` in one step (a reload): every model of
     /// `routes` takes its new route, and a model not among them keeps its route only
-    /// when `kept(model)` (a model an engine added at runtime brought).
+    /// when `kept(model)` (a model an engine added at runtime brought). No model is
+    /// pending afterwards.
     pub(crate) fn replace(
         &self,
         routes: HashMap<String, Arc<ModelRoute>>,
@@ -104,6 +115,7 @@ impl Routing {
             }
             next
         });
+        self.pending.lock().clear();
     }
 
     /// The route of `model`, if it is served.
@@ -172,7 +184,7 @@ impl Routing {
     /// model without a tokenizer).
     pub(crate) fn serve_new_model(&self, engine: &Engine) -> Result<(), ConfigError> {
         let model = engine.model();
-        if self.models.load().contains_key(model) {
+        if self.models.load().contains_key(model) || self.pending.lock().contains(model) {
             return Ok(());
         }
         let roster = ModelRoster::new([(engine.id().clone(), engine.role())]);

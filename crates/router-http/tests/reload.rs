@@ -30,6 +30,7 @@ fn config(models: Value) -> RouterConfig {
     let text = json!({
         "listen": "127.0.0.1:0",
         "health": {"interval_ms": 50, "timeout_ms": 5000, "failure_threshold": 3, "success_threshold": 1},
+        "admin": {"token": "s3cret"},
         "models": models,
     })
     .to_string();
@@ -192,7 +193,7 @@ async fn a_reload_adds_an_engine_changes_a_cap_and_removes_a_bucket_while_a_stre
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_that_cannot_join_rolls_the_reload_back() {
+async fn an_unreachable_engine_without_a_role_fails_the_reload_and_changes_nothing() {
     let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
     let before = config(json!([{"id": "m", "engines": [plain("A", &a)]}]));
     let router = router(before).await;
@@ -368,6 +369,193 @@ async fn prefix_index_entries_survive_a_reload_and_new_engines_feed_it() {
     assert!(index.size().entries > before);
     router.shutdown().await;
     for s in sims {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_cannot_be_served_is_refused_before_anything_changes() {
+    let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
+    let router = router(config(json!([{"id": "m", "engines": [plain("A", &a)]}]))).await;
+    let unreachable = b.url();
+    b.shutdown().await;
+    let after = config(json!([
+        {"id": "m", "engines": [plain("A", &a)]},
+        {"id": "n", "engines": [{"id": "N", "url": unreachable}]},
+    ]));
+    let Err(ReloadError::Failed(errors)) = router.context().reload(after).await else {
+        panic!("the reload fails");
+    };
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].to_string().starts_with("models[1].engines[0]"),
+        "{errors:?}"
+    );
+    let models: Value = reqwest::get(url(&router, "/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"].as_array().map(Vec::len), Some(1), "{models}");
+    // SGLang's /generate names no model: the router still serves exactly one.
+    let generated = reqwest::Client::new()
+        .post(url(&router, "/generate"))
+        .json(&json!({"text": "hello", "sampling_params": {"max_new_tokens": 2}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(generated.status(), 200);
+    assert_eq!(reloads(&router, "failed").await, 1);
+    router.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_the_admin_api_added_outlive_reloads() {
+    let (a, b, x) = (sim(|_| {}).await, sim(|_| {}).await, sim(|_| {}).await);
+    let router = router(config(json!([{"id": "m", "engines": [plain("A", &a)]}]))).await;
+    let added = reqwest::Client::new()
+        .post(url(&router, "/workers"))
+        .bearer_auth("s3cret")
+        .json(&json!({"id": "X", "url": x.url(), "model": "m", "role": "plain"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    router
+        .context()
+        .reload(config(
+            json!([{"id": "m", "engines": [plain("A", &a), plain("B", &b)]}]),
+        ))
+        .await
+        .expect("applied");
+    let mut engines = BTreeSet::new();
+    for n in 0..9 {
+        engines.insert(served(&router, &chat(&format!("{n}"))).await.1);
+    }
+    assert_eq!(
+        engines,
+        BTreeSet::from(["A".to_owned(), "B".to_owned(), "X".to_owned()])
+    );
+    // The file drops the model: its own engines leave, X keeps serving it.
+    let summary = router
+        .context()
+        .reload(config(json!([{"id": "k", "engines": [plain("B", &b)]}])))
+        .await
+        .expect("applied");
+    assert_eq!(
+        (summary.added, summary.replaced, summary.removed),
+        (0, 1, 1)
+    );
+    assert_eq!(served(&router, &chat("still")).await.1, "X");
+    assert!(router.context().fleet().snapshot().get("A").is_none());
+    router.shutdown().await;
+    for s in [a, b, x] {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_prefix_index_is_filled_again_from_the_engines() {
+    let mut sims = Vec::new();
+    for _ in 0..2 {
+        sims.push(
+            sim(|c| {
+                c.model = "m".into();
+                c.tokenizer = Some(tokenizer());
+                c.page_size = 16;
+                c.kv_port = Some(0);
+                c.replay_port = Some(0);
+            })
+            .await,
+        );
+    }
+    let model = |pages: usize| {
+        let engines: Vec<Value> = sims
+            .iter()
+            .enumerate()
+            .map(|(i, s)| plain(&format!("E{i}"), s))
+            .collect();
+        config(
+            json!([{"id": "m", "tokenizer": tokenizer(), "block_size": 16, "prefix_index_pages": pages, "engines": engines, "policies": {"plain": {"type": "cache_aware", "min_matched_tokens": 64}}}]),
+        )
+    };
+    let router = router(model(1 << 16)).await;
+    let fleet = Arc::clone(router.context().fleet());
+    let old = fleet.prefix_index("m").expect("an index");
+    let system = "You are a careful assistant. ".repeat(30);
+    let prompt = |user: &str| json!({"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 4});
+    let (_, holder) = served(&router, &prompt("first")).await;
+    let stats = Arc::clone(fleet.kv_stats());
+    let filled = |index: Arc<router_state::kv_events::PrefixIndex>| {
+        let stats = Arc::clone(&stats);
+        async move {
+            let mut seen = stats.steps();
+            while index.size().entries == 0 {
+                seen = stats.steps_after(seen).await;
+            }
+        }
+    };
+    within("the first pages", filled(Arc::clone(&old))).await;
+    router
+        .context()
+        .reload(model(1 << 15))
+        .await
+        .expect("applied");
+    let new = fleet.prefix_index("m").expect("an index");
+    assert!(!Arc::ptr_eq(&old, &new), "a new budget is a new index");
+    // The engines' feeds start again into it, and their replay refills it.
+    within("the replayed pages", filled(Arc::clone(&new))).await;
+    assert_eq!(
+        served(&router, &prompt("second")).await.1,
+        holder,
+        "the new index knows the holder"
+    );
+    router.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_the_fleet_refuses_rolls_the_reload_back() {
+    let (a, c) = (sim(|_| {}).await, sim(|_| {}).await);
+    let (prefill, decode) = (common::prefill_sim().await, common::decode_sim().await);
+    let router = router(config(json!([{"id": "m", "engines": [plain("A", &a)]}]))).await;
+    for (id, sim, role) in [("P", &prefill, "prefill"), ("D", &decode, "decode")] {
+        let added = reqwest::Client::new()
+            .post(url(&router, "/workers"))
+            .bearer_auth("s3cret")
+            .json(&json!({"id": id, "url": sim.url(), "model": "p", "role": role}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(added.status(), 201, "{id}");
+    }
+    // C joins m, and A moves to p as a plain engine: the fleet refuses a plain
+    // engine beside p's prefill/decode pair only when A is replaced, after C joined.
+    let after = config(json!([
+        {"id": "m", "engines": [plain("C", &c)]},
+        {"id": "p", "engines": [plain("A", &a)]},
+    ]));
+    let Err(ReloadError::Failed(errors)) = router.context().reload(after).await else {
+        panic!("the fleet refuses A in p");
+    };
+    assert!(
+        errors[0].to_string().starts_with("models[1].engines[0]"),
+        "{errors:?}"
+    );
+    let fleet = router.context().fleet().snapshot();
+    assert!(fleet.get("C").is_none(), "C left again");
+    assert_eq!(
+        fleet.get("A").map(|e| e.model().to_owned()).as_deref(),
+        Some("m")
+    );
+    assert_eq!(served(&router, &chat("after")).await.1, "A");
+    assert_eq!(reloads(&router, "failed").await, 1);
+    router.shutdown().await;
+    for s in [a, c, prefill, decode] {
         s.shutdown().await;
     }
 }

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +70,9 @@ pub(crate) struct SharedState {
     /// Each cache-aware model's prefix index, kept by a model whose index settings
     /// are unchanged.
     pub(crate) prefix_indexes: HashMap<String, Arc<PrefixIndex>>,
+    /// The tokenizers loaded, by file: a model naming the same file takes its
+    /// tokenizer (and the prefixes it keeps) instead of loading it again.
+    pub(crate) tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
 }
 
 impl SharedState {
@@ -86,6 +90,7 @@ impl SharedState {
             backend,
             affinity,
             prefix_indexes: HashMap::new(),
+            tokenizers: HashMap::new(),
         }
     }
 }
@@ -100,6 +105,8 @@ pub(crate) struct RestartOnly {
     health: HealthConfig,
     load: LoadConfig,
     admin: AdminConfig,
+    /// The token in force, so a token file whose token changed is a change.
+    admin_access: AdminAccess,
     affinity: AffinitySettings,
     limits: LimitsConfig,
     retries: RetryConfig,
@@ -107,13 +114,14 @@ pub(crate) struct RestartOnly {
 }
 
 impl RestartOnly {
-    pub(crate) fn of(config: &RouterConfig) -> Self {
+    fn of(config: &RouterConfig, admin_access: AdminAccess) -> Self {
         Self {
             listen: config.listen,
             timeouts: config.timeouts,
             health: config.health,
             load: config.load,
             admin: config.admin.clone(),
+            admin_access,
             affinity: config.affinity.clone(),
             limits: config.limits,
             retries: config.retries,
@@ -128,7 +136,10 @@ impl RestartOnly {
             ("timeouts", self.timeouts != next.timeouts),
             ("health", self.health != next.health),
             ("load", self.load != next.load),
-            ("admin", self.admin != next.admin),
+            (
+                "admin",
+                self.admin != next.admin || self.admin_access != next.admin_access,
+            ),
             ("affinity", self.affinity != next.affinity),
             ("limits", self.limits != next.limits),
             ("retries", self.retries != next.retries),
@@ -178,6 +189,8 @@ pub(crate) struct AffinityHeaders {
 #[derive(Debug)]
 pub(crate) struct ModelPlan {
     pub(crate) id: String,
+    /// The tokenizer's file, when the model names one.
+    pub(crate) tokenizer_path: Option<PathBuf>,
     pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
     pub(crate) engines: Vec<EngineSpec>,
     /// Kept by the fleet before the engines join, so their KV events feed it.
@@ -231,24 +244,28 @@ impl RouterConfig {
     ) -> Result<ValidatedConfig, Vec<ConfigError>> {
         let mut errors = self.check_fields();
         let admin = self.admin.access(&mut errors);
-        let restart_only = RestartOnly::of(&self);
+        let restart_only = RestartOnly::of(&self, admin.clone());
         let SharedState {
             load,
             backend,
             affinity,
             prefix_indexes,
+            tokenizers,
         } = shared;
         let handles = PolicyHandles::new(Arc::clone(&load)).with_affinity(backend);
         let defaults = self.policies.over(&DefaultPolicies::default());
         let mut models = Vec::with_capacity(self.models.len());
         for (m, model) in self.models.iter().enumerate() {
-            let index = prefix_indexes.get(&model.id).cloned();
+            let kept = Kept {
+                index: prefix_indexes.get(&model.id).cloned(),
+                tokenizers: &tokenizers,
+            };
             match plan_model(
                 model,
                 &handles,
                 &defaults,
                 self.limits.tokenize_cache_bytes,
-                index,
+                kept,
             ) {
                 Ok(plan) => models.push(plan),
                 Err(problems) => {
@@ -303,19 +320,28 @@ impl RouterConfig {
     }
 }
 
+/// What a reload keeps of the running router for a model.
+struct Kept<'a> {
+    /// The model's prefix index.
+    index: Option<Arc<PrefixIndex>>,
+    /// The tokenizers loaded, by file.
+    tokenizers: &'a HashMap<PathBuf, Arc<ChatTokenizer>>,
+}
+
 /// Loads the model's tokenizer (keeping up to `prefix_cache_bytes` of its prompts'
-/// prefixes), gives it a prefix index when a cache-aware group reads one (`kept`,
-/// when its settings are the same), and builds (or checks) its buckets. Paths are
-/// within the model.
+/// prefixes; the one `kept` for its file, if any), gives it a prefix index when a
+/// cache-aware group reads one (the one `kept`, when its settings are the same), and
+/// builds (or checks) its buckets. Paths are within the model.
 fn plan_model(
     model: &ModelConfig,
     handles: &PolicyHandles,
     defaults: &DefaultPolicies,
     prefix_cache_bytes: usize,
-    kept: Option<Arc<PrefixIndex>>,
+    kept: Kept<'_>,
 ) -> Result<ModelPlan, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let tokenizer = match &model.tokenizer {
+        Some(path) if kept.tokenizers.contains_key(path) => kept.tokenizers.get(path).cloned(),
         Some(path) => match ChatTokenizer::load(path) {
             Ok(t) => Some(Arc::new(t.with_prefix_cache(prefix_cache_bytes))),
             Err(e) => {
@@ -336,7 +362,8 @@ fn plan_model(
         max_nodes: model.prefix_index_pages,
     };
     let prefix_index = (cache_aware && model.tokenizer.is_some()).then(|| {
-        kept.filter(|index| index.config() == index_config)
+        kept.index
+            .filter(|index| index.config() == index_config)
             .unwrap_or_else(|| Arc::new(PrefixIndex::new(index_config)))
     });
     let handles = match &prefix_index {
@@ -370,6 +397,7 @@ fn plan_model(
     }
     Ok(ModelPlan {
         id: model.id.clone(),
+        tokenizer_path: model.tokenizer.clone(),
         tokenizer,
         engines,
         prefix_index,
