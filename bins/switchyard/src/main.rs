@@ -7,6 +7,7 @@
 )]
 
 mod demo;
+mod indexer;
 mod serve;
 mod sim_engine;
 
@@ -33,6 +34,9 @@ struct Cli {
 enum Command {
     /// Run the router.
     Serve(Box<serve::ServeArgs>),
+    /// Run a prefix indexer shared by router replicas: it follows the KV events of
+    /// the cache-aware models' engines in FILE and answers the routers' lookups.
+    Indexer(indexer::IndexerArgs),
     /// Check a configuration file, or print the configuration's JSON Schema.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
+        Command::Indexer(args) => indexer::run(&args),
         Command::Config(ConfigCommand::Check { file }) => serve::check(&file),
         Command::Config(ConfigCommand::Schema) => serve::schema(),
         Command::Demo(args) => demo::run(args),

@@ -236,7 +236,7 @@ fn engine(id: String, url: &str, role: EngineRole, bootstrap_port: Option<u16>) 
     }
 }
 
-fn load(path: &Path) -> anyhow::Result<RouterConfig> {
+pub(crate) fn load(path: &Path) -> anyhow::Result<RouterConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     RouterConfig::from_yaml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))

@@ -47,6 +47,10 @@ pub struct RouterConfig {
     /// Retries of requests an engine never started.
     #[serde(default)]
     pub retries: RetryConfig,
+    /// A prefix indexer shared by router replicas (`switchyard indexer`): cache-aware
+    /// groups ask it instead of keeping an index of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_indexer: Option<PrefixIndexerConfig>,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -64,6 +68,7 @@ impl RouterConfig {
             load: LoadConfig::default(),
             admin: AdminConfig::default(),
             affinity: AffinitySettings::default(),
+            prefix_indexer: None,
             limits: LimitsConfig::default(),
             retries: RetryConfig::default(),
             shutdown_grace_ms: default_grace(),
@@ -484,6 +489,27 @@ impl Default for LoadConfig {
     }
 }
 
+/// Where a router's cache-aware groups look prompts up when replicas share one
+/// prefix indexer.
+///
+/// ```yaml
+/// prefix_indexer: {url: "http://10.0.0.5:30100", timeout_ms: 50}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixIndexerConfig {
+    /// The indexer's base URL, `http://host:port`.
+    pub url: String,
+    /// Longest wait for a lookup, in milliseconds (1 to 10000); past it the pick is
+    /// `cache_unavailable` and the cache-miss fallback runs.
+    #[serde(default = "default_indexer_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_indexer_timeout() -> u64 {
+    50
+}
+
 impl RouterConfig {
     /// Parses YAML; an error names the path of the field and its line.
     ///
@@ -521,6 +547,17 @@ impl RouterConfig {
         let mut errors = Vec::new();
         self.affinity.validate(&mut errors);
         self.retries.validate(&mut errors);
+        if let Some(indexer) = &self.prefix_indexer {
+            if let Err(e) = router_upstream::check_engine_url(&indexer.url) {
+                errors.push(ConfigError::at("prefix_indexer.url", e));
+            }
+            if !(1..=10_000).contains(&indexer.timeout_ms) {
+                errors.push(ConfigError::at(
+                    "prefix_indexer.timeout_ms",
+                    "must be 1 to 10000",
+                ));
+            }
+        }
         for (field, value) in [
             ("timeouts.connect_ms", self.timeouts.connect_ms),
             ("timeouts.first_byte_ms", self.timeouts.first_byte_ms),
@@ -708,6 +745,7 @@ mod validated;
 pub(crate) use admin::AdminAccess;
 pub use admin::AdminConfig;
 pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
+
 pub use retries::RetryConfig;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{

@@ -33,6 +33,7 @@ mod config;
 mod connections;
 mod dispatch;
 mod error;
+mod indexer;
 mod metrics;
 mod prepare;
 mod relay;
@@ -46,10 +47,11 @@ pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
     AdminConfig, AffinityBackendKind, AffinitySettings, EngineConfig, EngineRole, HealthConfig,
-    LimitsConfig, LoadConfig, ModelConfig, PdProtocol, RedisConfig, RetryConfig, RolePolicies,
-    RouterConfig, TimeoutConfig, ValidatedConfig,
+    LimitsConfig, LoadConfig, ModelConfig, PdProtocol, PrefixIndexerConfig, RedisConfig,
+    RetryConfig, RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
+pub use indexer::{RunningIndexer, start_indexer};
 pub use reload::{ReloadError, ReloadSummary};
 pub use router_policy::ConfigError;
 pub use server::{RunningRouter, start, start_validated};

@@ -187,13 +187,18 @@ impl Metrics {
 
     /// The exposition of every family in `format`.
     pub(crate) fn encode(&self, format: Format) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry)
-            .expect("writing to a String cannot fail");
-        match format {
-            Format::OpenMetrics => text,
-            Format::Prometheus => exposition::to_prometheus_text(&text),
-        }
+        encode_registry(&self.registry, format)
+    }
+}
+
+/// The exposition of every family of `registry` in `format`.
+pub(crate) fn encode_registry(registry: &Registry, format: Format) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry)
+        .expect("writing to a String cannot fail");
+    match format {
+        Format::OpenMetrics => text,
+        Format::Prometheus => exposition::to_prometheus_text(&text),
     }
 }
 

@@ -95,8 +95,18 @@ impl LocalCacheSource {
     }
 
     fn answer(&self, namespace: Option<&str>, token_ids: &[u32]) -> PrefixHits {
-        let chain = self.index.request_hashes(namespace, token_ids);
-        let found = self.index.lookup(&chain);
+        PrefixHits::of_chain(
+            &self.index,
+            &self.index.request_hashes(namespace, token_ids),
+        )
+    }
+}
+
+impl PrefixHits {
+    /// What `index` holds of a prompt whose block hashes are `chain`
+    /// ([`PrefixIndex::request_hashes`]).
+    pub fn of_chain(index: &PrefixIndex, chain: &[u64]) -> Self {
+        let found = index.lookup(chain);
         let mut ranks: Vec<(EngineId, u32)> = found
             .engines
             .iter()
@@ -109,9 +119,9 @@ impl LocalCacheSource {
             .map(|m| (m.engine, m.blocks))
             .collect();
         engines.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        PrefixHits {
+        Self {
             query_blocks: found.query_blocks,
-            block_size: self.index.config().block_size,
+            block_size: index.config().block_size,
             engines,
             ranks,
         }

@@ -19,12 +19,13 @@ use router_policy::{AffinityBackend, CacheSource, ConfigError, LocalCacheSource,
 use router_state::affinity::AffinityStore;
 use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
-use router_upstream::UpstreamTimeouts;
+use router_upstream::{Upstream, UpstreamTimeouts};
 
 use super::{
     AdminAccess, AdminConfig, AffinitySettings, EngineConfig, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, RetryConfig, RouterConfig, TimeoutConfig,
+    LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig,
 };
+use crate::indexer::RemoteCacheSource;
 use crate::tokenize::ChatTokenizer;
 
 /// A checked configuration, ready to start a router from
@@ -110,6 +111,7 @@ pub(crate) struct RestartOnly {
     affinity: AffinitySettings,
     limits: LimitsConfig,
     retries: RetryConfig,
+    prefix_indexer: Option<PrefixIndexerConfig>,
     shutdown_grace_ms: u64,
 }
 
@@ -125,6 +127,7 @@ impl RestartOnly {
             affinity: config.affinity.clone(),
             limits: config.limits,
             retries: config.retries,
+            prefix_indexer: config.prefix_indexer.clone(),
             shutdown_grace_ms: config.shutdown_grace_ms,
         }
     }
@@ -143,6 +146,7 @@ impl RestartOnly {
             ("affinity", self.affinity != next.affinity),
             ("limits", self.limits != next.limits),
             ("retries", self.retries != next.retries),
+            ("prefix_indexer", self.prefix_indexer != next.prefix_indexer),
             (
                 "shutdown_grace_ms",
                 self.shutdown_grace_ms != next.shutdown_grace_ms,
@@ -259,6 +263,7 @@ impl RouterConfig {
             let kept = Kept {
                 index: prefix_indexes.get(&model.id).cloned(),
                 tokenizers: &tokenizers,
+                indexer: self.prefix_indexer.as_ref(),
             };
             match plan_model(
                 model,
@@ -320,12 +325,14 @@ impl RouterConfig {
     }
 }
 
-/// What a reload keeps of the running router for a model.
+/// What a reload keeps of the running router for a model, and the shared indexer.
 struct Kept<'a> {
     /// The model's prefix index.
     index: Option<Arc<PrefixIndex>>,
     /// The tokenizers loaded, by file.
     tokenizers: &'a HashMap<PathBuf, Arc<ChatTokenizer>>,
+    /// The prefix indexer asked instead of a local index, if any.
+    indexer: Option<&'a PrefixIndexerConfig>,
 }
 
 /// Loads the model's tokenizer (keeping up to `prefix_cache_bytes` of its prompts'
@@ -361,18 +368,35 @@ fn plan_model(
         block_size: model.block_size,
         max_nodes: model.prefix_index_pages,
     };
-    let prefix_index = (cache_aware && model.tokenizer.is_some()).then(|| {
+    let indexed = cache_aware && model.tokenizer.is_some();
+    let prefix_index = (indexed && kept.indexer.is_none()).then(|| {
         kept.index
             .filter(|index| index.config() == index_config)
             .unwrap_or_else(|| Arc::new(PrefixIndex::new(index_config)))
     });
-    let handles = match &prefix_index {
-        Some(index) => {
-            let source: Arc<dyn CacheSource> = Arc::new(LocalCacheSource::new(Arc::clone(index)));
-            handles.clone().with_prefix_source(Some(source))
+    let source: Option<Arc<dyn CacheSource>> = match (&prefix_index, kept.indexer) {
+        (Some(index), _) => Some(Arc::new(LocalCacheSource::new(Arc::clone(index)))),
+        (None, Some(indexer)) if indexed => {
+            // Field validation named a URL that is no base URL.
+            router_upstream::authority(&indexer.url).map(|authority| {
+                let timeout = Duration::from_millis(indexer.timeout_ms);
+                let upstream = Upstream::new(UpstreamTimeouts {
+                    connect: timeout,
+                    first_byte: timeout,
+                    pool_idle: Duration::from_secs(4),
+                });
+                Arc::new(RemoteCacheSource::new(
+                    &model.id,
+                    model.block_size,
+                    authority,
+                    upstream,
+                    timeout,
+                )) as Arc<dyn CacheSource>
+            })
         }
-        None => handles.clone(),
+        _ => None,
     };
+    let handles = handles.clone().with_prefix_source(source);
     let engines: Vec<EngineSpec> = model
         .engines
         .iter()

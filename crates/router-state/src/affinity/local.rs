@@ -131,6 +131,7 @@ impl LocalAffinityStore {
 
     /// Drops the binding of a composed key; returns the engine it was bound to,
     /// unless it was idle past the timeout.
+    #[cfg(feature = "redis")]
     pub(super) fn forget(&self, composed: &str) -> Option<EngineId> {
         let now = Instant::now();
         self.shard(composed)

@@ -1,0 +1,187 @@
+//! `switchyard indexer`: a prefix index shared by router replicas. It reads the
+//! routers' configuration file, subscribes to the KV events of every engine of each
+//! model a cache-aware group reads (the same fleet and index code a router runs), and
+//! answers lookups over HTTP: a router configured with `prefix_indexer` sends a
+//! prompt's block hashes and is told which engines hold how much of it, so every
+//! replica routes on one view and only the indexer holds the index.
+//!
+//! It serves `POST /v1/prefix/lookup`, `GET /health` and `GET /metrics` (the feeds and
+//! the index), on the file's `listen` address.
+
+mod client;
+mod wire;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::StatusCode;
+use prometheus_client::registry::Registry;
+use router_fleet::{Fleet, HealthChecks};
+use router_policy::{ConfigError, PrefixHits};
+use router_state::kv_events::PrefixIndex;
+use router_upstream::Upstream;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub(crate) use client::RemoteCacheSource;
+use wire::{Answer, LOOKUP_PATH, Lookup, MAX_HASHES, MAX_LOOKUP_BYTES};
+
+use crate::app::{StartError, register};
+use crate::config::RouterConfig;
+use crate::metrics::{Format, encode_registry};
+
+/// A running indexer.
+#[derive(Debug)]
+pub struct RunningIndexer {
+    addr: SocketAddr,
+    fleet: Arc<Fleet>,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<()>,
+}
+
+impl RunningIndexer {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The engines it follows and the indexes it keeps.
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
+    }
+
+    /// Stops serving, letting lookups under way finish.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        drop(self.server.await);
+    }
+}
+
+#[derive(Debug)]
+struct Indexer {
+    indexes: HashMap<String, Arc<PrefixIndex>>,
+    registry: Registry,
+    _health: HealthChecks,
+}
+
+/// Starts an indexer for the cache-aware models of `config` (its own
+/// `prefix_indexer`, if any, is ignored: the indexer keeps the indexes itself).
+///
+/// # Errors
+/// The configuration is invalid, no model has a cache-aware group with a tokenizer,
+/// an engine cannot join, or the address cannot be bound.
+pub async fn start_indexer(mut config: RouterConfig) -> Result<RunningIndexer, StartError> {
+    config.prefix_indexer = None;
+    let validated = config.validate().map_err(StartError::Config)?;
+    let fleet = Arc::new(
+        Fleet::new(
+            Upstream::new(validated.upstream),
+            validated.load,
+            validated.health,
+        )
+        .with_max_feed_message_bytes(validated.max_feed_message_bytes),
+    );
+    let mut indexes = HashMap::new();
+    let mut errors = Vec::new();
+    for (m, model) in validated.models.iter().enumerate() {
+        let Some(index) = &model.prefix_index else {
+            continue;
+        };
+        let at = format!("models[{m}]");
+        for joined in register(&fleet, model).await {
+            if let Err(e) = joined {
+                errors.push(e.within(&at));
+            }
+        }
+        indexes.insert(model.id.clone(), Arc::clone(index));
+    }
+    if indexes.is_empty() {
+        errors.push(ConfigError::at(
+            "models",
+            "no model has a cache-aware group and a tokenizer: the indexer would index nothing",
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(StartError::Config(errors));
+    }
+    let mut registry = Registry::with_prefix("switchyard");
+    router_fleet::register_metrics(&fleet, &mut registry);
+    let indexer = Arc::new(Indexer {
+        indexes,
+        registry,
+        _health: fleet.spawn_health_checks(),
+    });
+    let app = axum::Router::new()
+        .route(LOOKUP_PATH, post(lookup))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_LOOKUP_BYTES))
+        .with_state(indexer);
+    let listen = validated.listen;
+    let bind = |source| StartError::Listen {
+        addr: listen,
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind)?;
+    let addr = listener.local_addr().map_err(bind)?;
+    let (stop, stopped) = watch::channel(false);
+    let server = tokio::spawn(crate::connections::serve(
+        listener,
+        app,
+        validated.client,
+        stopped,
+        validated.shutdown_grace,
+    ));
+    tracing::info!(%addr, "prefix indexer listening");
+    Ok(RunningIndexer {
+        addr,
+        fleet,
+        stop,
+        server,
+    })
+}
+
+fn refused(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": {"message": message.to_string()}})),
+    )
+        .into_response()
+}
+
+async fn lookup(State(indexer): State<Arc<Indexer>>, body: Bytes) -> Response {
+    let lookup: Lookup<'_> = match serde_json::from_slice(&body) {
+        Ok(lookup) => lookup,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, format_args!("not a lookup: {e}")),
+    };
+    if lookup.hashes.len() > MAX_HASHES {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            format_args!("at most {MAX_HASHES} block hashes a lookup"),
+        );
+    }
+    let Some(index) = indexer.indexes.get(lookup.model.as_ref()) else {
+        return refused(
+            StatusCode::NOT_FOUND,
+            "the indexer keeps no index of that model",
+        );
+    };
+    axum::Json(Answer::from(PrefixHits::of_chain(index, &lookup.hashes))).into_response()
+}
+
+async fn metrics(State(indexer): State<Arc<Indexer>>) -> Response {
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            Format::Prometheus.content_type(),
+        )],
+        encode_registry(&indexer.registry, Format::Prometheus),
+    )
+        .into_response()
+}

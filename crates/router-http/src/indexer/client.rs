@@ -1,0 +1,113 @@
+//! A model's prefix-ownership source when a shared indexer keeps the index: each
+//! lookup is one HTTP exchange with the indexer, within a timeout after which the
+//! lookup is unavailable and the cache-aware policy falls back as on a miss (its
+//! pick says `cache_unavailable`), so routing never waits longer than the timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use router_policy::{BoxFuture, CacheLookup, CacheQueryError, CacheSource, PrefixHits};
+use router_state::kv_events::{chain_hashes, namespace_seed};
+use router_upstream::Upstream;
+
+use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct RemoteCacheSource {
+    model: String,
+    block_size: u32,
+    authority: Arc<str>,
+    upstream: Upstream,
+    timeout: Duration,
+}
+
+impl RemoteCacheSource {
+    /// A source asking the indexer at `authority` (`host:port`) about `model`, whose
+    /// prompts are hashed in blocks of `block_size` tokens.
+    pub(crate) fn new(
+        model: &str,
+        block_size: u32,
+        authority: Arc<str>,
+        upstream: Upstream,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            model: model.to_owned(),
+            block_size,
+            authority,
+            upstream,
+            timeout,
+        }
+    }
+
+    async fn ask(&self, hashes: Vec<u64>) -> Result<PrefixHits, String> {
+        let body = serde_json::to_vec(&Lookup {
+            model: self.model.as_str().into(),
+            hashes,
+        })
+        .map_err(|e| e.to_string())?;
+        let json = HeaderValue::from_static("application/json");
+        let headers = [(header::CONTENT_TYPE, &json)];
+        let response = self
+            .upstream
+            .post(&self.authority, LOOKUP_PATH, &headers, &Bytes::from(body))
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(format!("the indexer answered {status}"));
+        }
+        let answer: Answer =
+            serde_json::from_slice(&bytes).map_err(|e| format!("an unreadable answer: {e}"))?;
+        let hits = answer.into_hits()?;
+        if hits.block_size != self.block_size {
+            return Err(format!(
+                "the indexer hashes blocks of {} tokens, this router {}",
+                hits.block_size, self.block_size
+            ));
+        }
+        Ok(hits)
+    }
+}
+
+impl CacheSource for RemoteCacheSource {
+    fn lookup<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        token_ids: &'a [u32],
+    ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
+        Box::pin(async move {
+            let mut hashes = chain_hashes(
+                token_ids,
+                self.block_size as usize,
+                namespace_seed(namespace),
+            );
+            // Past the bound, the prompt's first blocks decide (they are what is shared).
+            hashes.truncate(MAX_HASHES);
+            if hashes.is_empty() {
+                return Ok(CacheLookup::Answered(PrefixHits {
+                    block_size: self.block_size,
+                    ..PrefixHits::default()
+                }));
+            }
+            let answer = match tokio::time::timeout(self.timeout, self.ask(hashes)).await {
+                Ok(Ok(hits)) => CacheLookup::Answered(hits),
+                Ok(Err(reason)) => CacheLookup::Unavailable(format!("prefix indexer: {reason}")),
+                Err(_) => CacheLookup::Unavailable(format!(
+                    "prefix indexer: no answer within {} ms",
+                    self.timeout.as_millis()
+                )),
+            };
+            Ok(answer)
+        })
+    }
+}

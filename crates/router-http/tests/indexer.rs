@@ -1,0 +1,278 @@
+//! A prefix indexer shared by router replicas: it follows the engines' KV events, the
+//! routers keep no index and ask it, they agree on the holder of a shared prefix, and
+//! an indexer that is down or silent costs a `cache_unavailable` pick, never a
+//! request.
+
+mod common;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{router, sim, url};
+use engine_sim::RunningEngine;
+use router_http::{PrefixIndexerConfig, RouterConfig, RunningIndexer, RunningRouter};
+use serde_json::{Value, json};
+
+/// Upper bound on any wait; a healthy run needs milliseconds.
+const GUARD: Duration = Duration::from_secs(20);
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(GUARD, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+fn tokenizer() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
+}
+
+async fn engines(n: usize) -> Vec<RunningEngine> {
+    let mut sims = Vec::new();
+    for _ in 0..n {
+        sims.push(
+            sim(|c| {
+                c.model = "m".into();
+                c.tokenizer = Some(tokenizer());
+                c.page_size = 16;
+                c.kv_port = Some(0);
+                c.replay_port = Some(0);
+            })
+            .await,
+        );
+    }
+    sims
+}
+
+/// One cache-aware model on `sims`, asking `indexer` when given.
+fn config(sims: &[RunningEngine], indexer: Option<PrefixIndexerConfig>) -> RouterConfig {
+    let engines: Vec<Value> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| json!({"id": format!("E{i}"), "url": s.url(), "role": "plain"}))
+        .collect();
+    let text = json!({
+        "listen": "127.0.0.1:0",
+        "models": [{"id": "m", "tokenizer": tokenizer(), "block_size": 16, "engines": engines,
+                    "policies": {"plain": {"type": "cache_aware", "min_matched_tokens": 64}}}],
+    })
+    .to_string();
+    let mut config = RouterConfig::from_yaml(&text).expect("a configuration");
+    config.prefix_indexer = indexer;
+    config
+}
+
+fn asking(indexer: &RunningIndexer, timeout_ms: u64) -> PrefixIndexerConfig {
+    PrefixIndexerConfig {
+        url: format!("http://{}", indexer.addr()),
+        timeout_ms,
+    }
+}
+
+/// Waits until the indexer has applied every KV batch the engines published.
+async fn caught_up(indexer: &RunningIndexer, sims: &[RunningEngine]) {
+    let published: u64 = sims.iter().map(|s| s.engine().published_batches()).sum();
+    let stats = Arc::clone(indexer.fleet().kv_stats());
+    within("the indexer applying the engines' events", async {
+        let mut seen = stats.steps();
+        while stats.applied() < published {
+            seen = stats.steps_after(seen).await;
+        }
+    })
+    .await;
+}
+
+fn chat(system: &str, user: &str) -> Value {
+    json!({"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 4})
+}
+
+async fn served(router: &RunningRouter, body: &Value) -> String {
+    let response = reqwest::Client::new()
+        .post(url(router, "/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("the router answers");
+    assert_eq!(response.status(), 200);
+    let engine = response.headers()["x-switchyard-engine"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    response.bytes().await.expect("the body");
+    engine
+}
+
+async fn picks(router: &RunningRouter, reason: &str) -> u64 {
+    let reason = format!("reason=\"{reason}\"}} ");
+    common::metrics(router)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("switchyard_picks_total{") && l.contains(&reason))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_an_indexer_agree_on_holders_without_an_index_of_their_own() {
+    let sims = engines(4).await;
+    let indexer = router_http::start_indexer(config(&sims, None))
+        .await
+        .expect("the indexer starts");
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(router(config(&sims, Some(asking(&indexer, 5_000)))).await);
+    }
+    for replica in &replicas {
+        assert!(
+            replica.context().fleet().prefix_index("m").is_none(),
+            "a replica asking the indexer keeps no index"
+        );
+    }
+    caught_up(&indexer, &sims).await;
+    for p in 0..4 {
+        let system = format!("Conversation {p}. {}", "Answer with care. ".repeat(30));
+        let holder = served(&replicas[p % 2], &chat(&system, "first")).await;
+        caught_up(&indexer, &sims).await;
+        for (r, replica) in replicas.iter().enumerate() {
+            assert_eq!(
+                served(replica, &chat(&system, &format!("from replica {r}"))).await,
+                holder,
+                "prompt {p}"
+            );
+        }
+        caught_up(&indexer, &sims).await;
+    }
+    let hits = picks(&replicas[0], "cache_hit").await + picks(&replicas[1], "cache_hit").await;
+    assert_eq!(hits, 8, "every follow-up was a hit the indexer found");
+    for replica in replicas {
+        replica.shutdown().await;
+    }
+    indexer.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexer_down_or_silent_costs_a_cache_unavailable_pick_not_a_request() {
+    let sims = engines(2).await;
+    let system = "Answer with care. ".repeat(30);
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_config = PrefixIndexerConfig {
+        url: format!("http://{}", silent.local_addr().unwrap()),
+        timeout_ms: 100,
+    };
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        loop {
+            let (socket, _) = silent.accept().await.expect("accepts");
+            open.push(socket);
+        }
+    });
+    let waiting = router(config(&sims, Some(silent_config))).await;
+    for n in 0..3 {
+        served(&waiting, &chat(&system, &format!("question {n}"))).await;
+    }
+    assert_eq!(picks(&waiting, "cache_unavailable").await, 3);
+    waiting.shutdown().await;
+    held.abort();
+
+    // An indexer that went away: refused at once.
+    let indexer = router_http::start_indexer(config(&sims, None))
+        .await
+        .unwrap();
+    let gone = asking(&indexer, 5_000);
+    indexer.shutdown().await;
+    let refused = router(config(&sims, Some(gone))).await;
+    served(&refused, &chat(&system, "after")).await;
+    assert_eq!(picks(&refused, "cache_unavailable").await, 1);
+    refused.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lookup_api_bounds_what_it_reads() {
+    let sims = engines(1).await;
+    let indexer = router_http::start_indexer(config(&sims, None))
+        .await
+        .unwrap();
+    let lookup = format!("http://{}/v1/prefix/lookup", indexer.addr());
+    let client = reqwest::Client::new();
+    let status = |body: Vec<u8>| {
+        let (client, lookup) = (client.clone(), lookup.clone());
+        async move {
+            client
+                .post(lookup)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let hashes = |n: usize| {
+        json!({"model": "m", "hashes": vec![7u64; n]})
+            .to_string()
+            .into_bytes()
+    };
+    assert_eq!(status(hashes(3)).await, 200);
+    let answer: Value = client
+        .post(&lookup)
+        .json(&json!({"model": "m", "hashes": [1, 2, 3]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        json!({"query_blocks": 3, "block_size": 16, "engines": [], "ranks": []})
+    );
+    assert_eq!(status(b"not json".to_vec()).await, 400);
+    assert_eq!(status(hashes((1 << 16) + 1)).await, 400, "too many hashes");
+    assert_eq!(
+        status(vec![b' '; 2 << 20]).await,
+        413,
+        "a body past the bound"
+    );
+    assert_eq!(
+        status(
+            json!({"model": "other", "hashes": [1]})
+                .to_string()
+                .into_bytes()
+        )
+        .await,
+        404
+    );
+    assert_eq!(
+        status(
+            json!({"model": "m", "hashes": [1], "extra": 1})
+                .to_string()
+                .into_bytes()
+        )
+        .await,
+        400
+    );
+    // Routers configured for no cache-aware model leave the indexer nothing to do.
+    let mut plain = config(&sims, None);
+    plain.models[0].policies.plain = None;
+    let refused = router_http::start_indexer(plain)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("the indexer would index nothing"),
+        "{refused}"
+    );
+    indexer.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
