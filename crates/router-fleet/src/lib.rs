@@ -1,9 +1,9 @@
 //! Switchyard's engine lifecycle: engines join and leave a router through one seam,
 //! [`Fleet::apply`], and the fleet keeps what the router knows about them current.
 //!
-//! The set of engines is an input, not a side effect: static configuration and the
-//! admin API are two sources of [`Change`]s, and a cluster watcher or a reloaded file
-//! are more of the same, without touching the HTTP crate. Applying an upsert reads the
+//! The set of engines is an input, not a side effect: static configuration, a
+//! reloaded file, the admin API and Kubernetes pods (`kubernetes`, feature
+//! `kubernetes`) are sources of [`Change`]s, without touching the HTTP crate. Applying an upsert reads the
 //! engine's `/server_info`, registers it, and starts its `LoadStat` and KV-event feeds
 //! (one ZeroMQ subscriber per data-parallel rank); removal stops them and drops the
 //! engine's load reports and cache entries while requests already sent finish.
@@ -42,6 +42,8 @@ mod error;
 mod feeds;
 mod fleet;
 mod health;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 mod metrics;
 mod scrape;
 mod spec;

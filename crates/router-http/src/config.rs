@@ -47,6 +47,9 @@ pub struct RouterConfig {
     /// Retries of requests an engine never started.
     #[serde(default)]
     pub retries: RetryConfig,
+    /// Engines found besides the file and the admin API (Kubernetes pods).
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
     /// A prefix indexer shared by router replicas (`switchyard indexer`): cache-aware
     /// groups ask it instead of keeping an index of their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -69,6 +72,7 @@ impl RouterConfig {
             admin: AdminConfig::default(),
             affinity: AffinitySettings::default(),
             prefix_indexer: None,
+            discovery: DiscoveryConfig::default(),
             limits: LimitsConfig::default(),
             retries: RetryConfig::default(),
             shutdown_grace_ms: default_grace(),
@@ -338,7 +342,7 @@ impl Default for TimeoutConfig {
 }
 
 /// The longest duration a `*_ms` setting takes: one day.
-const MAX_MS: u64 = 86_400_000;
+pub(crate) const MAX_MS: u64 = 86_400_000;
 
 /// The shortest interval between reads of an engine's `/metrics`.
 const MIN_METRICS_INTERVAL_MS: u64 = 10;
@@ -547,6 +551,8 @@ impl RouterConfig {
         let mut errors = Vec::new();
         self.affinity.validate(&mut errors);
         self.retries.validate(&mut errors);
+        let models: Vec<&str> = self.models.iter().map(|m| m.id.as_str()).collect();
+        self.discovery.validate(&models, &mut errors);
         if let Some(indexer) = &self.prefix_indexer {
             if let Err(e) = router_upstream::check_engine_url(&indexer.url) {
                 errors.push(ConfigError::at("prefix_indexer.url", e));
@@ -739,12 +745,14 @@ impl RouterConfig {
 
 mod admin;
 mod affinity;
+mod discovery;
 mod retries;
 mod validated;
 
 pub(crate) use admin::AdminAccess;
 pub use admin::AdminConfig;
 pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
+pub use discovery::{DiscoveryConfig, KubernetesConfig, KubernetesModel};
 
 pub use retries::RetryConfig;
 pub use validated::ValidatedConfig;

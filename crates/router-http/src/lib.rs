@@ -46,9 +46,10 @@ mod tokenize;
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
-    AdminConfig, AffinityBackendKind, AffinitySettings, EngineConfig, EngineRole, HealthConfig,
-    LimitsConfig, LoadConfig, ModelConfig, PdProtocol, PrefixIndexerConfig, RedisConfig,
-    RetryConfig, RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
+    AdminConfig, AffinityBackendKind, AffinitySettings, DiscoveryConfig, EngineConfig, EngineRole,
+    HealthConfig, KubernetesConfig, KubernetesModel, LimitsConfig, LoadConfig, ModelConfig,
+    PdProtocol, PrefixIndexerConfig, RedisConfig, RetryConfig, RolePolicies, RouterConfig,
+    TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
 pub use indexer::{RunningIndexer, start_indexer};

@@ -68,6 +68,8 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
 pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, StartError> {
     let grace = config.shutdown_grace;
     let listen = config.listen;
+    #[cfg(feature = "kubernetes")]
+    let kubernetes = config.kubernetes.clone();
     let admin_listen = config.admin_listen;
     let client = config.client;
     let ctx = AppContext::new(config).await?;
@@ -90,10 +92,26 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
         None => None,
     };
     let health = ctx.fleet.spawn_health_checks();
+    #[cfg(feature = "kubernetes")]
+    let discovery = match kubernetes {
+        Some(settings) => Some(
+            router_fleet::kubernetes::spawn_discovery(Arc::clone(&ctx.fleet), settings).map_err(
+                |e| {
+                    StartError::Config(vec![router_policy::ConfigError::at(
+                        "discovery.kubernetes",
+                        e,
+                    )])
+                },
+            )?,
+        ),
+        None => None,
+    };
     let app = router(Arc::clone(&ctx), admin.is_none());
     let server = tokio::spawn(async move {
         crate::connections::serve(listener, app, client, stopped, grace).await;
         drop(health);
+        #[cfg(feature = "kubernetes")]
+        drop(discovery);
     });
     tracing::info!(%addr, "switchyard listening");
     Ok(RunningRouter {

@@ -306,3 +306,50 @@ fn the_affinity_backend_is_checked_and_a_redis_url_never_printed() {
             .expect("valid");
     assert!(rendezvous.affinity.is_none(), "rendezvous keeps no store");
 }
+
+#[test]
+fn the_discovery_section_is_checked() {
+    let with = |section: &str| errors(&format!("{MINIMAL}discovery: {{kubernetes: {section}}}\n"));
+    let bad = with(
+        "{namespace: Not_A_Label, api_url: 'ftp://x', relist_interval_ms: 10, debounce_ms: 60001, models: [{model: nope, selector: {}, port: 0}, {model: chat-model, selector: {'bad key!': v}, port: 1}]}",
+    );
+    let expected = [
+        "discovery.kubernetes.namespace: must be a DNS label: 1 to 63 lowercase letters, digits and '-'",
+        "discovery.kubernetes.api_url: must start with http:// or https://",
+        "discovery.kubernetes.relist_interval_ms: must be 1000 to 86400000",
+        "discovery.kubernetes.debounce_ms: must be at most 60000",
+        "discovery.kubernetes.models[0].model: must be a model of `models`",
+        "discovery.kubernetes.models[0].selector: must name at least one label (an empty selector is every pod)",
+        "discovery.kubernetes.models[0].port: ports must be 1 to 65535",
+        "discovery.kubernetes.models[1].selector: `bad key!: v` is not a Kubernetes label",
+    ];
+    let kubernetes = cfg!(feature = "kubernetes");
+    let bad: Vec<&str> = bad
+        .iter()
+        .map(String::as_str)
+        .filter(|e| kubernetes || !e.contains("cargo feature kubernetes"))
+        .collect();
+    assert_eq!(bad, expected);
+    assert_eq!(
+        with("{namespace: llm, models: []}")
+            .first()
+            .map(String::as_str),
+        if kubernetes {
+            Some("discovery.kubernetes.models: must name at least one model's pods")
+        } else {
+            Some(
+                "discovery.kubernetes: this build has no Kubernetes discovery (cargo feature kubernetes)",
+            )
+        }
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}discovery: {{kubernetes: {{namespace: llm, models: [{{model: chat-model, selector: {{app: sglang}}, role: prefill, port: 30000, bootstrap_port: 8998}}]}}}}\n"
+    ))
+    .unwrap();
+    let kubernetes_config = config.discovery.kubernetes.clone().unwrap();
+    assert_eq!(
+        kubernetes_config.relist_interval_ms, 60_000,
+        "the default relist"
+    );
+    assert_eq!(kubernetes_config.debounce_ms, 500);
+}

@@ -22,8 +22,9 @@ use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
 use router_upstream::{Upstream, UpstreamTimeouts};
 
 use super::{
-    AdminAccess, AdminConfig, AffinitySettings, EngineConfig, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig,
+    AdminAccess, AdminConfig, AffinitySettings, DiscoveryConfig, EngineConfig, HealthConfig,
+    LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RouterConfig,
+    TimeoutConfig,
 };
 use crate::indexer::RemoteCacheSource;
 use crate::tokenize::ChatTokenizer;
@@ -58,6 +59,9 @@ pub struct ValidatedConfig {
     pub(crate) models: Vec<ModelPlan>,
     /// The sections a reload cannot change.
     pub(crate) restart_only: RestartOnly,
+    /// Pods discovered as engines.
+    #[cfg(feature = "kubernetes")]
+    pub(crate) kubernetes: Option<router_fleet::kubernetes::KubernetesSettings>,
 }
 
 /// The state a configuration's policies are built around: made anew for a router
@@ -112,6 +116,7 @@ pub(crate) struct RestartOnly {
     limits: LimitsConfig,
     retries: RetryConfig,
     prefix_indexer: Option<PrefixIndexerConfig>,
+    discovery: DiscoveryConfig,
     shutdown_grace_ms: u64,
 }
 
@@ -128,6 +133,7 @@ impl RestartOnly {
             limits: config.limits,
             retries: config.retries,
             prefix_indexer: config.prefix_indexer.clone(),
+            discovery: config.discovery.clone(),
             shutdown_grace_ms: config.shutdown_grace_ms,
         }
     }
@@ -147,6 +153,7 @@ impl RestartOnly {
             ("limits", self.limits != next.limits),
             ("retries", self.retries != next.retries),
             ("prefix_indexer", self.prefix_indexer != next.prefix_indexer),
+            ("discovery", self.discovery != next.discovery),
             (
                 "shutdown_grace_ms",
                 self.shutdown_grace_ms != next.shutdown_grace_ms,
@@ -321,6 +328,8 @@ impl RouterConfig {
             handles,
             models,
             restart_only,
+            #[cfg(feature = "kubernetes")]
+            kubernetes: self.discovery.kubernetes(),
         })
     }
 }

@@ -1,0 +1,133 @@
+//! Kubernetes discovery through the binary: a router whose file names no engine
+//! finds them as the Ready pods an API server lists (here a fake one of the test's
+//! own), introspects them like configured engines, serves through them, and lets a
+//! pod go once the API server no longer lists it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use common::{Replica, TempFile};
+use engine_sim::SimConfig;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+/// Upper bound on any wait; a healthy run needs a few seconds (one relist).
+const GUARD: Duration = Duration::from_secs(30);
+
+type Pods = Arc<Mutex<Vec<Value>>>;
+
+fn pod(name: &str, label: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "llm", "resourceVersion": "7", "labels": {"n": label}},
+        "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    })
+}
+
+/// Lists the pods whose `n` label the selector names; a watch stays open and
+/// silent, so only a relist tells of a change.
+async fn pods(
+    State(pods): State<Pods>,
+    Query(query): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    if query.get("watch").map(String::as_str) == Some("true") {
+        let silent = futures_util::stream::pending::<Result<String, std::convert::Infallible>>();
+        return axum::body::Body::from_stream(silent).into_response();
+    }
+    let wanted = query.get("labelSelector").cloned().unwrap_or_default();
+    let items: Vec<Value> = pods
+        .lock()
+        .iter()
+        .filter(|p| {
+            format!(
+                "n={}",
+                p["metadata"]["labels"]["n"].as_str().unwrap_or_default()
+            ) == wanted
+        })
+        .cloned()
+        .collect();
+    axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": items}))
+        .into_response()
+}
+
+async fn engines_serving(client: &reqwest::Client, router: &Replica, want: &BTreeSet<String>) {
+    let wait = async {
+        loop {
+            let mut seen = BTreeSet::new();
+            for _ in 0..8 {
+                let response = client
+                    .post(router.url("/v1/chat/completions"))
+                    .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+                    .send()
+                    .await
+                    .expect("the router answers");
+                if response.status() == 200 {
+                    seen.insert(
+                        response.headers()["x-switchyard-engine"]
+                            .to_str()
+                            .unwrap()
+                            .to_owned(),
+                    );
+                }
+                response.bytes().await.expect("the body");
+            }
+            if &seen == want {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(GUARD, wait)
+        .await
+        .unwrap_or_else(|_| panic!("the router never served through exactly {want:?}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_an_api_server_lists_are_the_routers_engines() {
+    let sims = [
+        engine_sim::start(SimConfig::for_tests()).await.unwrap(),
+        engine_sim::start(SimConfig::for_tests()).await.unwrap(),
+    ];
+    let listed: Pods = Arc::new(Mutex::new(vec![pod("pod-a", "0"), pod("pod-b", "1")]));
+    let app = axum::Router::new()
+        .route("/api/v1/namespaces/llm/pods", axum::routing::get(pods))
+        .with_state(Arc::clone(&listed));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_url = format!("http://{}", listener.local_addr().unwrap());
+    let api = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // One selector per simulated engine: they listen on ports of their own.
+    let selectors: Vec<Value> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| json!({"model": "m", "selector": {"n": i.to_string()}, "port": s.ports().http.port()}))
+        .collect();
+    let file = TempFile::new(
+        &json!({
+            "listen": "127.0.0.1:0",
+            "models": [{"id": "m", "engines": []}],
+            "health": {"interval_ms": 50, "timeout_ms": 5000},
+            "discovery": {"kubernetes": {"namespace": "llm", "api_url": api_url, "relist_interval_ms": 1000, "debounce_ms": 10, "models": selectors}},
+        })
+        .to_string(),
+    );
+    let router = Replica::start(&file.0, &[]).await;
+    let client = reqwest::Client::new();
+    engines_serving(
+        &client,
+        &router,
+        &BTreeSet::from(["pod-a".to_owned(), "pod-b".to_owned()]),
+    )
+    .await;
+    listed.lock().retain(|p| p["metadata"]["name"] != "pod-b");
+    engines_serving(&client, &router, &BTreeSet::from(["pod-a".to_owned()])).await;
+    drop(router);
+    api.abort();
+    for sim in sims {
+        sim.shutdown().await;
+    }
+}
