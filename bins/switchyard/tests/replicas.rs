@@ -179,6 +179,36 @@ fn lost_only_on(outcomes: &BTreeMap<String, Vec<Outcome>>, killed: SocketAddr) {
     }
 }
 
+/// Three replicas of `file`; one is killed a sixth of the way through six turns of
+/// every session, and every session's turns must land on one engine (only requests
+/// that had reached the killed replica may be lost). Returns the replicas left and
+/// the addresses of all three.
+async fn sticky_through_a_replica_loss(file: &TempFile) -> (Vec<Replica>, Vec<SocketAddr>) {
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(Replica::start(&file.0, &[]).await);
+    }
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+    let mut doomed = replicas.pop().expect("three replicas");
+    let kill = midway(move || doomed.kill());
+    let client = reqwest::Client::new();
+    let outcomes = tokio::time::timeout(GUARD, run(&client, &addrs, 0..6, SESSIONS, &kill))
+        .await
+        .expect("the sessions finish");
+    lost_only_on(&outcomes, addrs[2]);
+    let mut used = BTreeSet::new();
+    for (session, outcomes) in &outcomes {
+        let engines = served(outcomes);
+        assert_eq!(engines.len(), 1, "{session}: {outcomes:?}");
+        used.extend(engines);
+    }
+    assert!(
+        used.len() >= 4,
+        "sessions spread over the engines: {used:?}"
+    );
+    (replicas, addrs)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_every_turn_of_a_session_lands_on_one_engine_through_a_replica_loss_and_an_outage()
  {
@@ -190,31 +220,10 @@ async fn with_redis_every_turn_of_a_session_lands_on_one_engine_through_a_replic
         json!({"type": "session_aware"}),
         json!({"backend": "redis", "redis": {"url": redis.url(), "timeout_ms": 5000, "reconnect_interval_ms": 50, "local_cache_ms": 0}}),
     );
-    let mut replicas = Vec::new();
-    for _ in 0..3 {
-        replicas.push(Replica::start(&file.0, &[]).await);
-    }
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-    let client = reqwest::Client::new();
-
     // A replica dies a sixth of the way through: its sessions' next turns go to the
     // others, which find the bindings in Redis.
-    let mut doomed = replicas.pop().expect("three replicas");
-    let kill = midway(move || doomed.kill());
-    let first = tokio::time::timeout(GUARD, run(&client, &addrs, 0..6, SESSIONS, &kill))
-        .await
-        .expect("the sessions finish");
-    lost_only_on(&first, addrs[2]);
-    let mut used = BTreeSet::new();
-    for (session, outcomes) in &first {
-        let engines = served(outcomes);
-        assert_eq!(engines.len(), 1, "{session}: {outcomes:?}");
-        used.extend(engines);
-    }
-    assert!(
-        used.len() >= 4,
-        "sessions spread over the engines: {used:?}"
-    );
+    let (replicas, addrs) = sticky_through_a_replica_loss(&file).await;
+    let client = reqwest::Client::new();
 
     // Redis dies mid-run: nothing fails, the replicas bind locally and say so.
     let redis_pid = redis.pid().expect("Redis runs");
@@ -260,28 +269,7 @@ async fn with_rendezvous_replicas_agree_with_nothing_shared_through_a_replica_lo
         json!({"type": "session_aware"}),
         json!({"backend": "rendezvous"}),
     );
-    let mut replicas = Vec::new();
-    for _ in 0..3 {
-        replicas.push(Replica::start(&file.0, &[]).await);
-    }
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-    let client = reqwest::Client::new();
-    let mut doomed = replicas.pop().expect("three replicas");
-    let kill = midway(move || doomed.kill());
-    let outcomes = tokio::time::timeout(GUARD, run(&client, &addrs, 0..6, SESSIONS, &kill))
-        .await
-        .expect("the sessions finish");
-    lost_only_on(&outcomes, addrs[2]);
-    let mut used = BTreeSet::new();
-    for (session, outcomes) in &outcomes {
-        let engines = served(outcomes);
-        assert_eq!(engines.len(), 1, "{session}: {outcomes:?}");
-        used.extend(engines);
-    }
-    assert!(
-        used.len() >= 4,
-        "sessions spread over the engines: {used:?}"
-    );
+    let (replicas, _) = sticky_through_a_replica_loss(&file).await;
     drop(replicas);
     for sim in sims {
         sim.shutdown().await;

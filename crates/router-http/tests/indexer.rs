@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{router, sim, url};
+use common::{router, url};
 use engine_sim::RunningEngine;
 use router_http::{PrefixIndexerConfig, RouterConfig, RunningIndexer, RunningRouter};
 use serde_json::{Value, json};
@@ -25,24 +25,7 @@ async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
 }
 
 fn tokenizer() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
-}
-
-async fn engines(n: usize) -> Vec<RunningEngine> {
-    let mut sims = Vec::new();
-    for _ in 0..n {
-        sims.push(
-            sim(|c| {
-                c.model = "m".into();
-                c.tokenizer = Some(tokenizer());
-                c.page_size = 16;
-                c.kv_port = Some(0);
-                c.replay_port = Some(0);
-            })
-            .await,
-        );
-    }
-    sims
+    common::byte_tokenizer()
 }
 
 /// One cache-aware model on `sims`, asking `indexer` when given.
@@ -115,7 +98,7 @@ async fn picks(router: &RunningRouter, reason: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_sharing_an_indexer_agree_on_holders_without_an_index_of_their_own() {
-    let sims = engines(4).await;
+    let sims = common::kv_sims(4).await;
     let indexer = router_http::start_indexer(config(&sims, None))
         .await
         .expect("the indexer starts");
@@ -156,7 +139,7 @@ async fn replicas_sharing_an_indexer_agree_on_holders_without_an_index_of_their_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_indexer_down_or_silent_costs_a_cache_unavailable_pick_not_a_request() {
-    let sims = engines(2).await;
+    let sims = common::kv_sims(2).await;
     let system = "Answer with care. ".repeat(30);
     // Accepts connections and never answers.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -196,7 +179,7 @@ async fn an_indexer_down_or_silent_costs_a_cache_unavailable_pick_not_a_request(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lookup_api_bounds_what_it_reads() {
-    let sims = engines(1).await;
+    let sims = common::kv_sims(1).await;
     let indexer = router_http::start_indexer(config(&sims, None))
         .await
         .unwrap();

@@ -282,24 +282,12 @@ async fn bindings_of_unchanged_engines_survive_a_reload() {
 }
 
 fn tokenizer() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
+    common::byte_tokenizer()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_index_entries_survive_a_reload_and_new_engines_feed_it() {
-    let mut sims = Vec::new();
-    for _ in 0..3 {
-        sims.push(
-            sim(|c| {
-                c.model = "m".into();
-                c.tokenizer = Some(tokenizer());
-                c.page_size = 16;
-                c.kv_port = Some(0);
-                c.replay_port = Some(0);
-            })
-            .await,
-        );
-    }
+    let sims = common::kv_sims(3).await;
     let model = |n: usize| {
         let engines: Vec<Value> = sims[..n]
             .iter()
@@ -458,19 +446,7 @@ async fn engines_the_admin_api_added_outlive_reloads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_prefix_index_is_filled_again_from_the_engines() {
-    let mut sims = Vec::new();
-    for _ in 0..2 {
-        sims.push(
-            sim(|c| {
-                c.model = "m".into();
-                c.tokenizer = Some(tokenizer());
-                c.page_size = 16;
-                c.kv_port = Some(0);
-                c.replay_port = Some(0);
-            })
-            .await,
-        );
-    }
+    let sims = common::kv_sims(2).await;
     let model = |pages: usize| {
         let engines: Vec<Value> = sims
             .iter()

@@ -216,11 +216,15 @@ async fn until(fleet: &Arc<Fleet>, changed: &Notify, expected: &[&str]) {
     }
 }
 
-fn observe(fleet: &Arc<Fleet>) -> Arc<Notify> {
+/// A fleet discovering the fake API server's pods (relisting every `relist`), and
+/// a signal of its changes.
+fn discover(url: &str, relist: Duration) -> (Arc<Fleet>, Arc<Notify>, DiscoveryHandle) {
+    let fleet = fleet();
     let changed = Arc::new(Notify::new());
     let notify = Arc::clone(&changed);
     fleet.on_change(move |_| notify.notify_waiters());
-    changed
+    let discovery = spawn_discovery(Arc::clone(&fleet), settings(url, relist)).unwrap();
+    (fleet, changed, discovery)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,13 +233,7 @@ async fn pods_join_when_ready_and_leave_when_deleted_not_ready_or_deleting() {
     api.put("p0", "127.0.0.1", true, false, false);
     api.put("p1", "", true, false, false);
     api.put("p2", "127.0.0.2", false, false, false);
-    let fleet = fleet();
-    let changed = observe(&fleet);
-    let _discovery = spawn_discovery(
-        Arc::clone(&fleet),
-        settings(&url, Duration::from_secs(3600)),
-    )
-    .unwrap();
+    let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
     until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
     assert_eq!(
         fleet
@@ -278,13 +276,7 @@ async fn pods_join_when_ready_and_leave_when_deleted_not_ready_or_deleting() {
 async fn a_gone_resource_version_relists_and_the_relist_sees_what_the_watch_missed() {
     let (api, url, server) = fake_api().await;
     api.put("p0", "127.0.0.1", true, false, false);
-    let fleet = fleet();
-    let changed = observe(&fleet);
-    let _discovery = spawn_discovery(
-        Arc::clone(&fleet),
-        settings(&url, Duration::from_secs(3600)),
-    )
-    .unwrap();
+    let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
     until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
     let lists = api.lists.load(Ordering::SeqCst);
     // A pod the watch never hears of, then the watch's resource version expires.
@@ -306,13 +298,7 @@ async fn a_missed_delete_is_healed_by_the_periodic_relist() {
     let (api, url, server) = fake_api().await;
     api.put("p0", "127.0.0.1", true, false, false);
     api.put("p1", "127.0.0.2", true, false, false);
-    let fleet = fleet();
-    let changed = observe(&fleet);
-    let _discovery = spawn_discovery(
-        Arc::clone(&fleet),
-        settings(&url, Duration::from_millis(300)),
-    )
-    .unwrap();
+    let (fleet, changed, _discovery) = discover(&url, Duration::from_millis(300));
     until(
         &fleet,
         &changed,
@@ -328,13 +314,7 @@ async fn a_missed_delete_is_healed_by_the_periodic_relist() {
 async fn watches_the_server_ends_are_resumed_from_their_resource_version() {
     let (api, url, server) = fake_api().await;
     api.short_watches.store(true, Ordering::SeqCst);
-    let fleet = fleet();
-    let changed = observe(&fleet);
-    let _discovery = spawn_discovery(
-        Arc::clone(&fleet),
-        settings(&url, Duration::from_secs(3600)),
-    )
-    .unwrap();
+    let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
     let lists = api.lists.load(Ordering::SeqCst);
     let mut expected = Vec::new();
     for n in 0..3 {
@@ -360,13 +340,7 @@ async fn watches_the_server_ends_are_resumed_from_their_resource_version() {
 async fn an_event_older_than_the_one_recorded_changes_nothing() {
     let (api, url, server) = fake_api().await;
     api.put("p0", "127.0.0.1", true, false, false);
-    let fleet = fleet();
-    let changed = observe(&fleet);
-    let _discovery = spawn_discovery(
-        Arc::clone(&fleet),
-        settings(&url, Duration::from_secs(3600)),
-    )
-    .unwrap();
+    let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
     until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
     // p0 stops being ready; then an event of an older resource version (out of
     // order) saying it is ready arrives, then a new pod: p0 stays out.

@@ -15,6 +15,31 @@ pub(crate) async fn sim(configure: impl FnOnce(&mut SimConfig)) -> RunningEngine
     engine_sim::start(config).await.expect("the engine starts")
 }
 
+/// The byte-level tokenizer of the prefix tests: one token a byte.
+pub(crate) fn byte_tokenizer() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/tokenizer-bytes/tokenizer.json")
+}
+
+/// `n` engines of model `m` publishing KV events of 16-token pages, tokenizing with
+/// [`byte_tokenizer`].
+pub(crate) async fn kv_sims(n: usize) -> Vec<RunningEngine> {
+    let mut sims = Vec::new();
+    for _ in 0..n {
+        sims.push(
+            sim(|c| {
+                c.model = "m".into();
+                c.tokenizer = Some(byte_tokenizer());
+                c.page_size = 16;
+                c.kv_port = Some(0);
+                c.replay_port = Some(0);
+            })
+            .await,
+        );
+    }
+    sims
+}
+
 pub(crate) async fn prefill_sim() -> RunningEngine {
     sim(|c| {
         c.role = SimRole::Prefill;
