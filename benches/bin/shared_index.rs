@@ -183,9 +183,12 @@ async fn main() {
         }
         let indexer = match layout {
             "indexer" => Some(
-                router_http::start_indexer(config(&sims, None))
-                    .await
-                    .expect("the indexer"),
+                router_http::start_indexer(
+                    config(&sims, None),
+                    "127.0.0.1:0".parse().expect("an address"),
+                )
+                .await
+                .expect("the indexer"),
             ),
             _ => None,
         };

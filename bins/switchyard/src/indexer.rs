@@ -1,43 +1,45 @@
 //! `switchyard indexer`: the prefix index shared by router replicas, as a process.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Options of `switchyard indexer`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct IndexerArgs {
     /// The routers' YAML configuration file: its cache-aware models' engines are
-    /// followed; its `listen` is the indexer's address unless overridden.
+    /// followed (those it names at startup).
     #[arg(long)]
     config: PathBuf,
-    /// Address to listen on (overrides the file's `listen`).
-    #[arg(long)]
-    host: Option<IpAddr>,
-    /// Port to listen on (overrides the file's `listen`).
-    #[arg(long)]
-    port: Option<u16>,
+    /// Address to serve lookups on; the lookup API has no authentication, so give
+    /// an address only the routers reach.
+    #[arg(long, default_value = "127.0.0.1:30100")]
+    listen: SocketAddr,
 }
 
 pub(crate) fn run(args: &IndexerArgs) -> anyhow::Result<()> {
-    let mut config = crate::serve::load(&args.config)?;
-    if args.host.is_some() || args.port.is_some() {
-        config.listen = SocketAddr::new(
-            args.host.unwrap_or(config.listen.ip()),
-            args.port.unwrap_or(config.listen.port()),
-        );
-    }
+    let config = crate::serve::load(&args.config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let indexer = router_http::start_indexer(config)
+        // SIGHUP reloads a router; the indexer says it does not instead of ending.
+        let mut hangup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+        let indexer = router_http::start_indexer(config, args.listen)
             .await
             .context("starting the indexer")?;
         println!("{}", json!({"event": "ready", "addr": indexer.addr()}));
-        crate::sim_engine::shutdown_signal().await;
+        let shutdown = crate::sim_engine::shutdown_signal();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = hangup.recv() => tracing::warn!("SIGHUP: the indexer does not reload its file; restart it to follow engines added since it started"),
+            }
+        }
         indexer.shutdown().await;
         anyhow::Ok(())
     })

@@ -6,7 +6,9 @@
 //! replica routes on one view and only the indexer holds the index.
 //!
 //! It serves `POST /v1/prefix/lookup`, `GET /health` and `GET /metrics` (the feeds and
-//! the index), on the file's `listen` address.
+//! the index) on an address of its own (the file's `listen` is the routers'). It
+//! follows the engines the file names when it starts: engines added later (a reload,
+//! the routers' admin API, Kubernetes discovery) need a restart to be indexed.
 
 mod client;
 mod wire;
@@ -15,11 +17,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http::StatusCode;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use prometheus_client::registry::Registry;
 use router_fleet::{Fleet, HealthChecks};
 use router_policy::{ConfigError, PrefixHits};
@@ -67,16 +70,21 @@ impl RunningIndexer {
 struct Indexer {
     indexes: HashMap<String, Arc<PrefixIndex>>,
     registry: Registry,
+    /// How long a lookup's body may take to arrive.
+    body_timeout: std::time::Duration,
     _health: HealthChecks,
 }
 
-/// Starts an indexer for the cache-aware models of `config` (its own
+/// Starts an indexer on `listen` for the cache-aware models of `config` (its own
 /// `prefix_indexer`, if any, is ignored: the indexer keeps the indexes itself).
 ///
 /// # Errors
 /// The configuration is invalid, no model has a cache-aware group with a tokenizer,
 /// an engine cannot join, or the address cannot be bound.
-pub async fn start_indexer(mut config: RouterConfig) -> Result<RunningIndexer, StartError> {
+pub async fn start_indexer(
+    mut config: RouterConfig,
+    listen: SocketAddr,
+) -> Result<RunningIndexer, StartError> {
     config.prefix_indexer = None;
     let validated = config.validate().map_err(StartError::Config)?;
     let fleet = Arc::new(
@@ -85,7 +93,8 @@ pub async fn start_indexer(mut config: RouterConfig) -> Result<RunningIndexer, S
             validated.load,
             validated.health,
         )
-        .with_max_feed_message_bytes(validated.max_feed_message_bytes),
+        .with_max_feed_message_bytes(validated.max_feed_message_bytes)
+        .with_metrics_interval(validated.metrics_interval),
     );
     let mut indexes = HashMap::new();
     let mut errors = Vec::new();
@@ -115,15 +124,14 @@ pub async fn start_indexer(mut config: RouterConfig) -> Result<RunningIndexer, S
     let indexer = Arc::new(Indexer {
         indexes,
         registry,
+        body_timeout: validated.client.body,
         _health: fleet.spawn_health_checks(),
     });
     let app = axum::Router::new()
         .route(LOOKUP_PATH, post(lookup))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
-        .layer(DefaultBodyLimit::max(MAX_LOOKUP_BYTES))
         .with_state(indexer);
-    let listen = validated.listen;
     let bind = |source| StartError::Listen {
         addr: listen,
         source,
@@ -155,7 +163,39 @@ fn refused(status: StatusCode, message: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
-async fn lookup(State(indexer): State<Arc<Indexer>>, body: Bytes) -> Response {
+async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Request) -> Response {
+    let too_large = || {
+        refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format_args!("a lookup is at most {MAX_LOOKUP_BYTES} bytes"),
+        )
+    };
+    let announced = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_LOOKUP_BYTES as u64) {
+        return too_large();
+    }
+    let read = tokio::time::timeout(
+        indexer.body_timeout,
+        Limited::new(request.into_body(), MAX_LOOKUP_BYTES).collect(),
+    )
+    .await;
+    let body: Bytes = match read {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => return refused(StatusCode::BAD_REQUEST, format_args!("unreadable: {e}")),
+        Err(_) => {
+            return refused(
+                StatusCode::REQUEST_TIMEOUT,
+                format_args!(
+                    "the lookup did not arrive within {} ms",
+                    indexer.body_timeout.as_millis()
+                ),
+            );
+        }
+    };
     let lookup: Lookup<'_> = match serde_json::from_slice(&body) {
         Ok(lookup) => lookup,
         Err(e) => return refused(StatusCode::BAD_REQUEST, format_args!("not a lookup: {e}")),

@@ -9,9 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
+use parking_lot::Mutex;
 use router_policy::{BoxFuture, CacheLookup, CacheQueryError, CacheSource, PrefixHits};
 use router_state::kv_events::{chain_hashes, namespace_seed};
 use router_upstream::Upstream;
+use tokio::time::Instant;
 
 use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
 
@@ -23,7 +25,12 @@ pub(crate) struct RemoteCacheSource {
     authority: Arc<str>,
     upstream: Upstream,
     timeout: Duration,
+    /// When an unavailable lookup was last logged.
+    logged: Mutex<Option<Instant>>,
 }
+
+/// How often an unavailable lookup is logged, at most.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl RemoteCacheSource {
     /// A source asking the indexer at `authority` (`host:port`) about `model`, whose
@@ -41,7 +48,20 @@ impl RemoteCacheSource {
             authority,
             upstream,
             timeout,
+            logged: Mutex::new(None),
         }
+    }
+
+    /// Logs why lookups fail, at most every [`LOG_INTERVAL`] (each is also a
+    /// `cache_unavailable` pick).
+    fn unavailable(&self, reason: String) -> CacheLookup {
+        let now = Instant::now();
+        let mut logged = self.logged.lock();
+        if logged.is_none_or(|at| now.saturating_duration_since(at) >= LOG_INTERVAL) {
+            *logged = Some(now);
+            tracing::warn!(model = %self.model, %reason, "prefix indexer lookups are unavailable: cache-aware picks fall back");
+        }
+        CacheLookup::Unavailable(reason)
     }
 
     async fn ask(&self, hashes: Vec<u64>) -> Result<PrefixHits, String> {
@@ -99,10 +119,15 @@ impl CacheSource for RemoteCacheSource {
                     ..PrefixHits::default()
                 }));
             }
+            let sent = hashes.len();
             let answer = match tokio::time::timeout(self.timeout, self.ask(hashes)).await {
-                Ok(Ok(hits)) => CacheLookup::Answered(hits),
-                Ok(Err(reason)) => CacheLookup::Unavailable(format!("prefix indexer: {reason}")),
-                Err(_) => CacheLookup::Unavailable(format!(
+                Ok(Ok(hits)) if hits.query_blocks == sent => CacheLookup::Answered(hits),
+                Ok(Ok(hits)) => self.unavailable(format!(
+                    "prefix indexer: an answer for {} blocks to a lookup of {sent}",
+                    hits.query_blocks
+                )),
+                Ok(Err(reason)) => self.unavailable(format!("prefix indexer: {reason}")),
+                Err(_) => self.unavailable(format!(
                     "prefix indexer: no answer within {} ms",
                     self.timeout.as_millis()
                 )),

@@ -58,7 +58,8 @@ impl From<PrefixHits> for Answer {
 
 impl Answer {
     /// The hits it names, when they are consistent: sorted unique engine ids that
-    /// are names, no engine holding more blocks than the prompt has.
+    /// are names, no engine holding more blocks than the prompt has, a rank only for
+    /// an engine holding blocks.
     pub(crate) fn into_hits(self) -> Result<PrefixHits, &'static str> {
         let sorted = |ids: &mut dyn Iterator<Item = &String>| {
             let ids: Vec<&String> = ids.collect();
