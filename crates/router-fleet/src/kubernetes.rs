@@ -32,6 +32,8 @@ use crate::spec::{Change, EngineSpec};
 const PAGE: u32 = 500;
 /// How long a watch request may stay open before the server ends it.
 const WATCH_SECONDS: u32 = 290;
+/// Longest wait for one page of a list (kube sets no read timeout).
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait before listing again after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -129,6 +131,10 @@ pub fn spawn_discovery(
         }
         None => kube::Config::incluster().map_err(|e| KubernetesError(e.to_string()))?,
     };
+    // `follow` backs off itself; kube's own retries (up to 15, minutes apart) would
+    // hide a failing list inside one call.
+    let mut config = config;
+    config.default_retry = false;
     let client = kube::Client::try_from(config).map_err(|e| KubernetesError(e.to_string()))?;
     let observed = Arc::new(Mutex::new(Observed {
         pods: vec![BTreeMap::new(); settings.selectors.len()],
@@ -230,7 +236,9 @@ async fn list(
     let mut pods = BTreeMap::new();
     let mut params = ListParams::default().labels(selector).limit(PAGE);
     loop {
-        let page = api.list(&params).await?;
+        let page = tokio::time::timeout(LIST_TIMEOUT, api.list(&params))
+            .await
+            .map_err(|_| kube::Error::Service("listing pods timed out".into()))??;
         pods.extend(page.items.iter().filter_map(view));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),

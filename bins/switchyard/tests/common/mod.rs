@@ -64,15 +64,20 @@ impl Replica {
         format!("http://{}{path}", self.addr)
     }
 
-    pub(crate) async fn metric(&self, client: &reqwest::Client, name: &str) -> f64 {
-        let text = client
+    /// The router's `/metrics` text.
+    pub(crate) async fn scrape(&self, client: &reqwest::Client) -> String {
+        client
             .get(self.url("/metrics"))
             .send()
             .await
             .expect("metrics")
             .text()
             .await
-            .expect("a body");
+            .expect("a body")
+    }
+
+    pub(crate) async fn metric(&self, client: &reqwest::Client, name: &str) -> f64 {
+        let text = self.scrape(client).await;
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or(0.0)
@@ -87,14 +92,7 @@ impl Replica {
 
     /// The sum of the `switchyard_picks_total` samples whose labels contain `labels`.
     pub(crate) async fn sum(&self, client: &reqwest::Client, labels: &str) -> f64 {
-        let text = client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("a body");
+        let text = self.scrape(client).await;
         text.lines()
             .filter(|l| l.starts_with("switchyard_picks_total{") && l.contains(labels))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
