@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::Context;
 
-use crate::{cargo, step};
+use crate::step;
 
 /// Where the venv and the third-party test data live: `SWITCHYARD_CACHE` if set, else
 /// `.cache` in the workspace root.
@@ -33,13 +33,9 @@ pub(crate) fn prepare(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(python)
 }
 
-/// Runs the Python tests against the debug binary.
+/// Runs the Python tests against the debug binary, which the caller has built.
 pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
     let cache = cache_dir(root);
-    step(
-        "build switchyard for the python tests",
-        cargo().args(["build", "--locked", "-p", "switchyard"]),
-    )?;
     step(
         "python tests (router end to end, routing policies, openai client, SGLang conformance, tokenizer parity)",
         Command::new(python)

@@ -3,7 +3,7 @@
 //! own), introspects them like configured engines, serves through them, and lets a
 //! pod go once the API server no longer lists it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! `--watch-config`, when the file changes; a broken file is refused with the old
 //! configuration still serving.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! conversation's turns over the replicas the way a round-robin balancer does, and
 //! a replica or the Redis server killed mid-run.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
 //! Cancellation, and every fault doing what it says.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

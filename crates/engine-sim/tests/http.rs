@@ -1,6 +1,6 @@
 //! The engine's HTTP surface, spoken to over real sockets.
 
-mod common;
+use crate::common;
 
 use common::*;
 use eventsource_stream::Eventsource;

@@ -1,6 +1,6 @@
 //! Prefill/decode hand-over through bootstrap rooms.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine_sim::free_port_ranges;

@@ -1,6 +1,6 @@
 //! KV events, replay and the load feed, received by real ZeroMQ sockets.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine_sim::free_port_ranges;

@@ -1,6 +1,6 @@
 //! Bucket resolution: length filtering and ordering.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Engine groups, bucket picks and the bucket loop.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

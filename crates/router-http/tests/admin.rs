@@ -1,7 +1,7 @@
 //! The engine admin API: off without a token, authorized before anything is read,
 //! bounded bodies, and an address of its own when configured.
 
-mod common;
+use crate::common;
 
 use std::io::ErrorKind;
 use std::time::Duration;

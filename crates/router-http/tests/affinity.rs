@@ -2,7 +2,7 @@
 //! move together when it leaves, keyless requests spread, and replicas sharing a
 //! backend (Redis, or rendezvous with none) agree on every session's engine.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

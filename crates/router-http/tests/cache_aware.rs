@@ -2,7 +2,7 @@
 //! the router tokenizes chats with the same tokenizer, follows the events, and sends
 //! each request to the engine that holds its prefix.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! What a client connection may hold: a request head and a body each arrive within
 //! their timeouts, or the connection is closed or answered 408.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The routed endpoints beside chat (`/v1/completions`, `/v1/embeddings`, SGLang's
 //! `/generate`) against in-process simulated engines over real sockets.
 
-mod common;
+use crate::common;
 
 use common::*;
 use router_http::{EngineRole, ModelConfig};

@@ -5,7 +5,7 @@
 //! hold fault and released into the failure under test; every wait is on a state,
 //! and only the timeouts under test (idle, grace, cool-down) take their time.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

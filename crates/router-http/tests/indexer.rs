@@ -3,7 +3,7 @@
 //! an indexer that is down or silent costs a `cache_unavailable` pick, never a
 //! request.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! namespace, where the engine's KV events (`lora_name`) put the adapter's pages; a
 //! base-model request with the same prompt never matches them.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! names a rank for every request, spreading requests by each rank's load and sending
 //! a cache-aware request to the rank that holds its prefix.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

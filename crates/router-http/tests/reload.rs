@@ -3,7 +3,7 @@
 //! prefix-index entries of unchanged engines survive, and a broken file is refused
 //! with the old configuration still serving.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::future::Future;

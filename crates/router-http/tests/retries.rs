@@ -3,7 +3,7 @@
 //! fresh room), nothing is sent again once it may have started, and the router-wide
 //! budget holds when every engine refuses.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine_sim::{RunningEngine, SimConfig};

@@ -1,6 +1,6 @@
 //! The serving path against in-process simulated engines over real sockets.
 
-mod common;
+use crate::common;
 
 use common::*;
 use router_http::{EngineRole, ModelConfig};

@@ -3,7 +3,7 @@
 //! `kv_transfer_params` no prefill offered): the prefill/decode hand-over, and load
 //! read from their `/metrics`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! SessionAwarePolicy and StickyPolicy: reuse, binding after admission, conflicts,
 //! keyless requests, fallbacks and configuration.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

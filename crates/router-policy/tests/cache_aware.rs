@@ -2,7 +2,7 @@
 //! queue gate and saturation, explicit admission, the miss fallback, and the prefix
 //! memo.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! consequence. (`NoMatchingBucket` and `OutsideCandidates` come from the bucket layer
 //! and are produced in router-buckets' tests.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Behaviour of each concrete policy.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

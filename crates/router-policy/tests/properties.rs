@@ -1,6 +1,6 @@
 //! Properties every policy keeps, over random fleets, loads and caps.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -19,8 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-#[path = "../../../tests/python_env.rs"]
-mod python_env;
+use crate::python_env;
 
 const BLOCK: u32 = 16;
 /// Upper bound on any wait; a healthy run needs milliseconds.

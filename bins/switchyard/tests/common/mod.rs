@@ -1,10 +1,5 @@
 //! Router processes and configuration files for the binary's tests.
 
-#![allow(
-    dead_code,
-    reason = "each test file uses a different subset of the helpers"
-)]
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;

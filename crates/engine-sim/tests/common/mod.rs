@@ -1,10 +1,5 @@
 //! Helpers for socket-level tests of the simulated engine.
 
-#![allow(
-    dead_code,
-    reason = "each test file uses a different subset of the helpers"
-)]
-
 use std::time::Duration;
 
 use bytes::Bytes;

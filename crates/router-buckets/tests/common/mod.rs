@@ -1,10 +1,5 @@
 //! Fixtures shared by the bucket tests.
 
-#![allow(
-    dead_code,
-    reason = "each test file uses a different subset of the fixtures"
-)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -1,10 +1,5 @@
 //! In-process simulated engines and routers for serving tests.
 
-#![allow(
-    dead_code,
-    reason = "each test file uses a different subset of the helpers"
-)]
-
 use engine_sim::{EngineRole as SimRole, RunningEngine, SimConfig};
 use router_http::{EngineConfig, EngineRole, ModelConfig, RouterConfig, RunningRouter};
 use serde_json::{Value, json};

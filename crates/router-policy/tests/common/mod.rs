@@ -1,10 +1,5 @@
 //! Fixtures shared by the policy tests.
 
-#![allow(
-    dead_code,
-    reason = "each test file uses a different subset of the fixtures"
-)]
-
 use std::sync::Arc;
 
 use router_policy::{AdmissionLimits, Pick, PickError, PickRequest, Policy};

@@ -1,0 +1,11 @@
+//! The integration tests of switchyard, one module a subject, linked into one test binary
+//! (a binary each would link the dependency tree once per file).
+
+mod common;
+
+mod cli;
+mod demo;
+mod kubernetes;
+mod manifests;
+mod reload;
+mod replicas;

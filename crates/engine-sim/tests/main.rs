@@ -1,0 +1,9 @@
+//! The integration tests of engine-sim, one module a subject, linked into one test binary
+//! (a binary each would link the dependency tree once per file).
+
+mod common;
+
+mod faults;
+mod http;
+mod pd;
+mod zmq;

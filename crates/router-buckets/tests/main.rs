@@ -1,0 +1,8 @@
+//! The integration tests of router-buckets, one module a subject, linked into one test binary
+//! (a binary each would link the dependency tree once per file).
+
+mod common;
+
+mod config;
+mod resolver;
+mod selection;

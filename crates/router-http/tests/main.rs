@@ -1,0 +1,18 @@
+//! The integration tests of router-http, one module a subject, linked into one test binary
+//! (a binary each would link the dependency tree once per file).
+
+mod common;
+
+mod admin;
+mod affinity;
+mod cache_aware;
+mod clients;
+mod endpoints;
+mod failures;
+mod indexer;
+mod lora;
+mod ranks;
+mod reload;
+mod retries;
+mod serving;
+mod vllm;
