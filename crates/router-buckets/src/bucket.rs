@@ -197,6 +197,7 @@ impl Bucket {
             .with_routing_key(request.routing_key)
             .with_excluded(request.excluded)
             .with_adapter(request.adapter)
+            .with_explanation(request.explain)
     }
 
     /// Picks the bucket's complete selection: its plain engine, or a prefill engine and

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use router_policy::{Pick, PickError, PickRequest, Policy};
+use router_policy::{Observation, Pick, PickError, PickRequest, Policy};
 use router_state::{Engine, EngineId, RegistrySnapshot, Role};
 
 /// Which engines of the model and stage a group may pick from.
@@ -100,12 +100,40 @@ impl EngineGroup {
         if let Some(adapter) = request.adapter {
             candidates.retain(|c| c.serves_adapter(adapter));
         }
+        request.observe(|| Observation::Candidates {
+            bucket: request.bucket_id.to_owned(),
+            stage: request.stage,
+            engines: candidates.iter().map(|c| c.id().clone()).collect(),
+        });
+        let picked = self.pick_among(&candidates, request).await;
+        request.observe(|| match &picked {
+            Ok(pick) => Observation::Picked {
+                bucket: request.bucket_id.to_owned(),
+                stage: request.stage,
+                engine: pick.engine.id().clone(),
+                reason: pick.reason,
+                predicted_cached_tokens: pick.predicted_cached_tokens,
+            },
+            Err(error) => Observation::Failed {
+                bucket: request.bucket_id.to_owned(),
+                stage: request.stage,
+                error: error.clone(),
+            },
+        });
+        picked
+    }
+
+    async fn pick_among(
+        &self,
+        candidates: &[Arc<Engine>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
         if candidates.is_empty() {
             return Err(PickError::NoCandidates {
                 stage: request.stage,
             });
         }
-        let pick = self.policy.pick(&candidates, request).await?;
+        let pick = self.policy.pick(candidates, request).await?;
         if candidates.iter().any(|c| Arc::ptr_eq(c, &pick.engine)) {
             Ok(pick)
         } else {

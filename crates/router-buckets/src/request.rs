@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_policy::{Pick, PickError, PrefixMemo};
+use router_policy::{Explanation, Pick, PickError, PrefixMemo};
 use router_state::EngineId;
 
 /// The prepared routing facts of one request: extracted once by the handler and
@@ -28,6 +28,9 @@ pub struct BucketRequest<'a> {
     pub excluded: &'a [EngineId],
     /// The LoRA adapter the request is for; `None` for the base model.
     pub adapter: Option<&'a str>,
+    /// Where an explained selection records what it saw; a request with one is
+    /// selected without effects (see [`Explanation`]).
+    pub explain: Option<&'a Explanation>,
 }
 
 impl<'a> BucketRequest<'a> {
@@ -43,6 +46,7 @@ impl<'a> BucketRequest<'a> {
             prefix_memo: None,
             excluded: &[],
             adapter: None,
+            explain: None,
         }
     }
 
@@ -91,6 +95,13 @@ impl<'a> BucketRequest<'a> {
     /// Sets the LoRA adapter the request is for.
     pub fn with_adapter(mut self, adapter: Option<&'a str>) -> Self {
         self.adapter = adapter;
+        self
+    }
+
+    /// Makes the selection an explained one, recorded in `explanation` and without
+    /// effects.
+    pub fn with_explanation(mut self, explanation: Option<&'a Explanation>) -> Self {
+        self.explain = explanation;
         self
     }
 }

@@ -2,12 +2,14 @@
 
 use std::fmt;
 
-use router_state::{Engine, EngineMetrics, Role};
+use router_state::{Engine, EngineMetrics};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::PolicyConfigError;
 use crate::error::{LimitExceeded, PickError, Rejection};
+use crate::explain::Observation;
+use crate::policy::PickRequest;
 
 /// Decides whether one engine may take one more request.
 ///
@@ -25,6 +27,11 @@ pub trait EngineAdmission: Send + Sync + fmt::Debug {
         engine: &Engine,
         metrics: &EngineMetrics,
     ) -> Result<AdmissionDecision, AdmissionError>;
+
+    /// The caps checked, for explanations, when the admission is a set of caps.
+    fn limits(&self) -> Option<AdmissionLimits> {
+        None
+    }
 }
 
 /// The verdict of an admission check.
@@ -127,31 +134,49 @@ impl EngineAdmission for AdmissionLimits {
         }
         Ok(AdmissionDecision::Allow)
     }
+
+    fn limits(&self) -> Option<AdmissionLimits> {
+        Some(*self)
+    }
 }
 
 /// Runs `admission` on a chosen engine: `Ok(None)` admits, `Ok(Some(_))` is a
-/// rejection, and a check that cannot run is an invalid signal.
+/// rejection, and a check that cannot run is an invalid signal. An explained request
+/// records the check.
 pub(crate) fn admit(
     admission: &dyn EngineAdmission,
     engine: &Engine,
     metrics: &EngineMetrics,
-    stage: Role,
+    request: &PickRequest<'_>,
 ) -> Result<Option<Rejection>, PickError> {
-    match admission.check(engine, metrics) {
-        Ok(AdmissionDecision::Allow) => Ok(None),
-        Ok(AdmissionDecision::Reject(exceeded)) => Ok(Some(Rejection {
-            engine: engine.id().clone(),
-            exceeded,
-        })),
-        Err(e) => Err(PickError::InvalidSignal {
-            stage: Some(stage),
-            message: e.to_string(),
-        }),
-    }
+    let exceeded = match admission.check(engine, metrics) {
+        Ok(AdmissionDecision::Allow) => None,
+        Ok(AdmissionDecision::Reject(exceeded)) => Some(exceeded),
+        Err(e) => {
+            return Err(PickError::InvalidSignal {
+                stage: Some(request.stage),
+                message: e.to_string(),
+            });
+        }
+    };
+    request.observe(|| Observation::Admission {
+        bucket: request.bucket_id.to_owned(),
+        stage: request.stage,
+        engine: engine.id().clone(),
+        metrics: *metrics,
+        caps: admission.limits(),
+        rejected: exceeded,
+    });
+    Ok(exceeded.map(|exceeded| Rejection {
+        engine: engine.id().clone(),
+        exceeded,
+    }))
 }
 
 #[cfg(test)]
 mod tests {
+    use router_state::Role;
+
     use super::*;
 
     fn engine() -> Engine {

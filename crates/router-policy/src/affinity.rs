@@ -174,6 +174,10 @@ impl Affinity {
             return self.checked(engine, request, PickReason::AffinityBound);
         }
         let chosen = self.fallback(engines, request).await?;
+        // An explained pick names the engine the key would be bound to, unbound.
+        if request.is_explained() {
+            return Ok(Pick::new(chosen.engine, PickReason::AffinityAssigned));
+        }
         let mut expected = bound;
         for _ in 0..RECONCILE_ATTEMPTS {
             let bound = match &expected {
@@ -232,7 +236,7 @@ impl Affinity {
         reason: PickReason,
     ) -> Result<Pick, PickError> {
         let metrics = self.load.snapshot().observe(engine.id()).metrics();
-        match admit(self.admission.as_ref(), engine, &metrics, request.stage)? {
+        match admit(self.admission.as_ref(), engine, &metrics, request)? {
             None => Ok(Pick::new(Arc::clone(engine), reason)),
             Some(rejection) => Err(PickError::AdmissionRejected {
                 stage: request.stage,

@@ -33,6 +33,7 @@ use crate::admission::{EngineAdmission, admit};
 use crate::cache::{CacheLookup, CacheSource, PrefixHits};
 use crate::config::PolicyConfigError;
 use crate::error::{PickError, Rejection};
+use crate::explain::Observation;
 use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 use crate::pressure::compare;
 use crate::rng::SharedRng;
@@ -105,6 +106,17 @@ impl CacheAwarePolicy {
         };
         match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {
+                for engine in engines {
+                    let tokens = hits.matched_tokens(engine.id(), request.input_tokens);
+                    if tokens > 0 {
+                        request.observe(|| Observation::CachedTokens {
+                            bucket: request.bucket_id.to_owned(),
+                            stage,
+                            engine: engine.id().clone(),
+                            tokens,
+                        });
+                    }
+                }
                 // A holder goes to the rank holding its prefix.
                 self.select(engines, request, Some(hits)).map(|pick| {
                     let rank = pick
@@ -114,7 +126,13 @@ impl CacheAwarePolicy {
                     pick.with_rank(rank)
                 })
             }
-            Ok(CacheLookup::Unavailable(_)) => self.select(engines, request, None),
+            Ok(CacheLookup::Unavailable(_)) => {
+                request.observe(|| Observation::CacheUnavailable {
+                    bucket: request.bucket_id.to_owned(),
+                    stage,
+                });
+                self.select(engines, request, None)
+            }
             Err(e) => Err(PickError::InvalidSignal {
                 stage: Some(stage),
                 message: e.to_string(),
@@ -165,7 +183,7 @@ impl CacheAwarePolicy {
                 self.admission.as_ref(),
                 engine,
                 &holder.observation.metrics(),
-                request.stage,
+                request,
             )? {
                 None => admitted.push(holder),
                 Some(rejection) => rejections.push(rejection),
@@ -255,7 +273,7 @@ impl CacheAwarePolicy {
         for holder in set_aside {
             let engine = &engines[holder.index];
             let metrics = holder.observation.metrics();
-            match admit(self.admission.as_ref(), engine, &metrics, request.stage)? {
+            match admit(self.admission.as_ref(), engine, &metrics, request)? {
                 None => {
                     return Ok(
                         Pick::new(Arc::clone(engine), PickReason::CacheSaturationPin)
@@ -289,6 +307,7 @@ impl CacheAwarePolicy {
             tier
         } else {
             self.rng
+                .draws(request.is_explained())
                 .distinct(tier.len(), self.config.min_load_choices)
                 .into_iter()
                 .map(|i| tier[i])
@@ -302,7 +321,7 @@ impl CacheAwarePolicy {
         }
         let engine = &engines[best];
         let metrics = observations[best].metrics();
-        match admit(self.admission.as_ref(), engine, &metrics, request.stage)? {
+        match admit(self.admission.as_ref(), engine, &metrics, request)? {
             None => Ok(Pick::new(Arc::clone(engine), reason).with_predicted_cached_tokens(0)),
             Some(rejection) => Err(PickError::AdmissionRejected {
                 stage: request.stage,

@@ -68,7 +68,12 @@ impl LeastLoadPolicy {
         } else {
             reason
         };
-        let start = self.rotor.fetch_add(1, Ordering::Relaxed) % n;
+        // An explained pick reads the rotor without turning it.
+        let start = if request.is_explained() {
+            self.rotor.load(Ordering::Relaxed)
+        } else {
+            self.rotor.fetch_add(1, Ordering::Relaxed)
+        } % n;
         let rotated = |k: usize| (start + k) % n;
         let best = (0..n)
             .map(rotated)
@@ -79,7 +84,7 @@ impl LeastLoadPolicy {
             self.admission.as_ref(),
             engine,
             &observations[best].metrics(),
-            request.stage,
+            request,
         )?
         else {
             return Ok(Pick::new(Arc::clone(engine), reason));

@@ -43,6 +43,7 @@ mod config;
 mod config_error;
 mod dropped;
 mod error;
+mod explain;
 mod least_load;
 mod policy;
 mod power_of_two;
@@ -67,6 +68,7 @@ pub use dropped::{
     DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,
 };
 pub use error::{LimitExceeded, PickError, Rejection};
+pub use explain::{Explanation, Observation};
 pub use least_load::{LeastLoadPolicy, LoadBasedConfig};
 pub use policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
 pub use power_of_two::{PowerOfTwoConfig, PowerOfTwoPolicy};

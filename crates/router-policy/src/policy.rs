@@ -9,6 +9,7 @@ use router_state::{Engine, EngineId, Role};
 
 use crate::cache::PrefixMemo;
 use crate::error::PickError;
+use crate::explain::{Explanation, Observation};
 
 /// A boxed, sendable future, so [`Policy`] stays object-safe and a policy may await
 /// remote lookups.
@@ -72,6 +73,9 @@ pub struct PickRequest<'a> {
     /// offers only engines that serve it, and its prompt is looked up in the
     /// adapter's cache namespace.
     pub adapter: Option<&'a str>,
+    /// Where an explained pick records what it saw; a request with one is picked
+    /// without effects (see [`Explanation`]).
+    pub explain: Option<&'a Explanation>,
 }
 
 impl<'a> PickRequest<'a> {
@@ -89,6 +93,7 @@ impl<'a> PickRequest<'a> {
             prefix_memo: None,
             excluded: &[],
             adapter: None,
+            explain: None,
         }
     }
 
@@ -132,6 +137,25 @@ impl<'a> PickRequest<'a> {
     pub fn with_adapter(mut self, adapter: Option<&'a str>) -> Self {
         self.adapter = adapter;
         self
+    }
+
+    /// Makes the pick an explained one, recorded in `explanation` and without
+    /// effects.
+    pub fn with_explanation(mut self, explanation: Option<&'a Explanation>) -> Self {
+        self.explain = explanation;
+        self
+    }
+
+    /// Whether the pick is explained, and so must change nothing.
+    pub fn is_explained(&self) -> bool {
+        self.explain.is_some()
+    }
+
+    /// Records `observation` when the pick is explained; builds it only then.
+    pub fn observe(&self, observation: impl FnOnce() -> Observation) {
+        if let Some(explanation) = self.explain {
+            explanation.record(observation());
+        }
     }
 }
 

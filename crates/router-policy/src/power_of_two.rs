@@ -67,7 +67,10 @@ impl PowerOfTwoPolicy {
                 PickReason::SingleCandidate,
             )
         } else {
-            let (i, j) = self.rng.two_distinct(engines.len());
+            let (i, j) = self
+                .rng
+                .draws(request.is_explained())
+                .two_distinct(engines.len());
             let (a, b) = (&engines[i], &engines[j]);
             let (oa, ob) = (snapshot.observe(a.id()), snapshot.observe(b.id()));
             let (order, basis) = compare(stage, &oa, &ob);
@@ -85,7 +88,7 @@ impl PowerOfTwoPolicy {
             self.admission.as_ref(),
             engine,
             &observation.metrics(),
-            stage,
+            request,
         )? {
             None => Ok(Pick::new(Arc::clone(engine), reason)),
             Some(rejection) => Err(PickError::AdmissionRejected { stage, rejection }),

@@ -60,9 +60,10 @@ impl RandomPolicy {
         let snapshot = self.load.snapshot();
         let check = |engine: &Engine| {
             let metrics = snapshot.observe(engine.id()).metrics();
-            admit(self.admission.as_ref(), engine, &metrics, request.stage)
+            admit(self.admission.as_ref(), engine, &metrics, request)
         };
-        let first = self.rng.index(n);
+        let mut draws = self.rng.draws(request.is_explained());
+        let first = draws.index(n);
         let Some(first_rejection) = check(&engines[first])? else {
             let reason = if n == 1 {
                 PickReason::SingleCandidate
@@ -86,7 +87,7 @@ impl RandomPolicy {
             });
         }
         Ok(Pick::new(
-            Arc::clone(&engines[admitted[self.rng.index(admitted.len())]]),
+            Arc::clone(&engines[admitted[draws.index(admitted.len())]]),
             PickReason::NextAdmitted,
         ))
     }

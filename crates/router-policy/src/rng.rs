@@ -22,30 +22,61 @@ impl SharedRng {
         Self::from_seed(RandomState::new().build_hasher().finish())
     }
 
+    /// The draws of one pick: from the generator itself, or, for an explained pick,
+    /// from a copy of it, so that the explanation draws what the next real pick will
+    /// and leaves the generator as it was.
+    pub(crate) fn draws(&self, explained: bool) -> Draws<'_> {
+        if explained {
+            Draws::Copy(self.0.lock().clone())
+        } else {
+            Draws::Shared(self)
+        }
+    }
+}
+
+/// Where one pick's random draws come from (see [`SharedRng::draws`]).
+#[derive(Debug)]
+pub(crate) enum Draws<'a> {
+    /// The shared generator, locked for each draw.
+    Shared(&'a SharedRng),
+    /// A copy of it, for an explained pick.
+    Copy(Xoshiro256PlusPlus),
+}
+
+impl Draws<'_> {
+    fn with<R>(&mut self, draw: impl FnOnce(&mut Xoshiro256PlusPlus) -> R) -> R {
+        match self {
+            Draws::Shared(shared) => draw(&mut shared.0.lock()),
+            Draws::Copy(rng) => draw(rng),
+        }
+    }
+
     /// A uniform index in `0..n`; `n` must be positive.
-    pub(crate) fn index(&self, n: usize) -> usize {
-        uniform(&mut *self.0.lock(), n as u64) as usize
+    pub(crate) fn index(&mut self, n: usize) -> usize {
+        self.with(|rng| uniform(rng, n as u64) as usize)
     }
 
     /// Two distinct uniform indices in `0..n`, in sampling order; `n` must be at least 2.
-    pub(crate) fn two_distinct(&self, n: usize) -> (usize, usize) {
-        let mut rng = self.0.lock();
-        let first = uniform(&mut *rng, n as u64) as usize;
-        let second = uniform(&mut *rng, n as u64 - 1) as usize;
-        (first, if second >= first { second + 1 } else { second })
+    pub(crate) fn two_distinct(&mut self, n: usize) -> (usize, usize) {
+        self.with(|rng| {
+            let first = uniform(rng, n as u64) as usize;
+            let second = uniform(rng, n as u64 - 1) as usize;
+            (first, if second >= first { second + 1 } else { second })
+        })
     }
 
     /// `k` distinct uniform indices in `0..n`, in sampling order; `k` must be at most
     /// `n`.
-    pub(crate) fn distinct(&self, n: usize, k: usize) -> Vec<usize> {
-        let mut rng = self.0.lock();
-        let mut pool: Vec<usize> = (0..n).collect();
-        for i in 0..k {
-            let j = i + uniform(&mut *rng, (n - i) as u64) as usize;
-            pool.swap(i, j);
-        }
-        pool.truncate(k);
-        pool
+    pub(crate) fn distinct(&mut self, n: usize, k: usize) -> Vec<usize> {
+        self.with(|rng| {
+            let mut pool: Vec<usize> = (0..n).collect();
+            for i in 0..k {
+                let j = i + uniform(rng, (n - i) as u64) as usize;
+                pool.swap(i, j);
+            }
+            pool.truncate(k);
+            pool
+        })
     }
 }
 
@@ -71,6 +102,7 @@ mod tests {
         #[test]
         fn two_samples_are_distinct_and_in_range(seed: u64, n in 2usize..300) {
             let rng = SharedRng::from_seed(seed);
+            let mut rng = rng.draws(false);
             for _ in 0..32 {
                 let (a, b) = rng.two_distinct(n);
                 prop_assert!(a != b, "power-of-two never samples one engine twice ({a} twice of {n})");
@@ -82,6 +114,7 @@ mod tests {
         fn k_samples_are_distinct_and_in_range(seed: u64, n in 1usize..100, k in 1usize..100) {
             let k = k.min(n);
             let rng = SharedRng::from_seed(seed);
+            let mut rng = rng.draws(false);
             let mut sample = rng.distinct(n, k);
             prop_assert_eq!(sample.len(), k);
             prop_assert!(sample.iter().all(|&i| i < n), "samples lie in 0..{}", n);
@@ -92,8 +125,49 @@ mod tests {
     }
 
     #[test]
+    fn explained_draws_are_the_next_real_draws_and_leave_the_generator_alone() {
+        let rng = SharedRng::from_seed(3);
+        let explained: Vec<usize> = {
+            let mut draws = rng.draws(true);
+            vec![
+                draws.index(1000),
+                draws.two_distinct(1000).0,
+                draws.distinct(1000, 3)[2],
+            ]
+        };
+        let again: Vec<usize> = {
+            let mut draws = rng.draws(true);
+            vec![
+                draws.index(1000),
+                draws.two_distinct(1000).0,
+                draws.distinct(1000, 3)[2],
+            ]
+        };
+        let mut draws = rng.draws(false);
+        let real = vec![
+            draws.index(1000),
+            draws.two_distinct(1000).0,
+            draws.distinct(1000, 3)[2],
+        ];
+        assert_eq!(
+            explained, again,
+            "an explanation leaves the generator as it was"
+        );
+        assert_eq!(
+            explained, real,
+            "the next real pick draws what the explanation drew"
+        );
+        let mut draws = rng.draws(false);
+        assert_ne!(
+            draws.index(1 << 40),
+            SharedRng::from_seed(3).draws(false).index(1 << 40)
+        );
+    }
+
+    #[test]
     fn indices_are_uniform() {
         let rng = SharedRng::from_seed(7);
+        let mut rng = rng.draws(false);
         let mut counts = [0u32; 5];
         for _ in 0..100_000 {
             counts[rng.index(5)] += 1;
@@ -109,6 +183,7 @@ mod tests {
     #[test]
     fn every_ordered_pair_is_sampled() {
         let rng = SharedRng::from_seed(11);
+        let mut rng = rng.draws(false);
         let mut seen = [[0u32; 3]; 3];
         for _ in 0..60_000 {
             let (a, b) = rng.two_distinct(3);

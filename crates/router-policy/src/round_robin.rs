@@ -46,7 +46,12 @@ impl RoundRobinPolicy {
                 stage: request.stage,
             });
         }
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
+        // An explained pick reads the cursor without moving it.
+        let start = if request.is_explained() {
+            self.cursor.load(Ordering::Relaxed)
+        } else {
+            self.cursor.fetch_add(1, Ordering::Relaxed)
+        } % n;
         let reason = if n == 1 {
             PickReason::SingleCandidate
         } else {

@@ -24,7 +24,7 @@ pub(crate) fn first_admitted(
     for (position, index) in order.into_iter().enumerate() {
         let engine = &engines[index];
         let metrics = snapshot.observe(engine.id()).metrics();
-        match admit(admission, engine, &metrics, request.stage)? {
+        match admit(admission, engine, &metrics, request)? {
             None => {
                 let reason = if position == 0 && rejections.is_empty() {
                     first_reason

@@ -6,5 +6,6 @@ mod common;
 mod affinity;
 mod cache_aware;
 mod errors;
+mod explain;
 mod policies;
 mod properties;

@@ -1,0 +1,122 @@
+//! Explained picks: what a selection saw and decided, recorded while it runs without
+//! effects.
+//!
+//! A request that carries an [`Explanation`] ([`PickRequest::explain`]) is picked as
+//! it would be, with nothing changed: no affinity binding is written, rotation
+//! cursors do not advance, and random draws come from a copy of the policy's
+//! generator, so the next real request in the same state gets the pick the
+//! explanation names. The group, the policies and admission add [`Observation`]s as
+//! they go.
+//!
+//! [`PickRequest::explain`]: crate::PickRequest::explain
+
+use parking_lot::Mutex;
+use router_state::{EngineId, EngineMetrics, Role};
+
+use crate::admission::AdmissionLimits;
+use crate::error::{LimitExceeded, PickError};
+use crate::policy::PickReason;
+
+/// One thing a selection saw or decided, in one bucket and stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Observation {
+    /// The candidates a group handed its policy (healthy members of the stage, less
+    /// excluded engines and those without the request's adapter), sorted by id.
+    Candidates {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+        /// The candidates.
+        engines: Vec<EngineId>,
+    },
+    /// Prompt tokens the prefix source found an engine to hold.
+    CachedTokens {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+        /// The engine.
+        engine: EngineId,
+        /// The matched prompt tokens.
+        tokens: u64,
+    },
+    /// The prefix source could not answer; the pick went without it.
+    CacheUnavailable {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+    },
+    /// An admission check: the load figures it read, the caps, and the verdict.
+    Admission {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+        /// The engine checked.
+        engine: EngineId,
+        /// The figures the check read.
+        metrics: EngineMetrics,
+        /// The caps checked, when the admission is a set of caps.
+        caps: Option<AdmissionLimits>,
+        /// The cap the engine reached; `None` admitted it.
+        rejected: Option<LimitExceeded>,
+    },
+    /// The group's pick.
+    Picked {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+        /// The engine.
+        engine: EngineId,
+        /// Why.
+        reason: PickReason,
+        /// Prompt tokens the policy expects the engine to find cached.
+        predicted_cached_tokens: Option<u64>,
+    },
+    /// The group picked nothing.
+    Failed {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+        /// Why.
+        error: PickError,
+    },
+}
+
+/// The observations of one explained request, in the order they were made.
+///
+/// Its size is bounded by the request's buckets times their candidates: a few
+/// observations an engine and bucket.
+#[derive(Debug, Default)]
+pub struct Explanation(Mutex<Vec<Observation>>);
+
+impl Explanation {
+    /// An empty explanation.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an observation.
+    pub fn record(&self, observation: Observation) {
+        self.0.lock().push(observation);
+    }
+
+    /// The observations so far, in order.
+    pub fn observations(&self) -> Vec<Observation> {
+        self.0.lock().clone()
+    }
+}
+
+/// Explanations compare by identity, as the requests that carry them do.
+impl PartialEq for Explanation {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for Explanation {}

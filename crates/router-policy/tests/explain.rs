@@ -1,0 +1,174 @@
+//! Explained picks: every policy names the engine and reason the next real pick in
+//! the same state gets, changes nothing doing so (no rotation, no random draw, no
+//! binding), and records the admission checks it made.
+
+use crate::common;
+
+use std::sync::Arc;
+
+use common::{engines, report_native, runtime, table};
+use router_policy::{
+    AffinityBackend, Explanation, LimitExceeded, LocalCacheSource, Observation, PickReason,
+    PickRequest, Policy, PolicyConfig, PolicyHandles,
+};
+use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore};
+use router_state::kv_events::{IndexConfig, PrefixIndex};
+use router_state::{Engine, EngineReportedLoadTable, Role};
+
+fn build(
+    json: &str,
+    load: &Arc<EngineReportedLoadTable>,
+    store: &Arc<LocalAffinityStore>,
+) -> Arc<dyn Policy> {
+    let config: PolicyConfig = serde_json::from_str(json).expect("a policy");
+    let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
+    let handles = PolicyHandles::new(Arc::clone(load))
+        .with_affinity(Some(AffinityBackend::Store(Arc::clone(store) as _)))
+        .with_prefix_source(Some(Arc::new(LocalCacheSource::new(index))));
+    config.build(Role::Plain, &handles).expect("built")
+}
+
+type Outcome = (String, PickReason, Option<u64>);
+
+fn pick(policy: &dyn Policy, engines: &[Arc<Engine>], request: &PickRequest<'_>) -> Outcome {
+    let pick = runtime()
+        .block_on(policy.pick(engines, request))
+        .expect("a pick");
+    (
+        pick.engine.id().to_string(),
+        pick.reason,
+        pick.predicted_cached_tokens,
+    )
+}
+
+const POLICIES: &[&str] = &[
+    r#"{"type": "round_robin"}"#,
+    r#"{"type": "random", "seed": 1}"#,
+    r#"{"type": "power_of_two", "seed": 2}"#,
+    r#"{"type": "load_based"}"#,
+    r#"{"type": "cache_aware", "seed": 3, "min_load_choices": 2}"#,
+    r#"{"type": "session_aware", "seed": 4}"#,
+    r#"{"type": "sticky", "fallback": "random", "seed": 5}"#,
+];
+
+#[test]
+fn every_policys_explained_pick_is_the_next_real_pick_and_changes_nothing() {
+    let tokens: Vec<u32> = (0..100).collect();
+    for json in POLICIES {
+        let engines = engines(6);
+        let load = table(&engines);
+        for (i, engine) in engines.iter().enumerate() {
+            report_native(&load, engine, (i as u64 * 7) % 4, 1 + (i as u64 * 5) % 3);
+        }
+        let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
+        let policy = build(json, &load, &store);
+        for round in 0..24 {
+            let key = format!("k{}", round % 4);
+            let request = PickRequest::new("m", Role::Plain, "b", 100)
+                .with_token_ids(Some(&tokens))
+                .with_session_key(Some(&key))
+                .with_routing_key(Some(&key));
+            let explanation = Explanation::new();
+            let explained = request.with_explanation(Some(&explanation));
+            let first = pick(policy.as_ref(), &engines, &explained);
+            let second = pick(policy.as_ref(), &engines, &explained);
+            assert_eq!(
+                first, second,
+                "{json} round {round}: explaining changed state"
+            );
+            let real = pick(policy.as_ref(), &engines, &request);
+            assert_eq!(
+                real, first,
+                "{json} round {round}: the real pick is the explained one"
+            );
+            assert!(
+                explanation.observations().iter().any(|o| matches!(
+                    o,
+                    Observation::Admission { engine, rejected: None, .. } if engine.as_str() == first.0
+                )),
+                "{json} round {round}: the admission of the pick is recorded"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_explained_session_pick_binds_nothing() {
+    let engines = engines(4);
+    let load = table(&engines);
+    let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
+    let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
+    let request = PickRequest::new("m", Role::Plain, "b", 100).with_session_key(Some("s"));
+    let explanation = Explanation::new();
+    let explained = pick(
+        policy.as_ref(),
+        &engines,
+        &request.with_explanation(Some(&explanation)),
+    );
+    assert_eq!(explained.1, PickReason::AffinityAssigned);
+    let scope = AffinityScope {
+        model: "m",
+        bucket: "b",
+        stage: Role::Plain,
+    };
+    assert_eq!(store.get(scope, "s").unwrap(), None, "nothing was bound");
+    assert_eq!(pick(policy.as_ref(), &engines, &request), explained);
+    assert_eq!(
+        store.get(scope, "s").unwrap().map(|e| e.to_string()),
+        Some(explained.0.clone()),
+        "the real pick binds the explained engine"
+    );
+    assert_eq!(
+        pick(policy.as_ref(), &engines, &request),
+        (explained.0, PickReason::AffinityBound, None)
+    );
+}
+
+#[test]
+fn rejections_are_recorded_with_the_cap_and_the_figures_read() {
+    let engines = engines(3);
+    let load = table(&engines);
+    let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
+    let policy = build(
+        r#"{"type": "round_robin", "admission": {"max_running_requests": 4}}"#,
+        &load,
+        &store,
+    );
+    report_native(&load, &engines[0], 0, 5);
+    report_native(&load, &engines[1], 0, 1);
+    let explanation = Explanation::new();
+    let request = PickRequest::new("m", Role::Plain, "b", 100).with_explanation(Some(&explanation));
+    let (engine, reason, _) = pick(policy.as_ref(), &engines, &request);
+    assert_eq!((engine.as_str(), reason), ("e1", PickReason::NextAdmitted));
+    let admissions: Vec<(String, Option<u64>, Option<LimitExceeded>, Option<u64>)> = explanation
+        .observations()
+        .into_iter()
+        .filter_map(|o| match o {
+            Observation::Admission {
+                engine,
+                metrics,
+                caps,
+                rejected,
+                ..
+            } => Some((
+                engine.to_string(),
+                metrics.running_requests,
+                rejected,
+                caps.and_then(|c| c.max_running_requests),
+            )),
+            _ => None,
+        })
+        .collect();
+    let exceeded = LimitExceeded {
+        limit: "max_running_requests",
+        observed: 5,
+        cap: 4,
+    };
+    assert_eq!(
+        admissions,
+        vec![
+            ("e0".into(), Some(5), Some(exceeded), Some(4)),
+            ("e1".into(), Some(1), None, Some(4)),
+        ]
+    );
+}
