@@ -124,6 +124,9 @@ fn an_explained_session_pick_binds_nothing() {
     );
 }
 
+/// An admission check: engine, running requests read, verdict, running cap.
+type Checked = (String, Option<u64>, Option<LimitExceeded>, Option<u64>);
+
 #[test]
 fn rejections_are_recorded_with_the_cap_and_the_figures_read() {
     let engines = engines(3);
@@ -140,7 +143,7 @@ fn rejections_are_recorded_with_the_cap_and_the_figures_read() {
     let request = PickRequest::new("m", Role::Plain, "b", 100).with_explanation(Some(&explanation));
     let (engine, reason, _) = pick(policy.as_ref(), &engines, &request);
     assert_eq!((engine.as_str(), reason), ("e1", PickReason::NextAdmitted));
-    let admissions: Vec<(String, Option<u64>, Option<LimitExceeded>, Option<u64>)> = explanation
+    let admissions: Vec<Checked> = explanation
         .observations()
         .into_iter()
         .filter_map(|o| match o {
