@@ -2,6 +2,7 @@
 
 mod admin;
 mod chat;
+mod explain;
 mod health;
 mod metrics;
 mod models;
@@ -43,9 +44,14 @@ pub(crate) fn admin_router(ctx: Arc<AppContext>) -> axum::Router {
     admin_routes(&ctx).with_state(ctx)
 }
 
-/// `/workers`, each request authorized before its body is read.
+/// `/workers` and `/explain/...`, each request authorized before its body is read.
 fn admin_routes(ctx: &Arc<AppContext>) -> axum::Router<Arc<AppContext>> {
-    axum::Router::new()
+    let explained = [&CHAT, &COMPLETIONS, &EMBEDDINGS, &GENERATE];
+    explained
+        .into_iter()
+        .fold(axum::Router::new(), |routes, endpoint| {
+            routes.route(&explain::path(endpoint), explain::explained(endpoint))
+        })
         .route("/workers", get(admin::list).post(admin::add))
         .route("/workers/{id}", delete(admin::remove))
         .route_layer(middleware::from_fn_with_state(

@@ -29,6 +29,7 @@ const BUCKET: HeaderName = HeaderName::from_static("x-switchyard-bucket");
 const ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
 const PREFILL: HeaderName = HeaderName::from_static("x-switchyard-prefill");
 const DECODE: HeaderName = HeaderName::from_static("x-switchyard-decode");
+const REASON: HeaderName = HeaderName::from_static("x-switchyard-reason");
 const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-switchyard-prompt-tokens");
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -124,6 +125,27 @@ impl Failed {
     }
 }
 
+/// The routing headers of an answer: the bucket, the engines, and why each was
+/// picked (`x-switchyard-reason`: the reason, or `prefill=<reason>, decode=<reason>`).
+fn routing_headers(bucket: HeaderValue, engines: &EnginePicks) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(BUCKET, bucket);
+    match engines {
+        EnginePicks::Plain(pick) => {
+            headers.insert(ENGINE, id_header(&pick.engine));
+            headers.insert(REASON, HeaderValue::from_static(pick.reason.as_str()));
+        }
+        EnginePicks::Pd { prefill, decode } => {
+            headers.insert(PREFILL, id_header(&prefill.engine));
+            headers.insert(DECODE, id_header(&decode.engine));
+            let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
+            let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
+            headers.insert(REASON, reasons);
+        }
+    }
+    headers
+}
+
 /// Sends the request to the selected engines and relays the answer.
 pub(crate) async fn dispatch(
     ctx: &Arc<AppContext>,
@@ -132,14 +154,12 @@ pub(crate) async fn dispatch(
 ) -> Result<Response, Failed> {
     let bucket =
         HeaderValue::from_str(&pick.bucket).map_err(|_| ApiError::upstream("invalid bucket id"))?;
+    let headers = routing_headers(bucket, &pick.engines);
     match pick.engines {
         EnginePicks::Plain(pick) => {
             let rank = ranks::rank(ctx, &pick);
             let engine = pick.engine;
             let guards = vec![ranks::guard(ctx, &engine, rank)];
-            let mut headers = HeaderMap::new();
-            headers.insert(BUCKET, bucket);
-            headers.insert(ENGINE, id_header(&engine));
             let to = Target {
                 engine: &engine,
                 stage: "plain",
@@ -151,7 +171,7 @@ pub(crate) async fn dispatch(
             Ok(relay(ctx, response, None, headers, out, guards))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
-            vllm::dispatch(ctx, bucket, prefill, decode, out).await
+            vllm::dispatch(ctx, headers, prefill, decode, out).await
         }
         EnginePicks::Pd { prefill, decode } => {
             let (prefill_rank, decode_rank) =
@@ -166,10 +186,6 @@ pub(crate) async fn dispatch(
                 .map(|_| ranks::room(ctx.next_room(), prefill_rank, prefill_ranks))
                 .collect();
             let body = with_bootstrap(&out.body, &prefill, out.batch, &rooms);
-            let mut headers = HeaderMap::new();
-            headers.insert(BUCKET, bucket);
-            headers.insert(PREFILL, id_header(&prefill));
-            headers.insert(DECODE, id_header(&decode));
             // The legs' copy: the relayed answer takes `headers` while they live.
             let routing = headers.clone();
             let mut prefill_leg: LegFuture = {

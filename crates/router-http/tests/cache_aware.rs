@@ -18,6 +18,8 @@ const MODEL: &str = "m";
 const PAGE: u32 = 16;
 /// The prefix index budget the tests configure (far above what they store).
 const INDEX_PAGES: usize = 1 << 18;
+/// The admin token, for explanations.
+const ADMIN_TOKEN: &str = "s3cret";
 /// Upper bound on any wait; a healthy run needs milliseconds.
 const GUARD: Duration = Duration::from_secs(20);
 
@@ -91,7 +93,9 @@ impl Harness {
         model.prefix_index_pages = INDEX_PAGES;
         model.policies.plain =
             Some(serde_json::from_value::<PolicyConfig>(policy).expect("a policy"));
-        let router = router(config(vec![model])).await;
+        let mut config = config(vec![model]);
+        config.admin.token = Some(ADMIN_TOKEN.into());
+        let router = router(config).await;
         let harness = Self {
             router,
             client: reqwest::Client::new(),
@@ -145,6 +149,20 @@ impl Harness {
         let answer = self.send(messages).await;
         self.caught_up().await;
         answer
+    }
+
+    /// The explanation of a chat, which is not sent.
+    async fn explain(&self, messages: &[Value]) -> Value {
+        let response = self
+            .client
+            .post(url(&self.router, "/explain/v1/chat/completions"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"model": MODEL, "messages": messages, "max_tokens": 8}))
+            .send()
+            .await
+            .expect("the router answers");
+        assert_eq!(response.status(), 200);
+        response.json().await.expect("a JSON explanation")
     }
 
     /// Sends one chat without waiting for its KV events.
@@ -240,6 +258,53 @@ async fn shared_prefix_chats_converge_on_the_engine_holding_the_prefix() {
             "the router predicted exactly the engine's hit"
         );
     }
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explanation_predicts_the_holder_and_the_hit_the_next_request_gets() {
+    let h = Harness::start(fleet(3).await, cache_aware()).await;
+    let (holder, _) = h.chat(&[system_prompt(), user("question 0")]).await;
+    let next = [system_prompt(), user("question 1")];
+    let explanation = h.explain(&next).await;
+    let pick = &explanation["pick"]["engines"]["plain"];
+    assert_eq!(pick["engine"], holder.as_str());
+    assert_eq!(pick["reason"], "cache_hit");
+    let predicted = pick["predicted_cached_tokens"].as_u64().unwrap();
+    let matched: Vec<(String, Option<u64>)> = explanation["buckets"][0]["stages"][0]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["engine"].as_str().unwrap().to_owned(),
+                c["matched_prefix_tokens"].as_u64(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, Option<u64>)> = (0..3)
+        .map(|i| format!("E{i}"))
+        .map(|e| {
+            let tokens = (e == holder).then_some(predicted);
+            (e, tokens)
+        })
+        .collect();
+    assert_eq!(matched, expected, "only the holder matched the prefix");
+
+    let response = h
+        .client
+        .post(url(&h.router, "/v1/chat/completions"))
+        .json(&json!({"model": MODEL, "messages": next, "max_tokens": 8}))
+        .send()
+        .await
+        .expect("the router answers");
+    assert_eq!(response.headers()["x-switchyard-engine"], holder.as_str());
+    assert_eq!(response.headers()["x-switchyard-reason"], "cache_hit");
+    let body: Value = response.json().await.expect("a JSON body");
+    assert_eq!(
+        body["usage"]["prompt_tokens_details"]["cached_tokens"], predicted,
+        "the engine found what the explanation predicted"
+    );
     h.shutdown().await;
 }
 

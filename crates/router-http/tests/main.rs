@@ -8,6 +8,7 @@ mod affinity;
 mod cache_aware;
 mod clients;
 mod endpoints;
+mod explain;
 mod failures;
 mod indexer;
 mod lora;

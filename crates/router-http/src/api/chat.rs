@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
@@ -24,7 +25,7 @@ use crate::config::PdProtocol;
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
 use crate::metrics::RequestLabels;
-use crate::prepare::{Endpoint, prepare};
+use crate::prepare::{Endpoint, Prepared, prepare};
 use crate::routing::ModelRoute;
 
 /// The longest client `x-request-id` kept, in bytes.
@@ -41,6 +42,13 @@ pub(super) fn routed(endpoint: &'static Endpoint) -> MethodRouter<Arc<AppContext
 /// per request at low load); from a separate task each wake-up stays on one thread.
 async fn handle(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
+    let body = read_body(&ctx, body).await;
+    respond(endpoint, ctx, parts.headers, body).await
+}
+
+/// Reads a routed request's body within the client body timeout and
+/// [`MAX_BODY_BYTES`], in a task of its own (see [`handle`]).
+pub(super) async fn read_body(ctx: &AppContext, body: Body) -> Result<Bytes, ApiError> {
     let limit = ctx.client_body_timeout;
     let read = AbortOnDrop(tokio::spawn(tokio::time::timeout(
         limit,
@@ -49,14 +57,13 @@ async fn handle(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Requ
     let unreadable = |e: &dyn std::fmt::Display| {
         ApiError::bad_body(format!("the request body could not be read: {e}"))
     };
-    let body = match read.await {
+    match read.await {
         Ok(Ok(Ok(body))) => Ok(body.to_bytes()),
         Ok(Ok(Err(e))) if e.is::<LengthLimitError>() => Err(ApiError::too_large(MAX_BODY_BYTES)),
         Ok(Ok(Err(e))) => Err(unreadable(&e)),
         Ok(Err(_)) => Err(ApiError::body_timeout(limit)),
         Err(e) => Err(unreadable(&e)),
-    };
-    respond(endpoint, ctx, parts.headers, body).await
+    }
 }
 
 /// A spawned task that is cancelled when its handle is dropped (the client went away).
@@ -184,30 +191,66 @@ fn model_of(route: Option<&Arc<ModelRoute>>) -> Arc<str> {
     route.map_or_else(unknown_model, |route| Arc::clone(&route.id))
 }
 
-/// The model (for metrics; empty until known) and the response.
-async fn route(
+/// A request prepared for selection: its model's route, the facts its endpoint
+/// reads, and its affinity keys.
+pub(super) struct Ready<'h> {
+    pub(super) route: Arc<ModelRoute>,
+    pub(super) prepared: Prepared,
+    /// The adapter `model` names (`base:adapter`), if any.
+    named_adapter: Option<Arc<str>>,
+    pub(super) session_key: Option<&'h str>,
+    pub(super) routing_key: Option<&'h str>,
+}
+
+impl Ready<'_> {
+    /// The LoRA adapter the request is for: the one `model` names wins over
+    /// `/generate`'s `lora_path`, as on SGLang.
+    pub(super) fn adapter(&self) -> Option<&str> {
+        self.named_adapter
+            .as_deref()
+            .or(self.prepared.adapter.as_deref())
+    }
+
+    /// The facts the bucket loop selects on, with prefix lookups shared through
+    /// `memo`.
+    pub(super) fn bucket_request<'a>(
+        &'a self,
+        memo: &'a PrefixMemo,
+    ) -> Result<BucketRequest<'a>, ApiError> {
+        let request = BucketRequest::new(&self.route.id, self.prepared.input_tokens)
+            .with_max_output_tokens(self.prepared.max_output_tokens)
+            .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()))?;
+        Ok(request
+            .with_adapter(self.adapter())
+            .with_token_ids(self.prepared.token_ids.as_deref())
+            .with_prefix_memo(Some(memo))
+            .with_session_key(self.session_key)
+            .with_routing_key(self.routing_key))
+    }
+}
+
+/// Reads `body` as `endpoint` does, resolves its model and tokenizes its prompt
+/// where routing needs it, and reads the affinity headers.
+///
+/// # Errors
+/// The client's mistake or a tokenization failure, with the model for metrics (empty
+/// until known).
+pub(super) async fn ready<'h>(
     endpoint: &'static Endpoint,
     ctx: &Arc<AppContext>,
-    headers: &HeaderMap,
-    body: Result<Bytes, ApiError>,
-    started: Instant,
-    request_id: HeaderValue,
-    unanswered: &mut Unanswered<'_>,
-) -> (Arc<str>, Result<Response, ApiError>) {
-    let body = match body {
-        Ok(body) => body,
-        Err(e) => return (unknown_model(), Err(e)),
-    };
+    headers: &'h HeaderMap,
+    body: &Bytes,
+) -> Result<Ready<'h>, (Arc<str>, ApiError)> {
     let mut route = None;
-    let mut adapter = None;
-    let prepared = prepare(endpoint, &body, |model| {
+    let mut named_adapter = None;
+    let prepared = prepare(endpoint, body, |model| {
         let found = route.insert(match model {
             Some(model) => {
                 let (found, named) = ctx
                     .routing
                     .resolve(model, || ctx.fleet.snapshot())
                     .ok_or_else(|| ApiError::model_not_found(model))?;
-                adapter = named;
+                named_adapter = named;
                 found
             }
             None => ctx.routing.only().ok_or_else(|| {
@@ -243,15 +286,13 @@ async fn route(
         Ok((prepared, None)) => prepared,
         Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
             Ok(tokens) => prepared.with_tokens(tokens),
-            Err(e) => return (model_of(route.as_ref()), Err(e)),
+            Err(e) => return Err((model_of(route.as_ref()), e)),
         },
-        Err(e) => return (model_of(route.as_ref()), Err(e)),
+        Err(e) => return Err((model_of(route.as_ref()), e)),
     };
     let route = route.expect("prepare resolved the model");
-    let model = Arc::clone(&route.id);
-    unanswered.model = Arc::clone(&model);
     let affinity = &ctx.affinity_headers;
-    let header = |name: &str| -> Result<Option<&str>, ApiError> {
+    let header = |name: &str| -> Result<Option<&'h str>, ApiError> {
         let value = headers
             .get(name)
             .and_then(|v| v.to_str().ok())
@@ -270,23 +311,42 @@ async fn route(
         }
     };
     let keys = header(&affinity.session).and_then(|s| Ok((s, header(&affinity.routing_key)?)));
-    let (session_key, routing_key) = match keys {
-        Ok(keys) => keys,
-        Err(e) => return (model, Err(e)),
+    match keys {
+        Ok((session_key, routing_key)) => Ok(Ready {
+            route,
+            prepared,
+            named_adapter,
+            session_key,
+            routing_key,
+        }),
+        Err(e) => Err((Arc::clone(&route.id), e)),
+    }
+}
+
+/// The model (for metrics; empty until known) and the response.
+async fn route(
+    endpoint: &'static Endpoint,
+    ctx: &Arc<AppContext>,
+    headers: &HeaderMap,
+    body: Result<Bytes, ApiError>,
+    started: Instant,
+    request_id: HeaderValue,
+    unanswered: &mut Unanswered<'_>,
+) -> (Arc<str>, Result<Response, ApiError>) {
+    let body = match body {
+        Ok(body) => body,
+        Err(e) => return (unknown_model(), Err(e)),
     };
-    let request = BucketRequest::new(&route.id, prepared.input_tokens)
-        .with_max_output_tokens(prepared.max_output_tokens)
-        .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()));
+    let ready = match ready(endpoint, ctx, headers, &body).await {
+        Ok(ready) => ready,
+        Err((model, e)) => return (model, Err(e)),
+    };
+    let route = &ready.route;
+    let model = Arc::clone(&route.id);
+    unanswered.model = Arc::clone(&model);
     let memo = PrefixMemo::new();
-    // The adapter `model` names wins over `/generate`'s `lora_path`, as on SGLang.
-    let adapter = adapter.as_deref().or(prepared.adapter.as_deref());
-    let request = match request {
-        Ok(r) => r
-            .with_adapter(adapter)
-            .with_token_ids(prepared.token_ids.as_deref())
-            .with_prefix_memo(Some(&memo))
-            .with_session_key(session_key)
-            .with_routing_key(routing_key),
+    let request = match ready.bucket_request(&memo) {
+        Ok(request) => request,
         Err(e) => return (model, Err(e)),
     };
     let selection = match route.resolver.select(&ctx.fleet.snapshot(), &request).await {
@@ -296,16 +356,16 @@ async fn route(
     let out = Outgoing {
         leg: Leg {
             path: endpoint.path,
-            stream: prepared.stream,
+            stream: ready.prepared.stream,
         },
         body,
-        batch: prepared.batch,
+        batch: ready.prepared.batch,
         pd_protocol: route.pd_protocol,
-        prompt_tokens: prepared.input_tokens,
+        prompt_tokens: ready.prepared.input_tokens,
         model: Arc::clone(&model),
         request_id,
         started,
     };
-    let answer = attempts::run(ctx, &route, &request, selection.pick, &out).await;
+    let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;
     (model, answer)
 }

@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 use http_body_util::{BodyExt, Limited};
 use router_policy::Pick;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{DECODE, Failed, Leg, Outgoing, PREFILL, Target, ranks, relay, send, with_fields};
+use super::{Failed, Leg, Outgoing, Target, ranks, relay, send, with_fields};
 use crate::app::AppContext;
 use crate::error::ApiError;
 
@@ -47,7 +47,7 @@ const DROPPED: [&str; 7] = [
 /// a leg to an engine of several ranks names its rank in vLLM's header.
 pub(super) async fn dispatch(
     ctx: &Arc<AppContext>,
-    bucket: HeaderValue,
+    headers: HeaderMap,
     prefill: Pick,
     decode: Pick,
     out: &Outgoing,
@@ -66,10 +66,6 @@ pub(super) async fn dispatch(
         ranks::guard(ctx, &prefill, prefill_rank),
         ranks::guard(ctx, &decode, decode_rank),
     ];
-    let mut headers = HeaderMap::new();
-    headers.insert(super::BUCKET, bucket);
-    headers.insert(PREFILL, super::id_header(&prefill));
-    headers.insert(DECODE, super::id_header(&decode));
     let whole = Leg {
         path: out.leg.path,
         stream: false,
