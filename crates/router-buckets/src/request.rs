@@ -28,8 +28,8 @@ pub struct BucketRequest<'a> {
     pub excluded: &'a [EngineId],
     /// The LoRA adapter the request is for; `None` for the base model.
     pub adapter: Option<&'a str>,
-    /// Where an explained selection records what it saw; a request with one is
-    /// selected without effects (see [`Explanation`]).
+    /// Where the selection records what it saw; a dry-run explanation's selection is
+    /// made without effects (see [`Explanation`]).
     pub explain: Option<&'a Explanation>,
 }
 
@@ -98,8 +98,8 @@ impl<'a> BucketRequest<'a> {
         self
     }
 
-    /// Makes the selection an explained one, recorded in `explanation` and without
-    /// effects.
+    /// Has the selection recorded in `explanation` (and, for a dry run, made without
+    /// effects).
     pub fn with_explanation(mut self, explanation: Option<&'a Explanation>) -> Self {
         self.explain = explanation;
         self

@@ -141,7 +141,7 @@ impl EngineAdmission for AdmissionLimits {
 }
 
 /// Runs `admission` on a chosen engine: `Ok(None)` admits, `Ok(Some(_))` is a
-/// rejection, and a check that cannot run is an invalid signal. An explained request
+/// rejection, and a check that cannot run is an invalid signal. A recorded request
 /// records the check.
 pub(crate) fn admit(
     admission: &dyn EngineAdmission,

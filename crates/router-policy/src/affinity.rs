@@ -174,8 +174,8 @@ impl Affinity {
             return self.checked(engine, request, PickReason::AffinityBound);
         }
         let chosen = self.fallback(engines, request).await?;
-        // An explained pick names the engine the key would be bound to, unbound.
-        if request.is_explained() {
+        // A dry run names the engine the key would be bound to, unbound.
+        if request.is_dry_run() {
             return Ok(Pick::new(chosen.engine, PickReason::AffinityAssigned));
         }
         let mut expected = bound;

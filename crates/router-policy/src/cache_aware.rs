@@ -307,7 +307,7 @@ impl CacheAwarePolicy {
             tier
         } else {
             self.rng
-                .draws(request.is_explained())
+                .draws(request.is_dry_run())
                 .distinct(tier.len(), self.config.min_load_choices)
                 .into_iter()
                 .map(|i| tier[i])

@@ -1,12 +1,11 @@
-//! Explained picks: what a selection saw and decided, recorded while it runs without
-//! effects.
+//! What a selection saw and decided, recorded while it runs.
 //!
-//! A request that carries an [`Explanation`] ([`PickRequest::explain`]) is picked as
-//! it would be, with nothing changed: no affinity binding is written, rotation
-//! cursors do not advance, and random draws come from a copy of the policy's
-//! generator, so the next real request in the same state gets the pick the
-//! explanation names. The group, the policies and admission add [`Observation`]s as
-//! they go.
+//! A request that carries an [`Explanation`] ([`PickRequest::explain`]) has the
+//! group, the policies and admission add [`Observation`]s as they go. A dry-run
+//! explanation's pick is made as it would be, with nothing changed: no affinity
+//! binding is written, rotation cursors do not advance, and random draws come from a
+//! copy of the policy's generator, so the next real request in the same state gets
+//! the pick the explanation names.
 //!
 //! [`PickRequest::explain`]: crate::PickRequest::explain
 
@@ -88,27 +87,48 @@ pub enum Observation {
     },
 }
 
-/// The observations of one explained request, in the order they were made.
+/// The observations of one request's selection, in the order they were made: for an
+/// explanation ([`dry_run`](Self::dry_run): the selection changes nothing) or for a
+/// decision record ([`recording`](Self::recording): the selection runs as usual).
 ///
 /// Its size is bounded by the request's buckets times their candidates: a few
 /// observations an engine and bucket.
-#[derive(Debug, Default)]
-pub struct Explanation(Mutex<Vec<Observation>>);
+#[derive(Debug)]
+pub struct Explanation {
+    observations: Mutex<Vec<Observation>>,
+    dry_run: bool,
+}
 
 impl Explanation {
-    /// An empty explanation.
-    pub fn new() -> Self {
-        Self::default()
+    /// For an explanation: the selection is made without effects.
+    pub fn dry_run() -> Self {
+        Self {
+            observations: Mutex::default(),
+            dry_run: true,
+        }
+    }
+
+    /// For a decision record: the selection is made as usual, and recorded.
+    pub fn recording() -> Self {
+        Self {
+            observations: Mutex::default(),
+            dry_run: false,
+        }
+    }
+
+    /// Whether the selection must change nothing.
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
     }
 
     /// Adds an observation.
     pub fn record(&self, observation: Observation) {
-        self.0.lock().push(observation);
+        self.observations.lock().push(observation);
     }
 
     /// The observations so far, in order.
     pub fn observations(&self) -> Vec<Observation> {
-        self.0.lock().clone()
+        self.observations.lock().clone()
     }
 }
 

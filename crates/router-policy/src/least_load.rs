@@ -68,8 +68,8 @@ impl LeastLoadPolicy {
         } else {
             reason
         };
-        // An explained pick reads the rotor without turning it.
-        let start = if request.is_explained() {
+        // A dry run reads the rotor without turning it.
+        let start = if request.is_dry_run() {
             self.rotor.load(Ordering::Relaxed)
         } else {
             self.rotor.fetch_add(1, Ordering::Relaxed)

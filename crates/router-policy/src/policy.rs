@@ -73,7 +73,7 @@ pub struct PickRequest<'a> {
     /// offers only engines that serve it, and its prompt is looked up in the
     /// adapter's cache namespace.
     pub adapter: Option<&'a str>,
-    /// Where an explained pick records what it saw; a request with one is picked
+    /// Where the pick records what it saw; a dry-run explanation's pick is made
     /// without effects (see [`Explanation`]).
     pub explain: Option<&'a Explanation>,
 }
@@ -139,19 +139,19 @@ impl<'a> PickRequest<'a> {
         self
     }
 
-    /// Makes the pick an explained one, recorded in `explanation` and without
-    /// effects.
+    /// Has the pick recorded in `explanation` (and, for a dry run, made without
+    /// effects).
     pub fn with_explanation(mut self, explanation: Option<&'a Explanation>) -> Self {
         self.explain = explanation;
         self
     }
 
-    /// Whether the pick is explained, and so must change nothing.
-    pub fn is_explained(&self) -> bool {
-        self.explain.is_some()
+    /// Whether the pick is a dry run, and so must change nothing.
+    pub fn is_dry_run(&self) -> bool {
+        self.explain.is_some_and(Explanation::is_dry_run)
     }
 
-    /// Records `observation` when the pick is explained; builds it only then.
+    /// Records `observation` when the pick is recorded; builds it only then.
     pub fn observe(&self, observation: impl FnOnce() -> Observation) {
         if let Some(explanation) = self.explain {
             explanation.record(observation());

@@ -69,7 +69,7 @@ impl PowerOfTwoPolicy {
         } else {
             let (i, j) = self
                 .rng
-                .draws(request.is_explained())
+                .draws(request.is_dry_run())
                 .two_distinct(engines.len());
             let (a, b) = (&engines[i], &engines[j]);
             let (oa, ob) = (snapshot.observe(a.id()), snapshot.observe(b.id()));

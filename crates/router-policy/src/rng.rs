@@ -22,11 +22,11 @@ impl SharedRng {
         Self::from_seed(RandomState::new().build_hasher().finish())
     }
 
-    /// The draws of one pick: from the generator itself, or, for an explained pick,
+    /// The draws of one pick: from the generator itself, or, for a dry run,
     /// from a copy of it, so that the explanation draws what the next real pick will
     /// and leaves the generator as it was.
-    pub(crate) fn draws(&self, explained: bool) -> Draws<'_> {
-        if explained {
+    pub(crate) fn draws(&self, dry_run: bool) -> Draws<'_> {
+        if dry_run {
             Draws::Copy(self.0.lock().clone())
         } else {
             Draws::Shared(self)
@@ -39,7 +39,7 @@ impl SharedRng {
 pub(crate) enum Draws<'a> {
     /// The shared generator, locked for each draw.
     Shared(&'a SharedRng),
-    /// A copy of it, for an explained pick.
+    /// A copy of it, for a dry run.
     Copy(Xoshiro256PlusPlus),
 }
 

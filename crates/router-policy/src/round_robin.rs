@@ -46,8 +46,8 @@ impl RoundRobinPolicy {
                 stage: request.stage,
             });
         }
-        // An explained pick reads the cursor without moving it.
-        let start = if request.is_explained() {
+        // A dry run reads the cursor without moving it.
+        let start = if request.is_dry_run() {
             self.cursor.load(Ordering::Relaxed)
         } else {
             self.cursor.fetch_add(1, Ordering::Relaxed)

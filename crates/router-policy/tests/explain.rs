@@ -68,7 +68,7 @@ fn every_policys_explained_pick_is_the_next_real_pick_and_changes_nothing() {
                 .with_token_ids(Some(&tokens))
                 .with_session_key(Some(&key))
                 .with_routing_key(Some(&key));
-            let explanation = Explanation::new();
+            let explanation = Explanation::dry_run();
             let explained = request.with_explanation(Some(&explanation));
             let first = pick(policy.as_ref(), &engines, &explained);
             let second = pick(policy.as_ref(), &engines, &explained);
@@ -99,7 +99,7 @@ fn an_explained_session_pick_binds_nothing() {
     let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
     let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
     let request = PickRequest::new("m", Role::Plain, "b", 100).with_session_key(Some("s"));
-    let explanation = Explanation::new();
+    let explanation = Explanation::dry_run();
     let explained = pick(
         policy.as_ref(),
         &engines,
@@ -139,7 +139,7 @@ fn rejections_are_recorded_with_the_cap_and_the_figures_read() {
     );
     report_native(&load, &engines[0], 0, 5);
     report_native(&load, &engines[1], 0, 1);
-    let explanation = Explanation::new();
+    let explanation = Explanation::dry_run();
     let request = PickRequest::new("m", Role::Plain, "b", 100).with_explanation(Some(&explanation));
     let (engine, reason, _) = pick(policy.as_ref(), &engines, &request);
     assert_eq!((engine.as_str(), reason), ("e1", PickReason::NextAdmitted));
@@ -174,4 +174,33 @@ fn rejections_are_recorded_with_the_cap_and_the_figures_read() {
             ("e1".into(), Some(1), None, Some(4)),
         ]
     );
+}
+
+#[test]
+fn a_recorded_pick_is_made_as_usual_and_recorded() {
+    let engines = engines(4);
+    let load = table(&engines);
+    let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
+    let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
+    let recording = Explanation::recording();
+    let request = PickRequest::new("m", Role::Plain, "b", 100)
+        .with_session_key(Some("s"))
+        .with_explanation(Some(&recording));
+    assert!(!request.is_dry_run());
+    let (engine, reason, _) = pick(policy.as_ref(), &engines, &request);
+    assert_eq!(reason, PickReason::AffinityAssigned);
+    let scope = AffinityScope {
+        model: "m",
+        bucket: "b",
+        stage: Role::Plain,
+    };
+    assert_eq!(
+        store.get(scope, "s").unwrap().map(|e| e.to_string()),
+        Some(engine.clone()),
+        "a recorded pick binds"
+    );
+    assert!(recording.observations().iter().any(|o| matches!(
+        o,
+        Observation::Admission { engine: e, rejected: None, .. } if e.as_str() == engine
+    )));
 }

@@ -42,7 +42,7 @@ async fn explain(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Req
         Err((_, e)) => return e.into_response(),
     };
     let memo = PrefixMemo::new();
-    let explanation = Explanation::new();
+    let explanation = Explanation::dry_run();
     let request = match ready.bucket_request(&memo) {
         Ok(request) => request.with_explanation(Some(&explanation)),
         Err(e) => return e.into_response(),
