@@ -19,6 +19,7 @@ use router_upstream::Upstream;
 use crate::config::{
     AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, RestartOnly, ValidatedConfig, roster,
 };
+use crate::decisions::DecisionLog;
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
@@ -36,6 +37,14 @@ pub enum StartError {
     Listen {
         /// The address.
         addr: std::net::SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The decision records' file could not be opened.
+    #[error("opening the decision records' file {path}: {source}")]
+    Decisions {
+        /// The file.
+        path: std::path::PathBuf,
         /// The cause.
         source: std::io::Error,
     },
@@ -60,6 +69,8 @@ pub struct AppContext {
     pub(crate) tokenizing: TokenizePool,
     /// The router-wide retry budget.
     pub(crate) retries: RetryBudget,
+    /// Where sampled decisions are recorded, when configured.
+    pub(crate) decisions: Option<Arc<DecisionLog>>,
     /// What the configuration file brought; a reload holds it while it runs.
     pub(crate) configured: tokio::sync::Mutex<Configured>,
     rng: Mutex<Xoshiro256PlusPlus>,
@@ -139,6 +150,17 @@ impl AppContext {
         }
         observe_fleet(&fleet, &routing, affinity.clone());
         let metrics = Metrics::new(&fleet, affinity.clone(), &routing);
+        let decisions = match &config.decisions {
+            Some(decisions) => Some(Arc::new(
+                DecisionLog::open(decisions, metrics.decision_records.clone()).map_err(
+                    |source| StartError::Decisions {
+                        path: decisions.path.clone(),
+                        source,
+                    },
+                )?,
+            )),
+            None => None,
+        };
         Ok(Arc::new(Self {
             fleet,
             routing,
@@ -154,6 +176,7 @@ impl AppContext {
             client_body_timeout: config.client.body,
             tokenizing: TokenizePool::new(config.tokenize_concurrency),
             retries: RetryBudget::new(&config.retries),
+            decisions,
             configured: tokio::sync::Mutex::new(configured),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))

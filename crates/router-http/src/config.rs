@@ -54,6 +54,10 @@ pub struct RouterConfig {
     /// groups ask it instead of keeping an index of their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_indexer: Option<PrefixIndexerConfig>,
+    /// Decision records: a JSON-lines file of sampled routing decisions; off when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decisions: Option<DecisionsConfig>,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -72,6 +76,7 @@ impl RouterConfig {
             admin: AdminConfig::default(),
             affinity: AffinitySettings::default(),
             prefix_indexer: None,
+            decisions: None,
             discovery: DiscoveryConfig::default(),
             limits: LimitsConfig::default(),
             retries: RetryConfig::default(),
@@ -551,6 +556,9 @@ impl RouterConfig {
         let mut errors = Vec::new();
         self.affinity.validate(&mut errors);
         self.retries.validate(&mut errors);
+        if let Some(decisions) = &self.decisions {
+            decisions.validate(&mut errors);
+        }
         let models: Vec<&str> = self.models.iter().map(|m| m.id.as_str()).collect();
         self.discovery.validate(&models, &mut errors);
         if let Some(indexer) = &self.prefix_indexer {
@@ -745,6 +753,7 @@ impl RouterConfig {
 
 mod admin;
 mod affinity;
+mod decisions;
 mod discovery;
 mod retries;
 mod validated;
@@ -754,6 +763,7 @@ pub use admin::AdminConfig;
 pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
 pub use discovery::{DiscoveryConfig, KubernetesConfig, KubernetesModel};
 
+pub use decisions::DecisionsConfig;
 pub use retries::RetryConfig;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{

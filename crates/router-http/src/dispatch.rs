@@ -10,6 +10,7 @@ use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
+use parking_lot::Mutex;
 use router_buckets::{BucketPick, EnginePicks};
 use router_state::{Engine, EngineId};
 use router_upstream::{H1Body, UpstreamError};
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::app::AppContext;
 use crate::config::PdProtocol;
+use crate::decisions::PendingRecord;
 use crate::error::ApiError;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
@@ -58,6 +60,9 @@ pub(crate) struct Outgoing {
     pub(crate) model: Arc<str>,
     pub(crate) request_id: HeaderValue,
     pub(crate) started: Instant,
+    /// The request's decision record, when it is sampled: taken by the body that
+    /// relays its answer, else completed with the error it is answered with.
+    pub(crate) record: Mutex<Option<PendingRecord>>,
 }
 
 /// A dispatch that ended before any byte reached the client.
@@ -381,6 +386,7 @@ fn relay(
 ) -> Response {
     let (parts, body) = response.into_parts();
     let status = parts.status;
+    let record = out.record.lock().take();
     let body = RelayBody::new(
         body,
         companion,
@@ -388,7 +394,8 @@ fn relay(
         Arc::clone(&out.model),
         out.started,
         guards,
-    );
+    )
+    .with_record(record, status.as_u16());
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     for name in [

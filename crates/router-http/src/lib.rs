@@ -31,8 +31,10 @@ mod app;
 mod attempts;
 mod config;
 mod connections;
+mod decisions;
 mod dispatch;
 mod error;
+mod explanation;
 mod indexer;
 mod metrics;
 mod prepare;
@@ -46,10 +48,10 @@ mod tokenize;
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use config::{
-    AdminConfig, AffinityBackendKind, AffinitySettings, DiscoveryConfig, EngineConfig, EngineRole,
-    HealthConfig, KubernetesConfig, KubernetesModel, LimitsConfig, LoadConfig, ModelConfig,
-    PdProtocol, PrefixIndexerConfig, RedisConfig, RetryConfig, RolePolicies, RouterConfig,
-    TimeoutConfig, ValidatedConfig,
+    AdminConfig, AffinityBackendKind, AffinitySettings, DecisionsConfig, DiscoveryConfig,
+    EngineConfig, EngineRole, HealthConfig, KubernetesConfig, KubernetesModel, LimitsConfig,
+    LoadConfig, ModelConfig, PdProtocol, PrefixIndexerConfig, RedisConfig, RetryConfig,
+    RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
 };
 pub use error::ApiError;
 pub use indexer::{RunningIndexer, start_indexer};

@@ -94,6 +94,9 @@ pub(crate) struct Metrics {
     /// Configuration reloads by outcome (`applied`, `invalid`, `failed`), each
     /// present from startup.
     pub(crate) config_reloads: Family<OutcomeLabels, Counter>,
+    /// Decision records by outcome (`written`, `dropped`, `failed`), present when
+    /// records are configured.
+    pub(crate) decision_records: Family<OutcomeLabels, Counter>,
 }
 
 impl Metrics {
@@ -164,6 +167,12 @@ impl Metrics {
             "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed)",
             config_reloads.clone(),
         );
+        let decision_records = Family::default();
+        registry.register(
+            "decision_records",
+            "Decision records: written, dropped (the writer's queue was full) or failed (the file could not be written)",
+            decision_records.clone(),
+        );
         router_fleet::register_metrics(fleet, &mut registry);
         if let Some(store) = affinity {
             registry.register_collector(Box::new(affinity::AffinityCollector(store)));
@@ -182,6 +191,7 @@ impl Metrics {
             retries,
             retries_refused,
             config_reloads,
+            decision_records,
         }
     }
 

@@ -14,6 +14,7 @@ use router_state::InflightGuard;
 use tokio::time::{Instant, Sleep, sleep};
 
 use crate::app::AppContext;
+use crate::decisions::PendingRecord;
 use crate::metrics::{ModelLabels, RequestLabels};
 use router_upstream::{H1Body, H1Error};
 
@@ -57,6 +58,8 @@ pub(crate) struct RelayBody {
     unflushed: bool,
     /// An error held back until the data before it is flushed.
     held: Option<RelayError>,
+    /// The request's decision record, with the answer's status.
+    record: Option<(PendingRecord, u16)>,
     _guards: Vec<InflightGuard>,
 }
 
@@ -91,6 +94,7 @@ impl RelayBody {
             ending: Ending::Pending,
             unflushed: true,
             held: None,
+            record: None,
             _guards: guards,
         };
         if body.is_end_stream() {
@@ -98,6 +102,18 @@ impl RelayBody {
             body.finish(Ending::Done, "ok");
         }
         body
+    }
+
+    /// Has the body complete `record`, the decision record of an answer of
+    /// `status`, when it ends.
+    pub(crate) fn with_record(mut self, record: Option<PendingRecord>, status: u16) -> Self {
+        self.record = record.map(|record| (record, status));
+        if self.ending != Ending::Pending
+            && let Some((record, status)) = self.record.take()
+        {
+            record.finish(status, "ok", "ok");
+        }
+        self
     }
 
     fn finish(&mut self, ending: Ending, code: &'static str) {
@@ -110,6 +126,9 @@ impl RelayBody {
             Ending::Failed => "server_error",
             Ending::Pending => "cancelled",
         };
+        if let Some((record, status)) = self.record.take() {
+            record.finish(status, outcome, code);
+        }
         let labels = RequestLabels {
             model: Arc::clone(&self.model),
             outcome,
@@ -164,6 +183,9 @@ impl RelayBody {
                         .time_to_first_token
                         .get_or_create(&labels)
                         .observe(this.started.elapsed().as_secs_f64());
+                }
+                if let (Some((record, _)), Some(data)) = (this.record.as_mut(), frame.data_ref()) {
+                    record.relayed(data);
                 }
                 if this.is_end_stream() {
                     // A server writing a known length stops polling here.

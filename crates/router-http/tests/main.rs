@@ -7,6 +7,7 @@ mod admin;
 mod affinity;
 mod cache_aware;
 mod clients;
+mod decisions;
 mod endpoints;
 mod explain;
 mod failures;

@@ -13,8 +13,9 @@ use axum::routing::{MethodRouter, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use parking_lot::Mutex;
 use router_buckets::BucketRequest;
-use router_policy::PrefixMemo;
+use router_policy::{Explanation, PrefixMemo};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
@@ -22,8 +23,10 @@ use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
 use crate::attempts;
 use crate::config::PdProtocol;
+use crate::decisions::PendingRecord;
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
+use crate::explanation;
 use crate::metrics::RequestLabels;
 use crate::prepare::{Endpoint, Prepared, prepare};
 use crate::routing::ModelRoute;
@@ -120,14 +123,9 @@ async fn respond(
     match result {
         Ok(response) => response,
         Err(error) => {
-            let outcome = if error.status().is_client_error() {
-                "client_error"
-            } else {
-                "server_error"
-            };
             let labels = RequestLabels {
                 model,
-                outcome,
+                outcome: outcome_of(&error),
                 code: error.code(),
             };
             ctx.metrics.requests.get_or_create(&labels).inc();
@@ -136,6 +134,15 @@ async fn respond(
             response.headers_mut().insert(REQUEST_ID, request_id);
             response
         }
+    }
+}
+
+/// The request counter's outcome of a request answered with `error`.
+fn outcome_of(error: &ApiError) -> &'static str {
+    if error.status().is_client_error() {
+        "client_error"
+    } else {
+        "server_error"
     }
 }
 
@@ -345,13 +352,40 @@ async fn route(
     let model = Arc::clone(&route.id);
     unanswered.model = Arc::clone(&model);
     let memo = PrefixMemo::new();
+    // A sampled request's selection is recorded as it is made.
+    let recording = ctx
+        .decisions
+        .as_ref()
+        .filter(|log| log.sample())
+        .map(|log| (log, Explanation::recording()));
     let request = match ready.bucket_request(&memo) {
-        Ok(request) => request,
+        Ok(request) => request.with_explanation(recording.as_ref().map(|(_, e)| e)),
         Err(e) => return (model, Err(e)),
     };
-    let selection = match route.resolver.select(&ctx.fleet.snapshot(), &request).await {
+    let selected = route.resolver.select(&ctx.fleet.snapshot(), &request).await;
+    let record = recording.as_ref().map(|(log, explanation)| {
+        let report = explanation::Report {
+            endpoint: endpoint.path,
+            model: &route.id,
+            resolver: &route.resolver,
+            prepared: &ready.prepared,
+            request: &request,
+            selected: &selected,
+            seen: &explanation.observations(),
+            load: &ctx.fleet.load().snapshot(),
+        };
+        let id = request_id.to_str().unwrap_or_default();
+        PendingRecord::new(Arc::clone(log), report.to_json(), id, started)
+    });
+    let selection = match selected {
         Ok(selection) => selection,
-        Err(e) => return (model, Err(ApiError::from(e))),
+        Err(e) => {
+            let error = ApiError::from(e);
+            if let Some(record) = record {
+                record.finish(error.status().as_u16(), outcome_of(&error), error.code());
+            }
+            return (model, Err(error));
+        }
     };
     let out = Outgoing {
         leg: Leg {
@@ -365,7 +399,15 @@ async fn route(
         model: Arc::clone(&model),
         request_id,
         started,
+        record: Mutex::new(record),
     };
     let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;
+    // No relayed body took the record: the request was answered with an error.
+    if let Some(record) = out.record.into_inner() {
+        match &answer {
+            Ok(response) => record.finish(response.status().as_u16(), "ok", "ok"),
+            Err(e) => record.finish(e.status().as_u16(), outcome_of(e), e.code()),
+        }
+    }
     (model, answer)
 }

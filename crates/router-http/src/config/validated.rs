@@ -22,9 +22,9 @@ use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
 use router_upstream::{Upstream, UpstreamTimeouts};
 
 use super::{
-    AdminAccess, AdminConfig, AffinitySettings, DiscoveryConfig, EngineConfig, HealthConfig,
-    LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RouterConfig,
-    TimeoutConfig,
+    AdminAccess, AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineConfig,
+    HealthConfig, LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig,
+    RouterConfig, TimeoutConfig,
 };
 use crate::indexer::RemoteCacheSource;
 use crate::tokenize::ChatTokenizer;
@@ -41,6 +41,8 @@ pub struct ValidatedConfig {
     /// Prompts tokenized at once.
     pub(crate) tokenize_concurrency: usize,
     pub(crate) retries: super::RetryConfig,
+    /// Where decision records go, if anywhere.
+    pub(crate) decisions: Option<DecisionsConfig>,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
     /// How often a vLLM engine's `/metrics` is read; `None`: never.
@@ -116,6 +118,7 @@ pub(crate) struct RestartOnly {
     limits: LimitsConfig,
     retries: RetryConfig,
     prefix_indexer: Option<PrefixIndexerConfig>,
+    decisions: Option<DecisionsConfig>,
     discovery: DiscoveryConfig,
     shutdown_grace_ms: u64,
 }
@@ -133,6 +136,7 @@ impl RestartOnly {
             limits: config.limits,
             retries: config.retries,
             prefix_indexer: config.prefix_indexer.clone(),
+            decisions: config.decisions.clone(),
             discovery: config.discovery.clone(),
             shutdown_grace_ms: config.shutdown_grace_ms,
         }
@@ -153,6 +157,7 @@ impl RestartOnly {
             ("limits", self.limits != next.limits),
             ("retries", self.retries != next.retries),
             ("prefix_indexer", self.prefix_indexer != next.prefix_indexer),
+            ("decisions", self.decisions != next.decisions),
             ("discovery", self.discovery != next.discovery),
             (
                 "shutdown_grace_ms",
@@ -300,6 +305,7 @@ impl RouterConfig {
             },
             idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
             retries: self.retries,
+            decisions: self.decisions.clone(),
             tokenize_concurrency: self.limits.tokenize_concurrency.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
             }),

@@ -1,0 +1,272 @@
+//! Decision records (the `decisions` section): for a sample of routed requests, one
+//! JSON line with the explanation of the selection and what came back. Lines go
+//! through a bounded queue to a writer thread; a full queue drops the record
+//! (counted), so recording never makes a request wait.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::config::DecisionsConfig;
+use crate::metrics::OutcomeLabels;
+
+/// How often a dropped or failed record is logged, at most.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The sampler and the queue to the writer thread.
+#[derive(Debug)]
+pub(crate) struct DecisionLog {
+    sample_ratio: f64,
+    seen: AtomicU64,
+    queue: SyncSender<String>,
+    counts: Counts,
+}
+
+/// `switchyard_decision_records_total` by outcome, and when a problem was last
+/// logged.
+#[derive(Debug, Clone)]
+struct Counts {
+    family: Family<OutcomeLabels, Counter>,
+    logged: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Counts {
+    fn count(&self, outcome: &'static str) {
+        self.family.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// Counts a record lost for `why`, logging at most every [`LOG_INTERVAL`].
+    fn lost(&self, outcome: &'static str, why: &dyn std::fmt::Display) {
+        self.count(outcome);
+        let now = Instant::now();
+        let mut logged = self.logged.lock();
+        if logged.is_none_or(|at| now.saturating_duration_since(at) >= LOG_INTERVAL) {
+            *logged = Some(now);
+            tracing::warn!(outcome, "a decision record was lost: {why}");
+        }
+    }
+}
+
+impl DecisionLog {
+    /// Opens (or creates) the file and starts the writer thread, which ends when the
+    /// log is dropped.
+    ///
+    /// # Errors
+    /// The file cannot be opened for appending.
+    pub(crate) fn open(
+        config: &DecisionsConfig,
+        family: Family<OutcomeLabels, Counter>,
+    ) -> std::io::Result<Self> {
+        for outcome in ["written", "dropped", "failed"] {
+            drop(family.get_or_create(&OutcomeLabels { outcome }));
+        }
+        let file = append(&config.path)?;
+        let size = file.metadata()?.len();
+        let (queue, lines) = sync_channel(config.queue);
+        let counts = Counts {
+            family,
+            logged: Arc::default(),
+        };
+        let writer = Writer {
+            path: config.path.clone(),
+            max_bytes: config.max_file_bytes,
+            out: BufWriter::new(file),
+            size,
+            counts: counts.clone(),
+        };
+        std::thread::Builder::new()
+            .name("decision-records".into())
+            .spawn(move || writer.run(&lines))?;
+        Ok(Self {
+            sample_ratio: config.sample_ratio,
+            seen: AtomicU64::new(0),
+            queue,
+            counts,
+        })
+    }
+
+    /// Whether this request is recorded: exactly every `1 / sample_ratio`-th one.
+    pub(crate) fn sample(&self) -> bool {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) as f64;
+        ((n + 1.0) * self.sample_ratio).floor() > (n * self.sample_ratio).floor()
+    }
+
+    fn send(&self, line: String) {
+        match self.queue.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.counts.lost("dropped", &"the queue is full"),
+            Err(TrySendError::Disconnected(_)) => {
+                self.counts.lost("failed", &"the writer thread ended");
+            }
+        }
+    }
+}
+
+fn append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// The writer thread's file, rotated to `<path>.1` past its bound.
+struct Writer {
+    path: PathBuf,
+    max_bytes: u64,
+    out: BufWriter<File>,
+    size: u64,
+    counts: Counts,
+}
+
+impl Writer {
+    fn run(mut self, lines: &Receiver<String>) {
+        while let Ok(line) = lines.recv() {
+            self.write(&line);
+            while let Ok(line) = lines.try_recv() {
+                self.write(&line);
+            }
+            if let Err(e) = self.out.flush() {
+                self.counts.lost("failed", &e);
+            }
+        }
+    }
+
+    fn write(&mut self, line: &str) {
+        let bytes = line.len() as u64 + 1;
+        if self.size > 0
+            && self.size + bytes > self.max_bytes
+            && let Err(e) = self.rotate()
+        {
+            self.counts
+                .lost("failed", &format_args!("rotating the file: {e}"));
+            return;
+        }
+        match writeln!(self.out, "{line}") {
+            Ok(()) => {
+                self.size += bytes;
+                self.counts.count("written");
+            }
+            Err(e) => self.counts.lost("failed", &e),
+        }
+    }
+
+    /// Renames the file to `<path>.1` (replacing an older one) and starts a new one.
+    fn rotate(&mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&self.path, old)?;
+        self.out = BufWriter::new(append(&self.path)?);
+        self.size = 0;
+        Ok(())
+    }
+}
+
+/// A sampled request's record, completed by whatever ends the request: its relayed
+/// body, or the error it was answered with.
+#[derive(Debug)]
+pub(crate) struct PendingRecord {
+    log: Arc<DecisionLog>,
+    /// The explanation of the selection, an object the result is added to.
+    decision: Value,
+    started: Instant,
+    first_byte: Option<Duration>,
+    cached: CachedTokens,
+}
+
+impl PendingRecord {
+    /// A record of the request `request_id`, which arrived at `started`, decided as
+    /// `decision` explains.
+    pub(crate) fn new(
+        log: Arc<DecisionLog>,
+        mut decision: Value,
+        request_id: &str,
+        started: Instant,
+    ) -> Self {
+        let unix_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        decision["time_unix_ms"] = json!(unix_ms);
+        decision["request_id"] = json!(request_id);
+        Self {
+            log,
+            decision,
+            started,
+            first_byte: None,
+            cached: CachedTokens::default(),
+        }
+    }
+
+    /// A body frame relayed to the client.
+    pub(crate) fn relayed(&mut self, data: &[u8]) {
+        self.first_byte
+            .get_or_insert_with(|| self.started.elapsed());
+        self.cached.scan(data);
+    }
+
+    /// Completes the record with how the request ended and queues it.
+    pub(crate) fn finish(mut self, status: u16, outcome: &str, code: &str) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        self.decision["result"] = json!({
+            "status": status,
+            "outcome": outcome,
+            "code": code,
+            "first_byte_ms": self.first_byte.map(ms),
+            "duration_ms": ms(self.started.elapsed()),
+            "cached_tokens": self.cached.last,
+        });
+        self.log.send(self.decision.to_string());
+    }
+}
+
+/// The last `"cached_tokens": N` in a body seen a frame at a time (OpenAI's
+/// `usage.prompt_tokens_details`, SGLang's `meta_info`), also when a frame boundary
+/// splits it.
+#[derive(Debug, Default)]
+struct CachedTokens {
+    last: Option<u64>,
+    /// The end of the previous frame.
+    tail: Vec<u8>,
+}
+
+const KEY: &[u8] = b"\"cached_tokens\":";
+/// What a value may take after its key: spaces and 20 digits.
+const VALUE_BYTES: usize = 24;
+
+impl CachedTokens {
+    fn scan(&mut self, data: &[u8]) {
+        let keep = KEY.len() + VALUE_BYTES;
+        if !self.tail.is_empty() {
+            let mut seam = std::mem::take(&mut self.tail);
+            seam.extend_from_slice(&data[..data.len().min(keep)]);
+            self.find(&seam);
+        }
+        self.find(data);
+        self.tail = data[data.len().saturating_sub(keep)..].to_vec();
+    }
+
+    fn find(&mut self, data: &[u8]) {
+        let mut at = 0;
+        while let Some(found) = data[at..].windows(KEY.len()).position(|w| w == KEY) {
+            at += found + KEY.len();
+            let value = data[at..].trim_ascii_start();
+            let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+            if let Some(n) = std::str::from_utf8(&value[..digits])
+                .ok()
+                .and_then(|d| d.parse().ok())
+            {
+                self.last = Some(n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

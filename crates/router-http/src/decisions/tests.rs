@@ -1,0 +1,136 @@
+use std::time::Duration;
+
+use super::*;
+
+fn config(dir: &Path, sample_ratio: f64) -> DecisionsConfig {
+    DecisionsConfig::new(dir.join("decisions.jsonl"), sample_ratio)
+}
+
+fn scanned(frames: &[&[u8]]) -> Option<u64> {
+    let mut cached = CachedTokens::default();
+    for frame in frames {
+        cached.scan(frame);
+    }
+    cached.last
+}
+
+#[test]
+fn cached_tokens_are_found_wherever_a_frame_boundary_falls() {
+    let body: &[u8] = br#"{"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens": 1234567},"total_tokens":9}}"#;
+    assert_eq!(scanned(&[body]), Some(1_234_567));
+    for cut in 0..=body.len() {
+        let (a, b) = body.split_at(cut);
+        assert_eq!(scanned(&[a, b]), Some(1_234_567), "cut at {cut}");
+    }
+    let stream: &[&[u8]] = &[
+        b"data: {\"choices\":[]}\n\n",
+        b"data: {\"meta_info\":{\"cached_tokens\":16}}\n\n",
+        b"data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n",
+        b"data: [DONE]\n\n",
+    ];
+    assert_eq!(scanned(stream), Some(48), "the last value counts");
+    assert_eq!(scanned(&[b"{\"cached_tokens\":null}"]), None);
+    assert_eq!(
+        scanned(&[b"{\"cached_tokens\":99999999999999999999999}"]),
+        None
+    );
+    assert_eq!(scanned(&[b"{\"usage\":{}}"]), None);
+}
+
+#[test]
+fn exactly_every_nth_request_is_sampled() {
+    let dir = tempdir();
+    for (ratio, every) in [(1.0, 1), (0.5, 2), (0.01, 100), (0.25, 4)] {
+        let log = DecisionLog::open(&config(&dir, ratio), Family::default()).unwrap();
+        let sampled: Vec<u64> = (1..=400).filter(|_| log.sample()).collect();
+        let expected: Vec<u64> = (1..=400).filter(|n| n % every == 0).collect();
+        assert_eq!(sampled, expected, "ratio {ratio}");
+    }
+}
+
+fn tempdir() -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-decisions-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn written(family: &Family<OutcomeLabels, Counter>, outcome: &'static str) -> u64 {
+    family.get_or_create(&OutcomeLabels { outcome }).get()
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
+    let dir = tempdir();
+    let mut config = config(&dir, 1.0);
+    config.max_file_bytes = 64 << 10;
+    let family = Family::default();
+    let log = Arc::new(DecisionLog::open(&config, family.clone()).unwrap());
+    let pad = "x".repeat(1000);
+    for i in 0..200 {
+        let mut record = PendingRecord::new(
+            Arc::clone(&log),
+            json!({"n": i, "pad": pad}),
+            "id",
+            Instant::now(),
+        );
+        tokio::time::advance(Duration::from_millis(3)).await;
+        record.relayed(b"{\"cached_tokens\":7}");
+        record.finish(200, "ok", "ok");
+    }
+    // The writer ends once the log is dropped and it has written everything queued.
+    let written_all = async {
+        while written(&family, "written") < 200 {
+            tokio::task::yield_now().await;
+            std::thread::yield_now();
+        }
+    };
+    drop(log);
+    tokio::time::timeout(Duration::from_secs(3600), written_all)
+        .await
+        .expect("every record is written");
+    assert_eq!(written(&family, "dropped"), 0);
+    let current = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap();
+    let older = std::fs::read_to_string(dir.join("decisions.jsonl.1")).unwrap();
+    assert!(current.len() as u64 <= config.max_file_bytes);
+    assert!(older.len() as u64 <= config.max_file_bytes);
+    let last: Value = serde_json::from_str(current.lines().last().unwrap()).unwrap();
+    assert_eq!(last["n"], 199);
+    assert_eq!(last["request_id"], "id");
+    assert_eq!(last["result"]["status"], 200);
+    assert_eq!(last["result"]["cached_tokens"], 7);
+    assert_eq!(last["result"]["first_byte_ms"], 3.0);
+    let first_kept: Value = serde_json::from_str(older.lines().next().unwrap()).unwrap();
+    let kept = older.lines().count() + current.lines().count();
+    assert_eq!(
+        first_kept["n"].as_u64().unwrap() as usize + kept,
+        200,
+        "the two files hold the latest records, in order"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_full_queue_drops_records_and_counts_them() {
+    let dir = tempdir();
+    let mut config = config(&dir, 1.0);
+    config.queue = 1;
+    let family = Family::default();
+    let log = DecisionLog::open(&config, family.clone()).unwrap();
+    // The writer may take one line off the queue while these are sent: at least 98
+    // of 100 find it full.
+    for _ in 0..100 {
+        log.send("{}".into());
+    }
+    assert!(
+        written(&family, "dropped") >= 98,
+        "{}",
+        written(&family, "dropped")
+    );
+    drop(log);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,286 @@
+//! The JSON of a selection's explanation: the request's facts, every bucket in the
+//! order the bucket loop considers it (skipped and why, passed over, picked), each
+//! tried stage's candidates with their load, matched prefix tokens and admission
+//! verdicts, and the pick or why there is none. `/explain/...` answers it; decision
+//! records carry it.
+
+use router_buckets::{
+    Bucket, BucketGroups, BucketRequest, BucketResolver, EnginePicks, SelectError, Selection,
+};
+use router_policy::{Observation, Pick};
+use router_state::{EngineId, EngineMetrics, LoadSnapshot, Role};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::prepare::Prepared;
+
+/// What a selection was given and what it saw.
+pub(crate) struct Report<'a> {
+    /// The routed endpoint's path.
+    pub(crate) endpoint: &'static str,
+    /// The model's id.
+    pub(crate) model: &'a str,
+    /// The model's buckets.
+    pub(crate) resolver: &'a BucketResolver,
+    /// The request as its endpoint read it.
+    pub(crate) prepared: &'a Prepared,
+    /// The facts selection ran on.
+    pub(crate) request: &'a BucketRequest<'a>,
+    /// What selection decided.
+    pub(crate) selected: &'a Result<Selection, SelectError>,
+    /// What it saw on the way.
+    pub(crate) seen: &'a [Observation],
+    /// The load table, for candidates admission never read.
+    pub(crate) load: &'a LoadSnapshot,
+}
+
+impl Report<'_> {
+    /// The JSON: the request's facts, every bucket in the order the loop considers
+    /// them, and the pick or why there is none.
+    pub(crate) fn to_json(&self) -> Value {
+        let Self {
+            request,
+            selected,
+            seen,
+            load,
+            ..
+        } = *self;
+        let buckets: Vec<Value> = self
+            .resolver
+            .buckets()
+            .iter()
+            .map(|bucket| explain_bucket(bucket, request, selected, seen, load))
+            .collect();
+        let mut answer = json!({
+            "model": self.model,
+            "endpoint": self.endpoint,
+            "request": {
+                "prompt_tokens": request.input_tokens,
+                "tokenized": request.token_ids.is_some(),
+                "max_output_tokens": self.prepared.max_output_tokens,
+                "expected_peak_tokens": request.expected_peak_tokens,
+                "stream": self.prepared.stream,
+                "session_key": request.session_key,
+                "routing_key": request.routing_key,
+                "adapter": request.adapter,
+            },
+            "buckets": buckets,
+        });
+        answer_with(&mut answer, selected);
+        answer
+    }
+}
+
+/// Adds the pick, or the error, to `answer`.
+fn answer_with(answer: &mut Value, selected: &Result<Selection, SelectError>) {
+    match selected {
+        Ok(selection) => {
+            let engines = match &selection.pick.engines {
+                EnginePicks::Plain(pick) => json!({ "plain": picked(pick) }),
+                EnginePicks::Pd { prefill, decode } => {
+                    json!({ "prefill": picked(prefill), "decode": picked(decode) })
+                }
+            };
+            answer["pick"] = json!({ "bucket": &*selection.pick.bucket, "engines": engines });
+        }
+        Err(e) => {
+            let error = ApiError::from(e.clone());
+            answer["error"] = json!({
+                "status": error.status().as_u16(), "code": error.code(), "message": error.message(),
+            });
+        }
+    }
+}
+
+fn picked(pick: &Pick) -> Value {
+    json!({
+        "engine": pick.engine.id().as_str(),
+        "reason": pick.reason.as_str(),
+        "predicted_cached_tokens": pick.predicted_cached_tokens,
+    })
+}
+
+/// One bucket: skipped (the request does not fit it), tried (its stages, and what
+/// came of it), or not tried (an earlier bucket was picked, or routing stopped).
+fn explain_bucket(
+    bucket: &Bucket,
+    request: &BucketRequest<'_>,
+    selected: &Result<Selection, SelectError>,
+    seen: &[Observation],
+    load: &LoadSnapshot,
+) -> Value {
+    let limits = bucket.limits();
+    let mut entry = json!({
+        "id": bucket.id(),
+        "limits": { "min": limits.min, "max": limits.max },
+        "max_context_tokens": bucket.max_context_tokens(),
+    });
+    if !bucket.accepts(request.input_tokens, request.expected_peak_tokens) {
+        entry["outcome"] = json!("skipped");
+        entry["why"] = json!(misfit(bucket, request));
+        return entry;
+    }
+    let stages: Vec<Role> = match bucket.groups() {
+        BucketGroups::Plain(_) => vec![Role::Plain],
+        BucketGroups::Pd { .. } => vec![Role::Prefill, Role::Decode],
+    };
+    let tried: Vec<Value> = stages
+        .into_iter()
+        .filter_map(|stage| explain_stage(bucket.id(), stage, seen, load))
+        .collect();
+    let id = bucket.id();
+    let passed_over = match selected {
+        Ok(selection) => selection.passed_over.as_slice(),
+        Err(e) => e.attempts(),
+    };
+    let (outcome, why) = match selected {
+        _ if tried.is_empty() => ("not_tried", None),
+        Ok(selection) if &*selection.pick.bucket == id => ("picked", None),
+        Err(SelectError::Stopped {
+            bucket: Some(stopped),
+            error,
+        }) if &**stopped == id => ("stopped", Some(error.to_string())),
+        _ => match passed_over.iter().find(|a| &*a.bucket == id) {
+            Some(attempt) => ("passed_over", Some(attempt.error.to_string())),
+            None => ("not_tried", None),
+        },
+    };
+    entry["outcome"] = json!(outcome);
+    if let Some(why) = why {
+        entry["why"] = json!(why);
+    }
+    entry["stages"] = json!(tried);
+    entry
+}
+
+/// Why a request does not fit `bucket`.
+fn misfit(bucket: &Bucket, request: &BucketRequest<'_>) -> String {
+    let limits = bucket.limits();
+    if !limits.contains(request.input_tokens) {
+        let max = limits.max.map_or("no limit".to_owned(), |m| m.to_string());
+        return format!(
+            "the prompt's {} tokens are outside the bucket's limits ({} to {max})",
+            request.input_tokens, limits.min
+        );
+    }
+    let needed = request.expected_peak_tokens.unwrap_or(request.input_tokens);
+    format!(
+        "the prompt and its output budget need {needed} tokens, above the bucket's max_context_tokens ({})",
+        bucket.max_context_tokens().unwrap_or_default()
+    )
+}
+
+/// One stage of a tried bucket: its candidates with their load, predicted cached
+/// tokens and admission verdicts, and the group's pick or failure; `None` when the
+/// stage was not reached.
+fn explain_stage(
+    bucket: &str,
+    stage: Role,
+    seen: &[Observation],
+    load: &LoadSnapshot,
+) -> Option<Value> {
+    let here = |b: &str, s: Role| b == bucket && s == stage;
+    let candidates = seen.iter().find_map(|o| match o {
+        Observation::Candidates {
+            bucket: b,
+            stage: s,
+            engines,
+        } if here(b, *s) => Some(engines),
+        _ => None,
+    })?;
+    let candidates: Vec<Value> = candidates
+        .iter()
+        .map(|engine| explain_candidate(engine, bucket, stage, seen, load))
+        .collect();
+    let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
+    if seen
+        .iter()
+        .any(|o| matches!(o, Observation::CacheUnavailable { bucket: b, stage: s } if here(b, *s)))
+    {
+        entry["cache"] = json!("unavailable");
+    }
+    for observation in seen {
+        match observation {
+            Observation::Picked {
+                bucket: b,
+                stage: s,
+                engine,
+                reason,
+                predicted_cached_tokens,
+            } if here(b, *s) => {
+                entry["pick"] = json!({
+                    "engine": engine.as_str(),
+                    "reason": reason.as_str(),
+                    "predicted_cached_tokens": predicted_cached_tokens,
+                });
+            }
+            Observation::Failed {
+                bucket: b,
+                stage: s,
+                error,
+            } if here(b, *s) => {
+                entry["error"] = json!({ "code": error.code(), "message": error.to_string() });
+            }
+            _ => {}
+        }
+    }
+    Some(entry)
+}
+
+fn explain_candidate(
+    engine: &EngineId,
+    bucket: &str,
+    stage: Role,
+    seen: &[Observation],
+    load: &LoadSnapshot,
+) -> Value {
+    let mut cached = None;
+    let mut checks = Vec::new();
+    let mut read = None;
+    for observation in seen {
+        match observation {
+            Observation::CachedTokens {
+                bucket: b,
+                stage: s,
+                engine: e,
+                tokens,
+            } if b == bucket && *s == stage && e == engine => cached = Some(*tokens),
+            Observation::Admission {
+                bucket: b,
+                stage: s,
+                engine: e,
+                metrics,
+                caps,
+                rejected,
+            } if b == bucket && *s == stage && e == engine => {
+                read.get_or_insert(*metrics);
+                checks.push(json!({
+                    "verdict": if rejected.is_some() { "rejected" } else { "admitted" },
+                    "caps": caps,
+                    "exceeded": rejected.map(|r| json!({
+                        "limit": r.limit, "observed": r.observed, "cap": r.cap,
+                    })),
+                }));
+            }
+            _ => {}
+        }
+    }
+    // Engines admission never read show the load table as it is now.
+    let metrics = read.unwrap_or_else(|| load.observe(engine).metrics());
+    json!({
+        "engine": engine.as_str(),
+        "load": figures(&metrics),
+        "matched_prefix_tokens": cached,
+        "admission": checks,
+    })
+}
+
+fn figures(metrics: &EngineMetrics) -> Value {
+    json!({
+        "running_requests": metrics.running_requests,
+        "waiting_requests": metrics.waiting_requests,
+        "kv_tokens": metrics.kv_tokens,
+        "pending_prefill_tokens": metrics.pending_prefill_tokens,
+        "inflight_requests": metrics.inflight_requests,
+    })
+}

@@ -1,0 +1,156 @@
+//! Decision records through the router: exactly the sampled requests are recorded,
+//! each with the explanation of its selection and what came back (the status, the
+//! first byte's time, the cached tokens the engine reported), including requests no
+//! bucket could take.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{router, sim, url};
+use router_http::{RouterConfig, RunningRouter};
+use serde_json::{Value, json};
+
+/// Upper bound on any wait; a healthy run needs milliseconds.
+const GUARD: Duration = Duration::from_secs(20);
+
+fn records_file(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("decisions.jsonl");
+    drop(std::fs::remove_file(&file));
+    file
+}
+
+fn config(file: &Path, sample_ratio: f64, model: Value) -> RouterConfig {
+    let text = json!({
+        "listen": "127.0.0.1:0",
+        "decisions": {"path": file, "sample_ratio": sample_ratio},
+        "models": [model],
+    })
+    .to_string();
+    RouterConfig::from_yaml(&text).expect("a configuration")
+}
+
+/// The records once `n` are written (the writer thread says so in its counter).
+async fn records(router: &RunningRouter, file: &Path, n: u64) -> Vec<Value> {
+    let line = "switchyard_decision_records_total{outcome=\"written\"} ";
+    let written = async {
+        loop {
+            let metrics = common::metrics(router).await;
+            let count: u64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(line)?.parse().ok())
+                .unwrap_or(0);
+            if count >= n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(GUARD, written)
+        .await
+        .expect("the records are written");
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_requests_are_recorded_with_their_selection_and_what_came_back() {
+    let a = sim(|_| {}).await;
+    let file = records_file("decisions");
+    let router = router(config(
+        &file,
+        0.5,
+        json!({"id": "m", "engines": [{"id": "A", "url": a.url(), "role": "plain"}]}),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let mut sent = Vec::new();
+    for (i, stream) in [false, false, true, true].into_iter().enumerate() {
+        let mut body = common::chat("m", &format!("question {i}"));
+        body["stream"] = json!(stream);
+        body["stream_options"] = json!({"include_usage": true});
+        if !stream {
+            body.as_object_mut().unwrap().remove("stream_options");
+        }
+        let response = client
+            .post(url(&router, "/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let id = response.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let text = response.text().await.unwrap();
+        let cached = text
+            .split("\"cached_tokens\":")
+            .last()
+            .and_then(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u64>().ok()
+            })
+            .expect("the engine reports cached tokens");
+        sent.push((id, cached));
+    }
+    let records = records(&router, &file, 2).await;
+    assert_eq!(records.len(), 2, "every second request is recorded");
+    for (record, (id, cached)) in records.iter().zip([&sent[1], &sent[3]]) {
+        assert_eq!(&record["request_id"], id);
+        assert_eq!(record["model"], "m");
+        assert_eq!(record["pick"]["engines"]["plain"]["engine"], "A");
+        assert_eq!(record["buckets"][0]["outcome"], "picked");
+        assert_eq!(
+            record["buckets"][0]["stages"][0]["candidates"][0]["admission"][0]["verdict"],
+            "admitted"
+        );
+        let result = &record["result"];
+        assert_eq!(
+            (&result["status"], &result["outcome"], &result["code"]),
+            (&json!(200), &json!("ok"), &json!("ok"))
+        );
+        assert_eq!(&result["cached_tokens"], cached);
+        assert!(
+            result["first_byte_ms"].as_f64().unwrap() <= result["duration_ms"].as_f64().unwrap()
+        );
+        assert!(record["time_unix_ms"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(records[0]["request"]["stream"], false);
+    assert_eq!(records[1]["request"]["stream"], true);
+    router.shutdown().await;
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}
+
+#[tokio::test]
+async fn a_request_no_bucket_takes_is_recorded_with_its_error() {
+    let a = sim(|_| {}).await;
+    let file = records_file("decisions-error");
+    let router = router(config(
+        &file,
+        1.0,
+        json!({
+            "id": "m",
+            "engines": [{"id": "A", "url": a.url(), "role": "plain"}],
+            "buckets": [{"id": "tiny", "limits": {"max": 2}, "groups": {"plain": {}}}],
+        }),
+    ))
+    .await;
+    let response = common::post(&router, &common::chat("m", "far more than two tokens")).await;
+    assert_eq!(response.status(), 400);
+    let records = records(&router, &file, 1).await;
+    assert_eq!(records[0]["error"]["code"], "no_matching_bucket");
+    assert_eq!(records[0]["buckets"][0]["outcome"], "skipped");
+    assert_eq!(records[0]["result"]["status"], 400);
+    assert_eq!(records[0]["result"]["outcome"], "client_error");
+    assert_eq!(records[0]["result"]["first_byte_ms"], Value::Null);
+    assert_eq!(a.visits().answered, 0);
+    router.shutdown().await;
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}
