@@ -13,6 +13,7 @@ use router_state::EngineId;
 use crate::app::AppContext;
 use crate::dispatch::{Failed, Outgoing, dispatch};
 use crate::error::ApiError;
+use crate::explanation;
 use crate::metrics::{ModelStageLabels, PickLabels, ReasonLabels};
 use crate::routing::ModelRoute;
 
@@ -42,7 +43,10 @@ pub(crate) async fn run(
             Some(bucket) => bucket
                 .pick_engines(
                     &ctx.fleet.snapshot(),
-                    &request.with_excluded(&failed_engines),
+                    // A decision record explains the first selection only.
+                    &request
+                        .with_excluded(&failed_engines)
+                        .with_explanation(None),
                 )
                 .await
                 .ok(),
@@ -63,7 +67,15 @@ pub(crate) async fn run(
             reason: retry.reason.as_str(),
         };
         ctx.metrics.retries.get_or_create(&labels).inc();
-        tracing::info!(%bucket, engine = %failed_engines.last().map_or("", |e| e.as_str()), reason = retry.reason.as_str(), attempt, "sent to another engine");
+        let failed = failed_engines.last().map_or("", |e| e.as_str());
+        tracing::info!(%bucket, engine = %failed, reason = retry.reason.as_str(), attempt, "sent to another engine");
+        if let Some(record) = out.record.lock().as_mut() {
+            record.retried(
+                failed,
+                retry.reason.as_str(),
+                explanation::engines(&again.engines),
+            );
+        }
         pick = again;
         attempt += 1;
     }

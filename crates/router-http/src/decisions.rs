@@ -22,6 +22,11 @@ use crate::metrics::OutcomeLabels;
 
 /// How often a dropped or failed record is logged, at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// The longest record written; a longer one (a fleet of thousands of candidates) is
+/// dropped.
+pub(crate) const MAX_RECORD_BYTES: usize = 256 << 10;
+/// The most bytes of records waiting for the writer, whatever the queue's length.
+const MAX_QUEUED_BYTES: u64 = 64 << 20;
 
 /// The sampler and the queue to the writer thread.
 #[derive(Debug)]
@@ -29,6 +34,8 @@ pub(crate) struct DecisionLog {
     sample_ratio: f64,
     seen: AtomicU64,
     queue: SyncSender<String>,
+    /// Bytes of the records in the queue.
+    queued: Arc<AtomicU64>,
     counts: Counts,
 }
 
@@ -41,13 +48,15 @@ struct Counts {
 }
 
 impl Counts {
-    fn count(&self, outcome: &'static str) {
-        self.family.get_or_create(&OutcomeLabels { outcome }).inc();
+    fn count(&self, outcome: &'static str, records: u64) {
+        self.family
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc_by(records);
     }
 
     /// Counts a record lost for `why`, logging at most every [`LOG_INTERVAL`].
     fn lost(&self, outcome: &'static str, why: &dyn std::fmt::Display) {
-        self.count(outcome);
+        self.count(outcome, 1);
         let now = Instant::now();
         let mut logged = self.logged.lock();
         if logged.is_none_or(|at| now.saturating_duration_since(at) >= LOG_INTERVAL) {
@@ -77,11 +86,13 @@ impl DecisionLog {
             family,
             logged: Arc::default(),
         };
+        let queued = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             path: config.path.clone(),
             max_bytes: config.max_file_bytes,
-            out: BufWriter::new(file),
+            out: Some(BufWriter::new(file)),
             size,
+            queued: Arc::clone(&queued),
             counts: counts.clone(),
         };
         std::thread::Builder::new()
@@ -91,6 +102,7 @@ impl DecisionLog {
             sample_ratio: config.sample_ratio,
             seen: AtomicU64::new(0),
             queue,
+            queued,
             counts,
         })
     }
@@ -102,13 +114,26 @@ impl DecisionLog {
     }
 
     fn send(&self, line: String) {
-        match self.queue.try_send(line) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.counts.lost("dropped", &"the queue is full"),
-            Err(TrySendError::Disconnected(_)) => {
-                self.counts.lost("failed", &"the writer thread ended");
-            }
+        let bytes = line.len() as u64;
+        if line.len() > MAX_RECORD_BYTES {
+            self.counts.lost(
+                "dropped",
+                &format_args!("a record of {bytes} bytes is over {MAX_RECORD_BYTES}"),
+            );
+            return;
         }
+        if self.queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+            self.counts.lost("dropped", &"the queue is full");
+            return;
+        }
+        let lost = match self.queue.try_send(line) {
+            Ok(()) => return,
+            Err(TrySendError::Full(_)) => ("dropped", "the queue is full"),
+            Err(TrySendError::Disconnected(_)) => ("failed", "the writer thread ended"),
+        };
+        self.queued.fetch_sub(bytes, Ordering::Relaxed);
+        self.counts.lost(lost.0, &lost.1);
     }
 }
 
@@ -120,65 +145,85 @@ fn append(path: &Path) -> std::io::Result<File> {
 struct Writer {
     path: PathBuf,
     max_bytes: u64,
-    out: BufWriter<File>,
+    /// `None` while the file could not be opened again after a rotation.
+    out: Option<BufWriter<File>>,
     size: u64,
+    queued: Arc<AtomicU64>,
     counts: Counts,
 }
 
 impl Writer {
+    /// Writes what arrives, a batch (what is queued) at a time; a batch's records
+    /// count as written once flushed.
     fn run(mut self, lines: &Receiver<String>) {
         while let Ok(line) = lines.recv() {
-            self.write(&line);
-            while let Ok(line) = lines.try_recv() {
-                self.write(&line);
+            let mut batch = vec![line];
+            batch.extend(lines.try_iter());
+            let mut pending = 0;
+            for line in &batch {
+                self.queued.fetch_sub(line.len() as u64, Ordering::Relaxed);
+                match self.write(line) {
+                    Ok(()) => pending += 1,
+                    Err(e) => self.counts.lost("failed", &e),
+                }
             }
-            if let Err(e) = self.out.flush() {
-                self.counts.lost("failed", &e);
+            let flushed = match self.out.as_mut() {
+                Some(out) => out.flush(),
+                None => Ok(()),
+            };
+            match flushed {
+                Ok(()) => self.counts.count("written", pending),
+                Err(e) => {
+                    self.counts.count("failed", pending.saturating_sub(1));
+                    self.counts.lost("failed", &e);
+                }
             }
         }
     }
 
-    fn write(&mut self, line: &str) {
+    fn write(&mut self, line: &str) -> std::io::Result<()> {
         let bytes = line.len() as u64 + 1;
-        if self.size > 0
-            && self.size + bytes > self.max_bytes
-            && let Err(e) = self.rotate()
-        {
-            self.counts
-                .lost("failed", &format_args!("rotating the file: {e}"));
-            return;
+        if self.out.is_none() || (self.size > 0 && self.size + bytes > self.max_bytes) {
+            self.rotate()?;
         }
-        match writeln!(self.out, "{line}") {
-            Ok(()) => {
-                self.size += bytes;
-                self.counts.count("written");
-            }
-            Err(e) => self.counts.lost("failed", &e),
-        }
+        let out = self.out.as_mut().expect("rotate opened the file");
+        writeln!(out, "{line}")?;
+        self.size += bytes;
+        Ok(())
     }
 
     /// Renames the file to `<path>.1` (replacing an older one) and starts a new one.
+    /// A file that is gone (its rename succeeded, the reopening did not) is only
+    /// opened again.
     fn rotate(&mut self) -> std::io::Result<()> {
-        self.out.flush()?;
-        let mut old = self.path.clone().into_os_string();
-        old.push(".1");
-        std::fs::rename(&self.path, old)?;
-        self.out = BufWriter::new(append(&self.path)?);
+        if let Some(mut out) = self.out.take() {
+            out.flush()?;
+            let mut old = self.path.clone().into_os_string();
+            old.push(".1");
+            if let Err(e) = std::fs::rename(&self.path, old) {
+                self.out = Some(out);
+                return Err(e);
+            }
+        }
+        self.out = Some(BufWriter::new(append(&self.path)?));
         self.size = 0;
         Ok(())
     }
 }
 
 /// A sampled request's record, completed by whatever ends the request: its relayed
-/// body, or the error it was answered with.
+/// body, the error it was answered with, or (dropped unfinished) its client leaving.
 #[derive(Debug)]
 pub(crate) struct PendingRecord {
-    log: Arc<DecisionLog>,
+    /// `None` once the record is queued.
+    log: Option<Arc<DecisionLog>>,
     /// The explanation of the selection, an object the result is added to.
     decision: Value,
     started: Instant,
     first_byte: Option<Duration>,
     cached: CachedTokens,
+    /// The engines that failed before the answer, with why and what was picked next.
+    retries: Vec<Value>,
 }
 
 impl PendingRecord {
@@ -196,12 +241,19 @@ impl PendingRecord {
         decision["time_unix_ms"] = json!(unix_ms);
         decision["request_id"] = json!(request_id);
         Self {
-            log,
+            log: Some(log),
             decision,
             started,
             first_byte: None,
             cached: CachedTokens::default(),
+            retries: Vec::new(),
         }
+    }
+
+    /// `failed` never started the request (`reason`); `then` was picked instead.
+    pub(crate) fn retried(&mut self, failed: &str, reason: &str, then: Value) {
+        self.retries
+            .push(json!({"failed": failed, "reason": reason, "then": then}));
     }
 
     /// A body frame relayed to the client.
@@ -213,6 +265,13 @@ impl PendingRecord {
 
     /// Completes the record with how the request ended and queues it.
     pub(crate) fn finish(mut self, status: u16, outcome: &str, code: &str) {
+        self.complete(Some(status), outcome, code);
+    }
+
+    fn complete(&mut self, status: Option<u16>, outcome: &str, code: &str) {
+        let Some(log) = self.log.take() else {
+            return;
+        };
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         self.decision["result"] = json!({
             "status": status,
@@ -221,8 +280,16 @@ impl PendingRecord {
             "first_byte_ms": self.first_byte.map(ms),
             "duration_ms": ms(self.started.elapsed()),
             "cached_tokens": self.cached.last,
+            "retries": std::mem::take(&mut self.retries),
         });
-        self.log.send(self.decision.to_string());
+        log.send(self.decision.to_string());
+    }
+}
+
+/// A record dropped unfinished: its client left before the answer's head.
+impl Drop for PendingRecord {
+    fn drop(&mut self) {
+        self.complete(None, "cancelled", "client_disconnected");
     }
 }
 
@@ -241,15 +308,19 @@ const KEY: &[u8] = b"\"cached_tokens\":";
 const VALUE_BYTES: usize = 24;
 
 impl CachedTokens {
+    /// Scans one frame: the seam with the end of the frames before it, then the rest.
     fn scan(&mut self, data: &[u8]) {
         let keep = KEY.len() + VALUE_BYTES;
-        if !self.tail.is_empty() {
-            let mut seam = std::mem::take(&mut self.tail);
-            seam.extend_from_slice(&data[..data.len().min(keep)]);
-            self.find(&seam);
+        let mut seam = std::mem::take(&mut self.tail);
+        seam.extend_from_slice(&data[..data.len().min(keep)]);
+        self.find(&seam);
+        if data.len() > keep {
+            self.find(data);
+            self.tail = data[data.len() - keep..].to_vec();
+        } else {
+            seam.drain(..seam.len().saturating_sub(keep));
+            self.tail = seam;
         }
-        self.find(data);
-        self.tail = data[data.len().saturating_sub(keep)..].to_vec();
     }
 
     fn find(&mut self, data: &[u8]) {

@@ -4,6 +4,8 @@
 //! verdicts, and the pick or why there is none. `/explain/...` answers it; decision
 //! records carry it.
 
+use std::collections::HashMap;
+
 use router_buckets::{
     Bucket, BucketGroups, BucketRequest, BucketResolver, EnginePicks, SelectError, Selection,
 };
@@ -75,12 +77,7 @@ impl Report<'_> {
 fn answer_with(answer: &mut Value, selected: &Result<Selection, SelectError>) {
     match selected {
         Ok(selection) => {
-            let engines = match &selection.pick.engines {
-                EnginePicks::Plain(pick) => json!({ "plain": picked(pick) }),
-                EnginePicks::Pd { prefill, decode } => {
-                    json!({ "prefill": picked(prefill), "decode": picked(decode) })
-                }
-            };
+            let engines = engines(&selection.pick.engines);
             answer["pick"] = json!({ "bucket": &*selection.pick.bucket, "engines": engines });
         }
         Err(e) => {
@@ -88,6 +85,17 @@ fn answer_with(answer: &mut Value, selected: &Result<Selection, SelectError>) {
             answer["error"] = json!({
                 "status": error.status().as_u16(), "code": error.code(), "message": error.message(),
             });
+        }
+    }
+}
+
+/// A selection's engines: `{"plain": ...}` or `{"prefill": ..., "decode": ...}`, each
+/// with its reason and predicted cached tokens.
+pub(crate) fn engines(engines: &EnginePicks) -> Value {
+    match engines {
+        EnginePicks::Plain(pick) => json!({ "plain": picked(pick) }),
+        EnginePicks::Pd { prefill, decode } => {
+            json!({ "prefill": picked(prefill), "decode": picked(decode) })
         }
     }
 }
@@ -134,12 +142,12 @@ fn explain_bucket(
         Err(e) => e.attempts(),
     };
     let (outcome, why) = match selected {
-        _ if tried.is_empty() => ("not_tried", None),
-        Ok(selection) if &*selection.pick.bucket == id => ("picked", None),
         Err(SelectError::Stopped {
             bucket: Some(stopped),
             error,
         }) if &**stopped == id => ("stopped", Some(error.to_string())),
+        _ if tried.is_empty() => ("not_tried", None),
+        Ok(selection) if &*selection.pick.bucket == id => ("picked", None),
         _ => match passed_over.iter().find(|a| &*a.bucket == id) {
             Some(attempt) => ("passed_over", Some(attempt.error.to_string())),
             None => ("not_tried", None),
@@ -188,9 +196,50 @@ fn explain_stage(
         } if here(b, *s) => Some(engines),
         _ => None,
     })?;
+    // What the stage saw of each engine, in one pass.
+    let mut of: HashMap<&EngineId, Candidate> = HashMap::new();
+    for observation in seen {
+        match observation {
+            Observation::CachedTokens {
+                bucket: b,
+                stage: s,
+                engine,
+                tokens,
+            } if here(b, *s) => of.entry(engine).or_default().cached = Some(*tokens),
+            Observation::Admission {
+                bucket: b,
+                stage: s,
+                engine,
+                metrics,
+                caps,
+                rejected,
+            } if here(b, *s) => {
+                let candidate = of.entry(engine).or_default();
+                candidate.read.get_or_insert(*metrics);
+                candidate.checks.push(json!({
+                    "verdict": if rejected.is_some() { "rejected" } else { "admitted" },
+                    "caps": caps,
+                    "exceeded": rejected.map(|r| json!({
+                        "limit": r.limit, "observed": r.observed, "cap": r.cap,
+                    })),
+                }));
+            }
+            _ => {}
+        }
+    }
     let candidates: Vec<Value> = candidates
         .iter()
-        .map(|engine| explain_candidate(engine, bucket, stage, seen, load))
+        .map(|engine| {
+            let seen = of.remove(engine).unwrap_or_default();
+            // Engines admission never read show the load table as it is now.
+            let metrics = seen.read.unwrap_or_else(|| load.observe(engine).metrics());
+            json!({
+                "engine": engine.as_str(),
+                "load": figures(&metrics),
+                "matched_prefix_tokens": seen.cached,
+                "admission": seen.checks,
+            })
+        })
         .collect();
     let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
     if seen
@@ -227,52 +276,13 @@ fn explain_stage(
     Some(entry)
 }
 
-fn explain_candidate(
-    engine: &EngineId,
-    bucket: &str,
-    stage: Role,
-    seen: &[Observation],
-    load: &LoadSnapshot,
-) -> Value {
-    let mut cached = None;
-    let mut checks = Vec::new();
-    let mut read = None;
-    for observation in seen {
-        match observation {
-            Observation::CachedTokens {
-                bucket: b,
-                stage: s,
-                engine: e,
-                tokens,
-            } if b == bucket && *s == stage && e == engine => cached = Some(*tokens),
-            Observation::Admission {
-                bucket: b,
-                stage: s,
-                engine: e,
-                metrics,
-                caps,
-                rejected,
-            } if b == bucket && *s == stage && e == engine => {
-                read.get_or_insert(*metrics);
-                checks.push(json!({
-                    "verdict": if rejected.is_some() { "rejected" } else { "admitted" },
-                    "caps": caps,
-                    "exceeded": rejected.map(|r| json!({
-                        "limit": r.limit, "observed": r.observed, "cap": r.cap,
-                    })),
-                }));
-            }
-            _ => {}
-        }
-    }
-    // Engines admission never read show the load table as it is now.
-    let metrics = read.unwrap_or_else(|| load.observe(engine).metrics());
-    json!({
-        "engine": engine.as_str(),
-        "load": figures(&metrics),
-        "matched_prefix_tokens": cached,
-        "admission": checks,
-    })
+/// What a stage saw of one candidate.
+#[derive(Default)]
+struct Candidate {
+    cached: Option<u64>,
+    checks: Vec<Value>,
+    /// The figures the first admission check read.
+    read: Option<EngineMetrics>,
 }
 
 fn figures(metrics: &EngineMetrics) -> Value {

@@ -212,7 +212,12 @@ async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Req
             "the indexer keeps no index of that model",
         );
     };
-    axum::Json(Answer::from(PrefixHits::of_chain(index, &lookup.hashes))).into_response()
+    axum::Json(Answer::from(PrefixHits::of_chain(
+        index,
+        &lookup.hashes,
+        lookup.dry_run,
+    )))
+    .into_response()
 }
 
 async fn metrics(State(indexer): State<Arc<Indexer>>) -> Response {

@@ -154,3 +154,49 @@ async fn a_request_no_bucket_takes_is_recorded_with_its_error() {
     router.shutdown().await;
     std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
+
+#[tokio::test]
+async fn a_retried_requests_record_names_the_engine_that_failed_and_the_one_that_answered() {
+    let (a, b) = (
+        sim(|c| {
+            c.faults.error_rate = 1.0;
+            c.faults.error_status = Some(503);
+        })
+        .await,
+        sim(|_| {}).await,
+    );
+    let file = records_file("decisions-retry");
+    let mut config = config(
+        &file,
+        1.0,
+        json!({
+            "id": "m",
+            "engines": [
+                {"id": "A", "url": a.url(), "role": "plain"},
+                {"id": "B", "url": b.url(), "role": "plain"},
+            ],
+        }),
+    );
+    // Engines stay candidates whatever they answer.
+    config.health.breaker_failures = 1_000_000;
+    let router = router(config).await;
+    // Round robin offers A first.
+    let response = common::post(&router, &common::chat("m", "hello")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-switchyard-engine"], "B");
+    response.bytes().await.unwrap();
+    let records = records(&router, &file, 1).await;
+    let record = &records[0];
+    assert_eq!(record["pick"]["engines"]["plain"]["engine"], "A");
+    assert_eq!(
+        record["result"]["retries"],
+        json!([{
+            "failed": "A",
+            "reason": "status_503",
+            "then": {"plain": {"engine": "B", "reason": "single_candidate", "predicted_cached_tokens": null}},
+        }])
+    );
+    assert_eq!(record["result"]["status"], 200);
+    router.shutdown().await;
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}

@@ -166,8 +166,14 @@ impl Affinity {
             bucket: request.bucket_id,
             stage: request.stage,
         };
+        // A dry run reads the binding without refreshing it.
+        let bound = if request.is_dry_run() {
+            store.peek(scope, key).await
+        } else {
+            store.get(scope, key).await
+        };
         // Over-long keys bind nothing either.
-        let Ok(bound) = store.get(scope, key).await else {
+        let Ok(bound) = bound else {
             return self.fallback(engines, request).await;
         };
         if let Some(engine) = bound.as_ref().and_then(|b| candidate(engines, b)) {

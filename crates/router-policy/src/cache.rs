@@ -74,11 +74,13 @@ pub struct CacheQueryError(pub String);
 /// that reads it (the [`PrefixMemo`] key).
 pub trait CacheSource: Send + Sync + fmt::Debug {
     /// Which engines hold how much of the prefix of `token_ids` in `namespace` (the
-    /// LoRA adapter the request is for; `None` for the base model).
+    /// LoRA adapter the request is for; `None` for the base model). A `dry_run`
+    /// lookup (an explanation's) leaves the source's recency as it was.
     fn lookup<'a>(
         &'a self,
         namespace: Option<&'a str>,
         token_ids: &'a [u32],
+        dry_run: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>>;
 }
 
@@ -94,19 +96,25 @@ impl LocalCacheSource {
         Self { index }
     }
 
-    fn answer(&self, namespace: Option<&str>, token_ids: &[u32]) -> PrefixHits {
+    fn answer(&self, namespace: Option<&str>, token_ids: &[u32], dry_run: bool) -> PrefixHits {
         PrefixHits::of_chain(
             &self.index,
             &self.index.request_hashes(namespace, token_ids),
+            dry_run,
         )
     }
 }
 
 impl PrefixHits {
     /// What `index` holds of a prompt whose block hashes are `chain`
-    /// ([`PrefixIndex::request_hashes`]).
-    pub fn of_chain(index: &PrefixIndex, chain: &[u64]) -> Self {
-        let found = index.lookup(chain);
+    /// ([`PrefixIndex::request_hashes`]); a `dry_run` leaves the index's recency as
+    /// it was ([`PrefixIndex::peek`]).
+    pub fn of_chain(index: &PrefixIndex, chain: &[u64], dry_run: bool) -> Self {
+        let found = if dry_run {
+            index.peek(chain)
+        } else {
+            index.lookup(chain)
+        };
         let mut ranks: Vec<(EngineId, u32)> = found
             .engines
             .iter()
@@ -133,8 +141,9 @@ impl CacheSource for LocalCacheSource {
         &'a self,
         namespace: Option<&'a str>,
         token_ids: &'a [u32],
+        dry_run: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
-        let hits = self.answer(namespace, token_ids);
+        let hits = self.answer(namespace, token_ids, dry_run);
         Box::pin(std::future::ready(Ok(CacheLookup::Answered(hits))))
     }
 }
@@ -159,17 +168,18 @@ impl PrefixMemo {
     }
 
     /// The lookup of `token_ids` in `namespace` of `source`, asking the source only
-    /// the first time.
+    /// the first time (a `dry_run` one: see [`CacheSource::lookup`]).
     pub async fn lookup(
         &self,
         source: &Arc<dyn CacheSource>,
         namespace: Option<&str>,
         token_ids: &[u32],
+        dry_run: bool,
     ) -> Arc<Result<CacheLookup, CacheQueryError>> {
         if let Some(found) = self.find(source) {
             return found;
         }
-        let answer = Arc::new(source.lookup(namespace, token_ids).await);
+        let answer = Arc::new(source.lookup(namespace, token_ids, dry_run).await);
         let mut entries = self.entries.lock();
         if let Some((_, found)) = entries.iter().find(|(s, _)| Arc::ptr_eq(s, source)) {
             return Arc::clone(found);

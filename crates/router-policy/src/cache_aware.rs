@@ -101,8 +101,15 @@ impl CacheAwarePolicy {
             return self.select(engines, request, None);
         };
         let answer = match request.prefix_memo {
-            Some(memo) => memo.lookup(&self.source, request.adapter, tokens).await,
-            None => Arc::new(self.source.lookup(request.adapter, tokens).await),
+            Some(memo) => {
+                memo.lookup(&self.source, request.adapter, tokens, request.is_dry_run())
+                    .await
+            }
+            None => Arc::new(
+                self.source
+                    .lookup(request.adapter, tokens, request.is_dry_run())
+                    .await,
+            ),
         };
         match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {

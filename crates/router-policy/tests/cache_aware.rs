@@ -54,6 +54,7 @@ impl CacheSource for Scripted {
         &'a self,
         _: Option<&'a str>,
         _: &'a [u32],
+        _: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         Box::pin(std::future::ready(self.answer.clone()))

@@ -5,10 +5,11 @@
 use crate::common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::{engines, report_native, runtime, table};
 use router_policy::{
-    AffinityBackend, Explanation, LimitExceeded, LocalCacheSource, Observation, PickReason,
+    AffinityBackend, Explanation, LimitExceeded, LocalCacheSource, Observation, Pick, PickReason,
     PickRequest, Policy, PolicyConfig, PolicyHandles,
 };
 use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore};
@@ -57,8 +58,9 @@ fn every_policys_explained_pick_is_the_next_real_pick_and_changes_nothing() {
     for json in POLICIES {
         let engines = engines(6);
         let load = table(&engines);
+        // Ties (equal loads) leave some picks to rotors and random draws.
         for (i, engine) in engines.iter().enumerate() {
-            report_native(&load, engine, (i as u64 * 7) % 4, 1 + (i as u64 * 5) % 3);
+            report_native(&load, engine, i as u64 % 2, 1);
         }
         let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
         let policy = build(json, &load, &store);
@@ -203,4 +205,34 @@ fn a_recorded_pick_is_made_as_usual_and_recorded() {
         o,
         Observation::Admission { engine: e, rejected: None, .. } if e.as_str() == engine
     )));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_explanation_does_not_keep_a_binding_alive() {
+    let engines = engines(4);
+    let load = table(&engines);
+    let store = Arc::new(LocalAffinityStore::new(AffinityConfig {
+        idle_timeout: Duration::from_secs(10),
+        ..AffinityConfig::default()
+    }));
+    let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
+    let request = PickRequest::new("m", Role::Plain, "b", 100).with_session_key(Some("s"));
+    let explanation = Explanation::dry_run();
+    let explained = request.with_explanation(Some(&explanation));
+    let reason = |pick: Result<Pick, _>| pick.expect("a pick").reason;
+    assert_eq!(
+        reason(policy.pick(&engines, &request).await),
+        PickReason::AffinityAssigned
+    );
+    tokio::time::advance(Duration::from_secs(8)).await;
+    assert_eq!(
+        reason(policy.pick(&engines, &explained).await),
+        PickReason::AffinityBound
+    );
+    // Idle 12 s since its last real use: expired, however recently it was explained.
+    tokio::time::advance(Duration::from_secs(4)).await;
+    assert_eq!(
+        reason(policy.pick(&engines, &explained).await),
+        PickReason::AffinityAssigned
+    );
 }

@@ -106,6 +106,18 @@ pub trait AffinityStore: fmt::Debug + Send + Sync {
         key: &'a str,
     ) -> StoreFuture<'a, Option<EngineId>>;
 
+    /// The engine `key` is bound to in `scope`, as [`get`](Self::get) would answer
+    /// it, changing nothing: no refresh, no recency, no write-back of a binding kept
+    /// through an outage, no error counted. For dry runs (explanations).
+    ///
+    /// # Errors
+    /// An empty or over-long key.
+    fn peek<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+    ) -> StoreFuture<'a, Option<EngineId>>;
+
     /// Binds `key` to `engine` unless a live binding exists; answers the binding in
     /// force afterwards (the existing one wins, refreshed).
     ///

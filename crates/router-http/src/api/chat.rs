@@ -352,16 +352,17 @@ async fn route(
     let model = Arc::clone(&route.id);
     unanswered.model = Arc::clone(&model);
     let memo = PrefixMemo::new();
+    let request = match ready.bucket_request(&memo) {
+        Ok(request) => request,
+        Err(e) => return (model, Err(e)),
+    };
     // A sampled request's selection is recorded as it is made.
     let recording = ctx
         .decisions
         .as_ref()
         .filter(|log| log.sample())
         .map(|log| (log, Explanation::recording()));
-    let request = match ready.bucket_request(&memo) {
-        Ok(request) => request.with_explanation(recording.as_ref().map(|(_, e)| e)),
-        Err(e) => return (model, Err(e)),
-    };
+    let request = request.with_explanation(recording.as_ref().map(|(_, e)| e));
     let selected = route.resolver.select(&ctx.fleet.snapshot(), &request).await;
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
@@ -402,12 +403,9 @@ async fn route(
         record: Mutex::new(record),
     };
     let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;
-    // No relayed body took the record: the request was answered with an error.
-    if let Some(record) = out.record.into_inner() {
-        match &answer {
-            Ok(response) => record.finish(response.status().as_u16(), "ok", "ok"),
-            Err(e) => record.finish(e.status().as_u16(), outcome_of(e), e.code()),
-        }
+    // An answer's relayed body takes the record; an error completes it here.
+    if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
+        record.finish(e.status().as_u16(), outcome_of(e), e.code());
     }
     (model, answer)
 }

@@ -14,9 +14,9 @@ use super::ConfigError;
 /// pick and its reason) and what came back (status, first-byte time, the cached
 /// prompt tokens the engine reported). Written by a thread of its own through a
 /// bounded queue: a record that finds the queue full is dropped and counted, never
-/// waited for. The file is renamed to `<path>.1` (replacing an older one) when the
-/// next line would take it past `max_file_bytes`, so the records take at most twice
-/// that on disk.
+/// waited for, and so is a record over 256 KiB. The file is renamed to `<path>.1`
+/// (replacing an older one) when the next line would take it past `max_file_bytes`,
+/// so the records take at most twice that on disk.
 ///
 /// ```yaml
 /// decisions: {path: /var/log/switchyard/decisions.jsonl, sample_ratio: 0.01}
@@ -27,7 +27,7 @@ pub struct DecisionsConfig {
     /// The file records are appended to (created when missing).
     pub path: PathBuf,
     /// The share of routed requests recorded, above 0 and at most 1: exactly every
-    /// `1 / sample_ratio`-th request.
+    /// `1 / sample_ratio`-th request (rounded).
     #[serde(default = "default_sample_ratio")]
     pub sample_ratio: f64,
     /// The size the file is rotated at, in bytes.
@@ -38,12 +38,13 @@ pub struct DecisionsConfig {
     pub queue: usize,
 }
 
-/// The smallest rotation size accepted: a record takes a few kilobytes.
-const MIN_FILE_BYTES: u64 = 64 << 10;
+/// The smallest rotation size accepted: above the longest record, so a file never
+/// passes its bound.
+const MIN_FILE_BYTES: u64 = 1 << 20;
 /// The largest rotation size accepted.
 const MAX_FILE_BYTES: u64 = 64 << 30;
-/// The longest queue accepted.
-const MAX_QUEUE: usize = 1 << 20;
+/// The longest queue accepted (its bytes are bounded too, at 64 MiB).
+const MAX_QUEUE: usize = 1 << 16;
 
 fn default_sample_ratio() -> f64 {
     0.01

@@ -22,6 +22,10 @@ fn cached_tokens_are_found_wherever_a_frame_boundary_falls() {
         let (a, b) = body.split_at(cut);
         assert_eq!(scanned(&[a, b]), Some(1_234_567), "cut at {cut}");
     }
+    for size in 1..8 {
+        let frames: Vec<&[u8]> = body.chunks(size).collect();
+        assert_eq!(scanned(&frames), Some(1_234_567), "frames of {size} bytes");
+    }
     let stream: &[&[u8]] = &[
         b"data: {\"choices\":[]}\n\n",
         b"data: {\"meta_info\":{\"cached_tokens\":16}}\n\n",
@@ -67,10 +71,10 @@ fn written(family: &Family<OutcomeLabels, Counter>, outcome: &'static str) -> u6
 async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
     let dir = tempdir();
     let mut config = config(&dir, 1.0);
-    config.max_file_bytes = 64 << 10;
+    config.max_file_bytes = 1 << 20;
     let family = Family::default();
     let log = Arc::new(DecisionLog::open(&config, family.clone()).unwrap());
-    let pad = "x".repeat(1000);
+    let pad = "x".repeat(12_000);
     for i in 0..200 {
         let mut record = PendingRecord::new(
             Arc::clone(&log),
@@ -82,7 +86,7 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
         record.relayed(b"{\"cached_tokens\":7}");
         record.finish(200, "ok", "ok");
     }
-    // The writer ends once the log is dropped and it has written everything queued.
+    // Records count as written once flushed.
     let written_all = async {
         while written(&family, "written") < 200 {
             tokio::task::yield_now().await;
@@ -104,6 +108,7 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
     assert_eq!(last["result"]["status"], 200);
     assert_eq!(last["result"]["cached_tokens"], 7);
     assert_eq!(last["result"]["first_byte_ms"], 3.0);
+    assert_eq!(last["result"]["retries"], json!([]));
     let first_kept: Value = serde_json::from_str(older.lines().next().unwrap()).unwrap();
     let kept = older.lines().count() + current.lines().count();
     assert_eq!(
@@ -115,22 +120,60 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
 }
 
 #[test]
-fn a_full_queue_drops_records_and_counts_them() {
-    let dir = tempdir();
-    let mut config = config(&dir, 1.0);
-    config.queue = 1;
+fn a_full_queue_or_an_oversized_record_is_dropped_and_counted() {
+    // A log whose queue nobody reads: the test holds the receiving end.
+    let (queue, lines) = sync_channel(1);
     let family = Family::default();
-    let log = DecisionLog::open(&config, family.clone()).unwrap();
-    // The writer may take one line off the queue while these are sent: at least 98
-    // of 100 find it full.
+    let log = DecisionLog {
+        sample_ratio: 1.0,
+        seen: AtomicU64::new(0),
+        queue,
+        queued: Arc::default(),
+        counts: Counts {
+            family: family.clone(),
+            logged: Arc::default(),
+        },
+    };
     for _ in 0..100 {
         log.send("{}".into());
     }
-    assert!(
-        written(&family, "dropped") >= 98,
-        "{}",
-        written(&family, "dropped")
+    assert_eq!(written(&family, "dropped"), 99);
+    log.send("x".repeat(MAX_RECORD_BYTES + 1));
+    assert_eq!(written(&family, "dropped"), 100);
+    assert_eq!(lines.try_iter().count(), 1);
+}
+
+#[test]
+fn a_record_dropped_unfinished_is_queued_as_cancelled() {
+    let (queue, lines) = sync_channel(4);
+    let log = Arc::new(DecisionLog {
+        sample_ratio: 1.0,
+        seen: AtomicU64::new(0),
+        queue,
+        queued: Arc::default(),
+        counts: Counts {
+            family: Family::default(),
+            logged: Arc::default(),
+        },
+    });
+    drop(PendingRecord::new(
+        Arc::clone(&log),
+        json!({}),
+        "gone",
+        Instant::now(),
+    ));
+    PendingRecord::new(Arc::clone(&log), json!({}), "done", Instant::now()).finish(
+        503,
+        "server_error",
+        "x",
     );
-    drop(log);
-    std::fs::remove_dir_all(dir).unwrap();
+    let records: Vec<Value> = lines
+        .try_iter()
+        .map(|l| serde_json::from_str(&l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2, "each record queued once");
+    assert_eq!(records[0]["request_id"], "gone");
+    assert_eq!(records[0]["result"]["status"], Value::Null);
+    assert_eq!(records[0]["result"]["code"], "client_disconnected");
+    assert_eq!(records[1]["result"]["status"], 503);
 }

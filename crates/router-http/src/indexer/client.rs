@@ -64,10 +64,11 @@ impl RemoteCacheSource {
         CacheLookup::Unavailable(reason)
     }
 
-    async fn ask(&self, hashes: Vec<u64>) -> Result<PrefixHits, String> {
+    async fn ask(&self, hashes: Vec<u64>, dry_run: bool) -> Result<PrefixHits, String> {
         let body = serde_json::to_vec(&Lookup {
             model: self.model.as_str().into(),
             hashes,
+            dry_run,
         })
         .map_err(|e| e.to_string())?;
         let json = HeaderValue::from_static("application/json");
@@ -104,6 +105,7 @@ impl CacheSource for RemoteCacheSource {
         &'a self,
         namespace: Option<&'a str>,
         token_ids: &'a [u32],
+        dry_run: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
         Box::pin(async move {
             let mut hashes = chain_hashes(
@@ -120,7 +122,7 @@ impl CacheSource for RemoteCacheSource {
                 }));
             }
             let sent = hashes.len();
-            let answer = match tokio::time::timeout(self.timeout, self.ask(hashes)).await {
+            let answer = match tokio::time::timeout(self.timeout, self.ask(hashes, dry_run)).await {
                 Ok(Ok(hits)) if hits.query_blocks == sent => CacheLookup::Answered(hits),
                 Ok(Ok(hits)) => self.unavailable(format!(
                     "prefix indexer: an answer for {} blocks to a lookup of {sent}",

@@ -23,6 +23,9 @@ pub(crate) struct Lookup<'a> {
     #[serde(borrow)]
     pub(crate) model: std::borrow::Cow<'a, str>,
     pub(crate) hashes: Vec<u64>,
+    /// An explanation's lookup: the indexer leaves its recency as it was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) dry_run: bool,
 }
 
 /// What the indexer holds of a lookup's prompt.

@@ -129,6 +129,17 @@ impl LocalAffinityStore {
         None
     }
 
+    /// The live binding of a composed key, read without marking it used or moving it
+    /// in the eviction order.
+    pub(super) fn peek_composed(&self, composed: &str) -> Option<EngineId> {
+        let now = Instant::now();
+        let shard = self.shard(composed).lock();
+        shard
+            .peek(composed)
+            .filter(|binding| !self.expired(binding, now))
+            .map(|binding| binding.engine.clone())
+    }
+
     /// Drops the binding of a composed key; returns the engine it was bound to,
     /// unless it was idle past the timeout.
     #[cfg(feature = "redis")]
@@ -245,6 +256,17 @@ impl AffinityStore for LocalAffinityStore {
         Box::pin(std::future::ready(LocalAffinityStore::get(
             self, scope, key,
         )))
+    }
+
+    fn peek<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+    ) -> StoreFuture<'a, Option<EngineId>> {
+        Box::pin(std::future::ready(
+            self.compose(scope, key)
+                .map(|composed| self.peek_composed(&composed)),
+        ))
     }
 
     fn bind_if_absent<'a>(

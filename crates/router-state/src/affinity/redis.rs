@@ -61,6 +61,18 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return current
 ";
 
+/// `KEYS[1]`'s engine id, its TTL untouched; nil when absent or not an engine id.
+const PEEK: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+  return false
+end
+local current = redis.call('GET', KEYS[1])
+if not valid(current) then
+  return false
+end
+return current
+";
+
 /// Sets `KEYS[1]` to `ARGV[1]` with a TTL of `ARGV[2]` ms unless it holds an engine id
 /// other than `ARGV[3]` (the expected engine, or empty: bind only if absent); a kept
 /// value has its TTL refreshed. Returns the engine id in force.
@@ -137,6 +149,7 @@ struct Inner {
     /// When an error the server answered was last logged.
     refusal_logged: Mutex<Option<Instant>>,
     lookup: Script,
+    peek: Script,
     bind: Script,
     cache: LocalAffinityStore,
     local: LocalAffinityStore,
@@ -193,6 +206,7 @@ impl RedisAffinityStore {
                 down_logged: Mutex::new(false),
                 refusal_logged: Mutex::new(None),
                 lookup: Script::new(&format!("{VALID}{LOOKUP}")),
+                peek: Script::new(&format!("{VALID}{PEEK}")),
                 bind: Script::new(&format!("{VALID}{BIND}")),
                 cache,
                 local: LocalAffinityStore::new(config),
@@ -239,6 +253,24 @@ impl RedisAffinityStore {
                 inner.failed(failure);
                 inner.local.lookup(&composed, true)
             }
+        }
+    }
+
+    /// What [`lookup`](Self::lookup) would answer, changing nothing: the cache and
+    /// the outage bindings read without recency, the server's binding without its TTL
+    /// refreshed, an outage binding not written back, a failure not counted.
+    async fn peek_composed(&self, composed: &str) -> Option<EngineId> {
+        let inner = &self.inner;
+        if !inner.settings.cache_ttl.is_zero()
+            && let Some(engine) = inner.cache.peek_composed(composed)
+        {
+            return Some(engine);
+        }
+        let mut invocation = inner.peek.prepare_invoke();
+        invocation.key(inner.redis_key(composed));
+        match inner.run(&invocation).await {
+            Ok(Some(engine)) => Some(engine),
+            Ok(None) | Err(_) => inner.local.peek_composed(composed),
         }
     }
 
@@ -440,6 +472,17 @@ impl AffinityStore for RedisAffinityStore {
         Box::pin(async move {
             let composed = self.inner.local.compose(scope, key)?;
             Ok(self.lookup(composed).await)
+        })
+    }
+
+    fn peek<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+    ) -> StoreFuture<'a, Option<EngineId>> {
+        Box::pin(async move {
+            let composed = self.inner.local.compose(scope, key)?;
+            Ok(self.peek_composed(&composed).await)
         })
     }
 

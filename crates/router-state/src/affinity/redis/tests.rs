@@ -185,6 +185,46 @@ async fn a_use_refreshes_the_servers_ttl() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_refreshes_nothing_and_writes_nothing() {
+    let server = RedisServer::start();
+    let store = replica(settings(&server)).await;
+    let mut raw = raw(&server).await;
+    store.bind_if_absent(SCOPE, "s", &id("E1")).await.unwrap();
+    let key = "test:m\0b\0plain\0s";
+    let () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(5_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(store.peek(SCOPE, "s").await, Ok(Some(id("E1"))));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        (1..=5_000).contains(&ttl),
+        "a peek left the TTL as it was: {ttl}"
+    );
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg("not an engine id {}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(store.peek(SCOPE, "s").await, Ok(None));
+    let value: String = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(value, "not an engine id {}", "a peek writes nothing");
+    assert_eq!(store.peek(SCOPE, "unbound").await, Ok(None));
+    assert_eq!(store.status().errors, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_cache_answers_within_its_ttl_and_sees_a_rebinding_after() {
     let server = RedisServer::start();
     let cached = replica(RedisSettings {

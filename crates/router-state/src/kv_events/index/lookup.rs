@@ -10,8 +10,19 @@ type Depths = Vec<(u32, usize, usize)>;
 
 impl PrefixIndex {
     /// Each engine's contiguous matched depth for a request's chain hashes (a
-    /// multi-rank engine reports its best rank). Degraded sources are ignored.
+    /// multi-rank engine reports its best rank). Degraded sources are ignored. The
+    /// deepest matched page counts as used (eviction keeps recent paths).
     pub fn lookup(&self, chain: &[u64]) -> PrefixMatch {
+        self.matched(chain, true)
+    }
+
+    /// What [`lookup`](Self::lookup) answers, without counting the path as used: for
+    /// dry runs, which must leave eviction order as it was.
+    pub fn peek(&self, chain: &[u64]) -> PrefixMatch {
+        self.matched(chain, false)
+    }
+
+    fn matched(&self, chain: &[u64], used: bool) -> PrefixMatch {
         let inner = self.inner.read();
         let (walked, depths) = if inner.sources.len() <= 64 {
             walk_narrow(&inner, chain)
@@ -20,9 +31,10 @@ impl PrefixIndex {
         };
         // Recency is kept on the deepest matched page; eviction hands it to the
         // parent when that page goes, so a path is as recent as its deepest use.
-        if let Some(node) = walked
-            .checked_sub(1)
-            .and_then(|i| inner.nodes.get(&chain[i]))
+        if used
+            && let Some(node) = walked
+                .checked_sub(1)
+                .and_then(|i| inner.nodes.get(&chain[i]))
         {
             let now = self.clock.fetch_add(1, Ordering::Relaxed);
             node.last_used.store(now, Ordering::Relaxed);

@@ -419,6 +419,36 @@ fn eviction_keeps_the_prompts_matched_recently_among_many_leaves() {
 }
 
 #[test]
+fn peeks_leave_eviction_order_as_it_was() {
+    let index = budget(400);
+    let prompt = |c: u64| {
+        index.request_hashes(
+            None,
+            &(0..16).map(|i| c as u32 * 100 + i).collect::<Vec<_>>(),
+        )
+    };
+    for c in 0..2_000 {
+        store_conversation(&index, "a", c);
+        for hot in 0..8 {
+            let peeked = index.peek(&prompt(hot));
+            assert_eq!(
+                peeked,
+                index.peek(&prompt(hot)),
+                "a peek answers as a lookup"
+            );
+        }
+    }
+    for hot in 0..8 {
+        assert_eq!(
+            index.peek(&prompt(hot)).blocks_of(&id("a")),
+            0,
+            "peeked prompt {hot} aged out as if never asked for"
+        );
+    }
+    assert!(index.pool_is_exact());
+}
+
+#[test]
 fn a_batch_far_past_the_budget_is_evicted_in_steps_down_to_the_budget() {
     let index = budget(100);
     let tokens: Vec<u32> = (0..4_000).collect();
