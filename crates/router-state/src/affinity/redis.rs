@@ -47,42 +47,43 @@ local function valid(value)
 end
 "#;
 
+/// `key`'s engine id; false when absent or not an engine id.
+const READ: &str = r"
+local function read(key)
+  if redis.call('TYPE', key).ok ~= 'string' then
+    return false
+  end
+  local current = redis.call('GET', key)
+  if not valid(current) then
+    return false
+  end
+  return current
+end
+";
+
 /// `KEYS[1]`'s engine id with its TTL set to `ARGV[1]` ms; nil when absent or not an
 /// engine id.
 const LOOKUP: &str = r"
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
-  return false
+local current = read(KEYS[1])
+if current then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
-local current = redis.call('GET', KEYS[1])
-if not valid(current) then
-  return false
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return current
 ";
 
 /// `KEYS[1]`'s engine id, its TTL untouched; nil when absent or not an engine id.
 const PEEK: &str = r"
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
-  return false
-end
-local current = redis.call('GET', KEYS[1])
-if not valid(current) then
-  return false
-end
-return current
+return read(KEYS[1])
 ";
 
 /// Sets `KEYS[1]` to `ARGV[1]` with a TTL of `ARGV[2]` ms unless it holds an engine id
 /// other than `ARGV[3]` (the expected engine, or empty: bind only if absent); a kept
 /// value has its TTL refreshed. Returns the engine id in force.
 const BIND: &str = r"
-if redis.call('TYPE', KEYS[1]).ok == 'string' then
-  local current = redis.call('GET', KEYS[1])
-  if valid(current) and current ~= ARGV[3] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return current
-  end
+local current = read(KEYS[1])
+if current and current ~= ARGV[3] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return current
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return ARGV[1]
@@ -205,9 +206,9 @@ impl RedisAffinityStore {
                 retry_at: Mutex::new(Instant::now()),
                 down_logged: Mutex::new(false),
                 refusal_logged: Mutex::new(None),
-                lookup: Script::new(&format!("{VALID}{LOOKUP}")),
-                peek: Script::new(&format!("{VALID}{PEEK}")),
-                bind: Script::new(&format!("{VALID}{BIND}")),
+                lookup: Script::new(&format!("{VALID}{READ}{LOOKUP}")),
+                peek: Script::new(&format!("{VALID}{READ}{PEEK}")),
+                bind: Script::new(&format!("{VALID}{READ}{BIND}")),
                 cache,
                 local: LocalAffinityStore::new(config),
                 errors: AtomicU64::new(0),

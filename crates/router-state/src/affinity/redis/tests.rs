@@ -43,6 +43,19 @@ async fn replica(settings: RedisSettings) -> RedisAffinityStore {
     store
 }
 
+async fn pttl(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(raw).await.unwrap()
+}
+
+async fn pexpire(raw: &mut redis::aio::MultiplexedConnection, key: &str, ms: u64) {
+    let () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(ms)
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     Client::open(server.url())
         .unwrap()
@@ -141,46 +154,24 @@ async fn a_use_refreshes_the_servers_ttl() {
     let mut raw = raw(&server).await;
     store.bind_if_absent(SCOPE, "s", &id("E1")).await.unwrap();
     let key = "test:m\0b\0plain\0s";
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let ttl = pttl(&mut raw, key).await;
     assert!(
         (1..=60_000).contains(&ttl),
         "the idle timeout is the TTL: {ttl}"
     );
-    let () = redis::cmd("PEXPIRE")
-        .arg(key)
-        .arg(5_000)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    pexpire(&mut raw, key, 5_000).await;
     assert_eq!(store.get(SCOPE, "s").await, Ok(Some(id("E1"))));
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let ttl = pttl(&mut raw, key).await;
     assert!(
         ttl > 5_000,
         "a lookup set it back to the idle timeout: {ttl}"
     );
-    let () = redis::cmd("PEXPIRE")
-        .arg(key)
-        .arg(5_000)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    pexpire(&mut raw, key, 5_000).await;
     assert_eq!(
         store.bind_if_absent(SCOPE, "s", &id("E2")).await,
         Ok(id("E1"))
     );
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let ttl = pttl(&mut raw, key).await;
     assert!(ttl > 5_000, "so did a bind that kept it: {ttl}");
 }
 
@@ -191,18 +182,9 @@ async fn a_peek_refreshes_nothing_and_writes_nothing() {
     let mut raw = raw(&server).await;
     store.bind_if_absent(SCOPE, "s", &id("E1")).await.unwrap();
     let key = "test:m\0b\0plain\0s";
-    let () = redis::cmd("PEXPIRE")
-        .arg(key)
-        .arg(5_000)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    pexpire(&mut raw, key, 5_000).await;
     assert_eq!(store.peek(SCOPE, "s").await, Ok(Some(id("E1"))));
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let ttl = pttl(&mut raw, key).await;
     assert!(
         (1..=5_000).contains(&ttl),
         "a peek left the TTL as it was: {ttl}"
