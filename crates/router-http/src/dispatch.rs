@@ -133,7 +133,9 @@ impl Failed {
 /// The routing headers of an answer: the bucket, the engines, and why each was
 /// picked (`x-switchyard-reason`: the reason, or `prefill=<reason>, decode=<reason>`).
 fn routing_headers(bucket: HeaderValue, engines: &EnginePicks) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+    // The answer's own map: room for these, the relayed ones and the request id
+    // without growing.
+    let mut headers = HeaderMap::with_capacity(12);
     headers.insert(BUCKET, bucket);
     match engines {
         EnginePicks::Plain(pick) => {
@@ -409,7 +411,7 @@ fn relay(
     }
     headers.insert(REQUEST_ID, out.request_id.clone());
     headers.insert(PROMPT_TOKENS, HeaderValue::from(out.prompt_tokens));
-    response.headers_mut().extend(headers);
+    *response.headers_mut() = headers;
     response
 }
 
