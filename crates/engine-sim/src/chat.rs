@@ -208,10 +208,13 @@ impl From<Response> for Answer {
 }
 
 async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Answer {
-    let request_id = headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (request_id, traceparent) = (header("x-request-id"), header("traceparent"));
     let request: ChatRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
@@ -297,6 +300,7 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         "batch": batch,
         "kv_transfer_params": request.kv_transfer_params,
         "request_id": request_id,
+        "traceparent": traceparent,
     }));
     app.engine.faults().hold(0).await;
     let faults = app.engine.faults().current();

@@ -23,6 +23,7 @@ use crate::error::ApiError;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
 use crate::retries::RetryReason;
+use crate::trace::TraceContext;
 
 mod ranks;
 mod vllm;
@@ -60,6 +61,8 @@ pub(crate) struct Outgoing {
     pub(crate) model: Arc<str>,
     pub(crate) request_id: HeaderValue,
     pub(crate) started: Instant,
+    /// The client's trace context, passed on to every engine.
+    pub(crate) trace: Option<TraceContext>,
     /// The request's decision record, when it is sampled: taken by the body that
     /// relays its answer, else completed with the error it is answered with.
     pub(crate) record: Mutex<Option<PendingRecord>>,
@@ -174,7 +177,8 @@ pub(crate) async fn dispatch(
                 routing: &headers,
             };
             let body = ranks::with_rank(&out.body, rank);
-            let response = send(ctx, to, out.leg, body, &out.request_id).await?;
+            let response =
+                send(ctx, to, out.leg, body, &out.request_id, out.trace.as_ref()).await?;
             Ok(relay(ctx, response, None, headers, out, guards))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
@@ -197,10 +201,11 @@ pub(crate) async fn dispatch(
             let routing = headers.clone();
             let mut prefill_leg: LegFuture = {
                 let ctx = Arc::clone(ctx);
-                let (prefill, body, request_id, leg, routing) = (
+                let (prefill, body, request_id, trace, leg, routing) = (
                     Arc::clone(&prefill),
                     ranks::with_rank(&body, prefill_rank),
                     out.request_id.clone(),
+                    out.trace.clone(),
                     out.leg,
                     routing.clone(),
                 );
@@ -211,7 +216,7 @@ pub(crate) async fn dispatch(
                         rank: prefill_rank,
                         routing: &routing,
                     };
-                    send(&ctx, to, leg, body, &request_id).await
+                    send(&ctx, to, leg, body, &request_id, trace.as_ref()).await
                 })
             };
             let request_id = out.request_id.clone();
@@ -222,7 +227,7 @@ pub(crate) async fn dispatch(
                 routing: &routing,
             };
             let body = ranks::with_rank(&body, decode_rank);
-            let decode_leg = send(ctx, to, out.leg, body, &request_id);
+            let decode_leg = send(ctx, to, out.leg, body, &request_id, out.trace.as_ref());
             tokio::pin!(decode_leg);
             let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
@@ -276,6 +281,7 @@ async fn send(
     leg: Leg,
     body: Bytes,
     request_id: &HeaderValue,
+    trace: Option<&TraceContext>,
 ) -> Result<Response<H1Body>, Failed> {
     let Target {
         engine,
@@ -292,6 +298,7 @@ async fn send(
     if let Some((name, value)) = &rank {
         headers.push((name.clone(), value));
     }
+    headers.extend(trace.into_iter().flat_map(TraceContext::headers));
     let sent = Instant::now();
     let result = ctx
         .upstream

@@ -44,6 +44,7 @@ mod retries;
 mod routing;
 mod server;
 mod tokenize;
+mod trace;
 
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};

@@ -17,4 +17,5 @@ mod ranks;
 mod reload;
 mod retries;
 mod serving;
+mod trace;
 mod vllm;

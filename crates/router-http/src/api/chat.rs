@@ -30,6 +30,7 @@ use crate::explanation;
 use crate::metrics::RequestLabels;
 use crate::prepare::{Endpoint, Prepared, prepare};
 use crate::routing::ModelRoute;
+use crate::trace::TraceContext;
 
 /// The longest client `x-request-id` kept, in bytes.
 const MAX_REQUEST_ID_BYTES: usize = 128;
@@ -400,6 +401,7 @@ async fn route(
         model: Arc::clone(&model),
         request_id,
         started,
+        trace: TraceContext::of(headers),
         record: Mutex::new(record),
     };
     let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;

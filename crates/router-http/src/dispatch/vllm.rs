@@ -76,7 +76,15 @@ pub(super) async fn dispatch(
         rank: prefill_rank,
         routing: &headers,
     };
-    let answer = send(ctx, to, whole, prefill_body(&out.body)?, &out.request_id).await?;
+    let answer = send(
+        ctx,
+        to,
+        whole,
+        prefill_body(&out.body)?,
+        &out.request_id,
+        out.trace.as_ref(),
+    )
+    .await?;
     if !answer.status().is_success() {
         // The client's own error (say, a prompt past the model's context).
         return Ok(relay(ctx, answer, None, headers, out, guards));
@@ -104,7 +112,7 @@ pub(super) async fn dispatch(
     };
     // The prefill holds the request's KV blocks for this decode: a decode that fails
     // is not retried (a retry would prefill again, elsewhere, while they stay held).
-    let response = send(ctx, to, out.leg, body, &out.request_id)
+    let response = send(ctx, to, out.leg, body, &out.request_id, out.trace.as_ref())
         .await
         .map_err(|failed| Failed {
             retry: None,
