@@ -452,6 +452,7 @@ impl Generation {
     /// The next output word, or `None` when done.
     async fn next_word(&mut self) -> Option<&'static str> {
         if self.produced == self.output_tokens {
+            self.run.end();
             return None;
         }
         self.run.decode_token().await;

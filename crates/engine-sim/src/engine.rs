@@ -313,6 +313,7 @@ impl SimEngine {
             generated: 0,
             arrived: Instant::now(),
             adapter,
+            ended: false,
         }
     }
 
@@ -356,9 +357,35 @@ pub struct Run {
     arrived: Instant,
     /// The LoRA adapter it runs, named in its KV events (`lora_name`, as vLLM does).
     adapter: Option<Arc<str>>,
+    /// Whether its slot and pages were given back.
+    ended: bool,
 }
 
 impl Run {
+    /// Gives the run's slot, KV tokens and pages back: when its last token is
+    /// generated, as an engine frees a finished request before its answer is
+    /// flushed, or when it is dropped unfinished.
+    pub fn end(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let mut state = self.rank.state.lock();
+        let prompt = self.prompt_tokens();
+        state.load.total_tokens -= prompt + self.generated;
+        match self.phase {
+            Phase::Waiting { uncached } => {
+                state.load.waiting_requests -= 1;
+                state.load.waiting_uncached_tokens -= uncached;
+            }
+            Phase::Running { .. } => {
+                state.load.running_requests -= 1;
+                state.load.used_kv_tokens -= prompt + self.generated;
+            }
+        }
+        let held = &self.keys[..self.held];
+        state.cache.release(held);
+    }
+
     /// The rank serving the request.
     pub fn rank(&self) -> u32 {
         self.rank.index
@@ -454,21 +481,7 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        let mut state = self.rank.state.lock();
-        let prompt = self.prompt_tokens();
-        state.load.total_tokens -= prompt + self.generated;
-        match self.phase {
-            Phase::Waiting { uncached } => {
-                state.load.waiting_requests -= 1;
-                state.load.waiting_uncached_tokens -= uncached;
-            }
-            Phase::Running { .. } => {
-                state.load.running_requests -= 1;
-                state.load.used_kv_tokens -= prompt + self.generated;
-            }
-        }
-        let held = &self.keys[..self.held];
-        state.cache.release(held);
+        self.end();
     }
 }
 

@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use router_buckets::{BucketPick, EnginePicks};
+use router_policy::Pick;
 use router_state::{Engine, EngineId};
 use router_upstream::{H1Body, UpstreamError};
 use tokio::time::Instant;
@@ -133,26 +134,33 @@ impl Failed {
     }
 }
 
-/// The routing headers of an answer: the bucket, the engines, and why each was
-/// picked (`x-switchyard-reason`: the reason, or `prefill=<reason>, decode=<reason>`).
-fn routing_headers(bucket: HeaderValue, engines: &EnginePicks) -> HeaderMap {
-    // The answer's own map: room for these, the relayed ones and the request id
-    // without growing.
+/// The routing headers of a plain answer: the bucket, the engine, and why it was
+/// picked (`x-switchyard-reason`).
+fn plain_headers(bucket: HeaderValue, pick: &Pick) -> HeaderMap {
+    let mut headers = answer_headers(bucket);
+    headers.insert(ENGINE, id_header(&pick.engine));
+    headers.insert(REASON, HeaderValue::from_static(pick.reason.as_str()));
+    headers
+}
+
+/// The routing headers of a PD answer: the bucket, both engines, and why each was
+/// picked (`x-switchyard-reason: prefill=<reason>, decode=<reason>`).
+pub(super) fn pd_headers(bucket: HeaderValue, prefill: &Pick, decode: &Pick) -> HeaderMap {
+    let mut headers = answer_headers(bucket);
+    headers.insert(PREFILL, id_header(&prefill.engine));
+    headers.insert(DECODE, id_header(&decode.engine));
+    let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
+    let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
+    headers.insert(REASON, reasons);
+    headers
+}
+
+/// The answer's own header map, with its bucket: room for the routing headers, the
+/// relayed ones and the request id without growing. Built once the engines' in-flight
+/// guards are held, so that nothing but the rank lies between admission and them.
+fn answer_headers(bucket: HeaderValue) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(12);
     headers.insert(BUCKET, bucket);
-    match engines {
-        EnginePicks::Plain(pick) => {
-            headers.insert(ENGINE, id_header(&pick.engine));
-            headers.insert(REASON, HeaderValue::from_static(pick.reason.as_str()));
-        }
-        EnginePicks::Pd { prefill, decode } => {
-            headers.insert(PREFILL, id_header(&prefill.engine));
-            headers.insert(DECODE, id_header(&decode.engine));
-            let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
-            let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
-            headers.insert(REASON, reasons);
-        }
-    }
     headers
 }
 
@@ -164,12 +172,12 @@ pub(crate) async fn dispatch(
 ) -> Result<Response, Failed> {
     let bucket =
         HeaderValue::from_str(&pick.bucket).map_err(|_| ApiError::upstream("invalid bucket id"))?;
-    let headers = routing_headers(bucket, &pick.engines);
     match pick.engines {
         EnginePicks::Plain(pick) => {
             let rank = ranks::rank(ctx, &pick);
+            let guards = vec![ranks::guard(ctx, &pick.engine, rank)];
+            let headers = plain_headers(bucket, &pick);
             let engine = pick.engine;
-            let guards = vec![ranks::guard(ctx, &engine, rank)];
             let to = Target {
                 engine: &engine,
                 stage: "plain",
@@ -182,16 +190,17 @@ pub(crate) async fn dispatch(
             Ok(relay(ctx, response, None, headers, out, guards))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
-            vllm::dispatch(ctx, headers, prefill, decode, out).await
+            vllm::dispatch(ctx, bucket, prefill, decode, out).await
         }
         EnginePicks::Pd { prefill, decode } => {
             let (prefill_rank, decode_rank) =
                 (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
-            let (prefill, decode) = (prefill.engine, decode.engine);
             let guards = vec![
-                ranks::guard(ctx, &prefill, prefill_rank),
-                ranks::guard(ctx, &decode, decode_rank),
+                ranks::guard(ctx, &prefill.engine, prefill_rank),
+                ranks::guard(ctx, &decode.engine, decode_rank),
             ];
+            let headers = pd_headers(bucket, &prefill, &decode);
+            let (prefill, decode) = (prefill.engine, decode.engine);
             let prefill_ranks = prefill.dp_size().get();
             let rooms: Vec<u64> = (0..out.batch.unwrap_or(1))
                 .map(|_| ranks::room(ctx.next_room(), prefill_rank, prefill_ranks))

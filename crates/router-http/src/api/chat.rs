@@ -364,6 +364,9 @@ async fn route(
         .filter(|log| log.sample())
         .map(|log| (log, Explanation::recording()));
     let request = request.with_explanation(recording.as_ref().map(|(_, e)| e));
+    // Read before selection: nothing but dispatch lies between a pick's admission and
+    // its in-flight guard.
+    let trace = TraceContext::of(headers);
     let selected = route.resolver.select(&ctx.fleet.snapshot(), &request).await;
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
@@ -401,7 +404,7 @@ async fn route(
         model: Arc::clone(&model),
         request_id,
         started,
-        trace: TraceContext::of(headers),
+        trace,
         record: Mutex::new(record),
     };
     let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use bytes::Bytes;
-use http::HeaderMap;
+use http::HeaderValue;
 use http_body_util::{BodyExt, Limited};
 use router_policy::Pick;
 use serde::Deserialize;
@@ -47,13 +47,11 @@ const DROPPED: [&str; 7] = [
 /// a leg to an engine of several ranks names its rank in vLLM's header.
 pub(super) async fn dispatch(
     ctx: &Arc<AppContext>,
-    headers: HeaderMap,
+    bucket: HeaderValue,
     prefill: Pick,
     decode: Pick,
     out: &Outgoing,
 ) -> Result<Response, Failed> {
-    let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
-    let (prefill, decode) = (prefill.engine, decode.engine);
     if out.batch.is_some_and(|n| n > 1) {
         return Err(ApiError::invalid(
             "invalid_prompt",
@@ -62,10 +60,13 @@ pub(super) async fn dispatch(
         )
         .into());
     }
+    let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
     let guards = vec![
-        ranks::guard(ctx, &prefill, prefill_rank),
-        ranks::guard(ctx, &decode, decode_rank),
+        ranks::guard(ctx, &prefill.engine, prefill_rank),
+        ranks::guard(ctx, &decode.engine, decode_rank),
     ];
+    let headers = super::pd_headers(bucket, &prefill, &decode);
+    let (prefill, decode) = (prefill.engine, decode.engine);
     let whole = Leg {
         path: out.leg.path,
         stream: false,
