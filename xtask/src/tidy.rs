@@ -29,6 +29,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "router-replay",
+        &[
+            "router-state",
+            "router-policy",
+            "router-buckets",
+            "router-http",
+        ],
+    ),
+    (
         "switchyard",
         &[
             "router-state",
@@ -37,12 +46,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router-upstream",
             "router-fleet",
             "router-http",
+            "router-replay",
         ],
     ),
 ];
 
 /// The simulated engine is the other side of the wire and must not share router code.
 const SIMULATOR: &str = "engine-sim";
+/// Beside tests, what may depend on the simulated engine: the binary, and the replay,
+/// which runs the selection code against its engine model.
+const SIMULATOR_USERS: &[&str] = &["switchyard", "router-replay"];
 
 /// HTTP server stacks and high-level clients: only the HTTP crate and the binary use
 /// them (the upstream client speaks HTTP/1.1 itself).
@@ -176,10 +189,11 @@ fn check_dependencies(packages: &[Package]) -> Vec<String> {
                     dep.name
                 ));
             }
-            if dep.name == SIMULATOR && package.name != "switchyard" {
+            if dep.name == SIMULATOR && !SIMULATOR_USERS.contains(&package.name.as_str()) {
                 problems.push(format!(
-                    "{} depends on {SIMULATOR}: only tests and the binary may",
-                    package.name
+                    "{} depends on {SIMULATOR}: only tests, {} may",
+                    package.name,
+                    SIMULATOR_USERS.join(" and ")
                 ));
             }
         }
@@ -363,7 +377,7 @@ mod tests {
             problems,
             [
                 "router-buckets depends on axum: only router-http and switchyard may use an HTTP stack",
-                "router-buckets depends on engine-sim: only tests and the binary may",
+                "router-buckets depends on engine-sim: only tests, switchyard and router-replay may",
             ]
         );
         let upstream =

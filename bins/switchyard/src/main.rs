@@ -8,6 +8,7 @@
 
 mod demo;
 mod indexer;
+mod replay;
 mod serve;
 mod sim_engine;
 
@@ -43,6 +44,13 @@ enum Command {
     /// Start simulated engines and the router, run a chat workload through it, and
     /// print a report.
     Demo(demo::DemoArgs),
+    /// Replay a trace through the real selection code against modelled engines, on a
+    /// virtual clock, and print per policy: TTFT, throughput, cached share, load
+    /// spread. The same inputs print the same bytes.
+    Replay(replay::ReplayArgs),
+    /// Write a shared-prefix multi-turn trace for `replay`, at a share of a fleet's
+    /// capacity.
+    Workload(replay::WorkloadArgs),
     /// Run one simulated SGLang-compatible engine (HTTP, KV events, load feed, PD
     /// bootstrap, faults). Prints one JSON line with the bound ports once ready.
     SimEngine(Box<engine_sim::SimConfig>),
@@ -77,6 +85,8 @@ fn main() -> ExitCode {
         Command::Config(ConfigCommand::Check { file }) => serve::check(&file),
         Command::Config(ConfigCommand::Schema) => serve::schema(),
         Command::Demo(args) => demo::run(args),
+        Command::Replay(args) => replay::run(&args),
+        Command::Workload(args) => replay::workload(&args),
         Command::SimEngine(config) => sim_engine::run(*config),
     };
     match result {

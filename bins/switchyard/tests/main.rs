@@ -8,4 +8,5 @@ mod demo;
 mod kubernetes;
 mod manifests;
 mod reload;
+mod replay;
 mod replicas;

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 /// One full page of a prompt: its chained digest and published hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PageKey {
+pub struct PageKey {
     digest: [u8; 32],
     /// The block hash engines publish for this page.
     pub(crate) hash: i64,
@@ -22,10 +22,24 @@ pub(crate) struct PageKey {
 /// `adapter` (`None`: the base model): its name goes into every page's key (through
 /// the first page's, which every later one chains), so an adapter's pages are never
 /// the base model's or another adapter's.
-pub(crate) fn page_keys(tokens: &[u32], page_size: usize, adapter: Option<&str>) -> Vec<PageKey> {
+pub fn page_keys(tokens: &[u32], page_size: usize, adapter: Option<&str>) -> Vec<PageKey> {
     let mut keys = Vec::with_capacity(tokens.len() / page_size);
-    let mut previous: Option<[u8; 32]> = None;
-    for page in tokens.chunks_exact(page_size) {
+    extend_page_keys(&mut keys, tokens, page_size, adapter);
+    keys
+}
+
+/// Appends the keys of `tokens`' full pages after the first `keys.len()`, whose keys
+/// `keys` already holds (the caller vouches for that): a prompt that extends one whose
+/// keys are known hashes only its new pages.
+pub fn extend_page_keys(
+    keys: &mut Vec<PageKey>,
+    tokens: &[u32],
+    page_size: usize,
+    adapter: Option<&str>,
+) {
+    let known = keys.len();
+    let mut previous: Option<[u8; 32]> = keys.last().map(|k| k.digest);
+    for page in tokens.chunks_exact(page_size).skip(known) {
         let mut hasher = Sha256::new();
         match (previous, adapter) {
             (Some(previous), _) => hasher.update(previous),
@@ -40,7 +54,13 @@ pub(crate) fn page_keys(tokens: &[u32], page_size: usize, adapter: Option<&str>)
         keys.push(PageKey { digest, hash });
         previous = Some(digest);
     }
-    keys
+}
+
+impl PageKey {
+    /// The block hash engines publish for this page.
+    pub fn hash(&self) -> i64 {
+        self.hash
+    }
 }
 
 #[derive(Debug)]
@@ -60,20 +80,20 @@ impl Page {
 
 /// What a cache change means for the KV-event stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CacheChange {
+pub struct CacheChange {
     /// Hashes of evicted pages.
-    pub(crate) removed: Vec<i64>,
+    pub removed: Vec<i64>,
     /// Newly cached pages: their hashes, in chain order.
-    pub(crate) stored: Vec<i64>,
+    pub stored: Vec<i64>,
     /// Hash of the cached page the stored chain extends, if any.
-    pub(crate) parent: Option<i64>,
+    pub parent: Option<i64>,
     /// The request now holds its pages `..held` and must release exactly those.
-    pub(crate) held: usize,
+    pub held: usize,
 }
 
 /// One rank's prefix cache.
 #[derive(Debug)]
-pub(crate) struct PrefixCache {
+pub struct PrefixCache {
     capacity_pages: usize,
     pages: HashMap<[u8; 32], Page>,
     /// Evictable pages by last use: the LRU order.
@@ -82,7 +102,8 @@ pub(crate) struct PrefixCache {
 }
 
 impl PrefixCache {
-    pub(crate) fn new(capacity_pages: usize) -> Self {
+    /// An empty cache of `capacity_pages` pages.
+    pub fn new(capacity_pages: usize) -> Self {
         Self {
             capacity_pages,
             pages: HashMap::new(),
@@ -98,7 +119,7 @@ impl PrefixCache {
     }
 
     /// How many leading pages of `keys` are cached, without touching them.
-    pub(crate) fn peek(&self, keys: &[PageKey]) -> usize {
+    pub fn peek(&self, keys: &[PageKey]) -> usize {
         keys.iter()
             .take_while(|k| self.pages.contains_key(&k.digest))
             .count()
@@ -106,7 +127,7 @@ impl PrefixCache {
 
     /// Holds the cached leading pages of `keys` for a running request and marks them
     /// used; returns how many were cached.
-    pub(crate) fn hold_prefix(&mut self, keys: &[PageKey]) -> usize {
+    pub fn hold_prefix(&mut self, keys: &[PageKey]) -> usize {
         let matched = self.peek(keys);
         for key in &keys[..matched] {
             self.clock += 1;
@@ -122,7 +143,7 @@ impl PrefixCache {
     /// Caches `keys[from..]` (the request already holds `keys[..from]`), evicting
     /// least recently used free leaves to make room. The new pages are held by the
     /// request. Stops early when nothing more can be evicted.
-    pub(crate) fn insert(&mut self, keys: &[PageKey], from: usize) -> CacheChange {
+    pub fn insert(&mut self, keys: &[PageKey], from: usize) -> CacheChange {
         let mut change = CacheChange {
             removed: Vec::new(),
             stored: Vec::new(),
@@ -165,7 +186,7 @@ impl PrefixCache {
     }
 
     /// Releases a request's hold on `keys` (pages cleared meanwhile are skipped).
-    pub(crate) fn release(&mut self, keys: &[PageKey]) {
+    pub fn release(&mut self, keys: &[PageKey]) {
         for key in keys {
             self.update(&key.digest, |page| {
                 page.holders = page.holders.saturating_sub(1)
@@ -174,7 +195,7 @@ impl PrefixCache {
     }
 
     /// Drops every page; returns how many there were.
-    pub(crate) fn clear(&mut self) -> usize {
+    pub fn clear(&mut self) -> usize {
         let n = self.pages.len();
         self.pages.clear();
         self.evictable.clear();

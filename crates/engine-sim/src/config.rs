@@ -123,9 +123,14 @@ pub struct SimConfig {
     /// Requests that run at once per rank; the rest wait.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_running_requests: u32,
-    /// Uncached prompt tokens prefilled per second (0 = instant).
+    /// Uncached prompt tokens prefilled per second (0 = instant): per request, or
+    /// per rank with `--serial-prefill`.
     #[arg(long, default_value_t = 40_000.0)]
     pub prefill_tokens_per_sec: f64,
+    /// Prefill one request at a time per rank, in arrival order, as a GPU whose
+    /// prefill throughput its requests share.
+    #[arg(long)]
+    pub serial_prefill: bool,
     /// Output tokens generated per second per request (0 = instant).
     #[arg(long, default_value_t = 1_000.0)]
     pub decode_tokens_per_sec: f64,
@@ -163,6 +168,7 @@ impl SimConfig {
         Self {
             port: 0,
             prefill_tokens_per_sec: 0.0,
+            serial_prefill: false,
             decode_tokens_per_sec: 0.0,
             ..Self::default()
         }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, sleep};
 
 use crate::cache::{PageKey, PrefixCache, page_keys};
@@ -23,8 +23,13 @@ use crate::faults::Faults;
 pub struct EngineSpec {
     /// Requests that run at once per rank; the rest wait in arrival order.
     pub max_running_requests: u32,
-    /// Uncached prompt tokens prefilled per second per request (0 = instant).
+    /// Uncached prompt tokens prefilled per second (0 = instant): per request, or per
+    /// rank with `serial_prefill`.
     pub prefill_tokens_per_sec: f64,
+    /// Prefill one request at a time per rank, in arrival order, as a GPU whose
+    /// prefill throughput its requests share; otherwise each request prefills on its
+    /// own at the full rate.
+    pub serial_prefill: bool,
     /// Output tokens generated per second per request (0 = instant).
     pub decode_tokens_per_sec: f64,
     /// KV-cache capacity in tokens per rank.
@@ -44,7 +49,20 @@ impl Default for EngineSpec {
             kv_capacity_tokens: 1 << 20,
             page_size: 16,
             dp_size: 1,
+            serial_prefill: false,
         }
+    }
+}
+
+impl EngineSpec {
+    /// How long prefilling `uncached` prompt tokens takes one request.
+    pub fn prefill_time(&self, uncached: u64) -> Duration {
+        rate_delay(uncached, self.prefill_tokens_per_sec)
+    }
+
+    /// How long generating `tokens` output tokens takes one request.
+    pub fn decode_time(&self, tokens: u64) -> Duration {
+        rate_delay(tokens, self.decode_tokens_per_sec)
     }
 }
 
@@ -99,6 +117,8 @@ pub(crate) enum PublisherMsg {
 pub(crate) struct Rank {
     index: u32,
     slots: Arc<Semaphore>,
+    /// The turn to prefill, with `serial_prefill`.
+    prefill_turn: Arc<tokio::sync::Mutex<()>>,
     state: Mutex<RankState>,
     events: Option<mpsc::UnboundedSender<PublisherMsg>>,
     /// Batches emitted since the last restart.
@@ -187,6 +207,7 @@ impl SimEngine {
                 Arc::new(Rank {
                     index,
                     slots: Arc::new(Semaphore::new(spec.max_running_requests as usize)),
+                    prefill_turn: Arc::new(tokio::sync::Mutex::new(())),
                     state: Mutex::new(RankState {
                         load: LoadSample {
                             max_kv_tokens: spec.kv_capacity_tokens,
@@ -338,8 +359,14 @@ impl SimEngine {
 
 #[derive(Debug)]
 enum Phase {
-    Waiting { uncached: u64 },
-    Running { _permit: OwnedSemaphorePermit },
+    Waiting {
+        uncached: u64,
+    },
+    Running {
+        _permit: OwnedSemaphorePermit,
+        /// The rank's prefill turn, held until prefill ends (`serial_prefill`).
+        turn: Option<OwnedMutexGuard<()>>,
+    },
 }
 
 /// One request's life on one rank. Dropping it at any phase returns its slot, its
@@ -396,8 +423,14 @@ impl Run {
         self.tokens.len() as u64
     }
 
-    /// Waits for a running slot; returns the time spent waiting.
+    /// Waits for a running slot (and, with `serial_prefill`, for the rank's prefill
+    /// turn first); returns the time spent waiting.
     pub async fn admit(&mut self) -> Duration {
+        let turn = if self.spec.serial_prefill && matches!(self.phase, Phase::Waiting { .. }) {
+            Some(Arc::clone(&self.rank.prefill_turn).lock_owned().await)
+        } else {
+            None
+        };
         let permit = Arc::clone(&self.rank.slots)
             .acquire_owned()
             .await
@@ -412,7 +445,10 @@ impl Run {
             state.load.running_requests += 1;
             state.load.used_kv_tokens += self.prompt_tokens();
         }
-        self.phase = Phase::Running { _permit: permit };
+        self.phase = Phase::Running {
+            _permit: permit,
+            turn,
+        };
         self.arrived.elapsed()
     }
 
@@ -433,7 +469,7 @@ impl Run {
         self.held = matched;
         let cached = matched as u64 * page;
         let uncached = self.prompt_tokens() - cached;
-        let took = rate_delay(uncached, self.spec.prefill_tokens_per_sec);
+        let took = self.spec.prefill_time(uncached);
         if !took.is_zero() {
             sleep(took).await;
         }
@@ -463,12 +499,15 @@ impl Run {
             events
         };
         self.rank.emit(events);
+        if let Phase::Running { turn, .. } = &mut self.phase {
+            turn.take();
+        }
         cached
     }
 
     /// Emits one output token at the decode rate.
     pub async fn decode_token(&mut self) {
-        let took = rate_delay(1, self.spec.decode_tokens_per_sec);
+        let took = self.spec.decode_time(1);
         if !took.is_zero() {
             sleep(took).await;
         }

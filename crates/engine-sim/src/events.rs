@@ -8,19 +8,26 @@ use crate::config::EventForm;
 
 /// One KV-cache event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum KvEvent {
+pub enum KvEvent {
     /// Pages cached: their hashes in chain order, the page they extend, and all their
     /// tokens.
     Stored {
+        /// The pages' hashes, in chain order.
         hashes: Vec<i64>,
+        /// The hash of the cached page they extend, if any.
         parent: Option<i64>,
+        /// Every page's tokens.
         tokens: Vec<u32>,
+        /// Tokens per page.
         block_size: u32,
         /// The LoRA adapter whose pages these are (vLLM's field; `None` omitted).
         lora_name: Option<std::sync::Arc<str>>,
     },
     /// Pages evicted.
-    Removed { hashes: Vec<i64> },
+    Removed {
+        /// The evicted pages' hashes.
+        hashes: Vec<i64>,
+    },
     /// The whole cache was flushed.
     Cleared,
 }
@@ -30,8 +37,8 @@ const MEDIUM: &str = "GPU";
 
 const INFALLIBLE: &str = "writing to a Vec cannot fail";
 
-/// Encodes one batch.
-pub(crate) fn encode_batch(ts: f64, events: &[KvEvent], rank: u32, form: EventForm) -> Vec<u8> {
+/// Encodes one batch of rank `rank`, stamped `ts` (seconds since the Unix epoch).
+pub fn encode_batch(ts: f64, events: &[KvEvent], rank: u32, form: EventForm) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + events.len() * 64);
     rmp::encode::write_array_len(&mut out, 3).expect(INFALLIBLE);
     rmp::encode::write_f64(&mut out, ts).expect(INFALLIBLE);

@@ -46,12 +46,14 @@ mod server;
 mod tokenizer;
 mod visits;
 
+pub use cache::{CacheChange, PageKey, PrefixCache, extend_page_keys, page_keys};
 pub use config::{EngineRole, EventForm, LoadForm, PdProtocol, SimConfig};
 pub use engine::{EngineSpec, LoadSample, Run, Served, SimEngine};
+pub use events::{KvEvent, encode_batch};
 pub use faults::FaultConfig;
 pub use load_stat::{encode_basic_load_stat, encode_load_stat};
 pub use ports::free_port_ranges;
-pub use publish::BindError;
+pub use publish::{BindError, LOAD_REPUBLISH, LOAD_TICK};
 pub use server::{BoundPorts, RunningEngine, StartError, start};
 pub use tokenizer::TokenizerError;
 pub use visits::Visits;

@@ -173,14 +173,21 @@ async fn answer_replay(
     send_or_log(socket, frames(end)).await;
 }
 
-/// Publishes one rank's `LoadStat` whenever it changes, and at least once a second.
+/// How often a rank looks at its load to publish it.
+pub const LOAD_TICK: Duration = Duration::from_millis(20);
+
+/// The longest a rank goes without publishing its load, changed or not.
+pub const LOAD_REPUBLISH: Duration = Duration::from_secs(1);
+
+/// Publishes one rank's `LoadStat` whenever it changes, and at least every
+/// [`LOAD_REPUBLISH`], looking every [`LOAD_TICK`].
 pub(crate) async fn run_load_publisher(
     mut socket: PubSocket,
     rank: Weak<Rank>,
     form: LoadForm,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut tick = interval(Duration::from_millis(20));
+    let mut tick = interval(LOAD_TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut seq: u64 = 0;
     let mut last: Option<(crate::engine::LoadSample, Instant)> = None;
@@ -193,7 +200,7 @@ pub(crate) async fn run_load_publisher(
         let sample = rank.load();
         let now = Instant::now();
         if last.is_some_and(|(previous, at)| {
-            previous == sample && now.duration_since(at) < Duration::from_secs(1)
+            previous == sample && now.duration_since(at) < LOAD_REPUBLISH
         }) {
             continue;
         }

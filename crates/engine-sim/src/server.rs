@@ -214,6 +214,7 @@ pub async fn start(config: SimConfig) -> Result<RunningEngine, StartError> {
         kv_capacity_tokens: config.kv_capacity_tokens,
         page_size: config.page_size,
         dp_size: ranks,
+        serial_prefill: config.serial_prefill,
     };
     let engine = Arc::new(SimEngine::build(spec, Arc::clone(&faults), publishers));
     let settings = KvPublisherSettings {

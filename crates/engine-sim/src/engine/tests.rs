@@ -9,6 +9,7 @@ fn spec(slots: u32) -> EngineSpec {
         kv_capacity_tokens: 10_000,
         page_size: 10,
         dp_size: 1,
+        serial_prefill: false,
     }
 }
 
@@ -229,4 +230,45 @@ async fn ranks_have_their_own_caches() {
     let mut same_rank = engine.start(prompt(20), Some(2));
     same_rank.admit().await;
     assert_eq!((same_rank.rank(), same_rank.prefill().await), (0, 20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn serial_prefill_takes_one_request_at_a_time_in_arrival_order() {
+    let engine = Arc::new(SimEngine::new(EngineSpec {
+        serial_prefill: true,
+        ..spec(4)
+    }));
+    let serve = |tokens: Vec<u32>| {
+        let engine = Arc::clone(&engine);
+        tokio::spawn(async move { engine.serve(tokens, 0).await })
+    };
+    let first = serve(prompt(500));
+    tokio::task::yield_now().await;
+    let second = serve((5000..5300).collect());
+    tokio::task::yield_now().await;
+    let load = engine.load();
+    assert_eq!(
+        (load.running_requests, load.waiting_requests),
+        (1, 1),
+        "the second waits for the prefill turn although slots are free"
+    );
+    let first = first.await.unwrap();
+    let second = second.await.unwrap();
+    assert_eq!(first.time_to_first_token, Duration::from_millis(500));
+    assert_eq!(second.queued, Duration::from_millis(500));
+    assert_eq!(
+        second.time_to_first_token,
+        Duration::from_millis(800),
+        "its 300 tokens prefill after the first's 500, at the rank's 1000 a second"
+    );
+    let parallel = SimEngine::new(spec(4));
+    let (a, b) = tokio::join!(
+        parallel.serve(prompt(500), 0),
+        parallel.serve((5000..5300).collect(), 0)
+    );
+    assert_eq!(
+        (a.time_to_first_token, b.time_to_first_token),
+        (Duration::from_millis(500), Duration::from_millis(300)),
+        "without it, each request prefills on its own"
+    );
 }

@@ -1,0 +1,88 @@
+//! Replays a request trace through the router's real selection code against engines
+//! modelled as engine-sim models them, on a virtual clock.
+//!
+//! A replay builds the router a configuration describes (its buckets, groups and
+//! policies, load table, prefix indexes and affinity store, as `switchyard serve`
+//! builds them), then feeds it the trace's requests at their arrival times. Each pick
+//! goes to a modelled engine ([`engine_sim`]'s scheduling, cache and timing: running
+//! slots, a waiting queue, prefill per uncached token, decode per token, LRU eviction),
+//! whose load reports and KV events reach the router encoded as the engines publish
+//! them. The same inputs give the same [`Summary`], to the byte once printed.
+//!
+//! ```
+//! use router_replay::{ReplaySettings, SharedPrefixWorkload, oracle_cached_tokens, replay};
+//! use router_http::{EngineConfig, ModelConfig, RouterConfig};
+//!
+//! let engines = (0..4).map(|i| EngineConfig::new(format!("e{i}"), format!("http://e{i}:8000"))).collect();
+//! let config = RouterConfig::new(vec![ModelConfig::new("m", engines)]);
+//! let trace = SharedPrefixWorkload { requests: 200, ..Default::default() }.generate();
+//! let settings = ReplaySettings::default();
+//! let report = replay(&config, &trace, Some("round_robin"), &settings)?;
+//! let summary = report.summary("round_robin", oracle_cached_tokens(&trace, 16));
+//! assert_eq!(summary.requests, 200);
+//! assert_eq!(summary.rejected, 0);
+//! # Ok::<(), router_replay::ReplayError>(())
+//! ```
+
+mod engine;
+mod report;
+mod router;
+mod sim;
+mod trace;
+mod workload;
+
+pub use report::{PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
+pub use router::{seeded, with_policy};
+pub use sim::ReplaySettings;
+pub use trace::{
+    MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, Segment, TraceError,
+    TraceRequest, read_trace, write_trace,
+};
+pub use workload::{SharedPrefixWorkload, uncached_capacity};
+
+use router_http::RouterConfig;
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The configuration describes a router the replay cannot build.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The trace asks for something the configuration does not serve.
+    #[error("trace: {0}")]
+    Trace(String),
+    /// The modelled engines' feeds did not decode (a defect).
+    #[error("engine model: {0}")]
+    Model(String),
+    /// The replay's runtime could not start.
+    #[error("starting the replay clock: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// Replays `trace` through the router `config` describes, with every policy of type
+/// `policy` when one is given (see [`with_policy`]); policies that draw random numbers
+/// and name no seed get `settings.seed`.
+///
+/// # Errors
+/// See [`ReplayError`].
+pub fn replay(
+    config: &RouterConfig,
+    trace: &[TraceRequest],
+    policy: Option<&str>,
+    settings: &ReplaySettings,
+) -> Result<RunReport, ReplayError> {
+    let config = match policy {
+        Some(name) => with_policy(config, name)?,
+        None => config.clone(),
+    };
+    let config = seeded(&config, settings.seed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    runtime.block_on(async {
+        let router = router::Router::build(&config)?;
+        sim::run(&router, trace, settings).await
+    })
+}

@@ -1,0 +1,189 @@
+//! The trace format: one JSON object per line, one request each, in arrival order.
+//!
+//! ```json
+//! {"at_us": 1200, "session": "c17", "output_tokens": 120,
+//!  "prompt": [{"id": "system-3", "tokens": 1800}, {"id": "c17-user-0", "tokens": 90}]}
+//! ```
+//! A prompt is a list of segments. A named segment stands for `tokens` token ids drawn
+//! from its `id` alone, so every prompt naming `system-3` starts with the same tokens,
+//! and a later turn that repeats its conversation's earlier segments extends that
+//! prompt exactly; a recorded prompt gives its ids as `{"token_ids": [...]}`. `model`
+//! is needed only when the configuration serves several models; `session` is the
+//! affinity key a client would send (and the conversation the oracle follows).
+
+use std::io::BufRead;
+
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// The longest line read, in bytes.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+/// The most requests a trace may hold.
+pub const MAX_REQUESTS: usize = 10_000_000;
+/// The longest prompt, in tokens.
+pub const MAX_PROMPT_TOKENS: u64 = 1 << 20;
+/// The most output tokens one request may ask for.
+pub const MAX_OUTPUT_TOKENS: u32 = 1 << 20;
+/// Token ids drawn for named segments lie below this.
+const VOCABULARY: u32 = 50_000;
+
+/// One request of a trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceRequest {
+    /// Arrival, in microseconds from the trace's start.
+    pub at_us: u64,
+    /// The model asked for; `None` = the configuration's only model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The session (affinity) key, and the conversation the request belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The prompt, segment by segment.
+    pub prompt: Vec<Segment>,
+    /// Output tokens the engine generates.
+    pub output_tokens: u32,
+}
+
+/// A run of prompt tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Segment {
+    /// `tokens` ids drawn from `id`: equal ids, equal tokens.
+    Named {
+        /// What the tokens are drawn from.
+        id: String,
+        /// How many.
+        tokens: u32,
+    },
+    /// Token ids as recorded.
+    Recorded {
+        /// The ids.
+        token_ids: Vec<u32>,
+    },
+}
+
+impl Segment {
+    /// Its length in tokens.
+    pub fn len(&self) -> u64 {
+        match self {
+            Segment::Named { tokens, .. } => u64::from(*tokens),
+            Segment::Recorded { token_ids } => token_ids.len() as u64,
+        }
+    }
+
+    /// Whether it has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends its token ids to `out`.
+    pub fn write_tokens(&self, out: &mut Vec<u32>) {
+        match self {
+            Segment::Named { id, tokens } => {
+                let mut rng =
+                    Xoshiro256PlusPlus::seed_from_u64(xxhash_rust::xxh3::xxh3_64(id.as_bytes()));
+                out.extend((0..*tokens).map(|_| rng.next_u32() % VOCABULARY));
+            }
+            Segment::Recorded { token_ids } => out.extend_from_slice(token_ids),
+        }
+    }
+}
+
+impl TraceRequest {
+    /// Prompt length in tokens.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt.iter().map(Segment::len).sum()
+    }
+
+    /// The prompt's token ids.
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.prompt_tokens() as usize);
+        for segment in &self.prompt {
+            segment.write_tokens(&mut out);
+        }
+        out
+    }
+}
+
+/// Why a trace cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// Reading failed.
+    #[error("reading the trace: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line is not a request, or breaks a bound.
+    #[error("trace line {line}: {message}")]
+    Line {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The trace holds more than [`MAX_REQUESTS`] requests.
+    #[error("the trace holds more than {MAX_REQUESTS} requests")]
+    TooLong,
+}
+
+/// Reads a trace: one request per line (blank lines skipped), arrivals never
+/// decreasing.
+///
+/// # Errors
+/// The first line that is not a request, breaks a bound or arrives before the line
+/// above it.
+pub fn read_trace(mut reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut requests = Vec::new();
+    let mut buf = Vec::new();
+    let mut line = 0;
+    loop {
+        buf.clear();
+        line += 1;
+        let read = std::io::Read::take(&mut reader, MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)?;
+        if read == 0 {
+            return Ok(requests);
+        }
+        let at = |message: String| TraceError::Line { line, message };
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(at(format!("longer than {MAX_LINE_BYTES} bytes")));
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let request: TraceRequest = serde_json::from_slice(&buf).map_err(|e| at(e.to_string()))?;
+        if request.prompt_tokens() > MAX_PROMPT_TOKENS {
+            return Err(at(format!(
+                "the prompt is longer than {MAX_PROMPT_TOKENS} tokens"
+            )));
+        }
+        if request.output_tokens > MAX_OUTPUT_TOKENS {
+            return Err(at(format!("output_tokens is above {MAX_OUTPUT_TOKENS}")));
+        }
+        if let Some(previous) = requests.last().map(|r: &TraceRequest| r.at_us)
+            && request.at_us < previous
+        {
+            return Err(at(format!(
+                "at_us {} is before the line above's {previous}: a trace is in arrival order",
+                request.at_us
+            )));
+        }
+        if requests.len() == MAX_REQUESTS {
+            return Err(TraceError::TooLong);
+        }
+        requests.push(request);
+    }
+}
+
+/// Writes a trace, one request per line.
+///
+/// # Errors
+/// Writing failed.
+pub fn write_trace(mut out: impl std::io::Write, requests: &[TraceRequest]) -> std::io::Result<()> {
+    for request in requests {
+        serde_json::to_writer(&mut out, request)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}

@@ -1,0 +1,8 @@
+//! The integration tests of router-replay, one module a subject, linked into one test
+//! binary.
+
+mod common;
+
+mod replay;
+mod trace;
+mod workload;

@@ -1,0 +1,153 @@
+//! Replays through the real selection code: deterministic, policy by policy.
+
+use router_replay::{
+    SharedPrefixWorkload, Summary, oracle_cached_tokens, replay, seeded, table, with_policy,
+};
+
+use crate::common::{fleet, settings};
+
+fn summaries(policies: &[&str], trace: &[router_replay::TraceRequest]) -> Vec<Summary> {
+    let config = fleet(4, "");
+    let oracle = oracle_cached_tokens(trace, 16);
+    policies
+        .iter()
+        .map(|p| {
+            replay(&config, trace, Some(p), &settings())
+                .unwrap()
+                .summary(p, oracle)
+        })
+        .collect()
+}
+
+#[test]
+fn the_same_inputs_give_the_same_bytes() {
+    let trace = SharedPrefixWorkload {
+        requests: 1000,
+        requests_per_sec: 40.0,
+        ..SharedPrefixWorkload::default()
+    }
+    .generate();
+    let policies = ["random", "power_of_two", "cache_aware", "session_aware"];
+    let first = summaries(&policies, &trace);
+    let second = summaries(&policies, &trace);
+    assert_eq!(table(&first), table(&second));
+    assert_eq!(
+        serde_json::to_string(&first).unwrap(),
+        serde_json::to_string(&second).unwrap()
+    );
+    for s in &first {
+        assert_eq!((s.requests, s.rejected), (1000, 0), "{}", s.policy);
+        assert!(
+            s.ttft_p50_ms > 0.0 && s.ttft_p99_ms >= s.ttft_p50_ms,
+            "{s:?}"
+        );
+        assert!(s.of_oracle <= 1.0, "nothing beats the oracle: {s:?}");
+    }
+}
+
+#[test]
+fn cache_aware_routing_finds_more_cached_tokens_than_round_robin() {
+    let trace = SharedPrefixWorkload {
+        requests: 1000,
+        requests_per_sec: 40.0,
+        ..SharedPrefixWorkload::default()
+    }
+    .generate();
+    let [round_robin, cache_aware] = summaries(&["round_robin", "cache_aware"], &trace)
+        .try_into()
+        .unwrap();
+    assert!(
+        cache_aware.cached_share > round_robin.cached_share + 0.1,
+        "{cache_aware:?} against {round_robin:?}"
+    );
+    assert!(
+        cache_aware
+            .reasons
+            .iter()
+            .any(|(reason, n)| reason == "cache_hit" && *n > 0),
+        "{:?}",
+        cache_aware.reasons
+    );
+}
+
+#[test]
+fn admission_rejections_are_counted_not_served() {
+    let config = fleet(
+        1,
+        "    policies: {plain: {type: round_robin, admission: {max_running_requests: 2}}}\n",
+    );
+    let trace = SharedPrefixWorkload {
+        requests: 200,
+        requests_per_sec: 1000.0,
+        ..SharedPrefixWorkload::default()
+    }
+    .generate();
+    let summary = replay(&config, &trace, None, &settings())
+        .unwrap()
+        .summary("config", 0);
+    assert!(summary.rejected > 0, "{summary:?}");
+    let served: u64 = summary.reasons.iter().map(|(_, n)| n).sum();
+    assert_eq!(served + summary.rejected, 200);
+}
+
+#[test]
+fn a_policy_swap_keeps_each_groups_admission_caps() {
+    let config = fleet(
+        2,
+        "    buckets:\n      - id: all\n        groups: {plain: {policy: {type: cache_aware, admission: {max_waiting_requests: 3}}}}\n",
+    );
+    let swapped = with_policy(&config, "power_of_two").unwrap();
+    let bucket = &swapped.models[0].buckets.as_ref().unwrap()[0];
+    let policy = bucket
+        .groups
+        .plain
+        .as_ref()
+        .unwrap()
+        .policy
+        .as_ref()
+        .unwrap();
+    assert_eq!(policy.type_name(), "power_of_two");
+    assert_eq!(policy.admission().max_waiting_requests, Some(3));
+    let plain = swapped.policies.plain.as_ref().unwrap();
+    assert_eq!(plain.type_name(), "power_of_two");
+    let error = with_policy(&config, "fastest").unwrap_err().to_string();
+    assert!(error.contains("fastest"), "{error}");
+}
+
+#[test]
+fn seeding_gives_unseeded_random_policies_the_seed_and_keeps_a_configured_one() {
+    let config = fleet(
+        2,
+        "    buckets:\n      - id: a\n        limits: {max: 100}\n        groups: {plain: {policy: {type: power_of_two}}}\n      - id: b\n        groups: {plain: {policy: {type: random, seed: 5}}}\n",
+    );
+    let seeded = seeded(&config, 42);
+    let seed = |i: usize| {
+        let group = seeded.models[0].buckets.as_ref().unwrap()[i]
+            .groups
+            .plain
+            .clone()
+            .unwrap();
+        serde_json::to_value(group.policy.unwrap()).unwrap()["seed"].clone()
+    };
+    assert_eq!((seed(0), seed(1)), (42.into(), 5.into()));
+}
+
+#[test]
+fn prefill_decode_fleets_are_refused_by_name() {
+    let config = router_http::RouterConfig::from_yaml(
+        "models:\n  - id: m\n    engines:\n      - {id: p, url: 'http://127.0.0.1:1', role: prefill}\n      - {id: d, url: 'http://127.0.0.1:2', role: decode}\n",
+    )
+    .unwrap();
+    let trace = SharedPrefixWorkload {
+        requests: 1,
+        ..SharedPrefixWorkload::default()
+    }
+    .generate();
+    let error = replay(&config, &trace, None, &settings())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("models[0].engines[0].role") && error.contains("prefill/decode"),
+        "{error}"
+    );
+}
