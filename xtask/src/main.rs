@@ -12,6 +12,9 @@
 //!   engines and engines join and leave; fails on unexplained errors, in-flight
 //!   requests left over, or memory growth (not run in CI; `--no-faults` for the load
 //!   alone).
+//! - `routing-quality`: TTFT per policy on a shared-prefix workload near saturation,
+//!   replayed and live through simulated engines, against the targets, with
+//!   `docs/routing-quality.svg` (not run in CI).
 
 #![allow(
     clippy::print_stdout,
@@ -24,6 +27,7 @@ mod bench_e2e;
 mod ci;
 mod processes;
 mod python;
+mod routing_quality;
 mod soak;
 mod tidy;
 
@@ -46,8 +50,9 @@ fn main() -> anyhow::Result<()> {
         "bench" => bench::run(&root, &rest),
         "bench-e2e" => bench_e2e::run(&root, &rest),
         "soak" => soak::run(&root, &rest),
+        "routing-quality" => routing_quality::run(&root, &rest),
         _ => bail!(
-            "usage: cargo xtask <ci | tidy | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults]>"
+            "usage: cargo xtask <ci | tidy | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live]>"
         ),
     }
 }

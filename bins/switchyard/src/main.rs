@@ -7,6 +7,7 @@
 )]
 
 mod demo;
+mod drive;
 mod indexer;
 mod replay;
 mod serve;
@@ -51,6 +52,9 @@ enum Command {
     /// Write a shared-prefix multi-turn trace for `replay`, at a share of a fleet's
     /// capacity.
     Workload(replay::WorkloadArgs),
+    /// Send a trace's requests to a running router at their arrival times (streamed
+    /// `/generate` of the trace's token ids) and print what `replay` prints.
+    Drive(drive::DriveArgs),
     /// Run one simulated SGLang-compatible engine (HTTP, KV events, load feed, PD
     /// bootstrap, faults). Prints one JSON line with the bound ports once ready.
     SimEngine(Box<engine_sim::SimConfig>),
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(&args),
         Command::Workload(args) => replay::workload(&args),
+        Command::Drive(args) => drive::run(&args),
         Command::SimEngine(config) => sim_engine::run(*config),
     };
     match result {

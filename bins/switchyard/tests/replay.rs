@@ -114,3 +114,91 @@ fn a_trace_line_that_is_not_a_request_is_named() {
         "{stderr}"
     );
 }
+
+/// A trace of two conversations of two turns each, the second turns 200 ms later.
+const CONVERSATIONS: &str = r#"{"at_us": 0, "session": "a", "prompt": [{"id": "sys", "tokens": 64}, {"id": "a-u0", "tokens": 20}], "output_tokens": 8}
+{"at_us": 1000, "session": "b", "prompt": [{"id": "sys", "tokens": 64}, {"id": "b-u0", "tokens": 30}], "output_tokens": 8}
+{"at_us": 200000, "session": "a", "prompt": [{"id": "sys", "tokens": 64}, {"id": "a-u0", "tokens": 20}, {"id": "a-a0", "tokens": 8}, {"id": "a-u1", "tokens": 9}], "output_tokens": 8}
+{"at_us": 201000, "session": "b", "prompt": [{"id": "sys", "tokens": 64}, {"id": "b-u0", "tokens": 30}, {"id": "b-a0", "tokens": 8}, {"id": "b-u1", "tokens": 9}], "output_tokens": 8}
+"#;
+
+/// Runs `switchyard drive` on `trace` against `router`, off the test's runtime.
+async fn drive(
+    router: &crate::common::Replica,
+    trace: &TempFile,
+    model: &str,
+    json: &TempFile,
+) -> Output {
+    let args: Vec<String> = [
+        "drive",
+        "--trace",
+        trace.0.to_str().unwrap(),
+        "--url",
+        &router.url(""),
+        "--model",
+        model,
+        "--json",
+        json.0.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("the binary runs")
+    })
+    .await
+    .expect("the driver ran")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drive_sends_a_trace_through_a_router_and_reports_what_came_back() {
+    let engine = engine_sim::start(engine_sim::SimConfig::for_tests())
+        .await
+        .expect("an engine");
+    let config = TempFile::new(
+        &serde_json::json!({
+            "listen": "127.0.0.1:0",
+            "models": [{"id": "m", "engines": [{"id": "E0", "url": engine.url(), "role": "plain"}]}],
+        })
+        .to_string(),
+    );
+    let router = crate::common::Replica::start(&config.0, &[]).await;
+    let trace = TempFile::new(CONVERSATIONS);
+    let json = TempFile::new("");
+
+    let out = drive(&router, &trace, "m", &json).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("live") && l.contains(" 4 ")),
+        "{table}"
+    );
+    let summary =
+        &serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json.0).unwrap()).unwrap()[0];
+    assert_eq!(summary["rejected"], 0);
+    assert_eq!(summary["engine_load"][0][0], "E0", "{summary}");
+    // The first turns find nothing but the second's shared system prompt (4 pages
+    // of 16); the second turns find their first turn's 5 and 5 pages.
+    let cached = 64 + 80 + 80;
+    let prompt = 84 + 94 + 101 + 111;
+    let share = summary["cached_share"].as_f64().unwrap();
+    assert!(
+        (share - f64::from(cached) / f64::from(prompt)).abs() < 1e-9,
+        "{summary}"
+    );
+
+    let out = drive(&router, &trace, "unknown-model", &json).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("4 requests failed"), "{stderr}");
+}

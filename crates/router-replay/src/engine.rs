@@ -32,8 +32,6 @@ pub(crate) struct Run {
     matched: usize,
     /// Pages it holds in the cache.
     held: usize,
-    /// When it got a running slot.
-    pub(crate) admitted: u64,
     /// Prompt tokens found in the cache.
     pub(crate) cached_tokens: u64,
 }
@@ -56,7 +54,6 @@ impl Run {
             waiting_uncached: 0,
             matched: 0,
             held: 0,
-            admitted: 0,
             cached_tokens: 0,
         }
     }
@@ -127,7 +124,6 @@ impl Rank {
         self.load.waiting_uncached_tokens -= run.waiting_uncached;
         self.load.running_requests += 1;
         self.load.used_kv_tokens += run.prompt_tokens();
-        run.admitted = now;
         self.prefilling = true;
         run.matched = self.cache.hold_prefix(&run.keys);
         run.held = run.matched;

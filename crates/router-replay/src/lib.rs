@@ -31,7 +31,7 @@ mod sim;
 mod trace;
 mod workload;
 
-pub use report::{PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
+pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
 pub use router::{seeded, with_policy};
 pub use sim::ReplaySettings;
 pub use trace::{

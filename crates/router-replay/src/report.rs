@@ -9,25 +9,32 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::trace::{Segment, TraceRequest};
 
-/// How one request went.
+/// How one request went: what a replay records, and what a live run measures.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Outcome {
-    pub(crate) arrived_us: u64,
-    pub(crate) prompt_tokens: u64,
-    pub(crate) output_tokens: u64,
-    /// The engine it went to, by position in the configuration.
-    pub(crate) engine: Option<usize>,
+pub struct Outcome {
+    /// Arrival, microseconds from the trace's start.
+    pub arrived_us: u64,
+    /// Prompt length in tokens.
+    pub prompt_tokens: u64,
+    /// Output tokens asked for.
+    pub output_tokens: u64,
+    /// The engine it went to, by position in the summary's engine list.
+    pub engine: Option<usize>,
     /// Why the policy picked it.
-    pub(crate) reason: Option<&'static str>,
-    /// Refused by admission (the router would answer 429).
-    pub(crate) rejected: bool,
-    pub(crate) ttft_us: Option<u64>,
-    pub(crate) finished_us: Option<u64>,
-    pub(crate) cached_tokens: u64,
+    pub reason: Option<String>,
+    /// Refused by admission (the router answered, or would answer, 429).
+    pub rejected: bool,
+    /// Arrival to the first output token, microseconds.
+    pub ttft_us: Option<u64>,
+    /// When its last token came, microseconds from the trace's start.
+    pub finished_us: Option<u64>,
+    /// Prompt tokens the engine found cached.
+    pub cached_tokens: u64,
 }
 
 impl Outcome {
-    pub(crate) fn arrived(request: &TraceRequest) -> Self {
+    /// A request that has arrived and nothing more.
+    pub fn arrived(request: &TraceRequest) -> Self {
         Self {
             arrived_us: request.at_us,
             prompt_tokens: request.prompt_tokens(),
@@ -42,12 +49,11 @@ impl Outcome {
     }
 }
 
-/// One policy's replay, request by request.
+/// One policy's run, request by request.
 #[derive(Debug, Clone)]
 pub struct RunReport {
     pub(crate) outcomes: Vec<Outcome>,
     engines: Vec<String>,
-    slot_us: Vec<u64>,
 }
 
 /// Time to first token in milliseconds at these percentiles: every whole percent,
@@ -87,7 +93,8 @@ pub struct Summary {
     /// Cached prompt tokens over what an unbounded cache that has seen every earlier
     /// prompt finds (see [`oracle_cached_tokens`]).
     pub of_oracle: f64,
-    /// Each engine's load: the mean number of requests it ran, in configuration order.
+    /// Each engine's load: the mean number of requests it held (waiting or running,
+    /// arrival to last token) over the run, in configuration order.
     pub engine_load: Vec<(String, f64)>,
     /// The most loaded engine's load over the least loaded's.
     pub load_max_over_min: f64,
@@ -96,12 +103,9 @@ pub struct Summary {
 }
 
 impl RunReport {
-    pub(crate) fn new(outcomes: Vec<Outcome>, engines: Vec<String>, slot_us: Vec<u64>) -> Self {
-        Self {
-            outcomes,
-            engines,
-            slot_us,
-        }
+    /// The run of `outcomes`, whose `engine`s index `engines`.
+    pub fn new(outcomes: Vec<Outcome>, engines: Vec<String>) -> Self {
+        Self { outcomes, engines }
     }
 
     /// Sums the replay up under `policy`'s name; `oracle_cached` is what the oracle
@@ -126,10 +130,16 @@ impl RunReport {
         let prompt: u64 = served.iter().map(|o| o.prompt_tokens).sum();
         let cached: u64 = served.iter().map(|o| o.cached_tokens).sum();
         let output: u64 = served.iter().map(|o| o.output_tokens).sum();
+        let mut held_us = vec![0u64; self.engines.len()];
+        for o in &self.outcomes {
+            if let (Some(engine), Some(finished)) = (o.engine, o.finished_us) {
+                held_us[engine] += finished.saturating_sub(o.arrived_us);
+            }
+        }
         let engine_load: Vec<(String, f64)> = self
             .engines
             .iter()
-            .zip(&self.slot_us)
+            .zip(&held_us)
             .map(|(id, us)| (id.clone(), *us as f64 / 1e6 / span))
             .collect();
         let max = engine_load.iter().map(|(_, l)| *l).fold(0.0, f64::max);
@@ -138,7 +148,7 @@ impl RunReport {
             .map(|(_, l)| *l)
             .fold(f64::INFINITY, f64::min);
         let mut reasons: std::collections::BTreeMap<&str, u64> = Default::default();
-        for reason in self.outcomes.iter().filter_map(|o| o.reason) {
+        for reason in self.outcomes.iter().filter_map(|o| o.reason.as_deref()) {
             *reasons.entry(reason).or_default() += 1;
         }
         Summary {

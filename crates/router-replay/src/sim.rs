@@ -158,7 +158,6 @@ pub(crate) async fn run(
     let mut free: Vec<usize> = Vec::new();
     let mut in_flight: VecDeque<(usize, u32, Vec<u8>)> = VecDeque::new();
     let mut outcomes: Vec<Outcome> = trace.iter().map(Outcome::arrived).collect();
-    let mut slot_us = vec![0u64; engines.len()];
     let mut memo = KeyMemo::default();
     let mut next = 0usize;
     let mut live = 0usize;
@@ -241,7 +240,7 @@ pub(crate) async fn run(
                 };
                 let rank = rank.unwrap_or(0) as usize;
                 outcomes[index].engine = Some(engine);
-                outcomes[index].reason = Some(pick.reason.as_str());
+                outcomes[index].reason = Some(pick.reason.as_str().to_owned());
                 let keys = memo.keys(request, &tokens, spec.page_size as usize, last_turn[index]);
                 let run = Run::new(index, tokens, keys, u64::from(request.output_tokens), now);
                 let id = free.pop().unwrap_or_else(|| {
@@ -286,7 +285,6 @@ pub(crate) async fn run(
                 let placed = runs[id].take().expect("a finishing run is placed");
                 free.push(id);
                 live -= 1;
-                slot_us[placed.engine] += now - placed.run.admitted;
                 outcomes[placed.run.request].finished_us = Some(now);
                 let rank = &mut engines[placed.engine].ranks[placed.rank];
                 rank.finish(&placed.run);
@@ -332,7 +330,6 @@ pub(crate) async fn run(
     Ok(RunReport::new(
         outcomes,
         engines.iter().map(|e| e.id.as_str().to_owned()).collect(),
-        slot_us,
     ))
 }
 

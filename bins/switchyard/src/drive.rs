@@ -1,0 +1,202 @@
+//! `switchyard drive`: a trace's requests sent to a running router at their arrival
+//! times, each as a streamed SGLang `/generate` of the trace's token ids, measured as
+//! `switchyard replay` measures its own (the same table and JSON).
+
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures_util::StreamExt;
+use router_replay::{Outcome, RunReport, TraceRequest, oracle_cached_tokens, read_trace, table};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// Options of `switchyard drive`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DriveArgs {
+    /// The trace: JSON lines, one request each, in arrival order.
+    #[arg(long)]
+    trace: PathBuf,
+    /// The router's base URL.
+    #[arg(long)]
+    url: String,
+    /// The model to ask for when a request names none.
+    #[arg(long)]
+    model: String,
+    /// The name of the run in the table.
+    #[arg(long, default_value = "live")]
+    label: String,
+    /// The header carrying a request's session.
+    #[arg(long, default_value = "x-session-id")]
+    session_header: String,
+    /// Tokens per page, for the oracle.
+    #[arg(long, default_value_t = 16)]
+    page_size: u32,
+    /// Most requests in flight; a request due while this many are waits, and its
+    /// wait counts in its time to first token.
+    #[arg(long, default_value_t = 4096)]
+    max_in_flight: usize,
+    /// Also write the summary, with TTFT percentiles, as JSON to FILE.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// What one request came back with.
+struct Answer {
+    engine: Option<String>,
+    reason: Option<String>,
+    status: u16,
+    first_token: Option<Duration>,
+    last_token: Duration,
+    cached_tokens: u64,
+}
+
+pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
+    let file = std::fs::File::open(&args.trace)
+        .with_context(|| format!("opening {}", args.trace.display()))?;
+    let trace = read_trace(BufReader::new(file))
+        .with_context(|| format!("reading {}", args.trace.display()))?;
+    anyhow::ensure!(args.max_in_flight > 0, "--max-in-flight must be at least 1");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let answers = runtime.block_on(send_all(args, &trace))?;
+    let mut engines: Vec<String> = answers.iter().filter_map(|a| a.engine.clone()).collect();
+    engines.sort();
+    engines.dedup();
+    let mut failed = Vec::new();
+    let outcomes: Vec<Outcome> = trace
+        .iter()
+        .zip(&answers)
+        .map(|(request, answer)| {
+            let mut outcome = Outcome::arrived(request);
+            match answer.status {
+                429 => outcome.rejected = true,
+                200 => {
+                    outcome.engine = answer
+                        .engine
+                        .as_ref()
+                        .and_then(|e| engines.binary_search(e).ok());
+                    outcome.reason.clone_from(&answer.reason);
+                    outcome.ttft_us = answer.first_token.map(|d| d.as_micros() as u64);
+                    outcome.finished_us =
+                        Some(request.at_us + answer.last_token.as_micros() as u64);
+                    outcome.cached_tokens = answer.cached_tokens;
+                }
+                status => failed.push(status),
+            }
+            outcome
+        })
+        .collect();
+    let summary = RunReport::new(outcomes, engines)
+        .summary(&args.label, oracle_cached_tokens(&trace, args.page_size));
+    print!("{}", table(std::slice::from_ref(&summary)));
+    if let Some(path) = &args.json {
+        let out =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        serde_json::to_writer_pretty(BufWriter::new(out), &[&summary])
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} requests failed (statuses {:?})",
+        failed.len(),
+        failed.iter().take(10).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Vec<Answer>> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.max_in_flight)
+        .timeout(Duration::from_secs(600))
+        .build()?;
+    let url: Arc<str> = format!("{}/generate", args.url.trim_end_matches('/')).into();
+    let gate = Arc::new(Semaphore::new(args.max_in_flight));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(trace.len());
+    let mut reported = start;
+    for (i, request) in trace.iter().enumerate() {
+        let due = start + Duration::from_micros(request.at_us);
+        tokio::time::sleep_until(due).await;
+        let permit = Arc::clone(&gate).acquire_owned().await?;
+        if reported.elapsed() >= Duration::from_secs(5) {
+            reported = Instant::now();
+            eprintln!(
+                "  {}: sent {i} of {}, {} in flight",
+                args.label,
+                trace.len(),
+                args.max_in_flight - gate.available_permits()
+            );
+        }
+        let body = json!({
+            "model": request.model.as_deref().unwrap_or(&args.model),
+            "input_ids": request.tokens(),
+            "sampling_params": {"max_new_tokens": request.output_tokens, "ignore_eos": true},
+            "stream": true,
+        });
+        let mut post = client.post(&*url).json(&body);
+        if let Some(session) = &request.session {
+            post = post.header(args.session_header.as_str(), session.as_str());
+        }
+        tasks.push(tokio::spawn(async move {
+            let answer = exchange(post, due).await;
+            drop(permit);
+            answer
+        }));
+    }
+    let mut answers = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        answers.push(task.await??);
+    }
+    Ok(answers)
+}
+
+/// Sends one request due at `due` and reads its stream to the end.
+async fn exchange(post: reqwest::RequestBuilder, due: Instant) -> anyhow::Result<Answer> {
+    let response = post.send().await.context("sending a request")?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let mut answer = Answer {
+        engine: header("x-switchyard-engine"),
+        reason: header("x-switchyard-reason"),
+        status: response.status().as_u16(),
+        first_token: None,
+        last_token: Duration::ZERO,
+        cached_tokens: 0,
+    };
+    let mut stream = response.bytes_stream();
+    let mut pending = Vec::new();
+    let mut last_event = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("reading a stream")?;
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = pending.drain(..end + 2).collect();
+            let Some(data) = event.strip_prefix(b"data: ") else {
+                continue;
+            };
+            let data = data.trim_ascii_end();
+            if data == b"[DONE]" {
+                continue;
+            }
+            answer.first_token.get_or_insert_with(|| due.elapsed());
+            last_event = data.to_vec();
+        }
+    }
+    answer.last_token = due.elapsed();
+    if answer.status == 200 {
+        let last: serde_json::Value =
+            serde_json::from_slice(&last_event).context("the stream's last event")?;
+        answer.cached_tokens = last["meta_info"]["cached_tokens"].as_u64().unwrap_or(0);
+    }
+    Ok(answer)
+}

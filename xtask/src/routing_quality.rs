@@ -1,0 +1,366 @@
+//! `cargo xtask routing-quality`: time to first token on a shared-prefix multi-turn
+//! workload near saturation, per policy, replayed and live.
+//!
+//! The fleet is 8 simulated engines whose prefill is shared per engine (one at a time,
+//! 20k tokens/s), with 32 slots, 100 output tokens/s per request and 64k tokens of
+//! prefix cache each, smaller than the workload's working set. `switchyard workload`
+//! writes the trace at 85% of the throughput round robin reaches on that fleet
+//! overloaded; `switchyard replay` runs all of it through each policy; the first
+//! `--live-requests` of it are then sent through the release binary to real
+//! simulated-engine processes (`switchyard drive`), one fresh fleet per policy, and
+//! replayed alone for comparison. The report checks the targets, and the
+//! plot (`docs/routing-quality.svg`) shows each run's TTFT distribution.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::processes::{Target, json_field, profile_dir, spawn_ready};
+use crate::{cargo, step};
+
+mod plot;
+
+/// The policies compared, the baseline first.
+const POLICIES: &[&str] = &["round_robin", "power_of_two", "cache_aware"];
+const MODEL: &str = "rq";
+const ENGINES: usize = 8;
+/// The modelled and simulated engines' flags, shared by every command.
+const ENGINE_FLAGS: &[&str] = &[
+    "--prefill-tokens-per-sec",
+    "20000",
+    "--serial-prefill",
+    "--decode-tokens-per-sec",
+    "100",
+    "--kv-capacity-tokens",
+    "65536",
+];
+const SLOTS: &str = "32";
+
+struct Options {
+    requests: usize,
+    live_requests: usize,
+    live: bool,
+}
+
+fn options(args: &[String]) -> anyhow::Result<Options> {
+    let mut options = Options {
+        requests: 100_000,
+        live_requests: 10_000,
+        live: true,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut number = |name: &str| -> anyhow::Result<usize> {
+            args.next()
+                .with_context(|| format!("{name} needs a number"))?
+                .parse()
+                .with_context(|| format!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            "--requests" => options.requests = number("--requests")?,
+            "--live-requests" => options.live_requests = number("--live-requests")?,
+            "--no-live" => options.live = false,
+            other => bail!(
+                "unknown option {other}: cargo xtask routing-quality [--requests N] [--live-requests N] [--no-live]"
+            ),
+        }
+    }
+    anyhow::ensure!(
+        options.live_requests <= options.requests,
+        "--live-requests must not exceed --requests"
+    );
+    Ok(options)
+}
+
+pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
+    let options = options(args)?;
+    step(
+        "build switchyard (release)",
+        cargo().args([
+            "build",
+            "--locked",
+            "--release",
+            "-p",
+            "switchyard",
+            "--bin",
+            "switchyard",
+        ]),
+    )?;
+    let release = profile_dir("release")?;
+    let binary = release.join("switchyard");
+    let dir = release.with_file_name("routing-quality");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tokenizer = root.join("testdata/tokenizer-bytes/tokenizer.json");
+
+    let fleet = dir.join("fleet.yaml");
+    let urls: Vec<String> = (0..ENGINES)
+        .map(|i| format!("http://127.0.0.1:{}", i + 1))
+        .collect();
+    std::fs::write(&fleet, router_config(&urls, None, None).to_string())?;
+    let trace = dir.join("trace.jsonl");
+    let requests = options.requests.to_string();
+    run_binary(
+        "generate the workload at 85% of round robin's capacity",
+        Command::new(&binary)
+            .args(["workload", "--out"])
+            .arg(&trace)
+            .args(["--requests", &requests, "--config"])
+            .arg(&fleet)
+            .args(["--slots", SLOTS])
+            .args(ENGINE_FLAGS),
+    )?;
+    let replayed = dir.join("replay.json");
+    replay(&binary, &trace, &fleet, &replayed)?;
+    let mut runs = vec![("replay".to_owned(), read_summaries(&replayed)?)];
+    if options.live {
+        let live_trace = dir.join("trace-live.jsonl");
+        let text = std::fs::read_to_string(&trace)?;
+        let head: String = text
+            .lines()
+            .take(options.live_requests)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&live_trace, head)?;
+        let replayed_head = dir.join("replay-live.json");
+        replay(&binary, &live_trace, &fleet, &replayed_head)?;
+        let mut live = Vec::new();
+        for policy in POLICIES {
+            live.extend(live_run(&binary, &tokenizer, &dir, &live_trace, policy)?);
+        }
+        runs.push((
+            format!("replay, first {}", options.live_requests),
+            read_summaries(&replayed_head)?,
+        ));
+        runs.push((format!("live, first {}", options.live_requests), live));
+    }
+    for (name, summaries) in &runs {
+        println!("\n{name}");
+        print_table(summaries);
+        check_targets(summaries);
+    }
+    let svg = root.join("docs/routing-quality.svg");
+    std::fs::write(&svg, plot::ttft_cdf(&runs))
+        .with_context(|| format!("writing {}", svg.display()))?;
+    eprintln!(
+        "==> wrote {} and the runs' JSON in {}",
+        svg.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+fn run_binary(name: &str, command: &mut Command) -> anyhow::Result<()> {
+    step(name, command.env("RUST_LOG", "warn"))
+}
+
+fn replay(binary: &Path, trace: &Path, fleet: &Path, json: &Path) -> anyhow::Result<()> {
+    run_binary(
+        &format!("replay {}", trace.display()),
+        Command::new(binary)
+            .args(["replay", "--trace"])
+            .arg(trace)
+            .arg("--config")
+            .arg(fleet)
+            .args(["--policies", &POLICIES.join(",")])
+            .args(["--slots", SLOTS])
+            .args(ENGINE_FLAGS)
+            .arg("--json")
+            .arg(json)
+            .stdout(Stdio::null()),
+    )
+}
+
+fn read_summaries(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    match serde_json::from_str(&text)? {
+        Value::Array(summaries) => Ok(summaries),
+        other => bail!("{} holds {other}, not a list", path.display()),
+    }
+}
+
+/// The router's configuration: `urls` as plain engines of one model, every group
+/// running `policy` (the default one when `None`).
+fn router_config(urls: &[String], tokenizer: Option<&Path>, policy: Option<&str>) -> Value {
+    let engines: Vec<Value> = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| serde_json::json!({"id": format!("e{i}"), "url": url, "role": "plain"}))
+        .collect();
+    let mut model = serde_json::json!({"id": MODEL, "block_size": 16, "engines": engines});
+    if let Some(tokenizer) = tokenizer {
+        model["tokenizer"] = tokenizer.display().to_string().into();
+    }
+    if let Some(policy) = policy {
+        model["policies"] = serde_json::json!({"plain": {"type": policy}});
+    }
+    serde_json::json!({"listen": "127.0.0.1:0", "models": [model]})
+}
+
+/// Starts a fresh fleet of simulated engines and a router running `policy`, drives
+/// `trace` through it, and returns the summary.
+fn live_run(
+    binary: &Path,
+    tokenizer: &Path,
+    dir: &Path,
+    trace: &Path,
+    policy: &str,
+) -> anyhow::Result<Vec<Value>> {
+    eprintln!("==> live: {policy}");
+    let mut processes = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..ENGINES {
+        let mut command = Command::new(binary);
+        command
+            .args([
+                "sim-engine",
+                "--port",
+                "0",
+                "--kv-port",
+                "0",
+                "--replay-port",
+                "0",
+            ])
+            .args(["--load-port", "0", "--model", MODEL, "--tokenizer"])
+            .arg(tokenizer)
+            .args(["--max-running-requests", SLOTS, "--page-size", "16"])
+            .args(ENGINE_FLAGS)
+            .env("RUST_LOG", "warn");
+        let log = File::create(dir.join(format!("engine-{policy}-{i}.log")))?;
+        let (child, ready) = spawn_ready(command, Stdio::from(log))
+            .with_context(|| format!("starting engine {i}"))?;
+        let url = format!("http://{}", json_field(&ready, &["ports", "http"])?);
+        processes.push(Target {
+            name: format!("e{i}"),
+            url: url.clone(),
+            process: Some(child),
+        });
+        urls.push(url);
+    }
+    let config = dir.join(format!("router-{policy}.yaml"));
+    std::fs::write(
+        &config,
+        router_config(&urls, Some(tokenizer), Some(policy)).to_string(),
+    )?;
+    let mut serve = Command::new(binary);
+    serve
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn");
+    let log = File::create(dir.join(format!("router-{policy}.log")))?;
+    let (child, ready) = spawn_ready(serve, Stdio::from(log)).context("starting the router")?;
+    let router = Target {
+        name: "router".into(),
+        url: format!("http://{}", json_field(&ready, &["addr"])?),
+        process: Some(child),
+    };
+    let json = dir.join(format!("live-{policy}.json"));
+    run_binary(
+        &format!("drive {} through {policy}", trace.display()),
+        Command::new(binary)
+            .args(["drive", "--trace"])
+            .arg(trace)
+            .args([
+                "--url",
+                &router.url,
+                "--model",
+                MODEL,
+                "--label",
+                policy,
+                "--json",
+            ])
+            .arg(&json),
+    )?;
+    drop(router);
+    drop(processes);
+    read_summaries(&json)
+}
+
+fn number(summary: &Value, field: &str) -> f64 {
+    summary[field].as_f64().unwrap_or(f64::NAN)
+}
+
+fn print_table(summaries: &[Value]) {
+    println!(
+        "{:<14} {:>9} {:>12} {:>12} {:>9} {:>9} {:>10} {:>13}",
+        "policy",
+        "rejected",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "req/s",
+        "cached",
+        "of_oracle",
+        "load_max/min"
+    );
+    for s in summaries {
+        println!(
+            "{:<14} {:>9} {:>12.1} {:>12.1} {:>9.1} {:>8.1}% {:>9.1}% {:>13.2}",
+            s["policy"].as_str().unwrap_or("?"),
+            s["rejected"],
+            number(s, "ttft_p50_ms"),
+            number(s, "ttft_p99_ms"),
+            number(s, "requests_per_sec"),
+            100.0 * number(s, "cached_share"),
+            100.0 * number(s, "of_oracle"),
+            number(s, "load_max_over_min"),
+        );
+    }
+}
+
+/// Prints each of the targets for cache_aware, met or missed.
+fn check_targets(summaries: &[Value]) {
+    let find = |name: &str| summaries.iter().find(|s| s["policy"] == name);
+    let (Some(rr), Some(p2), Some(ca)) = (
+        find("round_robin"),
+        find("power_of_two"),
+        find("cache_aware"),
+    ) else {
+        return;
+    };
+    let targets = [
+        (
+            "TTFT p50 <= 1/3 of round_robin's",
+            number(ca, "ttft_p50_ms") / number(rr, "ttft_p50_ms"),
+            1.0 / 3.0,
+            false,
+        ),
+        (
+            "TTFT p50 <= 1/2 of power_of_two's",
+            number(ca, "ttft_p50_ms") / number(p2, "ttft_p50_ms"),
+            0.5,
+            false,
+        ),
+        (
+            "TTFT p99 <= 0.7x power_of_two's",
+            number(ca, "ttft_p99_ms") / number(p2, "ttft_p99_ms"),
+            0.7,
+            false,
+        ),
+        (
+            "cached tokens >= 90% of the oracle",
+            number(ca, "of_oracle"),
+            0.9,
+            true,
+        ),
+        (
+            "engine load max/min <= 1.5",
+            number(ca, "load_max_over_min"),
+            1.5,
+            false,
+        ),
+    ];
+    for (name, value, bound, at_least) in targets {
+        let met = if at_least {
+            value >= bound
+        } else {
+            value <= bound
+        };
+        println!(
+            "  cache_aware {name}: {value:.3} ({})",
+            if met { "met" } else { "MISSED" }
+        );
+    }
+}
