@@ -1,7 +1,11 @@
 //! `switchyard demo`: simulated engines, the real router on a local port, a
-//! multi-turn shared-prefix chat workload over HTTP, and a report.
+//! multi-turn shared-prefix chat workload over HTTP, and a report; then the routing
+//! policies compared on a replayed workload, as bars and in an HTML report.
+
+mod compare;
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +42,12 @@ pub(crate) struct DemoArgs {
     /// Router port (0 = any free port).
     #[arg(long, default_value_t = 0)]
     port: u16,
+    /// Requests of the replayed policy comparison (0 = no comparison).
+    #[arg(long, default_value_t = 20_000)]
+    compare_requests: usize,
+    /// Where to write the HTML report (the live run and the comparison's bars).
+    #[arg(long, default_value = "switchyard-demo-report.html")]
+    report: std::path::PathBuf,
 }
 
 /// `(model, engine id, role, running slots)` of the demo fleet.
@@ -265,15 +275,26 @@ async fn drive(args: DemoArgs) -> anyhow::Result<()> {
     progress.abort();
     let report = report.lock().await;
     eprintln!("\r{}", progress_bar(report.finished(), total));
-    report.print(started.elapsed());
+    let mut live = report.text(started.elapsed());
     match picks_by_reason(&client, &base).await {
         Ok(reasons) => {
-            println!("picks by reason (router metrics):");
+            live.push_str("picks by reason (router metrics):\n");
             for (reason, count) in reasons {
-                println!("  {reason:<30} {count:>6}");
+                let _ = writeln!(live, "  {reason:<30} {count:>6}");
             }
         }
-        Err(e) => println!("picks by reason: unavailable ({e})"),
+        Err(e) => {
+            let _ = writeln!(live, "picks by reason: unavailable ({e})");
+        }
+    }
+    print!("{live}");
+    if args.compare_requests > 0 {
+        let (requests, seed) = (args.compare_requests, args.seed);
+        let comparison =
+            tokio::task::spawn_blocking(move || compare::run(requests, seed)).await??;
+        comparison.print();
+        comparison.write_html(&args.report, &live)?;
+        println!("\nreport: {}", args.report.display());
     }
     if args.serve {
         print_try_it(&base);
@@ -446,25 +467,29 @@ impl Report {
         self.ttft_ms.push(turn.ttft.as_secs_f64() * 1000.0);
     }
 
-    fn print(&self, elapsed: Duration) {
+    /// The report as text.
+    fn text(&self, elapsed: Duration) -> String {
+        let mut out = String::new();
         let errors: usize = self.errors.values().sum();
-        println!(
+        let _ = writeln!(
+            out,
             "requests: {} completed, {errors} failed in {:.2} s",
             self.completed,
             elapsed.as_secs_f64()
         );
         for (error, count) in &self.errors {
-            println!("  error {error:<28} {count:>6}");
+            let _ = writeln!(out, "  error {error:<28} {count:>6}");
         }
-        println!("picks by bucket:");
+        let _ = writeln!(out, "picks by bucket:");
         for (bucket, count) in &self.buckets {
-            println!("  {bucket:<30} {count:>6}");
+            let _ = writeln!(out, "  {bucket:<30} {count:>6}");
         }
-        println!("picks by engine:");
+        let _ = writeln!(out, "picks by engine:");
         for (engine, count) in &self.engines {
-            println!("  {engine:<30} {count:>6}");
+            let _ = writeln!(out, "  {engine:<30} {count:>6}");
         }
-        println!(
+        let _ = writeln!(
+            out,
             "prompt tokens: {}, of which cached at the engines: {} ({:.1}%)",
             self.prompt_tokens,
             self.cached_tokens,
@@ -477,11 +502,13 @@ impl Report {
                 .copied()
                 .unwrap_or(0.0)
         };
-        println!(
+        let _ = writeln!(
+            out,
             "time to first token: p50 {:.1} ms, p99 {:.1} ms",
             pct(0.5),
             pct(0.99)
         );
+        out
     }
 }
 

@@ -4,6 +4,7 @@ use std::process::Command;
 
 #[test]
 fn the_demo_routes_a_multi_turn_workload_and_reports_it() {
+    let report = crate::common::TempFile::new("");
     let output = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args([
             "demo",
@@ -15,7 +16,11 @@ fn the_demo_routes_a_multi_turn_workload_and_reports_it() {
             "8",
             "--seed",
             "3",
+            "--compare-requests",
+            "1500",
+            "--report",
         ])
+        .arg(&report.0)
         .output()
         .expect("the binary runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -76,6 +81,39 @@ fn the_demo_routes_a_multi_turn_workload_and_reports_it() {
     assert!(
         String::from_utf8_lossy(&output.stderr)
             .contains("[##############################] 60/60 requests")
+    );
+    // The policies compared: a bar each, for each metric, with its value.
+    let comparison = stdout
+        .split("policy comparison, replayed: 1500 requests")
+        .nth(1)
+        .expect("a policy comparison");
+    for metric in [
+        "time to first token, p50 (lower is better):",
+        "prompt tokens found cached (higher is better):",
+        "engine load spread, max/min (1 is even):",
+    ] {
+        let bars: Vec<&str> = comparison
+            .split(metric)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{metric} in {comparison}"))
+            .lines()
+            .skip(1)
+            .take(3)
+            .collect();
+        for (bar, policy) in bars
+            .iter()
+            .zip(["round_robin", "power_of_two", "cache_aware"])
+        {
+            assert!(
+                bar.trim_start().starts_with(policy) && bar.contains('#'),
+                "{metric}: {bar}"
+            );
+        }
+    }
+    let html = std::fs::read_to_string(&report.0).expect("the HTML report");
+    assert!(
+        html.contains("requests: 60 completed") && html.matches("<svg").count() == 4,
+        "{html}"
     );
 }
 
