@@ -15,7 +15,8 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     param: Option<String>,
-    retry_after: bool,
+    /// Seconds a client should wait before trying again, sent as `Retry-After`.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -25,7 +26,7 @@ impl ApiError {
             code,
             message: message.into(),
             param: None,
-            retry_after: false,
+            retry_after: None,
         }
     }
 
@@ -127,6 +128,17 @@ impl ApiError {
         self.status
     }
 
+    /// The error of `error`, asking a refused client to wait what `load` says the
+    /// refusing engines need to drain (see `retry_after`).
+    pub(crate) fn of_selection(error: SelectError, load: &router_state::LoadSnapshot) -> Self {
+        let seconds = crate::retry_after::seconds(&error, load);
+        let mut api = Self::from(error);
+        if api.retry_after.is_some() {
+            api.retry_after = Some(seconds);
+        }
+        api
+    }
+
     /// The stable machine-readable code.
     pub fn code(&self) -> &'static str {
         self.code
@@ -151,7 +163,7 @@ impl From<SelectError> for ApiError {
                 Self::new(StatusCode::BAD_REQUEST, code, error.to_string())
             }
             SelectError::AtCapacity { .. } | SelectError::Unavailable { .. } => Self {
-                retry_after: true,
+                retry_after: Some(crate::retry_after::MIN_SECONDS),
                 ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string())
             },
             SelectError::Stopped { error, bucket } => {
@@ -194,10 +206,10 @@ impl IntoResponse for ApiError {
             body.to_string(),
         )
             .into_response();
-        if self.retry_after {
+        if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

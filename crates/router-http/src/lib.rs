@@ -41,6 +41,7 @@ mod prepare;
 mod relay;
 mod reload;
 mod retries;
+mod retry_after;
 mod routing;
 mod server;
 mod tokenize;

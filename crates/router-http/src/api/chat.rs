@@ -385,7 +385,7 @@ async fn route(
     let selection = match selected {
         Ok(selection) => selection,
         Err(e) => {
-            let error = ApiError::from(e);
+            let error = ApiError::of_selection(e, &ctx.fleet.load().snapshot());
             if let Some(record) = record {
                 record.finish(error.status().as_u16(), outcome_of(&error), error.code());
             }
