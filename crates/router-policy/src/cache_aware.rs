@@ -166,7 +166,7 @@ impl CacheAwarePolicy {
         holders.sort_by(|a, b| {
             a.uncached
                 .cmp(&b.uncached)
-                .then_with(|| pressure_order(&a.observation, &b.observation))
+                .then_with(|| pressure_order(a, b))
                 .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
         });
         holders.truncate(self.config.candidates.count(engines.len()));
@@ -204,7 +204,7 @@ impl CacheAwarePolicy {
             if candidate.uncached - first.uncached > self.config.switch_margin_tokens {
                 break;
             }
-            if self.guard_prefers(&candidate.observation, &admitted[best].observation) {
+            if self.guard_prefers(candidate, &admitted[best]) {
                 best = i;
             }
         }
@@ -273,8 +273,7 @@ impl CacheAwarePolicy {
             return self.cold(engines, request, snapshot, PickReason::CacheMiss);
         }
         set_aside.sort_by(|a, b| {
-            pressure_order(&a.observation, &b.observation)
-                .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
+            pressure_order(a, b).then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
         });
         let mut rejections = Vec::new();
         for holder in set_aside {
@@ -322,7 +321,14 @@ impl CacheAwarePolicy {
         };
         let mut best = sampled[0];
         for &i in &sampled[1..] {
-            if compare(request.stage, &observations[i], &observations[best]).0 == Ordering::Less {
+            if compare(
+                request.stage,
+                &observations[i],
+                &observations[best],
+                request.input_tokens,
+            )
+            .0 == Ordering::Less
+            {
                 best = i;
             }
         }
@@ -339,7 +345,7 @@ impl CacheAwarePolicy {
 
     /// The pressure guard: whether near-tie `challenger` should replace `current`
     /// because `current` is clearly worse. Needs fresh native reports from both.
-    fn guard_prefers(&self, challenger: &EngineObservation, current: &EngineObservation) -> bool {
+    fn guard_prefers(&self, challenger: &Holder, current: &Holder) -> bool {
         let guard = &self.config.pressure_guard;
         if !guard.enabled {
             return false;
@@ -356,24 +362,31 @@ impl CacheAwarePolicy {
     }
 }
 
-/// `(prefill queue ms, waiting uncached tokens)` of a fresh native report.
-fn native(observation: &EngineObservation) -> Option<(Option<f64>, u64)> {
-    let report = observation.reported.as_ref()?;
+/// `(prefill queue ms, waiting uncached tokens)` of a holder's fresh native report,
+/// the queue corrected by the dispatches the report has not seen (each taken to bring
+/// this request's uncached tokens on that engine).
+fn native(holder: &Holder) -> Option<(Option<f64>, u64)> {
+    let report = holder.observation.reported.as_ref()?;
     report.native_with_capacity()?;
     let native = report.native?;
-    Some((native.prefill_queue_ms, native.waiting_uncached_tokens))
+    Some((
+        holder
+            .observation
+            .corrected_prefill_queue_ms(holder.uncached),
+        native.waiting_uncached_tokens,
+    ))
 }
 
-/// A total order on prefill pressure for sorting: estimated queue time, waiting
-/// uncached tokens, waiting and running requests (unknown values last), then
-/// router-local in-flight requests.
-fn pressure_order(a: &EngineObservation, b: &EngineObservation) -> Ordering {
-    fn key(o: &EngineObservation) -> (f64, u64, u64, u64, u64) {
+/// A total order on the holders' prefill pressure for sorting: estimated queue time
+/// (corrected as in [`native`]), waiting uncached tokens, waiting and running requests
+/// (unknown values last), then router-local in-flight requests.
+fn pressure_order(a: &Holder, b: &Holder) -> Ordering {
+    fn key(h: &Holder) -> (f64, u64, u64, u64, u64) {
+        let o = &h.observation;
         let report = o.reported.as_ref();
         let native = report.and_then(|r| r.native);
         (
-            native
-                .and_then(|n| n.prefill_queue_ms)
+            o.corrected_prefill_queue_ms(h.uncached)
                 .unwrap_or(f64::INFINITY),
             native.map_or(u64::MAX, |n| n.waiting_uncached_tokens),
             report.map_or(u64::MAX, |r| r.waiting_requests),

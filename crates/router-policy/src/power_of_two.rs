@@ -73,7 +73,7 @@ impl PowerOfTwoPolicy {
                 .two_distinct(engines.len());
             let (a, b) = (&engines[i], &engines[j]);
             let (oa, ob) = (snapshot.observe(a.id()), snapshot.observe(b.id()));
-            let (order, basis) = compare(stage, &oa, &ob);
+            let (order, basis) = compare(stage, &oa, &ob, request.input_tokens);
             let reason = match basis {
                 Basis::Reported => PickReason::PowerOfTwoReported,
                 Basis::Local => PickReason::PowerOfTwoLocal,

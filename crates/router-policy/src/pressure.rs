@@ -13,10 +13,13 @@ pub(crate) enum Basis {
     Local,
 }
 
-/// Compares the pressure of `a` and `b` for `stage`; `Less` means `a` is less loaded.
+/// Compares the pressure of `a` and `b` for `stage` and a request of `tokens` prompt
+/// tokens; `Less` means `a` is less loaded.
 ///
-/// Plain and prefill compare estimated prefill queue time (when both have it), then
-/// waiting uncached tokens, waiting requests and running requests. Decode compares
+/// Plain and prefill compare estimated prefill queue time (when both have it),
+/// corrected by the dispatches each report has not seen yet (each taken to be a
+/// request like this one), then waiting uncached tokens, waiting requests and running
+/// requests. Decode compares
 /// waiting requests, running requests, KV usage fraction and KV tokens in use. Ties in
 /// reported pressure, and engines lacking a fresh native report with valid capacity,
 /// are decided by router-local in-flight requests.
@@ -24,13 +27,23 @@ pub(crate) fn compare(
     stage: Role,
     a: &EngineObservation,
     b: &EngineObservation,
+    tokens: u64,
 ) -> (Ordering, Basis) {
     let local = a.in_flight.cmp(&b.in_flight);
     let (Some(ra), Some(rb)) = (native_report(a), native_report(b)) else {
         return (local, Basis::Local);
     };
     let reported = match stage {
-        Role::Plain | Role::Prefill => compare_prefill(ra, rb),
+        Role::Plain | Role::Prefill => {
+            let queue = match (
+                a.corrected_prefill_queue_ms(tokens),
+                b.corrected_prefill_queue_ms(tokens),
+            ) {
+                (Some(qa), Some(qb)) => qa.total_cmp(&qb),
+                _ => Ordering::Equal,
+            };
+            queue.then_with(|| compare_prefill(ra, rb))
+        }
         Role::Decode => compare_decode(ra, rb),
     };
     (reported.then(local), Basis::Reported)
@@ -47,12 +60,8 @@ fn compare_prefill(a: &ReportedLoad, b: &ReportedLoad) -> Ordering {
     let (Some(na), Some(nb)) = (a.native, b.native) else {
         return Ordering::Equal;
     };
-    let queue = match (na.prefill_queue_ms, nb.prefill_queue_ms) {
-        (Some(qa), Some(qb)) => qa.total_cmp(&qb),
-        _ => Ordering::Equal,
-    };
-    queue
-        .then(na.waiting_uncached_tokens.cmp(&nb.waiting_uncached_tokens))
+    na.waiting_uncached_tokens
+        .cmp(&nb.waiting_uncached_tokens)
         .then(a.waiting_requests.cmp(&b.waiting_requests))
         .then(a.running_requests.cmp(&b.running_requests))
 }

@@ -52,7 +52,7 @@ fn observe(l: Load) -> EngineObservation {
 }
 
 fn cmp(stage: Role, a: Load, b: Load) -> (std::cmp::Ordering, Basis) {
-    compare(stage, &observe(a), &observe(b))
+    compare(stage, &observe(a), &observe(b), 1000)
 }
 
 #[test]
@@ -213,7 +213,45 @@ fn without_fresh_native_reports_with_capacity_only_local_in_flight_counts() {
         ..EngineObservation::UNKNOWN
     };
     assert_eq!(
-        compare(Role::Plain, &observe(quiet_locally), &missing),
+        compare(Role::Plain, &observe(quiet_locally), &missing, 1000),
         (Less, Basis::Local)
+    );
+}
+
+#[test]
+fn dispatches_the_report_has_not_seen_count_as_queued_prefill_work() {
+    let measured = |queue_ms: f64, dispatched: u64| {
+        let mut o = observe(Load {
+            queue_ms: Some(queue_ms),
+            ..BASE
+        });
+        if let Some(native) = o.reported.as_mut().and_then(|r| r.native.as_mut()) {
+            native.prefill_tokens_per_sec = Some(10_000.0);
+        }
+        o.dispatched_since_report = dispatched;
+        o
+    };
+    // 20 ms queued and nothing sent since, against 5 ms queued and two requests of
+    // 1000 tokens sent since (2 x 100 ms at 10k tokens a second).
+    let (quiet, hit) = (measured(20.0, 0), measured(5.0, 2));
+    assert_eq!(hit.corrected_prefill_queue_ms(1000), Some(205.0));
+    assert_eq!(compare(Role::Plain, &quiet, &hit, 1000).0, Less);
+    assert_eq!(
+        compare(Role::Plain, &quiet, &hit, 0).0,
+        Greater,
+        "requests of no uncached tokens add no work"
+    );
+    let unmeasured = observe(Load {
+        queue_ms: Some(5.0),
+        ..BASE
+    });
+    assert_eq!(
+        EngineObservation {
+            dispatched_since_report: 2,
+            ..unmeasured
+        }
+        .corrected_prefill_queue_ms(1000),
+        Some(5.0),
+        "without a measured speed the report stands"
     );
 }

@@ -80,6 +80,21 @@ impl EngineObservation {
         }
     }
 
+    /// The reported prefill queue time, corrected by the dispatches the report has
+    /// not seen yet, each taken to bring `tokens_per_dispatch` uncached tokens at the
+    /// measured prefill speed; `None` without a fresh native estimate.
+    pub fn corrected_prefill_queue_ms(&self, tokens_per_dispatch: u64) -> Option<f64> {
+        let native = self.reported?.native?;
+        let queue = native.prefill_queue_ms?;
+        let unseen = match native.prefill_tokens_per_sec {
+            Some(speed) if speed > 0.0 => {
+                self.dispatched_since_report as f64 * tokens_per_dispatch as f64 * 1000.0 / speed
+            }
+            _ => 0.0,
+        };
+        Some(queue + unseen)
+    }
+
     /// Reported running plus waiting requests, corrected by the dispatches the report
     /// has not seen yet; `None` without a fresh report.
     pub fn corrected_reported_requests(&self) -> Option<u64> {
