@@ -23,6 +23,7 @@ use crate::decisions::DecisionLog;
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
+use crate::spans::Spans;
 use crate::tokenize::{ChatTokenizer, TokenizePool};
 
 /// Why the router could not start.
@@ -40,6 +41,9 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The span exporter could not be built.
+    #[error("starting the span exporter for traces.otlp_endpoint: {0}")]
+    Traces(String),
     /// The decision records' file could not be opened.
     #[error("opening the decision records' file {path}: {source}")]
     Decisions {
@@ -71,6 +75,8 @@ pub struct AppContext {
     pub(crate) retries: RetryBudget,
     /// Where sampled decisions are recorded, when configured.
     pub(crate) decisions: Option<Arc<DecisionLog>>,
+    /// Where the router's spans go, when configured.
+    pub(crate) spans: Option<Arc<Spans>>,
     /// What the configuration file brought; a reload holds it while it runs.
     pub(crate) configured: tokio::sync::Mutex<Configured>,
     rng: Mutex<Xoshiro256PlusPlus>,
@@ -161,6 +167,16 @@ impl AppContext {
             )),
             None => None,
         };
+        let spans = match config.traces.clone() {
+            // The exporter's HTTP client blocks: it is built off the runtime's threads.
+            Some(traces) => Some(Arc::new(
+                tokio::task::spawn_blocking(move || Spans::start(&traces))
+                    .await
+                    .map_err(|e| StartError::Traces(e.to_string()))?
+                    .map_err(StartError::Traces)?,
+            )),
+            None => None,
+        };
         Ok(Arc::new(Self {
             fleet,
             routing,
@@ -177,6 +193,7 @@ impl AppContext {
             tokenizing: TokenizePool::new(config.tokenize_concurrency),
             retries: RetryBudget::new(&config.retries),
             decisions,
+            spans,
             configured: tokio::sync::Mutex::new(configured),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))

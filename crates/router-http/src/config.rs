@@ -58,6 +58,9 @@ pub struct RouterConfig {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decisions: Option<DecisionsConfig>,
+    /// The router's own spans, exported over OTLP; off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traces: Option<TracesConfig>,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -77,6 +80,7 @@ impl RouterConfig {
             affinity: AffinitySettings::default(),
             prefix_indexer: None,
             decisions: None,
+            traces: None,
             discovery: DiscoveryConfig::default(),
             limits: LimitsConfig::default(),
             retries: RetryConfig::default(),
@@ -559,6 +563,9 @@ impl RouterConfig {
         if let Some(decisions) = &self.decisions {
             decisions.validate(&mut errors);
         }
+        if let Some(traces) = &self.traces {
+            traces.validate(&mut errors);
+        }
         let models: Vec<&str> = self.models.iter().map(|m| m.id.as_str()).collect();
         self.discovery.validate(&models, &mut errors);
         if let Some(indexer) = &self.prefix_indexer {
@@ -756,6 +763,7 @@ mod affinity;
 mod decisions;
 mod discovery;
 mod retries;
+mod traces;
 mod validated;
 
 pub(crate) use admin::AdminAccess;
@@ -765,6 +773,7 @@ pub use discovery::{DiscoveryConfig, KubernetesConfig, KubernetesModel};
 
 pub use decisions::DecisionsConfig;
 pub use retries::RetryConfig;
+pub use traces::TracesConfig;
 pub use validated::ValidatedConfig;
 pub(crate) use validated::{
     AffinityHeaders, ClientLimits, ModelPlan, ModelRouting, RestartOnly, SharedState, engine_spec,

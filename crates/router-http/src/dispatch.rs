@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::metrics::StageLabels;
 use crate::relay::{Companion, RelayBody};
 use crate::retries::RetryReason;
-use crate::trace::TraceContext;
+use crate::trace::Tracing;
 
 mod ranks;
 mod vllm;
@@ -62,8 +62,8 @@ pub(crate) struct Outgoing {
     pub(crate) model: Arc<str>,
     pub(crate) request_id: HeaderValue,
     pub(crate) started: Instant,
-    /// The client's trace context, passed on to every engine.
-    pub(crate) trace: Option<TraceContext>,
+    /// The request's trace, passed on to every engine.
+    pub(crate) trace: Tracing,
     /// The request's decision record, when it is sampled: taken by the body that
     /// relays its answer, else completed with the error it is answered with.
     pub(crate) record: Mutex<Option<PendingRecord>>,
@@ -185,8 +185,7 @@ pub(crate) async fn dispatch(
                 routing: &headers,
             };
             let body = ranks::with_rank(&out.body, rank);
-            let response =
-                send(ctx, to, out.leg, body, &out.request_id, out.trace.as_ref()).await?;
+            let response = send(ctx, to, out.leg, body, &out.request_id, &out.trace).await?;
             Ok(relay(ctx, response, None, headers, out, guards))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
@@ -225,7 +224,7 @@ pub(crate) async fn dispatch(
                         rank: prefill_rank,
                         routing: &routing,
                     };
-                    send(&ctx, to, leg, body, &request_id, trace.as_ref()).await
+                    send(&ctx, to, leg, body, &request_id, &trace).await
                 })
             };
             let request_id = out.request_id.clone();
@@ -236,7 +235,7 @@ pub(crate) async fn dispatch(
                 routing: &routing,
             };
             let body = ranks::with_rank(&body, decode_rank);
-            let decode_leg = send(ctx, to, out.leg, body, &request_id, out.trace.as_ref());
+            let decode_leg = send(ctx, to, out.leg, body, &request_id, &out.trace);
             tokio::pin!(decode_leg);
             let mut prefill_response: Option<Response<H1Body>> = None;
             let decode_response = loop {
@@ -290,7 +289,7 @@ async fn send(
     leg: Leg,
     body: Bytes,
     request_id: &HeaderValue,
-    trace: Option<&TraceContext>,
+    trace: &Tracing,
 ) -> Result<Response<H1Body>, Failed> {
     let Target {
         engine,
@@ -307,7 +306,8 @@ async fn send(
     if let Some((name, value)) = &rank {
         headers.push((name.clone(), value));
     }
-    headers.extend(trace.into_iter().flat_map(TraceContext::headers));
+    let leg_trace = trace.leg(stage, engine.id().as_str());
+    headers.extend(leg_trace.headers());
     let sent = Instant::now();
     let result = ctx
         .upstream
@@ -323,7 +323,7 @@ async fn send(
             engine: engine.id().clone(),
         })
     };
-    match result {
+    let answered = match result {
         Ok(response) if response.status().is_server_error() => {
             ctx.fleet.record_dispatch(engine.id(), false);
             let status = response.status();
@@ -378,7 +378,11 @@ async fn send(
                 retry: reason.and_then(retry),
             })
         }
+    };
+    if let (Some(span), Err(failed)) = (&leg_trace.span, &answered) {
+        span.fail(failed.message());
     }
+    answered
 }
 
 /// Reads a leg's body to its end, keeping none of it; the PD prefill leg must run to
@@ -413,7 +417,8 @@ fn relay(
         out.started,
         guards,
     )
-    .with_record(record, status.as_u16());
+    .with_record(record, status.as_u16())
+    .with_span(out.trace.span.clone());
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     for name in [

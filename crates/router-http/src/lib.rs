@@ -44,6 +44,7 @@ mod retries;
 mod retry_after;
 mod routing;
 mod server;
+mod spans;
 mod tokenize;
 mod trace;
 
@@ -53,7 +54,7 @@ pub use config::{
     AdminConfig, AffinityBackendKind, AffinitySettings, DecisionsConfig, DiscoveryConfig,
     EngineConfig, EngineRole, HealthConfig, KubernetesConfig, KubernetesModel, LimitsConfig,
     LoadConfig, ModelConfig, PdProtocol, PrefixIndexerConfig, RedisConfig, RetryConfig,
-    RolePolicies, RouterConfig, TimeoutConfig, ValidatedConfig,
+    RolePolicies, RouterConfig, TimeoutConfig, TracesConfig, ValidatedConfig,
 };
 pub use error::ApiError;
 pub use indexer::{RunningIndexer, start_indexer};

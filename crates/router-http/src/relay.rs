@@ -16,6 +16,7 @@ use tokio::time::{Instant, Sleep, sleep};
 use crate::app::AppContext;
 use crate::decisions::PendingRecord;
 use crate::metrics::{ModelLabels, RequestLabels};
+use crate::spans::RequestSpan;
 use router_upstream::{H1Body, H1Error};
 
 /// A leg that must run to completion alongside the relayed body (a PD prefill).
@@ -60,6 +61,8 @@ pub(crate) struct RelayBody {
     held: Option<RelayError>,
     /// The request's decision record, with the answer's status.
     record: Option<(PendingRecord, u16)>,
+    /// The request's span, which ends when the body does.
+    _span: Option<Arc<RequestSpan>>,
     _guards: Vec<InflightGuard>,
 }
 
@@ -95,6 +98,7 @@ impl RelayBody {
             unflushed: true,
             held: None,
             record: None,
+            _span: None,
             _guards: guards,
         };
         if body.is_end_stream() {
@@ -102,6 +106,12 @@ impl RelayBody {
             body.finish(Ending::Done, "ok");
         }
         body
+    }
+
+    /// Holds the request's span until the body ends.
+    pub(crate) fn with_span(mut self, span: Option<Arc<RequestSpan>>) -> Self {
+        self._span = span;
+        self
     }
 
     /// Has the body complete `record`, the decision record of an answer of

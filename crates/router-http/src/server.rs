@@ -48,6 +48,10 @@ impl RunningRouter {
         if let Some((_, admin)) = self.admin {
             drop(admin.await);
         }
+        if let Some(spans) = self.ctx.spans.clone() {
+            // Exports what is queued; the exporter blocks.
+            drop(tokio::task::spawn_blocking(move || spans.shutdown()).await);
+        }
     }
 }
 

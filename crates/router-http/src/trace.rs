@@ -1,9 +1,15 @@
 //! W3C trace context from a client (`traceparent`, `tracestate`), checked and passed
-//! on unchanged to every engine a request is sent to (both legs of a PD pair), so an
-//! engine's spans join the client's trace. The router records no spans of its own,
-//! so it forwards the client's parent rather than naming itself one.
+//! on to every engine a request is sent to (both legs of a PD pair), so an engine's
+//! spans join the client's trace: unchanged when the router records no spans of its
+//! own, and naming the router's `dispatch` span as the parent when it does
+//! (`spans.rs`); `tracestate` is passed on as the client sent it.
+
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::KeyValue;
+
+use crate::spans::{ChildSpan, RequestSpan};
 
 /// `traceparent`.
 pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -43,10 +49,67 @@ impl TraceContext {
         })
     }
 
-    /// The headers to send an engine.
+    /// The trace id, parent id and flags of version 00's fields (a later version
+    /// starts with the same fields).
+    pub(crate) fn ids(&self) -> Option<(&str, &str, &str)> {
+        let value = self.parent.to_str().ok()?;
+        Some((value.get(3..35)?, value.get(36..52)?, value.get(53..55)?))
+    }
+}
+
+/// What a request's legs carry of its trace: the client's context, and the request's
+/// span when the router records spans.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tracing {
+    /// The client's valid context, if any.
+    pub(crate) client: Option<TraceContext>,
+    /// The request's span, when `traces` is configured.
+    pub(crate) span: Option<Arc<RequestSpan>>,
+}
+
+impl Tracing {
+    /// The trace of one leg to `engine` at `stage`: with spans, a `dispatch` span and
+    /// a `traceparent` naming it; without, the client's context.
+    pub(crate) fn leg(&self, stage: &'static str, engine: &str) -> LegTrace {
+        let span = self.span.as_ref().map(|request| {
+            request.child(
+                "dispatch",
+                vec![
+                    KeyValue::new("switchyard.stage", stage),
+                    KeyValue::new("switchyard.engine", engine.to_owned()),
+                ],
+            )
+        });
+        let parent = match &span {
+            Some(span) => span.traceparent(),
+            None => self.client.as_ref().map(|c| c.parent.clone()),
+        };
+        let state = self.client.as_ref().and_then(|c| c.state.clone());
+        LegTrace {
+            headers: parent
+                .map(|p| (TRACEPARENT, p))
+                .into_iter()
+                .chain(state.map(|s| (TRACESTATE, s)))
+                .collect(),
+            span,
+        }
+    }
+}
+
+/// One leg's trace headers, and its span while it is sent.
+#[derive(Debug)]
+pub(crate) struct LegTrace {
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// The leg's `dispatch` span, when the router records spans.
+    pub(crate) span: Option<ChildSpan>,
+}
+
+impl LegTrace {
+    /// The headers to send the engine.
     pub(crate) fn headers(&self) -> impl Iterator<Item = (HeaderName, &HeaderValue)> {
-        std::iter::once((TRACEPARENT, &self.parent))
-            .chain(self.state.as_ref().map(|state| (TRACESTATE, state)))
+        self.headers
+            .iter()
+            .map(|(name, value)| (name.clone(), value))
     }
 }
 
@@ -93,8 +156,14 @@ mod tests {
         TraceContext::of(&headers)
     }
 
+    /// What a leg sends when the router records no spans.
     fn sent(context: &TraceContext) -> Vec<(String, String)> {
-        context
+        let tracing = Tracing {
+            client: Some(context.clone()),
+            span: None,
+        };
+        tracing
+            .leg("plain", "A")
             .headers()
             .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
             .collect()

@@ -17,5 +17,6 @@ mod ranks;
 mod reload;
 mod retries;
 mod serving;
+mod spans;
 mod trace;
 mod vllm;

@@ -30,7 +30,8 @@ use crate::explanation;
 use crate::metrics::RequestLabels;
 use crate::prepare::{Endpoint, Prepared, prepare};
 use crate::routing::ModelRoute;
-use crate::trace::TraceContext;
+use crate::trace::{TraceContext, Tracing};
+use opentelemetry::KeyValue;
 
 /// The longest client `x-request-id` kept, in bytes.
 const MAX_REQUEST_ID_BYTES: usize = 128;
@@ -110,17 +111,34 @@ async fn respond(
         model: unknown_model(),
         armed: true,
     };
-    let (model, result) = route(
-        endpoint,
-        &ctx,
-        &headers,
-        body,
+    let client = TraceContext::of(&headers);
+    let span = ctx
+        .spans
+        .as_ref()
+        .map(|spans| spans.request(endpoint.path, client.as_ref()));
+    let tracing = Tracing { client, span };
+    let arrival = Arrival {
+        headers: &headers,
         started,
-        request_id.clone(),
-        &mut unanswered,
-    )
-    .await;
+        request_id: request_id.clone(),
+        tracing: &tracing,
+    };
+    let (model, result) = route(endpoint, &ctx, arrival, body, &mut unanswered).await;
     unanswered.armed = false;
+    if let Some(span) = &tracing.span {
+        span.set(KeyValue::new("switchyard.model", model.to_string()));
+        let status = match &result {
+            Ok(response) => response.status().as_u16(),
+            Err(error) => {
+                span.fail(format!("{}: {}", error.code(), error.message()));
+                error.status().as_u16()
+            }
+        };
+        span.set(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+    }
     match result {
         Ok(response) => response,
         Err(error) => {
@@ -331,24 +349,41 @@ pub(super) async fn ready<'h>(
     }
 }
 
+/// What is known of a request before its body is read.
+struct Arrival<'a> {
+    headers: &'a HeaderMap,
+    started: Instant,
+    request_id: HeaderValue,
+    tracing: &'a Tracing,
+}
+
 /// The model (for metrics; empty until known) and the response.
 async fn route(
     endpoint: &'static Endpoint,
     ctx: &Arc<AppContext>,
-    headers: &HeaderMap,
+    arrival: Arrival<'_>,
     body: Result<Bytes, ApiError>,
-    started: Instant,
-    request_id: HeaderValue,
     unanswered: &mut Unanswered<'_>,
 ) -> (Arc<str>, Result<Response, ApiError>) {
+    let Arrival {
+        headers,
+        started,
+        request_id,
+        tracing,
+    } = arrival;
     let body = match body {
         Ok(body) => body,
         Err(e) => return (unknown_model(), Err(e)),
     };
+    let preparing = tracing
+        .span
+        .as_ref()
+        .map(|s| s.child("prepare", Vec::new()));
     let ready = match ready(endpoint, ctx, headers, &body).await {
         Ok(ready) => ready,
         Err((model, e)) => return (model, Err(e)),
     };
+    drop(preparing);
     let route = &ready.route;
     let model = Arc::clone(&route.id);
     unanswered.model = Arc::clone(&model);
@@ -364,10 +399,12 @@ async fn route(
         .filter(|log| log.sample())
         .map(|log| (log, Explanation::recording()));
     let request = request.with_explanation(recording.as_ref().map(|(_, e)| e));
-    // Read before selection: nothing but dispatch lies between a pick's admission and
-    // its in-flight guard.
-    let trace = TraceContext::of(headers);
+    let selecting = tracing.span.as_ref().map(|s| s.child("select", Vec::new()));
     let selected = route.resolver.select(&ctx.fleet.snapshot(), &request).await;
+    if let Some(span) = &selecting {
+        crate::spans::record_attempts(span, &selected);
+    }
+    drop(selecting);
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
             endpoint: endpoint.path,
@@ -404,7 +441,7 @@ async fn route(
         model: Arc::clone(&model),
         request_id,
         started,
-        trace,
+        trace: tracing.clone(),
         record: Mutex::new(record),
     };
     let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;

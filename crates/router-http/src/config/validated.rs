@@ -24,7 +24,7 @@ use router_upstream::{Upstream, UpstreamTimeouts};
 use super::{
     AdminAccess, AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineConfig,
     HealthConfig, LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig,
-    RouterConfig, TimeoutConfig,
+    RouterConfig, TimeoutConfig, TracesConfig,
 };
 use crate::indexer::RemoteCacheSource;
 use crate::tokenize::ChatTokenizer;
@@ -43,6 +43,8 @@ pub struct ValidatedConfig {
     pub(crate) retries: super::RetryConfig,
     /// Where decision records go, if anywhere.
     pub(crate) decisions: Option<DecisionsConfig>,
+    /// Where the router's spans go, when configured.
+    pub(crate) traces: Option<TracesConfig>,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
     /// How often a vLLM engine's `/metrics` is read; `None`: never.
@@ -119,6 +121,7 @@ pub(crate) struct RestartOnly {
     retries: RetryConfig,
     prefix_indexer: Option<PrefixIndexerConfig>,
     decisions: Option<DecisionsConfig>,
+    traces: Option<TracesConfig>,
     discovery: DiscoveryConfig,
     shutdown_grace_ms: u64,
 }
@@ -137,6 +140,7 @@ impl RestartOnly {
             retries: config.retries,
             prefix_indexer: config.prefix_indexer.clone(),
             decisions: config.decisions.clone(),
+            traces: config.traces.clone(),
             discovery: config.discovery.clone(),
             shutdown_grace_ms: config.shutdown_grace_ms,
         }
@@ -158,6 +162,7 @@ impl RestartOnly {
             ("retries", self.retries != next.retries),
             ("prefix_indexer", self.prefix_indexer != next.prefix_indexer),
             ("decisions", self.decisions != next.decisions),
+            ("traces", self.traces != next.traces),
             ("discovery", self.discovery != next.discovery),
             (
                 "shutdown_grace_ms",
@@ -306,6 +311,7 @@ impl RouterConfig {
             idle_timeout: Duration::from_millis(self.timeouts.idle_ms),
             retries: self.retries,
             decisions: self.decisions.clone(),
+            traces: self.traces.clone(),
             tokenize_concurrency: self.limits.tokenize_concurrency.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
             }),

@@ -83,7 +83,7 @@ pub(super) async fn dispatch(
         whole,
         prefill_body(&out.body)?,
         &out.request_id,
-        out.trace.as_ref(),
+        &out.trace,
     )
     .await?;
     if !answer.status().is_success() {
@@ -113,7 +113,7 @@ pub(super) async fn dispatch(
     };
     // The prefill holds the request's KV blocks for this decode: a decode that fails
     // is not retried (a retry would prefill again, elsewhere, while they stay held).
-    let response = send(ctx, to, out.leg, body, &out.request_id, out.trace.as_ref())
+    let response = send(ctx, to, out.leg, body, &out.request_id, &out.trace)
         .await
         .map_err(|failed| Failed {
             retry: None,

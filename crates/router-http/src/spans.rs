@@ -1,0 +1,228 @@
+//! The router's own spans, exported over OTLP/HTTP when `traces` is configured.
+//!
+//! A routed request gets a server span (`switchyard.request`), the child of the
+//! client's `traceparent` when it sent a valid one, and lasting until its answer's
+//! last byte; under it `prepare` (reading, validating and tokenizing the request),
+//! `select` (the bucket loop, with a `bucket_attempt` event per bucket tried) and one
+//! `dispatch` span per request sent to an engine, from sending to the engine's
+//! response head. An engine is sent a `traceparent` naming its `dispatch` span, so its
+//! spans join the trace under the router's. Without `traces` none of this exists:
+//! requests carry `None` and the client's context is passed on unchanged
+//! (`trace.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderValue;
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+};
+
+use router_buckets::{SelectError, Selection};
+
+use crate::config::TracesConfig;
+use crate::trace::TraceContext;
+
+/// The exporter and the tracer every request's spans come from.
+#[derive(Debug)]
+pub(crate) struct Spans {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+}
+
+impl Spans {
+    /// Starts the exporter's thread. Builds a blocking HTTP client: call it off the
+    /// async runtime's threads.
+    ///
+    /// # Errors
+    /// The exporter could not be built from `config`.
+    pub(crate) fn start(config: &TracesConfig) -> Result<Self, String> {
+        let exporter = SpanExporter::builder()
+            .with_http()
+            .with_endpoint(config.otlp_endpoint.as_str())
+            .with_timeout(Duration::from_millis(config.export_timeout_ms))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(
+                BatchConfigBuilder::default()
+                    .with_max_queue_size(config.queue)
+                    .with_max_export_batch_size(config.queue.min(512))
+                    .build(),
+            )
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                config.sample_ratio,
+            ))))
+            .with_resource(
+                Resource::builder()
+                    .with_service_name(config.service_name.clone())
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("switchyard");
+        Ok(Self { provider, tracer })
+    }
+
+    /// Starts the server span of a request to `endpoint`, the child of `client`'s
+    /// context when there is one.
+    pub(crate) fn request(
+        &self,
+        endpoint: &'static str,
+        client: Option<&TraceContext>,
+    ) -> Arc<RequestSpan> {
+        let parent = client.and_then(remote_context).unwrap_or_default();
+        let span = self
+            .tracer
+            .span_builder("switchyard.request")
+            .with_kind(SpanKind::Server)
+            .with_attributes([KeyValue::new("http.route", endpoint)])
+            .start_with_context(&self.tracer, &parent);
+        Arc::new(RequestSpan {
+            cx: parent.with_span(span),
+            tracer: self.tracer.clone(),
+        })
+    }
+
+    /// Exports what is queued and stops the exporter's thread (blocking).
+    pub(crate) fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            tracing::warn!("stopping the span exporter: {e}");
+        }
+    }
+}
+
+/// The client's `traceparent` as a remote parent.
+fn remote_context(client: &TraceContext) -> Option<Context> {
+    let (trace, parent, flags) = client.ids()?;
+    let context = SpanContext::new(
+        TraceId::from_hex(trace).ok()?,
+        SpanId::from_hex(parent).ok()?,
+        TraceFlags::new(u8::from_str_radix(flags, 16).ok()?),
+        true,
+        TraceState::default(),
+    );
+    Some(Context::new().with_remote_span_context(context))
+}
+
+/// One request's server span; it ends when the last holder (the relayed answer's
+/// body, at its end) lets go.
+#[derive(Debug)]
+pub(crate) struct RequestSpan {
+    cx: Context,
+    tracer: SdkTracer,
+}
+
+impl RequestSpan {
+    /// A child span of the request, started now and ended when dropped.
+    pub(crate) fn child(&self, name: &'static str, attributes: Vec<KeyValue>) -> ChildSpan {
+        let span = self
+            .tracer
+            .span_builder(name)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &self.cx);
+        ChildSpan {
+            cx: self.cx.with_span(span),
+        }
+    }
+
+    /// Sets an attribute of the request's span.
+    pub(crate) fn set(&self, attribute: KeyValue) {
+        self.cx.span().set_attribute(attribute);
+    }
+
+    /// Marks the request's span failed with `message`.
+    pub(crate) fn fail(&self, message: String) {
+        self.cx.span().set_status(Status::error(message));
+    }
+}
+
+impl Drop for RequestSpan {
+    fn drop(&mut self) {
+        self.cx.span().end();
+    }
+}
+
+/// A span under a request's, ended when dropped.
+#[derive(Debug)]
+pub(crate) struct ChildSpan {
+    cx: Context,
+}
+
+impl ChildSpan {
+    /// Records an event on the span.
+    pub(crate) fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
+        self.cx.span().add_event(name, attributes);
+    }
+
+    /// Marks the span failed with `message`.
+    pub(crate) fn fail(&self, message: String) {
+        self.cx.span().set_status(Status::error(message));
+    }
+
+    /// The `traceparent` naming this span, for the engine it calls.
+    pub(crate) fn traceparent(&self) -> Option<HeaderValue> {
+        let context = self.cx.span().span_context().clone();
+        context.is_valid().then(|| {
+            let value = format!(
+                "00-{}-{}-{:02x}",
+                context.trace_id(),
+                context.span_id(),
+                context.trace_flags().to_u8()
+            );
+            HeaderValue::from_str(&value).expect("hex digits and dashes")
+        })
+    }
+}
+
+impl Drop for ChildSpan {
+    fn drop(&mut self) {
+        self.cx.span().end();
+    }
+}
+
+/// Records each bucket `selected` tried as a `bucket_attempt` event on `span`: its id
+/// and why it gave no pick, or the engines it picked.
+pub(crate) fn record_attempts(span: &ChildSpan, selected: &Result<Selection, SelectError>) {
+    let attempts = match selected {
+        Ok(selection) => &selection.passed_over,
+        Err(error) => error.attempts(),
+    };
+    for attempt in attempts {
+        span.event(
+            "bucket_attempt",
+            vec![
+                KeyValue::new("switchyard.bucket", attempt.bucket.to_string()),
+                KeyValue::new("switchyard.outcome", attempt.error.code()),
+            ],
+        );
+    }
+    match selected {
+        Ok(selection) => {
+            let engines: Vec<String> = selection
+                .pick
+                .engines
+                .iter()
+                .map(|p| format!("{} ({})", p.engine.id(), p.reason.as_str()))
+                .collect();
+            span.event(
+                "bucket_attempt",
+                vec![
+                    KeyValue::new("switchyard.bucket", selection.pick.bucket.to_string()),
+                    KeyValue::new("switchyard.outcome", "picked"),
+                    KeyValue::new("switchyard.engines", engines.join(", ")),
+                ],
+            );
+        }
+        Err(error) => span.fail(error.to_string()),
+    }
+}

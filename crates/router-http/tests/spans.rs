@@ -1,0 +1,176 @@
+//! The router's own spans, exported over OTLP/HTTP to an in-process collector: a
+//! server span per request continuing the client's trace, with `prepare`, `select`
+//! (a `bucket_attempt` event per bucket) and one `dispatch` span per engine leg, whose
+//! id the engine receives as its parent.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use parking_lot::Mutex;
+use prost::Message;
+use router_http::{EngineRole, ModelConfig, TracesConfig};
+
+use crate::common::*;
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// An OTLP/HTTP collector on a port of its own, keeping every span it receives.
+async fn collector() -> (String, Arc<Mutex<Vec<Span>>>) {
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let app = Router::new()
+        .route(
+            "/v1/traces",
+            axum::routing::post(
+                |State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes| async move {
+                    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP request");
+                    let mut kept = spans.lock();
+                    for resource in request.resource_spans {
+                        for scope in resource.scope_spans {
+                            kept.extend(scope.spans);
+                        }
+                    }
+                    Bytes::new()
+                },
+            ),
+        )
+        .with_state(Arc::clone(&spans));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1/traces"), spans)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+fn attribute(span: &Span, key: &str) -> String {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .map(|v| format!("{:?}", v.value))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_exports_its_spans_and_the_engine_gets_the_dispatch_span_as_parent() {
+    let (endpoint, exported) = collector().await;
+    let a = sim(|_| {}).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.traces = Some(TracesConfig::new(endpoint));
+    let router = router(config).await;
+    let client = reqwest::Client::new();
+    let traced = client
+        .post(url(&router, "/v1/chat/completions"))
+        .header("traceparent", format!("00-{TRACE}-{CLIENT_SPAN}-01"))
+        .header("tracestate", "congo=t61rcWkgMzE")
+        .json(&chat("m", "hello"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(traced.status(), 200);
+    traced.bytes().await.unwrap();
+    let sent = recent_requests(&a).await.last().unwrap().clone();
+    let untraced = post(&router, &chat("m", "hello again")).await;
+    assert_eq!(untraced.status(), 200);
+    untraced.bytes().await.unwrap();
+    let unknown = post(&router, &chat("other", "hello")).await;
+    assert_eq!(unknown.status(), 404);
+    // Shutting down exports what is queued.
+    router.shutdown().await;
+
+    let spans = exported.lock().clone();
+    let requests = named(&spans, "switchyard.request");
+    assert_eq!(requests.len(), 3, "{spans:#?}");
+    let root = requests
+        .iter()
+        .find(|s| hex(&s.trace_id) == TRACE)
+        .expect("the client's trace continued");
+    assert_eq!(hex(&root.parent_span_id), CLIENT_SPAN);
+    assert!(
+        attribute(root, "http.response.status_code").contains("200"),
+        "{root:?}"
+    );
+    let children = |name: &str| -> Vec<&Span> {
+        named(&spans, name)
+            .into_iter()
+            .filter(|s| s.parent_span_id == root.span_id)
+            .collect()
+    };
+    assert_eq!(children("prepare").len(), 1);
+    let select = children("select");
+    assert_eq!(select.len(), 1);
+    let attempts: Vec<String> = select[0]
+        .events
+        .iter()
+        .filter(|e| e.name == "bucket_attempt")
+        .flat_map(|e| {
+            e.attributes
+                .iter()
+                .map(|kv| format!("{}={:?}", kv.key, kv.value))
+        })
+        .collect();
+    assert!(
+        attempts
+            .iter()
+            .any(|a| a.contains("switchyard.outcome") && a.contains("picked")),
+        "{attempts:?}"
+    );
+    let dispatch = children("dispatch");
+    assert_eq!(dispatch.len(), 1);
+    assert!(attribute(dispatch[0], "switchyard.engine").contains('A'));
+    assert_eq!(
+        sent["traceparent"],
+        format!("00-{TRACE}-{}-01", hex(&dispatch[0].span_id)),
+        "the engine's parent is the dispatch span"
+    );
+    assert!(
+        root.start_time_unix_nano <= dispatch[0].start_time_unix_nano
+            && dispatch[0].end_time_unix_nano <= root.end_time_unix_nano
+    );
+
+    let others: Vec<&&Span> = requests
+        .iter()
+        .filter(|s| hex(&s.trace_id) != TRACE)
+        .collect();
+    assert!(
+        others.iter().all(|s| s.parent_span_id.is_empty()),
+        "new traces start at the router"
+    );
+    assert!(
+        others.iter().any(|s| s
+            .status
+            .as_ref()
+            .is_some_and(|st| st.message.contains("model_not_found"))),
+        "{others:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_endpoint_that_is_not_a_url_is_refused_by_path() {
+    let mut config = config(vec![]);
+    config.traces = Some(TracesConfig {
+        sample_ratio: 0.0,
+        ..TracesConfig::new("collector:4318")
+    });
+    let errors = config.validate().unwrap_err();
+    let paths: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert!(
+        paths.iter().any(|p| p.starts_with("traces.otlp_endpoint"))
+            && paths.iter().any(|p| p.starts_with("traces.sample_ratio")),
+        "{paths:?}"
+    );
+}
