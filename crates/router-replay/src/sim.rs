@@ -15,7 +15,7 @@ use engine_sim::{
     EngineSpec, EventForm, PageKey, encode_batch, encode_load_stat, extend_page_keys,
 };
 use router_buckets::{BucketRequest, SelectError};
-use router_policy::PrefixMemo;
+use router_policy::{Pick, PrefixMemo};
 use router_state::kv_events::decode_batch;
 use router_state::{EngineId, InflightGuard, LoadReport};
 
@@ -123,214 +123,297 @@ pub(crate) async fn run(
     trace: &[TraceRequest],
     settings: &ReplaySettings,
 ) -> Result<RunReport, ReplayError> {
-    let spec = settings.engine;
-    let mut engines: Vec<ModelEngine> = router
-        .engines
-        .iter()
-        .map(|(id, model, dp)| ModelEngine {
-            id: id.clone(),
-            model: model.clone(),
-            ranks: (0..*dp).map(|_| Rank::new(spec)).collect(),
-        })
-        .collect();
-    let engine_index: HashMap<EngineId, usize> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.id.clone(), i))
-        .collect();
-    for (model_id, model) in &router.models {
-        if model.block_size != spec.page_size {
-            return Err(ReplayError::Config(format!(
-                "model {model_id} has block_size {} but the engines' page size is {}",
-                model.block_size, spec.page_size
-            )));
-        }
-    }
-    let last_turn = last_turns(trace);
-    let only_model = (router.models.len() == 1)
-        .then(|| router.models.keys().next())
-        .flatten();
-
-    let start = tokio::time::Instant::now();
-    let mut now = 0u64;
-    let mut queue = Schedule::default();
-    let mut runs: Vec<Option<Placed>> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
-    let mut in_flight: VecDeque<(usize, u32, Vec<u8>)> = VecDeque::new();
-    let mut outcomes: Vec<Outcome> = trace.iter().map(Outcome::arrived).collect();
-    let mut memo = KeyMemo::default();
-    let mut next = 0usize;
-    let mut live = 0usize;
-    let tick = micros(engine_sim::LOAD_TICK);
-    let republish = micros(engine_sim::LOAD_REPUBLISH);
-    let kv_delay = micros(settings.kv_delay);
-
+    let mut replay = Replay::new(router, trace, settings)?;
     if let Some(first) = trace.first() {
-        queue.at(first.at_us, Event::Arrive);
-        queue.at(0, Event::Publish);
+        replay.queue.at(first.at_us, Event::Arrive);
+        replay.queue.at(0, Event::Publish);
     }
-    while let Some((at, event)) = queue.next() {
-        if at > now {
-            tokio::time::advance(Duration::from_micros(at - now)).await;
-            now = at;
+    while let Some((at, event)) = replay.queue.next() {
+        if at > replay.now {
+            tokio::time::advance(Duration::from_micros(at - replay.now)).await;
+            replay.now = at;
         }
         match event {
-            Event::Arrive => {
-                let index = next;
-                next += 1;
-                if let Some(following) = trace.get(next) {
-                    queue.at(following.at_us, Event::Arrive);
-                }
-                let request = &trace[index];
-                let model_id = match (&request.model, only_model) {
-                    (Some(m), _) => m.as_str(),
-                    (None, Some(m)) => m.as_str(),
-                    (None, None) => {
-                        return Err(ReplayError::Trace(format!(
-                            "request {} names no model and the configuration serves several",
-                            index + 1
-                        )));
-                    }
-                };
-                let Some(model) = router.models.get(model_id) else {
-                    return Err(ReplayError::Trace(format!(
-                        "request {} asks for model {model_id:?}, which the configuration does not serve",
-                        index + 1
-                    )));
-                };
-                let tokens = request.tokens();
-                let prefix = PrefixMemo::new();
-                let picked = {
-                    let bucket_request = BucketRequest::new(model_id, tokens.len() as u64)
-                        .with_max_output_tokens(Some(u64::from(request.output_tokens)))
-                        .map_err(|e| ReplayError::Trace(format!("request {}: {e}", index + 1)))?
-                        .with_token_ids(Some(&tokens))
-                        .with_prefix_memo(Some(&prefix))
-                        .with_session_key(request.session.as_deref());
-                    model
-                        .resolver
-                        .select(&router.registry.snapshot(), &bucket_request)
-                        .await
-                };
-                let selection = match picked {
-                    Ok(selection) => selection,
-                    Err(SelectError::AtCapacity { .. }) => {
-                        outcomes[index].rejected = true;
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(ReplayError::Trace(format!("request {}: {e}", index + 1)));
-                    }
-                };
-                let Some(pick) = selection.pick.engines.iter().next() else {
-                    continue;
-                };
-                let engine = engine_index[pick.engine.id()];
-                let dp = engines[engine].ranks.len() as u32;
-                let rank = if dp > 1 {
-                    pick.rank
-                        .filter(|r| *r < dp)
-                        .or_else(|| router.load.least_loaded_rank(pick.engine.id()))
-                } else {
-                    None
-                };
-                let guard = match rank {
-                    Some(r) => router.load.acquire_rank(pick.engine.id(), r),
-                    None => router.load.acquire(pick.engine.id()),
-                };
-                let rank = rank.unwrap_or(0) as usize;
-                outcomes[index].engine = Some(engine);
-                outcomes[index].reason = Some(pick.reason.as_str().to_owned());
-                let keys = memo.keys(request, &tokens, spec.page_size as usize, last_turn[index]);
-                let run = Run::new(index, tokens, keys, u64::from(request.output_tokens), now);
-                let id = free.pop().unwrap_or_else(|| {
-                    runs.push(None);
-                    runs.len() - 1
-                });
-                let mut placed = Placed {
-                    run,
-                    engine,
-                    rank,
-                    _guard: guard,
-                };
-                live += 1;
-                engines[engine].ranks[rank].arrive(id, &mut placed.run);
-                runs[id] = Some(placed);
-                start_ready(&mut engines[engine].ranks[rank], &mut runs, now, &mut queue);
-            }
-            Event::Prefilled(id) => {
-                let placed = runs[id].as_mut().expect("a prefilling run is placed");
-                let rank = &mut engines[placed.engine].ranks[placed.rank];
-                let (events, first_token, last_token) = rank.prefilled(&mut placed.run, now);
-                let outcome = &mut outcomes[placed.run.request];
-                outcome.ttft_us = Some(first_token - placed.run.arrived);
-                outcome.cached_tokens = placed.run.cached_tokens;
-                if !events.is_empty()
-                    && router.models[&engines[placed.engine].model].index.is_some()
-                {
-                    let payload = encode_batch(
-                        now as f64 / 1e6,
-                        &events,
-                        placed.rank as u32,
-                        EventForm::Map,
-                    );
-                    in_flight.push_back((placed.engine, placed.rank as u32, payload));
-                    queue.at(now + kv_delay, Event::Deliver);
-                }
-                queue.at(last_token, Event::Finish(id));
-                let (engine, rank) = (placed.engine, placed.rank);
-                start_ready(&mut engines[engine].ranks[rank], &mut runs, now, &mut queue);
-            }
-            Event::Finish(id) => {
-                let placed = runs[id].take().expect("a finishing run is placed");
-                free.push(id);
-                live -= 1;
-                outcomes[placed.run.request].finished_us = Some(now);
-                let rank = &mut engines[placed.engine].ranks[placed.rank];
-                rank.finish(&placed.run);
-                start_ready(rank, &mut runs, now, &mut queue);
-            }
-            Event::Publish => {
-                for engine in &mut engines {
-                    for (r, rank) in engine.ranks.iter_mut().enumerate() {
-                        let Some(sample) = rank.publish(now, republish) else {
-                            continue;
-                        };
-                        let payload = encode_load_stat(&sample, Some(r as u32));
-                        let report = LoadReport::decode(&payload).map_err(|e| {
-                            ReplayError::Model(format!("a load report did not decode: {e}"))
-                        })?;
-                        router
-                            .load
-                            .ingest(
-                                &engine.id,
-                                r as u32,
-                                report,
-                                start + Duration::from_micros(now),
-                            )
-                            .map_err(|e| ReplayError::Model(e.to_string()))?;
-                    }
-                }
-                if next < trace.len() || live > 0 {
-                    queue.at(now + tick, Event::Publish);
-                }
-            }
-            Event::Deliver => {
-                let (engine, rank, payload) = in_flight.pop_front().expect("a batch is in flight");
-                let batch = decode_batch(&payload).map_err(|e| {
-                    ReplayError::Model(format!("a KV-event batch did not decode: {e}"))
-                })?;
-                let model = &router.models[&engines[engine].model];
-                if let Some(index) = &model.index {
-                    index.apply(&engines[engine].id, rank, &batch);
-                }
-            }
+            Event::Arrive => replay.arrive().await?,
+            Event::Prefilled(id) => replay.prefilled(id),
+            Event::Finish(id) => replay.finish(id),
+            Event::Publish => replay.publish()?,
+            Event::Deliver => replay.deliver()?,
         }
     }
     Ok(RunReport::new(
-        outcomes,
-        engines.iter().map(|e| e.id.as_str().to_owned()).collect(),
+        replay.outcomes,
+        replay
+            .engines
+            .iter()
+            .map(|e| e.id.as_str().to_owned())
+            .collect(),
     ))
+}
+
+/// A replay in progress.
+struct Replay<'a> {
+    router: &'a Router,
+    trace: &'a [TraceRequest],
+    spec: EngineSpec,
+    engines: Vec<ModelEngine>,
+    engine_index: HashMap<EngineId, usize>,
+    /// Whether each request is its session's last.
+    last_turn: Vec<bool>,
+    /// The model of requests that name none.
+    only_model: Option<&'a String>,
+    /// The clock at the trace's start.
+    start: tokio::time::Instant,
+    /// Microseconds since the trace's start.
+    now: u64,
+    queue: Schedule,
+    /// Runs by id; an id is reused once its run ends.
+    runs: Vec<Option<Placed>>,
+    free: Vec<usize>,
+    /// KV-event batches on their way to the router, oldest first.
+    in_flight: VecDeque<(usize, u32, Vec<u8>)>,
+    outcomes: Vec<Outcome>,
+    memo: KeyMemo,
+    /// The next request to arrive.
+    next: usize,
+    /// Runs placed and not finished.
+    live: usize,
+    tick: u64,
+    republish: u64,
+    kv_delay: u64,
+}
+
+impl<'a> Replay<'a> {
+    fn new(
+        router: &'a Router,
+        trace: &'a [TraceRequest],
+        settings: &ReplaySettings,
+    ) -> Result<Self, ReplayError> {
+        let spec = settings.engine;
+        for (model_id, model) in &router.models {
+            if model.block_size != spec.page_size {
+                return Err(ReplayError::Config(format!(
+                    "model {model_id} has block_size {} but the engines' page size is {}",
+                    model.block_size, spec.page_size
+                )));
+            }
+        }
+        let engines: Vec<ModelEngine> = router
+            .engines
+            .iter()
+            .map(|(id, model, dp)| ModelEngine {
+                id: id.clone(),
+                model: model.clone(),
+                ranks: (0..*dp).map(|_| Rank::new(spec)).collect(),
+            })
+            .collect();
+        Ok(Self {
+            router,
+            trace,
+            spec,
+            engine_index: engines
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.id.clone(), i))
+                .collect(),
+            engines,
+            last_turn: last_turns(trace),
+            only_model: (router.models.len() == 1)
+                .then(|| router.models.keys().next())
+                .flatten(),
+            start: tokio::time::Instant::now(),
+            now: 0,
+            queue: Schedule::default(),
+            runs: Vec::new(),
+            free: Vec::new(),
+            in_flight: VecDeque::new(),
+            outcomes: trace.iter().map(Outcome::arrived).collect(),
+            memo: KeyMemo::default(),
+            next: 0,
+            live: 0,
+            tick: micros(engine_sim::LOAD_TICK),
+            republish: micros(engine_sim::LOAD_REPUBLISH),
+            kv_delay: micros(settings.kv_delay),
+        })
+    }
+
+    /// The next request arrives: the router picks its engine, where it queues.
+    async fn arrive(&mut self) -> Result<(), ReplayError> {
+        let index = self.next;
+        self.next += 1;
+        if let Some(following) = self.trace.get(self.next) {
+            self.queue.at(following.at_us, Event::Arrive);
+        }
+        let request = &self.trace[index];
+        let at = |message: String| ReplayError::Trace(format!("request {}: {message}", index + 1));
+        let model_id = match (&request.model, self.only_model) {
+            (Some(m), _) | (None, Some(m)) => m.as_str(),
+            (None, None) => {
+                return Err(at(
+                    "it names no model and the configuration serves several".into()
+                ));
+            }
+        };
+        let Some(model) = self.router.models.get(model_id) else {
+            return Err(at(format!(
+                "model {model_id:?} is not one the configuration serves"
+            )));
+        };
+        let tokens = request.tokens();
+        let prefix = PrefixMemo::new();
+        let bucket_request = BucketRequest::new(model_id, tokens.len() as u64)
+            .with_max_output_tokens(Some(u64::from(request.output_tokens)))
+            .map_err(|e| at(e.to_string()))?
+            .with_token_ids(Some(&tokens))
+            .with_prefix_memo(Some(&prefix))
+            .with_session_key(request.session.as_deref());
+        let selection = match model
+            .resolver
+            .select(&self.router.registry.snapshot(), &bucket_request)
+            .await
+        {
+            Ok(selection) => selection,
+            Err(SelectError::AtCapacity { .. }) => {
+                self.outcomes[index].rejected = true;
+                return Ok(());
+            }
+            Err(e) => return Err(at(e.to_string())),
+        };
+        let Some(pick) = selection.pick.engines.iter().next() else {
+            return Ok(());
+        };
+        let engine = self.engine_index[pick.engine.id()];
+        let (rank, guard) = self.rank_and_guard(pick, engine);
+        self.outcomes[index].engine = Some(engine);
+        self.outcomes[index].reason = Some(pick.reason.as_str().to_owned());
+        let keys = self.memo.keys(
+            request,
+            &tokens,
+            self.spec.page_size as usize,
+            self.last_turn[index],
+        );
+        let run = Run::new(
+            index,
+            tokens,
+            keys,
+            u64::from(request.output_tokens),
+            self.now,
+        );
+        let id = self.free.pop().unwrap_or_else(|| {
+            self.runs.push(None);
+            self.runs.len() - 1
+        });
+        let mut placed = Placed {
+            run,
+            engine,
+            rank,
+            _guard: guard,
+        };
+        self.live += 1;
+        self.engines[engine].ranks[rank].arrive(id, &mut placed.run);
+        self.runs[id] = Some(placed);
+        self.start_ready(engine, rank);
+        Ok(())
+    }
+
+    /// The rank a pick's request goes to, as the router's dispatch chooses it, and
+    /// the router's in-flight count for it.
+    fn rank_and_guard(&self, pick: &Pick, engine: usize) -> (usize, InflightGuard) {
+        let load = &self.router.load;
+        let ranks = self.engines[engine].ranks.len() as u32;
+        let rank = (ranks > 1)
+            .then(|| {
+                pick.rank
+                    .filter(|r| *r < ranks)
+                    .or_else(|| load.least_loaded_rank(pick.engine.id()))
+            })
+            .flatten();
+        let guard = match rank {
+            Some(r) => load.acquire_rank(pick.engine.id(), r),
+            None => load.acquire(pick.engine.id()),
+        };
+        (rank.unwrap_or(0) as usize, guard)
+    }
+
+    /// A run's prefill ends: its first token's time is known, its pages are cached
+    /// and their events sent.
+    fn prefilled(&mut self, id: usize) {
+        let now = self.now;
+        let placed = self.runs[id].as_mut().expect("a prefilling run is placed");
+        let (engine, rank) = (placed.engine, placed.rank);
+        let (events, first_token, last_token) =
+            self.engines[engine].ranks[rank].prefilled(&mut placed.run, now);
+        let outcome = &mut self.outcomes[placed.run.request];
+        outcome.ttft_us = Some(first_token - placed.run.arrived);
+        outcome.cached_tokens = placed.run.cached_tokens;
+        let indexed = self.router.models[&self.engines[engine].model]
+            .index
+            .is_some();
+        if !events.is_empty() && indexed {
+            let payload = encode_batch(now as f64 / 1e6, &events, rank as u32, EventForm::Map);
+            self.in_flight.push_back((engine, rank as u32, payload));
+            self.queue.at(now + self.kv_delay, Event::Deliver);
+        }
+        self.queue.at(last_token, Event::Finish(id));
+        self.start_ready(engine, rank);
+    }
+
+    /// A run's last token is generated: it gives everything back.
+    fn finish(&mut self, id: usize) {
+        let placed = self.runs[id].take().expect("a finishing run is placed");
+        self.free.push(id);
+        self.live -= 1;
+        self.outcomes[placed.run.request].finished_us = Some(self.now);
+        self.engines[placed.engine].ranks[placed.rank].finish(&placed.run);
+        self.start_ready(placed.engine, placed.rank);
+    }
+
+    /// Starts every run of a rank that can start now, scheduling its prefill's end.
+    fn start_ready(&mut self, engine: usize, rank: usize) {
+        let rank = &mut self.engines[engine].ranks[rank];
+        while let Some(id) = rank.next_ready() {
+            let placed = self.runs[id].as_mut().expect("a waiting run is placed");
+            self.queue
+                .at(rank.start(&mut placed.run, self.now), Event::Prefilled(id));
+        }
+    }
+
+    /// Every rank publishes its load if it changed (or has not for a while); the
+    /// router decodes and applies each report.
+    fn publish(&mut self) -> Result<(), ReplayError> {
+        let received = self.start + Duration::from_micros(self.now);
+        for engine in &mut self.engines {
+            for (r, rank) in engine.ranks.iter_mut().enumerate() {
+                let Some(sample) = rank.publish(self.now, self.republish) else {
+                    continue;
+                };
+                let payload = encode_load_stat(&sample, Some(r as u32));
+                let report = LoadReport::decode(&payload).map_err(|e| {
+                    ReplayError::Model(format!("a load report did not decode: {e}"))
+                })?;
+                self.router
+                    .load
+                    .ingest(&engine.id, r as u32, report, received)
+                    .map_err(|e| ReplayError::Model(e.to_string()))?;
+            }
+        }
+        if self.next < self.trace.len() || self.live > 0 {
+            self.queue.at(self.now + self.tick, Event::Publish);
+        }
+        Ok(())
+    }
+
+    /// The oldest KV-event batch in flight reaches the router's index.
+    fn deliver(&mut self) -> Result<(), ReplayError> {
+        let (engine, rank, payload) = self.in_flight.pop_front().expect("a batch is in flight");
+        let batch = decode_batch(&payload)
+            .map_err(|e| ReplayError::Model(format!("a KV-event batch did not decode: {e}")))?;
+        let engine = &self.engines[engine];
+        if let Some(index) = &self.router.models[&engine.model].index {
+            index.apply(&engine.id, rank, &batch);
+        }
+        Ok(())
+    }
 }
 
 /// Events by time; those at the same microsecond in the order they were scheduled.
@@ -348,14 +431,6 @@ impl Schedule {
 
     fn next(&mut self) -> Option<(u64, Event)> {
         self.queue.pop().map(|Reverse((at, _, event))| (at, event))
-    }
-}
-
-/// Starts every run of `rank` that can start at `now`, scheduling its prefill's end.
-fn start_ready(rank: &mut Rank, runs: &mut [Option<Placed>], now: u64, queue: &mut Schedule) {
-    while let Some(id) = rank.next_ready() {
-        let placed = runs[id].as_mut().expect("a waiting run is placed");
-        queue.at(rank.start(&mut placed.run, now), Event::Prefilled(id));
     }
 }
 
