@@ -170,10 +170,13 @@ impl AppContext {
         let spans = match config.traces.clone() {
             // The exporter's HTTP client blocks: it is built off the runtime's threads.
             Some(traces) => Some(Arc::new(
-                tokio::task::spawn_blocking(move || Spans::start(&traces))
-                    .await
-                    .map_err(|e| StartError::Traces(e.to_string()))?
-                    .map_err(StartError::Traces)?,
+                tokio::task::spawn_blocking({
+                    let counts = metrics.spans.clone();
+                    move || Spans::start(&traces, counts)
+                })
+                .await
+                .map_err(|e| StartError::Traces(e.to_string()))?
+                .map_err(StartError::Traces)?,
             )),
             None => None,
         };

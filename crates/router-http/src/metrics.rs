@@ -97,6 +97,9 @@ pub(crate) struct Metrics {
     /// Decision records by outcome (`written`, `dropped`, `failed`), present when
     /// records are configured.
     pub(crate) decision_records: Family<OutcomeLabels, Counter>,
+    /// The router's spans by outcome (`ended`, `exported`, `failed`), present when
+    /// traces are configured.
+    pub(crate) spans: Family<OutcomeLabels, Counter>,
 }
 
 impl Metrics {
@@ -173,6 +176,12 @@ impl Metrics {
             "Decision records: written, dropped (the writer's queue was full) or failed (the file could not be written)",
             decision_records.clone(),
         );
+        let spans = Family::default();
+        registry.register(
+            "spans",
+            "The router's spans: ended (handed to the exporter's bounded queue), exported, or failed (their export failed); ended minus the others were dropped by the full queue or wait in it",
+            spans.clone(),
+        );
         router_fleet::register_metrics(fleet, &mut registry);
         if let Some(store) = affinity {
             registry.register_collector(Box::new(affinity::AffinityCollector(store)));
@@ -192,6 +201,7 @@ impl Metrics {
             retries_refused,
             config_reloads,
             decision_records,
+            spans,
         }
     }
 

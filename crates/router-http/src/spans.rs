@@ -30,6 +30,11 @@ use router_buckets::{SelectError, Selection};
 use crate::config::TracesConfig;
 use crate::trace::TraceContext;
 
+mod counted;
+
+pub(crate) use counted::SpanCounts;
+use counted::{Counted, CountedExporter};
+
 /// The exporter and the tracer every request's spans come from.
 #[derive(Debug)]
 pub(crate) struct Spans {
@@ -43,13 +48,17 @@ impl Spans {
     ///
     /// # Errors
     /// The exporter could not be built from `config`.
-    pub(crate) fn start(config: &TracesConfig) -> Result<Self, String> {
+    pub(crate) fn start(config: &TracesConfig, counts: SpanCounts) -> Result<Self, String> {
         let exporter = SpanExporter::builder()
             .with_http()
             .with_endpoint(config.otlp_endpoint.as_str())
             .with_timeout(Duration::from_millis(config.export_timeout_ms))
             .build()
             .map_err(|e| e.to_string())?;
+        let exporter = CountedExporter {
+            inner: exporter,
+            counts: counts.clone(),
+        };
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(
                 BatchConfigBuilder::default()
@@ -59,7 +68,10 @@ impl Spans {
             )
             .build();
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
+            .with_span_processor(Counted {
+                inner: processor,
+                counts,
+            })
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
                 config.sample_ratio,
             ))))

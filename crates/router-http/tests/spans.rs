@@ -89,10 +89,21 @@ async fn each_request_exports_its_spans_and_the_engine_gets_the_dispatch_span_as
     untraced.bytes().await.unwrap();
     let unknown = post(&router, &chat("other", "hello")).await;
     assert_eq!(unknown.status(), 404);
+    // Four spans each for the routed requests, two for the refused one (no
+    // selection, no dispatch); a request's span ends with its answer's body.
+    let ended = "switchyard_spans_total{outcome=\"ended\"} 10";
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !metrics(&router).await.contains(ended) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("ten spans ended");
     // Shutting down exports what is queued.
     router.shutdown().await;
 
     let spans = exported.lock().clone();
+    assert_eq!(spans.len(), 10, "every span ended was exported");
     let requests = named(&spans, "switchyard.request");
     assert_eq!(requests.len(), 3, "{spans:#?}");
     let root = requests
