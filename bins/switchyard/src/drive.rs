@@ -35,8 +35,8 @@ pub(crate) struct DriveArgs {
     /// Tokens per page, for the oracle.
     #[arg(long, default_value_t = 16)]
     page_size: u32,
-    /// Most requests in flight; a request due while this many are waits, and its
-    /// wait counts in its time to first token.
+    /// Most requests in flight (1 to 65536); a request due while this many are
+    /// waits, and its wait counts in its time to first token.
     #[arg(long, default_value_t = 4096)]
     max_in_flight: usize,
     /// Also write the summary, with TTFT percentiles, as JSON to FILE.
@@ -44,14 +44,28 @@ pub(crate) struct DriveArgs {
     json: Option<PathBuf>,
 }
 
+/// The most requests in flight a run may ask for.
+const MAX_IN_FLIGHT: usize = 1 << 16;
+/// The longest stream event read; a longer one fails its request.
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
 /// What one request came back with.
 struct Answer {
     engine: Option<String>,
     reason: Option<String>,
     status: u16,
+    /// The router's error code, for an error answer.
+    code: Option<String>,
     first_token: Option<Duration>,
     last_token: Duration,
     cached_tokens: u64,
+}
+
+/// How a request ended.
+enum Ended {
+    Answered(Answer),
+    /// It could not be sent or its answer could not be read.
+    Failed(String),
 }
 
 pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
@@ -59,23 +73,39 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening {}", args.trace.display()))?;
     let trace = read_trace(BufReader::new(file))
         .with_context(|| format!("reading {}", args.trace.display()))?;
-    anyhow::ensure!(args.max_in_flight > 0, "--max-in-flight must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_IN_FLIGHT).contains(&args.max_in_flight),
+        "--max-in-flight must be 1 to {MAX_IN_FLIGHT}"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let answers = runtime.block_on(send_all(args, &trace))?;
-    let mut engines: Vec<String> = answers.iter().filter_map(|a| a.engine.clone()).collect();
+    let mut engines: Vec<String> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Ended::Answered(answer) => answer.engine.clone(),
+            Ended::Failed(_) => None,
+        })
+        .collect();
     engines.sort();
     engines.dedup();
-    let mut failed = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
     let outcomes: Vec<Outcome> = trace
         .iter()
         .zip(&answers)
-        .map(|(request, answer)| {
+        .map(|(request, ended)| {
             let mut outcome = Outcome::arrived(request);
-            match answer.status {
-                429 => outcome.rejected = true,
-                200 => {
+            let answer = match ended {
+                Ended::Answered(answer) => answer,
+                Ended::Failed(error) => {
+                    outcome.failed = true;
+                    failed.push(error.clone());
+                    return outcome;
+                }
+            };
+            match (answer.status, answer.code.as_deref()) {
+                (200, _) => {
                     outcome.engine = answer
                         .engine
                         .as_ref()
@@ -86,7 +116,11 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
                         Some(request.at_us + answer.last_token.as_micros() as u64);
                     outcome.cached_tokens = answer.cached_tokens;
                 }
-                status => failed.push(status),
+                (429, _) | (503, Some("at_capacity")) => outcome.rejected = true,
+                (status, code) => {
+                    outcome.failed = true;
+                    failed.push(format!("status {status} {}", code.unwrap_or_default()));
+                }
             }
             outcome
         })
@@ -102,14 +136,14 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(
         failed.is_empty(),
-        "{} requests failed (statuses {:?})",
+        "{} requests failed (the first: {:?})",
         failed.len(),
-        failed.iter().take(10).collect::<Vec<_>>()
+        failed.iter().take(5).collect::<Vec<_>>()
     );
     Ok(())
 }
 
-async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Vec<Answer>> {
+async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Vec<Ended>> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.max_in_flight)
         .timeout(Duration::from_secs(600))
@@ -143,14 +177,17 @@ async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Ve
             post = post.header(args.session_header.as_str(), session.as_str());
         }
         tasks.push(tokio::spawn(async move {
-            let answer = exchange(post, due).await;
+            let ended = match exchange(post, due).await {
+                Ok(answer) => Ended::Answered(answer),
+                Err(e) => Ended::Failed(format!("{e:#}")),
+            };
             drop(permit);
-            answer
+            ended
         }));
     }
     let mut answers = Vec::with_capacity(tasks.len());
     for task in tasks {
-        answers.push(task.await??);
+        answers.push(task.await?);
     }
     Ok(answers)
 }
@@ -169,18 +206,30 @@ async fn exchange(post: reqwest::RequestBuilder, due: Instant) -> anyhow::Result
         engine: header("x-switchyard-engine"),
         reason: header("x-switchyard-reason"),
         status: response.status().as_u16(),
+        code: None,
         first_token: None,
         last_token: Duration::ZERO,
         cached_tokens: 0,
     };
+    if answer.status != 200 {
+        let body = response.bytes().await.context("reading an error answer")?;
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        answer.code = error["error"]["code"].as_str().map(str::to_owned);
+        answer.last_token = due.elapsed();
+        return Ok(answer);
+    }
     let mut stream = response.bytes_stream();
-    let mut pending = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
     let mut last_event = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.context("reading a stream")?;
+        // An event boundary may straddle the chunks: look from just before the new bytes.
+        let mut from = pending.len().saturating_sub(1);
         pending.extend_from_slice(&chunk);
-        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+        while let Some(end) = pending[from..].windows(2).position(|w| w == b"\n\n") {
+            let end = from + end;
             let event: Vec<u8> = pending.drain(..end + 2).collect();
+            from = 0;
             let Some(data) = event.strip_prefix(b"data: ") else {
                 continue;
             };
@@ -191,12 +240,14 @@ async fn exchange(post: reqwest::RequestBuilder, due: Instant) -> anyhow::Result
             answer.first_token.get_or_insert_with(|| due.elapsed());
             last_event = data.to_vec();
         }
+        anyhow::ensure!(
+            pending.len() <= MAX_EVENT_BYTES,
+            "a stream event longer than {MAX_EVENT_BYTES} bytes"
+        );
     }
     answer.last_token = due.elapsed();
-    if answer.status == 200 {
-        let last: serde_json::Value =
-            serde_json::from_slice(&last_event).context("the stream's last event")?;
-        answer.cached_tokens = last["meta_info"]["cached_tokens"].as_u64().unwrap_or(0);
-    }
+    let last: serde_json::Value =
+        serde_json::from_slice(&last_event).context("the stream's last event")?;
+    answer.cached_tokens = last["meta_info"]["cached_tokens"].as_u64().unwrap_or(0);
     Ok(answer)
 }

@@ -36,22 +36,24 @@ pub(crate) struct EngineModelArgs {
 }
 
 impl EngineModelArgs {
-    fn spec(&self, page_size: u32) -> anyhow::Result<EngineSpec> {
-        anyhow::ensure!(self.slots > 0, "--slots must be at least 1");
-        for (flag, rate) in [
-            ("--prefill-tokens-per-sec", self.prefill_tokens_per_sec),
-            ("--decode-tokens-per-sec", self.decode_tokens_per_sec),
-        ] {
-            anyhow::ensure!(
-                rate.is_finite() && rate >= 0.0,
-                "{flag} must be a finite number of at least 0"
-            );
-        }
-        anyhow::ensure!(
-            self.kv_capacity_tokens >= u64::from(page_size),
-            "--kv-capacity-tokens must hold at least one page ({page_size} tokens)"
-        );
-        Ok(EngineSpec {
+    /// The engines' spec and the replay's settings, checked.
+    fn settings(
+        &self,
+        page_size: u32,
+        kv_delay_ms: u64,
+        seed: u64,
+    ) -> anyhow::Result<ReplaySettings> {
+        let settings = ReplaySettings {
+            engine: self.spec(page_size),
+            kv_delay: Duration::from_millis(kv_delay_ms),
+            seed,
+        };
+        settings.check()?;
+        Ok(settings)
+    }
+
+    fn spec(&self, page_size: u32) -> EngineSpec {
+        EngineSpec {
             max_running_requests: self.slots,
             prefill_tokens_per_sec: self.prefill_tokens_per_sec,
             decode_tokens_per_sec: self.decode_tokens_per_sec,
@@ -59,7 +61,7 @@ impl EngineModelArgs {
             page_size,
             dp_size: 1,
             serial_prefill: self.serial_prefill,
-        })
+        }
     }
 }
 
@@ -96,11 +98,9 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening {}", args.trace.display()))?;
     let trace = read_trace(BufReader::new(file))
         .with_context(|| format!("reading {}", args.trace.display()))?;
-    let settings = ReplaySettings {
-        engine: args.engines.spec(page_size)?,
-        kv_delay: Duration::from_millis(args.kv_delay_ms),
-        seed: args.seed,
-    };
+    let settings = args
+        .engines
+        .settings(page_size, args.kv_delay_ms, args.seed)?;
     let oracle = oracle_cached_tokens(&trace, page_size);
     let policies: Vec<Option<&str>> = if args.policies.is_empty() {
         vec![None]
@@ -172,12 +172,35 @@ pub(crate) struct WorkloadArgs {
 /// How much faster than the uncached capacity an overloaded replay sends requests.
 const OVERLOAD: f64 = 4.0;
 
+/// The most system prompts a workload draws from.
+const MAX_SYSTEM_PROMPTS: u32 = 100_000;
+/// The most turns a conversation has.
+const MAX_TURNS: u32 = 64;
+/// The longest mean think time, milliseconds (an hour).
+const MAX_THINK_MS: f64 = 3_600_000.0;
+
 pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.load.is_finite() && args.load > 0.0,
-        "--load must be above 0"
+        args.load.is_finite() && args.load > 0.0 && args.load <= 100.0,
+        "--load must be above 0 and at most 100"
     );
-    anyhow::ensure!(args.max_turns > 0, "--max-turns must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_TURNS).contains(&args.max_turns),
+        "--max-turns must be 1 to {MAX_TURNS}"
+    );
+    anyhow::ensure!(
+        (1..=MAX_SYSTEM_PROMPTS).contains(&args.system_prompts),
+        "--system-prompts must be 1 to {MAX_SYSTEM_PROMPTS}"
+    );
+    anyhow::ensure!(
+        args.think_ms.is_finite() && (0.0..=MAX_THINK_MS).contains(&args.think_ms),
+        "--think-ms must be 0 to {MAX_THINK_MS}"
+    );
+    anyhow::ensure!(
+        args.requests <= router_replay::MAX_REQUESTS,
+        "--requests must be at most {}",
+        router_replay::MAX_REQUESTS
+    );
     let config = match &args.config {
         Some(path) => Some(read_config(path)?),
         None => None,
@@ -188,14 +211,15 @@ pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
                 .models
                 .iter()
                 .flat_map(|m| &m.engines)
-                .map(|e| e.dp_size.unwrap_or(1).max(1))
-                .sum::<u32>(),
+                .map(|e| u64::from(e.dp_size.unwrap_or(1).max(1)))
+                .sum::<u64>(),
             config.models.first().map_or(16, |m| m.block_size),
         ),
-        None => (args.engines, args.page_size),
+        None => (u64::from(args.engines), args.page_size),
     };
     anyhow::ensure!(engines > 0, "the fleet has no engine");
-    let spec = args.engine.spec(page_size)?;
+    let settings = args.engine.settings(page_size, 1, 0)?;
+    let spec = settings.engine;
     let mut workload = SharedPrefixWorkload {
         seed: args.seed,
         requests: args.requests,
@@ -205,7 +229,7 @@ pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
         ..SharedPrefixWorkload::default()
     };
     // Sizes do not depend on the rate: draw them once to find the capacity.
-    let uncached = f64::from(engines) * uncached_capacity(&workload.generate(), &spec);
+    let uncached = engines as f64 * uncached_capacity(&workload.generate(), &spec);
     let capacity = match &config {
         None => {
             eprintln!("capacity with nothing cached: {uncached:.1} requests/s");
@@ -214,10 +238,6 @@ pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
         Some(config) => {
             workload.requests_per_sec = OVERLOAD * uncached;
             let overloaded = workload.generate();
-            let settings = ReplaySettings {
-                engine: spec,
-                ..ReplaySettings::default()
-            };
             let measured = replay(config, &overloaded, Some(&args.capacity_policy), &settings)?
                 .summary(&args.capacity_policy, 0)
                 .requests_per_sec;
@@ -234,6 +254,13 @@ pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
         args.requests, workload.requests_per_sec
     );
     let trace = workload.generate();
+    if let Some(last) = trace.last() {
+        anyhow::ensure!(
+            last.at_us <= router_replay::MAX_AT_US,
+            "the trace would run past 30 days at {:.3} requests/s: raise --load",
+            workload.requests_per_sec
+        );
+    }
     let out = std::fs::File::create(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     write_trace(BufWriter::new(out), &trace)
@@ -241,8 +268,22 @@ pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The configuration in `path`, its fields checked.
 fn read_config(path: &std::path::Path) -> anyhow::Result<RouterConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    RouterConfig::from_yaml(&text).with_context(|| format!("parsing {}", path.display()))
+    let config =
+        RouterConfig::from_yaml(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let problems = config.check_fields();
+    anyhow::ensure!(
+        problems.is_empty(),
+        "{}: {}",
+        path.display(),
+        problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    Ok(config)
 }

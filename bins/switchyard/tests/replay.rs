@@ -202,3 +202,41 @@ async fn drive_sends_a_trace_through_a_router_and_reports_what_came_back() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("4 requests failed"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drive_counts_a_capacity_refusal_as_rejected_not_failed() {
+    let mut slow = engine_sim::SimConfig::for_tests();
+    slow.decode_tokens_per_sec = 2.0;
+    let engine = engine_sim::start(slow).await.expect("an engine");
+    let capped =
+        serde_json::json!({"type": "round_robin", "admission": {"max_inflight_requests": 1}});
+    let config = TempFile::new(
+        &serde_json::json!({
+            "listen": "127.0.0.1:0",
+            "models": [{"id": "m", "engines": [{"id": "E0", "url": engine.url(), "role": "plain"}],
+                        "policies": {"plain": capped}}],
+        })
+        .to_string(),
+    );
+    let router = crate::common::Replica::start(&config.0, &[]).await;
+    // The first holds the only slot for two seconds (four tokens at two a second);
+    // the second arrives 200 ms into it.
+    let trace = TempFile::new(
+        "{\"at_us\": 0, \"prompt\": [{\"id\": \"a\", \"tokens\": 20}], \"output_tokens\": 4}\n\
+         {\"at_us\": 200000, \"prompt\": [{\"id\": \"b\", \"tokens\": 20}], \"output_tokens\": 4}\n",
+    );
+    let json = TempFile::new("");
+    let out = drive(&router, &trace, "m", &json).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary =
+        &serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json.0).unwrap()).unwrap()[0];
+    assert_eq!(
+        (summary["rejected"].as_u64(), summary["failed"].as_u64()),
+        (Some(1), Some(0)),
+        "{summary}"
+    );
+}

@@ -554,9 +554,10 @@ impl RouterConfig {
         serde_json::to_value(schemars::schema_for!(RouterConfig)).expect("a schema serializes")
     }
 
-    /// Every problem of the fields themselves; the buckets, policies and tokenizers
-    /// are checked by building them ([`RouterConfig::validate`]).
-    fn check_fields(&self) -> Vec<ConfigError> {
+    /// Every problem of the fields themselves, needing no file and no network; the
+    /// buckets, policies and tokenizers are checked by building them
+    /// ([`RouterConfig::validate`]).
+    pub fn check_fields(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         self.affinity.validate(&mut errors);
         self.retries.validate(&mut errors);

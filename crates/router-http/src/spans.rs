@@ -40,6 +40,8 @@ use counted::{Counted, CountedExporter};
 pub(crate) struct Spans {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
+    /// How long a shutdown waits for the last export.
+    export_timeout: Duration,
 }
 
 impl Spans {
@@ -82,7 +84,11 @@ impl Spans {
             )
             .build();
         let tracer = provider.tracer("switchyard");
-        Ok(Self { provider, tracer })
+        Ok(Self {
+            provider,
+            tracer,
+            export_timeout: Duration::from_millis(config.export_timeout_ms),
+        })
     }
 
     /// Starts the server span of a request to `endpoint`, the child of `client`'s
@@ -105,9 +111,11 @@ impl Spans {
         })
     }
 
-    /// Exports what is queued and stops the exporter's thread (blocking).
+    /// Exports what is queued and stops the exporter's thread (blocking, for at most
+    /// the export timeout and a second).
     pub(crate) fn shutdown(&self) {
-        if let Err(e) = self.provider.shutdown() {
+        let wait = self.export_timeout + Duration::from_secs(1);
+        if let Err(e) = self.provider.shutdown_with_timeout(wait) {
             tracing::warn!("stopping the span exporter: {e}");
         }
     }

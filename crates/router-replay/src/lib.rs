@@ -35,8 +35,8 @@ pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens,
 pub use router::{seeded, with_policy};
 pub use sim::ReplaySettings;
 pub use trace::{
-    MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, Segment, TraceError,
-    TraceRequest, read_trace, write_trace,
+    MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
+    Segment, TraceError, TraceRequest, read_trace, write_trace,
 };
 pub use workload::{SharedPrefixWorkload, uncached_capacity};
 
@@ -76,6 +76,7 @@ pub fn replay(
         Some(name) => with_policy(config, name)?,
         None => config.clone(),
     };
+    settings.check()?;
     let config = seeded(&config, settings.seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -22,8 +22,12 @@ pub struct Outcome {
     pub engine: Option<usize>,
     /// Why the policy picked it.
     pub reason: Option<String>,
-    /// Refused by admission (the router answered, or would answer, 429).
+    /// Refused for capacity: every engine at its caps (the router answers 503
+    /// `at_capacity`), or an engine's own 429.
     pub rejected: bool,
+    /// Not routed for another reason (no bucket takes it, no engine is available),
+    /// or, live, an answer that failed.
+    pub failed: bool,
     /// Arrival to the first output token, microseconds.
     pub ttft_us: Option<u64>,
     /// When its last token came, microseconds from the trace's start.
@@ -42,6 +46,7 @@ impl Outcome {
             engine: None,
             reason: None,
             rejected: false,
+            failed: false,
             ttft_us: None,
             finished_us: None,
             cached_tokens: 0,
@@ -76,8 +81,10 @@ pub struct Summary {
     pub policy: String,
     /// Requests in the trace.
     pub requests: u64,
-    /// Requests refused by admission.
+    /// Requests refused for capacity.
     pub rejected: u64,
+    /// Requests not routed for another reason, or failed.
+    pub failed: u64,
     /// Time to first token, median, milliseconds.
     pub ttft_p50_ms: f64,
     /// Time to first token, 99th percentile, milliseconds.
@@ -155,6 +162,7 @@ impl RunReport {
             policy: policy.to_owned(),
             requests: self.outcomes.len() as u64,
             rejected: self.outcomes.iter().filter(|o| o.rejected).count() as u64,
+            failed: self.outcomes.iter().filter(|o| o.failed).count() as u64,
             ttft_p50_ms: ms(50.0),
             ttft_p99_ms: ms(99.0),
             ttft_percentiles_ms: PERCENTILES.iter().map(|p| ms(*p)).collect(),
@@ -187,8 +195,10 @@ fn percentile(values: &[u64], p: f64) -> u64 {
 
 /// The prompt tokens one unbounded cache that has seen every earlier prompt finds: for
 /// each request, the full pages of the longest run of leading segments it shares with
-/// an earlier request. No router over caches of any size finds more (a recorded
-/// segment that only partly matches counts as not matching).
+/// an earlier request. Segments match whole or not at all, so two named segments of
+/// one id and different lengths (which share their leading tokens), or recorded ones
+/// that share a prefix, count as different; with no such pair (the generated
+/// workload has none), no router over caches of any size finds more.
 pub fn oracle_cached_tokens(trace: &[TraceRequest], page_size: u32) -> u64 {
     let page = u64::from(page_size.max(1));
     let mut seen: HashSet<u64> = HashSet::new();
@@ -228,10 +238,11 @@ pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:>9} {:>8} {:>12} {:>12} {:>9} {:>11} {:>9} {:>9} {:>13}",
+        "{:<16} {:>9} {:>8} {:>6} {:>12} {:>12} {:>9} {:>11} {:>9} {:>9} {:>13}",
         "policy",
         "requests",
         "rejected",
+        "failed",
         "ttft_p50_ms",
         "ttft_p99_ms",
         "req/s",
@@ -243,10 +254,11 @@ pub fn table(summaries: &[Summary]) -> String {
     for s in summaries {
         let _ = writeln!(
             out,
-            "{:<16} {:>9} {:>8} {:>12.1} {:>12.1} {:>9.1} {:>11.0} {:>8.1}% {:>8.1}% {:>13.2}",
+            "{:<16} {:>9} {:>8} {:>6} {:>12.1} {:>12.1} {:>9.1} {:>11.0} {:>8.1}% {:>8.1}% {:>13.2}",
             s.policy,
             s.requests,
             s.rejected,
+            s.failed,
             s.ttft_p50_ms,
             s.ttft_p99_ms,
             s.requests_per_sec,

@@ -44,6 +44,11 @@ impl Router {
     /// # Errors
     /// An engine that is not plain, or a bucket or policy the router would refuse.
     pub(crate) fn build(config: &RouterConfig) -> Result<Self, ReplayError> {
+        let problems = config.check_fields();
+        if !problems.is_empty() {
+            let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            return Err(ReplayError::Config(problems.join("; ")));
+        }
         let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
             freshness: Duration::from_millis(config.load.freshness_ms),
         }));

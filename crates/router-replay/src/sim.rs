@@ -37,6 +37,49 @@ pub struct ReplaySettings {
     pub seed: u64,
 }
 
+/// The most running slots per rank a replay models.
+const MAX_SLOTS: u32 = 1 << 16;
+/// The slowest nonzero rate, tokens per second: a step of at most a second.
+const MIN_RATE: f64 = 1.0;
+/// The fastest rate, tokens per second.
+const MAX_RATE: f64 = 1e9;
+/// The longest KV-event delay.
+const MAX_KV_DELAY: Duration = Duration::from_secs(60);
+
+impl ReplaySettings {
+    /// Checks the settings' bounds.
+    ///
+    /// # Errors
+    /// The first setting out of its bounds.
+    pub fn check(&self) -> Result<(), ReplayError> {
+        let spec = &self.engine;
+        let fail = |message: String| Err(ReplayError::Config(message));
+        if !(1..=MAX_SLOTS).contains(&spec.max_running_requests) {
+            return fail(format!("engine slots must be 1 to {MAX_SLOTS}"));
+        }
+        for (name, rate) in [
+            ("prefill", spec.prefill_tokens_per_sec),
+            ("decode", spec.decode_tokens_per_sec),
+        ] {
+            if !(rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(&rate)) {
+                return fail(format!(
+                    "the {name} rate must be 0 (instant) or {MIN_RATE} to {MAX_RATE} tokens a second, not {rate}"
+                ));
+            }
+        }
+        if spec.page_size == 0 || spec.kv_capacity_tokens < u64::from(spec.page_size) {
+            return fail("the engines' KV cache must hold at least one page".into());
+        }
+        if self.kv_delay > MAX_KV_DELAY {
+            return fail(format!(
+                "the KV-event delay must be at most {} s",
+                MAX_KV_DELAY.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ReplaySettings {
     fn default() -> Self {
         Self {
@@ -277,9 +320,15 @@ impl<'a> Replay<'a> {
                 self.outcomes[index].rejected = true;
                 return Ok(());
             }
-            Err(e) => return Err(at(e.to_string())),
+            Err(SelectError::Stopped { error, .. }) => return Err(at(error.to_string())),
+            // No bucket takes it, or no engine: the router answers an error.
+            Err(_) => {
+                self.outcomes[index].failed = true;
+                return Ok(());
+            }
         };
         let Some(pick) = selection.pick.engines.iter().next() else {
+            self.outcomes[index].failed = true;
             return Ok(());
         };
         let engine = self.engine_index[pick.engine.id()];
@@ -398,7 +447,16 @@ impl<'a> Replay<'a> {
             }
         }
         if self.next < self.trace.len() || self.live > 0 {
-            self.queue.at(self.now + self.tick, Event::Publish);
+            let mut at = self.now + self.tick;
+            if self.live == 0
+                && let Some(next) = self.trace.get(self.next)
+            {
+                // Idle, nothing changes until the next arrival: the last tick before
+                // it publishes what every tick between would have.
+                let ticks = next.at_us.saturating_sub(self.now) / self.tick;
+                at = self.now + self.tick * ticks.max(1);
+            }
+            self.queue.at(at, Event::Publish);
         }
         Ok(())
     }

@@ -25,6 +25,10 @@ pub const MAX_REQUESTS: usize = 10_000_000;
 pub const MAX_PROMPT_TOKENS: u64 = 1 << 20;
 /// The most output tokens one request may ask for.
 pub const MAX_OUTPUT_TOKENS: u32 = 1 << 20;
+/// The latest arrival, in microseconds from the start: 30 days.
+pub const MAX_AT_US: u64 = 30 * 24 * 3600 * 1_000_000;
+/// The most bytes a trace may hold in all.
+pub const MAX_TRACE_BYTES: u64 = 4 << 30;
 /// Token ids drawn for named segments lie below this.
 const VOCABULARY: u32 = 50_000;
 
@@ -125,6 +129,9 @@ pub enum TraceError {
     /// The trace holds more than [`MAX_REQUESTS`] requests.
     #[error("the trace holds more than {MAX_REQUESTS} requests")]
     TooLong,
+    /// The trace is larger than [`MAX_TRACE_BYTES`].
+    #[error("the trace is larger than {MAX_TRACE_BYTES} bytes")]
+    TooLarge,
 }
 
 /// Reads a trace: one request per line (blank lines skipped), arrivals never
@@ -137,6 +144,7 @@ pub fn read_trace(mut reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceEr
     let mut requests = Vec::new();
     let mut buf = Vec::new();
     let mut line = 0;
+    let mut total = 0u64;
     loop {
         buf.clear();
         line += 1;
@@ -149,6 +157,10 @@ pub fn read_trace(mut reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceEr
         if buf.len() > MAX_LINE_BYTES {
             return Err(at(format!("longer than {MAX_LINE_BYTES} bytes")));
         }
+        total += buf.len() as u64;
+        if total > MAX_TRACE_BYTES {
+            return Err(TraceError::TooLarge);
+        }
         if buf.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -157,6 +169,9 @@ pub fn read_trace(mut reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceEr
             return Err(at(format!(
                 "the prompt is longer than {MAX_PROMPT_TOKENS} tokens"
             )));
+        }
+        if request.at_us > MAX_AT_US {
+            return Err(at(format!("at_us is above {MAX_AT_US} (30 days)")));
         }
         if request.output_tokens > MAX_OUTPUT_TOKENS {
             return Err(at(format!("output_tokens is above {MAX_OUTPUT_TOKENS}")));
