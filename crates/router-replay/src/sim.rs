@@ -121,6 +121,10 @@ struct ModelEngine {
     ranks: Vec<Rank>,
 }
 
+/// The most sessions whose latest prompt's page keys are kept; past it a session's
+/// next turn hashes its whole prompt.
+const MAX_MEMO_SESSIONS: usize = 1 << 16;
+
 /// Page keys of sessions' latest prompts, so a later turn hashes only its new pages.
 #[derive(Debug, Default)]
 struct KeyMemo {
@@ -152,7 +156,7 @@ impl KeyMemo {
             None => Vec::new(),
         };
         extend_page_keys(&mut keys, tokens, page_size, None);
-        if !last_turn {
+        if !last_turn && self.sessions.len() < MAX_MEMO_SESSIONS {
             self.sessions
                 .insert(session.clone(), (request.prompt.clone(), keys.clone()));
         }
