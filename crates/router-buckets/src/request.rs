@@ -31,6 +31,8 @@ pub struct BucketRequest<'a> {
     /// Where the selection records what it saw; a dry-run explanation's selection is
     /// made without effects (see [`Explanation`]).
     pub explain: Option<&'a Explanation>,
+    /// Whether the selection times each bucket it tries (for the router's spans).
+    pub timed: bool,
 }
 
 impl<'a> BucketRequest<'a> {
@@ -47,7 +49,14 @@ impl<'a> BucketRequest<'a> {
             excluded: &[],
             adapter: None,
             explain: None,
+            timed: false,
         }
+    }
+
+    /// Has the selection time each bucket it tries ([`BucketAttempt::took`](crate::BucketAttempt::took)).
+    pub fn with_timing(mut self, timed: bool) -> Self {
+        self.timed = timed;
+        self
     }
 
     /// Sets the expected peak from the request's maximum output tokens.

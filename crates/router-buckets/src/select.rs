@@ -3,6 +3,9 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use router_policy::PickError;
 use router_state::{RegistrySnapshot, Role};
@@ -17,6 +20,8 @@ pub struct BucketAttempt {
     pub bucket: Arc<str>,
     /// Why it could not supply a selection.
     pub error: PickError,
+    /// How long its picks took, when the request asked for timing.
+    pub took: Option<Duration>,
 }
 
 impl fmt::Display for BucketAttempt {
@@ -32,6 +37,8 @@ pub struct Selection {
     pub pick: BucketPick,
     /// Earlier buckets that lacked candidates or rejected by admission.
     pub passed_over: Vec<BucketAttempt>,
+    /// How long the chosen bucket's picks took, when the request asked for timing.
+    pub took: Option<Duration>,
 }
 
 /// Why no bucket supplied a selection.
@@ -126,7 +133,10 @@ impl BucketResolver {
         }
         let mut attempts = Vec::new();
         for bucket in buckets {
-            match bucket.pick_engines(engines, request).await {
+            let started = request.timed.then(Instant::now);
+            let picked = bucket.pick_engines(engines, request).await;
+            let took = started.map(|s| s.elapsed());
+            match picked {
                 Ok(pick) => {
                     tracing::debug!(
                         bucket = bucket.id(),
@@ -136,6 +146,7 @@ impl BucketResolver {
                     return Ok(Selection {
                         pick,
                         passed_over: attempts,
+                        took,
                     });
                 }
                 Err(error) if error.advances_to_next_bucket() => {
@@ -143,6 +154,7 @@ impl BucketResolver {
                     attempts.push(BucketAttempt {
                         bucket: bucket.id().into(),
                         error,
+                        took,
                     });
                 }
                 Err(error) => {

@@ -2,8 +2,9 @@
 //!
 //! A routed request gets a server span (`switchyard.request`), the child of the
 //! client's `traceparent` when it sent a valid one, and lasting until its answer's
-//! last byte; under it `prepare` (reading, validating and tokenizing the request),
-//! `select` (the bucket loop, with a `bucket_attempt` event per bucket tried) and one
+//! last byte; under it `prepare` (validating the body and tokenizing the prompt),
+//! `select` (the bucket loop, with a `bucket_attempt` span under it per bucket tried,
+//! timed by the bucket loop) and one
 //! `dispatch` span per request sent to an engine, from sending to the engine's
 //! response head. An engine is sent a `traceparent` naming its `dispatch` span, so its
 //! spans join the trace under the router's. Without `traces` none of this exists:
@@ -11,12 +12,12 @@
 //! (`trace.rs`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer as _, TracerProvider as _,
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+    TraceState, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
@@ -145,13 +146,17 @@ pub(crate) struct RequestSpan {
 impl RequestSpan {
     /// A child span of the request, started now and ended when dropped.
     pub(crate) fn child(&self, name: &'static str, attributes: Vec<KeyValue>) -> ChildSpan {
+        let started = SystemTime::now();
         let span = self
             .tracer
             .span_builder(name)
+            .with_start_time(started)
             .with_attributes(attributes)
             .start_with_context(&self.tracer, &self.cx);
         ChildSpan {
             cx: self.cx.with_span(span),
+            tracer: self.tracer.clone(),
+            started,
         }
     }
 
@@ -176,12 +181,26 @@ impl Drop for RequestSpan {
 #[derive(Debug)]
 pub(crate) struct ChildSpan {
     cx: Context,
+    tracer: SdkTracer,
+    started: SystemTime,
 }
 
 impl ChildSpan {
-    /// Records an event on the span.
-    pub(crate) fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
-        self.cx.span().add_event(name, attributes);
+    /// Records a finished span under this one, from `start` to `end`.
+    fn finished_child(
+        &self,
+        name: &'static str,
+        attributes: Vec<KeyValue>,
+        start: SystemTime,
+        end: SystemTime,
+    ) {
+        let mut child = self
+            .tracer
+            .span_builder(name)
+            .with_start_time(start)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &self.cx);
+        child.end_with_timestamp(end);
     }
 
     /// Marks the span failed with `message`.
@@ -210,21 +229,27 @@ impl Drop for ChildSpan {
     }
 }
 
-/// Records each bucket `selected` tried as a `bucket_attempt` event on `span`: its id
-/// and why it gave no pick, or the engines it picked.
+/// Records each bucket `selected` tried as a `bucket_attempt` span under `span` (the
+/// selection's), one after the other from its start, each as long as its picks took:
+/// its id and why it gave no pick, or the engines it picked.
 pub(crate) fn record_attempts(span: &ChildSpan, selected: &Result<Selection, SelectError>) {
     let attempts = match selected {
         Ok(selection) => &selection.passed_over,
         Err(error) => error.attempts(),
     };
+    let mut at = span.started;
     for attempt in attempts {
-        span.event(
+        let end = at + attempt.took.unwrap_or_default();
+        span.finished_child(
             "bucket_attempt",
             vec![
                 KeyValue::new("switchyard.bucket", attempt.bucket.to_string()),
                 KeyValue::new("switchyard.outcome", attempt.error.code()),
             ],
+            at,
+            end,
         );
+        at = end;
     }
     match selected {
         Ok(selection) => {
@@ -234,13 +259,15 @@ pub(crate) fn record_attempts(span: &ChildSpan, selected: &Result<Selection, Sel
                 .iter()
                 .map(|p| format!("{} ({})", p.engine.id(), p.reason.as_str()))
                 .collect();
-            span.event(
+            span.finished_child(
                 "bucket_attempt",
                 vec![
                     KeyValue::new("switchyard.bucket", selection.pick.bucket.to_string()),
                     KeyValue::new("switchyard.outcome", "picked"),
                     KeyValue::new("switchyard.engines", engines.join(", ")),
                 ],
+                at,
+                at + selection.took.unwrap_or_default(),
             );
         }
         Err(error) => span.fail(error.to_string()),

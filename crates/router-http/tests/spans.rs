@@ -1,7 +1,7 @@
 //! The router's own spans, exported over OTLP/HTTP to an in-process collector: a
 //! server span per request continuing the client's trace, with `prepare`, `select`
-//! (a `bucket_attempt` event per bucket) and one `dispatch` span per engine leg, whose
-//! id the engine receives as its parent.
+//! (a `bucket_attempt` span under it per bucket) and one `dispatch` span per engine
+//! leg, whose id the engine receives as its parent.
 
 use std::sync::Arc;
 
@@ -89,21 +89,22 @@ async fn each_request_exports_its_spans_and_the_engine_gets_the_dispatch_span_as
     untraced.bytes().await.unwrap();
     let unknown = post(&router, &chat("other", "hello")).await;
     assert_eq!(unknown.status(), 404);
-    // Four spans each for the routed requests, two for the refused one (no
-    // selection, no dispatch); a request's span ends with its answer's body.
-    let ended = "switchyard_spans_total{outcome=\"ended\"} 10";
+    // Five spans each for the routed requests (the request, prepare, select, one
+    // bucket attempt, dispatch), two for the refused one (no selection, no
+    // dispatch); a request's span ends with its answer's body.
+    let ended = "switchyard_spans_total{outcome=\"ended\"} 12";
     tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while !metrics(&router).await.contains(ended) {
             tokio::task::yield_now().await;
         }
     })
     .await
-    .expect("ten spans ended");
+    .expect("twelve spans ended");
     // Shutting down exports what is queued.
     router.shutdown().await;
 
     let spans = exported.lock().clone();
-    assert_eq!(spans.len(), 10, "every span ended was exported");
+    assert_eq!(spans.len(), 12, "every span ended was exported");
     let requests = named(&spans, "switchyard.request");
     assert_eq!(requests.len(), 3, "{spans:#?}");
     let root = requests
@@ -124,21 +125,16 @@ async fn each_request_exports_its_spans_and_the_engine_gets_the_dispatch_span_as
     assert_eq!(children("prepare").len(), 1);
     let select = children("select");
     assert_eq!(select.len(), 1);
-    let attempts: Vec<String> = select[0]
-        .events
-        .iter()
-        .filter(|e| e.name == "bucket_attempt")
-        .flat_map(|e| {
-            e.attributes
-                .iter()
-                .map(|kv| format!("{}={:?}", kv.key, kv.value))
-        })
+    let attempts: Vec<&Span> = named(&spans, "bucket_attempt")
+        .into_iter()
+        .filter(|s| s.parent_span_id == select[0].span_id)
         .collect();
+    assert_eq!(attempts.len(), 1, "one bucket, tried once: {attempts:?}");
+    assert!(attribute(attempts[0], "switchyard.outcome").contains("picked"));
     assert!(
-        attempts
-            .iter()
-            .any(|a| a.contains("switchyard.outcome") && a.contains("picked")),
-        "{attempts:?}"
+        select[0].start_time_unix_nano <= attempts[0].start_time_unix_nano
+            && attempts[0].end_time_unix_nano <= select[0].end_time_unix_nano,
+        "the attempt lies within the selection"
     );
     let dispatch = children("dispatch");
     assert_eq!(dispatch.len(), 1);
@@ -184,4 +180,63 @@ async fn an_endpoint_that_is_not_a_url_is_refused_by_path() {
             && paths.iter().any(|p| p.starts_with("traces.sample_ratio")),
         "{paths:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_passed_over_has_its_own_span_before_the_one_that_picked() {
+    let (endpoint, exported) = collector().await;
+    let a = sim(|_| {}).await;
+    let mut model = ModelConfig::new(
+        "m",
+        vec![
+            engine("A", &a, EngineRole::Plain),
+            // Nothing listens here: B starts unhealthy, so its bucket has no candidate.
+            router_http::EngineConfig {
+                role: Some(EngineRole::Plain),
+                ..router_http::EngineConfig::new("B", "http://127.0.0.1:1")
+            },
+        ],
+    );
+    model.buckets = Some(
+        serde_json::from_value(serde_json::json!([
+            {"id": "first", "groups": {"plain": {"engine_ids": ["B"]}}},
+            {"id": "second", "groups": {"plain": {"engine_ids": ["A"]}}},
+        ]))
+        .unwrap(),
+    );
+    let mut config = config(vec![model]);
+    config.traces = Some(TracesConfig::new(endpoint));
+    let router = router(config).await;
+    let answer = post(&router, &chat("m", "hello")).await;
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap();
+    router.shutdown().await;
+
+    let spans = exported.lock().clone();
+    let select = named(&spans, "select");
+    assert_eq!(select.len(), 1);
+    let mut attempts: Vec<&Span> = named(&spans, "bucket_attempt")
+        .into_iter()
+        .filter(|s| s.parent_span_id == select[0].span_id)
+        .collect();
+    attempts.sort_by_key(|s| s.start_time_unix_nano);
+    let described: Vec<(String, String)> = attempts
+        .iter()
+        .map(|s| {
+            (
+                attribute(s, "switchyard.bucket"),
+                attribute(s, "switchyard.outcome"),
+            )
+        })
+        .collect();
+    assert_eq!(described.len(), 2, "{described:?}");
+    assert!(
+        described[0].0.contains("first") && !described[0].1.contains("picked"),
+        "{described:?}"
+    );
+    assert!(
+        described[1].0.contains("second") && described[1].1.contains("picked"),
+        "{described:?}"
+    );
+    assert!(attempts[0].end_time_unix_nano <= attempts[1].start_time_unix_nano);
 }

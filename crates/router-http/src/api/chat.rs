@@ -398,7 +398,9 @@ async fn route(
         .as_ref()
         .filter(|log| log.sample())
         .map(|log| (log, Explanation::recording()));
-    let request = request.with_explanation(recording.as_ref().map(|(_, e)| e));
+    let request = request
+        .with_explanation(recording.as_ref().map(|(_, e)| e))
+        .with_timing(tracing.span.is_some());
     let selecting = tracing.span.as_ref().map(|s| s.child("select", Vec::new()));
     let selected = route.resolver.select(&ctx.fleet.snapshot(), &request).await;
     if let Some(span) = &selecting {

@@ -54,6 +54,7 @@ fn refused_by(engines: &[&str]) -> SelectError {
                 stage: Role::Plain,
                 rejections: engines.iter().map(rejection).collect(),
             },
+            took: None,
         }],
     }
 }
