@@ -258,6 +258,10 @@ fn live_run(
         process: Some(child),
     };
     let json = dir.join(format!("live-{policy}.json"));
+    let engine_ids: String = (0..ENGINES)
+        .map(|i| format!("e{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
     run_binary(
         &format!("drive {} through {policy}", trace.display()),
         Command::new(binary)
@@ -270,6 +274,8 @@ fn live_run(
                 MODEL,
                 "--label",
                 policy,
+                "--engines",
+                &engine_ids,
                 "--json",
             ])
             .arg(&json),

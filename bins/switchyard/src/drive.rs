@@ -29,6 +29,10 @@ pub(crate) struct DriveArgs {
     /// The name of the run in the table.
     #[arg(long, default_value = "live")]
     label: String,
+    /// Every engine of the fleet, in the order to report them, so that one that
+    /// answered nothing counts in the load spread (default: those that answered).
+    #[arg(long, value_delimiter = ',')]
+    engines: Vec<String>,
     /// The header carrying a request's session.
     #[arg(long, default_value = "x-session-id")]
     session_header: String,
@@ -81,15 +85,21 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let answers = runtime.block_on(send_all(args, &trace))?;
-    let mut engines: Vec<String> = answers
+    let mut answered: Vec<&String> = answers
         .iter()
         .filter_map(|a| match a {
-            Ended::Answered(answer) => answer.engine.clone(),
+            Ended::Answered(answer) => answer.engine.as_ref(),
             Ended::Failed(_) => None,
         })
         .collect();
-    engines.sort();
-    engines.dedup();
+    answered.sort();
+    answered.dedup();
+    let mut engines = args.engines.clone();
+    for engine in answered {
+        if !engines.contains(engine) {
+            engines.push(engine.clone());
+        }
+    }
     let mut failed: Vec<String> = Vec::new();
     let outcomes: Vec<Outcome> = trace
         .iter()
@@ -109,7 +119,7 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
                     outcome.engine = answer
                         .engine
                         .as_ref()
-                        .and_then(|e| engines.binary_search(e).ok());
+                        .and_then(|e| engines.iter().position(|known| known == e));
                     outcome.reason.clone_from(&answer.reason);
                     outcome.ttft_us = answer.first_token.map(|d| d.as_micros() as u64);
                     outcome.finished_us =

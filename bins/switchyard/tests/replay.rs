@@ -128,8 +128,9 @@ async fn drive(
     trace: &TempFile,
     model: &str,
     json: &TempFile,
+    extra: &[&str],
 ) -> Output {
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "drive",
         "--trace",
         trace.0.to_str().unwrap(),
@@ -142,6 +143,7 @@ async fn drive(
     ]
     .map(str::to_owned)
     .to_vec();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .args(&args)
@@ -169,7 +171,7 @@ async fn drive_sends_a_trace_through_a_router_and_reports_what_came_back() {
     let trace = TempFile::new(CONVERSATIONS);
     let json = TempFile::new("");
 
-    let out = drive(&router, &trace, "m", &json).await;
+    let out = drive(&router, &trace, "m", &json, &["--engines", "E0,E1"]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -187,6 +189,11 @@ async fn drive_sends_a_trace_through_a_router_and_reports_what_came_back() {
         &serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json.0).unwrap()).unwrap()[0];
     assert_eq!(summary["rejected"], 0);
     assert_eq!(summary["engine_load"][0][0], "E0", "{summary}");
+    assert_eq!(
+        summary["engine_load"][1],
+        serde_json::json!(["E1", 0.0]),
+        "an engine named that never answered counts as idle"
+    );
     // The first turns find nothing but the second's shared system prompt (4 pages
     // of 16); the second turns find their first turn's 5 and 5 pages.
     let cached = 64 + 80 + 80;
@@ -197,7 +204,7 @@ async fn drive_sends_a_trace_through_a_router_and_reports_what_came_back() {
         "{summary}"
     );
 
-    let out = drive(&router, &trace, "unknown-model", &json).await;
+    let out = drive(&router, &trace, "unknown-model", &json, &[]).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("4 requests failed"), "{stderr}");
@@ -226,7 +233,7 @@ async fn drive_counts_a_capacity_refusal_as_rejected_not_failed() {
          {\"at_us\": 200000, \"prompt\": [{\"id\": \"b\", \"tokens\": 20}], \"output_tokens\": 4}\n",
     );
     let json = TempFile::new("");
-    let out = drive(&router, &trace, "m", &json).await;
+    let out = drive(&router, &trace, "m", &json, &[]).await;
     assert!(
         out.status.success(),
         "{}",
