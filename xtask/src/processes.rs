@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::cargo_metadata;
+use crate::{cargo, cargo_metadata, step};
 
 /// A process under test, stopped on drop.
 pub(crate) struct Target {
@@ -45,6 +45,27 @@ pub(crate) fn profile_dir(profile: &str) -> anyhow::Result<PathBuf> {
         .as_str()
         .context("cargo metadata has no target_directory")?;
     Ok(PathBuf::from(target).join(profile))
+}
+
+/// Builds the release `switchyard` and makes `target/<task>` for a load task's files;
+/// returns the binary and that directory.
+pub(crate) fn release_switchyard(task: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    step(
+        "build switchyard (release)",
+        cargo().args([
+            "build",
+            "--locked",
+            "--release",
+            "-p",
+            "switchyard",
+            "--bin",
+            "switchyard",
+        ]),
+    )?;
+    let release = profile_dir("release")?;
+    let dir = release.with_file_name(task);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok((release.join("switchyard"), dir))
 }
 
 /// Spawns a process that prints one JSON ready line on stdout, its stderr going to

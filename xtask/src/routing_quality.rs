@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::processes::{Target, json_field, profile_dir, spawn_ready};
-use crate::{cargo, step};
+use crate::processes::{Target, json_field, release_switchyard, spawn_ready};
+use crate::step;
 
 mod plot;
 
@@ -77,22 +77,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
 
 pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let options = options(args)?;
-    step(
-        "build switchyard (release)",
-        cargo().args([
-            "build",
-            "--locked",
-            "--release",
-            "-p",
-            "switchyard",
-            "--bin",
-            "switchyard",
-        ]),
-    )?;
-    let release = profile_dir("release")?;
-    let binary = release.join("switchyard");
-    let dir = release.with_file_name("routing-quality");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (binary, dir) = release_switchyard("routing-quality")?;
     let tokenizer = root.join("testdata/tokenizer-bytes/tokenizer.json");
 
     let fleet = dir.join("fleet.yaml");

@@ -48,8 +48,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::processes::{Target, json_field, profile_dir, rss_kib, spawn_ready, status_field};
-use crate::{cargo, step};
+use crate::processes::{
+    Target, json_field, release_switchyard, rss_kib, spawn_ready, status_field,
+};
 use load::{Load, Tally};
 use report::{Report, by_status, verdict};
 use schedule::{Engine, Fleet};
@@ -101,22 +102,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
 
 pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let options = options(args)?;
-    step(
-        "build switchyard (release)",
-        cargo().args([
-            "build",
-            "--locked",
-            "--release",
-            "-p",
-            "switchyard",
-            "--bin",
-            "switchyard",
-        ]),
-    )?;
-    let release = profile_dir("release")?;
-    let binary = release.join("switchyard");
-    let dir = release.with_file_name("soak");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (binary, dir) = release_switchyard("soak")?;
     let tokenizer = root.join("testdata/tokenizer-bytes/tokenizer.json");
     let mut processes = Vec::new();
     let mut engines = Vec::new();
