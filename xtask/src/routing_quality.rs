@@ -9,7 +9,8 @@
 //! `--live-requests` of it are then sent through the release binary to real
 //! simulated-engine processes (`switchyard drive`), one fresh fleet per policy, and
 //! replayed alone for comparison. The report checks the targets, and the
-//! plot (`docs/routing-quality.svg`) shows each run's TTFT distribution.
+//! plot (`docs/routing-quality.svg`) shows each run's TTFT distribution. The sharper
+//! signals' experiments (a host tier, lagging KV feeds) replay the same trace.
 
 use std::fs::File;
 use std::path::Path;
@@ -22,21 +23,22 @@ use crate::processes::{Target, json_field, release_switchyard, spawn_ready};
 use crate::step;
 
 mod plot;
+mod signals;
 
 /// The policies compared, the baseline first.
 const POLICIES: &[&str] = &["round_robin", "power_of_two", "cache_aware"];
 const MODEL: &str = "rq";
 const ENGINES: usize = 8;
-/// The modelled and simulated engines' flags, shared by every command.
-const ENGINE_FLAGS: &[&str] = &[
+/// The modelled and simulated engines' timing, shared by every command.
+const TIMING_FLAGS: &[&str] = &[
     "--prefill-tokens-per-sec",
     "20000",
     "--serial-prefill",
     "--decode-tokens-per-sec",
     "100",
-    "--kv-capacity-tokens",
-    "65536",
 ];
+/// Their prefix cache.
+const CACHE_FLAGS: &[&str] = &["--kv-capacity-tokens", "65536"];
 const SLOTS: &str = "32";
 
 struct Options {
@@ -95,11 +97,13 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
             .args(["--requests", &requests, "--config"])
             .arg(&fleet)
             .args(["--slots", SLOTS])
-            .args(ENGINE_FLAGS),
+            .args(TIMING_FLAGS)
+            .args(CACHE_FLAGS),
     )?;
     let replayed = dir.join("replay.json");
     replay(&binary, &trace, &fleet, &replayed)?;
     let mut runs = vec![("replay".to_owned(), read_summaries(&replayed)?)];
+    signals::run(&binary, &dir, &trace)?;
     if options.live {
         let live_trace = dir.join("trace-live.jsonl");
         let text = std::fs::read_to_string(&trace)?;
@@ -151,7 +155,8 @@ fn replay(binary: &Path, trace: &Path, fleet: &Path, json: &Path) -> anyhow::Res
             .arg(fleet)
             .args(["--policies", &POLICIES.join(",")])
             .args(["--slots", SLOTS])
-            .args(ENGINE_FLAGS)
+            .args(TIMING_FLAGS)
+            .args(CACHE_FLAGS)
             .arg("--json")
             .arg(json)
             .stdout(Stdio::null()),
@@ -212,7 +217,8 @@ fn live_run(
             .args(["--load-port", "0", "--model", MODEL, "--tokenizer"])
             .arg(tokenizer)
             .args(["--max-running-requests", SLOTS, "--page-size", "16"])
-            .args(ENGINE_FLAGS)
+            .args(TIMING_FLAGS)
+            .args(CACHE_FLAGS)
             .env("RUST_LOG", "warn");
         let log = File::create(dir.join(format!("engine-{policy}-{i}.log")))?;
         let (child, ready) = spawn_ready(command, Stdio::from(log))
@@ -275,8 +281,15 @@ fn number(summary: &Value, field: &str) -> f64 {
 }
 
 fn print_table(summaries: &[Value]) {
+    let width = summaries
+        .iter()
+        .filter_map(|s| s["policy"].as_str())
+        .map(str::len)
+        .max()
+        .unwrap_or(0)
+        .max(14);
     println!(
-        "{:<14} {:>9} {:>12} {:>12} {:>9} {:>9} {:>10} {:>13}",
+        "{:<width$} {:>9} {:>12} {:>12} {:>9} {:>9} {:>10} {:>13}",
         "policy",
         "rejected",
         "ttft_p50_ms",
@@ -288,7 +301,7 @@ fn print_table(summaries: &[Value]) {
     );
     for s in summaries {
         println!(
-            "{:<14} {:>9} {:>12.1} {:>12.1} {:>9.1} {:>8.1}% {:>9.1}% {:>13.2}",
+            "{:<width$} {:>9} {:>12.1} {:>12.1} {:>9.1} {:>8.1}% {:>9.1}% {:>13.2}",
             s["policy"].as_str().unwrap_or("?"),
             s["rejected"],
             number(s, "ttft_p50_ms"),

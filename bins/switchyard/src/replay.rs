@@ -9,8 +9,8 @@ use anyhow::Context as _;
 use engine_sim::EngineSpec;
 use router_http::RouterConfig;
 use router_replay::{
-    ReplaySettings, SharedPrefixWorkload, Summary, oracle_cached_tokens, read_trace, replay, table,
-    uncached_capacity, write_trace,
+    HostTier, LaggingFeeds, ReplaySettings, SharedPrefixWorkload, Summary, oracle_cached_tokens,
+    read_trace, replay, table, uncached_capacity, write_trace,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -33,6 +33,20 @@ pub(crate) struct EngineModelArgs {
     /// KV-cache capacity per engine rank, tokens.
     #[arg(long, default_value_t = 1 << 20)]
     kv_capacity_tokens: u64,
+    /// Pages each rank keeps in a host-memory tier, written through from the device
+    /// cache and loaded back when a prompt's prefix continues there (0: no host tier).
+    #[arg(long, default_value_t = 0)]
+    host_tier_pages: usize,
+    /// Time to load a host page back, as a share of the time to prefill it.
+    #[arg(long, default_value_t = 0.1)]
+    host_load_cost: f64,
+}
+
+/// How the engines' KV events reach the router.
+#[derive(Debug, Clone, Copy)]
+struct FeedSettings {
+    kv_delay: Duration,
+    lagging: LaggingFeeds,
 }
 
 impl EngineModelArgs {
@@ -40,12 +54,17 @@ impl EngineModelArgs {
     fn settings(
         &self,
         page_size: u32,
-        kv_delay_ms: u64,
+        feeds: FeedSettings,
         seed: u64,
     ) -> anyhow::Result<ReplaySettings> {
         let settings = ReplaySettings {
             engine: self.spec(page_size),
-            kv_delay: Duration::from_millis(kv_delay_ms),
+            host_tier: HostTier {
+                pages: self.host_tier_pages,
+                load_cost: self.host_load_cost,
+            },
+            kv_delay: feeds.kv_delay,
+            lagging_feeds: feeds.lagging,
             seed,
         };
         settings.check()?;
@@ -83,12 +102,30 @@ pub(crate) struct ReplayArgs {
     /// Time a KV-event batch takes from an engine to the router, milliseconds.
     #[arg(long, default_value_t = 1)]
     kv_delay_ms: u64,
+    /// How many engines (the first configured) have a KV feed that lags.
+    #[arg(long, default_value_t = 0)]
+    lagging_feeds: usize,
+    /// Time a KV-event batch takes from a lagging engine, milliseconds.
+    #[arg(long, default_value_t = 0)]
+    lagging_delay_ms: u64,
     /// Seed of the policies that draw random numbers and name no seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write the summaries, with TTFT percentiles, as JSON to FILE.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+impl ReplayArgs {
+    fn feeds(&self) -> FeedSettings {
+        FeedSettings {
+            kv_delay: Duration::from_millis(self.kv_delay_ms),
+            lagging: LaggingFeeds {
+                engines: self.lagging_feeds,
+                delay: Duration::from_millis(self.lagging_delay_ms),
+            },
+        }
+    }
 }
 
 pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
@@ -98,9 +135,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening {}", args.trace.display()))?;
     let trace = read_trace(BufReader::new(file))
         .with_context(|| format!("reading {}", args.trace.display()))?;
-    let settings = args
-        .engines
-        .settings(page_size, args.kv_delay_ms, args.seed)?;
+    let settings = args.engines.settings(page_size, args.feeds(), args.seed)?;
     let oracle = oracle_cached_tokens(&trace, page_size);
     let policies: Vec<Option<&str>> = if args.policies.is_empty() {
         vec![None]
@@ -218,7 +253,11 @@ pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
         None => (u64::from(args.engines), args.page_size),
     };
     anyhow::ensure!(engines > 0, "the fleet has no engine");
-    let settings = args.engine.settings(page_size, 1, 0)?;
+    let feeds = FeedSettings {
+        kv_delay: Duration::from_millis(1),
+        lagging: LaggingFeeds::default(),
+    };
+    let settings = args.engine.settings(page_size, feeds, 0)?;
     let spec = settings.engine;
     let mut workload = SharedPrefixWorkload {
         seed: args.seed,

@@ -15,7 +15,7 @@ use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, sleep};
 
 use crate::cache::{PageKey, PrefixCache, page_keys};
-use crate::events::KvEvent;
+use crate::events::{KvEvent, Medium};
 use crate::faults::Faults;
 
 /// How fast and how wide an engine is.
@@ -483,6 +483,7 @@ impl Run {
             if !change.removed.is_empty() {
                 events.push(KvEvent::Removed {
                     hashes: change.removed,
+                    medium: Medium::Gpu,
                 });
             }
             if !change.stored.is_empty() {
@@ -494,6 +495,7 @@ impl Run {
                     tokens,
                     block_size: self.spec.page_size,
                     lora_name: self.adapter.clone(),
+                    medium: Medium::Gpu,
                 });
             }
             events

@@ -22,18 +22,38 @@ pub enum KvEvent {
         block_size: u32,
         /// The LoRA adapter whose pages these are (vLLM's field; `None` omitted).
         lora_name: Option<std::sync::Arc<str>>,
+        /// The tier the pages are cached on.
+        medium: Medium,
     },
     /// Pages evicted.
     Removed {
         /// The evicted pages' hashes.
         hashes: Vec<i64>,
+        /// The tier they were evicted from.
+        medium: Medium,
     },
     /// The whole cache was flushed.
     Cleared,
 }
 
-/// The storage tier the simulated engine caches on.
-const MEDIUM: &str = "GPU";
+/// A storage tier, as engines name it in their events' `medium`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Medium {
+    /// Accelerator memory, where a simulated engine caches.
+    Gpu,
+    /// Host memory, where an engine offloads pages (modelled by replays).
+    Cpu,
+}
+
+impl Medium {
+    /// The name engines publish.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::Cpu => "CPU",
+        }
+    }
+}
 
 const INFALLIBLE: &str = "writing to a Vec cannot fail";
 
@@ -61,6 +81,7 @@ fn encode_map(out: &mut Vec<u8>, event: &KvEvent) {
             tokens,
             block_size,
             lora_name,
+            medium,
         } => {
             let fields = if lora_name.is_some() { 8 } else { 7 };
             rmp::encode::write_map_len(out, fields).expect(INFALLIBLE);
@@ -77,20 +98,20 @@ fn encode_map(out: &mut Vec<u8>, event: &KvEvent) {
             write_str(out, "lora_id");
             rmp::encode::write_nil(out).expect(INFALLIBLE);
             write_str(out, "medium");
-            write_str(out, MEDIUM);
+            write_str(out, medium.as_str());
             if let Some(lora_name) = lora_name {
                 write_str(out, "lora_name");
                 write_str(out, lora_name);
             }
         }
-        KvEvent::Removed { hashes } => {
+        KvEvent::Removed { hashes, medium } => {
             rmp::encode::write_map_len(out, 3).expect(INFALLIBLE);
             write_str(out, "type");
             write_str(out, "BlockRemoved");
             write_str(out, "block_hashes");
             write_ints(out, hashes);
             write_str(out, "medium");
-            write_str(out, MEDIUM);
+            write_str(out, medium.as_str());
         }
         KvEvent::Cleared => {
             rmp::encode::write_map_len(out, 1).expect(INFALLIBLE);
@@ -108,6 +129,7 @@ fn encode_array(out: &mut Vec<u8>, event: &KvEvent) {
             tokens,
             block_size,
             lora_name,
+            medium,
         } => {
             let fields = if lora_name.is_some() { 8 } else { 7 };
             rmp::encode::write_array_len(out, fields).expect(INFALLIBLE);
@@ -117,16 +139,16 @@ fn encode_array(out: &mut Vec<u8>, event: &KvEvent) {
             write_tokens(out, tokens);
             write_int(out, i64::from(*block_size));
             rmp::encode::write_nil(out).expect(INFALLIBLE);
-            write_str(out, MEDIUM);
+            write_str(out, medium.as_str());
             if let Some(lora_name) = lora_name {
                 write_str(out, lora_name);
             }
         }
-        KvEvent::Removed { hashes } => {
+        KvEvent::Removed { hashes, medium } => {
             rmp::encode::write_array_len(out, 3).expect(INFALLIBLE);
             write_str(out, "BlockRemoved");
             write_ints(out, hashes);
-            write_str(out, MEDIUM);
+            write_str(out, medium.as_str());
         }
         KvEvent::Cleared => {
             rmp::encode::write_array_len(out, 1).expect(INFALLIBLE);
@@ -186,6 +208,7 @@ mod tests {
                 tokens: vec![1, 2],
                 block_size: 1,
                 lora_name: None,
+                medium: Medium::Gpu,
             },
             KvEvent::Cleared,
         ];
@@ -219,7 +242,10 @@ mod tests {
     fn encodes_legacy_arrays_with_the_tag_first() {
         let bytes = encode_batch(
             0.0,
-            &[KvEvent::Removed { hashes: vec![7] }],
+            &[KvEvent::Removed {
+                hashes: vec![7],
+                medium: Medium::Gpu,
+            }],
             3,
             EventForm::Array,
         );

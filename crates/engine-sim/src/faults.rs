@@ -47,6 +47,10 @@ pub struct FaultConfig {
     /// emptied, as after an engine restart) once this many batches were published.
     #[arg(long)]
     pub restart_publisher_after_batches: Option<u64>,
+    /// Stamp KV-event batches this many milliseconds before they are published, as a
+    /// publisher that lags behind its engine does.
+    #[arg(long, default_value_t = 0)]
+    pub event_clock_behind_ms: u64,
 }
 
 impl FaultConfig {
@@ -134,6 +138,11 @@ impl Faults {
                 .and_then(|s| StatusCode::from_u16(s).ok())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
         })
+    }
+
+    /// How far before publication batches are stamped.
+    pub(crate) fn event_clock_behind(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.lock().event_clock_behind_ms)
     }
 
     /// Consumes one dropped batch, if the drop fault has any left.

@@ -49,7 +49,7 @@ mod visits;
 pub use cache::{CacheChange, PageKey, PrefixCache, extend_page_keys, page_keys};
 pub use config::{EngineRole, EventForm, LoadForm, PdProtocol, SimConfig};
 pub use engine::{EngineSpec, LoadSample, Run, Served, SimEngine};
-pub use events::{KvEvent, encode_batch};
+pub use events::{KvEvent, Medium, encode_batch};
 pub use faults::FaultConfig;
 pub use load_stat::{encode_basic_load_stat, encode_load_stat};
 pub use ports::free_port_ranges;

@@ -97,7 +97,8 @@ pub(crate) async fn run_kv_publisher(
             biased;
             message = batches.recv() => match message {
                 Some(PublisherMsg::Batch(events)) => {
-                    let payload = Bytes::from(encode_batch(unix_seconds(), &events, rank, settings.form));
+                    let stamp = unix_seconds() - faults.event_clock_behind().as_secs_f64();
+                    let payload = Bytes::from(encode_batch(stamp, &events, rank, settings.form));
                     if !faults.take_dropped_batch() {
                         send_or_log(&mut live, frames([settings.topic.clone(), seq_frame(seq), payload.clone()])).await;
                     }

@@ -139,6 +139,18 @@ impl Collector for FleetCollector {
             gauge.metric_type(),
         )?)?;
         let indexes = fleet.prefix_indexes();
+        family(
+            &mut encoder,
+            "engine_kv_feed_age_seconds",
+            "How far behind the engine's KV-event feed was when its latest live batch arrived (its most lagging rank's)",
+            "engine",
+            indexes.iter().flat_map(|(_, index)| {
+                index
+                    .feed_ages()
+                    .into_iter()
+                    .map(|(engine, age)| (engine.to_string(), ConstGauge::new(age.as_secs_f64())))
+            }),
+        )?;
         let sizes: Vec<_> = indexes
             .iter()
             .map(|(model, index)| (model, index.size()))

@@ -205,7 +205,12 @@ fn explain_stage(
                 stage: s,
                 engine,
                 tokens,
-            } if here(b, *s) => of.entry(engine).or_default().cached = Some(*tokens),
+                slower_tokens,
+                feed_age_ms,
+            } if here(b, *s) => {
+                of.entry(engine).or_default().cached =
+                    Some((*tokens, *slower_tokens, *feed_age_ms));
+            }
             Observation::Admission {
                 bucket: b,
                 stage: s,
@@ -233,12 +238,21 @@ fn explain_stage(
             let seen = of.remove(engine).unwrap_or_default();
             // Engines admission never read show the load table as it is now.
             let metrics = seen.read.unwrap_or_else(|| load.observe(engine).metrics());
-            json!({
+            let mut candidate = json!({
                 "engine": engine.as_str(),
                 "load": figures(&metrics),
-                "matched_prefix_tokens": seen.cached,
+                "matched_prefix_tokens": seen.cached.map(|(tokens, _, _)| tokens),
                 "admission": seen.checks,
-            })
+            });
+            if let Some((_, slower, age)) = seen.cached {
+                if slower > 0 {
+                    candidate["matched_on_slower_tiers"] = json!(slower);
+                }
+                if age > 0 {
+                    candidate["kv_feed_age_ms"] = json!(age);
+                }
+            }
+            candidate
         })
         .collect();
     let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
@@ -279,7 +293,8 @@ fn explain_stage(
 /// What a stage saw of one candidate.
 #[derive(Default)]
 struct Candidate {
-    cached: Option<u64>,
+    /// Matched prompt tokens, those of them only on slower tiers, the feed's age.
+    cached: Option<(u64, u64, u64)>,
     checks: Vec<Value>,
     /// The figures the first admission check read.
     read: Option<EngineMetrics>,
@@ -294,3 +309,6 @@ fn figures(metrics: &EngineMetrics) -> Value {
         "inflight_requests": metrics.inflight_requests,
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -386,6 +386,54 @@ async fn a_dropped_batch_is_repaired_by_replay_before_it_misleads_routing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_kv_feed_shows_in_the_metrics_and_the_explanation() {
+    let h = Harness::start(fleet(2).await, cache_aware()).await;
+    let (holder, _) = h.chat(&[system_prompt(), user("warm up")]).await;
+    let index: usize = holder[1..].parse().expect("E<n>");
+    let status = h
+        .client
+        .post(format!("{}/admin/faults", h.engines[index].url()))
+        .json(&json!({"event_clock_behind_ms": 120_000}))
+        .send()
+        .await
+        .expect("the engine's admin endpoint")
+        .status();
+    assert!(status.is_success());
+    let (engine, _) = h
+        .chat(&[
+            system_prompt(),
+            user("a question whose pages are announced two minutes late"),
+        ])
+        .await;
+    assert_eq!(engine, holder);
+    let age = h
+        .metric(&format!(
+            "switchyard_engine_kv_feed_age_seconds{{engine=\"{holder}\"}}"
+        ))
+        .await;
+    assert!(
+        age >= 120.0,
+        "the holder's feed is two minutes behind: {age}"
+    );
+    let explained = h.explain(&[system_prompt(), user("warm up")]).await;
+    let candidates = explained["buckets"][0]["stages"][0]["candidates"]
+        .as_array()
+        .expect("candidates")
+        .clone();
+    let seen = candidates
+        .iter()
+        .find(|c| c["engine"] == holder.as_str())
+        .expect("the holder is a candidate");
+    assert!(
+        seen["kv_feed_age_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms >= 120_000),
+        "{seen}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_restart_removes_its_entries() {
     let mut h = Harness::start(fleet(4).await, cache_aware()).await;
     let (holder, _) = h.chat(&[system_prompt(), user("warm up")]).await;

@@ -25,32 +25,58 @@ pub struct PrefixHits {
     /// The data-parallel rank of each engine's deepest match, when the source knows
     /// it (the local index does); sorted by engine id.
     pub ranks: Vec<(EngineId, u32)>,
+    /// Of each engine's leading blocks, how many are held only on a slower tier (host
+    /// memory, disk, a shared pool) and not on the device; engines with none are left
+    /// out. Sorted by engine id.
+    pub slower_blocks: Vec<(EngineId, usize)>,
+    /// How far behind each engine's KV feed was when its latest live batch arrived,
+    /// in milliseconds; engines with none recorded (or zero) are left out. Sorted by
+    /// engine id.
+    pub feed_age_ms: Vec<(EngineId, u64)>,
 }
 
 impl PrefixHits {
     /// Leading blocks `engine` holds.
     pub fn blocks_of(&self, engine: &EngineId) -> usize {
-        self.engines
-            .binary_search_by(|(id, _)| id.cmp(engine))
-            .map_or(0, |i| self.engines[i].1)
+        find(&self.engines, engine).unwrap_or(0)
     }
 
     /// The rank of `engine`'s deepest match, when known.
     pub fn rank_of(&self, engine: &EngineId) -> Option<u32> {
-        self.ranks
-            .binary_search_by(|(id, _)| id.cmp(engine))
-            .ok()
-            .map(|i| self.ranks[i].1)
+        find(&self.ranks, engine)
     }
 
     /// Prompt tokens `engine` holds: its blocks times the block size, never more than
     /// the prompt.
     pub fn matched_tokens(&self, engine: &EngineId, input_tokens: u64) -> u64 {
-        let blocks = u64::try_from(self.blocks_of(engine)).unwrap_or(u64::MAX);
-        blocks
+        self.tokens(self.blocks_of(engine), input_tokens)
+    }
+
+    /// Of [`matched_tokens`](Self::matched_tokens), those held only on a slower tier.
+    pub fn slower_tokens(&self, engine: &EngineId, input_tokens: u64) -> u64 {
+        let slower = find(&self.slower_blocks, engine).unwrap_or(0);
+        self.tokens(slower, input_tokens)
+            .min(self.matched_tokens(engine, input_tokens))
+    }
+
+    /// How far behind `engine`'s KV feed was, in milliseconds (0 when unknown).
+    pub fn feed_age_ms_of(&self, engine: &EngineId) -> u64 {
+        find(&self.feed_age_ms, engine).unwrap_or(0)
+    }
+
+    fn tokens(&self, blocks: usize, input_tokens: u64) -> u64 {
+        u64::try_from(blocks)
+            .unwrap_or(u64::MAX)
             .saturating_mul(u64::from(self.block_size))
             .min(input_tokens)
     }
+}
+
+/// The value `engine` has in a list sorted by engine id.
+fn find<T: Copy>(list: &[(EngineId, T)], engine: &EngineId) -> Option<T> {
+    list.binary_search_by(|(id, _)| id.cmp(engine))
+        .ok()
+        .map(|i| list[i].1)
 }
 
 /// What a lookup found out.
@@ -115,23 +141,23 @@ impl PrefixHits {
         } else {
             index.lookup(chain)
         };
-        let mut ranks: Vec<(EngineId, u32)> = found
-            .engines
-            .iter()
-            .map(|m| (m.engine.clone(), m.rank))
-            .collect();
-        ranks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut engines: Vec<(EngineId, usize)> = found
-            .engines
-            .into_iter()
-            .map(|m| (m.engine, m.blocks))
-            .collect();
-        engines.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut matches = found.engines;
+        matches.sort_unstable_by(|a, b| a.engine.cmp(&b.engine));
         Self {
             query_blocks: found.query_blocks,
             block_size: index.config().block_size,
-            engines,
-            ranks,
+            ranks: matches.iter().map(|m| (m.engine.clone(), m.rank)).collect(),
+            slower_blocks: matches
+                .iter()
+                .filter(|m| m.blocks > m.device_blocks)
+                .map(|m| (m.engine.clone(), m.blocks - m.device_blocks))
+                .collect(),
+            feed_age_ms: matches
+                .iter()
+                .map(|m| (m.engine.clone(), millis(m.feed_age)))
+                .filter(|(_, ms)| *ms > 0)
+                .collect(),
+            engines: matches.into_iter().map(|m| (m.engine, m.blocks)).collect(),
         }
     }
 }
@@ -146,6 +172,11 @@ impl CacheSource for LocalCacheSource {
         let hits = self.answer(namespace, token_ids, dry_run);
         Box::pin(std::future::ready(Ok(CacheLookup::Answered(hits))))
     }
+}
+
+/// A duration in whole milliseconds.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 type Entry = (

@@ -52,7 +52,9 @@ pub struct CacheAwarePolicy {
 /// A prefix holder among the candidates.
 struct Holder {
     index: usize,
+    /// Prompt tokens it holds, on any tier.
     matched: u64,
+    /// Prompt tokens less those credited (see [`CacheAwarePolicy::credited`]).
     uncached: u64,
     observation: EngineObservation,
 }
@@ -121,6 +123,8 @@ impl CacheAwarePolicy {
                             stage,
                             engine: engine.id().clone(),
                             tokens,
+                            slower_tokens: hits.slower_tokens(engine.id(), request.input_tokens),
+                            feed_age_ms: hits.feed_age_ms_of(engine.id()),
                         });
                     }
                 }
@@ -231,17 +235,28 @@ impl CacheAwarePolicy {
             .enumerate()
             .filter_map(|(index, engine)| {
                 let matched = hits.matched_tokens(engine.id(), input);
-                let enough = matched > 0 && matched >= self.config.min_matched_tokens;
-                let share = matched as f64 / input.max(1) as f64;
+                let credited = self.credited(hits, engine, input);
+                let enough = credited > 0 && credited >= self.config.min_matched_tokens;
+                let share = credited as f64 / input.max(1) as f64;
                 let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.0);
                 (enough && ratio_ok).then(|| Holder {
                     index,
                     matched,
-                    uncached: input - matched,
+                    uncached: input - credited,
                     observation: snapshot.observe(engine.id()),
                 })
             })
             .collect()
+    }
+
+    /// The prompt tokens `engine` is credited with: those on the device, plus
+    /// `slower_tier_weight` of those only on a slower tier (rounded down).
+    fn credited(&self, hits: &PrefixHits, engine: &Engine, input: u64) -> u64 {
+        let matched = hits.matched_tokens(engine.id(), input);
+        let slower = hits.slower_tokens(engine.id(), input);
+        let credit = self.config.slower_tier_weight.0 * slower as f64;
+        // A weight in [0, 1] keeps the credit within `slower`.
+        matched - slower + (credit as u64).min(slower)
     }
 
     /// Whether the soft queue gate sets this engine aside (unknown load passes).

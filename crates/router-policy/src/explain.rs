@@ -40,6 +40,10 @@ pub enum Observation {
         engine: EngineId,
         /// The matched prompt tokens.
         tokens: u64,
+        /// Of those, the ones held only on a slower tier than the device.
+        slower_tokens: u64,
+        /// How far behind the engine's KV feed was, milliseconds.
+        feed_age_ms: u64,
     },
     /// The prefix source could not answer; the pick went without it.
     CacheUnavailable {

@@ -37,7 +37,7 @@ impl Scripted {
             query_blocks: (PROMPT / u64::from(BLOCK)) as usize,
             block_size: BLOCK,
             engines,
-            ranks: Vec::new(),
+            ..PrefixHits::default()
         })))
     }
 
@@ -402,27 +402,7 @@ fn one_request_looks_its_prefix_up_once_per_source() {
 fn the_local_source_reads_the_index_fed_by_kv_events() {
     let s = Setup::new(3);
     s.idle_all();
-    let index = Arc::new(PrefixIndex::new(IndexConfig {
-        block_size: BLOCK,
-        ..IndexConfig::default()
-    }));
-    let held = 2048usize;
-    let batch = KvBatch {
-        ts: 0.0,
-        events: vec![KvEvent::Stored(BlockStored {
-            block_hashes: (1..=(held / BLOCK as usize) as u64).collect(),
-            parent: None,
-            tokens: s.tokens[..held].to_vec(),
-            block_size: BLOCK,
-            tier: Tier::Device,
-            namespace: None,
-            group_idx: None,
-            group_kind: None,
-        })],
-        dp_rank: None,
-        dropped: vec![],
-    };
-    index.apply(&EngineId::from("e2"), 0, &batch);
+    let index = indexed(&s, &[("e2", 2048, Tier::Device)]);
     let policy = s.policy(
         Arc::new(LocalCacheSource::new(index)),
         CacheAwareConfig::default(),
@@ -431,6 +411,91 @@ fn the_local_source_reads_the_index_fed_by_kv_events() {
         s.pick(&policy).unwrap(),
         ("e2".into(), PickReason::CacheHit, Some(2048))
     );
+}
+
+/// An index fed by KV events in which each `(engine, tokens, tier)` holds the first
+/// `tokens` of the prompt on `tier`.
+fn indexed(s: &Setup, holders: &[(&str, usize, Tier)]) -> Arc<PrefixIndex> {
+    let index = Arc::new(PrefixIndex::new(IndexConfig {
+        block_size: BLOCK,
+        ..IndexConfig::default()
+    }));
+    for &(engine, held, tier) in holders {
+        let batch = KvBatch {
+            ts: 0.0,
+            events: vec![KvEvent::Stored(BlockStored {
+                block_hashes: (1..=(held / BLOCK as usize) as u64).collect(),
+                parent: None,
+                tokens: s.tokens[..held].to_vec(),
+                block_size: BLOCK,
+                tier,
+                namespace: None,
+                group_idx: None,
+                group_kind: None,
+            })],
+            dp_rank: None,
+            dropped: vec![],
+        };
+        index.apply(&EngineId::from(engine), 0, &batch);
+    }
+    index
+}
+
+/// `e1` holds 3072 of the prompt's tokens on `far_tier`, `e2` 2048 on the device.
+fn index_with_two_holders(s: &Setup, far_tier: Tier) -> Arc<PrefixIndex> {
+    indexed(s, &[("e1", 3072, far_tier), ("e2", 2048, Tier::Device)])
+}
+
+#[test]
+fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
+    let s = Setup::new(3);
+    s.idle_all();
+    let index = index_with_two_holders(&s, Tier::Host);
+    let source = || -> Arc<dyn CacheSource> { Arc::new(LocalCacheSource::new(Arc::clone(&index))) };
+    let equal = s.policy(source(), CacheAwareConfig::default());
+    assert_eq!(
+        s.pick(&equal).unwrap(),
+        ("e1".into(), PickReason::CacheHit, Some(3072)),
+        "by default a host copy counts as a device copy"
+    );
+    let weighted = s.policy(
+        source(),
+        CacheAwareConfig {
+            slower_tier_weight: Real(0.5),
+            ..CacheAwareConfig::default()
+        },
+    );
+    assert_eq!(
+        s.pick(&weighted).unwrap(),
+        ("e2".into(), PickReason::CacheHit, Some(2048)),
+        "3072 host tokens at half weight are worth less than 2048 on the device"
+    );
+    let zero = CacheAwareConfig {
+        slower_tier_weight: Real(0.0),
+        ..CacheAwareConfig::default()
+    };
+    let worthless = s.policy(source(), zero.clone());
+    let index_only_host = index_with_two_holders(&s, Tier::Disk);
+    index_only_host.remove_engine(&EngineId::from("e2"));
+    let only_slower = s.policy(Arc::new(LocalCacheSource::new(index_only_host)), zero);
+    assert_eq!(s.pick(&worthless).unwrap().0, "e2");
+    assert_eq!(
+        s.pick(&only_slower).unwrap().1,
+        PickReason::CacheMiss,
+        "a copy worth nothing is no hit"
+    );
+}
+
+#[test]
+fn a_slower_tier_weight_outside_0_to_1_is_refused() {
+    for weight in [-0.1, 1.5, f64::NAN] {
+        let config = CacheAwareConfig {
+            slower_tier_weight: Real(weight),
+            ..CacheAwareConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().contains("slower_tier_weight"), "{err}");
+    }
 }
 
 #[test]

@@ -8,10 +8,17 @@
 //! rate and gives everything back. One difference: tokens generated are not counted
 //! in the published KV usage as they are generated. Time is in microseconds of the
 //! replay's clock.
+//!
+//! With a host tier ([`HostTier`]), a rank also writes every page it computes through
+//! to host memory and loads a prefix that continues there back onto the device, at
+//! `load_cost` of the time prefilling it would take; its events name each tier.
 
 use std::collections::VecDeque;
 
-use engine_sim::{EngineSpec, KvEvent, LoadSample, PageKey, PrefixCache};
+use engine_sim::{EngineSpec, KvEvent, LoadSample, Medium, PageKey, PrefixCache};
+
+use crate::host::HostCache;
+use crate::sim::HostTier;
 
 /// One request on a modelled engine.
 #[derive(Debug)]
@@ -28,8 +35,10 @@ pub(crate) struct Run {
     pub(crate) arrived: u64,
     /// Prompt tokens not cached when it arrived (the waiting queue's count).
     waiting_uncached: u64,
-    /// Pages matched in the cache when prefill began.
+    /// Pages matched in the device cache when prefill began.
     matched: usize,
+    /// Pages after those loaded back from the host tier.
+    loaded: usize,
     /// Pages it holds in the cache.
     held: usize,
     /// Prompt tokens found in the cache.
@@ -53,6 +62,7 @@ impl Run {
             arrived,
             waiting_uncached: 0,
             matched: 0,
+            loaded: 0,
             held: 0,
             cached_tokens: 0,
         }
@@ -68,6 +78,8 @@ impl Run {
 pub(crate) struct Rank {
     spec: EngineSpec,
     cache: PrefixCache,
+    host: Option<HostCache>,
+    load_cost: f64,
     load: LoadSample,
     /// Runs waiting for a slot, by id, in arrival order.
     waiting: VecDeque<usize>,
@@ -78,10 +90,12 @@ pub(crate) struct Rank {
 }
 
 impl Rank {
-    pub(crate) fn new(spec: EngineSpec) -> Self {
+    pub(crate) fn new(spec: EngineSpec, host: HostTier) -> Self {
         Self {
             spec,
             cache: PrefixCache::new((spec.kv_capacity_tokens / u64::from(spec.page_size)) as usize),
+            host: (host.pages > 0).then(|| HostCache::new(host.pages)),
+            load_cost: host.load_cost,
             load: LoadSample {
                 max_kv_tokens: spec.kv_capacity_tokens,
                 max_running_requests: u64::from(spec.max_running_requests),
@@ -98,7 +112,12 @@ impl Rank {
     pub(crate) fn arrive(&mut self, id: usize, run: &mut Run) {
         let page = u64::from(self.spec.page_size);
         let prompt = run.prompt_tokens();
-        run.waiting_uncached = prompt - self.cache.peek(&run.keys) as u64 * page;
+        let device = self.cache.peek(&run.keys);
+        let host = self
+            .host
+            .as_ref()
+            .map_or(0, |h| h.run_from(&run.keys, device));
+        run.waiting_uncached = prompt - (device + host) as u64 * page;
         self.load.waiting_requests += 1;
         self.load.waiting_uncached_tokens += run.waiting_uncached;
         self.load.total_tokens += prompt;
@@ -126,9 +145,24 @@ impl Rank {
         self.load.used_kv_tokens += run.prompt_tokens();
         self.prefilling = true;
         run.matched = self.cache.hold_prefix(&run.keys);
+        run.loaded = match &mut self.host {
+            Some(host) => {
+                let loaded = host.run_from(&run.keys, run.matched);
+                host.touch(&run.keys[run.matched..run.matched + loaded]);
+                loaded
+            }
+            None => 0,
+        };
         run.held = run.matched;
-        run.cached_tokens = run.matched as u64 * u64::from(self.spec.page_size);
-        now + micros(self.spec.prefill_time(self.uncached(run)))
+        run.cached_tokens = (run.matched + run.loaded) as u64 * u64::from(self.spec.page_size);
+        now + micros(self.prefill_time(run))
+    }
+
+    /// Prefilling `run`'s uncached tokens and loading its host pages back.
+    fn prefill_time(&self, run: &Run) -> std::time::Duration {
+        let load = run.loaded as u64 * u64::from(self.spec.page_size);
+        self.spec.prefill_time(self.uncached(run))
+            + self.spec.prefill_time(load).mul_f64(self.load_cost)
     }
 
     fn uncached(&self, run: &Run) -> u64 {
@@ -141,30 +175,52 @@ impl Rank {
         let uncached = self.uncached(run);
         self.prefilling = false;
         self.load.prefill_uncached_tokens_total += uncached;
-        self.load.prefill_busy_us_total += micros(self.spec.prefill_time(uncached));
+        self.load.prefill_busy_us_total += micros(self.prefill_time(run));
         let change = self.cache.insert(&run.keys, run.matched);
         run.held = change.held;
         let mut events = Vec::new();
         if !change.removed.is_empty() {
             events.push(KvEvent::Removed {
                 hashes: change.removed,
+                medium: Medium::Gpu,
             });
         }
         if !change.stored.is_empty() {
-            let page = self.spec.page_size as usize;
             let first = run.held - change.stored.len();
-            events.push(KvEvent::Stored {
-                hashes: change.stored,
-                parent: change.parent,
-                tokens: run.tokens[first * page..run.held * page].to_vec(),
-                block_size: self.spec.page_size,
-                lora_name: None,
-            });
+            events.push(self.stored(run, first, run.held, Medium::Gpu));
+        }
+        let written = self
+            .host
+            .as_mut()
+            .map(|host| host.write(&run.keys, run.matched, run.held));
+        if let Some(written) = written {
+            for &(first, n) in &written.stored {
+                events.push(self.stored(run, first, first + n, Medium::Cpu));
+            }
+            if !written.removed.is_empty() {
+                events.push(KvEvent::Removed {
+                    hashes: written.removed,
+                    medium: Medium::Cpu,
+                });
+            }
         }
         // As engine-sim does: each token takes one decode step.
         let step = micros(self.spec.decode_time(1));
         let first_token = now + step.min(step * run.output_tokens);
         (events, first_token, now + step * run.output_tokens)
+    }
+
+    /// The event storing `run`'s pages `first..end` on `medium`.
+    fn stored(&self, run: &Run, first: usize, end: usize, medium: Medium) -> KvEvent {
+        let page = self.spec.page_size as usize;
+        KvEvent::Stored {
+            hashes: run.keys[first..end].iter().map(PageKey::hash).collect(),
+            parent: first.checked_sub(1).map(|i| run.keys[i].hash()),
+            tokens: run.tokens[first * page..end * page].to_vec(),
+            block_size: self.spec.page_size,
+            lora_name: None,
+            medium,
+        }
     }
 
     /// Ends `run`: gives back its slot, tokens and pages.

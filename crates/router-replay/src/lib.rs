@@ -25,6 +25,7 @@
 //! ```
 
 mod engine;
+mod host;
 mod report;
 mod router;
 mod sim;
@@ -33,7 +34,7 @@ mod workload;
 
 pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
 pub use router::{seeded, with_policy};
-pub use sim::ReplaySettings;
+pub use sim::{HostTier, LaggingFeeds, ReplaySettings};
 pub use trace::{
     MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
     Segment, TraceError, TraceRequest, read_trace, write_trace,

@@ -31,10 +31,43 @@ pub struct ReplaySettings {
     /// Every engine's timing, slots and cache. Its page size must be the model's
     /// block size, as on a real fleet (the router's index would not match otherwise).
     pub engine: EngineSpec,
+    /// Every rank's host-memory tier (none by default).
+    pub host_tier: HostTier,
     /// How long a KV-event batch takes from the engine to the router's index.
     pub kv_delay: Duration,
+    /// Engines whose KV feed lags behind the others' (none by default).
+    pub lagging_feeds: LaggingFeeds,
     /// The seed given to policies that draw random numbers and name no seed.
     pub seed: u64,
+}
+
+/// A host-memory tier behind each rank's device cache: every page computed is
+/// written through to it; a prompt whose cached prefix continues there loads those
+/// pages back instead of prefilling them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostTier {
+    /// Pages it holds per rank; 0 = no host tier.
+    pub pages: usize,
+    /// Time to load a page back, as a share of the time to prefill it.
+    pub load_cost: f64,
+}
+
+impl Default for HostTier {
+    fn default() -> Self {
+        Self {
+            pages: 0,
+            load_cost: 0.1,
+        }
+    }
+}
+
+/// Engines whose KV events reach the router later than the others'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaggingFeeds {
+    /// How many engines, the first in the configuration's order.
+    pub engines: usize,
+    /// How long their batches take, instead of `kv_delay`.
+    pub delay: Duration,
 }
 
 /// The most running slots per rank a replay models.
@@ -45,6 +78,10 @@ const MIN_RATE: f64 = 1.0;
 const MAX_RATE: f64 = 1e9;
 /// The longest KV-event delay.
 const MAX_KV_DELAY: Duration = Duration::from_secs(60);
+/// The most host-tier pages per rank.
+const MAX_HOST_PAGES: usize = 1 << 26;
+/// The costliest host load, as a share of prefilling.
+const MAX_LOAD_COST: f64 = 10.0;
 
 impl ReplaySettings {
     /// Checks the settings' bounds.
@@ -70,10 +107,21 @@ impl ReplaySettings {
         if spec.page_size == 0 || spec.kv_capacity_tokens < u64::from(spec.page_size) {
             return fail("the engines' KV cache must hold at least one page".into());
         }
-        if self.kv_delay > MAX_KV_DELAY {
+        if self.kv_delay.max(self.lagging_feeds.delay) > MAX_KV_DELAY {
             return fail(format!(
-                "the KV-event delay must be at most {} s",
+                "KV-event delays must be at most {} s",
                 MAX_KV_DELAY.as_secs()
+            ));
+        }
+        if self.host_tier.pages > MAX_HOST_PAGES {
+            return fail(format!(
+                "the host tier must hold at most {MAX_HOST_PAGES} pages"
+            ));
+        }
+        let cost = self.host_tier.load_cost;
+        if !(0.0..=MAX_LOAD_COST).contains(&cost) {
+            return fail(format!(
+                "the host load cost must be 0 to {MAX_LOAD_COST} (a share of prefill time), not {cost}"
             ));
         }
         Ok(())
@@ -84,7 +132,9 @@ impl Default for ReplaySettings {
     fn default() -> Self {
         Self {
             engine: EngineSpec::default(),
+            host_tier: HostTier::default(),
             kv_delay: Duration::from_millis(1),
+            lagging_feeds: LaggingFeeds::default(),
             seed: 0,
         }
     }
@@ -100,8 +150,8 @@ enum Event {
     Finish(usize),
     /// Every rank looks at its load to publish it.
     Publish,
-    /// The oldest KV-event batch in flight reaches the router.
-    Deliver,
+    /// The oldest KV-event batch in flight from an engine reaches the router.
+    Deliver(usize),
 }
 
 /// A run on an engine's rank, with the router's in-flight count for it.
@@ -119,6 +169,10 @@ struct ModelEngine {
     id: EngineId,
     model: String,
     ranks: Vec<Rank>,
+    /// How long its KV-event batches take to reach the router, microseconds.
+    kv_delay: u64,
+    /// Its batches on their way, oldest first: `(rank, payload)`.
+    in_flight: VecDeque<(u32, Vec<u8>)>,
 }
 
 /// The most sessions whose latest prompt's page keys are kept; past it a session's
@@ -185,7 +239,7 @@ pub(crate) async fn run(
             Event::Prefilled(id) => replay.prefilled(id),
             Event::Finish(id) => replay.finish(id),
             Event::Publish => replay.publish()?,
-            Event::Deliver => replay.deliver()?,
+            Event::Deliver(engine) => replay.deliver(engine)?,
         }
     }
     Ok(RunReport::new(
@@ -217,8 +271,6 @@ struct Replay<'a> {
     /// Runs by id; an id is reused once its run ends.
     runs: Vec<Option<Placed>>,
     free: Vec<usize>,
-    /// KV-event batches on their way to the router, oldest first.
-    in_flight: VecDeque<(usize, u32, Vec<u8>)>,
     outcomes: Vec<Outcome>,
     memo: KeyMemo,
     /// The next request to arrive.
@@ -227,7 +279,6 @@ struct Replay<'a> {
     live: usize,
     tick: u64,
     republish: u64,
-    kv_delay: u64,
 }
 
 impl<'a> Replay<'a> {
@@ -245,13 +296,23 @@ impl<'a> Replay<'a> {
                 )));
             }
         }
+        let lagging = settings.lagging_feeds;
         let engines: Vec<ModelEngine> = router
             .engines
             .iter()
-            .map(|(id, model, dp)| ModelEngine {
+            .enumerate()
+            .map(|(i, (id, model, dp))| ModelEngine {
                 id: id.clone(),
                 model: model.clone(),
-                ranks: (0..*dp).map(|_| Rank::new(spec)).collect(),
+                ranks: (0..*dp)
+                    .map(|_| Rank::new(spec, settings.host_tier))
+                    .collect(),
+                kv_delay: micros(if i < lagging.engines {
+                    lagging.delay
+                } else {
+                    settings.kv_delay
+                }),
+                in_flight: VecDeque::new(),
             })
             .collect();
         Ok(Self {
@@ -273,14 +334,12 @@ impl<'a> Replay<'a> {
             queue: Schedule::default(),
             runs: Vec::new(),
             free: Vec::new(),
-            in_flight: VecDeque::new(),
             outcomes: trace.iter().map(Outcome::arrived).collect(),
             memo: KeyMemo::default(),
             next: 0,
             live: 0,
             tick: micros(engine_sim::LOAD_TICK),
             republish: micros(engine_sim::LOAD_REPUBLISH),
-            kv_delay: micros(settings.kv_delay),
         })
     }
 
@@ -403,9 +462,10 @@ impl<'a> Replay<'a> {
             .index
             .is_some();
         if !events.is_empty() && indexed {
-            let payload = encode_batch(now as f64 / 1e6, &events, rank as u32, EventForm::Map);
-            self.in_flight.push_back((engine, rank as u32, payload));
-            self.queue.at(now + self.kv_delay, Event::Deliver);
+            let payload = encode_batch(seconds(now), &events, rank as u32, EventForm::Map);
+            let model = &mut self.engines[engine];
+            model.in_flight.push_back((rank as u32, payload));
+            self.queue.at(now + model.kv_delay, Event::Deliver(engine));
         }
         self.queue.at(last_token, Event::Finish(id));
         self.start_ready(engine, rank);
@@ -465,17 +525,24 @@ impl<'a> Replay<'a> {
         Ok(())
     }
 
-    /// The oldest KV-event batch in flight reaches the router's index.
-    fn deliver(&mut self) -> Result<(), ReplayError> {
-        let (engine, rank, payload) = self.in_flight.pop_front().expect("a batch is in flight");
+    /// An engine's oldest KV-event batch in flight reaches the router's index, which
+    /// records how far behind it was, as the subscriber does.
+    fn deliver(&mut self, engine: usize) -> Result<(), ReplayError> {
+        let engine = &mut self.engines[engine];
+        let (rank, payload) = engine.in_flight.pop_front().expect("a batch is in flight");
         let batch = decode_batch(&payload)
             .map_err(|e| ReplayError::Model(format!("a KV-event batch did not decode: {e}")))?;
-        let engine = &self.engines[engine];
         if let Some(index) = &self.router.models[&engine.model].index {
             index.apply(&engine.id, rank, &batch);
+            index.set_feed_age(&engine.id, rank, batch.age_at(seconds(self.now)));
         }
         Ok(())
     }
+}
+
+/// Microseconds of the replay's clock as the seconds a batch is stamped with.
+fn seconds(micros: u64) -> f64 {
+    micros as f64 / 1e6
 }
 
 /// Events by time; those at the same microsecond in the order they were scheduled.

@@ -12,5 +12,6 @@ pub use index::{
 };
 pub use subscriber::{KvFeedStats, KvSource, spawn_kv_subscriber};
 pub use wire::{
-    BatchError, BlockRemoved, BlockStored, EventError, KvBatch, KvEvent, Tier, decode_batch,
+    BatchError, BlockRemoved, BlockStored, EventError, KvBatch, KvEvent, MAX_FEED_AGE, Tier,
+    decode_batch,
 };

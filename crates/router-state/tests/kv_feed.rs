@@ -274,3 +274,38 @@ async fn restart_flush_and_removal_drop_the_engines_entries() {
     assert_eq!(f.index.size().entries, 0, "nothing of the engine is left");
     f.engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matches_carry_how_far_behind_the_engines_feed_was() {
+    let mut f = Fixture::start(true, 64).await;
+    let _feed = f.subscribe();
+    let a = prompt(1, 2);
+    f.serve(&a).await;
+    f.settle().await;
+    let age = |f: &Fixture| {
+        let found = f.index.lookup(&f.index.request_hashes(None, &a));
+        assert_eq!(found.engines.len(), 1, "{found:?}");
+        found.engines[0].feed_age
+    };
+    assert!(
+        age(&f) < Duration::from_secs(60),
+        "a batch stamped as it is published is fresh: {:?}",
+        age(&f)
+    );
+    f.set_faults(serde_json::json!({"event_clock_behind_ms": 120_000}))
+        .await;
+    f.settle().await;
+    assert!(
+        age(&f) >= Duration::from_secs(120),
+        "stamped two minutes before it was published: {:?}",
+        age(&f)
+    );
+    f.set_faults(serde_json::json!({})).await;
+    f.settle().await;
+    assert!(
+        age(&f) < Duration::from_secs(60),
+        "caught up: {:?}",
+        age(&f)
+    );
+    f.engine.shutdown().await;
+}

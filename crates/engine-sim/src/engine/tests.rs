@@ -162,6 +162,7 @@ async fn caching_pages_publishes_stores_and_evictions() {
             tokens: prompt(20),
             block_size: 10,
             lora_name: None,
+            medium: Medium::Gpu,
         }]
     );
     engine.serve(prompt(35), 0).await;
@@ -177,6 +178,7 @@ async fn caching_pages_publishes_stores_and_evictions() {
             tokens: (20..30).collect(),
             block_size: 10,
             lora_name: None,
+            medium: Medium::Gpu,
         }]
     );
     engine.serve((900..920).collect(), 0).await;
@@ -184,7 +186,7 @@ async fn caching_pages_publishes_stores_and_evictions() {
         panic!("a batch")
     };
     assert!(
-        matches!(&batch[0], KvEvent::Removed { hashes } if hashes.len() == 2),
+        matches!(&batch[0], KvEvent::Removed { hashes, medium: Medium::Gpu } if hashes.len() == 2),
         "{batch:?}"
     );
     engine.flush_cache();

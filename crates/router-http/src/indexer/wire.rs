@@ -38,6 +38,14 @@ pub(crate) struct Answer {
     pub(crate) engines: Vec<(String, usize)>,
     /// The rank of each engine's deepest match; sorted by engine id.
     pub(crate) ranks: Vec<(String, u32)>,
+    /// Of each engine's blocks, those held only on a slower tier; sorted by engine
+    /// id, engines with none left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) slower_blocks: Vec<(String, usize)>,
+    /// How far behind each engine's KV feed was, in milliseconds; sorted by engine
+    /// id, engines with none left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) feed_age_ms: Vec<(String, u64)>,
 }
 
 impl From<PrefixHits> for Answer {
@@ -45,18 +53,22 @@ impl From<PrefixHits> for Answer {
         Self {
             query_blocks: hits.query_blocks,
             block_size: hits.block_size,
-            engines: hits
-                .engines
-                .into_iter()
-                .map(|(e, blocks)| (e.to_string(), blocks))
-                .collect(),
-            ranks: hits
-                .ranks
-                .into_iter()
-                .map(|(e, rank)| (e.to_string(), rank))
-                .collect(),
+            engines: named(hits.engines),
+            ranks: named(hits.ranks),
+            slower_blocks: named(hits.slower_blocks),
+            feed_age_ms: named(hits.feed_age_ms),
         }
     }
+}
+
+fn named<T>(list: Vec<(EngineId, T)>) -> Vec<(String, T)> {
+    list.into_iter().map(|(e, v)| (e.to_string(), v)).collect()
+}
+
+fn ids<T>(list: Vec<(String, T)>) -> Vec<(EngineId, T)> {
+    list.into_iter()
+        .map(|(e, v)| (EngineId::from(e), v))
+        .collect()
 }
 
 impl Answer {
@@ -71,8 +83,22 @@ impl Answer {
         };
         if !sorted(&mut self.engines.iter().map(|(e, _)| e))
             || !sorted(&mut self.ranks.iter().map(|(e, _)| e))
+            || !sorted(&mut self.slower_blocks.iter().map(|(e, _)| e))
+            || !sorted(&mut self.feed_age_ms.iter().map(|(e, _)| e))
         {
             return Err("engine ids that are not sorted, unique names");
+        }
+        let held = |engine: &String| {
+            self.engines
+                .binary_search_by(|(e, _)| e.cmp(engine))
+                .map_or(0, |i| self.engines[i].1)
+        };
+        if self
+            .slower_blocks
+            .iter()
+            .any(|(engine, slower)| *slower > held(engine))
+        {
+            return Err("an engine holding more blocks on slower tiers than in all");
         }
         if self
             .engines
@@ -84,16 +110,13 @@ impl Answer {
         Ok(PrefixHits {
             query_blocks: self.query_blocks,
             block_size: self.block_size,
-            engines: self
-                .engines
-                .into_iter()
-                .map(|(e, blocks)| (EngineId::from(e), blocks))
-                .collect(),
-            ranks: self
-                .ranks
-                .into_iter()
-                .map(|(e, rank)| (EngineId::from(e), rank))
-                .collect(),
+            engines: ids(self.engines),
+            ranks: ids(self.ranks),
+            slower_blocks: ids(self.slower_blocks),
+            feed_age_ms: ids(self.feed_age_ms),
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

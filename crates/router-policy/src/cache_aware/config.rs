@@ -70,6 +70,13 @@ pub struct CacheAwareConfig {
     /// covering the group takes the exact minimum.
     #[serde(default = "default_load_choices")]
     pub min_load_choices: usize,
+    /// What a cached token held only on a slower tier (host memory, disk, a shared
+    /// pool) is worth against one on the device, in `[0, 1]`: the engine must load it
+    /// back before it counts. Holders are ranked, and gated by `min_matched_tokens`
+    /// and `min_match_ratio`, on device tokens plus this share of slower ones.
+    #[serde(default = "default_slower_tier_weight")]
+    pub slower_tier_weight: Real,
+
     /// Fixed seed for reproducible sampling; absent = seeded per process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -128,6 +135,9 @@ fn default_candidate_ratio() -> Real {
 fn default_max_engines() -> usize {
     32
 }
+fn default_slower_tier_weight() -> Real {
+    Real(1.0)
+}
 fn default_true() -> bool {
     true
 }
@@ -147,6 +157,7 @@ impl Default for CacheAwareConfig {
             engine_queue_limit: None,
             saturation_queue_floor: None,
             min_load_choices: default_load_choices(),
+            slower_tier_weight: default_slower_tier_weight(),
             seed: None,
         }
     }
@@ -229,6 +240,9 @@ impl CacheAwareConfig {
         }
         if self.min_load_choices == 0 {
             return invalid("min_load_choices", "must be at least 1");
+        }
+        if !(self.slower_tier_weight.0 >= 0.0 && self.slower_tier_weight.0 <= 1.0) {
+            return invalid("slower_tier_weight", "must be in [0, 1]");
         }
         Ok(())
     }

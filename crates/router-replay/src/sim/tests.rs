@@ -6,7 +6,7 @@ use std::time::Duration;
 use engine_sim::{EngineSpec, Served, SimEngine};
 use router_http::{EngineConfig, ModelConfig, RouterConfig};
 
-use super::ReplaySettings;
+use super::{HostTier, ReplaySettings};
 use crate::trace::{Segment, TraceRequest};
 
 fn request(at_ms: u64, tokens: std::ops::Range<u32>, output_tokens: u32) -> TraceRequest {
@@ -101,4 +101,51 @@ fn a_replayed_engine_serves_as_engine_sim_does() {
             );
         }
     }
+}
+
+#[test]
+fn a_prefix_evicted_from_the_device_is_loaded_back_from_the_host_tier() {
+    // Ten pages of device cache: the second prompt evicts the first, which the
+    // host tier still holds when it comes again.
+    let trace = [
+        request(0, 0..160, 1),
+        request(200, 1000..1160, 1),
+        request(400, 0..160, 1),
+    ];
+    let spec = EngineSpec {
+        max_running_requests: 2,
+        prefill_tokens_per_sec: 1000.0,
+        decode_tokens_per_sec: 100.0,
+        kv_capacity_tokens: 160,
+        page_size: 16,
+        dp_size: 1,
+        serial_prefill: false,
+    };
+    let config = RouterConfig::new(vec![ModelConfig::new(
+        "m",
+        vec![EngineConfig::new("e0", "http://127.0.0.1:1")],
+    )]);
+    let third = |host_tier: HostTier| {
+        let settings = ReplaySettings {
+            engine: spec,
+            host_tier,
+            ..ReplaySettings::default()
+        };
+        let report = crate::replay(&config, &trace, Some("round_robin"), &settings).unwrap();
+        let outcome = &report.outcomes[2];
+        (outcome.cached_tokens, outcome.ttft_us)
+    };
+    assert_eq!(
+        third(HostTier::default()),
+        (0, Some(170_000)),
+        "without a host tier: prefilled again (160 ms), then one decode step"
+    );
+    assert_eq!(
+        third(HostTier {
+            pages: 100,
+            load_cost: 0.5
+        }),
+        (160, Some(90_000)),
+        "with one: loaded back at half the prefill time, and reported cached"
+    );
 }

@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
@@ -106,6 +107,9 @@ pub struct EngineMatch {
     pub device_blocks: usize,
     /// The data-parallel rank holding the deepest match (the lowest on a tie).
     pub rank: u32,
+    /// How far behind that rank's KV feed was when its latest live batch arrived
+    /// ([`PrefixIndex::set_feed_age`]); zero until one is recorded.
+    pub feed_age: Duration,
 }
 
 /// A request's prefix ownership.
@@ -193,6 +197,8 @@ fn tier_bit(tier: Tier) -> u8 {
 struct Source {
     engine: EngineId,
     rank: u32,
+    /// Microseconds the feed was behind when its latest live batch arrived.
+    feed_age_us: AtomicU64,
     /// Engine hash -> chain hash of the pages this source holds: exactly one entry
     /// per page it owns in the index (the page's node keeps the same engine hash),
     /// so the map never outgrows the node budget.
@@ -329,6 +335,36 @@ impl PrefixIndex {
         }
     }
 
+    /// Records how far behind `engine`'s rank `rank` was when its latest live batch
+    /// arrived (that batch's [`KvBatch::age_at`]); lookups report it with the rank's
+    /// matches. A source no batch has named yet is left alone.
+    pub fn set_feed_age(&self, engine: &EngineId, rank: u32, age: Duration) {
+        let inner = self.inner.read();
+        let Some(slot) = inner.slots.get(&(engine.clone(), rank)) else {
+            return;
+        };
+        if let Some(source) = inner.sources.get(*slot as usize).and_then(Option::as_ref) {
+            let micros = u64::try_from(age.as_micros()).unwrap_or(u64::MAX);
+            source.feed_age_us.store(micros, Ordering::Relaxed);
+        }
+    }
+
+    /// Each engine's feed age ([`set_feed_age`](Self::set_feed_age)), its most
+    /// lagging rank's; sorted by engine id.
+    pub fn feed_ages(&self) -> Vec<(EngineId, Duration)> {
+        let inner = self.inner.read();
+        let mut ages: Vec<(EngineId, Duration)> = Vec::new();
+        for source in inner.sources.iter().flatten() {
+            let age = Duration::from_micros(source.feed_age_us.load(Ordering::Relaxed));
+            match ages.iter_mut().find(|(engine, _)| *engine == source.engine) {
+                Some((_, most)) => *most = (*most).max(age),
+                None => ages.push((source.engine.clone(), age)),
+            }
+        }
+        ages.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        ages
+    }
+
     /// Current sizes.
     pub fn size(&self) -> IndexSize {
         let inner = self.inner.read();
@@ -390,6 +426,7 @@ impl Inner {
         self.sources[slot] = Some(Source {
             engine: engine.clone(),
             rank,
+            feed_age_us: AtomicU64::new(0),
             blocks: FxHashMap::default(),
         });
         self.slots.insert((engine.clone(), rank), slot as u32);

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -23,7 +23,7 @@ use zeromq::{
 };
 
 use super::index::PrefixIndex;
-use super::wire::decode_batch;
+use super::wire::{KvBatch, decode_batch};
 use crate::engine::EngineId;
 use crate::feed::{FeedHandle, Sequence, bounded_sub, decode_envelope, oversized};
 
@@ -254,7 +254,16 @@ impl Stream<'_> {
                 self.repair(next, seq, &envelope.payload).await;
             }
             _ => {
-                self.apply(&envelope.payload);
+                if let Some(batch) = self.apply(&envelope.payload) {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    self.index.set_feed_age(
+                        &self.source.engine,
+                        self.source.rank,
+                        batch.age_at(now),
+                    );
+                }
                 self.next = Some(seq + 1);
             }
         }
@@ -400,8 +409,9 @@ impl Stream<'_> {
         }
     }
 
-    fn apply(&self, payload: &[u8]) {
-        match decode_batch(payload) {
+    /// Applies one batch; returns it when it decoded.
+    fn apply(&self, payload: &[u8]) -> Option<KvBatch> {
+        let batch = match decode_batch(payload) {
             Ok(batch) => {
                 for dropped in &batch.dropped {
                     self.stats.drop_reason(dropped.reason());
@@ -415,10 +425,15 @@ impl Stream<'_> {
                 if outcome.cleared {
                     self.stats.clears.fetch_add(1, Ordering::Relaxed);
                 }
+                Some(batch)
             }
-            Err(e) => self.stats.drop_reason(e.reason()),
-        }
+            Err(e) => {
+                self.stats.drop_reason(e.reason());
+                None
+            }
+        };
         self.stats.applied.fetch_add(1, Ordering::Relaxed);
+        batch
     }
 
     /// Drops everything known of this source and its position in the stream.

@@ -9,6 +9,7 @@
 //! event; a bad batch costs that batch.
 
 use std::fmt;
+use std::time::Duration;
 
 use rmpv::ValueRef;
 
@@ -103,6 +104,23 @@ pub struct KvBatch {
     pub dp_rank: Option<i64>,
     /// One entry per event that did not decode.
     pub dropped: Vec<EventError>,
+}
+
+/// The largest feed age recorded: a publisher clock further behind than this is
+/// taken to be this far behind.
+pub const MAX_FEED_AGE: Duration = Duration::from_secs(3600);
+
+impl KvBatch {
+    /// How long before `now` (seconds since the Unix epoch, the router's clock) the
+    /// publisher stamped this batch: zero when the stamp is later (clocks a little
+    /// apart) or not a number, at most [`MAX_FEED_AGE`].
+    pub fn age_at(&self, now: f64) -> Duration {
+        let behind = now - self.ts;
+        if behind.is_nan() || behind <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::try_from_secs_f64(behind).map_or(MAX_FEED_AGE, |age| age.min(MAX_FEED_AGE))
+    }
 }
 
 /// Why a batch was dropped.

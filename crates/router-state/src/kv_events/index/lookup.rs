@@ -2,6 +2,7 @@
 //! contiguous match goes (any tier, and on the device).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::{Bits, EngineMatch, Inner, PrefixIndex, PrefixMatch};
 
@@ -44,12 +45,14 @@ impl PrefixIndex {
             let Some(source) = inner.sources.get(slot as usize).and_then(Option::as_ref) else {
                 continue;
             };
+            let feed_age = Duration::from_micros(source.feed_age_us.load(Ordering::Relaxed));
             match engines.iter_mut().find(|m| m.engine == source.engine) {
                 Some(m) => {
                     if (blocks, std::cmp::Reverse(source.rank))
                         > (m.blocks, std::cmp::Reverse(m.rank))
                     {
                         m.rank = source.rank;
+                        m.feed_age = feed_age;
                     }
                     m.blocks = m.blocks.max(blocks);
                     m.device_blocks = m.device_blocks.max(device_blocks);
@@ -59,6 +62,7 @@ impl PrefixIndex {
                     blocks,
                     device_blocks,
                     rank: source.rank,
+                    feed_age,
                 }),
             }
         }

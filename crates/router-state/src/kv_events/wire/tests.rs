@@ -219,3 +219,22 @@ fn a_bad_event_costs_the_event_and_a_bad_batch_the_batch() {
         BatchError::Shape
     );
 }
+
+#[test]
+fn a_batchs_age_is_how_long_before_now_it_was_stamped_within_bounds() {
+    let stamped = |ts: f64| KvBatch {
+        ts,
+        events: Vec::new(),
+        dp_rank: None,
+        dropped: Vec::new(),
+    };
+    assert_eq!(stamped(100.0).age_at(102.5), Duration::from_millis(2500));
+    assert_eq!(
+        stamped(103.0).age_at(102.5),
+        Duration::ZERO,
+        "a publisher clock a little ahead"
+    );
+    assert_eq!(stamped(f64::NAN).age_at(102.5), Duration::ZERO);
+    assert_eq!(stamped(f64::NEG_INFINITY).age_at(102.5), MAX_FEED_AGE);
+    assert_eq!(stamped(0.0).age_at(1e12), MAX_FEED_AGE);
+}
