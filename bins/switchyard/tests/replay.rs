@@ -117,9 +117,9 @@ fn a_trace_line_that_is_not_a_request_is_named() {
 
 /// A trace of two conversations of two turns each, the second turns 200 ms later.
 const CONVERSATIONS: &str = r#"{"at_us": 0, "session": "a", "prompt": [{"id": "sys", "tokens": 64}, {"id": "a-u0", "tokens": 20}], "output_tokens": 8}
-{"at_us": 1000, "session": "b", "prompt": [{"id": "sys", "tokens": 64}, {"id": "b-u0", "tokens": 30}], "output_tokens": 8}
+{"at_us": 100000, "session": "b", "prompt": [{"id": "sys", "tokens": 64}, {"id": "b-u0", "tokens": 30}], "output_tokens": 8}
 {"at_us": 200000, "session": "a", "prompt": [{"id": "sys", "tokens": 64}, {"id": "a-u0", "tokens": 20}, {"id": "a-a0", "tokens": 8}, {"id": "a-u1", "tokens": 9}], "output_tokens": 8}
-{"at_us": 201000, "session": "b", "prompt": [{"id": "sys", "tokens": 64}, {"id": "b-u0", "tokens": 30}, {"id": "b-a0", "tokens": 8}, {"id": "b-u1", "tokens": 9}], "output_tokens": 8}
+{"at_us": 300000, "session": "b", "prompt": [{"id": "sys", "tokens": 64}, {"id": "b-u0", "tokens": 30}, {"id": "b-a0", "tokens": 8}, {"id": "b-u1", "tokens": 9}], "output_tokens": 8}
 "#;
 
 /// Runs `switchyard drive` on `trace` against `router`, off the test's runtime.

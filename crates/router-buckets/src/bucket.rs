@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use router_policy::{PickError, PickRequest};
-use router_state::{ModelMode, RegistrySnapshot, Role};
+use router_state::{EngineReportedLoadTable, ModelMode, RegistrySnapshot, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::group::EngineGroup;
 use crate::request::{BucketPick, BucketRequest, EnginePicks};
+use crate::slo::SloTargets;
 
 /// An inclusive range of prompt lengths in tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -86,6 +87,9 @@ pub struct Bucket {
     limits: TokenLimits,
     max_context_tokens: Option<u64>,
     groups: BucketGroups,
+    slo: Option<SloTargets>,
+    /// The load table latency predictions read.
+    pub(crate) load: Option<Arc<EngineReportedLoadTable>>,
 }
 
 impl Bucket {
@@ -128,7 +132,29 @@ impl Bucket {
             limits,
             max_context_tokens,
             groups,
+            slo: None,
+            load: None,
         })
+    }
+
+    /// Gives the bucket latency targets: a bucket predicted to miss them is tried
+    /// after the fitting buckets predicted closer to them (see [`Bucket::predict`]).
+    /// The targets are the caller's to check ([`SloTargets::problem`]; the bucket
+    /// configuration does).
+    pub fn with_slo(mut self, targets: SloTargets) -> Self {
+        self.slo = Some(targets);
+        self
+    }
+
+    /// Has the bucket's latency predictions read `load`; without it they are unknown.
+    pub fn with_load(mut self, load: Arc<EngineReportedLoadTable>) -> Self {
+        self.load = Some(load);
+        self
+    }
+
+    /// The bucket's latency targets, if any.
+    pub fn slo(&self) -> Option<SloTargets> {
+        self.slo
     }
 
     /// The bucket's id.

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
 use crate::group::EngineGroup;
 use crate::resolver::BucketResolver;
+use crate::slo::SloTargets;
 
 /// One bucket as configured.
 ///
@@ -40,6 +41,10 @@ pub struct BucketConfig {
     pub max_context_tokens: Option<u64>,
     /// The bucket's engine groups: `plain`, or `pd` with `prefill` and `decode`.
     pub groups: GroupsConfig,
+    /// Latency targets: a request goes first to the fitting buckets predicted to meet
+    /// theirs; absent = none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<SloTargets>,
 }
 
 /// A bucket's groups: exactly one of `plain` or `pd`.
@@ -267,6 +272,7 @@ fn catch_all_config(mode: ModelMode) -> BucketConfig {
                 }),
             },
         },
+        slo: None,
     }
 }
 
@@ -332,7 +338,7 @@ fn build_bucket(
             ));
         }
     };
-    Bucket::new(
+    let bucket = Bucket::new(
         config.id.as_str(),
         config.rank,
         config.limits,
@@ -350,7 +356,15 @@ fn build_bucket(
             format_args!("{context} is below limits.min ({min}), so no request fits"),
         ),
         other => ConfigError::at(path, other),
-    })
+    })?
+    .with_load(std::sync::Arc::clone(&handles.load));
+    match config.slo {
+        None => Ok(bucket),
+        Some(targets) => match targets.problem() {
+            Some(problem) => Err(ConfigError::at(format!("{path}.slo"), problem)),
+            None => Ok(bucket.with_slo(targets)),
+        },
+    }
 }
 
 fn build_group(

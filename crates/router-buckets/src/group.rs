@@ -93,13 +93,7 @@ impl EngineGroup {
         engines: &RegistrySnapshot,
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let mut candidates = self.candidates(engines, request.model, request.stage);
-        if !request.excluded.is_empty() {
-            candidates.retain(|c| !request.excluded.contains(c.id()));
-        }
-        if let Some(adapter) = request.adapter {
-            candidates.retain(|c| c.serves_adapter(adapter));
-        }
+        let candidates = self.eligible(engines, request);
         request.observe(|| Observation::Candidates {
             bucket: request.bucket_id.to_owned(),
             stage: request.stage,
@@ -121,6 +115,24 @@ impl EngineGroup {
             },
         });
         picked
+    }
+
+    /// The candidates a pick for `request` offers the policy: those of
+    /// [`candidates`](Self::candidates) less the request's excluded engines and those
+    /// that do not serve its adapter.
+    pub fn eligible(
+        &self,
+        engines: &RegistrySnapshot,
+        request: &PickRequest<'_>,
+    ) -> Vec<Arc<Engine>> {
+        let mut candidates = self.candidates(engines, request.model, request.stage);
+        if !request.excluded.is_empty() {
+            candidates.retain(|c| !request.excluded.contains(c.id()));
+        }
+        if let Some(adapter) = request.adapter {
+            candidates.retain(|c| c.serves_adapter(adapter));
+        }
+        candidates
     }
 
     async fn pick_among(

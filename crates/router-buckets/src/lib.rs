@@ -55,6 +55,7 @@ mod group;
 mod request;
 mod resolver;
 mod select;
+mod slo;
 
 pub use bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
 pub use config::{
@@ -65,3 +66,4 @@ pub use group::{EngineGroup, Membership};
 pub use request::{BucketPick, BucketRequest, EnginePicks, expected_peak};
 pub use resolver::BucketResolver;
 pub use select::{BucketAttempt, SelectError, Selection};
+pub use slo::{MAX_SLO_MS, SloPrediction, SloTargets};

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_policy::{Explanation, Pick, PickError, PrefixMemo};
+use router_policy::{Explanation, Observation, Pick, PickError, PrefixMemo};
 use router_state::EngineId;
 
 /// The prepared routing facts of one request: extracted once by the handler and
@@ -112,6 +112,13 @@ impl<'a> BucketRequest<'a> {
     pub fn with_explanation(mut self, explanation: Option<&'a Explanation>) -> Self {
         self.explain = explanation;
         self
+    }
+
+    /// Records what `observation` builds, when the request carries an explanation.
+    pub fn observe(&self, observation: impl FnOnce() -> Observation) {
+        if let Some(explanation) = self.explain {
+            explanation.record(observation());
+        }
     }
 }
 

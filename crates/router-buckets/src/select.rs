@@ -39,6 +39,9 @@ pub struct Selection {
     pub passed_over: Vec<BucketAttempt>,
     /// How long the chosen bucket's picks took, when the request asked for timing.
     pub took: Option<Duration>,
+    /// Fitting buckets tried last because they were predicted to miss their latency
+    /// targets.
+    pub demoted: Vec<Arc<str>>,
 }
 
 /// Why no bucket supplied a selection.
@@ -107,7 +110,8 @@ fn join(attempts: &[BucketAttempt]) -> String {
 }
 
 impl BucketResolver {
-    /// Resolves the request's buckets and calls each one's
+    /// Resolves the request's buckets, moves those predicted to miss their latency
+    /// targets last, and calls each one's
     /// [`pick_engines`](crate::Bucket::pick_engines) until one supplies a complete
     /// selection. Missing candidates and admission rejections advance to the next
     /// bucket, where every required engine is picked again; anything else stops.
@@ -131,6 +135,7 @@ impl BucketResolver {
                 expected_peak_tokens: request.expected_peak_tokens,
             }));
         }
+        let (buckets, demoted) = crate::slo::order(buckets, engines, request);
         let mut attempts = Vec::new();
         for bucket in buckets {
             let started = request.timed.then(Instant::now);
@@ -147,6 +152,7 @@ impl BucketResolver {
                         pick,
                         passed_over: attempts,
                         took,
+                        demoted,
                     });
                 }
                 Err(error) if error.advances_to_next_bucket() => {

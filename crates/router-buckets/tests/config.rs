@@ -191,6 +191,16 @@ fn validation_errors_name_their_path() {
             "buckets[0].max_context_tokens: 50 is below limits.min (100), so no request fits",
         ),
         (
+            plain(r#""slo": {}, "groups": {"plain": {}}"#),
+            roster_plain(),
+            "buckets[0].slo: set ttft_ms, tpot_ms or both",
+        ),
+        (
+            plain(r#""slo": {"ttft_ms": 500, "tpot_ms": 0}, "groups": {"plain": {}}"#),
+            roster_plain(),
+            "buckets[0].slo: tpot_ms must be 1 to 3600000",
+        ),
+        (
             plain(r#""max_context_tokens": 0, "groups": {"plain": {}}"#),
             roster_plain(),
             "buckets[0].max_context_tokens: 0 is below limits.min (0), so no request fits",

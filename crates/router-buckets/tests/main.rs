@@ -6,3 +6,4 @@ mod common;
 mod config;
 mod resolver;
 mod selection;
+mod slo;

@@ -83,6 +83,16 @@ impl Collector for FleetCollector {
         )?;
         family(
             &mut encoder,
+            "engine_tpot_seconds",
+            "Time per output token this router measured on the engine's streamed answers (a moving average; absent when none in the last 10 s; kept for models with a time-per-token target)",
+            "engine",
+            engines.iter().filter_map(|e| {
+                let tpot = load.tpot(e.id())?;
+                Some((id(e), ConstGauge::new(tpot.as_secs_f64())))
+            }),
+        )?;
+        family(
+            &mut encoder,
             "engine_load_report_age_seconds",
             "Age of an engine's freshest complete load report (absent when none is fresh)",
             "engine",
@@ -144,10 +154,13 @@ impl Collector for FleetCollector {
             "engine_kv_feed_age_seconds",
             "How far behind the engine's KV-event feed was when its latest live batch arrived (its most lagging rank's)",
             "engine",
+            // Engines of the registry only: a subscriber stopped mid-batch as its
+            // engine left can leave a source behind in the index.
             indexes.iter().flat_map(|(_, index)| {
                 index
                     .feed_ages()
                     .into_iter()
+                    .filter(|(engine, _)| snapshot.get(engine.as_str()).is_some())
                     .map(|(engine, age)| (engine.to_string(), ConstGauge::new(age.as_secs_f64())))
             }),
         )?;

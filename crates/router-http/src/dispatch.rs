@@ -67,6 +67,9 @@ pub(crate) struct Outgoing {
     /// The request's decision record, when it is sampled: taken by the body that
     /// relays its answer, else completed with the error it is answered with.
     pub(crate) record: Mutex<Option<PendingRecord>>,
+    /// Whether a streamed answer's time per output token is measured: some bucket of
+    /// the model has a time-per-token target.
+    pub(crate) measure_tpot: bool,
 }
 
 /// A dispatch that ended before any byte reached the client.
@@ -103,7 +106,7 @@ impl Answer {
             Answer::Error(error) => Err(error),
             Answer::Engine(refused) => {
                 let Refused { response, headers } = *refused;
-                Ok(relay(ctx, response, None, headers, out, Vec::new()))
+                Ok(relay(ctx, response, None, headers, out, Vec::new(), None))
             }
         }
     }
@@ -186,7 +189,15 @@ pub(crate) async fn dispatch(
             };
             let body = ranks::with_rank(&out.body, rank);
             let response = send(ctx, to, out.leg, body, &out.request_id, &out.trace).await?;
-            Ok(relay(ctx, response, None, headers, out, guards))
+            Ok(relay(
+                ctx,
+                response,
+                None,
+                headers,
+                out,
+                guards,
+                Some(&engine),
+            ))
         }
         EnginePicks::Pd { prefill, decode } if out.pd_protocol == PdProtocol::Vllm => {
             vllm::dispatch(ctx, bucket, prefill, decode, out).await
@@ -262,6 +273,7 @@ pub(crate) async fn dispatch(
                 headers,
                 out,
                 guards,
+                Some(&decode),
             ))
         }
     }
@@ -398,6 +410,9 @@ async fn drain(response: Response<H1Body>) -> Result<(), String> {
     Ok(())
 }
 
+/// Relays an engine's answer; `generating` is the engine that generates its tokens
+/// (the plain or decode engine), whose pace a successful streamed answer of one
+/// prompt measures when the model's buckets have a time-per-token target.
 fn relay(
     ctx: &Arc<AppContext>,
     response: Response<H1Body>,
@@ -405,10 +420,14 @@ fn relay(
     mut headers: HeaderMap,
     out: &Outgoing,
     guards: Vec<router_state::InflightGuard>,
+    generating: Option<&Engine>,
 ) -> Response {
     let (parts, body) = response.into_parts();
     let status = parts.status;
     let record = out.record.lock().take();
+    let measured = generating.filter(|_| {
+        out.measure_tpot && out.leg.stream && out.batch.is_none() && status.is_success()
+    });
     let body = RelayBody::new(
         body,
         companion,
@@ -418,7 +437,8 @@ fn relay(
         guards,
     )
     .with_record(record, status.as_u16())
-    .with_span(out.trace.span.clone());
+    .with_span(out.trace.span.clone())
+    .with_tpot(measured);
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     for name in [

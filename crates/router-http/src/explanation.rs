@@ -47,10 +47,13 @@ impl Report<'_> {
             load,
             ..
         } = *self;
-        let buckets: Vec<Value> = self
-            .resolver
-            .buckets()
-            .iter()
+        // The loop tries buckets predicted to miss their latency targets last.
+        let mut ordered: Vec<&Bucket> = self.resolver.buckets().iter().collect();
+        ordered.sort_by_key(|bucket| {
+            slo_seen(bucket.id(), seen).is_some_and(|slo| slo["demoted"] == true)
+        });
+        let buckets: Vec<Value> = ordered
+            .into_iter()
             .map(|bucket| explain_bucket(bucket, request, selected, seen, load))
             .collect();
         let mut answer = json!({
@@ -123,6 +126,10 @@ fn explain_bucket(
         "limits": { "min": limits.min, "max": limits.max },
         "max_context_tokens": bucket.max_context_tokens(),
     });
+    if let Some(targets) = bucket.slo() {
+        entry["slo"] = slo_seen(bucket.id(), seen)
+            .unwrap_or_else(|| json!({ "ttft_ms": targets.ttft_ms, "tpot_ms": targets.tpot_ms }));
+    }
     if !bucket.accepts(request.input_tokens, request.expected_peak_tokens) {
         entry["outcome"] = json!("skipped");
         entry["why"] = json!(misfit(bucket, request));
@@ -159,6 +166,31 @@ fn explain_bucket(
     }
     entry["stages"] = json!(tried);
     entry
+}
+
+/// A bucket's latency targets as the loop checked them: the targets, the predictions
+/// (milliseconds) and whether they meet them; `None` when not checked.
+fn slo_seen(bucket: &str, seen: &[Observation]) -> Option<Value> {
+    let ms = |us: Option<u64>| us.map(|us| us as f64 / 1000.0);
+    seen.iter().find_map(|o| match o {
+        Observation::Slo {
+            bucket: b,
+            ttft_ms,
+            tpot_ms,
+            predicted_ttft_us,
+            predicted_tpot_us,
+            meets,
+            demoted,
+        } if b == bucket => Some(json!({
+            "ttft_ms": ttft_ms,
+            "tpot_ms": tpot_ms,
+            "predicted_ttft_ms": ms(*predicted_ttft_us),
+            "predicted_tpot_ms": ms(*predicted_tpot_us),
+            "meets": meets,
+            "demoted": demoted,
+        })),
+        _ => None,
+    })
 }
 
 /// Why a request does not fit `bucket`.

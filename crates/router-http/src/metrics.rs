@@ -37,6 +37,12 @@ pub(crate) struct PickLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct BucketLabels {
+    pub(crate) model: Arc<str>,
+    pub(crate) bucket: Arc<str>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StageLabels {
     pub(crate) stage: &'static str,
 }
@@ -79,6 +85,8 @@ pub(crate) struct Metrics {
     pub(crate) requests: Family<RequestLabels, Counter>,
     /// Engine picks by model, bucket, stage, engine and reason.
     pub(crate) picks: Family<PickLabels, Counter>,
+    /// Requests routed with a bucket demoted for its latency targets.
+    pub(crate) slo_demotions: Family<BucketLabels, Counter>,
     /// Time from dispatch to an engine's response head, by stage.
     pub(crate) upstream_latency: Histograms<StageLabels>,
     /// Time from a request's arrival to the first response byte sent to the client.
@@ -122,6 +130,12 @@ impl Metrics {
             "picks",
             "Engine picks by model, bucket, stage, engine and reason",
             picks.clone(),
+        );
+        let slo_demotions = Family::default();
+        registry.register(
+            "slo_demotions",
+            "Routed requests that tried a fitting bucket last because it was predicted to miss its latency targets, by model and bucket",
+            slo_demotions.clone(),
         );
         let upstream_latency: Histograms<StageLabels> =
             Family::new_with_constructor(latency_histogram);
@@ -193,6 +207,7 @@ impl Metrics {
             registry,
             requests,
             picks,
+            slo_demotions,
             upstream_latency,
             time_to_first_token,
             predicted_cached_tokens,

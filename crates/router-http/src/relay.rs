@@ -19,6 +19,10 @@ use crate::metrics::{ModelLabels, RequestLabels};
 use crate::spans::RequestSpan;
 use router_upstream::{H1Body, H1Error};
 
+mod tpot;
+
+use tpot::TpotMeter;
+
 /// A leg that must run to completion alongside the relayed body (a PD prefill).
 pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
@@ -63,6 +67,8 @@ pub(crate) struct RelayBody {
     record: Option<(PendingRecord, u16)>,
     /// The request's span, which ends when the body does.
     _span: Option<Arc<RequestSpan>>,
+    /// Measures the generating engine's time per output token on a streamed answer.
+    tpot: Option<TpotMeter>,
     _guards: Vec<InflightGuard>,
 }
 
@@ -99,6 +105,7 @@ impl RelayBody {
             held: None,
             record: None,
             _span: None,
+            tpot: None,
             _guards: guards,
         };
         if body.is_end_stream() {
@@ -111,6 +118,13 @@ impl RelayBody {
     /// Holds the request's span until the body ends.
     pub(crate) fn with_span(mut self, span: Option<Arc<RequestSpan>>) -> Self {
         self._span = span;
+        self
+    }
+
+    /// Measures `engine`'s time per output token on this answer, a streamed one,
+    /// folding it into the load table's estimate when the answer completes.
+    pub(crate) fn with_tpot(mut self, engine: Option<&router_state::Engine>) -> Self {
+        self.tpot = engine.map(|e| TpotMeter::new(e.id().clone()));
         self
     }
 
@@ -138,6 +152,15 @@ impl RelayBody {
         };
         if let Some((record, status)) = self.record.take() {
             record.finish(status, outcome, code);
+        }
+        if ending == Ending::Done
+            && let Some(meter) = self.tpot.take()
+            && let Some(per_token) = meter.per_token()
+        {
+            self.ctx
+                .fleet()
+                .load()
+                .observe_tpot(&meter.engine, per_token);
         }
         let labels = RequestLabels {
             model: Arc::clone(&self.model),
@@ -196,6 +219,9 @@ impl RelayBody {
                 }
                 if let (Some((record, _)), Some(data)) = (this.record.as_mut(), frame.data_ref()) {
                     record.relayed(data);
+                }
+                if let (Some(meter), Some(data)) = (this.tpot.as_mut(), frame.data_ref()) {
+                    meter.frame(data, Instant::now());
                 }
                 if this.is_end_stream() {
                     // A server writing a known length stops polling here.

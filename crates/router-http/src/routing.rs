@@ -22,6 +22,9 @@ pub(crate) struct ModelRoute {
     pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
     /// How its prefill and decode engines hand a request over.
     pub(crate) pd_protocol: PdProtocol,
+    /// Whether a bucket has a time-per-output-token target, which streamed answers'
+    /// measured pace is then kept for.
+    pub(crate) measures_tpot: bool,
 }
 
 impl ModelRoute {
@@ -43,11 +46,16 @@ impl ModelRoute {
             }
             needed
         });
+        let measures_tpot = resolver
+            .buckets()
+            .iter()
+            .any(|b| b.slo().is_some_and(|t| t.tpot_ms.is_some()));
         Self {
             id: Arc::from(id),
             resolver,
             tokenizer,
             pd_protocol: PdProtocol::default(),
+            measures_tpot,
         }
     }
 

@@ -17,6 +17,7 @@ mod ranks;
 mod reload;
 mod retries;
 mod serving;
+mod slo;
 mod spans;
 mod trace;
 mod vllm;

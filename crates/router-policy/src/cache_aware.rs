@@ -4,8 +4,9 @@
 //!
 //! Within one group's candidates:
 //! 1. Look the prefix up once per request (through the request's [`PrefixMemo`]).
-//! 2. Holders: engines whose cached prefix reaches `min_matched_tokens` (and the
-//!    ratio gate); uncached work = prompt - cached.
+//! 2. Holders: engines credited with at least `min_matched_tokens` of the prompt (and
+//!    passing the ratio gate), a token held only on a slower tier counting
+//!    `slower_tier_weight`; uncached work = prompt - credited.
 //! 3. Order holders by uncached work, then prefill pressure, then id, and keep the
 //!    best [`CandidateBounds::count`] of them.
 //! 4. Soft queue gate: holders reporting `engine_queue_limit` waiting requests are

@@ -45,6 +45,25 @@ pub enum Observation {
         /// How far behind the engine's KV feed was, milliseconds.
         feed_age_ms: u64,
     },
+    /// A bucket's latency targets checked against its candidates before the bucket
+    /// loop (buckets predicted to miss are tried last).
+    Slo {
+        /// The bucket.
+        bucket: String,
+        /// Its time-to-first-token target, milliseconds.
+        ttft_ms: Option<u64>,
+        /// Its time-per-output-token target, milliseconds.
+        tpot_ms: Option<u64>,
+        /// The predicted time to first token (its candidates' longest), microseconds.
+        predicted_ttft_us: Option<u64>,
+        /// The measured time per output token (its candidates' longest), microseconds.
+        predicted_tpot_us: Option<u64>,
+        /// Whether the predictions meet the targets (`None`: some unknown, none missed).
+        meets: Option<bool>,
+        /// Whether the bucket was tried after the others (it misses, and another
+        /// fitting bucket is predicted closer to its targets).
+        demoted: bool,
+    },
     /// The prefix source could not answer; the pick went without it.
     CacheUnavailable {
         /// The bucket.

@@ -148,7 +148,9 @@ impl Rank {
         run.loaded = match &mut self.host {
             Some(host) => {
                 let loaded = host.run_from(&run.keys, run.matched);
-                host.touch(&run.keys[run.matched..run.matched + loaded]);
+                // Every page the request found counts as used on the host too, as
+                // vLLM's offloading marks a request's blocks at lookup.
+                host.touch(&run.keys[..run.matched + loaded]);
                 loaded
             }
             None => 0,
@@ -175,7 +177,8 @@ impl Rank {
         let uncached = self.uncached(run);
         self.prefilling = false;
         self.load.prefill_uncached_tokens_total += uncached;
-        self.load.prefill_busy_us_total += micros(self.prefill_time(run));
+        // The counters give the router the prefill speed: loads are not prefill.
+        self.load.prefill_busy_us_total += micros(self.spec.prefill_time(uncached));
         let change = self.cache.insert(&run.keys, run.matched);
         run.held = change.held;
         let mut events = Vec::new();

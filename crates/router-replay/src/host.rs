@@ -46,10 +46,13 @@ impl HostCache {
             .count()
     }
 
-    /// Marks `keys` (all held) used.
+    /// Marks those of `keys` it holds used (a request found them: on the host, or
+    /// on the device with their copies here).
     pub(crate) fn touch(&mut self, keys: &[PageKey]) {
         for key in keys {
-            self.mark(key.hash());
+            if self.pages.contains_key(&key.hash()) {
+                self.mark(key.hash());
+            }
         }
     }
 
@@ -109,7 +112,12 @@ mod tests {
         assert_eq!(evicting.removed, [keys[0].hash()]);
         assert_eq!(host.run_from(&keys, 0), 0);
         assert_eq!(host.run_from(&keys, 1), 4);
-        host.touch(&keys[1..2]);
+        host.touch(&keys[..2]);
+        assert_eq!(
+            host.run_from(&keys, 0),
+            0,
+            "touching a page not held keeps it out"
+        );
         assert_eq!(host.write(&keys, 5, 6).removed, [keys[2].hash()]);
         assert_eq!(
             host.run_from(&keys, 1),

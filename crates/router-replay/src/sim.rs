@@ -107,6 +107,11 @@ impl ReplaySettings {
         if spec.page_size == 0 || spec.kv_capacity_tokens < u64::from(spec.page_size) {
             return fail("the engines' KV cache must hold at least one page".into());
         }
+        if self.lagging_feeds.engines > 0 && self.lagging_feeds.delay < self.kv_delay {
+            return fail(
+                "lagging feeds must take at least the KV-event delay of the others".into(),
+            );
+        }
         if self.kv_delay.max(self.lagging_feeds.delay) > MAX_KV_DELAY {
             return fail(format!(
                 "KV-event delays must be at most {} s",
@@ -174,6 +179,10 @@ struct ModelEngine {
     /// Its batches on their way, oldest first: `(rank, payload)`.
     in_flight: VecDeque<(u32, Vec<u8>)>,
 }
+
+/// Answers of more output tokens than this have their pace measured (the relay
+/// measures those with at least sixteen events after the first).
+const STREAMED_TOKENS_MEASURED: u64 = 16;
 
 /// The most sessions whose latest prompt's page keys are kept; past it a session's
 /// next turn hashes its whole prompt.
@@ -297,6 +306,13 @@ impl<'a> Replay<'a> {
             }
         }
         let lagging = settings.lagging_feeds;
+        if lagging.engines > router.engines.len() {
+            return Err(ReplayError::Config(format!(
+                "{} lagging feeds, but the configuration has {} engines",
+                lagging.engines,
+                router.engines.len()
+            )));
+        }
         let engines: Vec<ModelEngine> = router
             .engines
             .iter()
@@ -476,7 +492,19 @@ impl<'a> Replay<'a> {
         let placed = self.runs[id].take().expect("a finishing run is placed");
         self.free.push(id);
         self.live -= 1;
-        self.outcomes[placed.run.request].finished_us = Some(self.now);
+        let outcome = &mut self.outcomes[placed.run.request];
+        outcome.finished_us = Some(self.now);
+        // The router measures the pace of streamed answers, as its relay does: from
+        // the first token to the last, over the tokens after the first.
+        let tokens = placed.run.output_tokens;
+        if let (Some(ttft), true) = (outcome.ttft_us, tokens > STREAMED_TOKENS_MEASURED) {
+            let first = placed.run.arrived + ttft;
+            let per_token = (self.now - first) / (tokens - 1);
+            self.router.load.observe_tpot(
+                &self.engines[placed.engine].id,
+                Duration::from_micros(per_token),
+            );
+        }
         self.engines[placed.engine].ranks[placed.rank].finish(&placed.run);
         self.start_ready(placed.engine, placed.rank);
     }
@@ -525,16 +553,22 @@ impl<'a> Replay<'a> {
         Ok(())
     }
 
-    /// An engine's oldest KV-event batch in flight reaches the router's index, which
-    /// records how far behind it was, as the subscriber does.
+    /// An engine's oldest KV-event batch in flight reaches the router's index.
     fn deliver(&mut self, engine: usize) -> Result<(), ReplayError> {
         let engine = &mut self.engines[engine];
         let (rank, payload) = engine.in_flight.pop_front().expect("a batch is in flight");
         let batch = decode_batch(&payload)
             .map_err(|e| ReplayError::Model(format!("a KV-event batch did not decode: {e}")))?;
         if let Some(index) = &self.router.models[&engine.model].index {
-            index.apply(&engine.id, rank, &batch);
-            index.set_feed_age(&engine.id, rank, batch.age_at(seconds(self.now)));
+            let outcome = index.apply(&engine.id, rank, &batch);
+            // The model's events are well formed: a skip is a defect of the model.
+            if let Some(skipped) = outcome.skipped.first() {
+                return Err(ReplayError::Model(format!(
+                    "the index skipped an event of engine {}: {}",
+                    engine.id,
+                    skipped.as_str()
+                )));
+            }
         }
         Ok(())
     }

@@ -58,7 +58,7 @@ pub use feed::{
 pub use load_monitor::{
     DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,
     IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot, LoadTableConfig,
-    NativeAggregate, NativeLoad, ReportedLoad,
+    NativeAggregate, NativeLoad, ReportedLoad, TPOT_FRESHNESS,
 };
 pub use names::{MAX_NAME_BYTES, NameError, check_name};
 pub use registry::{EngineRegistry, ModelMode, RegistryError, RegistrySnapshot};

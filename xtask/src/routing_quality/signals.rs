@@ -1,6 +1,8 @@
 //! The sharper signals' experiments, replayed on the benchmark's trace: how
 //! `slower_tier_weight` does when engines offload to a host tier, at loading costs
-//! from a tenth to all of a recompute, and what a lagging KV feed costs.
+//! from a tenth to all of a recompute; what a lagging KV feed costs; and buckets by
+//! prompt length whose short bucket has a time-to-first-token target, against
+//! spilling by an admission cap.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -23,13 +25,9 @@ const TIERED_CACHE_FLAGS: &[&str] = &[
 /// Loading a host page back, as a share of prefilling it.
 const LOAD_COSTS: &[f64] = &[0.1, 0.5, 1.0];
 
-/// The weights compared at loading cost `cost`: the default (a host copy as good as
-/// a device one), a half, and one less the cost (what the copy saves).
-fn weights(cost: f64) -> Vec<f64> {
-    let mut weights = vec![1.0, 0.5, 1.0 - cost];
-    weights.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
-    weights
-}
+/// The weights compared: the default (a host copy as good as a device one) and
+/// lower ones.
+const WEIGHTS: &[f64] = &[1.0, 0.75, 0.5, 0.0];
 
 /// Runs the experiments over `trace` and prints their tables.
 pub(super) fn run(binary: &Path, dir: &Path, trace: &Path) -> anyhow::Result<()> {
@@ -38,7 +36,7 @@ pub(super) fn run(binary: &Path, dir: &Path, trace: &Path) -> anyhow::Result<()>
         .collect();
     let mut tiered = Vec::new();
     for &cost in LOAD_COSTS {
-        for weight in weights(cost) {
+        for &weight in WEIGHTS {
             let mut config = router_config(&urls, None, Some("cache_aware"));
             config["models"][0]["policies"]["plain"]["slower_tier_weight"] = weight.into();
             let fleet = dir.join(format!("fleet-weight-{weight}.yaml"));
@@ -58,19 +56,76 @@ pub(super) fn run(binary: &Path, dir: &Path, trace: &Path) -> anyhow::Result<()>
 
     let fleet = dir.join("fleet.yaml");
     let mut lagging = Vec::new();
-    for (delay, label) in [("0", "fresh feeds"), ("2000", "2 of 8 feeds 2 s behind")] {
-        let json = dir.join(format!("lag-{delay}.json"));
+    for (lag, label) in [
+        (None, "fresh feeds"),
+        (Some("2000"), "2 of 8 feeds 2 s behind"),
+    ] {
+        let json = dir.join(format!("lag-{}.json", lag.unwrap_or("0")));
         replay(binary, label, trace, &fleet, &json, |c| {
             c.args(TIMING_FLAGS)
                 .args(CACHE_FLAGS)
-                .args(["--policies", "cache_aware", "--lagging-feeds", "2"])
-                .args(["--lagging-delay-ms", delay])
+                .args(["--policies", "cache_aware"]);
+            if let Some(delay) = lag {
+                c.args(["--lagging-feeds", "2", "--lagging-delay-ms", delay]);
+            }
+            c
         })?;
         lagging.extend(labelled(&json, label)?);
     }
     println!("\nlagging KV feeds: cache_aware");
     print_table(&lagging);
+
+    let mut buckets = Vec::new();
+    for (label, short) in SHORT_BUCKETS {
+        let mut config = router_config(&urls, None, None);
+        config["models"][0]["buckets"] = length_buckets(short);
+        let name = label.replace([' ', ','], "-");
+        let fleet = dir.join(format!("fleet-{name}.yaml"));
+        std::fs::write(&fleet, config.to_string())?;
+        let json = dir.join(format!("buckets-{name}.json"));
+        replay(binary, label, trace, &fleet, &json, |c| {
+            c.args(TIMING_FLAGS).args(CACHE_FLAGS)
+        })?;
+        buckets.extend(labelled(&json, label)?);
+    }
+    println!("\nbuckets by length: prompts up to 3,000 tokens on 4 engines, the rest on 4");
+    print_table(&buckets);
     Ok(())
+}
+
+/// The short bucket's settings compared: none, an admission cap on waiting requests,
+/// and time-to-first-token targets.
+const SHORT_BUCKETS: [(&str, &str); 6] = [
+    ("short: nothing", "{}"),
+    ("short: max 2 waiting", r#"{"cap": 2}"#),
+    ("short: max 4 waiting", r#"{"cap": 4}"#),
+    ("short: ttft_ms 100", r#"{"ttft_ms": 100}"#),
+    ("short: ttft_ms 200", r#"{"ttft_ms": 200}"#),
+    ("short: ttft_ms 500", r#"{"ttft_ms": 500}"#),
+];
+
+/// Two cache-aware buckets: `short` (prompts up to 3,000 tokens, engines e0-e3, with
+/// `short`'s cap or target) and `long` (every prompt, e4-e7).
+fn length_buckets(short: &str) -> Value {
+    let short: Value = serde_json::from_str(short).expect("a fixed setting");
+    let mut policy = serde_json::json!({"type": "cache_aware"});
+    if let Some(cap) = short.get("cap") {
+        policy["admission"] = serde_json::json!({"max_waiting_requests": cap});
+    }
+    let ids =
+        |range: std::ops::Range<usize>| -> Vec<String> { range.map(|i| format!("e{i}")).collect() };
+    let mut first = serde_json::json!({
+        "id": "short",
+        "limits": {"max": 3000},
+        "groups": {"plain": {"engine_ids": ids(0..4), "policy": policy}},
+    });
+    if let Some(ttft) = short.get("ttft_ms") {
+        first["slo"] = serde_json::json!({"ttft_ms": ttft});
+    }
+    serde_json::json!([
+        first,
+        {"id": "long", "groups": {"plain": {"engine_ids": ids(4..8), "policy": {"type": "cache_aware"}}}},
+    ])
 }
 
 fn replay(

@@ -27,7 +27,7 @@ use crate::decisions::PendingRecord;
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
 use crate::explanation;
-use crate::metrics::RequestLabels;
+use crate::metrics::{BucketLabels, RequestLabels};
 use crate::prepare::{Endpoint, Prepared, prepare};
 use crate::routing::ModelRoute;
 use crate::trace::{TraceContext, Tracing};
@@ -445,7 +445,15 @@ async fn route(
         started,
         trace: tracing.clone(),
         record: Mutex::new(record),
+        measure_tpot: route.measures_tpot,
     };
+    for bucket in &selection.demoted {
+        let labels = BucketLabels {
+            model: Arc::clone(&model),
+            bucket: Arc::clone(bucket),
+        };
+        ctx.metrics.slo_demotions.get_or_create(&labels).inc();
+    }
     let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;
     // An answer's relayed body takes the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {

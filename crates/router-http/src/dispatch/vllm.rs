@@ -88,7 +88,7 @@ pub(super) async fn dispatch(
     .await?;
     if !answer.status().is_success() {
         // The client's own error (say, a prompt past the model's context).
-        return Ok(relay(ctx, answer, None, headers, out, guards));
+        return Ok(relay(ctx, answer, None, headers, out, guards, None));
     }
     let failed = |what: &dyn fmt::Display| {
         ApiError::upstream(format!("prefill engine {}: {what}", prefill.id()))
@@ -119,7 +119,15 @@ pub(super) async fn dispatch(
             retry: None,
             ..failed
         })?;
-    Ok(relay(ctx, response, None, headers, out, guards))
+    Ok(relay(
+        ctx,
+        response,
+        None,
+        headers,
+        out,
+        guards,
+        Some(&decode),
+    ))
 }
 
 /// The prefill leg's body: the client's, without [`DROPPED`], then asking for a

@@ -28,9 +28,9 @@ pub(crate) struct Lookup<'a> {
     pub(crate) dry_run: bool,
 }
 
-/// What the indexer holds of a lookup's prompt.
+/// What the indexer holds of a lookup's prompt. Fields a router does not know are
+/// ignored, so an indexer may be upgraded before its routers.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct Answer {
     pub(crate) query_blocks: usize,
     pub(crate) block_size: u32,

@@ -125,15 +125,24 @@ fn a_prefix_evicted_from_the_device_is_loaded_back_from_the_host_tier() {
         "m",
         vec![EngineConfig::new("e0", "http://127.0.0.1:1")],
     )]);
+    // cache_aware keeps a prefix index, which must apply every event of both tiers
+    // (a skipped one fails the replay).
     let third = |host_tier: HostTier| {
         let settings = ReplaySettings {
             engine: spec,
             host_tier,
             ..ReplaySettings::default()
         };
-        let report = crate::replay(&config, &trace, Some("round_robin"), &settings).unwrap();
-        let outcome = &report.outcomes[2];
-        (outcome.cached_tokens, outcome.ttft_us)
+        let thirds: Vec<(u64, Option<u64>)> = ["round_robin", "cache_aware"]
+            .into_iter()
+            .map(|policy| {
+                let report = crate::replay(&config, &trace, Some(policy), &settings).unwrap();
+                let outcome = &report.outcomes[2];
+                (outcome.cached_tokens, outcome.ttft_us)
+            })
+            .collect();
+        assert_eq!(thirds[0], thirds[1], "one engine: the policies agree");
+        thirds[0]
     };
     assert_eq!(
         third(HostTier::default()),

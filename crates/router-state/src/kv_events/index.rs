@@ -101,11 +101,12 @@ pub struct ApplyOutcome {
 pub struct EngineMatch {
     /// The engine.
     pub engine: EngineId,
-    /// Leading pages of the request the engine holds (on any tier, best rank).
+    /// Leading pages of the request the engine's best rank holds, on any tier (the
+    /// best rank: the deepest match, then the most on the device, then the lowest).
     pub blocks: usize,
-    /// Leading pages the engine holds on the device tier.
+    /// Of those, the leading pages the same rank holds on the device tier.
     pub device_blocks: usize,
-    /// The data-parallel rank holding the deepest match (the lowest on a tie).
+    /// That rank.
     pub rank: u32,
     /// How far behind that rank's KV feed was when its latest live batch arrived
     /// ([`PrefixIndex::set_feed_age`]); zero until one is recorded.
@@ -525,12 +526,9 @@ impl Inner {
     }
 
     fn clear_slot(&mut self, slot: u32) {
-        let chains: Vec<u64> = self
-            .source(slot)
-            .blocks
-            .drain()
-            .map(|(_, chain)| chain)
-            .collect();
+        let source = self.source(slot);
+        source.feed_age_us.store(0, Ordering::Relaxed);
+        let chains: Vec<u64> = source.blocks.drain().map(|(_, chain)| chain).collect();
         for hash in chains {
             self.disown(slot, hash);
         }

@@ -206,6 +206,14 @@ pub fn spawn_kv_subscriber(
     })
 }
 
+/// How a batch reached the subscriber: published just now, or from the replay
+/// buffer (whose stamps say when it was published, not how far behind the feed is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arrival {
+    Live,
+    Replayed,
+}
+
 struct Stream<'a> {
     index: &'a PrefixIndex,
     source: &'a KvSource,
@@ -254,16 +262,7 @@ impl Stream<'_> {
                 self.repair(next, seq, &envelope.payload).await;
             }
             _ => {
-                if let Some(batch) = self.apply(&envelope.payload) {
-                    let now = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0.0, |d| d.as_secs_f64());
-                    self.index.set_feed_age(
-                        &self.source.engine,
-                        self.source.rank,
-                        batch.age_at(now),
-                    );
-                }
+                self.apply(&envelope.payload, Arrival::Live);
                 self.next = Some(seq + 1);
             }
         }
@@ -315,9 +314,14 @@ impl Stream<'_> {
             }
         }
         match self.next {
-            Some(after) if after > seq => {}
+            Some(after) if after > seq => {
+                // The replay applied it; it still says how far behind the feed is.
+                if let Ok(batch) = decode_batch(payload) {
+                    self.record_age(&batch);
+                }
+            }
             _ => {
-                self.apply(payload);
+                self.apply(payload, Arrival::Live);
                 self.next = Some(seq + 1);
             }
         }
@@ -380,7 +384,7 @@ impl Stream<'_> {
     /// Applies replayed batches, leaving `next` after the last.
     fn apply_all(&mut self, batches: &[(u64, Bytes)]) {
         for (seq, payload) in batches {
-            self.apply(payload);
+            self.apply(payload, Arrival::Replayed);
             self.next = Some(seq + 1);
             self.replayed.push_back((*seq, xxh3_64(payload)));
         }
@@ -409,9 +413,10 @@ impl Stream<'_> {
         }
     }
 
-    /// Applies one batch; returns it when it decoded.
-    fn apply(&self, payload: &[u8]) -> Option<KvBatch> {
-        let batch = match decode_batch(payload) {
+    /// Applies one batch; a live one also records how far behind the feed is, before
+    /// the batch counts as applied.
+    fn apply(&self, payload: &[u8], arrival: Arrival) {
+        match decode_batch(payload) {
             Ok(batch) => {
                 for dropped in &batch.dropped {
                     self.stats.drop_reason(dropped.reason());
@@ -425,15 +430,22 @@ impl Stream<'_> {
                 if outcome.cleared {
                     self.stats.clears.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(batch)
+                if arrival == Arrival::Live {
+                    self.record_age(&batch);
+                }
             }
-            Err(e) => {
-                self.stats.drop_reason(e.reason());
-                None
-            }
-        };
+            Err(e) => self.stats.drop_reason(e.reason()),
+        }
         self.stats.applied.fetch_add(1, Ordering::Relaxed);
-        batch
+    }
+
+    /// Records how far behind the feed was when the live `batch` arrived.
+    fn record_age(&self, batch: &KvBatch) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.index
+            .set_feed_age(&self.source.engine, self.source.rank, batch.age_at(now));
     }
 
     /// Drops everything known of this source and its position in the stream.

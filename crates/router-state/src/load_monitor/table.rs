@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::load_stat::LoadReport;
 use super::observation::{EngineObservation, NativeAggregate, ReportedLoad};
+use super::tpot::TpotEstimate;
 use crate::engine::EngineId;
 
 /// Default time a rank's report stays fresh after the router receives it.
@@ -74,6 +75,7 @@ struct EngineSlot {
     /// Requests this router has in flight to each rank it named.
     rank_in_flight: Mutex<Vec<u64>>,
     published: ArcSwapOption<Published>,
+    tpot: TpotEstimate,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +100,7 @@ impl EngineSlot {
             ranks: Mutex::new(vec![None; dp_size.get() as usize]),
             rank_in_flight: Mutex::new(vec![0; dp_size.get() as usize]),
             published: ArcSwapOption::empty(),
+            tpot: TpotEstimate::default(),
         }
     }
 }
@@ -254,6 +257,14 @@ impl EngineReportedLoadTable {
             .and_then(|rank| u32::try_from(rank).ok())
     }
 
+    /// Folds one streamed answer's time per output token into `id`'s estimate (see
+    /// [`LoadSnapshot::tpot`]); an engine the table does not track is ignored.
+    pub fn observe_tpot(&self, id: &EngineId, per_token: Duration) {
+        if let Some(slot) = self.engines.load().get(id) {
+            slot.tpot.observe(per_token, Instant::now());
+        }
+    }
+
     /// Requests this router currently has in flight to `id`.
     pub fn in_flight(&self, id: &EngineId) -> u64 {
         self.engines
@@ -344,6 +355,13 @@ impl LoadSnapshot {
     /// The capture time.
     pub fn captured_at(&self) -> Instant {
         self.now
+    }
+
+    /// The time per output token this router measured on `id`'s streamed answers (a
+    /// moving average), while its latest measurement is within
+    /// [`TPOT_FRESHNESS`](super::TPOT_FRESHNESS) of the capture.
+    pub fn tpot(&self, id: &EngineId) -> Option<Duration> {
+        self.engines.get(id)?.tpot.at(self.now)
     }
 
     /// One engine's observation; [`EngineObservation::UNKNOWN`] for an engine the

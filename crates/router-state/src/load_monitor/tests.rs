@@ -588,3 +588,29 @@ async fn the_least_loaded_rank_weighs_fresh_reports_and_requests_in_flight() {
     );
     assert_eq!(table.in_flight(&id("dp")), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn time_per_token_is_a_moving_average_that_goes_stale() {
+    let table = EngineReportedLoadTable::default();
+    table.register(&id("e"), NonZeroU32::MIN);
+    let tpot = |table: &EngineReportedLoadTable| table.snapshot().tpot(&id("e"));
+    assert_eq!(tpot(&table), None, "never measured");
+    table.observe_tpot(&id("e"), Duration::from_millis(40));
+    assert_eq!(tpot(&table), Some(Duration::from_millis(40)));
+    table.observe_tpot(&id("e"), Duration::from_millis(80));
+    assert_eq!(
+        tpot(&table),
+        Some(Duration::from_millis(50)),
+        "a quarter of the way to the new measurement"
+    );
+    table.observe_tpot(&id("unknown"), Duration::from_millis(1));
+    assert_eq!(table.snapshot().tpot(&id("unknown")), None);
+    advance(TPOT_FRESHNESS).await;
+    assert_eq!(tpot(&table), None, "stale");
+    table.observe_tpot(&id("e"), Duration::from_millis(10));
+    assert_eq!(
+        tpot(&table),
+        Some(Duration::from_millis(10)),
+        "a stale estimate is replaced, not averaged"
+    );
+}

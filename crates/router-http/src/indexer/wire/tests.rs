@@ -44,3 +44,14 @@ fn slower_blocks_beyond_an_engines_match_are_refused() {
         "engine ids that are not sorted, unique names"
     );
 }
+
+#[test]
+fn fields_a_router_does_not_know_are_ignored() {
+    let json = r#"{"query_blocks": 8, "block_size": 16, "engines": [["a", 8]], "ranks": [],
+                   "a_later_field": [1, 2]}"#;
+    let hits = serde_json::from_str::<Answer>(json)
+        .unwrap()
+        .into_hits()
+        .unwrap();
+    assert_eq!(hits.blocks_of(&"a".into()), 8);
+}

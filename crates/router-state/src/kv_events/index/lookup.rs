@@ -46,24 +46,20 @@ impl PrefixIndex {
                 continue;
             };
             let feed_age = Duration::from_micros(source.feed_age_us.load(Ordering::Relaxed));
+            let matched = EngineMatch {
+                engine: source.engine.clone(),
+                blocks,
+                device_blocks,
+                rank: source.rank,
+                feed_age,
+            };
+            // An engine is its best rank's match, every figure of that one rank: the
+            // deepest, then the most on the device, then the lowest rank.
+            let better = |m: &EngineMatch| (m.blocks, m.device_blocks, std::cmp::Reverse(m.rank));
             match engines.iter_mut().find(|m| m.engine == source.engine) {
-                Some(m) => {
-                    if (blocks, std::cmp::Reverse(source.rank))
-                        > (m.blocks, std::cmp::Reverse(m.rank))
-                    {
-                        m.rank = source.rank;
-                        m.feed_age = feed_age;
-                    }
-                    m.blocks = m.blocks.max(blocks);
-                    m.device_blocks = m.device_blocks.max(device_blocks);
-                }
-                None => engines.push(EngineMatch {
-                    engine: source.engine.clone(),
-                    blocks,
-                    device_blocks,
-                    rank: source.rank,
-                    feed_age,
-                }),
+                Some(m) if better(&matched) > better(m) => *m = matched,
+                Some(_) => {}
+                None => engines.push(matched),
             }
         }
         engines.sort_by(|a, b| {

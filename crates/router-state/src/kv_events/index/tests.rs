@@ -174,6 +174,38 @@ fn a_removal_on_one_tier_keeps_the_copy_on_another() {
 }
 
 #[test]
+fn an_engine_is_its_best_ranks_match_every_figure_of_that_rank() {
+    let index = index();
+    let tokens: Vec<u32> = (0..40).collect();
+    let chain = index.request_hashes(None, &tokens);
+    let hashes: Vec<u64> = (1..=10).collect();
+    // Rank 0 holds all ten pages on the host; rank 1 the first eight on the device.
+    index.apply(
+        &id("a"),
+        0,
+        &batch(vec![stored(&hashes, None, tokens.clone(), Tier::Host)]),
+    );
+    index.apply(
+        &id("a"),
+        1,
+        &batch(vec![stored(
+            &hashes[..8],
+            None,
+            tokens[..32].to_vec(),
+            Tier::Device,
+        )]),
+    );
+    index.set_feed_age(&id("a"), 0, Duration::from_millis(7));
+    let found = index.lookup(&chain);
+    let m = &found.engines[0];
+    assert_eq!(
+        (m.blocks, m.device_blocks, m.rank, m.feed_age),
+        (10, 0, 0, Duration::from_millis(7)),
+        "rank 1's device pages are not rank 0's"
+    );
+}
+
+#[test]
 fn clears_restarts_degradation_and_engine_removal() {
     let index = index();
     let tokens: Vec<u32> = (0..8).collect();
