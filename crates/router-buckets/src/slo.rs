@@ -128,16 +128,15 @@ impl Bucket {
             let candidates = group.eligible(engines, &self.pick_request(request, stage));
             (!candidates.is_empty()).then_some(candidates)
         };
-        let (first, generating) = match self.groups() {
-            BucketGroups::Plain(group) => {
-                let candidates = eligible(group, Role::Plain)?;
-                (candidates.clone(), candidates)
-            }
+        // The plain group both prefills and decodes.
+        let (first, decode) = match self.groups() {
+            BucketGroups::Plain(group) => (eligible(group, Role::Plain)?, None),
             BucketGroups::Pd { prefill, decode } => (
                 eligible(prefill, Role::Prefill)?,
-                eligible(decode, Role::Decode)?,
+                Some(eligible(decode, Role::Decode)?),
             ),
         };
+        let generating = decode.as_ref().unwrap_or(&first);
         let input = request.input_tokens;
         Some(SloPrediction {
             ttft: first.iter().filter_map(|e| ttft(&load, e, input)).max(),

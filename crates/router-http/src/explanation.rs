@@ -48,10 +48,19 @@ impl Report<'_> {
             ..
         } = *self;
         // The loop tries buckets predicted to miss their latency targets last.
+        let demoted: Vec<&str> = seen
+            .iter()
+            .filter_map(|o| match o {
+                Observation::Slo {
+                    bucket,
+                    demoted: true,
+                    ..
+                } => Some(bucket.as_str()),
+                _ => None,
+            })
+            .collect();
         let mut ordered: Vec<&Bucket> = self.resolver.buckets().iter().collect();
-        ordered.sort_by_key(|bucket| {
-            slo_seen(bucket.id(), seen).is_some_and(|slo| slo["demoted"] == true)
-        });
+        ordered.sort_by_key(|bucket| demoted.contains(&bucket.id()));
         let buckets: Vec<Value> = ordered
             .into_iter()
             .map(|bucket| explain_bucket(bucket, request, selected, seen, load))

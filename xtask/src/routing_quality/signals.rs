@@ -34,16 +34,20 @@ pub(super) fn run(binary: &Path, dir: &Path, trace: &Path) -> anyhow::Result<()>
     let urls: Vec<String> = (0..ENGINES)
         .map(|i| format!("http://127.0.0.1:{}", i + 1))
         .collect();
+    let mut weighted = Vec::new();
+    for &weight in WEIGHTS {
+        let mut config = router_config(&urls, None, Some("cache_aware"));
+        config["models"][0]["policies"]["plain"]["slower_tier_weight"] = weight.into();
+        let fleet = dir.join(format!("fleet-weight-{weight}.yaml"));
+        std::fs::write(&fleet, config.to_string())?;
+        weighted.push((weight, fleet));
+    }
     let mut tiered = Vec::new();
     for &cost in LOAD_COSTS {
-        for &weight in WEIGHTS {
-            let mut config = router_config(&urls, None, Some("cache_aware"));
-            config["models"][0]["policies"]["plain"]["slower_tier_weight"] = weight.into();
-            let fleet = dir.join(format!("fleet-weight-{weight}.yaml"));
-            std::fs::write(&fleet, config.to_string())?;
+        for (weight, fleet) in &weighted {
             let json = dir.join(format!("tier-{cost}-{weight}.json"));
             let label = format!("cost {cost}, weight {weight}");
-            replay(binary, &label, trace, &fleet, &json, |c| {
+            replay(binary, &label, trace, fleet, &json, |c| {
                 c.args(TIMING_FLAGS)
                     .args(TIERED_CACHE_FLAGS)
                     .args(["--host-load-cost", &cost.to_string()])
@@ -78,7 +82,7 @@ pub(super) fn run(binary: &Path, dir: &Path, trace: &Path) -> anyhow::Result<()>
     let mut buckets = Vec::new();
     for (label, short) in SHORT_BUCKETS {
         let mut config = router_config(&urls, None, None);
-        config["models"][0]["buckets"] = length_buckets(short);
+        config["models"][0]["buckets"] = length_buckets(&short);
         let name = label.replace([' ', ','], "-");
         let fleet = dir.join(format!("fleet-{name}.yaml"));
         std::fs::write(&fleet, config.to_string())?;
@@ -93,23 +97,29 @@ pub(super) fn run(binary: &Path, dir: &Path, trace: &Path) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The short bucket's settings compared: none, an admission cap on waiting requests,
-/// and time-to-first-token targets.
-const SHORT_BUCKETS: [(&str, &str); 6] = [
-    ("short: nothing", "{}"),
-    ("short: max 2 waiting", r#"{"cap": 2}"#),
-    ("short: max 4 waiting", r#"{"cap": 4}"#),
-    ("short: ttft_ms 100", r#"{"ttft_ms": 100}"#),
-    ("short: ttft_ms 200", r#"{"ttft_ms": 200}"#),
-    ("short: ttft_ms 500", r#"{"ttft_ms": 500}"#),
+/// What the short bucket has: nothing, an admission cap on waiting requests, or a
+/// time-to-first-token target.
+enum Short {
+    Nothing,
+    MaxWaiting(u64),
+    TtftMs(u64),
+}
+
+/// The short bucket's settings compared.
+const SHORT_BUCKETS: [(&str, Short); 6] = [
+    ("short: nothing", Short::Nothing),
+    ("short: max 2 waiting", Short::MaxWaiting(2)),
+    ("short: max 4 waiting", Short::MaxWaiting(4)),
+    ("short: ttft_ms 100", Short::TtftMs(100)),
+    ("short: ttft_ms 200", Short::TtftMs(200)),
+    ("short: ttft_ms 500", Short::TtftMs(500)),
 ];
 
 /// Two cache-aware buckets: `short` (prompts up to 3,000 tokens, engines e0-e3, with
 /// `short`'s cap or target) and `long` (every prompt, e4-e7).
-fn length_buckets(short: &str) -> Value {
-    let short: Value = serde_json::from_str(short).expect("a fixed setting");
+fn length_buckets(short: &Short) -> Value {
     let mut policy = serde_json::json!({"type": "cache_aware"});
-    if let Some(cap) = short.get("cap") {
+    if let Short::MaxWaiting(cap) = short {
         policy["admission"] = serde_json::json!({"max_waiting_requests": cap});
     }
     let ids =
@@ -119,7 +129,7 @@ fn length_buckets(short: &str) -> Value {
         "limits": {"max": 3000},
         "groups": {"plain": {"engine_ids": ids(0..4), "policy": policy}},
     });
-    if let Some(ttft) = short.get("ttft_ms") {
+    if let Short::TtftMs(ttft) = short {
         first["slo"] = serde_json::json!({"ttft_ms": ttft});
     }
     serde_json::json!([

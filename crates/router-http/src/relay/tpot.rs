@@ -74,25 +74,30 @@ impl TpotMeter {
     }
 
     /// The `data:` fields and the closing `[DONE]` fields ending in `data` (one may
-    /// have begun in the frames before).
+    /// have begun in the frames before): those begun in the kept end of the frames
+    /// before, read from a seam of it and `data`'s head, then those wholly in `data`.
     fn count_fields(&mut self, data: &[u8]) -> (u64, u64) {
         let keep = DONE[0].len() - 1;
-        let mut joined = std::mem::take(&mut self.tail);
-        let carried = joined.len();
-        joined.extend_from_slice(data);
-        // A match counts once, in the frame where it ends.
-        let ending_here = |needle: &[u8]| {
-            joined
+        let carried = self.tail.len();
+        let mut seam = std::mem::take(&mut self.tail);
+        seam.extend_from_slice(&data[..data.len().min(keep)]);
+        let count = |needle: &[u8]| {
+            let across = seam
                 .windows(needle.len())
                 .enumerate()
-                .filter(|(at, w)| *w == needle && at + needle.len() > carried)
-                .count() as u64
+                .filter(|(at, w)| *at < carried && at + needle.len() > carried && *w == needle)
+                .count();
+            let within = data.windows(needle.len()).filter(|w| *w == needle).count();
+            (across + within) as u64
         };
-        let counted = (
-            ending_here(EVENT),
-            DONE.iter().map(|d| ending_here(d)).sum(),
-        );
-        self.tail = joined[joined.len().saturating_sub(keep)..].to_vec();
+        let counted = (count(EVENT), DONE.iter().map(|d| count(d)).sum());
+        if data.len() >= keep {
+            seam.clear();
+            seam.extend_from_slice(&data[data.len() - keep..]);
+        } else {
+            seam.drain(..seam.len().saturating_sub(keep));
+        }
+        self.tail = seam;
         counted
     }
 }
