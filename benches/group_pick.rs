@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use router_buckets::EngineGroup;
-use router_policy::{AdmissionLimits, PickRequest, PowerOfTwoPolicy};
+use router_policy::{AdmissionLimits, PickRequest, PowerOfTwoPolicy, RequestFacts};
 use router_state::{Engine, EngineRegistry, Health, Role};
 
 mod support;
@@ -49,7 +49,7 @@ fn group_pick(c: &mut Criterion) {
     let all = EngineGroup::new(policy.clone());
     let explicit =
         EngineGroup::with_members(policy, engines.iter().step_by(3).map(|e| e.id().clone()));
-    let request = PickRequest::new("m", Role::Prefill, "bucket", 1000);
+    let request = PickRequest::new(RequestFacts::new("m", 1000), Role::Prefill, "bucket");
     let mut group = c.benchmark_group("group_pick_64");
     for (name, engine_group) in [("all_members", &all), ("explicit_members", &explicit)] {
         group.bench_function(name, |b| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use router_policy::{
     AdmissionLimits, EngineAdmission, LeastLoadPolicy, PickRequest, Policy, PowerOfTwoPolicy,
-    RandomPolicy, RoundRobinPolicy,
+    RandomPolicy, RequestFacts, RoundRobinPolicy,
 };
 use router_state::Role;
 use router_state::test_util::fleet;
@@ -60,7 +60,7 @@ fn policies(c: &mut Criterion) {
                 )),
             ),
         ];
-        let request = PickRequest::new("m", Role::Prefill, "bucket", 1000);
+        let request = PickRequest::new(RequestFacts::new("m", 1000), Role::Prefill, "bucket");
         for (name, policy) in &policies {
             group.bench_with_input(BenchmarkId::new(*name, n), &engines, |b, engines| {
                 b.iter(|| {

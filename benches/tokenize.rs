@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use router_http::ChatTokenizer;
+use router_tokenize::ChatTokenizer;
 use serde_json::json;
 
 mod text;

@@ -17,7 +17,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use engine_sim::{RunningEngine, SimConfig};
-use router_http::{PrefixIndexerConfig, RouterConfig, RunningIndexer, RunningRouter};
+use router_config::{PrefixIndexerConfig, RouterConfig};
+use router_http::{RunningIndexer, RunningRouter};
 use router_state::kv_events::KvFeedStats;
 use serde_json::{Value, json};
 use tokio::time::{Duration, Instant};

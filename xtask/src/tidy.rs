@@ -16,8 +16,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("router-state", &[]),
     ("router-policy", &["router-state"]),
     ("router-buckets", &["router-state", "router-policy"]),
-    ("router-upstream", &["router-state"]),
+    ("router-upstream", &[]),
     ("router-fleet", &["router-state", "router-upstream"]),
+    ("router-tokenize", &[]),
+    (
+        "router-config",
+        &[
+            "router-state",
+            "router-policy",
+            "router-buckets",
+            "router-upstream",
+        ],
+    ),
     (
         "router-http",
         &[
@@ -26,6 +36,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router-buckets",
             "router-upstream",
             "router-fleet",
+            "router-tokenize",
+            "router-config",
         ],
     ),
     (
@@ -34,7 +46,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router-state",
             "router-policy",
             "router-buckets",
-            "router-http",
+            "router-config",
         ],
     ),
     (
@@ -45,10 +57,39 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router-buckets",
             "router-upstream",
             "router-fleet",
+            "router-tokenize",
+            "router-config",
             "router-http",
             "router-replay",
         ],
     ),
+];
+
+/// Crates that never reach an HTTP server stack, a high-level HTTP client or an
+/// OTLP exporter, directly or through any other crate (as `cargo tree -e normal`
+/// resolves each on its own): the selection core, the engine client, the
+/// tokenizer, the configuration and the replay.
+const WITHOUT_SERVER_STACK: &[&str] = &[
+    "router-state",
+    "router-policy",
+    "router-buckets",
+    "router-upstream",
+    "router-tokenize",
+    "router-config",
+    "router-replay",
+];
+
+/// What [`WITHOUT_SERVER_STACK`] crates never reach.
+const SERVER_STACK: &[&str] = &[
+    "axum",
+    "hyper",
+    "hyper-util",
+    "tower",
+    "tower-http",
+    "reqwest",
+    "h2",
+    "opentelemetry-otlp",
+    "opentelemetry_sdk",
 ];
 
 /// The simulated engine is the other side of the wire and must not share router code.
@@ -107,6 +148,9 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     let metadata: Metadata =
         serde_json::from_slice(&cargo_metadata()?).context("parsing cargo metadata")?;
     let mut problems = check_dependencies(&metadata.packages);
+    for krate in WITHOUT_SERVER_STACK {
+        problems.extend(check_reach(krate, &reached(krate)?));
+    }
     for package in &metadata.packages {
         let manifest = fs::read_to_string(&package.manifest_path)?;
         if !manifest.contains("[lints]\nworkspace = true") {
@@ -199,6 +243,41 @@ fn check_dependencies(packages: &[Package]) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Every package `krate` reaches through normal dependencies, resolved with its own
+/// features only.
+fn reached(krate: &str) -> anyhow::Result<Vec<String>> {
+    let output = crate::cargo()
+        .args(["tree", "--locked", "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}", "-p", krate])
+        .output()
+        .context("running cargo tree")?;
+    if !output.status.success() {
+        bail!(
+            "cargo tree -p {krate} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// One problem for each part of the server stack `krate` reaches.
+fn check_reach(krate: &str, reached: &[String]) -> Vec<String> {
+    SERVER_STACK
+        .iter()
+        .filter(|stack| reached.iter().any(|name| name == *stack))
+        .map(|stack| {
+            format!(
+                "{krate} reaches {stack}: it must build without a server stack \
+                 (`cargo tree -p {krate} -e normal -i {stack}` shows through which crate)"
+            )
+        })
+        .collect()
 }
 
 /// Hygiene of one source file.
@@ -328,8 +407,8 @@ mod tests {
         assert_eq!(
             sideways,
             [
-                "router-upstream depends on router-policy: it may depend only on router-state",
-                "router-upstream depends on router-fleet: it may depend only on router-state",
+                "router-upstream depends on router-policy: it may depend only on no router crate",
+                "router-upstream depends on router-fleet: it may depend only on no router crate",
             ]
         );
         let itself = check_dependencies(&workspace(package(
@@ -395,6 +474,31 @@ mod tests {
         );
         assert!(
             check_dependencies(&workspace(package("router-fleet", &[("kube", None)]))).is_empty()
+        );
+    }
+
+    #[test]
+    fn the_real_crates_reach_no_server_stack() {
+        for krate in WITHOUT_SERVER_STACK {
+            let reached = reached(krate).expect("cargo tree runs");
+            assert!(reached.iter().any(|name| name == krate), "{reached:?}");
+            assert_eq!(check_reach(krate, &reached), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_server_stack_reached_through_another_crate_fails() {
+        let reached: Vec<String> = ["router-replay", "engine-sim", "axum", "hyper", "tokio"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            check_reach("router-replay", &reached),
+            [
+                "router-replay reaches axum: it must build without a server stack \
+                 (`cargo tree -p router-replay -e normal -i axum` shows through which crate)",
+                "router-replay reaches hyper: it must build without a server stack \
+                 (`cargo tree -p router-replay -e normal -i hyper` shows through which crate)",
+            ]
         );
     }
 

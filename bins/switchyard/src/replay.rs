@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use engine_sim::EngineSpec;
-use router_http::RouterConfig;
+use router_config::RouterConfig;
 use router_replay::{
     HostTier, LaggingFeeds, ReplaySettings, SharedPrefixWorkload, Summary, oracle_cached_tokens,
     read_trace, replay, table, uncached_capacity, write_trace,

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use router_buckets::DefaultPolicies;
-use router_http::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig};
+use router_config::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig};
+use router_http::ValidatedConfig;
 use router_policy::PolicyConfig;
 use router_state::Role;
 use serde_json::json;
@@ -246,7 +247,7 @@ pub(crate) fn load(path: &Path) -> anyhow::Result<RouterConfig> {
 /// tokenizers: what startup would refuse before contacting an engine), then a
 /// non-zero exit.
 pub(crate) fn check(path: &Path) -> anyhow::Result<()> {
-    let config = load(path)?.validate().map_err(|problems| {
+    let config = ValidatedConfig::validate(load(path)?).map_err(|problems| {
         anyhow::anyhow!(
             "{}: {} problem(s)\n  {}",
             path.display(),

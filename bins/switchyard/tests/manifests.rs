@@ -90,12 +90,13 @@ fn every_manifest_is_its_type_field_for_field_and_they_fit_together() {
     );
 
     let router_yaml = &config.data.expect("data")["router.yaml"];
-    let router = router_http::RouterConfig::from_yaml(router_yaml).expect("a router configuration");
+    let router =
+        router_config::RouterConfig::from_yaml(router_yaml).expect("a router configuration");
     let kubernetes = router.discovery.kubernetes.clone().expect("pod discovery");
     assert_eq!(
         Some(kubernetes.namespace),
         role.metadata.namespace,
         "it watches the namespace the role is for"
     );
-    router.validate().expect("a valid configuration");
+    router_http::ValidatedConfig::validate(router).expect("a valid configuration");
 }

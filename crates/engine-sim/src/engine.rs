@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::cache::{PageKey, PrefixCache, page_keys};
 use crate::events::{KvEvent, Medium};
-use crate::faults::Faults;
+use crate::faults::{FaultConfig, FaultSet};
 
 /// How fast and how wide an engine is.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +106,13 @@ pub struct Served {
 
 /// A message to a rank's KV-event publisher.
 #[derive(Debug)]
+#[cfg_attr(
+    not(feature = "server"),
+    allow(
+        dead_code,
+        reason = "the publishers that read the batches are the server's"
+    )
+)]
 pub(crate) enum PublisherMsg {
     /// Publish these events as one batch.
     Batch(Vec<KvEvent>),
@@ -145,6 +152,7 @@ impl Rank {
         }
     }
 
+    #[cfg(feature = "server")]
     pub(crate) fn index(&self) -> u32 {
         self.index
     }
@@ -181,7 +189,7 @@ pub struct SimEngine {
     spec: EngineSpec,
     ranks: Vec<Arc<Rank>>,
     next_rank: AtomicUsize,
-    faults: Arc<Faults>,
+    faults: Arc<FaultSet>,
 }
 
 impl SimEngine {
@@ -189,7 +197,7 @@ impl SimEngine {
     pub fn new(spec: EngineSpec) -> Self {
         Self::build(
             spec,
-            Arc::new(Faults::new(Default::default(), 0)),
+            Arc::new(FaultSet::new(FaultConfig::default())),
             Vec::new(),
         )
     }
@@ -198,7 +206,7 @@ impl SimEngine {
     /// `publishers` is empty).
     pub(crate) fn build(
         spec: EngineSpec,
-        faults: Arc<Faults>,
+        faults: Arc<FaultSet>,
         publishers: Vec<mpsc::UnboundedSender<PublisherMsg>>,
     ) -> Self {
         let mut publishers = publishers.into_iter();
@@ -276,12 +284,9 @@ impl SimEngine {
             })
     }
 
+    #[cfg(feature = "server")]
     pub(crate) fn ranks(&self) -> &[Arc<Rank>] {
         &self.ranks
-    }
-
-    pub(crate) fn faults(&self) -> &Arc<Faults> {
-        &self.faults
     }
 
     /// Flushes every rank's cache, publishing `AllBlocksCleared` per rank.
@@ -374,7 +379,7 @@ enum Phase {
 #[derive(Debug)]
 pub struct Run {
     spec: EngineSpec,
-    faults: Arc<Faults>,
+    faults: Arc<FaultSet>,
     rank: Arc<Rank>,
     tokens: Vec<u32>,
     keys: Vec<PageKey>,

@@ -4,7 +4,15 @@
 //! (`type` first, then fields in declaration order, `None` optionals omitted) or, in the
 //! legacy form, positional arrays with the tag first.
 
-use crate::config::EventForm;
+/// How KV events are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "server", derive(clap::ValueEnum))]
+pub enum EventForm {
+    /// Tagged msgpack maps (vLLM 0.26+, current SGLang).
+    Map,
+    /// Legacy positional arrays with the tag first (older vLLM and SGLang).
+    Array,
+}
 
 /// One KV-cache event.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,33 +27,28 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 //!
-//! [`start`] runs the full engine (HTTP and ZeroMQ) from a [`SimConfig`].
+//! The feature `server` (on by default) adds the engine as a server: `start` runs it
+//! from a `SimConfig`, with its HTTP surface and ZeroMQ feeds. Without it the crate is
+//! the engine model alone (scheduling and timing, the prefix cache, the KV-event and
+//! `LoadStat` encodings), which `router-replay` steps on its virtual clock.
 
-mod bootstrap;
 mod cache;
-mod chat;
-mod config;
-mod embeddings;
 mod engine;
 mod events;
 mod faults;
 mod load_stat;
-mod nixl;
-mod placement;
-mod ports;
-mod publish;
+#[cfg(feature = "server")]
 mod server;
-mod tokenizer;
-mod visits;
 
 pub use cache::{CacheChange, PageKey, PrefixCache, extend_page_keys, page_keys};
-pub use config::{EngineRole, EventForm, LoadForm, PdProtocol, SimConfig};
 pub use engine::{EngineSpec, LoadSample, Run, Served, SimEngine};
-pub use events::{KvEvent, Medium, encode_batch};
+pub use events::{EventForm, KvEvent, Medium, encode_batch};
 pub use faults::FaultConfig;
-pub use load_stat::{encode_basic_load_stat, encode_load_stat};
-pub use ports::free_port_ranges;
-pub use publish::{BindError, LOAD_REPUBLISH, LOAD_TICK};
-pub use server::{BoundPorts, RunningEngine, StartError, start};
-pub use tokenizer::TokenizerError;
-pub use visits::Visits;
+pub use load_stat::{
+    LOAD_REPUBLISH, LOAD_TICK, LoadForm, encode_basic_load_stat, encode_load_stat,
+};
+#[cfg(feature = "server")]
+pub use server::{
+    BindError, BoundPorts, EngineRole, PdProtocol, RunningEngine, SimConfig, StartError,
+    TokenizerError, Visits, free_port_ranges, start,
+};

@@ -1,6 +1,25 @@
-//! The SGLang `LoadStat` gauge payload, as the engine's msgspec encoder writes it.
+//! The SGLang `LoadStat` gauge payload, as the engine's msgspec encoder writes it, and
+//! how often a rank publishes it.
+
+use std::time::Duration;
 
 use crate::engine::LoadSample;
+
+/// How often a rank looks at its load to publish it.
+pub const LOAD_TICK: Duration = Duration::from_millis(20);
+
+/// The longest a rank goes without publishing its load, changed or not.
+pub const LOAD_REPUBLISH: Duration = Duration::from_secs(1);
+
+/// What the load feed publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "server", derive(clap::ValueEnum))]
+pub enum LoadForm {
+    /// The eleven-field `LoadStat` with queue tokens and prefill counters.
+    Native,
+    /// The six-field `LoadStat` of older publishers.
+    Basic,
+}
 
 /// Encodes a native `LoadStat`: a msgpack array of the tag and ten integers (the rank
 /// as nil when absent), each in its smallest msgpack form, as msgspec does.

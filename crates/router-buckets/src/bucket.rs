@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use router_policy::{PickError, PickRequest};
+use router_policy::{PickError, PickRequest, RequestFacts};
 use router_state::{EngineReportedLoadTable, ModelMode, RegistrySnapshot, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::group::EngineGroup;
-use crate::request::{BucketPick, BucketRequest, EnginePicks};
+use crate::pick::{BucketPick, EnginePicks};
 use crate::slo::SloTargets;
 
 /// An inclusive range of prompt lengths in tokens.
@@ -214,16 +214,8 @@ impl Bucket {
     }
 
     /// The stage-specific request a group of this bucket is called with.
-    pub fn pick_request<'a>(&'a self, request: &BucketRequest<'a>, stage: Role) -> PickRequest<'a> {
-        PickRequest::new(request.model, stage, &self.id, request.input_tokens)
-            .with_expected_peak(request.expected_peak_tokens)
-            .with_token_ids(request.token_ids)
-            .with_prefix_memo(request.prefix_memo)
-            .with_session_key(request.session_key)
-            .with_routing_key(request.routing_key)
-            .with_excluded(request.excluded)
-            .with_adapter(request.adapter)
-            .with_explanation(request.explain)
+    pub fn pick_request<'a>(&'a self, request: &RequestFacts<'a>, stage: Role) -> PickRequest<'a> {
+        PickRequest::new(*request, stage, &self.id)
     }
 
     /// Picks the bucket's complete selection: its plain engine, or a prefill engine and
@@ -236,7 +228,7 @@ impl Bucket {
     pub async fn pick_engines(
         &self,
         engines: &RegistrySnapshot,
-        request: &BucketRequest<'_>,
+        request: &RequestFacts<'_>,
     ) -> Result<BucketPick, PickError> {
         let engines = match &self.groups {
             BucketGroups::Plain(group) => {

@@ -125,11 +125,11 @@ impl EngineGroup {
         engines: &RegistrySnapshot,
         request: &PickRequest<'_>,
     ) -> Vec<Arc<Engine>> {
-        let mut candidates = self.candidates(engines, request.model, request.stage);
-        if !request.excluded.is_empty() {
-            candidates.retain(|c| !request.excluded.contains(c.id()));
+        let mut candidates = self.candidates(engines, request.facts.model, request.stage);
+        if !request.facts.excluded.is_empty() {
+            candidates.retain(|c| !request.facts.excluded.contains(c.id()));
         }
-        if let Some(adapter) = request.adapter {
+        if let Some(adapter) = request.facts.adapter {
             candidates.retain(|c| c.serves_adapter(adapter));
         }
         candidates

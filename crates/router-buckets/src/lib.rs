@@ -13,8 +13,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use router_buckets::{Bucket, BucketGroups, BucketRequest, BucketResolver, EngineGroup, TokenLimits};
-//! use router_policy::{AdmissionLimits, RoundRobinPolicy};
+//! use router_buckets::{Bucket, BucketGroups, BucketResolver, EngineGroup, TokenLimits};
+//! use router_policy::{AdmissionLimits, RequestFacts, RoundRobinPolicy};
 //! use router_state::{EngineReportedLoadTable, Role, Engine, EngineRegistry};
 //!
 //! let registry = EngineRegistry::new();
@@ -34,7 +34,7 @@
 //!
 //! // 4k input with a 16k peak does not fit the short bucket's context: both engines
 //! // come from the long bucket.
-//! let request = BucketRequest::new("m", 4096).with_max_output_tokens(Some(12_288))?;
+//! let request = RequestFacts::new("m", 4096).with_max_output_tokens(Some(12_288))?;
 //! # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
 //! let selection = resolver.select(&registry.snapshot(), &request).await?;
 //! assert_eq!(&*selection.pick.bucket, "long");
@@ -52,7 +52,7 @@ struct ReadmeExamples;
 mod bucket;
 mod config;
 mod group;
-mod request;
+mod pick;
 mod resolver;
 mod select;
 mod slo;
@@ -63,7 +63,7 @@ pub use config::{
     PdGroupsConfig, build_resolver, group_policies,
 };
 pub use group::{EngineGroup, Membership};
-pub use request::{BucketPick, BucketRequest, EnginePicks, expected_peak};
+pub use pick::{BucketPick, EnginePicks};
 pub use resolver::BucketResolver;
 pub use select::{BucketAttempt, SelectError, Selection};
 pub use slo::{MAX_SLO_MS, SloPrediction, SloTargets};

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use router_policy::PickError;
+use router_policy::{PickError, RequestFacts};
 use router_state::{RegistrySnapshot, Role};
 
-use crate::request::{BucketPick, BucketRequest};
+use crate::pick::BucketPick;
 use crate::resolver::BucketResolver;
 
 /// A bucket that was tried and passed over.
@@ -121,7 +121,7 @@ impl BucketResolver {
     pub async fn select(
         &self,
         engines: &RegistrySnapshot,
-        request: &BucketRequest<'_>,
+        request: &RequestFacts<'_>,
     ) -> Result<Selection, SelectError> {
         let buckets = self
             .resolve(request.input_tokens, request.expected_peak_tokens)

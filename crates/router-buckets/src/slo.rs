@@ -20,13 +20,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_policy::Observation;
+use router_policy::{Observation, RequestFacts};
 use router_state::{Engine, LoadSnapshot, RegistrySnapshot, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::{Bucket, BucketGroups};
-use crate::request::BucketRequest;
 
 /// The longest target accepted, milliseconds (an hour).
 pub const MAX_SLO_MS: u64 = 3_600_000;
@@ -121,7 +120,7 @@ impl Bucket {
     pub fn predict(
         &self,
         engines: &RegistrySnapshot,
-        request: &BucketRequest<'_>,
+        request: &RequestFacts<'_>,
     ) -> Option<SloPrediction> {
         let load = self.load.as_ref()?.snapshot();
         let eligible = |group: &crate::EngineGroup, stage: Role| {
@@ -163,7 +162,7 @@ fn ttft(load: &LoadSnapshot, engine: &Engine, input: u64) -> Option<Duration> {
 pub(crate) fn order<'a>(
     buckets: Vec<&'a Bucket>,
     engines: &RegistrySnapshot,
-    request: &BucketRequest<'_>,
+    request: &RequestFacts<'_>,
 ) -> (Vec<&'a Bucket>, Vec<Arc<str>>) {
     // One fitting bucket keeps its place whatever it predicts.
     if buckets.len() < 2 || buckets.iter().all(|b| b.slo().is_none()) {

@@ -6,10 +6,8 @@ use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
-use router_buckets::{
-    Bucket, BucketError, BucketGroups, BucketResolver, EngineGroup, TokenLimits, expected_peak,
-};
-use router_policy::PickError;
+use router_buckets::{Bucket, BucketError, BucketGroups, BucketResolver, EngineGroup, TokenLimits};
+use router_policy::{PickError, expected_peak};
 
 fn bucket(id: &str, rank: i32, min: u64, max: Option<u64>, context: Option<u64>) -> Bucket {
     let group = EngineGroup::new(Arc::new(CountingPolicy::default()));

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use common::*;
 use proptest::prelude::*;
-use router_buckets::{BucketRequest, BucketResolver, EngineGroup, EnginePicks, SelectError};
-use router_policy::{PickError, PickRequest};
+use router_buckets::{BucketResolver, EngineGroup, EnginePicks, SelectError};
+use router_policy::{PickError, PickRequest, RequestFacts};
 use router_state::{EngineReportedLoadTable, Health, Role};
 
 fn plain_fleet() -> router_state::EngineRegistry {
@@ -35,7 +35,7 @@ fn a_group_offers_healthy_members_of_the_stage_in_id_order() {
     let fleet = plain_fleet();
     fleet.set_health("b", Health::Unhealthy).unwrap();
     let snapshot = fleet.snapshot();
-    let request = PickRequest::new("m", Role::Plain, "bucket", 10);
+    let request = PickRequest::new(RequestFacts::new("m", 10), Role::Plain, "bucket");
     let recorder = Arc::new(RecordingPolicy::default());
     let offered = |group: &EngineGroup| {
         rt.block_on(group.pick(&snapshot, &request)).ok();
@@ -51,7 +51,7 @@ fn a_group_offers_healthy_members_of_the_stage_in_id_order() {
         ["a", "d"],
         "explicit membership, health filtered"
     );
-    let decode = PickRequest::new("m", Role::Decode, "bucket", 10);
+    let decode = PickRequest::new(RequestFacts::new("m", 10), Role::Decode, "bucket");
     let err = rt
         .block_on(EngineGroup::new(recorder.clone()).pick(&snapshot, &decode))
         .unwrap_err();
@@ -62,7 +62,7 @@ fn a_group_offers_healthy_members_of_the_stage_in_id_order() {
         },
         "the role filter applies"
     );
-    let other_model = PickRequest::new("other", Role::Plain, "bucket", 10);
+    let other_model = PickRequest::new(RequestFacts::new("other", 10), Role::Plain, "bucket");
     assert!(
         rt.block_on(EngineGroup::new(recorder.clone()).pick(&snapshot, &other_model))
             .is_err()
@@ -75,13 +75,20 @@ fn excluded_engines_are_left_out_of_every_stages_candidates() {
     let snapshot = plain_fleet().snapshot();
     let recorder = Arc::new(RecordingPolicy::default());
     let excluded = ["a".into(), "d".into()];
-    let request = PickRequest::new("m", Role::Plain, "bucket", 10).with_excluded(&excluded);
+    let request = PickRequest::new(
+        RequestFacts::new("m", 10).with_excluded(&excluded),
+        Role::Plain,
+        "bucket",
+    );
     rt.block_on(EngineGroup::new(recorder.clone()).pick(&snapshot, &request))
         .unwrap();
     assert_eq!(*recorder.0.lock().unwrap(), ["b", "c"]);
     let only = ["a".into()];
     let err = rt
-        .block_on(members(recorder.clone(), &["a"]).pick(&snapshot, &request.with_excluded(&only)))
+        .block_on(members(recorder.clone(), &["a"]).pick(
+            &snapshot,
+            &PickRequest::new(request.facts.with_excluded(&only), Role::Plain, "bucket"),
+        ))
         .unwrap_err();
     assert_eq!(
         err,
@@ -98,7 +105,7 @@ fn excluded_engines_are_left_out_of_every_stages_candidates() {
     );
     let failed = ["P1".into(), "D1".into()];
     let pick = rt
-        .block_on(bucket.pick_engines(&pd, &BucketRequest::new("m", 100).with_excluded(&failed)))
+        .block_on(bucket.pick_engines(&pd, &RequestFacts::new("m", 100).with_excluded(&failed)))
         .unwrap();
     let EnginePicks::Pd { prefill, decode } = &pick.engines else {
         panic!("a PD pick")
@@ -116,7 +123,7 @@ fn an_empty_membership_has_no_candidates_and_never_calls_the_policy() {
     let snapshot = plain_fleet().snapshot();
     let counting = Arc::new(CountingPolicy::default());
     let group = EngineGroup::with_members(counting.clone(), []);
-    let request = PickRequest::new("m", Role::Plain, "bucket", 10);
+    let request = PickRequest::new(RequestFacts::new("m", 10), Role::Plain, "bucket");
     let err = rt.block_on(group.pick(&snapshot, &request)).unwrap_err();
     assert_eq!(err.to_string(), "no plain engine is available");
     assert_eq!(counting.0.load(Ordering::SeqCst), 0);
@@ -137,7 +144,7 @@ fn a_pick_with_a_candidates_id_but_another_arc_is_outside_the_candidates() {
     let rt = runtime();
     let snapshot = plain_fleet().snapshot();
     let group = EngineGroup::new(Arc::new(ImpostorPolicy));
-    let request = PickRequest::new("m", Role::Plain, "bucket", 10);
+    let request = PickRequest::new(RequestFacts::new("m", 10), Role::Plain, "bucket");
     let err = rt.block_on(group.pick(&snapshot, &request)).unwrap_err();
     assert_eq!(
         err,
@@ -163,7 +170,7 @@ fn a_pd_bucket_picks_both_stages_and_a_decode_failure_discards_the_prefill_pick(
         members(capped(&load, None), &["P2"]),
         members(capped(&load, None), &["D1"]),
     );
-    let request = BucketRequest::new("m", 100);
+    let request = RequestFacts::new("m", 100);
     let pick = rt.block_on(ok.pick_engines(&snapshot, &request)).unwrap();
     let EnginePicks::Pd { prefill, decode } = &pick.engines else {
         panic!("a PD pick")
@@ -205,7 +212,7 @@ fn a_bucket_of_the_wrong_kind_for_the_model_is_an_invalid_configuration() {
         EngineGroup::new(capped(&load, None)),
     );
     let err = rt
-        .block_on(pd.pick_engines(&snapshot, &BucketRequest::new("m", 1)))
+        .block_on(pd.pick_engines(&snapshot, &RequestFacts::new("m", 1)))
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -213,7 +220,7 @@ fn a_bucket_of_the_wrong_kind_for_the_model_is_an_invalid_configuration() {
     );
     let resolver = BucketResolver::new(vec![pd]).unwrap();
     let err = rt
-        .block_on(resolver.select(&snapshot, &BucketRequest::new("m", 1)))
+        .block_on(resolver.select(&snapshot, &RequestFacts::new("m", 1)))
         .unwrap_err();
     assert!(
         matches!(&err, SelectError::Stopped { bucket: Some(b), .. } if &**b == "pairs"),
@@ -248,7 +255,7 @@ fn admission_rejection_advances_to_the_next_bucket_where_both_stages_are_picked_
     let resolver = short_and_long(&load);
     let _d1_full = load.acquire(&"D1".into());
     let selection = rt
-        .block_on(resolver.select(&snapshot, &BucketRequest::new("m", 100)))
+        .block_on(resolver.select(&snapshot, &RequestFacts::new("m", 100)))
         .unwrap();
     assert_eq!(&*selection.pick.bucket, "long");
     let ids: Vec<_> = selection
@@ -280,7 +287,7 @@ fn exhaustion_reports_every_rejection_or_the_missing_stage() {
         .map(|id| load.acquire(&(*id).into()))
         .collect();
     let err = rt
-        .block_on(resolver.select(&snapshot, &BucketRequest::new("m", 100)))
+        .block_on(resolver.select(&snapshot, &RequestFacts::new("m", 100)))
         .unwrap_err();
     assert_eq!(err.code(), "at_capacity");
     assert_eq!(
@@ -296,7 +303,7 @@ fn exhaustion_reports_every_rejection_or_the_missing_stage() {
         fleet.set_health(id, Health::Unhealthy).unwrap();
     }
     let err = rt
-        .block_on(resolver.select(&fleet.snapshot(), &BucketRequest::new("m", 100)))
+        .block_on(resolver.select(&fleet.snapshot(), &RequestFacts::new("m", 100)))
         .unwrap_err();
     assert_eq!(err.to_string(), "no decode engine is available");
     assert!(
@@ -317,14 +324,14 @@ fn no_compatible_bucket_and_invalid_signals_stop_before_any_pick() {
     )])
     .unwrap();
     let err = rt
-        .block_on(resolver.select(&snapshot, &BucketRequest::new("m", 5000)))
+        .block_on(resolver.select(&snapshot, &RequestFacts::new("m", 5000)))
         .unwrap_err();
     assert_eq!(err.code(), "no_matching_bucket");
     assert_eq!(
         err.to_string(),
         "no bucket accepts a request of 5000 input tokens"
     );
-    let mut bad = BucketRequest::new("m", 100);
+    let mut bad = RequestFacts::new("m", 100);
     bad.expected_peak_tokens = Some(50);
     let err = rt.block_on(resolver.select(&snapshot, &bad)).unwrap_err();
     assert!(matches!(
@@ -355,7 +362,7 @@ proptest! {
         // answer at_capacity.
         let fits = [Some(1000), Some(2000), None].map(|max: Option<u64>| max.is_none_or(|m| input <= m));
         let expected = (0..3).find(|&i| fits[i] && !busy[2 * i] && !busy[2 * i + 1]);
-        match rt.block_on(resolver.select(&fleet.snapshot(), &BucketRequest::new("m", input))) {
+        match rt.block_on(resolver.select(&fleet.snapshot(), &RequestFacts::new("m", input))) {
             Ok(selection) => {
                 let EnginePicks::Pd { prefill, decode } = &selection.pick.engines else { panic!("PD bucket") };
                 let suffix = |id: &str| id[1..].to_owned();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use router_buckets::{BucketRequest, BucketResolver, SloTargets};
-use router_policy::{Explanation, Observation};
+use router_buckets::{BucketResolver, SloTargets};
+use router_policy::{Explanation, Observation, RequestFacts};
 use router_state::test_util::{basic_report, with_native};
 use router_state::{EngineReportedLoadTable, NativeLoad, Role};
 use tokio::time::Instant;
@@ -89,7 +89,7 @@ impl Fleet {
 
     fn route_in(&self, resolver: &BucketResolver) -> (String, Vec<String>, Option<Option<bool>>) {
         let explanation = Explanation::recording();
-        let request = BucketRequest::new("m", 500).with_explanation(Some(&explanation));
+        let request = RequestFacts::new("m", 500).with_explanation(Some(&explanation));
         let selection = runtime()
             .block_on(resolver.select(&self.registry.snapshot(), &request))
             .expect("a selection");

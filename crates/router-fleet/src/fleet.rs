@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::error::FleetError;
 use crate::feeds::{advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, HealthBook, HealthPolicy};
+use crate::role::role_of;
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE};
 
@@ -291,9 +292,11 @@ impl Fleet {
         replace: bool,
     ) -> Result<Arc<Engine>, FleetError> {
         let known = info.clone().unwrap_or_default();
-        let role = spec.role.or(known.role).ok_or(FleetError::UnknownRole {
-            reachable: info.is_some(),
-        })?;
+        let role = spec.role.or(known.disaggregation_mode.map(role_of)).ok_or(
+            FleetError::UnknownRole {
+                reachable: info.is_some(),
+            },
+        )?;
         let dp_size = match (spec.dp_size, known.dp_size) {
             (Some(configured), _) => configured,
             (None, Some(advertised)) if advertised > MAX_DP_SIZE => {

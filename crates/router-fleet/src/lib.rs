@@ -45,6 +45,7 @@ mod health;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 mod metrics;
+mod role;
 mod scrape;
 mod spec;
 
@@ -52,5 +53,6 @@ pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, HealthPolicy};
 pub use metrics::register_metrics;
+pub use role::role_of;
 pub use scrape::DEFAULT_METRICS_INTERVAL;
 pub use spec::{Change, EngineSpec, MAX_DP_SIZE};

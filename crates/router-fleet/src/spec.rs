@@ -1,9 +1,7 @@
 //! What a source of engines says: an engine to add or replace, or one to remove.
 
+pub use router_state::MAX_DP_SIZE;
 use router_state::{EngineId, Role};
-
-/// The most data-parallel ranks an engine may have (each rank gets its own feeds).
-pub const MAX_DP_SIZE: u32 = 1024;
 
 /// An engine as a source describes it. Configured values win over what the engine's
 /// `/server_info` says; what neither says takes its default.

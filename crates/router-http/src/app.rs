@@ -9,22 +9,20 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
-use router_buckets::build_resolver;
 use router_fleet::{Change, EngineSpec, Fleet, FleetEvent};
 use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle, spawn_sweeper};
 use router_state::{EngineId, Role};
+use router_tokenize::{ChatTokenizer, TokenizePool};
 use router_upstream::Upstream;
 
-use crate::config::{
-    AdminAccess, AffinityHeaders, ModelPlan, ModelRouting, RestartOnly, ValidatedConfig, roster,
-};
+use crate::access::AdminAccess;
 use crate::decisions::DecisionLog;
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
 use crate::spans::Spans;
-use crate::tokenize::{ChatTokenizer, TokenizePool};
+use crate::validated::{AffinityHeaders, ModelPlan, RestartOnly, ValidatedConfig};
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -102,12 +100,19 @@ impl Configured {
                 .iter()
                 .flat_map(|m| m.engines.iter().map(|e| (e.id.clone(), e.clone())))
                 .collect(),
-            models: config.models.iter().map(|m| m.id.clone()).collect(),
+            models: config
+                .models
+                .iter()
+                .map(|m| m.selection.id.clone())
+                .collect(),
             tokenizers: config
                 .models
                 .iter()
                 .filter_map(|m| {
-                    Some((m.tokenizer_path.clone()?, Arc::clone(m.tokenizer.as_ref()?)))
+                    Some((
+                        m.tokenizer_path.clone()?,
+                        Arc::clone(m.selection.tokenizer.as_ref()?),
+                    ))
                 })
                 .collect(),
         }
@@ -132,7 +137,7 @@ impl AppContext {
         let mut errors = Vec::new();
         let mut routes = HashMap::new();
         for (m, model) in config.models.into_iter().enumerate() {
-            let id = model.id.clone();
+            let id = model.selection.id.clone();
             let discovered = register(&fleet, &model).await;
             match route(model, &discovered) {
                 Ok(route) => drop(routes.insert(id, Arc::new(route))),
@@ -250,7 +255,7 @@ pub(crate) type Registered = Vec<Result<Role, ConfigError>>;
 /// Keeps the model's prefix index (before its engines join, so their KV events feed
 /// it) and registers its engines, introspecting them concurrently.
 pub(crate) async fn register(fleet: &Fleet, model: &ModelPlan) -> Registered {
-    fleet.keep_prefix_index(&model.id, model.prefix_index.clone());
+    fleet.keep_prefix_index(&model.selection.id, model.selection.prefix_index.clone());
     futures_util::future::join_all(
         model
             .engines
@@ -282,21 +287,16 @@ pub(crate) fn route(
             Err(error) => errors.push(error.clone()),
         }
     }
-    let resolver = match model.routing {
-        ModelRouting::Built(resolver) => Ok(resolver),
-        ModelRouting::AfterIntrospection {
-            buckets,
-            defaults,
-            handles,
-        } => {
-            let roster = roster(&model.engines, |id| discovered.get(id).copied());
-            build_resolver(buckets.as_deref(), &roster, &defaults, &handles)
-        }
-    };
+    let resolver = model
+        .selection
+        .routing
+        .resolve(|id| discovered.get(id).copied());
     match resolver {
         Ok(resolver) if errors.is_empty() => {
-            Ok(ModelRoute::new(&model.id, resolver, model.tokenizer)
-                .with_pd_protocol(model.pd_protocol))
+            Ok(
+                ModelRoute::new(&model.selection.id, resolver, model.selection.tokenizer)
+                    .with_pd_protocol(model.pd_protocol),
+            )
         }
         Ok(_) => Err(errors),
         Err(e) => {

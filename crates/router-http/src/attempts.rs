@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use axum::response::Response;
-use router_buckets::{BucketPick, BucketRequest, EnginePicks};
+use router_buckets::{BucketPick, EnginePicks};
+use router_policy::RequestFacts;
 use router_state::EngineId;
 
 use crate::app::AppContext;
@@ -21,7 +22,7 @@ use crate::routing::ModelRoute;
 pub(crate) async fn run(
     ctx: &Arc<AppContext>,
     route: &ModelRoute,
-    request: &BucketRequest<'_>,
+    request: &RequestFacts<'_>,
     mut pick: BucketPick,
     out: &Outgoing,
 ) -> Result<Response, ApiError> {

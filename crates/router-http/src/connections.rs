@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::config::ClientLimits;
+use crate::validated::ClientLimits;
 use deadlines::{Deadlines, Guarded, Phase, Tracked};
 
 /// Serves `app` on `listener` until `stopped` turns true, then drains.

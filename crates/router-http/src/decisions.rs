@@ -17,8 +17,8 @@ use prometheus_client::metrics::family::Family;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::config::DecisionsConfig;
 use crate::metrics::OutcomeLabels;
+use router_config::DecisionsConfig;
 
 /// How often a dropped or failed record is logged, at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);

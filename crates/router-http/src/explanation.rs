@@ -6,10 +6,8 @@
 
 use std::collections::HashMap;
 
-use router_buckets::{
-    Bucket, BucketGroups, BucketRequest, BucketResolver, EnginePicks, SelectError, Selection,
-};
-use router_policy::{Observation, Pick};
+use router_buckets::{Bucket, BucketGroups, BucketResolver, EnginePicks, SelectError, Selection};
+use router_policy::{Observation, Pick, RequestFacts};
 use router_state::{EngineId, EngineMetrics, LoadSnapshot, Role};
 use serde_json::{Value, json};
 
@@ -27,7 +25,7 @@ pub(crate) struct Report<'a> {
     /// The request as its endpoint read it.
     pub(crate) prepared: &'a Prepared,
     /// The facts selection ran on.
-    pub(crate) request: &'a BucketRequest<'a>,
+    pub(crate) request: &'a RequestFacts<'a>,
     /// What selection decided.
     pub(crate) selected: &'a Result<Selection, SelectError>,
     /// What it saw on the way.
@@ -124,7 +122,7 @@ fn picked(pick: &Pick) -> Value {
 /// came of it), or not tried (an earlier bucket was picked, or routing stopped).
 fn explain_bucket(
     bucket: &Bucket,
-    request: &BucketRequest<'_>,
+    request: &RequestFacts<'_>,
     selected: &Result<Selection, SelectError>,
     seen: &[Observation],
     load: &LoadSnapshot,
@@ -203,7 +201,7 @@ fn slo_seen(bucket: &str, seen: &[Observation]) -> Option<Value> {
 }
 
 /// Why a request does not fit `bucket`.
-fn misfit(bucket: &Bucket, request: &BucketRequest<'_>) -> String {
+fn misfit(bucket: &Bucket, request: &RequestFacts<'_>) -> String {
     let limits = bucket.limits();
     if !limits.contains(request.input_tokens) {
         let max = limits.max.map_or("no limit".to_owned(), |m| m.to_string());
@@ -237,7 +235,26 @@ fn explain_stage(
         } if here(b, *s) => Some(engines),
         _ => None,
     })?;
-    // What the stage saw of each engine, in one pass.
+    let mut of = candidates_seen(seen, &here);
+    let candidates: Vec<Value> = candidates
+        .iter()
+        .map(|engine| {
+            let seen = of.remove(engine).unwrap_or_default();
+            // Engines admission never read show the load table as it is now.
+            let metrics = seen.read.unwrap_or_else(|| load.observe(engine).metrics());
+            seen.to_json(engine, &metrics)
+        })
+        .collect();
+    let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
+    stage_outcome(&mut entry, seen, &here);
+    Some(entry)
+}
+
+/// What the stage `here` names saw of each engine, in one pass.
+fn candidates_seen<'a>(
+    seen: &'a [Observation],
+    here: &dyn Fn(&str, Role) -> bool,
+) -> HashMap<&'a EngineId, Candidate> {
     let mut of: HashMap<&EngineId, Candidate> = HashMap::new();
     for observation in seen {
         match observation {
@@ -273,30 +290,11 @@ fn explain_stage(
             _ => {}
         }
     }
-    let candidates: Vec<Value> = candidates
-        .iter()
-        .map(|engine| {
-            let seen = of.remove(engine).unwrap_or_default();
-            // Engines admission never read show the load table as it is now.
-            let metrics = seen.read.unwrap_or_else(|| load.observe(engine).metrics());
-            let mut candidate = json!({
-                "engine": engine.as_str(),
-                "load": figures(&metrics),
-                "matched_prefix_tokens": seen.cached.map(|(tokens, _, _)| tokens),
-                "admission": seen.checks,
-            });
-            if let Some((_, slower, age)) = seen.cached {
-                if slower > 0 {
-                    candidate["matched_on_slower_tiers"] = json!(slower);
-                }
-                if age > 0 {
-                    candidate["kv_feed_age_ms"] = json!(age);
-                }
-            }
-            candidate
-        })
-        .collect();
-    let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
+    of
+}
+
+/// The stage's pick or failure, and whether its cache lookups were unavailable.
+fn stage_outcome(entry: &mut Value, seen: &[Observation], here: &dyn Fn(&str, Role) -> bool) {
     if seen
         .iter()
         .any(|o| matches!(o, Observation::CacheUnavailable { bucket: b, stage: s } if here(b, *s)))
@@ -328,7 +326,6 @@ fn explain_stage(
             _ => {}
         }
     }
-    Some(entry)
 }
 
 /// What a stage saw of one candidate.
@@ -339,6 +336,27 @@ struct Candidate {
     checks: Vec<Value>,
     /// The figures the first admission check read.
     read: Option<EngineMetrics>,
+}
+
+impl Candidate {
+    /// The candidate's entry: `metrics` as its load.
+    fn to_json(&self, engine: &EngineId, metrics: &EngineMetrics) -> Value {
+        let mut candidate = json!({
+            "engine": engine.as_str(),
+            "load": figures(metrics),
+            "matched_prefix_tokens": self.cached.map(|(tokens, _, _)| tokens),
+            "admission": self.checks,
+        });
+        if let Some((_, slower, age)) = self.cached {
+            if slower > 0 {
+                candidate["matched_on_slower_tiers"] = json!(slower);
+            }
+            if age > 0 {
+                candidate["kv_feed_age_ms"] = json!(age);
+            }
+        }
+        candidate
+    }
 }
 
 fn figures(metrics: &EngineMetrics) -> Value {

@@ -36,8 +36,10 @@ pub(crate) use client::RemoteCacheSource;
 use wire::{Answer, LOOKUP_PATH, Lookup, MAX_HASHES, MAX_LOOKUP_BYTES};
 
 use crate::app::{StartError, register};
-use crate::config::RouterConfig;
+use router_config::RouterConfig;
+
 use crate::metrics::{Format, encode_registry};
+use crate::validated::ValidatedConfig;
 
 /// A running indexer.
 #[derive(Debug)]
@@ -86,7 +88,7 @@ pub async fn start_indexer(
     listen: SocketAddr,
 ) -> Result<RunningIndexer, StartError> {
     config.prefix_indexer = None;
-    let validated = config.validate().map_err(StartError::Config)?;
+    let validated = ValidatedConfig::validate(config).map_err(StartError::Config)?;
     let fleet = Arc::new(
         Fleet::new(
             Upstream::new(validated.upstream),
@@ -99,7 +101,7 @@ pub async fn start_indexer(
     let mut indexes = HashMap::new();
     let mut errors = Vec::new();
     for (m, model) in validated.models.iter().enumerate() {
-        let Some(index) = &model.prefix_index else {
+        let Some(index) = &model.selection.prefix_index else {
             continue;
         };
         let at = format!("models[{m}]");
@@ -108,7 +110,7 @@ pub async fn start_indexer(
                 errors.push(e.within(&at));
             }
         }
-        indexes.insert(model.id.clone(), Arc::clone(index));
+        indexes.insert(model.selection.id.clone(), Arc::clone(index));
     }
     if indexes.is_empty() {
         errors.push(ConfigError::at(

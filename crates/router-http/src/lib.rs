@@ -12,7 +12,7 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let config = router_http::RouterConfig::from_yaml(r#"
+//! let config = router_config::RouterConfig::from_yaml(r#"
 //! listen: 127.0.0.1:8080
 //! models:
 //!   - id: chat-model
@@ -26,10 +26,10 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod api;
 mod app;
 mod attempts;
-mod config;
 mod connections;
 mod decisions;
 mod dispatch;
@@ -45,22 +45,14 @@ mod retry_after;
 mod routing;
 mod server;
 mod spans;
-mod tokenize;
 mod trace;
+mod validated;
 
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
-pub use config::{
-    AdminConfig, AffinityBackendKind, AffinitySettings, DecisionsConfig, DiscoveryConfig,
-    EngineConfig, EngineRole, HealthConfig, KubernetesConfig, KubernetesModel, LimitsConfig,
-    LoadConfig, ModelConfig, PdProtocol, PrefixIndexerConfig, RedisConfig, RetryConfig,
-    RolePolicies, RouterConfig, TimeoutConfig, TracesConfig, ValidatedConfig,
-};
 pub use error::ApiError;
 pub use indexer::{RunningIndexer, start_indexer};
 pub use reload::{ReloadError, ReloadSummary};
-pub use router_policy::ConfigError;
+pub use router_config::ConfigError;
 pub use server::{RunningRouter, start, start_validated};
-pub use tokenize::{
-    ChatTokenizer, DEFAULT_PREFIX_CACHE_BYTES, PrefixCacheStats, PromptTokens, TokenizerError,
-};
+pub use validated::ValidatedConfig;

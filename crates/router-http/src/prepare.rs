@@ -18,8 +18,8 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::tokenize::{ChatTokenizer, PromptTokens, TokenizePool};
 use completions::CompletionPrompts;
+use router_tokenize::{ChatTokenizer, PromptTokens, TokenizePool};
 
 /// An endpoint the router serves: its path (the same on the engine) and how its body
 /// is read. A new endpoint is one module with a parser, one value here and one route.
@@ -148,7 +148,7 @@ impl Prompt<'_> {
                 return tokenizer
                     .encode_chat(messages.get())
                     .map(Counted::of)
-                    .map_err(|e| ApiError::invalid("invalid_messages", "messages", e));
+                    .map_err(|e| ApiError::invalid("invalid_messages", "messages", e.to_string()));
             }
             Prompt::Completion(CompletionPrompts::Ids(_)) => {
                 return Ok(self.given().unwrap_or(Counted {
@@ -164,7 +164,7 @@ impl Prompt<'_> {
                 tokenizer
                     .encode_text(text, *special_tokens)
                     .map(Counted::of)
-                    .map_err(|e| ApiError::invalid("invalid_prompt", *param, e))
+                    .map_err(|e| ApiError::invalid("invalid_prompt", *param, e.to_string()))
             }),
         };
         let mut first = None;

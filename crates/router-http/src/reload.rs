@@ -26,14 +26,16 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
+use router_config::{RouterConfig, SelectionState};
 use router_fleet::{Change, EngineSpec, FleetError};
 use router_policy::ConfigError;
 use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
 
 use crate::app::{AppContext, Configured, Registered, route};
-use crate::config::{RouterConfig, SharedState};
 use crate::metrics::OutcomeLabels;
+use crate::routing::ModelRoute;
+use crate::validated::{ModelPlan, SharedState, ValidatedConfig};
 
 /// A reload that was refused or rolled back; the running configuration is
 /// unchanged.
@@ -89,6 +91,47 @@ impl fmt::Display for ReloadSummary {
 /// What a model's engines join with: its id, its engines, its prefix index.
 type Joining = (String, Vec<EngineSpec>, Option<Arc<PrefixIndex>>);
 
+/// What a reload changes of the engines the file brought.
+struct Changes {
+    /// The engines that join or are replaced, with their spec before (none for a
+    /// new one).
+    before: HashMap<EngineId, Option<EngineSpec>>,
+    /// The engines the file no longer names.
+    leaving: Vec<EngineId>,
+    /// Their counts.
+    summary: ReloadSummary,
+}
+
+impl Changes {
+    fn between(ctx: &AppContext, configured: &Configured, next: &Configured) -> Self {
+        let mut summary = ReloadSummary::default();
+        let mut before = HashMap::new();
+        for (id, spec) in &next.engines {
+            let current = ctx.fleet.spec(id);
+            if current.as_ref() != Some(spec) {
+                if current.is_some() {
+                    summary.replaced += 1;
+                } else {
+                    summary.added += 1;
+                }
+                before.insert(id.clone(), current);
+            }
+        }
+        let leaving: Vec<EngineId> = configured
+            .engines
+            .keys()
+            .filter(|id| !next.engines.contains_key(*id))
+            .cloned()
+            .collect();
+        summary.removed = leaving.len();
+        Self {
+            before,
+            leaving,
+            summary,
+        }
+    }
+}
+
 impl AppContext {
     /// Replaces the models, engines, buckets and policies the configuration file
     /// brought with those of `config`. Reloads run one at a time. See the module
@@ -132,58 +175,72 @@ impl AppContext {
         configured: &mut Configured,
         config: RouterConfig,
     ) -> Result<ReloadSummary, ReloadError> {
+        let validated = self.check(configured, config).await?;
+        let next = Configured::of(&validated);
+        // Nothing changes until every engine's role is known and every route built.
+        let changes = Changes::between(self, configured, &next);
+        let (routes, joining) = self.routes(validated.models, &changes.before).await?;
+        self.join(&next, &joining, &changes.before).await?;
+        // One step from the old routes to the new; then the engines left behind go.
+        let file_models = configured.models.clone();
+        self.routing.replace(routes, validated.defaults, |model| {
+            !file_models.contains(model)
+        });
+        for id in &changes.leaving {
+            // Gone already when the admin API removed it.
+            drop(self.fleet.apply(Change::Remove(id.clone())).await);
+        }
+        self.keep_dropped_models(configured, &next);
+        *configured = next;
+        Ok(ReloadSummary {
+            models: joining.len(),
+            ..changes.summary
+        })
+    }
+
+    /// `config` checked around the running router's state; refused when it changes
+    /// a section only a restart can change.
+    async fn check(
+        &self,
+        configured: &Configured,
+        config: RouterConfig,
+    ) -> Result<ValidatedConfig, ReloadError> {
         let shared = SharedState {
-            load: Arc::clone(self.fleet.load()),
-            backend: self.routing.handles().affinity.clone(),
+            selection: SelectionState {
+                load: Arc::clone(self.fleet.load()),
+                affinity: self.routing.handles().affinity.clone(),
+                prefix_indexes: self.fleet.prefix_indexes().into_iter().collect(),
+            },
             affinity: self.affinity.clone(),
-            prefix_indexes: self.fleet.prefix_indexes().into_iter().collect(),
             tokenizers: configured.tokenizers.clone(),
         };
         // Loading a new tokenizer reads and parses a file: off the serving threads.
-        let validated = tokio::task::spawn_blocking(move || config.validate_with(shared))
-            .await
-            .map_err(|e| ReloadError::Invalid(vec![ConfigError::at("(root)", e)]))?
-            .map_err(ReloadError::Invalid)?;
+        let validated =
+            tokio::task::spawn_blocking(move || ValidatedConfig::around(config, shared))
+                .await
+                .map_err(|e| ReloadError::Invalid(vec![ConfigError::at("(root)", e)]))?
+                .map_err(ReloadError::Invalid)?;
         let changes = configured.restart_only.changes(&validated.restart_only);
         if !changes.is_empty() {
             return Err(ReloadError::Invalid(changes));
         }
-        let next = Configured::of(&validated);
+        Ok(validated)
+    }
 
-        // Nothing changes until every engine's role is known and every route built.
-        let mut summary = ReloadSummary {
-            models: validated.models.len(),
-            ..ReloadSummary::default()
-        };
-        let mut before = HashMap::new();
-        for (id, spec) in &next.engines {
-            let current = self.fleet.spec(id);
-            if current.as_ref() != Some(spec) {
-                if current.is_some() {
-                    summary.replaced += 1;
-                } else {
-                    summary.added += 1;
-                }
-                before.insert(id.clone(), current);
-            }
-        }
-        let leaving: Vec<EngineId> = configured
-            .engines
-            .keys()
-            .filter(|id| !next.engines.contains_key(*id))
-            .cloned()
-            .collect();
-        summary.removed = leaving.len();
+    /// Every model's route, built with its engines' roles, and what its engines join
+    /// with.
+    async fn routes(
+        &self,
+        models: Vec<ModelPlan>,
+        before: &HashMap<EngineId, Option<EngineSpec>>,
+    ) -> Result<(HashMap<String, Arc<ModelRoute>>, Vec<Joining>), ReloadError> {
         let mut routes = HashMap::new();
-        let mut plans: Vec<Joining> = Vec::new();
+        let mut joining = Vec::new();
         let mut errors = Vec::new();
-        for (m, model) in validated.models.into_iter().enumerate() {
-            let roles = self.roles(&model.engines, &before).await;
-            let (id, engines, index) = (
-                model.id.clone(),
-                model.engines.clone(),
-                model.prefix_index.clone(),
-            );
+        for (m, model) in models.into_iter().enumerate() {
+            let roles = self.roles(&model.engines, before).await;
+            let id = model.selection.id.clone();
+            let (engines, index) = (model.engines.clone(), model.selection.prefix_index.clone());
             match route(model, &roles) {
                 Ok(route) => drop(routes.insert(id.clone(), Arc::new(route))),
                 Err(problems) => {
@@ -191,19 +248,29 @@ impl AppContext {
                     errors.extend(problems.into_iter().map(|e| e.within(&at)));
                 }
             }
-            plans.push((id, engines, index));
+            joining.push((id, engines, index));
         }
         if !errors.is_empty() {
             return Err(ReloadError::Failed(errors));
         }
+        Ok((routes, joining))
+    }
 
-        // The engines join; routes of models new to the router wait for the swap.
+    /// The new and changed engines join; routes of models new to the router wait for
+    /// the swap. When one cannot, what joined is undone.
+    async fn join(
+        &self,
+        next: &Configured,
+        joining: &[Joining],
+        before: &HashMap<EngineId, Option<EngineSpec>>,
+    ) -> Result<(), ReloadError> {
         let routed: HashSet<String> = self.routing.model_ids().into_iter().collect();
         self.routing
             .set_pending(next.models.difference(&routed).cloned().collect());
         let indexes: HashMap<String, _> = self.fleet.prefix_indexes().into_iter().collect();
         let mut joined = Vec::new();
-        for (m, (model, engines, index)) in plans.iter().enumerate() {
+        let mut errors = Vec::new();
+        for (m, (model, engines, index)) in joining.iter().enumerate() {
             self.fleet.keep_prefix_index(model, index.clone());
             let changed = engines
                 .iter()
@@ -226,24 +293,19 @@ impl AppContext {
                 }
             }
         }
-        if !errors.is_empty() {
-            self.undo(&joined, &before, &plans, indexes).await;
-            self.routing.set_pending(HashSet::new());
-            return Err(ReloadError::Failed(errors));
+        if errors.is_empty() {
+            return Ok(());
         }
+        self.undo(&joined, before, joining, indexes).await;
+        self.routing.set_pending(HashSet::new());
+        Err(ReloadError::Failed(errors))
+    }
 
-        // One step from the old routes to the new; then the engines left behind go.
-        let file_models = configured.models.clone();
-        self.routing.replace(routes, validated.defaults, |model| {
-            !file_models.contains(model)
-        });
-        for id in leaving {
-            // Gone already when the admin API removed it.
-            drop(self.fleet.apply(Change::Remove(id)).await);
-        }
+    /// A model the file dropped keeps serving the engines the admin API added to it;
+    /// without any, it lets go of its prefix index.
+    fn keep_dropped_models(&self, configured: &Configured, next: &Configured) {
         let snapshot = self.fleet.snapshot();
         for model in configured.models.difference(&next.models) {
-            // Engines the admin API added to a model the file dropped keep serving it.
             match snapshot.model_engines(model).first() {
                 Some(engine) => {
                     if let Err(e) = self.routing.serve_new_model(engine) {
@@ -253,8 +315,6 @@ impl AppContext {
                 None => self.fleet.keep_prefix_index(model, None),
             }
         }
-        *configured = next;
-        Ok(summary)
     }
 
     /// Each engine's role: configured, or the registered engine's when its spec is
@@ -277,12 +337,13 @@ impl AppContext {
                 }
                 let info = self.upstream.server_info(&spec.url).await;
                 let reachable = info.is_some();
-                info.and_then(|info| info.role).ok_or_else(|| {
-                    ConfigError::at(
-                        format!("engines[{e}]"),
-                        FleetError::UnknownRole { reachable },
-                    )
-                })
+                info.and_then(|info| info.disaggregation_mode.map(router_fleet::role_of))
+                    .ok_or_else(|| {
+                        ConfigError::at(
+                            format!("engines[{e}]"),
+                            FleetError::UnknownRole { reachable },
+                        )
+                    })
             }
         }))
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::config::RetryConfig;
+use router_config::RetryConfig;
 
 /// The window is counted in this many slots: a request leaves the count between
 /// `window` and `window + window / SLOTS` after it was recorded.

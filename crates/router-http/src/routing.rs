@@ -10,8 +10,8 @@ use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolve
 use router_policy::{ConfigError, PolicyHandles};
 use router_state::{Engine, RegistrySnapshot};
 
-use crate::config::PdProtocol;
-use crate::tokenize::ChatTokenizer;
+use router_config::PdProtocol;
+use router_tokenize::ChatTokenizer;
 
 /// A model's routing: its buckets and, when configured, its tokenizer.
 #[derive(Debug)]

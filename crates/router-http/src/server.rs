@@ -5,13 +5,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use router_config::RouterConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{admin_router, router};
 use crate::app::{AppContext, StartError};
-use crate::config::{RouterConfig, ValidatedConfig};
+use crate::validated::ValidatedConfig;
 
 /// A router serving on a bound address.
 #[derive(Debug)]
@@ -61,7 +62,7 @@ impl RunningRouter {
 /// # Errors
 /// See [`StartError`].
 pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
-    start_validated(config.validate().map_err(StartError::Config)?).await
+    start_validated(ValidatedConfig::validate(config).map_err(StartError::Config)?).await
 }
 
 /// Builds the application from a validated configuration, binds its listen address

@@ -28,8 +28,8 @@ use opentelemetry_sdk::trace::{
 
 use router_buckets::{SelectError, Selection};
 
-use crate::config::TracesConfig;
 use crate::trace::TraceContext;
+use router_config::TracesConfig;
 
 mod counted;
 

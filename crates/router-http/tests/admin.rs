@@ -7,7 +7,8 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use common::{config, engine, router, sim, url};
-use router_http::{EngineRole, ModelConfig, RunningRouter};
+use router_config::{EngineRole, ModelConfig};
+use router_http::RunningRouter;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -7,7 +7,8 @@ use crate::common;
 use std::collections::BTreeSet;
 
 use common::{chat, config, engine, router, sim, url};
-use router_http::{AffinityBackendKind, EngineRole, ModelConfig, RedisConfig, RunningRouter};
+use router_config::{AffinityBackendKind, EngineRole, ModelConfig, RedisConfig};
+use router_http::RunningRouter;
 use router_policy::PolicyConfig;
 use router_state::test_util::RedisServer;
 use serde_json::json;

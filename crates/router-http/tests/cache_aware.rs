@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{config, router, url};
 use engine_sim::{RunningEngine, SimConfig, StartError};
-use router_http::{EngineConfig, EngineRole, ModelConfig, RunningRouter};
+use router_config::{EngineConfig, EngineRole, ModelConfig};
+use router_http::RunningRouter;
 use router_policy::PolicyConfig;
 use serde_json::{Value, json};
 

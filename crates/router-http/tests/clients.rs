@@ -6,7 +6,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::{config, engine, router, sim};
-use router_http::{EngineRole, ModelConfig, RunningRouter};
+use router_config::{EngineRole, ModelConfig};
+use router_http::RunningRouter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{router, sim, url};
-use router_http::{RouterConfig, RunningRouter};
+use router_config::RouterConfig;
+use router_http::RunningRouter;
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.

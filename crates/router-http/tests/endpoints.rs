@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::*;
-use router_http::{EngineRole, ModelConfig};
+use router_config::{EngineRole, ModelConfig};
 use serde_json::{Value, json};
 
 /// `POST /v1/completions` with `body` through `router`.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{decode_sim, engine, prefill_sim, router, sim, url};
 use engine_sim::RunningEngine;
-use router_http::{EngineRole, ModelConfig, RouterConfig, RunningRouter};
+use router_config::{EngineRole, ModelConfig, RouterConfig};
+use router_http::RunningRouter;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "s3cret";

@@ -13,8 +13,9 @@ use std::time::Duration;
 use common::*;
 use engine_sim::{RunningEngine, SimConfig, Visits};
 use futures_util::StreamExt;
+use router_config::{EngineRole, ModelConfig, RouterConfig};
 use router_fleet::Breaker;
-use router_http::{AppContext, EngineRole, ModelConfig, RouterConfig, RunningRouter};
+use router_http::{AppContext, RunningRouter};
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.
@@ -538,9 +539,9 @@ async fn an_engine_starting_after_the_router_joins_once_it_answers() {
     let late_url = format!("http://127.0.0.1:{port}");
     let model = ModelConfig::new(
         "m",
-        vec![router_http::EngineConfig {
+        vec![router_config::EngineConfig {
             role: Some(EngineRole::Plain),
-            ..router_http::EngineConfig::new("L", &late_url)
+            ..router_config::EngineConfig::new("L", &late_url)
         }],
     );
     let router = router(probed_by_hand(vec![model])).await;

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use common::{router, url};
 use engine_sim::RunningEngine;
-use router_http::{PrefixIndexerConfig, RouterConfig, RunningIndexer, RunningRouter};
+use router_config::{PrefixIndexerConfig, RouterConfig};
+use router_http::{RunningIndexer, RunningRouter};
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.

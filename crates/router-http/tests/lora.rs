@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use engine_sim::RunningEngine;
-use router_http::{EngineRole, ModelConfig, RunningRouter};
+use router_config::{EngineRole, ModelConfig};
+use router_http::RunningRouter;
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.

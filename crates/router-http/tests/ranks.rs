@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use engine_sim::{RunningEngine, SimConfig};
-use router_http::{EngineConfig, EngineRole, ModelConfig};
+use router_config::{EngineConfig, EngineRole, ModelConfig};
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.

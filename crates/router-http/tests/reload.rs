@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use common::{router, sim, url};
 use engine_sim::RunningEngine;
-use router_http::{ReloadError, RouterConfig, RunningRouter};
+use router_config::RouterConfig;
+use router_http::{ReloadError, RunningRouter};
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.

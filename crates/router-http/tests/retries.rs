@@ -7,7 +7,7 @@ use crate::common;
 
 use common::*;
 use engine_sim::{RunningEngine, SimConfig};
-use router_http::{EngineRole, ModelConfig, RetryConfig, RouterConfig};
+use router_config::{EngineRole, ModelConfig, RetryConfig, RouterConfig};
 use serde_json::{Value, json};
 
 /// A router whose engines stay candidates whatever they answer: probed only at

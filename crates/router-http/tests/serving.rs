@@ -3,7 +3,7 @@
 use crate::common;
 
 use common::*;
-use router_http::{EngineRole, ModelConfig};
+use router_config::{EngineRole, ModelConfig};
 use serde_json::Value;
 
 #[tokio::test]

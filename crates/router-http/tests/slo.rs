@@ -4,7 +4,7 @@
 
 use crate::common::*;
 
-use router_http::{EngineRole, ModelConfig};
+use router_config::{EngineRole, ModelConfig};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use parking_lot::Mutex;
 use prost::Message;
-use router_http::{EngineRole, ModelConfig, TracesConfig};
+use router_config::{EngineRole, ModelConfig, TracesConfig};
 
 use crate::common::*;
 
@@ -173,7 +173,7 @@ async fn an_endpoint_that_is_not_a_url_is_refused_by_path() {
         sample_ratio: 0.0,
         ..TracesConfig::new("collector:4318")
     });
-    let errors = config.validate().unwrap_err();
+    let errors = router_http::ValidatedConfig::validate(config).unwrap_err();
     let paths: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     assert!(
         paths.iter().any(|p| p.starts_with("traces.otlp_endpoint"))
@@ -191,9 +191,9 @@ async fn a_bucket_passed_over_has_its_own_span_before_the_one_that_picked() {
         vec![
             engine("A", &a, EngineRole::Plain),
             // Nothing listens here: B starts unhealthy, so its bucket has no candidate.
-            router_http::EngineConfig {
+            router_config::EngineConfig {
                 role: Some(EngineRole::Plain),
-                ..router_http::EngineConfig::new("B", "http://127.0.0.1:1")
+                ..router_config::EngineConfig::new("B", "http://127.0.0.1:1")
             },
         ],
     );

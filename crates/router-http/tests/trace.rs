@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::*;
-use router_http::{EngineRole, ModelConfig};
+use router_config::{EngineRole, ModelConfig};
 use serde_json::Value;
 
 const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

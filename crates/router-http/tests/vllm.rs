@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use engine_sim::{RunningEngine, SimConfig, Visits};
-use router_http::{EngineRole, ModelConfig, PdProtocol, RunningRouter};
+use router_config::{EngineRole, ModelConfig, PdProtocol};
+use router_http::RunningRouter;
 use serde_json::{Value, json};
 
 const GUARD: Duration = Duration::from_secs(30);
@@ -269,9 +270,9 @@ async fn a_vllm_engine_down_at_startup_has_its_metrics_read_once_it_answers() {
     let url = format!("http://127.0.0.1:{port}");
     let model = ModelConfig::new(
         "m",
-        vec![router_http::EngineConfig {
+        vec![router_config::EngineConfig {
             role: Some(EngineRole::Plain),
-            ..router_http::EngineConfig::new("A", &url)
+            ..router_config::EngineConfig::new("A", &url)
         }],
     );
     let mut config = config(vec![model]);

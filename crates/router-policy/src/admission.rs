@@ -6,10 +6,8 @@ use router_state::{Engine, EngineMetrics};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::PolicyConfigError;
-use crate::error::{LimitExceeded, PickError, Rejection};
-use crate::explain::Observation;
-use crate::policy::PickRequest;
+use crate::config_error::PolicyConfigError;
+use crate::error::LimitExceeded;
 
 /// Decides whether one engine may take one more request.
 ///
@@ -21,7 +19,7 @@ pub trait EngineAdmission: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// An [`AdmissionError`] when the check itself cannot run; the pick fails with
-    /// [`PickError::InvalidSignal`].
+    /// [`PickError::InvalidSignal`](crate::PickError::InvalidSignal).
     fn check(
         &self,
         engine: &Engine,
@@ -138,39 +136,6 @@ impl EngineAdmission for AdmissionLimits {
     fn limits(&self) -> Option<AdmissionLimits> {
         Some(*self)
     }
-}
-
-/// Runs `admission` on a chosen engine: `Ok(None)` admits, `Ok(Some(_))` is a
-/// rejection, and a check that cannot run is an invalid signal. A recorded request
-/// records the check.
-pub(crate) fn admit(
-    admission: &dyn EngineAdmission,
-    engine: &Engine,
-    metrics: &EngineMetrics,
-    request: &PickRequest<'_>,
-) -> Result<Option<Rejection>, PickError> {
-    let exceeded = match admission.check(engine, metrics) {
-        Ok(AdmissionDecision::Allow) => None,
-        Ok(AdmissionDecision::Reject(exceeded)) => Some(exceeded),
-        Err(e) => {
-            return Err(PickError::InvalidSignal {
-                stage: Some(request.stage),
-                message: e.to_string(),
-            });
-        }
-    };
-    request.observe(|| Observation::Admission {
-        bucket: request.bucket_id.to_owned(),
-        stage: request.stage,
-        engine: engine.id().clone(),
-        metrics: *metrics,
-        caps: admission.limits(),
-        rejected: exceeded,
-    });
-    Ok(exceeded.map(|exceeded| Rejection {
-        engine: engine.id().clone(),
-        exceeded,
-    }))
 }
 
 #[cfg(test)]

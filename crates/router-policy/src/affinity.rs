@@ -18,20 +18,24 @@
 
 use std::sync::Arc;
 
-use router_state::affinity::{AffinityScope, AffinityStore, rendezvous};
+use router_state::affinity::{AffinityScope, rendezvous};
 use router_state::{Engine, EngineId, EngineReportedLoadTable};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{AdmissionLimits, EngineAdmission, admit};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
+use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::config_error::PolicyConfigError;
 use crate::error::PickError;
+use crate::future::BoxFuture;
 use crate::least_load::LeastLoadPolicy;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::pick::{Pick, PickReason};
+use crate::policy::{PickRequest, Policy};
 use crate::power_of_two::PowerOfTwoPolicy;
 use crate::random::RandomPolicy;
 use crate::round_robin::RoundRobinPolicy;
+use crate::settings::{AffinityBackend, PolicyHandles, PolicySettings, admission_field};
+use crate::walk::admit;
 
 /// How often a conflicting concurrent binding is reconciled before the request is
 /// served unbound.
@@ -42,15 +46,6 @@ const RECONCILE_ATTEMPTS: usize = 4;
 enum Key {
     Session,
     Routing,
-}
-
-/// Where affinity policies keep a key's engine.
-#[derive(Debug, Clone)]
-pub enum AffinityBackend {
-    /// Bindings in a store: the process's own, or one shared by replicas.
-    Store(Arc<dyn AffinityStore>),
-    /// No bindings: the key's rendezvous order over the candidates.
-    Rendezvous,
 }
 
 #[derive(Debug)]
@@ -150,8 +145,8 @@ impl Affinity {
             });
         }
         let key = match self.key {
-            Key::Session => request.session_key,
-            Key::Routing => request.routing_key,
+            Key::Session => request.facts.session_key,
+            Key::Routing => request.facts.routing_key,
         };
         // Keyless and empty keys bind nothing.
         let Some(key) = key.filter(|k| !k.is_empty()) else {
@@ -162,7 +157,7 @@ impl Affinity {
             AffinityBackend::Rendezvous => return self.rendezvous(engines, request, key),
         };
         let scope = AffinityScope {
-            model: request.model,
+            model: request.facts.model,
             bucket: request.bucket_id,
             stage: request.stage,
         };

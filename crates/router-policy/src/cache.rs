@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
 
-use crate::policy::BoxFuture;
+use crate::future::BoxFuture;
 
 /// The engines holding a prompt's prefix, and how much of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

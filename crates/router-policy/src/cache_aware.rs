@@ -30,14 +30,17 @@ use std::sync::Arc;
 use router_state::{Engine, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Role};
 
 pub use self::config::{CacheAwareConfig, CandidateBounds, PressureGuard, Real};
-use crate::admission::{EngineAdmission, admit};
+use crate::admission::EngineAdmission;
 use crate::cache::{CacheLookup, CacheSource, PrefixHits};
-use crate::config::PolicyConfigError;
+use crate::config_error::PolicyConfigError;
 use crate::error::{PickError, Rejection};
 use crate::explain::Observation;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::future::BoxFuture;
+use crate::pick::{Pick, PickReason};
+use crate::policy::{PickRequest, Policy};
 use crate::pressure::compare;
 use crate::rng::SharedRng;
+use crate::walk::admit;
 
 /// Prefers engines holding the prompt's prefix; see the module documentation for the
 /// algorithm. Never used for decode groups.
@@ -100,31 +103,37 @@ impl CacheAwarePolicy {
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage });
         }
-        let Some(tokens) = request.token_ids else {
+        let Some(tokens) = request.facts.token_ids else {
             return self.select(engines, request, None);
         };
-        let answer = match request.prefix_memo {
+        let answer = match request.facts.prefix_memo {
             Some(memo) => {
-                memo.lookup(&self.source, request.adapter, tokens, request.is_dry_run())
-                    .await
+                memo.lookup(
+                    &self.source,
+                    request.facts.adapter,
+                    tokens,
+                    request.is_dry_run(),
+                )
+                .await
             }
             None => Arc::new(
                 self.source
-                    .lookup(request.adapter, tokens, request.is_dry_run())
+                    .lookup(request.facts.adapter, tokens, request.is_dry_run())
                     .await,
             ),
         };
         match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {
                 for engine in engines {
-                    let tokens = hits.matched_tokens(engine.id(), request.input_tokens);
+                    let tokens = hits.matched_tokens(engine.id(), request.facts.input_tokens);
                     if tokens > 0 {
                         request.observe(|| Observation::CachedTokens {
                             bucket: request.bucket_id.to_owned(),
                             stage,
                             engine: engine.id().clone(),
                             tokens,
-                            slower_tokens: hits.slower_tokens(engine.id(), request.input_tokens),
+                            slower_tokens: hits
+                                .slower_tokens(engine.id(), request.facts.input_tokens),
                             feed_age_ms: hits.feed_age_ms_of(engine.id()),
                         });
                     }
@@ -230,7 +239,7 @@ impl CacheAwarePolicy {
         hits: &PrefixHits,
         snapshot: &LoadSnapshot,
     ) -> Vec<Holder> {
-        let input = request.input_tokens;
+        let input = request.facts.input_tokens;
         engines
             .iter()
             .enumerate()
@@ -239,7 +248,7 @@ impl CacheAwarePolicy {
                 let credited = self.credited(hits, engine, input);
                 let enough = credited > 0 && credited >= self.config.min_matched_tokens;
                 let share = credited as f64 / input.max(1) as f64;
-                let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.0);
+                let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.get());
                 (enough && ratio_ok).then(|| Holder {
                     index,
                     matched,
@@ -255,7 +264,7 @@ impl CacheAwarePolicy {
     fn credited(&self, hits: &PrefixHits, engine: &Engine, input: u64) -> u64 {
         let matched = hits.matched_tokens(engine.id(), input);
         let slower = hits.slower_tokens(engine.id(), input);
-        let credit = self.config.slower_tier_weight.0 * slower as f64;
+        let credit = self.config.slower_tier_weight.get() * slower as f64;
         // A weight in [0, 1] keeps the credit within `slower`.
         matched - slower + (credit as u64).min(slower)
     }
@@ -341,7 +350,7 @@ impl CacheAwarePolicy {
                 request.stage,
                 &observations[i],
                 &observations[best],
-                request.input_tokens,
+                request.facts.input_tokens,
             )
             .0 == Ordering::Less
             {
@@ -369,7 +378,7 @@ impl CacheAwarePolicy {
         let (Some(a), Some(b)) = (native(current), native(challenger)) else {
             return false;
         };
-        let rel = guard.rel.0;
+        let rel = guard.rel.get();
         if let (Some(abs_ms), Some(qa), Some(qb)) = (guard.abs_ms, a.0, b.0) {
             return qa - qb > abs_ms as f64 && qa > rel * qb;
         }

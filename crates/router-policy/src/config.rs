@@ -1,89 +1,24 @@
-//! Policy configuration (serde + JSON Schema) and construction.
+//! The registry of policy types: [`PolicyConfig`], declared by the `policy_types!`
+//! list (serde and JSON Schema), and the building of a configured policy.
 
-use std::fmt;
 use std::sync::Arc;
 
-use router_state::{EngineReportedLoadTable, Role};
+use router_state::Role;
 use schemars::JsonSchema;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::affinity::{AffinityBackend, SessionAwareConfig, StickyConfig};
-use crate::cache::CacheSource;
+use crate::admission::AdmissionLimits;
+use crate::affinity::{SessionAwareConfig, StickyConfig};
 use crate::cache_aware::CacheAwareConfig;
+use crate::config_error::PolicyConfigError;
 use crate::dropped::{dropped_option, dropped_policy_type};
 use crate::least_load::LoadBasedConfig;
 use crate::policy::Policy;
 use crate::power_of_two::PowerOfTwoConfig;
 use crate::random::RandomConfig;
 use crate::round_robin::RoundRobinConfig;
-
-/// A policy type's settings: the caps it applies, what it needs and how it is built.
-/// Each policy's file implements it for the policy's settings; registering the type
-/// is one line in the `policy_types!` list below, which names it and gives it its
-/// place in the configuration, its schema and its documentation.
-pub trait PolicySettings: fmt::Debug + Send + Sync {
-    /// The per-engine caps; the policy checks them where its algorithm needs to.
-    fn admission(&self) -> &AdmissionLimits;
-
-    /// The per-engine caps, for editing.
-    fn admission_mut(&mut self) -> &mut AdmissionLimits;
-
-    /// Checks the settings beyond the caps (by default there are none).
-    ///
-    /// # Errors
-    /// The first invalid setting.
-    fn validate(&self) -> Result<(), PolicyConfigError> {
-        Ok(())
-    }
-
-    /// Checks that the policy can pick engines of `role` (by default, every role).
-    ///
-    /// # Errors
-    /// A role the policy cannot pick for.
-    fn check_role(&self, role: Role) -> Result<(), PolicyConfigError> {
-        let _ = role;
-        Ok(())
-    }
-
-    /// Whether the policy reads prefix ownership (and so needs token ids and a prefix
-    /// source).
-    fn needs_prefix_source(&self) -> bool {
-        false
-    }
-
-    /// Whether the policy keeps keys on engines (and so needs the affinity backend).
-    fn needs_affinity(&self) -> bool {
-        false
-    }
-
-    /// Builds the policy around the shared `handles`, with `admission` made from its
-    /// caps.
-    ///
-    /// # Errors
-    /// State the policy needs is missing from `handles`.
-    fn build(
-        &self,
-        admission: Arc<dyn EngineAdmission>,
-        handles: &PolicyHandles,
-    ) -> Result<Arc<dyn Policy>, PolicyConfigError>;
-}
-
-/// The two accessors of a settings struct's `admission` field, for its
-/// [`PolicySettings`] impl.
-macro_rules! admission_field {
-    () => {
-        fn admission(&self) -> &$crate::admission::AdmissionLimits {
-            &self.admission
-        }
-
-        fn admission_mut(&mut self) -> &mut $crate::admission::AdmissionLimits {
-            &mut self.admission
-        }
-    };
-}
-pub(crate) use admission_field;
+use crate::settings::{PolicyHandles, PolicySettings};
 
 /// Declares the policy types: `PolicyConfig` with one variant each, its `type` names
 /// and the dispatch to each type's [`PolicySettings`].
@@ -173,80 +108,6 @@ impl Default for PolicyConfig {
     /// `power_of_two` with no caps.
     fn default() -> Self {
         PolicyConfig::PowerOfTwo(PowerOfTwoConfig::default())
-    }
-}
-
-/// A configuration that cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PolicyConfigError {
-    /// An admission cap of zero.
-    #[error("admission.{limit} must be at least 1: a cap of 0 admits nothing")]
-    ZeroCap {
-        /// The cap's name.
-        limit: &'static str,
-    },
-    /// A setting outside its valid range.
-    #[error("{setting} {reason}")]
-    Invalid {
-        /// The setting's path within the policy.
-        setting: &'static str,
-        /// What the value must be.
-        reason: &'static str,
-    },
-    /// The policy cannot serve the group's role.
-    #[error("policy {policy} cannot pick {role} engines{hint}")]
-    WrongRole {
-        /// The policy type.
-        policy: &'static str,
-        /// The group's role.
-        role: Role,
-        /// What to do instead.
-        hint: &'static str,
-    },
-    /// The policy needs shared state the application did not provide.
-    #[error("policy {policy} needs {needs}")]
-    MissingState {
-        /// The policy type.
-        policy: &'static str,
-        /// What is missing and how to provide it.
-        needs: &'static str,
-    },
-}
-
-/// The shared state policies are built with. Application wiring creates each handle
-/// once; every policy holds clones of the same `Arc`s.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PolicyHandles {
-    /// Reported engine load and router-local request accounting.
-    pub load: Arc<EngineReportedLoadTable>,
-    /// The model's prefix-ownership source, for cache-aware policies.
-    pub prefix: Option<Arc<dyn CacheSource>>,
-    /// Where affinity policies keep session and routing-key engines.
-    pub affinity: Option<AffinityBackend>,
-}
-
-impl PolicyHandles {
-    /// Handles around a load table, with no prefix source.
-    pub fn new(load: Arc<EngineReportedLoadTable>) -> Self {
-        Self {
-            load,
-            prefix: None,
-            affinity: None,
-        }
-    }
-
-    /// Sets where session-aware and sticky policies keep their keys' engines.
-    pub fn with_affinity(mut self, backend: Option<AffinityBackend>) -> Self {
-        self.affinity = backend;
-        self
-    }
-
-    /// Sets the prefix source cache-aware policies read.
-    pub fn with_prefix_source(mut self, source: Option<Arc<dyn CacheSource>>) -> Self {
-        self.prefix = source;
-        self
     }
 }
 
@@ -416,7 +277,11 @@ mod tests {
             "admission.max_inflight_requests must be at least 1: a cap of 0 admits nothing"
         );
         let engines = router_state::test_util::fleet("m", router_state::Role::Plain, "e", 1);
-        let request = crate::PickRequest::new("m", router_state::Role::Plain, "b", 10);
+        let request = crate::PickRequest::new(
+            crate::RequestFacts::new("m", 10),
+            router_state::Role::Plain,
+            "b",
+        );
         for name in ["round_robin", "random", "power_of_two", "load_based"] {
             let policy = parse(&format!(r#"{{"type": "{name}"}}"#))
                 .unwrap()
@@ -444,7 +309,11 @@ mod tests {
     async fn a_configured_seed_makes_choices_reproducible() {
         let handles = PolicyHandles::new(Arc::default());
         let engines = router_state::test_util::fleet("m", router_state::Role::Plain, "e", 16);
-        let request = crate::PickRequest::new("m", router_state::Role::Plain, "b", 10);
+        let request = crate::PickRequest::new(
+            crate::RequestFacts::new("m", 10),
+            router_state::Role::Plain,
+            "b",
+        );
         for name in ["random", "power_of_two"] {
             let config = parse(&format!(r#"{{"type": "{name}", "seed": 42}}"#)).unwrap();
             let (a, b) = (

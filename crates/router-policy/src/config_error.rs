@@ -1,7 +1,48 @@
-//! The one configuration error every layer reports: what is wrong, and the path of
-//! the field it concerns.
+//! What is wrong with a configuration: a policy's settings that cannot be built
+//! ([`PolicyConfigError`]), and the one error every layer reports, with the path of
+//! the field it concerns ([`ConfigError`]).
 
 use std::fmt;
+
+use router_state::Role;
+
+/// A configuration that cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyConfigError {
+    /// An admission cap of zero.
+    #[error("admission.{limit} must be at least 1: a cap of 0 admits nothing")]
+    ZeroCap {
+        /// The cap's name.
+        limit: &'static str,
+    },
+    /// A setting outside its valid range.
+    #[error("{setting} {reason}")]
+    Invalid {
+        /// The setting's path within the policy.
+        setting: &'static str,
+        /// What the value must be.
+        reason: &'static str,
+    },
+    /// The policy cannot serve the group's role.
+    #[error("policy {policy} cannot pick {role} engines{hint}")]
+    WrongRole {
+        /// The policy type.
+        policy: &'static str,
+        /// The group's role.
+        role: Role,
+        /// What to do instead.
+        hint: &'static str,
+    },
+    /// The policy needs shared state the application did not provide.
+    #[error("policy {policy} needs {needs}")]
+    MissingState {
+        /// The policy type.
+        policy: &'static str,
+        /// What is missing and how to provide it.
+        needs: &'static str,
+    },
+}
 
 /// A configuration problem and the path of the field it concerns, e.g.
 /// `models[0].buckets[1].groups.pd.decode.engine_ids[0]`. A layer reports paths

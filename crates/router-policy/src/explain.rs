@@ -14,7 +14,7 @@ use router_state::{EngineId, EngineMetrics, Role};
 
 use crate::admission::AdmissionLimits;
 use crate::error::{LimitExceeded, PickError};
-use crate::policy::PickReason;
+use crate::pick::PickReason;
 
 /// One thing a selection saw or decided, in one bucket and stage.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,11 +8,14 @@ use router_state::{Engine, EngineReportedLoadTable};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{AdmissionLimits, EngineAdmission, admit};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
+use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::config_error::PolicyConfigError;
 use crate::error::PickError;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
-use crate::walk::first_admitted;
+use crate::future::BoxFuture;
+use crate::pick::{Pick, PickReason};
+use crate::policy::{PickRequest, Policy};
+use crate::settings::{PolicyHandles, PolicySettings, admission_field};
+use crate::walk::{admit, first_admitted};
 
 /// Chooses the least loaded candidate.
 ///

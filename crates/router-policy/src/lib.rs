@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use router_policy::{AdmissionLimits, PickRequest, Policy, PowerOfTwoPolicy};
+//! use router_policy::{AdmissionLimits, PickRequest, Policy, PowerOfTwoPolicy, RequestFacts};
 //! use router_state::{EngineReportedLoadTable, Role, Engine};
 //!
 //! let load = Arc::new(EngineReportedLoadTable::default());
@@ -26,7 +26,7 @@
 //! // A1 is busy: power-of-two prefers an idle engine whenever A1 is sampled.
 //! let _busy: Vec<_> = (0..4).map(|_| load.acquire(engines[0].id())).collect();
 //!
-//! let request = PickRequest::new("chat", Role::Plain, "any-length", 512);
+//! let request = PickRequest::new(RequestFacts::new("chat", 512), Role::Plain, "any-length");
 //! # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
 //! let pick = policy.pick(&engines, &request).await?;
 //! assert_ne!(pick.engine.id().as_str(), "A1");
@@ -44,33 +44,40 @@ mod config_error;
 mod dropped;
 mod error;
 mod explain;
+mod facts;
+mod future;
 mod least_load;
+mod pick;
 mod policy;
 mod power_of_two;
 mod pressure;
 mod random;
 mod rng;
 mod round_robin;
+mod settings;
 mod walk;
 
 pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
 pub use affinity::{
-    AffinityBackend, SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback,
-    StickyPolicy,
+    SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback, StickyPolicy,
 };
 pub use cache::{
     CacheLookup, CacheQueryError, CacheSource, LocalCacheSource, PrefixHits, PrefixMemo,
 };
 pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy, CandidateBounds, PressureGuard, Real};
-pub use config::{PolicyConfig, PolicyConfigError, PolicyHandles, PolicySettings};
-pub use config_error::ConfigError;
+pub use config::PolicyConfig;
+pub use config_error::{ConfigError, PolicyConfigError};
 pub use dropped::{
     DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,
 };
 pub use error::{LimitExceeded, PickError, Rejection};
 pub use explain::{Explanation, Observation};
+pub use facts::{RequestFacts, expected_peak};
+pub use future::BoxFuture;
 pub use least_load::{LeastLoadPolicy, LoadBasedConfig};
-pub use policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+pub use pick::{Pick, PickReason};
+pub use policy::{PickRequest, Policy};
 pub use power_of_two::{PowerOfTwoConfig, PowerOfTwoPolicy};
 pub use random::{RandomConfig, RandomPolicy};
 pub use round_robin::{RoundRobinConfig, RoundRobinPolicy};
+pub use settings::{AffinityBackend, PolicyHandles, PolicySettings};

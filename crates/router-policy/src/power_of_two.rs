@@ -8,12 +8,16 @@ use router_state::{Engine, EngineReportedLoadTable};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{AdmissionLimits, EngineAdmission, admit};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
+use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::config_error::PolicyConfigError;
 use crate::error::PickError;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::future::BoxFuture;
+use crate::pick::{Pick, PickReason};
+use crate::policy::{PickRequest, Policy};
 use crate::pressure::{Basis, compare};
 use crate::rng::SharedRng;
+use crate::settings::{PolicyHandles, PolicySettings, admission_field};
+use crate::walk::admit;
 
 /// Samples two distinct candidates uniformly and keeps the one under lower stage
 /// pressure (a complete tie keeps the first sampled); a single candidate is taken
@@ -73,7 +77,7 @@ impl PowerOfTwoPolicy {
                 .two_distinct(engines.len());
             let (a, b) = (&engines[i], &engines[j]);
             let (oa, ob) = (snapshot.observe(a.id()), snapshot.observe(b.id()));
-            let (order, basis) = compare(stage, &oa, &ob, request.input_tokens);
+            let (order, basis) = compare(stage, &oa, &ob, request.facts.input_tokens);
             let reason = match basis {
                 Basis::Reported => PickReason::PowerOfTwoReported,
                 Basis::Local => PickReason::PowerOfTwoLocal,

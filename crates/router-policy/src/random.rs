@@ -7,11 +7,15 @@ use router_state::{Engine, EngineReportedLoadTable};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{AdmissionLimits, EngineAdmission, admit};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
+use crate::admission::{AdmissionLimits, EngineAdmission};
+use crate::config_error::PolicyConfigError;
 use crate::error::PickError;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::future::BoxFuture;
+use crate::pick::{Pick, PickReason};
+use crate::policy::{PickRequest, Policy};
 use crate::rng::SharedRng;
+use crate::settings::{PolicyHandles, PolicySettings, admission_field};
+use crate::walk::admit;
 
 /// Chooses a candidate uniformly at random. When admission rejects it, the choice is
 /// made again uniformly among the admitted candidates; when all are rejected the pick

@@ -9,9 +9,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
+use crate::config_error::PolicyConfigError;
 use crate::error::PickError;
-use crate::policy::{BoxFuture, Pick, PickReason, PickRequest, Policy};
+use crate::future::BoxFuture;
+use crate::pick::{Pick, PickReason};
+use crate::policy::{PickRequest, Policy};
+use crate::settings::{PolicyHandles, PolicySettings, admission_field};
 use crate::walk::first_admitted;
 
 /// Takes the candidates in turn. Each instance (one per engine group) has its own

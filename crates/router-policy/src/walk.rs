@@ -1,12 +1,49 @@
-//! Walking candidates in a policy's preference order until admission accepts one.
+//! Admission within a pick: checking the engine a policy chose ([`admit`], recorded
+//! when the request is), and walking candidates in a policy's preference order until
+//! admission accepts one ([`first_admitted`]).
 
 use std::sync::Arc;
 
-use router_state::{Engine, LoadSnapshot};
+use router_state::{Engine, EngineMetrics, LoadSnapshot};
 
-use crate::admission::{EngineAdmission, admit};
+use crate::admission::{AdmissionDecision, EngineAdmission};
 use crate::error::{PickError, Rejection};
-use crate::policy::{Pick, PickReason, PickRequest};
+use crate::explain::Observation;
+use crate::pick::{Pick, PickReason};
+use crate::policy::PickRequest;
+
+/// Runs `admission` on a chosen engine: `Ok(None)` admits, `Ok(Some(_))` is a
+/// rejection, and a check that cannot run is an invalid signal. A recorded request
+/// records the check.
+pub(crate) fn admit(
+    admission: &dyn EngineAdmission,
+    engine: &Engine,
+    metrics: &EngineMetrics,
+    request: &PickRequest<'_>,
+) -> Result<Option<Rejection>, PickError> {
+    let exceeded = match admission.check(engine, metrics) {
+        Ok(AdmissionDecision::Allow) => None,
+        Ok(AdmissionDecision::Reject(exceeded)) => Some(exceeded),
+        Err(e) => {
+            return Err(PickError::InvalidSignal {
+                stage: Some(request.stage),
+                message: e.to_string(),
+            });
+        }
+    };
+    request.observe(|| Observation::Admission {
+        bucket: request.bucket_id.to_owned(),
+        stage: request.stage,
+        engine: engine.id().clone(),
+        metrics: *metrics,
+        caps: admission.limits(),
+        rejected: exceeded,
+    });
+    Ok(exceeded.map(|exceeded| Rejection {
+        engine: engine.id().clone(),
+        exceeded,
+    }))
+}
 
 /// Checks engines in `order` and returns the first one admission accepts. The first
 /// engine of the order is credited with `first_reason`, any later one with

@@ -10,7 +10,7 @@ use common::{engines, runtime, table};
 use proptest::prelude::*;
 use router_policy::{
     AdmissionLimits, AffinityBackend, PickError, PickReason, PickRequest, Policy, PolicyConfig,
-    PolicyConfigError, PolicyHandles, SessionAwarePolicy,
+    PolicyConfigError, PolicyHandles, RequestFacts, SessionAwarePolicy,
 };
 use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore, rendezvous};
 use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
@@ -46,7 +46,11 @@ fn scope() -> AffinityScope<'static> {
 }
 
 fn session(key: &str) -> PickRequest<'_> {
-    PickRequest::new("m", Role::Plain, "b", 100).with_session_key(Some(key))
+    PickRequest::new(
+        RequestFacts::new("m", 100).with_session_key(Some(key)),
+        Role::Plain,
+        "b",
+    )
 }
 
 fn pick(
@@ -115,7 +119,11 @@ fn a_binding_outside_the_candidates_is_replaced() {
         .bind_if_absent(scope(), "s", &EngineId::from("gone"))
         .unwrap();
     let policy = build(r#"{"type": "sticky"}"#, &store, &load);
-    let request = PickRequest::new("m", Role::Plain, "b", 100).with_routing_key(Some("s"));
+    let request = PickRequest::new(
+        RequestFacts::new("m", 100).with_routing_key(Some("s")),
+        Role::Plain,
+        "b",
+    );
     let (engine, reason) = pick(policy.as_ref(), &fleet, &request).unwrap();
     assert_eq!(reason, PickReason::AffinityAssigned);
     assert_eq!(
@@ -136,7 +144,11 @@ fn keyless_and_empty_keys_use_the_fallback_and_bind_nothing() {
     );
     let mut seen = Vec::new();
     for key in [None, Some(""), None] {
-        let request = PickRequest::new("m", Role::Plain, "b", 100).with_routing_key(key);
+        let request = PickRequest::new(
+            RequestFacts::new("m", 100).with_routing_key(key),
+            Role::Plain,
+            "b",
+        );
         let (engine, reason) = pick(policy.as_ref(), &fleet, &request).unwrap();
         assert_eq!(reason, PickReason::RoundRobin);
         seen.push(engine);
@@ -145,7 +157,11 @@ fn keyless_and_empty_keys_use_the_fallback_and_bind_nothing() {
     assert!(store.is_empty());
     // A session key does not bind a sticky policy, nor a routing key a session one.
     let session_policy = build(r#"{"type": "session_aware"}"#, &store, &load);
-    let request = PickRequest::new("m", Role::Plain, "b", 100).with_routing_key(Some("r"));
+    let request = PickRequest::new(
+        RequestFacts::new("m", 100).with_routing_key(Some("r")),
+        Role::Plain,
+        "b",
+    );
     pick(session_policy.as_ref(), &fleet, &request).unwrap();
     assert!(store.is_empty());
 }
@@ -265,12 +281,13 @@ proptest! {
                 .map(|(_, e)| Arc::clone(e))
                 .collect();
             let key = step.key.map(|k| format!("k{k}"));
-            let request = PickRequest::new("m", Role::Plain, "b", 100);
-            let request = if sticky {
-                request.with_routing_key(key.as_deref())
+            let facts = RequestFacts::new("m", 100);
+            let facts = if sticky {
+                facts.with_routing_key(key.as_deref())
             } else {
-                request.with_session_key(key.as_deref())
+                facts.with_session_key(key.as_deref())
             };
+            let request = PickRequest::new(facts, Role::Plain, "b");
             let bindings = store.len();
             let before = key.as_deref().map(|k| store.get(scope(), k).unwrap());
             let result = runtime().block_on(policy.pick(&candidates, &request));
@@ -378,7 +395,11 @@ fn rendezvous_sends_a_key_to_its_first_admitted_engine_on_every_replica() {
         build_with(json, AffinityBackend::Rendezvous, &load),
     ];
     let keyed = |key: &'static str| {
-        PickRequest::new("m", Role::Plain, "b", 100).with_routing_key(Some(key))
+        PickRequest::new(
+            RequestFacts::new("m", 100).with_routing_key(Some(key)),
+            Role::Plain,
+            "b",
+        )
     };
     for key in ["a", "b", "c", "d", "e", "f"] {
         let order = rendezvous::order(key, &fleet, |e| e.id());
@@ -414,7 +435,7 @@ fn rendezvous_sends_a_key_to_its_first_admitted_engine_on_every_replica() {
             order[1].id().to_string()
         );
     }
-    let keyless = PickRequest::new("m", Role::Plain, "b", 100);
+    let keyless = PickRequest::new(RequestFacts::new("m", 100), Role::Plain, "b");
     assert_eq!(
         pick(replicas[0].as_ref(), &fleet, &keyless).unwrap().1,
         PickReason::RoundRobin,

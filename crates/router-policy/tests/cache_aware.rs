@@ -11,10 +11,13 @@ use common::{caps, engines, no_caps, report_native, runtime, table};
 use router_policy::{
     BoxFuture, CacheAwareConfig, CacheAwarePolicy, CacheLookup, CacheQueryError, CacheSource,
     LocalCacheSource, PickError, PickReason, PickRequest, Policy, PolicyConfig, PolicyConfigError,
-    PolicyHandles, PrefixHits, PrefixMemo, Real,
+    PolicyHandles, PrefixHits, PrefixMemo, Real, RequestFacts,
 };
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
 use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
+use serde::Deserialize as _;
+use serde::de::IntoDeserializer as _;
+use serde::de::value::F64Deserializer;
 
 const BLOCK: u32 = 16;
 const PROMPT: u64 = 4096;
@@ -102,7 +105,11 @@ impl Setup {
     }
 
     fn request(&self) -> PickRequest<'_> {
-        PickRequest::new("m", Role::Plain, "b", PROMPT).with_token_ids(Some(&self.tokens))
+        PickRequest::new(
+            RequestFacts::new("m", PROMPT).with_token_ids(Some(&self.tokens)),
+            Role::Plain,
+            "b",
+        )
     }
 
     fn pick(&self, policy: &dyn Policy) -> Result<(String, PickReason, Option<u64>), PickError> {
@@ -158,7 +165,7 @@ fn hits_below_the_minimum_or_the_ratio_gate_are_misses() {
 
     let half = Scripted::hits(&[("e2", cached(2048))]);
     let gated = CacheAwareConfig {
-        min_match_ratio: Some(Real(0.6)),
+        min_match_ratio: Some(Real::new(0.6).unwrap()),
         ..CacheAwareConfig::default()
     };
     assert_eq!(
@@ -166,7 +173,7 @@ fn hits_below_the_minimum_or_the_ratio_gate_are_misses() {
         PickReason::CacheMiss
     );
     let lenient = CacheAwareConfig {
-        min_match_ratio: Some(Real(0.5)),
+        min_match_ratio: Some(Real::new(0.5).unwrap()),
         ..CacheAwareConfig::default()
     };
     assert_eq!(s.pick(&s.policy(half, lenient)).unwrap().0, "e2");
@@ -344,7 +351,7 @@ fn an_unavailable_source_falls_back_visibly_and_a_refused_query_is_an_error() {
     // Without token ids there is nothing to look up.
     let source = Scripted::hits(&[("e1", cached(4096))]);
     let policy = s.policy(source.clone(), CacheAwareConfig::default());
-    let request = PickRequest::new("m", Role::Plain, "b", PROMPT);
+    let request = PickRequest::new(RequestFacts::new("m", PROMPT), Role::Plain, "b");
     let pick = runtime()
         .block_on(policy.pick(&s.engines, &request))
         .unwrap();
@@ -362,7 +369,12 @@ fn one_request_looks_its_prefix_up_once_per_source() {
     let second = s.policy(source.clone(), CacheAwareConfig::default());
     let elsewhere = s.policy(other.clone(), CacheAwareConfig::default());
     let memo = PrefixMemo::new();
-    let request = s.request().with_prefix_memo(Some(&memo));
+    let request = s.request();
+    let request = PickRequest::new(
+        request.facts.with_prefix_memo(Some(&memo)),
+        request.stage,
+        request.bucket_id,
+    );
     let rt = runtime();
     for policy in [&first, &second, &first] {
         assert_eq!(
@@ -461,7 +473,7 @@ fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
     let weighted = s.policy(
         source(),
         CacheAwareConfig {
-            slower_tier_weight: Real(0.5),
+            slower_tier_weight: Real::new(0.5).unwrap(),
             ..CacheAwareConfig::default()
         },
     );
@@ -471,7 +483,7 @@ fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
         "3072 host tokens at half weight are worth less than 2048 on the device"
     );
     let zero = CacheAwareConfig {
-        slower_tier_weight: Real(0.0),
+        slower_tier_weight: Real::new(0.0).unwrap(),
         ..CacheAwareConfig::default()
     };
     let worthless = s.policy(source(), zero.clone());
@@ -488,14 +500,28 @@ fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
 
 #[test]
 fn a_slower_tier_weight_outside_0_to_1_is_refused() {
-    for weight in [-0.1, 1.5, f64::NAN] {
+    for weight in [-0.1, 1.5] {
         let config = CacheAwareConfig {
-            slower_tier_weight: Real(weight),
+            slower_tier_weight: Real::new(weight).unwrap(),
             ..CacheAwareConfig::default()
         };
         let err = config.validate().unwrap_err();
         assert!(err.to_string().contains("slower_tier_weight"), "{err}");
     }
+}
+
+#[test]
+fn a_real_is_finite() {
+    for value in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        assert_eq!(Real::new(value), None, "{value} is refused");
+    }
+    assert_eq!(Real::new(-0.5).map(Real::get), Some(-0.5));
+    let infinite: F64Deserializer<serde::de::value::Error> = f64::INFINITY.into_deserializer();
+    let err = Real::deserialize(infinite).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid value: floating point `inf`, expected a finite number"
+    );
 }
 
 #[test]
@@ -533,7 +559,7 @@ fn cache_aware_is_for_plain_and_prefill_groups_and_needs_a_prefix_source() {
     // A policy built anyway refuses to pick decode engines.
     let s = Setup::new(2);
     let policy = s.policy(Scripted::hits(&[]), CacheAwareConfig::default());
-    let request = PickRequest::new("m", Role::Decode, "b", PROMPT);
+    let request = PickRequest::new(RequestFacts::new("m", PROMPT), Role::Decode, "b");
     let err = runtime()
         .block_on(policy.pick(&s.engines, &request))
         .unwrap_err();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{engines, report_native, runtime, table};
 use router_policy::{
     AffinityBackend, Explanation, LimitExceeded, LocalCacheSource, Observation, Pick, PickReason,
-    PickRequest, Policy, PolicyConfig, PolicyHandles,
+    PickRequest, Policy, PolicyConfig, PolicyHandles, RequestFacts,
 };
 use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore};
 use router_state::kv_events::{IndexConfig, PrefixIndex};
@@ -66,12 +66,20 @@ fn every_policys_explained_pick_is_the_next_real_pick_and_changes_nothing() {
         let policy = build(json, &load, &store);
         for round in 0..24 {
             let key = format!("k{}", round % 4);
-            let request = PickRequest::new("m", Role::Plain, "b", 100)
-                .with_token_ids(Some(&tokens))
-                .with_session_key(Some(&key))
-                .with_routing_key(Some(&key));
+            let request = PickRequest::new(
+                RequestFacts::new("m", 100)
+                    .with_token_ids(Some(&tokens))
+                    .with_session_key(Some(&key))
+                    .with_routing_key(Some(&key)),
+                Role::Plain,
+                "b",
+            );
             let explanation = Explanation::dry_run();
-            let explained = request.with_explanation(Some(&explanation));
+            let explained = PickRequest::new(
+                request.facts.with_explanation(Some(&explanation)),
+                request.stage,
+                request.bucket_id,
+            );
             let first = pick(policy.as_ref(), &engines, &explained);
             let second = pick(policy.as_ref(), &engines, &explained);
             assert_eq!(
@@ -100,12 +108,20 @@ fn an_explained_session_pick_binds_nothing() {
     let load = table(&engines);
     let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
     let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
-    let request = PickRequest::new("m", Role::Plain, "b", 100).with_session_key(Some("s"));
+    let request = PickRequest::new(
+        RequestFacts::new("m", 100).with_session_key(Some("s")),
+        Role::Plain,
+        "b",
+    );
     let explanation = Explanation::dry_run();
     let explained = pick(
         policy.as_ref(),
         &engines,
-        &request.with_explanation(Some(&explanation)),
+        &PickRequest::new(
+            request.facts.with_explanation(Some(&explanation)),
+            request.stage,
+            request.bucket_id,
+        ),
     );
     assert_eq!(explained.1, PickReason::AffinityAssigned);
     let scope = AffinityScope {
@@ -142,7 +158,11 @@ fn rejections_are_recorded_with_the_cap_and_the_figures_read() {
     report_native(&load, &engines[0], 0, 5);
     report_native(&load, &engines[1], 0, 1);
     let explanation = Explanation::dry_run();
-    let request = PickRequest::new("m", Role::Plain, "b", 100).with_explanation(Some(&explanation));
+    let request = PickRequest::new(
+        RequestFacts::new("m", 100).with_explanation(Some(&explanation)),
+        Role::Plain,
+        "b",
+    );
     let (engine, reason, _) = pick(policy.as_ref(), &engines, &request);
     assert_eq!((engine.as_str(), reason), ("e1", PickReason::NextAdmitted));
     let admissions: Vec<Checked> = explanation
@@ -185,9 +205,13 @@ fn a_recorded_pick_is_made_as_usual_and_recorded() {
     let store = Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
     let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
     let recording = Explanation::recording();
-    let request = PickRequest::new("m", Role::Plain, "b", 100)
-        .with_session_key(Some("s"))
-        .with_explanation(Some(&recording));
+    let request = PickRequest::new(
+        RequestFacts::new("m", 100)
+            .with_session_key(Some("s"))
+            .with_explanation(Some(&recording)),
+        Role::Plain,
+        "b",
+    );
     assert!(!request.is_dry_run());
     let (engine, reason, _) = pick(policy.as_ref(), &engines, &request);
     assert_eq!(reason, PickReason::AffinityAssigned);
@@ -216,9 +240,17 @@ async fn an_explanation_does_not_keep_a_binding_alive() {
         ..AffinityConfig::default()
     }));
     let policy = build(r#"{"type": "session_aware", "seed": 9}"#, &load, &store);
-    let request = PickRequest::new("m", Role::Plain, "b", 100).with_session_key(Some("s"));
+    let request = PickRequest::new(
+        RequestFacts::new("m", 100).with_session_key(Some("s")),
+        Role::Plain,
+        "b",
+    );
     let explanation = Explanation::dry_run();
-    let explained = request.with_explanation(Some(&explanation));
+    let explained = PickRequest::new(
+        request.facts.with_explanation(Some(&explanation)),
+        request.stage,
+        request.bucket_id,
+    );
     let reason = |pick: Result<Pick, _>| pick.expect("a pick").reason;
     assert_eq!(
         reason(policy.pick(&engines, &request).await),

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use router_replay::{ReplaySettings, SharedPrefixWorkload, oracle_cached_tokens, replay};
-//! use router_http::{EngineConfig, ModelConfig, RouterConfig};
+//! use router_config::{EngineConfig, ModelConfig, RouterConfig};
 //!
 //! let engines = (0..4).map(|i| EngineConfig::new(format!("e{i}"), format!("http://e{i}:8000"))).collect();
 //! let config = RouterConfig::new(vec![ModelConfig::new("m", engines)]);
@@ -25,15 +25,19 @@
 //! ```
 
 mod engine;
+mod error;
 mod host;
+mod policies;
 mod report;
 mod router;
 mod sim;
 mod trace;
 mod workload;
 
+pub use error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
+pub use policies::{seeded, with_policy};
 pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
-pub use router::{seeded, with_policy};
+pub use router::selection;
 pub use sim::{HostTier, LaggingFeeds, ReplaySettings};
 pub use trace::{
     MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
@@ -41,25 +45,7 @@ pub use trace::{
 };
 pub use workload::{SharedPrefixWorkload, uncached_capacity};
 
-use router_http::RouterConfig;
-
-/// Why a replay could not run.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReplayError {
-    /// The configuration describes a router the replay cannot build.
-    #[error("configuration: {0}")]
-    Config(String),
-    /// The trace asks for something the configuration does not serve.
-    #[error("trace: {0}")]
-    Trace(String),
-    /// The modelled engines' feeds did not decode (a defect).
-    #[error("engine model: {0}")]
-    Model(String),
-    /// The replay's runtime could not start.
-    #[error("starting the replay clock: {0}")]
-    Runtime(#[from] std::io::Error),
-}
+use router_config::RouterConfig;
 
 /// Replays `trace` through the router `config` describes, with every policy of type
 /// `policy` when one is given (see [`with_policy`]); policies that draw random numbers

@@ -14,13 +14,13 @@ use std::time::Duration;
 use engine_sim::{
     EngineSpec, EventForm, PageKey, encode_batch, encode_load_stat, extend_page_keys,
 };
-use router_buckets::{BucketRequest, SelectError};
-use router_policy::{Pick, PrefixMemo};
+use router_buckets::SelectError;
+use router_policy::{Pick, PrefixMemo, RequestFacts};
 use router_state::kv_events::decode_batch;
 use router_state::{EngineId, InflightGuard, LoadReport};
 
-use crate::ReplayError;
 use crate::engine::{Rank, Run, micros};
+use crate::error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 use crate::report::{Outcome, RunReport};
 use crate::router::Router;
 use crate::trace::{Segment, TraceRequest};
@@ -71,17 +71,17 @@ pub struct LaggingFeeds {
 }
 
 /// The most running slots per rank a replay models.
-const MAX_SLOTS: u32 = 1 << 16;
+pub(crate) const MAX_SLOTS: u32 = 1 << 16;
 /// The slowest nonzero rate, tokens per second: a step of at most a second.
-const MIN_RATE: f64 = 1.0;
+pub(crate) const MIN_RATE: f64 = 1.0;
 /// The fastest rate, tokens per second.
-const MAX_RATE: f64 = 1e9;
+pub(crate) const MAX_RATE: f64 = 1e9;
 /// The longest KV-event delay.
-const MAX_KV_DELAY: Duration = Duration::from_secs(60);
+pub(crate) const MAX_KV_DELAY: Duration = Duration::from_secs(60);
 /// The most host-tier pages per rank.
-const MAX_HOST_PAGES: usize = 1 << 26;
+pub(crate) const MAX_HOST_PAGES: usize = 1 << 26;
 /// The costliest host load, as a share of prefilling.
-const MAX_LOAD_COST: f64 = 10.0;
+pub(crate) const MAX_LOAD_COST: f64 = 10.0;
 
 impl ReplaySettings {
     /// Checks the settings' bounds.
@@ -90,44 +90,32 @@ impl ReplaySettings {
     /// The first setting out of its bounds.
     pub fn check(&self) -> Result<(), ReplayError> {
         let spec = &self.engine;
-        let fail = |message: String| Err(ReplayError::Config(message));
         if !(1..=MAX_SLOTS).contains(&spec.max_running_requests) {
-            return fail(format!("engine slots must be 1 to {MAX_SLOTS}"));
+            return Err(SettingsError::Slots.into());
         }
-        for (name, rate) in [
+        for (stage, rate) in [
             ("prefill", spec.prefill_tokens_per_sec),
             ("decode", spec.decode_tokens_per_sec),
         ] {
             if !(rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(&rate)) {
-                return fail(format!(
-                    "the {name} rate must be 0 (instant) or {MIN_RATE} to {MAX_RATE} tokens a second, not {rate}"
-                ));
+                return Err(SettingsError::Rate { stage, rate }.into());
             }
         }
         if spec.page_size == 0 || spec.kv_capacity_tokens < u64::from(spec.page_size) {
-            return fail("the engines' KV cache must hold at least one page".into());
+            return Err(SettingsError::KvCapacity.into());
         }
         if self.lagging_feeds.engines > 0 && self.lagging_feeds.delay < self.kv_delay {
-            return fail(
-                "lagging feeds must take at least the KV-event delay of the others".into(),
-            );
+            return Err(SettingsError::LaggingDelay.into());
         }
         if self.kv_delay.max(self.lagging_feeds.delay) > MAX_KV_DELAY {
-            return fail(format!(
-                "KV-event delays must be at most {} s",
-                MAX_KV_DELAY.as_secs()
-            ));
+            return Err(SettingsError::KvDelay.into());
         }
         if self.host_tier.pages > MAX_HOST_PAGES {
-            return fail(format!(
-                "the host tier must hold at most {MAX_HOST_PAGES} pages"
-            ));
+            return Err(SettingsError::HostPages.into());
         }
         let cost = self.host_tier.load_cost;
         if !(0.0..=MAX_LOAD_COST).contains(&cost) {
-            return fail(format!(
-                "the host load cost must be 0 to {MAX_LOAD_COST} (a share of prefill time), not {cost}"
-            ));
+            return Err(SettingsError::HostLoadCost { cost }.into());
         }
         Ok(())
     }
@@ -299,19 +287,21 @@ impl<'a> Replay<'a> {
         let spec = settings.engine;
         for (model_id, model) in &router.models {
             if model.block_size != spec.page_size {
-                return Err(ReplayError::Config(format!(
-                    "model {model_id} has block_size {} but the engines' page size is {}",
-                    model.block_size, spec.page_size
-                )));
+                return Err(SettingsError::PageSize {
+                    model: model_id.clone(),
+                    block_size: model.block_size,
+                    page_size: spec.page_size,
+                }
+                .into());
             }
         }
         let lagging = settings.lagging_feeds;
         if lagging.engines > router.engines.len() {
-            return Err(ReplayError::Config(format!(
-                "{} lagging feeds, but the configuration has {} engines",
-                lagging.engines,
-                router.engines.len()
-            )));
+            return Err(SettingsError::LaggingFeeds {
+                lagging: lagging.engines,
+                engines: router.engines.len(),
+            }
+            .into());
         }
         let engines: Vec<ModelEngine> = router
             .engines
@@ -367,25 +357,24 @@ impl<'a> Replay<'a> {
             self.queue.at(following.at_us, Event::Arrive);
         }
         let request = &self.trace[index];
-        let at = |message: String| ReplayError::Trace(format!("request {}: {message}", index + 1));
+        let at = |problem| ReplayError::Trace {
+            request: index + 1,
+            problem,
+        };
         let model_id = match (&request.model, self.only_model) {
             (Some(m), _) | (None, Some(m)) => m.as_str(),
             (None, None) => {
-                return Err(at(
-                    "it names no model and the configuration serves several".into()
-                ));
+                return Err(at(TraceMismatch::NoModel));
             }
         };
         let Some(model) = self.router.models.get(model_id) else {
-            return Err(at(format!(
-                "model {model_id:?} is not one the configuration serves"
-            )));
+            return Err(at(TraceMismatch::UnknownModel(model_id.to_owned())));
         };
         let tokens = request.tokens();
         let prefix = PrefixMemo::new();
-        let bucket_request = BucketRequest::new(model_id, tokens.len() as u64)
+        let bucket_request = RequestFacts::new(model_id, tokens.len() as u64)
             .with_max_output_tokens(Some(u64::from(request.output_tokens)))
-            .map_err(|e| at(e.to_string()))?
+            .map_err(|e| at(TraceMismatch::Refused(e)))?
             .with_token_ids(Some(&tokens))
             .with_prefix_memo(Some(&prefix))
             .with_session_key(request.session.as_deref());
@@ -399,7 +388,9 @@ impl<'a> Replay<'a> {
                 self.outcomes[index].rejected = true;
                 return Ok(());
             }
-            Err(SelectError::Stopped { error, .. }) => return Err(at(error.to_string())),
+            Err(SelectError::Stopped { error, .. }) => {
+                return Err(at(TraceMismatch::Refused(error)));
+            }
             // No bucket takes it, or no engine: the router answers an error.
             Err(_) => {
                 self.outcomes[index].failed = true;
@@ -529,13 +520,11 @@ impl<'a> Replay<'a> {
                     continue;
                 };
                 let payload = encode_load_stat(&sample, Some(r as u32));
-                let report = LoadReport::decode(&payload).map_err(|e| {
-                    ReplayError::Model(format!("a load report did not decode: {e}"))
-                })?;
+                let report = LoadReport::decode(&payload).map_err(ModelDefect::LoadReport)?;
                 self.router
                     .load
                     .ingest(&engine.id, r as u32, report, received)
-                    .map_err(|e| ReplayError::Model(e.to_string()))?;
+                    .map_err(ModelDefect::Ingest)?;
             }
         }
         if self.next < self.trace.len() || self.live > 0 {
@@ -557,17 +546,16 @@ impl<'a> Replay<'a> {
     fn deliver(&mut self, engine: usize) -> Result<(), ReplayError> {
         let engine = &mut self.engines[engine];
         let (rank, payload) = engine.in_flight.pop_front().expect("a batch is in flight");
-        let batch = decode_batch(&payload)
-            .map_err(|e| ReplayError::Model(format!("a KV-event batch did not decode: {e}")))?;
+        let batch = decode_batch(&payload).map_err(ModelDefect::KvBatch)?;
         if let Some(index) = &self.router.models[&engine.model].index {
             let outcome = index.apply(&engine.id, rank, &batch);
             // The model's events are well formed: a skip is a defect of the model.
             if let Some(skipped) = outcome.skipped.first() {
-                return Err(ReplayError::Model(format!(
-                    "the index skipped an event of engine {}: {}",
-                    engine.id,
-                    skipped.as_str()
-                )));
+                return Err(ModelDefect::Skipped {
+                    engine: engine.id.clone(),
+                    reason: *skipped,
+                }
+                .into());
             }
         }
         Ok(())

@@ -1,7 +1,8 @@
 //! Replays through the real selection code: deterministic, policy by policy.
 
 use router_replay::{
-    SharedPrefixWorkload, Summary, oracle_cached_tokens, replay, seeded, table, with_policy,
+    ReplayError, SettingsError, SharedPrefixWorkload, Summary, oracle_cached_tokens, replay,
+    seeded, table, with_policy,
 };
 
 use crate::common::{fleet, settings};
@@ -134,7 +135,7 @@ fn seeding_gives_unseeded_random_policies_the_seed_and_keeps_a_configured_one() 
 
 #[test]
 fn prefill_decode_fleets_are_refused_by_name() {
-    let config = router_http::RouterConfig::from_yaml(
+    let config = router_config::RouterConfig::from_yaml(
         "models:\n  - id: m\n    engines:\n      - {id: p, url: 'http://127.0.0.1:1', role: prefill}\n      - {id: d, url: 'http://127.0.0.1:2', role: decode}\n",
     )
     .unwrap();
@@ -150,4 +151,33 @@ fn prefill_decode_fleets_are_refused_by_name() {
         error.contains("models[0].engines[0].role") && error.contains("prefill/decode"),
         "{error}"
     );
+}
+
+#[test]
+fn an_error_says_what_it_carries_once() {
+    // The binary prints an error with its chain of sources: what a message already
+    // says is no source too.
+    let config = fleet(2, "");
+    let trace = SharedPrefixWorkload {
+        requests: 1,
+        ..SharedPrefixWorkload::default()
+    }
+    .generate();
+    let mut slotless = settings();
+    slotless.engine.max_running_requests = 0;
+    for error in [
+        replay(&config, &trace, Some("fastest"), &settings()).unwrap_err(),
+        replay(&config, &trace, None, &slotless).unwrap_err(),
+    ] {
+        assert!(std::error::Error::source(&error).is_none(), "{error}");
+    }
+    let slotless = replay(&config, &trace, None, &slotless).unwrap_err();
+    assert_eq!(
+        slotless.to_string(),
+        "configuration: engine slots must be 1 to 65536"
+    );
+    assert!(matches!(
+        slotless,
+        ReplayError::Settings(SettingsError::Slots)
+    ));
 }

@@ -5,6 +5,9 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+/// The most data-parallel ranks an engine may have (each rank gets its own feeds).
+pub const MAX_DP_SIZE: u32 = 1024;
+
 /// Stable identifier of an engine, unique within a router.
 ///
 /// Ids are what configuration, metrics, response headers and error messages name; they

@@ -50,7 +50,7 @@ mod registry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 
-pub use engine::{Engine, EngineId, Health, Role};
+pub use engine::{Engine, EngineId, Health, MAX_DP_SIZE, Role};
 pub use feed::{
     DEFAULT_MAX_FEED_MESSAGE_BYTES, Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource,
     Sequence, decode_envelope, spawn_load_subscriber,

@@ -1,7 +1,6 @@
-//! What an engine says about itself in `/server_info` (SGLang): its role, ports,
-//! data-parallel ranks and where it publishes load reports and KV events.
+//! What an engine says about itself in `/server_info` (SGLang): its disaggregation
+//! mode, ports, data-parallel ranks and where it publishes load reports and KV events.
 
-use router_state::Role;
 use serde_json::Value;
 
 use crate::url::url_host;
@@ -13,8 +12,9 @@ pub struct ServerInfo {
     /// Whether the engine served `/server_info` (SGLang does; vLLM has none and
     /// answers 404, which leaves every other field empty).
     pub served: bool,
-    /// From `disaggregation_mode`.
-    pub role: Option<Role>,
+    /// From `disaggregation_mode`: `None` when the engine does not say it, or says a
+    /// mode this crate does not know.
+    pub disaggregation_mode: Option<DisaggregationMode>,
     /// From `disaggregation_bootstrap_port`.
     pub bootstrap_port: Option<u16>,
     /// From `dp_size`: data-parallel ranks.
@@ -27,6 +27,19 @@ pub struct ServerInfo {
     /// `parent` (vLLM and SGLang list an adapter so), at most 1,024 names of at most
     /// 256 bytes each.
     pub adapters: Vec<String>,
+}
+
+/// An engine's part in prefill-decode disaggregation, as its `disaggregation_mode`
+/// says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DisaggregationMode {
+    /// `null` (the word, JSON `null` or any other value that is not a string): not
+    /// disaggregated, the engine serves whole requests.
+    Null,
+    /// `prefill`: the engine computes prompts and hands their KV to a decode engine.
+    Prefill,
+    /// `decode`: the engine generates from KV a prefill engine hands it.
+    Decode,
 }
 
 /// The most adapters read from an engine's `/v1/models`.
@@ -82,10 +95,12 @@ impl FeedEndpoint {
 /// Reads `/server_info` fields the router uses; a wildcard publisher host means the
 /// engine URL's host.
 pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
-    let role = match info["disaggregation_mode"].as_str() {
-        Some("prefill") => Some(Role::Prefill),
-        Some("decode") => Some(Role::Decode),
-        Some("null") | None if info.get("disaggregation_mode").is_some() => Some(Role::Plain),
+    let disaggregation_mode = match info["disaggregation_mode"].as_str() {
+        Some("prefill") => Some(DisaggregationMode::Prefill),
+        Some("decode") => Some(DisaggregationMode::Decode),
+        Some("null") | None if info.get("disaggregation_mode").is_some() => {
+            Some(DisaggregationMode::Null)
+        }
         _ => None,
     };
     let kv = &info["kv_events"];
@@ -113,7 +128,7 @@ pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
     });
     ServerInfo {
         served: true,
-        role,
+        disaggregation_mode,
         bootstrap_port: info["disaggregation_bootstrap_port"]
             .as_u64()
             .and_then(|p| u16::try_from(p).ok()),
@@ -136,7 +151,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_role_ports_and_the_load_feed_from_server_info() {
+    fn reads_the_mode_ports_and_the_load_feed_from_server_info() {
         let info = json!({
             "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998, "dp_size": 2,
             "kv_events": {"endpoint_host": "*", "endpoint_port_base": 5557, "replay_endpoint_port_base": 5570,
@@ -144,8 +159,12 @@ mod tests {
         });
         let parsed = parse_server_info(&info, "http://10.1.2.3:30000");
         assert_eq!(
-            (parsed.role, parsed.bootstrap_port, parsed.dp_size),
-            (Some(Role::Prefill), Some(8998), Some(2))
+            (
+                parsed.disaggregation_mode,
+                parsed.bootstrap_port,
+                parsed.dp_size
+            ),
+            (Some(DisaggregationMode::Prefill), Some(8998), Some(2))
         );
         let feed = parsed.load_feed.unwrap();
         assert_eq!(
@@ -167,7 +186,10 @@ mod tests {
             &json!({"disaggregation_mode": "null", "kv_events": null}),
             "http://h:1",
         );
-        assert_eq!((plain.role, plain.load_feed), (Some(Role::Plain), None));
+        assert_eq!(
+            (plain.disaggregation_mode, plain.load_feed),
+            (Some(DisaggregationMode::Null), None)
+        );
         assert_eq!(
             parse_server_info(&json!({}), "http://h:1"),
             ServerInfo {
@@ -176,5 +198,20 @@ mod tests {
             },
             "an answer without the fields says nothing but that it was served"
         );
+    }
+
+    #[test]
+    fn reads_each_disaggregation_mode_as_said() {
+        for (said, mode) in [
+            (json!("prefill"), Some(DisaggregationMode::Prefill)),
+            (json!("decode"), Some(DisaggregationMode::Decode)),
+            (json!("null"), Some(DisaggregationMode::Null)),
+            (json!(null), Some(DisaggregationMode::Null)),
+            (json!(0), Some(DisaggregationMode::Null)),
+            (json!("encode"), None),
+        ] {
+            let info = parse_server_info(&json!({"disaggregation_mode": said}), "http://h:1");
+            assert_eq!(info.disaggregation_mode, mode, "{said}");
+        }
     }
 }

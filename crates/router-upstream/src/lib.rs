@@ -24,7 +24,7 @@
 //! let engine = "http://127.0.0.1:30000";
 //! if upstream.probe(engine, Duration::from_secs(2)).await {
 //!     let info = upstream.server_info(engine).await;
-//!     println!("role: {:?}", info.and_then(|i| i.role));
+//!     println!("mode: {:?}", info.and_then(|i| i.disaggregation_mode));
 //!     let address = authority(engine).ok_or("not an engine URL")?;
 //!     let body = bytes::Bytes::from_static(br#"{"model":"m","prompt":"hi"}"#);
 //!     let response = upstream.post(&address, "/v1/completions", &[], &body).await?;
@@ -43,6 +43,6 @@ mod url;
 
 pub use client::{Upstream, UpstreamError, UpstreamTimeouts};
 pub use h1::{H1Body, H1Error};
-pub use info::{FeedEndpoint, KvFeedEndpoint, ServerInfo, parse_server_info};
+pub use info::{DisaggregationMode, FeedEndpoint, KvFeedEndpoint, ServerInfo, parse_server_info};
 pub use metrics_text::{ScrapedRank, parse_load_metrics};
 pub use url::{EngineUrlError, authority, check_engine_url, url_host};

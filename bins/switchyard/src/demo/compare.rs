@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use engine_sim::EngineSpec;
-use router_http::{EngineConfig, ModelConfig, RouterConfig};
+use router_config::{EngineConfig, ModelConfig, RouterConfig};
 use router_replay::{
     ReplaySettings, SharedPrefixWorkload, Summary, oracle_cached_tokens, replay, uncached_capacity,
 };

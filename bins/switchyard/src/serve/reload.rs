@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_http::{AppContext, ConfigError, RouterConfig};
+use router_config::RouterConfig;
+use router_http::{AppContext, ConfigError};
 use tokio::signal::unix::Signal;
 
 use super::{ServeArgs, overridden};

@@ -1,5 +1,5 @@
 use super::*;
-use crate::faults::FaultConfig;
+use crate::faults::{FaultConfig, FaultSet};
 
 fn spec(slots: u32) -> EngineSpec {
     EngineSpec {
@@ -23,7 +23,7 @@ fn with_events(
 ) -> (SimEngine, mpsc::UnboundedReceiver<PublisherMsg>) {
     let (tx, rx) = mpsc::unbounded_channel();
     (
-        SimEngine::build(spec, Arc::new(Faults::new(faults, 0)), vec![tx]),
+        SimEngine::build(spec, Arc::new(FaultSet::new(faults)), vec![tx]),
         rx,
     )
 }
@@ -134,7 +134,7 @@ async fn a_dropped_request_frees_its_slot_counters_and_pages() {
     let other = engine.serve((100..120).collect(), 0).await;
     assert_eq!(other.queued, Duration::ZERO, "the slot is free again");
     assert_eq!(
-        engine.ranks()[0].cached_pages(),
+        engine.ranks[0].cached_pages(),
         2,
         "the aborted request's pages were evictable"
     );

@@ -10,13 +10,15 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use router_config::{EngineConfig, EngineRole};
 use router_fleet::{Change, FleetError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::access::AdminAccess;
 use crate::app::AppContext;
-use crate::config::{AdminAccess, EngineConfig, EngineRole, engine_spec};
 use crate::error::ApiError;
+use crate::validated::engine_spec;
 
 /// The largest admin request body accepted.
 const MAX_ADMIN_BODY_BYTES: usize = 64 << 10;

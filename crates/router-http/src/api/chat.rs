@@ -1,6 +1,8 @@
 //! The routed endpoints: read the body, prepare the request as its endpoint reads
 //! it, run the model's bucket loop, count the picks and dispatch.
 
+mod ready;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,25 +15,25 @@ use axum::routing::{MethodRouter, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use opentelemetry::KeyValue;
 use parking_lot::Mutex;
-use router_buckets::BucketRequest;
-use router_policy::{Explanation, PrefixMemo};
+use router_buckets::{SelectError, Selection};
+use router_policy::{Explanation, PrefixMemo, RequestFacts};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
 use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
 use crate::attempts;
-use crate::config::PdProtocol;
 use crate::decisions::PendingRecord;
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
 use crate::explanation;
 use crate::metrics::{BucketLabels, RequestLabels};
-use crate::prepare::{Endpoint, Prepared, prepare};
+use crate::prepare::Endpoint;
 use crate::routing::ModelRoute;
 use crate::trace::{TraceContext, Tracing};
-use opentelemetry::KeyValue;
+pub(super) use ready::{Ready, ready};
 
 /// The longest client `x-request-id` kept, in bytes.
 const MAX_REQUEST_ID_BYTES: usize = 128;
@@ -187,24 +189,6 @@ impl Drop for Unanswered<'_> {
     }
 }
 
-/// The most served models a missing-model error names.
-const NAMED_MODELS: usize = 8;
-
-/// The served models `ids`, quoted, for an error: the first [`NAMED_MODELS`], then how
-/// many more.
-fn served_models(ids: &[String]) -> String {
-    let named: Vec<String> = ids
-        .iter()
-        .take(NAMED_MODELS)
-        .map(|id| format!("{id:?}"))
-        .collect();
-    match ids.len() {
-        0 => "no model yet".to_owned(),
-        n if n > NAMED_MODELS => format!("{} and {} more", named.join(", "), n - NAMED_MODELS),
-        _ => named.join(", "),
-    }
-}
-
 /// The metric label of a request whose model is not (yet) known: never the
 /// client's string, which would let clients create label values.
 fn unknown_model() -> Arc<str> {
@@ -215,138 +199,6 @@ fn unknown_model() -> Arc<str> {
 /// known.
 fn model_of(route: Option<&Arc<ModelRoute>>) -> Arc<str> {
     route.map_or_else(unknown_model, |route| Arc::clone(&route.id))
-}
-
-/// A request prepared for selection: its model's route, the facts its endpoint
-/// reads, and its affinity keys.
-pub(super) struct Ready<'h> {
-    pub(super) route: Arc<ModelRoute>,
-    pub(super) prepared: Prepared,
-    /// The adapter `model` names (`base:adapter`), if any.
-    named_adapter: Option<Arc<str>>,
-    pub(super) session_key: Option<&'h str>,
-    pub(super) routing_key: Option<&'h str>,
-}
-
-impl Ready<'_> {
-    /// The LoRA adapter the request is for: the one `model` names wins over
-    /// `/generate`'s `lora_path`, as on SGLang.
-    pub(super) fn adapter(&self) -> Option<&str> {
-        self.named_adapter
-            .as_deref()
-            .or(self.prepared.adapter.as_deref())
-    }
-
-    /// The facts the bucket loop selects on, with prefix lookups shared through
-    /// `memo`.
-    pub(super) fn bucket_request<'a>(
-        &'a self,
-        memo: &'a PrefixMemo,
-    ) -> Result<BucketRequest<'a>, ApiError> {
-        let request = BucketRequest::new(&self.route.id, self.prepared.input_tokens)
-            .with_max_output_tokens(self.prepared.max_output_tokens)
-            .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()))?;
-        Ok(request
-            .with_adapter(self.adapter())
-            .with_token_ids(self.prepared.token_ids.as_deref())
-            .with_prefix_memo(Some(memo))
-            .with_session_key(self.session_key)
-            .with_routing_key(self.routing_key))
-    }
-}
-
-/// Reads `body` as `endpoint` does, resolves its model and tokenizes its prompt
-/// where routing needs it, and reads the affinity headers.
-///
-/// # Errors
-/// The client's mistake or a tokenization failure, with the model for metrics (empty
-/// until known).
-pub(super) async fn ready<'h>(
-    endpoint: &'static Endpoint,
-    ctx: &Arc<AppContext>,
-    headers: &'h HeaderMap,
-    body: &Bytes,
-) -> Result<Ready<'h>, (Arc<str>, ApiError)> {
-    let mut route = None;
-    let mut named_adapter = None;
-    let prepared = prepare(endpoint, body, |model| {
-        let found = route.insert(match model {
-            Some(model) => {
-                let (found, named) = ctx
-                    .routing
-                    .resolve(model, || ctx.fleet.snapshot())
-                    .ok_or_else(|| ApiError::model_not_found(model))?;
-                named_adapter = named;
-                found
-            }
-            None => ctx.routing.only().ok_or_else(|| {
-                ApiError::invalid(
-                    "missing_model",
-                    "model",
-                    format!(
-                        "model is required: this router serves {}",
-                        served_models(&ctx.routing.model_ids())
-                    ),
-                )
-            })?,
-        });
-        // Refused before its prompt is tokenized.
-        let pd_only = !found.resolver.has_plain_bucket();
-        if pd_only && endpoint.plain_only {
-            let message = format!(
-                "model {:?} is served by prefill/decode engines, which do not serve {}",
-                found.id, endpoint.path
-            );
-            return Err(ApiError::invalid("invalid_model", "model", message));
-        }
-        if pd_only && found.pd_protocol == PdProtocol::Vllm && !endpoint.vllm_pd {
-            let message = format!(
-                "model {:?} is served by vLLM prefill/decode engines, whose hand-over serves /v1/chat/completions and /v1/completions, not {}",
-                found.id, endpoint.path
-            );
-            return Err(ApiError::invalid("invalid_model", "model", message));
-        }
-        Ok(found.tokenizer.clone())
-    });
-    let prepared = match prepared {
-        Ok((prepared, None)) => prepared,
-        Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
-            Ok(tokens) => prepared.with_tokens(tokens),
-            Err(e) => return Err((model_of(route.as_ref()), e)),
-        },
-        Err(e) => return Err((model_of(route.as_ref()), e)),
-    };
-    let route = route.expect("prepare resolved the model");
-    let affinity = &ctx.affinity_headers;
-    let header = |name: &str| -> Result<Option<&'h str>, ApiError> {
-        let value = headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty());
-        match value {
-            Some(v) if v.len() > affinity.max_key_bytes => Err(ApiError::invalid(
-                "invalid_header",
-                name,
-                format!(
-                    "the {name} header is {} bytes; at most {} are accepted",
-                    v.len(),
-                    affinity.max_key_bytes
-                ),
-            )),
-            v => Ok(v),
-        }
-    };
-    let keys = header(&affinity.session).and_then(|s| Ok((s, header(&affinity.routing_key)?)));
-    match keys {
-        Ok((session_key, routing_key)) => Ok(Ready {
-            route,
-            prepared,
-            named_adapter,
-            session_key,
-            routing_key,
-        }),
-        Err(e) => Err((Arc::clone(&route.id), e)),
-    }
 }
 
 /// What is known of a request before its body is read.
@@ -365,27 +217,21 @@ async fn route(
     body: Result<Bytes, ApiError>,
     unanswered: &mut Unanswered<'_>,
 ) -> (Arc<str>, Result<Response, ApiError>) {
-    let Arrival {
-        headers,
-        started,
-        request_id,
-        tracing,
-    } = arrival;
     let body = match body {
         Ok(body) => body,
         Err(e) => return (unknown_model(), Err(e)),
     };
-    let preparing = tracing
+    let preparing = arrival
+        .tracing
         .span
         .as_ref()
         .map(|s| s.child("prepare", Vec::new()));
-    let ready = match ready(endpoint, ctx, headers, &body).await {
+    let ready = match ready(endpoint, ctx, arrival.headers, &body).await {
         Ok(ready) => ready,
         Err((model, e)) => return (model, Err(e)),
     };
     drop(preparing);
-    let route = &ready.route;
-    let model = Arc::clone(&route.id);
+    let model = Arc::clone(&ready.route.id);
     unanswered.model = Arc::clone(&model);
     let memo = PrefixMemo::new();
     let request = match ready.bucket_request(&memo) {
@@ -400,26 +246,21 @@ async fn route(
         .map(|log| (log, Explanation::recording()));
     let request = request
         .with_explanation(recording.as_ref().map(|(_, e)| e))
-        .with_timing(tracing.span.is_some());
-    let selecting = tracing.span.as_ref().map(|s| s.child("select", Vec::new()));
-    let selected = route.resolver.select(&ctx.fleet.snapshot(), &request).await;
-    if let Some(span) = &selecting {
-        crate::spans::record_attempts(span, &selected);
-    }
-    drop(selecting);
+        .with_timing(arrival.tracing.span.is_some());
+    let selected = select(ctx, &ready.route, &request, arrival.tracing).await;
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
             endpoint: endpoint.path,
-            model: &route.id,
-            resolver: &route.resolver,
+            model: &ready.route.id,
+            resolver: &ready.route.resolver,
             prepared: &ready.prepared,
             request: &request,
             selected: &selected,
             seen: &explanation.observations(),
             load: &ctx.fleet.load().snapshot(),
         };
-        let id = request_id.to_str().unwrap_or_default();
-        PendingRecord::new(Arc::clone(log), report.to_json(), id, started)
+        let id = arrival.request_id.to_str().unwrap_or_default();
+        PendingRecord::new(Arc::clone(log), report.to_json(), id, arrival.started)
     });
     let selection = match selected {
         Ok(selection) => selection,
@@ -431,33 +272,65 @@ async fn route(
             return (model, Err(error));
         }
     };
-    let out = Outgoing {
+    count_demotions(ctx, &model, &selection.demoted);
+    let out = outgoing(endpoint, &ready, body, arrival, record);
+    let answer = attempts::run(ctx, &ready.route, &request, selection.pick, &out).await;
+    // An answer's relayed body takes the record; an error completes it here.
+    if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
+        record.finish(e.status().as_u16(), outcome_of(e), e.code());
+    }
+    (model, answer)
+}
+
+/// The bucket loop on `route`, timed as the request's `select` span when traced.
+async fn select(
+    ctx: &AppContext,
+    route: &ModelRoute,
+    request: &RequestFacts<'_>,
+    tracing: &Tracing,
+) -> Result<Selection, SelectError> {
+    let selecting = tracing.span.as_ref().map(|s| s.child("select", Vec::new()));
+    let selected = route.resolver.select(&ctx.fleet.snapshot(), request).await;
+    if let Some(span) = &selecting {
+        crate::spans::record_attempts(span, &selected);
+    }
+    selected
+}
+
+/// Counts the buckets a selection tried after others because they were predicted
+/// to miss their latency targets.
+fn count_demotions(ctx: &AppContext, model: &Arc<str>, demoted: &[Arc<str>]) {
+    for bucket in demoted {
+        let labels = BucketLabels {
+            model: Arc::clone(model),
+            bucket: Arc::clone(bucket),
+        };
+        ctx.metrics.slo_demotions.get_or_create(&labels).inc();
+    }
+}
+
+/// What dispatch sends, the same for every attempt.
+fn outgoing(
+    endpoint: &Endpoint,
+    ready: &Ready<'_>,
+    body: Bytes,
+    arrival: Arrival<'_>,
+    record: Option<PendingRecord>,
+) -> Outgoing {
+    Outgoing {
         leg: Leg {
             path: endpoint.path,
             stream: ready.prepared.stream,
         },
         body,
         batch: ready.prepared.batch,
-        pd_protocol: route.pd_protocol,
+        pd_protocol: ready.route.pd_protocol,
         prompt_tokens: ready.prepared.input_tokens,
-        model: Arc::clone(&model),
-        request_id,
-        started,
-        trace: tracing.clone(),
+        model: Arc::clone(&ready.route.id),
+        request_id: arrival.request_id,
+        started: arrival.started,
+        trace: arrival.tracing.clone(),
         record: Mutex::new(record),
-        measure_tpot: route.measures_tpot,
-    };
-    for bucket in &selection.demoted {
-        let labels = BucketLabels {
-            model: Arc::clone(&model),
-            bucket: Arc::clone(bucket),
-        };
-        ctx.metrics.slo_demotions.get_or_create(&labels).inc();
+        measure_tpot: ready.route.measures_tpot,
     }
-    let answer = attempts::run(ctx, route, &request, selection.pick, &out).await;
-    // An answer's relayed body takes the record; an error completes it here.
-    if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
-        record.finish(e.status().as_u16(), outcome_of(e), e.code());
-    }
-    (model, answer)
 }

@@ -12,11 +12,11 @@ use http::{HeaderName, HeaderValue};
 use router_policy::Pick;
 use router_state::{Engine, InflightGuard};
 
-use super::with_fields;
+use super::leg::with_fields;
 use crate::app::AppContext;
 
 // A room stays below 2^63 only while ranks fit in 11 bits (see `room`).
-const _: () = assert!(router_fleet::MAX_DP_SIZE <= 1 << 11);
+const _: () = assert!(router_state::MAX_DP_SIZE <= 1 << 11);
 
 /// The header naming the rank.
 pub(super) const RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");

@@ -15,11 +15,13 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http_body_util::{BodyExt, Limited};
 use router_policy::Pick;
+use router_upstream::H1Body;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{Failed, Leg, Outgoing, Target, ranks, relay, send, with_fields};
+use super::leg::{Target, send, with_fields};
+use super::{Failed, Leg, Outgoing, pd_headers, ranks, relay};
 use crate::app::AppContext;
 use crate::error::ApiError;
 
@@ -65,45 +67,23 @@ pub(super) async fn dispatch(
         ranks::guard(ctx, &prefill.engine, prefill_rank),
         ranks::guard(ctx, &decode.engine, decode_rank),
     ];
-    let headers = super::pd_headers(bucket, &prefill, &decode);
+    let headers = pd_headers(bucket, &prefill, &decode);
     let (prefill, decode) = (prefill.engine, decode.engine);
-    let whole = Leg {
-        path: out.leg.path,
-        stream: false,
-    };
     let to = Target {
         engine: &prefill,
         stage: "prefill",
         rank: prefill_rank,
         routing: &headers,
     };
-    let answer = send(
-        ctx,
-        to,
-        whole,
-        prefill_body(&out.body)?,
-        &out.request_id,
-        &out.trace,
-    )
-    .await?;
-    if !answer.status().is_success() {
+    let params = match prefill_params(ctx, to, out).await? {
+        Ok(params) => params,
         // The client's own error (say, a prompt past the model's context).
-        return Ok(relay(ctx, answer, None, headers, out, guards, None));
-    }
-    let failed = |what: &dyn fmt::Display| {
-        ApiError::upstream(format!("prefill engine {}: {what}", prefill.id()))
+        Err(refused) => return Ok(relay(ctx, refused, None, headers, out, guards, None)),
     };
-    let read = Limited::new(answer.into_body(), MAX_PREFILL_ANSWER_BYTES).collect();
-    let answer = match tokio::time::timeout(ctx.idle_timeout, read).await {
-        Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(e)) => return Err(failed(&format_args!("its answer could not be read: {e}")).into()),
-        Err(_) => return Err(failed(&"its answer stopped arriving").into()),
-    };
-    let params = transfer_params(&answer).map_err(|e| failed(&e))?;
     // No hand-over (the prefill did not finish length-capped): the decode engine
     // computes the prompt itself, as vLLM's proxy lets it; params the client sent
     // never reach it (they would point its transfer anywhere).
-    let params = params.unwrap_or("null");
+    let params = params.as_deref().unwrap_or("null");
     let body = with_fields(&out.body, &format!(r#""kv_transfer_params":{params}"#));
     let to = Target {
         engine: &decode,
@@ -128,6 +108,35 @@ pub(super) async fn dispatch(
         guards,
         Some(&decode),
     ))
+}
+
+/// The prefill leg, whole and not streamed: the `kv_transfer_params` of its answer
+/// (`None` when it has none), or its answer when it refused the request.
+async fn prefill_params(
+    ctx: &AppContext,
+    to: Target<'_>,
+    out: &Outgoing,
+) -> Result<Result<Option<String>, Response<H1Body>>, Failed> {
+    let whole = Leg {
+        path: out.leg.path,
+        stream: false,
+    };
+    let body = prefill_body(&out.body)?;
+    let answer = send(ctx, to, whole, body, &out.request_id, &out.trace).await?;
+    if !answer.status().is_success() {
+        return Ok(Err(answer));
+    }
+    let failed = |what: &dyn fmt::Display| {
+        ApiError::upstream(format!("prefill engine {}: {what}", to.engine.id()))
+    };
+    let read = Limited::new(answer.into_body(), MAX_PREFILL_ANSWER_BYTES).collect();
+    let answer = match tokio::time::timeout(ctx.idle_timeout, read).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => return Err(failed(&format_args!("its answer could not be read: {e}")).into()),
+        Err(_) => return Err(failed(&"its answer stopped arriving").into()),
+    };
+    let params = transfer_params(&answer).map_err(|e| failed(&e))?;
+    Ok(Ok(params.map(str::to_owned)))
 }
 
 /// The prefill leg's body: the client's, without [`DROPPED`], then asking for a

@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::routing::Routing;
-use crate::tokenize::PrefixCacheStats;
+use router_tokenize::PrefixCacheStats;
 
 /// See the module documentation.
 #[derive(Debug)]

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::*;
-use crate::tokenize::TokenizePool;
+use router_tokenize::TokenizePool;
 
 fn run(body: serde_json::Value) -> Result<Prepared, ApiError> {
     let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());

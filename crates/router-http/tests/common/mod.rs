@@ -1,7 +1,8 @@
 //! In-process simulated engines and routers for serving tests.
 
 use engine_sim::{EngineRole as SimRole, RunningEngine, SimConfig};
-use router_http::{EngineConfig, EngineRole, ModelConfig, RouterConfig, RunningRouter};
+use router_config::{EngineConfig, EngineRole, ModelConfig, RouterConfig};
+use router_http::RunningRouter;
 use serde_json::{Value, json};
 
 pub(crate) async fn sim(configure: impl FnOnce(&mut SimConfig)) -> RunningEngine {

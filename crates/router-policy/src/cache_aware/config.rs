@@ -1,24 +1,47 @@
 //! Settings of `cache_aware`, with the defaults operators know from SGLang's router.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use std::sync::Arc;
 
 use router_state::Role;
+use schemars::JsonSchema;
+use serde::de::{Error as _, Unexpected};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::CacheAwarePolicy;
 use crate::admission::{AdmissionLimits, EngineAdmission};
-use crate::config::{PolicyConfigError, PolicyHandles, PolicySettings, admission_field};
+use crate::config_error::PolicyConfigError;
 use crate::policy::Policy;
+use crate::settings::{PolicyHandles, PolicySettings, admission_field};
 
 /// A finite real number from configuration (ratios, factors). Compares by value;
 /// non-finite values are refused when the configuration is validated.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, JsonSchema)]
 #[serde(transparent)]
-pub struct Real(pub f64);
+pub struct Real(f64);
 
+/// Finite by construction, so equality is reflexive.
 impl Eq for Real {}
+
+impl Real {
+    /// `value` as a `Real`; `None` when it is NaN or infinite.
+    pub fn new(value: f64) -> Option<Self> {
+        value.is_finite().then_some(Self(value))
+    }
+
+    /// The number.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+/// Reads a number as [`Real::new`] takes it: NaN and infinities are refused.
+impl<'de> Deserialize<'de> for Real {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = f64::deserialize(deserializer)?;
+        Real::new(value)
+            .ok_or_else(|| D::Error::invalid_value(Unexpected::Float(value), &"a finite number"))
+    }
+}
 
 /// Settings of `cache_aware`.
 ///
@@ -187,7 +210,7 @@ impl Default for PressureGuard {
 impl CandidateBounds {
     /// How many holders a group of `group` engines considers.
     pub fn count(&self, group: usize) -> usize {
-        let share = (self.ratio.0 * group as f64).ceil();
+        let share = (self.ratio.get() * group as f64).ceil();
         // `share` is finite and at most `group` for a validated ratio.
         let share = if share >= 0.0 { share as usize } else { 0 };
         group.min(self.max_engines.min(self.min_engines.max(share)))
@@ -202,7 +225,7 @@ impl CacheAwareConfig {
     pub fn validate(&self) -> Result<(), PolicyConfigError> {
         self.admission.validate()?;
         let invalid = |setting, reason| Err(PolicyConfigError::Invalid { setting, reason });
-        if let Some(Real(r)) = self.min_match_ratio
+        if let Some(r) = self.min_match_ratio.map(Real::get)
             && !(r > 0.0 && r <= 1.0)
         {
             return invalid("min_match_ratio", "must be in (0, 1]");
@@ -214,10 +237,10 @@ impl CacheAwareConfig {
         if c.max_engines < c.min_engines {
             return invalid("candidates.max_engines", "must be at least min_engines");
         }
-        if !(c.ratio.0 >= 0.0 && c.ratio.0 <= 1.0) {
+        if !(0.0..=1.0).contains(&c.ratio.get()) {
             return invalid("candidates.ratio", "must be in [0, 1]");
         }
-        if !(self.pressure_guard.rel.0.is_finite() && self.pressure_guard.rel.0 > 1.0) {
+        if self.pressure_guard.rel.get() <= 1.0 {
             return invalid("pressure_guard.rel", "must be a finite number above 1");
         }
         if self.engine_queue_limit == Some(0) {
@@ -241,7 +264,7 @@ impl CacheAwareConfig {
         if self.min_load_choices == 0 {
             return invalid("min_load_choices", "must be at least 1");
         }
-        if !(self.slower_tier_weight.0 >= 0.0 && self.slower_tier_weight.0 <= 1.0) {
+        if !(0.0..=1.0).contains(&self.slower_tier_weight.get()) {
             return invalid("slower_tier_weight", "must be in [0, 1]");
         }
         Ok(())

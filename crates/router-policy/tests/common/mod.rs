@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_policy::{AdmissionLimits, Pick, PickError, PickRequest, Policy};
+use router_policy::{AdmissionLimits, Pick, PickError, PickRequest, Policy, RequestFacts};
 use router_state::test_util::{basic_report, fleet, with_native};
 use router_state::{Engine, EngineReportedLoadTable, NativeLoad, Role};
 use tokio::time::Instant;
@@ -23,7 +23,7 @@ pub(crate) fn staged(role: Role, n: usize) -> Vec<Arc<Engine>> {
 }
 
 pub(crate) fn request(stage: Role) -> PickRequest<'static> {
-    PickRequest::new("m", stage, "bucket", 100)
+    PickRequest::new(RequestFacts::new("m", 100), stage, "bucket")
 }
 
 pub(crate) fn table(engines: &[Arc<Engine>]) -> Arc<EngineReportedLoadTable> {

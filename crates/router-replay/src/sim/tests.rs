@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_sim::{EngineSpec, Served, SimEngine};
-use router_http::{EngineConfig, ModelConfig, RouterConfig};
+use router_config::{EngineConfig, ModelConfig, RouterConfig};
 
 use super::{HostTier, ReplaySettings};
 use crate::trace::{Segment, TraceRequest};

@@ -1,7 +1,7 @@
 //! What the tests share: a fleet configuration and the engines it is modelled as.
 
 use engine_sim::EngineSpec;
-use router_http::RouterConfig;
+use router_config::RouterConfig;
 use router_replay::ReplaySettings;
 
 /// A configuration of `engines` plain engines of model `m`, with `extra` YAML for the

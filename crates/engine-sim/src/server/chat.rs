@@ -1,0 +1,147 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions` in the exact OpenAI shapes,
+//! and SGLang's native `POST /generate`, JSON and SSE: a request is read and checked
+//! (`request`), meets the faults, starts on the engine after its hand-over, and is
+//! answered whole (`generation`) or streamed (`stream`).
+
+mod generation;
+mod request;
+mod stream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use self::generation::{Generation, json_response};
+use self::request::{Ask, Shape};
+use self::stream::stream_response;
+use super::config::{EngineRole, PdProtocol};
+use super::error::ApiError;
+use super::nixl;
+use super::placement::start_run;
+use super::state::AppState;
+use crate::engine::Run;
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    respond(app, &headers, &body, Shape::Chat).await
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    respond(app, &headers, &body, Shape::Text).await
+}
+
+/// `POST /generate`.
+pub(crate) async fn generate(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    respond(app, &headers, &body, Shape::Generate).await
+}
+
+async fn respond(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Response {
+    let visit = app.visits.arrive();
+    match answer(app, headers, body, shape).await {
+        Answer::Whole(response) => {
+            visit.answered();
+            response
+        }
+        Answer::Stream(generation, include_usage) => {
+            stream_response(*generation, include_usage, visit)
+        }
+    }
+}
+
+/// A chat request's answer: whole, or a generation to stream.
+enum Answer {
+    Whole(Response),
+    Stream(Box<Generation>, bool),
+}
+
+async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Answer {
+    let (ask, run) = match begin(&app, headers, body, shape).await {
+        Ok(begun) => begun,
+        Err(error) => return Answer::Whole(error.into_response()),
+    };
+    let generation = Generation::new(app, &ask, run, shape);
+    if ask.stream() {
+        let include_usage = shape != Shape::Generate && ask.include_usage();
+        Answer::Stream(Box::new(generation), include_usage)
+    } else {
+        Answer::Whole(json_response(generation).await)
+    }
+}
+
+/// Reads and checks a request, remembers it, lets the faults act, and starts it on
+/// the engine.
+async fn begin(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    shape: Shape,
+) -> Result<(Ask, Run), ApiError> {
+    let ask = Ask::read(&app.config, headers, body, shape)?;
+    app.remember(ask.record(headers));
+    meet_faults(app).await?;
+    let tokens = ask.tokens(&app.tokenizer)?;
+    let run = start_after_handover(app, &ask, tokens).await?;
+    Ok((ask, run))
+}
+
+/// The faults a request meets before its answer begins: the hold, a slow start, a
+/// hang, and an error drawn.
+async fn meet_faults(app: &AppState) -> Result<(), ApiError> {
+    app.faults.hold(0).await;
+    let faults = app.faults.current();
+    if faults.slow_start_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.slow_start_ms)).await;
+    }
+    if faults.hang_before_first_byte {
+        std::future::pending::<()>().await;
+    }
+    match app.faults.draw_error() {
+        Some(status) => Err(ApiError::new(status, "simulated engine failure")),
+        None => Ok(()),
+    }
+}
+
+/// Starts the request on the engine once its hand-over allows: vLLM's through
+/// `kv_transfer_params`, SGLang's through a bootstrap room (`placement`).
+async fn start_after_handover(
+    app: &AppState,
+    ask: &Ask,
+    tokens: Vec<u32>,
+) -> Result<Run, ApiError> {
+    let adapter = ask.adapter.clone();
+    if app.config.pd_protocol != PdProtocol::Vllm {
+        return start_run(app, &ask.bootstrap, ask.pinned, adapter, tokens).await;
+    }
+    let handover = match app.config.role {
+        EngineRole::Prefill => {
+            nixl::check_prefill(ask.kv_transfer_params(), ask.stream(), ask.limit)
+        }
+        EngineRole::Decode => match ask.kv_transfer_params() {
+            Some(params) => nixl::receive(app, params).await,
+            // No hand-over: the decode engine computes the prompt itself.
+            None => Ok(()),
+        },
+        EngineRole::Plain => Ok(()),
+    };
+    handover.map_err(ApiError::bad_request)?;
+    Ok(app
+        .engine
+        .start_for(tokens, ask.pinned.map(u64::from), adapter))
+}

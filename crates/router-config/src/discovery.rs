@@ -1,0 +1,160 @@
+//! The `discovery` section: engines found as Kubernetes pods (feature `kubernetes`).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{ConfigError, EngineRole, MAX_MS};
+
+/// Sources of engines besides the file and the admin API.
+///
+/// ```yaml
+/// discovery:
+///   kubernetes:
+///     namespace: llm
+///     models:
+///       - {model: qwen3, selector: {app: sglang}, role: plain, port: 30000}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Engines as the pods of a Kubernetes namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// Kubernetes pod discovery: which pods are which model's engines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// The namespace whose pods are watched.
+    pub namespace: String,
+    /// The API server; absent = the cluster the router runs in (its service account).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    /// Every pod is listed again this often, whatever the watch said, in
+    /// milliseconds (a missed event is healed by then).
+    #[serde(default = "default_relist")]
+    pub relist_interval_ms: u64,
+    /// Changes are applied once this long passed without another, in milliseconds.
+    #[serde(default = "default_debounce")]
+    pub debounce_ms: u64,
+    /// Which pods serve which model of `models`.
+    pub models: Vec<KubernetesModel>,
+}
+
+/// The pods of one model (and role).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesModel {
+    /// A model of `models`: its buckets and policies route the pods' engines, which
+    /// join the groups that list no `engine_ids`.
+    pub model: String,
+    /// Labels a pod must carry (all of them).
+    pub selector: BTreeMap<String, String>,
+    /// The engines' role; absent = from each engine's `/server_info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<EngineRole>,
+    /// The engines' HTTP port.
+    pub port: u16,
+    /// A prefill engine's bootstrap port; absent = from `/server_info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
+}
+
+fn default_relist() -> u64 {
+    60_000
+}
+fn default_debounce() -> u64 {
+    500
+}
+
+impl DiscoveryConfig {
+    pub(crate) fn validate(&self, models: &[&str], errors: &mut Vec<ConfigError>) {
+        let Some(kubernetes) = &self.kubernetes else {
+            return;
+        };
+        if !cfg!(feature = "kubernetes") {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes",
+                "this build has no Kubernetes discovery (cargo feature kubernetes)",
+            ));
+        }
+        if !dns_label(&kubernetes.namespace) {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes.namespace",
+                "must be a DNS label: 1 to 63 lowercase letters, digits and '-'",
+            ));
+        }
+        if let Some(url) = &kubernetes.api_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes.api_url",
+                "must start with http:// or https://",
+            ));
+        }
+        if !(1_000..=MAX_MS).contains(&kubernetes.relist_interval_ms) {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes.relist_interval_ms",
+                format_args!("must be 1000 to {MAX_MS}"),
+            ));
+        }
+        if kubernetes.debounce_ms > 60_000 {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes.debounce_ms",
+                "must be at most 60000",
+            ));
+        }
+        if kubernetes.models.is_empty() {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes.models",
+                "must name at least one model's pods",
+            ));
+        }
+        for (m, model) in kubernetes.models.iter().enumerate() {
+            let at = |field: &str| format!("discovery.kubernetes.models[{m}].{field}");
+            if !models.contains(&model.model.as_str()) {
+                errors.push(ConfigError::at(at("model"), "must be a model of `models`"));
+            }
+            if model.selector.is_empty() {
+                errors.push(ConfigError::at(
+                    at("selector"),
+                    "must name at least one label (an empty selector is every pod)",
+                ));
+            }
+            for (key, value) in &model.selector {
+                if !label_part(key, 253, true) || !label_part(value, 63, false) {
+                    errors.push(ConfigError::at(
+                        at("selector"),
+                        format_args!("`{key}: {value}` is not a Kubernetes label"),
+                    ));
+                }
+            }
+            if model.port == 0 || model.bootstrap_port == Some(0) {
+                errors.push(ConfigError::at(at("port"), "ports must be 1 to 65535"));
+            }
+        }
+    }
+}
+
+fn dns_label(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// A label key (an optional DNS prefix and `/`, then a name) or value: letters,
+/// digits, `-`, `_`, `.` (and `/` in a key), at most `max` bytes; a value may be
+/// empty.
+fn label_part(part: &str, max: usize, key: bool) -> bool {
+    (part.len() <= max)
+        && (!key || !part.is_empty())
+        && part.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') || (key && b == b'/')
+        })
+}

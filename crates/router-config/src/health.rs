@@ -1,0 +1,87 @@
+//! The `health` section: probes of each engine's `/health` and the circuit breaker
+//! dispatch failures feed.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+use crate::timeouts::{check_count, check_ms};
+
+/// Health probes (`GET /health`) and the circuit breaker fed by dispatch failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Time between probes of an engine, in milliseconds.
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+    /// A probe's timeout, in milliseconds.
+    #[serde(default = "default_probe_timeout")]
+    pub timeout_ms: u64,
+    /// Consecutive failed probes that make an engine unhealthy.
+    #[serde(default = "default_failures")]
+    pub failure_threshold: u32,
+    /// Consecutive passed probes that make an unhealthy engine healthy again.
+    #[serde(default = "default_successes")]
+    pub success_threshold: u32,
+    /// Consecutive failed dispatches that open an engine's breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before one half-open probe, in milliseconds.
+    #[serde(default = "default_cooldown")]
+    pub breaker_cooldown_ms: u64,
+}
+
+fn default_interval() -> u64 {
+    2_000
+}
+fn default_probe_timeout() -> u64 {
+    2_000
+}
+fn default_failures() -> u32 {
+    3
+}
+fn default_successes() -> u32 {
+    2
+}
+fn default_breaker_failures() -> u32 {
+    5
+}
+fn default_cooldown() -> u64 {
+    10_000
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: default_interval(),
+            timeout_ms: default_probe_timeout(),
+            failure_threshold: default_failures(),
+            success_threshold: default_successes(),
+            breaker_failures: default_breaker_failures(),
+            breaker_cooldown_ms: default_cooldown(),
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Probe times are 1 ms to one day, thresholds at least 1.
+    pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let Self {
+            interval_ms,
+            timeout_ms,
+            failure_threshold,
+            success_threshold,
+            breaker_failures,
+            breaker_cooldown_ms: _,
+        } = *self;
+        check_ms("health.interval_ms", interval_ms, errors);
+        check_ms("health.timeout_ms", timeout_ms, errors);
+        for (field, value) in [
+            ("health.failure_threshold", failure_threshold),
+            ("health.success_threshold", success_threshold),
+            ("health.breaker_failures", breaker_failures),
+        ] {
+            check_count(field, u64::from(value), errors);
+        }
+    }
+}

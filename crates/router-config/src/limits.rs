@@ -1,0 +1,112 @@
+//! The `limits` section: bounds on what clients may hold.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+use crate::timeouts::check_count;
+
+/// The bytes of long prompts' prefixes' token ids each model's tokenizer keeps when
+/// `limits.tokenize_cache_bytes` is not set.
+pub const DEFAULT_TOKENIZE_CACHE_BYTES: usize = 64 << 20;
+
+/// The most prompts `limits.tokenize_concurrency` lets be tokenized at once.
+const MAX_TOKENIZE_CONCURRENCY: usize = 1024;
+
+/// The fewest bytes `limits.tokenize_cache_bytes` allows, but for 0 (no cache): less
+/// would keep no long prompt's prefix.
+const MIN_TOKENIZE_CACHE_BYTES: u64 = 1 << 20;
+
+/// The most bytes `limits.tokenize_cache_bytes` allows.
+const MAX_TOKENIZE_CACHE_BYTES: u64 = 16 << 30;
+
+/// The most client connections `limits.max_connections` allows.
+const MAX_CONNECTIONS: usize = 1 << 20;
+
+/// Bounds on what clients may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most client connections open at once; more wait in the listen backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// The largest message an engine's ZeroMQ feeds may send (load reports, KV-event
+    /// batches, replays), in bytes; a larger one closes the feed's connection before
+    /// it is read, and the feed reconnects.
+    #[serde(default = "default_zmq_max_message_bytes")]
+    pub zmq_max_message_bytes: usize,
+    /// Prompts tokenized at once, each on a thread of its own (this many threads,
+    /// apart from those serving requests); absent = one per core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenize_concurrency: Option<usize>,
+    /// Bytes of long prompts' prefixes' token ids kept per model (0: none), so the
+    /// next turn of a conversation, which sends the whole history again, tokenizes
+    /// only what is new (byte-level BPE tokenizers).
+    #[serde(default = "default_tokenize_cache_bytes")]
+    pub tokenize_cache_bytes: usize,
+}
+
+fn default_tokenize_cache_bytes() -> usize {
+    DEFAULT_TOKENIZE_CACHE_BYTES
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+fn default_zmq_max_message_bytes() -> usize {
+    router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
+            zmq_max_message_bytes: default_zmq_max_message_bytes(),
+            tokenize_concurrency: None,
+            tokenize_cache_bytes: default_tokenize_cache_bytes(),
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Every bound is at least 1 and within its most; the prefix cache is off or at
+    /// least 1 MiB.
+    pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let Self {
+            max_connections,
+            zmq_max_message_bytes,
+            tokenize_concurrency,
+            tokenize_cache_bytes,
+        } = *self;
+        check_count("limits.max_connections", max_connections as u64, errors);
+        check_count(
+            "limits.zmq_max_message_bytes",
+            zmq_max_message_bytes as u64,
+            errors,
+        );
+        if let Some(n) = tokenize_concurrency
+            && !(1..=MAX_TOKENIZE_CONCURRENCY).contains(&n)
+        {
+            errors.push(ConfigError::at(
+                "limits.tokenize_concurrency",
+                format_args!("must be between 1 and {MAX_TOKENIZE_CONCURRENCY}"),
+            ));
+        }
+        let cache = tokenize_cache_bytes as u64;
+        if cache != 0 && !(MIN_TOKENIZE_CACHE_BYTES..=MAX_TOKENIZE_CACHE_BYTES).contains(&cache) {
+            errors.push(ConfigError::at(
+                "limits.tokenize_cache_bytes",
+                format_args!(
+                    "must be 0 (no cache) or between {MIN_TOKENIZE_CACHE_BYTES} (1 MiB) and {MAX_TOKENIZE_CACHE_BYTES} (16 GiB)"
+                ),
+            ));
+        }
+        if max_connections > MAX_CONNECTIONS {
+            errors.push(ConfigError::at(
+                "limits.max_connections",
+                format_args!("must be at most {MAX_CONNECTIONS}"),
+            ));
+        }
+    }
+}

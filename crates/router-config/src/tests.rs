@@ -1,0 +1,393 @@
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use router_policy::CacheSource;
+
+use super::*;
+
+/// Resources of tests that read no file: a model naming a tokenizer gets a note of
+/// its path instead, and no shared indexer is reached.
+struct NoFiles;
+
+impl Resources for NoFiles {
+    type Tokenizer = std::path::PathBuf;
+    type Error = String;
+
+    fn tokenizer(&mut self, path: &Path) -> Result<Self::Tokenizer, Self::Error> {
+        Ok(path.to_path_buf())
+    }
+
+    fn shared_prefix_source(
+        &mut self,
+        _model: &ModelConfig,
+        _indexer: &PrefixIndexerConfig,
+    ) -> Option<Arc<dyn CacheSource>> {
+        None
+    }
+}
+
+/// The field checks' problems, then what building the selection finds.
+fn problems(config: &RouterConfig) -> Vec<ConfigError> {
+    let mut errors = config.check_fields();
+    let state = SelectionState::new(config, None);
+    if let Err(more) = SelectionPlan::build(config, &state, &mut NoFiles) {
+        errors.extend(more);
+    }
+    errors
+}
+
+const MINIMAL: &str = r#"
+models:
+  - id: chat-model
+    engines:
+      - {id: A1, url: "http://127.0.0.1:31011", role: plain}
+"#;
+
+fn errors(yaml: &str) -> Vec<String> {
+    match RouterConfig::from_yaml(yaml) {
+        Err(e) => vec![e.to_string()],
+        Ok(config) => problems(&config).iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn the_minimal_config_takes_every_default() {
+    let config = RouterConfig::from_yaml(MINIMAL).unwrap();
+    assert!(problems(&config).is_empty());
+    assert_eq!(config.listen, SocketAddr::from(([0, 0, 0, 0], 8080)));
+    assert_eq!(config.timeouts, TimeoutConfig::default());
+    assert_eq!(config.models[0].block_size, 16);
+    assert_eq!(config.models[0].prefix_index_pages, 4 << 20);
+    assert_eq!(config.models[0].buckets, None);
+}
+
+#[test]
+fn the_tokenize_cache_is_off_at_0_and_bounded_otherwise() {
+    let with = |bytes: u64| {
+        errors(&format!(
+            "limits: {{tokenize_cache_bytes: {bytes}}}\n{MINIMAL}"
+        ))
+    };
+    assert_eq!(with(0), Vec::<String>::new(), "no cache");
+    assert_eq!(with(1 << 20), Vec::<String>::new(), "the smallest");
+    assert_eq!(with(16 << 30), Vec::<String>::new(), "the largest");
+    assert_eq!(with((1 << 20) - 1).len(), 1);
+    assert_eq!(with((16 << 30) + 1).len(), 1);
+}
+
+#[test]
+fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
+    let yaml = MINIMAL.replace(
+        "    engines:",
+        "    prefix_index_pages: 65536\n    engines:",
+    );
+    let config = RouterConfig::from_yaml(&yaml).unwrap();
+    assert_eq!(config.models[0].prefix_index_pages, 65536);
+    assert!(problems(&config).is_empty());
+    assert_eq!(
+        errors(&MINIMAL.replace("    engines:", "    prefix_index_pages: 10\n    engines:")),
+        ["models[0].prefix_index_pages: must be at least 1024"]
+    );
+}
+
+#[test]
+fn the_brief_example_parses_and_validates() {
+    let yaml = include_str!("../../../docs/examples/router.yaml");
+    let config = RouterConfig::from_yaml(yaml).unwrap();
+    assert_eq!(config.models.len(), 2);
+    let state = SelectionState::new(&config, None);
+    let plan = SelectionPlan::build(&config, &state, &mut NoFiles).unwrap();
+    let built = plan
+        .models
+        .iter()
+        .all(|m| matches!(m.routing, ModelRouting::Built(_)));
+    assert_eq!((plan.models.len(), built), (2, true));
+}
+
+#[test]
+fn parse_errors_name_the_path() {
+    let unknown = errors("models: []\nlisten_port: 1\n");
+    assert!(
+        unknown[0].starts_with("listen_port: unknown field `listen_port`"),
+        "{unknown:?}"
+    );
+    let role = errors(
+        "models:\n  - id: m\n    engines:\n      - {id: A, url: 'http://a:1', role: prefil}\n",
+    );
+    assert!(
+        role[0].starts_with("models[0].engines[0].role: unknown variant `prefil`"),
+        "{role:?}"
+    );
+    let policy = errors(
+        "models:\n  - id: m\n    engines: [{id: A, url: 'http://a:1', role: plain}]\n    buckets:\n      - id: b\n        groups: {plain: {policy: {type: fused_score}}}\n",
+    );
+    assert!(
+        policy[0].starts_with(
+            "models[0].buckets[0].groups.plain.policy: policy type `fused_score` was removed"
+        ),
+        "{policy:?}"
+    );
+}
+
+#[test]
+fn validation_errors_name_their_path() {
+    let cases = [
+        ("models: []\n", "models: must list at least one model"),
+        (
+            "timeouts: {connect_ms: 0}\nmodels: [{id: m}]\n",
+            "timeouts.connect_ms: must be at least 1",
+        ),
+        (
+            "timeouts: {pool_idle_ms: 0}\nmodels: [{id: m}]\n",
+            "timeouts.pool_idle_ms: must be at least 1",
+        ),
+        (
+            "timeouts: {client_header_ms: 18446744073709551615}\nmodels: [{id: m}]\n",
+            "timeouts.client_header_ms: must be at most 86400000 (one day)",
+        ),
+        (
+            "limits: {max_connections: 4611686018427387904}\nmodels: [{id: m}]\n",
+            "limits.max_connections: must be at most 1048576",
+        ),
+        (
+            "limits: {tokenize_cache_bytes: 1000}\nmodels: [{id: m}]\n",
+            "limits.tokenize_cache_bytes: must be 0 (no cache) or between 1048576 (1 MiB) and 17179869184 (16 GiB)",
+        ),
+        (
+            "limits: {tokenize_cache_bytes: 17179869185}\nmodels: [{id: m}]\n",
+            "limits.tokenize_cache_bytes: must be 0 (no cache) or between 1048576 (1 MiB) and 17179869184 (16 GiB)",
+        ),
+        (
+            "models: [{id: m, buckets: [{id: 'b\"} 1', groups: {plain: {}}}]}]\n",
+            "models[0].buckets[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not '\"'",
+        ),
+        (
+            "health: {failure_threshold: 0}\nmodels: [{id: m}]\n",
+            "health.failure_threshold: must be at least 1",
+        ),
+        (
+            "listen: 127.0.0.1:9000\nadmin: {token: t, listen: 127.0.0.1:9000}\nmodels: [{id: m}]\n",
+            "admin.listen: must differ from listen; omit it to serve the admin API on the public address",
+        ),
+        ("models: [{id: ''}]\n", "models[0].id: must not be empty"),
+        (
+            "models: [{id: m}, {id: m}]\n",
+            "models[1].id: duplicate model id \"m\" (also models[0])",
+        ),
+        (
+            "models: [{id: m, block_size: 0}]\n",
+            "models[0].block_size: must be at least 1",
+        ),
+        (
+            "models:\n  - {id: m, engines: [{id: A, url: 'http://a:1'}]}\n  - {id: n, engines: [{id: A, url: 'http://b:1'}]}\n",
+            "models[1].engines[0].id: duplicate engine id \"A\" (also models[0].engines[0].id)",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'https://a:1'}]}]\n",
+            "models[0].engines[0].url: must start with http:// (engines are reached over plain HTTP)",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'http://a:1', dp_size: 0}]}]\n",
+            "models[0].engines[0].dp_size: must be at least 1",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'http://a:1', dp_size: 4000000000}]}]\n",
+            "models[0].engines[0].dp_size: must be at most 1024",
+        ),
+        (
+            "models: [{id: 'm\"} 1', engines: []}]\n",
+            "models[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not '\"'",
+        ),
+        (
+            "models: [{id: m, engines: [{id: 'A 1', url: 'http://a:1'}]}]\n",
+            "models[0].engines[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not ' '",
+        ),
+        (
+            "models: [{id: m, engines: [{id: A, url: 'http://a:1', role: plain}, {id: P, url: 'http://p:1', role: prefill}]}]\n",
+            "models[0].engines[1].role: a prefill engine cannot join a model served by plain engines (models[0].engines[0]); \
+             a model is either all plain or all prefill/decode",
+        ),
+        (
+            "policies: {decode: {type: random, admission: {max_running_requests: 0}}}\nmodels: [{id: m}]\n",
+            "policies.decode: admission.max_running_requests must be at least 1: a cap of 0 admits nothing",
+        ),
+        (
+            "models:\n  - id: m\n    engines: [{id: P1, url: 'http://p:1', role: prefill}, {id: D1, url: 'http://d:1', role: decode}]\n    buckets:\n      - id: b\n        groups: {pd: {prefill: {engine_ids: [P1]}, decode: {engine_ids: [P1]}}}\n",
+            "models[0].buckets[0].groups.pd.decode.engine_ids[0]: engine \"P1\" is a prefill engine, but this group picks decode engines",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        assert_eq!(errors(yaml), [expected], "{yaml}");
+    }
+}
+
+#[test]
+fn engines_without_a_role_are_checked_at_startup_not_statically() {
+    let yaml = "models:\n  - id: m\n    engines: [{id: X, url: 'http://x:1'}]\n    buckets: [{id: b, groups: {pd: {prefill: {engine_ids: [X]}, decode: {engine_ids: []}}}}]\n";
+    assert_eq!(errors(yaml), Vec::<String>::new());
+}
+
+#[test]
+fn the_schema_describes_the_config() {
+    let schema = RouterConfig::json_schema().to_string();
+    for field in [
+        "listen",
+        "models",
+        "buckets",
+        "engine_ids",
+        "first_byte_ms",
+        "breaker_cooldown_ms",
+        "max_inflight_requests",
+    ] {
+        assert!(schema.contains(field), "the schema names {field}");
+    }
+}
+
+#[test]
+fn the_affinity_section_names_removed_modes_and_checks_its_values() {
+    let with = |section: &str| errors(&format!("{MINIMAL}affinity: {section}\n"));
+    let soft = with("{mode: soft}");
+    assert!(
+        soft[0].starts_with(
+            "affinity: option `affinity_mode` was removed: `session_aware` always reuses"
+        ),
+        "{soft:?}"
+    );
+    let pair = with("{stable_pair: true}");
+    assert!(
+        pair[0].contains("option `stable_pair` was removed"),
+        "{pair:?}"
+    );
+    let global = with("{session_affinity_mode: global-rebind}");
+    assert!(
+        global[0].contains("global modes are not supported"),
+        "{global:?}"
+    );
+    assert_eq!(
+        with("{session_header: 'not a header', max_entries: 0}"),
+        [
+            "affinity.session_header: is not a valid HTTP header name",
+            "affinity.max_entries: must be at least 1"
+        ]
+    );
+    assert_eq!(
+        with("{routing_key_header: X-Session-Id}"),
+        ["affinity.routing_key_header: must differ from affinity.session_header"]
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}affinity: {{session_header: x-conversation, idle_timeout_ms: 1000}}\n"
+    ))
+    .unwrap();
+    assert_eq!(config.affinity.session_header, "x-conversation");
+    assert_eq!(
+        config.affinity.store_config().idle_timeout,
+        std::time::Duration::from_secs(1)
+    );
+}
+
+#[test]
+fn the_affinity_backend_is_checked_and_a_redis_url_never_printed() {
+    let with = |section: &str| errors(&format!("{MINIMAL}affinity: {section}\n"));
+    assert_eq!(
+        with("{backend: redis}"),
+        ["affinity.redis: is required by backend redis"]
+    );
+    assert_eq!(
+        with("{redis: {url: 'redis://127.0.0.1:6379/0'}}"),
+        ["affinity.redis: is set but affinity.backend is not redis"]
+    );
+    let bad = with(
+        "{backend: redis, idle_timeout_ms: 1000, redis: {url: 'http://h:1', timeout_ms: 0, local_cache_ms: 1000, reconnect_interval_ms: 0}}",
+    );
+    assert_eq!(bad.len(), 4, "{bad:?}");
+    assert!(
+        bad[0].starts_with("affinity.redis.url: is not a usable redis:// URL"),
+        "{bad:?}"
+    );
+    assert_eq!(bad[1], "affinity.redis.timeout_ms: must be 1 to 10000");
+    assert_eq!(
+        bad[2],
+        "affinity.redis.local_cache_ms: must be below affinity.idle_timeout_ms"
+    );
+    assert_eq!(
+        bad[3],
+        "affinity.redis.reconnect_interval_ms: must be at least 1"
+    );
+    for prefix in ["p".repeat(129), "''".into(), "'a b'".into()] {
+        assert_eq!(
+            with(&format!(
+                "{{backend: redis, redis: {{url: 'redis://h', key_prefix: {prefix}}}}}"
+            )),
+            ["affinity.redis.key_prefix: must be 1 to 128 bytes of visible ASCII"],
+            "{prefix}"
+        );
+    }
+    assert_eq!(
+        with("{idle_timeout_ms: 86400001}"),
+        ["affinity.idle_timeout_ms: must be at most 86400000 (one day)"]
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}affinity: {{backend: redis, redis: {{url: 'redis://user:hunter2@10.0.0.9:6379/2'}}}}\n"
+    ))
+    .unwrap();
+    assert!(!format!("{config:?}").contains("hunter2"));
+}
+
+#[test]
+fn the_discovery_section_is_checked() {
+    let with = |section: &str| errors(&format!("{MINIMAL}discovery: {{kubernetes: {section}}}\n"));
+    let bad = with(
+        "{namespace: Not_A_Label, api_url: 'ftp://x', relist_interval_ms: 10, debounce_ms: 60001, models: [{model: nope, selector: {}, port: 0}, {model: chat-model, selector: {'bad key!': v}, port: 1}]}",
+    );
+    let expected = [
+        "discovery.kubernetes.namespace: must be a DNS label: 1 to 63 lowercase letters, digits and '-'",
+        "discovery.kubernetes.api_url: must start with http:// or https://",
+        "discovery.kubernetes.relist_interval_ms: must be 1000 to 86400000",
+        "discovery.kubernetes.debounce_ms: must be at most 60000",
+        "discovery.kubernetes.models[0].model: must be a model of `models`",
+        "discovery.kubernetes.models[0].selector: must name at least one label (an empty selector is every pod)",
+        "discovery.kubernetes.models[0].port: ports must be 1 to 65535",
+        "discovery.kubernetes.models[1].selector: `bad key!: v` is not a Kubernetes label",
+    ];
+    let kubernetes = cfg!(feature = "kubernetes");
+    let bad: Vec<&str> = bad
+        .iter()
+        .map(String::as_str)
+        .filter(|e| kubernetes || !e.contains("cargo feature kubernetes"))
+        .collect();
+    assert_eq!(bad, expected);
+    assert_eq!(
+        with("{namespace: llm, models: []}")
+            .first()
+            .map(String::as_str),
+        if kubernetes {
+            Some("discovery.kubernetes.models: must name at least one model's pods")
+        } else {
+            Some(
+                "discovery.kubernetes: this build has no Kubernetes discovery (cargo feature kubernetes)",
+            )
+        }
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}discovery: {{kubernetes: {{namespace: llm, models: [{{model: chat-model, selector: {{app: sglang}}, role: prefill, port: 30000, bootstrap_port: 8998}}]}}}}\n"
+    ))
+    .unwrap();
+    let kubernetes_config = config.discovery.kubernetes.clone().unwrap();
+    assert_eq!(
+        kubernetes_config.relist_interval_ms, 60_000,
+        "the default relist"
+    );
+    assert_eq!(kubernetes_config.debounce_ms, 500);
+}
+
+#[test]
+fn the_schema_is_the_published_one() {
+    // `switchyard config schema` prints it; a change to the file's shape shows here
+    // and is made on purpose: regenerate with
+    // `cargo run -p switchyard -- config schema > testdata/config-schema.json`.
+    let published: serde_json::Value =
+        serde_json::from_str(include_str!("../../../testdata/config-schema.json"))
+            .expect("the published schema is JSON");
+    assert_eq!(RouterConfig::json_schema(), published);
+}

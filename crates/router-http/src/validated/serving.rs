@@ -1,0 +1,159 @@
+//! What a serving router builds its selection with: the state it shares with a
+//! running router on reload, its tokenizers (each file loaded once), the affinity
+//! store of the `affinity` section, and the shared prefix indexer's client.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_config::{
+    AffinityBackendKind, AffinitySettings, ModelConfig, PrefixIndexerConfig, Resources,
+    RouterConfig, SelectionState,
+};
+use router_policy::{AffinityBackend, CacheSource, ConfigError};
+use router_state::affinity::{AffinityStore, LocalAffinityStore, RedisAffinityStore};
+use router_tokenize::{ChatTokenizer, TokenizerError};
+use router_upstream::{Upstream, UpstreamTimeouts};
+
+use crate::indexer::RemoteCacheSource;
+
+/// The state a configuration's policies are built around: made anew for a router
+/// that starts, the running router's own for a reload, so load reports, bindings,
+/// prefix-index entries and tokenizers survive it.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedState {
+    /// The load table, the affinity backend and the prefix indexes.
+    pub(crate) selection: SelectionState,
+    /// The bindings the router holds; `None` for rendezvous, which binds nothing.
+    pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
+    /// The tokenizers loaded, by file: a model naming the same file takes its
+    /// tokenizer (and the prefixes it keeps) instead of loading it again.
+    pub(crate) tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+}
+
+impl SharedState {
+    /// Fresh state for `config`; no affinity backend when the affinity section is
+    /// invalid (its field check reports why).
+    pub(crate) fn new(config: &RouterConfig) -> Self {
+        let (backend, affinity) = match affinity_backend(&config.affinity) {
+            Ok((backend, store)) => (Some(backend), store),
+            Err(_) => (None, None),
+        };
+        Self {
+            selection: SelectionState::new(config, backend),
+            affinity,
+            tokenizers: HashMap::new(),
+        }
+    }
+}
+
+/// Where affinity policies keep keys' engines, and the store the router holds
+/// (none for `rendezvous`). Nothing is connected yet.
+///
+/// # Errors
+/// The Redis settings cannot be used (the field checks report why, with paths).
+fn affinity_backend(
+    settings: &AffinitySettings,
+) -> Result<(AffinityBackend, Option<Arc<dyn AffinityStore>>), ConfigError> {
+    let store: Arc<dyn AffinityStore> = match (settings.backend, &settings.redis) {
+        (AffinityBackendKind::Rendezvous, _) => return Ok((AffinityBackend::Rendezvous, None)),
+        (AffinityBackendKind::Redis, Some(redis)) => Arc::new(
+            RedisAffinityStore::new(settings.store_config(), redis.settings())
+                .map_err(|e| ConfigError::at("affinity.redis.url", e))?,
+        ),
+        (AffinityBackendKind::Redis, None) => {
+            return Err(ConfigError::at(
+                "affinity.redis",
+                "is required by backend redis",
+            ));
+        }
+        (AffinityBackendKind::Local, _) => {
+            Arc::new(LocalAffinityStore::new(settings.store_config()))
+        }
+    };
+    Ok((AffinityBackend::Store(Arc::clone(&store)), Some(store)))
+}
+
+/// The serving router's [`Resources`]: tokenizers loaded from their files (each
+/// once, keeping `prefix_cache_bytes` of prompts' prefixes), and the shared prefix
+/// indexer asked over HTTP.
+pub(super) struct Serving {
+    tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+    prefix_cache_bytes: usize,
+}
+
+impl Serving {
+    /// Loading what `tokenizers` does not hold already.
+    pub(super) fn new(
+        tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+        prefix_cache_bytes: usize,
+    ) -> Self {
+        Self {
+            tokenizers,
+            prefix_cache_bytes,
+        }
+    }
+}
+
+impl Resources for Serving {
+    type Tokenizer = Arc<ChatTokenizer>;
+    type Error = TokenizerError;
+
+    fn tokenizer(&mut self, path: &Path) -> Result<Arc<ChatTokenizer>, TokenizerError> {
+        if let Some(kept) = self.tokenizers.get(path) {
+            return Ok(Arc::clone(kept));
+        }
+        let loaded =
+            Arc::new(ChatTokenizer::load(path)?.with_prefix_cache(self.prefix_cache_bytes));
+        self.tokenizers
+            .insert(path.to_path_buf(), Arc::clone(&loaded));
+        Ok(loaded)
+    }
+
+    fn shared_prefix_source(
+        &mut self,
+        model: &ModelConfig,
+        indexer: &PrefixIndexerConfig,
+    ) -> Option<Arc<dyn CacheSource>> {
+        let authority = router_upstream::authority(&indexer.url)?;
+        let timeout = Duration::from_millis(indexer.timeout_ms);
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: timeout,
+            first_byte: timeout,
+            pool_idle: Duration::from_secs(4),
+        });
+        Some(Arc::new(RemoteCacheSource::new(
+            &model.id,
+            model.block_size,
+            authority,
+            upstream,
+            timeout,
+        )))
+    }
+}
+
+/// What the fleet discovers pods with.
+#[cfg(feature = "kubernetes")]
+pub(super) fn kubernetes(
+    discovery: &router_config::DiscoveryConfig,
+) -> Option<router_fleet::kubernetes::KubernetesSettings> {
+    let kubernetes = discovery.kubernetes.as_ref()?;
+    Some(router_fleet::kubernetes::KubernetesSettings {
+        api_url: kubernetes.api_url.clone(),
+        namespace: kubernetes.namespace.clone(),
+        selectors: kubernetes
+            .models
+            .iter()
+            .map(|m| router_fleet::kubernetes::PodSelector {
+                model: m.model.clone(),
+                labels: m.selector.clone(),
+                role: m.role.map(Into::into),
+                port: m.port,
+                bootstrap_port: m.bootstrap_port,
+            })
+            .collect(),
+        relist_interval: std::time::Duration::from_millis(kubernetes.relist_interval_ms),
+        debounce: std::time::Duration::from_millis(kubernetes.debounce_ms),
+    })
+}

@@ -1,0 +1,398 @@
+//! Prompt tokenization with a model's `tokenizer.json` and chat template, rendered as
+//! Hugging Face transformers renders it (what SGLang and vLLM use).
+//!
+//! Byte-level BPE tokenizers (GPT-2, Qwen, Llama 3 and their kin) are encoded by an
+//! exact encoder of their own (`bytelevel`); any other by `tokenizers`, a long
+//! prompt in windows of about 256 KiB (`window`), so its working memory (about a
+//! hundred times the text) stays bounded whatever the prompt's size, and the ids are
+//! still exactly those of the whole. Long prompts' prefixes are kept
+//! ([`ChatTokenizer::with_prefix_cache`]), so a conversation's next turn tokenizes
+//! only what is new; [`TokenizePool`] runs tokenization on threads of its own. This
+//! crate knows nothing of HTTP or of routing.
+//!
+//! ```
+//! use router_tokenize::ChatTokenizer;
+//!
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/tokenizer-tiny");
+//! let tokenizer = ChatTokenizer::load(format!("{dir}/tokenizer.json").as_ref())?;
+//! let chat = tokenizer.encode_chat(r#"[{"role": "user", "content": "hello world"}]"#)?;
+//! assert_eq!(chat.ids, [1, 2, 4, 5, 3]);
+//! assert_eq!(tokenizer.encode_text("hello world", false)?.ids, [4, 5]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use minijinja::{Environment, ErrorKind, context};
+use serde_json::Value;
+
+/// Why a model's tokenizer could not be loaded: the file at fault and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", file.display())]
+pub struct TokenizerError {
+    /// `tokenizer.json`, or the `tokenizer_config.json` beside it.
+    pub file: PathBuf,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Why a prompt could not be tokenized.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// A chat's `messages` are not a JSON array of objects.
+    #[error("messages must be an array of objects: {0}")]
+    Messages(serde_json::Error),
+    /// The model's tokenizer has no chat template to render a chat with.
+    #[error("the model's tokenizer has no chat template")]
+    NoChatTemplate,
+    /// The chat template failed on the messages (it may raise an exception itself).
+    #[error("the chat template failed: {0}")]
+    Template(minijinja::Error),
+    /// The tokenizer failed on the text.
+    #[error("tokenization failed: {0}")]
+    Tokenizer(tokenizers::Error),
+}
+
+impl TokenizerError {
+    fn at(file: &Path, problem: impl std::fmt::Display) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            problem: problem.to_string(),
+        }
+    }
+}
+
+mod bytelevel;
+mod pool;
+mod prefixes;
+#[cfg(test)]
+#[path = "../../../tests/python_env.rs"]
+mod python_env;
+mod window;
+
+pub use pool::TokenizePool;
+use prefixes::PrefixCache;
+pub use prefixes::PrefixCacheStats;
+
+/// The bytes of prompt prefixes' token ids a tokenizer keeps unless told otherwise
+/// ([`ChatTokenizer::with_prefix_cache`]).
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 64 << 20;
+
+/// A prompt's token ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTokens {
+    /// The ids, exactly as the whole prompt tokenizes (of its first part, when
+    /// `untokenized_bytes` is not 0).
+    pub ids: Vec<u32>,
+    /// Bytes at the end of the prompt left untokenized: a stretch of more than
+    /// 2 MiB without a point where tokenization may be split.
+    pub untokenized_bytes: usize,
+}
+
+/// A model's tokenizer and chat template, loaded once at startup.
+#[derive(Debug)]
+pub struct ChatTokenizer {
+    encoder: Encoder,
+    /// Long prompts' prefixes, for the byte-level encoder.
+    prefixes: PrefixCache,
+    template: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// How a rendered prompt becomes ids.
+#[derive(Debug)]
+enum Encoder {
+    ByteLevel(bytelevel::ByteLevelBpe),
+    General(General),
+}
+
+/// A tokenizer `tokenizers` encodes, with what windowed tokenization needs of it.
+#[derive(Debug)]
+pub(crate) struct General {
+    tokenizer: tokenizers::Tokenizer,
+    /// The added tokens' texts: a window never ends inside one.
+    added: Vec<String>,
+    /// Whether a prompt may be tokenized in several windows: not when the
+    /// normalizer or pre-tokenizer adds something at the start of a text (a window
+    /// would add it where the whole prompt does not).
+    windows: bool,
+    /// The special tokens' ids the post-processor puts before and after a sequence
+    /// (a completion's prompt); `None` when they could not be worked out.
+    around: Option<(Vec<u32>, Vec<u32>)>,
+}
+
+impl General {
+    fn load(path: &Path) -> Result<Self, TokenizerError> {
+        // `tokenizers` panics on some malformed files (a merge whose joined token is
+        // missing and longer than any in the vocabulary) instead of refusing them.
+        let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(path))
+            .map_err(|_| TokenizerError::at(path, "tokenizers could not read it (it panicked)"))?;
+        let mut tokenizer = loaded.map_err(|e| TokenizerError::at(path, e))?;
+        // Routing needs the prompt's true length: no truncation, no padding.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| TokenizerError::at(path, e))?;
+        tokenizer.with_padding(None);
+        let windows = !window::prepends(&tokenizer);
+        let added = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|token| token.content)
+            .filter(|content| !content.is_empty())
+            .collect();
+        let around = special_tokens_around(&tokenizer);
+        if around.is_none() {
+            tracing::warn!(
+                tokenizer = %path.display(),
+                "the special tokens the tokenizer adds around a sequence could not be worked out: completion prompts and embedding inputs are counted without them"
+            );
+        }
+        Ok(Self {
+            tokenizer,
+            added,
+            windows,
+            around,
+        })
+    }
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it.
+    ///
+    /// # Errors
+    /// The file at fault and what is wrong with it.
+    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+        let encoder = match bytelevel::ByteLevelBpe::load(path) {
+            Some(encoder) => Encoder::ByteLevel(encoder),
+            None => Encoder::General(General::load(path)?),
+        };
+        let config_path = path.with_file_name("tokenizer_config.json");
+        let at_config = |e: &dyn std::fmt::Display| TokenizerError::at(&config_path, e);
+        let text = std::fs::read_to_string(&config_path).map_err(|e| at_config(&e))?;
+        let config: Value = serde_json::from_str(&text).map_err(|e| at_config(&e))?;
+        // A base model may have no chat template: its completions are still tokenized.
+        let template = match &config["chat_template"] {
+            Value::String(t) => Some(t.clone()),
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str())
+                .map(str::to_owned),
+            Value::Null => None,
+            _ => return Err(at_config(&"chat_template must be a string or a list")),
+        };
+        let special = |key: &str| match &config[key] {
+            Value::String(s) => s.clone(),
+            value => value["content"].as_str().unwrap_or_default().to_owned(),
+        };
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        if let Some(template) = template {
+            env.add_template_owned("chat", template)
+                .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
+        }
+        Ok(Self {
+            encoder,
+            prefixes: PrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES),
+            template: env,
+            bos_token: special("bos_token"),
+            eos_token: special("eos_token"),
+        })
+    }
+
+    /// Keeps at most `bytes` of long prompts' prefixes' token ids (0: none), so the
+    /// next turn of a conversation tokenizes only what is new (byte-level BPE
+    /// tokenizers only; others encode every prompt whole).
+    #[must_use]
+    pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
+        self.prefixes = PrefixCache::new(bytes);
+        self
+    }
+
+    /// What the prefix cache has done and holds.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefixes.stats()
+    }
+
+    /// A completion's prompt as it is, with the special tokens the tokenizer adds
+    /// around a sequence when `special_tokens` (as vLLM and SGLang tokenize
+    /// `/v1/completions` prompts, `add_special_tokens` true unless the request says
+    /// otherwise). A tokenizer whose post-processor is not understood adds none.
+    ///
+    /// # Errors
+    /// The tokenizer failed on it.
+    pub fn encode_text(
+        &self,
+        text: &str,
+        special_tokens: bool,
+    ) -> Result<PromptTokens, EncodeError> {
+        let (around, body) = match &self.encoder {
+            Encoder::ByteLevel(encoder) => {
+                let (ids, untokenized_bytes) = self.prefixes.encode(encoder, text);
+                let body = PromptTokens {
+                    ids,
+                    untokenized_bytes,
+                };
+                (encoder.around(), body)
+            }
+            Encoder::General(general) => {
+                let body = window::encode(general, text, window::WINDOW, window::MAX_WINDOW)?;
+                (general.around.as_ref(), body)
+            }
+        };
+        let (before, after) = match around {
+            Some((before, after)) if special_tokens => (&before[..], &after[..]),
+            _ => (&[][..], &[][..]),
+        };
+        let mut ids = Vec::with_capacity(before.len() + body.ids.len() + after.len());
+        ids.extend_from_slice(before);
+        ids.extend(body.ids);
+        if body.untokenized_bytes == 0 {
+            ids.extend_from_slice(after);
+        }
+        Ok(PromptTokens {
+            ids,
+            untokenized_bytes: body.untokenized_bytes,
+        })
+    }
+
+    /// Renders a chat request's `messages` (the JSON array as sent; content parts are
+    /// flattened to text) for generation and returns the prompt's token ids.
+    ///
+    /// # Errors
+    /// `messages` is not a JSON array, or the template or the tokenizer failed on it.
+    pub fn encode_chat(&self, messages: &str) -> Result<PromptTokens, EncodeError> {
+        let mut messages: Vec<Value> =
+            serde_json::from_str(messages).map_err(EncodeError::Messages)?;
+        messages.iter_mut().for_each(flatten_content);
+        let template = self
+            .template
+            .get_template("chat")
+            .map_err(|_| EncodeError::NoChatTemplate)?;
+        let prompt = template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(EncodeError::Template)?;
+        match &self.encoder {
+            Encoder::ByteLevel(encoder) => {
+                let (ids, untokenized_bytes) = self.prefixes.encode(encoder, &prompt);
+                Ok(PromptTokens {
+                    ids,
+                    untokenized_bytes,
+                })
+            }
+            Encoder::General(general) => {
+                window::encode(general, &prompt, window::WINDOW, window::MAX_WINDOW)
+            }
+        }
+    }
+}
+
+/// The ids `tokenizer` puts before and after a sequence when it adds special tokens:
+/// a text encoded with them, less the same text encoded without; `None` when no
+/// probe text shows it.
+fn special_tokens_around(tokenizer: &tokenizers::Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
+    ["a", "hello", "0", "."].into_iter().find_map(|probe| {
+        let with = tokenizer.encode(probe, true).ok()?.get_ids().to_vec();
+        let without = tokenizer.encode(probe, false).ok()?.get_ids().to_vec();
+        if without.is_empty() {
+            return None;
+        }
+        let at = (0..=with.len().saturating_sub(without.len()))
+            .find(|&i| with[i..].starts_with(&without))?;
+        Some((with[..at].to_vec(), with[at + without.len()..].to_vec()))
+    })
+}
+
+/// Joins the text parts of a message whose `content` is a list of parts, in place.
+fn flatten_content(message: &mut Value) {
+    let Some(parts) = message["content"].as_array() else {
+        return;
+    };
+    let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+    message["content"] = Value::String(text);
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn renders_the_template_and_tokenizes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/tokenizer-tiny/tokenizer.json");
+        let t = ChatTokenizer::load(&path).unwrap();
+        let messages = json!([{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]);
+        let ids = t.encode_chat(&messages.to_string()).unwrap().ids;
+        assert_eq!(
+            ids,
+            [1, 2, 4, 5, 3],
+            "<s> <|user|> hello world <|assistant|>"
+        );
+        let missing = ChatTokenizer::load(Path::new("/missing/tokenizer.json")).unwrap_err();
+        assert_eq!(missing.file, Path::new("/missing/tokenizer.json"));
+        assert!(
+            missing.to_string().starts_with("/missing/tokenizer.json: "),
+            "{missing}"
+        );
+    }
+
+    /// The tiny tokenizer with `post_processor` and, beside it, its config without a
+    /// chat template, written to a directory of its own.
+    fn tiny_base_model(post_processor: serde_json::Value) -> PathBuf {
+        let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-tiny");
+        let mut file: Value =
+            serde_json::from_slice(&std::fs::read(testdata.join("tokenizer.json")).unwrap())
+                .unwrap();
+        file["post_processor"] = post_processor;
+        let dir =
+            std::env::temp_dir().join(format!("switchyard-base-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), file.to_string()).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"bos_token": "<s>"}"#).unwrap();
+        dir.join("tokenizer.json")
+    }
+
+    #[test]
+    fn a_base_model_without_a_chat_template_tokenizes_completions_with_its_special_tokens() {
+        let template = json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+        });
+        let path = tiny_base_model(template);
+        let t = ChatTokenizer::load(&path).unwrap();
+        let reference = tokenizers::Tokenizer::from_file(&path).unwrap();
+        let with = reference.encode("hello world", true).unwrap();
+        assert_eq!(with.get_ids(), [1, 4, 5], "<s> hello world");
+        assert_eq!(
+            t.encode_text("hello world", true).unwrap().ids,
+            with.get_ids()
+        );
+        assert_eq!(t.encode_text("hello world", false).unwrap().ids, [4, 5]);
+        let chat = json!([{"role": "user", "content": "hello"}]).to_string();
+        assert!(
+            matches!(t.encode_chat(&chat), Err(EncodeError::NoChatTemplate)),
+            "a chat is refused"
+        );
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+}
