@@ -43,7 +43,7 @@ fn qwen3() -> ChatTokenizer {
 }
 
 fn tokenize(c: &mut Criterion) {
-    let tokenizer = qwen3();
+    let tokenizer = qwen3().with_prefix_cache(router_config::DEFAULT_TOKENIZE_CACHE_BYTES);
     let count = |messages: &str| {
         tokenizer
             .encode_chat(messages)
@@ -65,7 +65,7 @@ fn tokenize(c: &mut Criterion) {
         ("chat_64k_tokens", one(64_000)),
     ];
     // Without a prefix cache: a repeated prompt would be taken from it.
-    let fresh = qwen3().with_prefix_cache(0);
+    let fresh = qwen3();
     let mut group = c.benchmark_group("tokenize_qwen3");
     for (name, messages) in &cases {
         eprintln!(

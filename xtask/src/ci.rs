@@ -25,6 +25,38 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             "warnings",
         ]),
     )?;
+    // Each of these resolves its features alone, as a crate built in another workspace
+    // would: the engine model without its server, the configuration without Redis, the
+    // replay with neither.
+    step(
+        "clippy on crates built alone",
+        cargo().args([
+            "clippy",
+            "--locked",
+            "-p",
+            "engine-sim",
+            "-p",
+            "router-config",
+            "--no-default-features",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    step(
+        "clippy on router-replay alone",
+        cargo().args([
+            "clippy",
+            "--locked",
+            "-p",
+            "router-replay",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
     let python = crate::python::prepare(root)?;
     ensure_os_packages()?;
     step(

@@ -276,6 +276,7 @@ fn catch_all_config(mode: ModelMode) -> BucketConfig {
     }
 }
 
+/// Validates one bucket's configuration at `path` and builds the bucket.
 fn build_bucket(
     path: &str,
     config: &BucketConfig,
@@ -283,61 +284,7 @@ fn build_bucket(
     defaults: &DefaultPolicies,
     handles: &PolicyHandles,
 ) -> Result<Bucket, ConfigError> {
-    let groups = match (&config.groups.plain, &config.groups.pd, roster.mode()) {
-        (Some(_), Some(_), _) => {
-            return Err(ConfigError::at(
-                format!("{path}.groups"),
-                "set either plain or pd, not both: a bucket is plain or prefill/decode",
-            ));
-        }
-        (None, None, _) => {
-            return Err(ConfigError::at(format!("{path}.groups"), "set plain or pd"));
-        }
-        (Some(group), None, Some(ModelMode::Plain) | None) => {
-            let path = format!("{path}.groups.plain");
-            BucketGroups::Plain(build_group(
-                &path,
-                group,
-                Role::Plain,
-                roster,
-                defaults,
-                handles,
-            )?)
-        }
-        (None, Some(pd), Some(ModelMode::Pd) | None) => {
-            let path = format!("{path}.groups.pd");
-            BucketGroups::Pd {
-                prefill: build_group(
-                    &format!("{path}.prefill"),
-                    &pd.prefill,
-                    Role::Prefill,
-                    roster,
-                    defaults,
-                    handles,
-                )?,
-                decode: build_group(
-                    &format!("{path}.decode"),
-                    &pd.decode,
-                    Role::Decode,
-                    roster,
-                    defaults,
-                    handles,
-                )?,
-            }
-        }
-        (Some(_), None, Some(ModelMode::Pd)) => {
-            return Err(ConfigError::at(
-                format!("{path}.groups.plain"),
-                "the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
-            ));
-        }
-        (None, Some(_), Some(ModelMode::Plain)) => {
-            return Err(ConfigError::at(
-                format!("{path}.groups.pd"),
-                "the model is served by plain engines; use groups.plain",
-            ));
-        }
-    };
+    let groups = build_groups(path, &config.groups, roster, defaults, handles)?;
     let bucket = Bucket::new(
         config.id.as_str(),
         config.rank,
@@ -345,7 +292,83 @@ fn build_bucket(
         config.max_context_tokens,
         groups,
     )
-    .map_err(|e| match e {
+    .map_err(|e| bucket_error(path, e))?
+    .with_load(std::sync::Arc::clone(&handles.load));
+    match config.slo {
+        None => Ok(bucket),
+        Some(targets) => match targets.problem() {
+            Some(problem) => Err(ConfigError::at(format!("{path}.slo"), problem)),
+            None => Ok(bucket.with_slo(targets)),
+        },
+    }
+}
+
+/// Validates the groups of the bucket at `path` against the model's mode and builds
+/// them.
+fn build_groups(
+    path: &str,
+    config: &GroupsConfig,
+    roster: &ModelRoster,
+    defaults: &DefaultPolicies,
+    handles: &PolicyHandles,
+) -> Result<BucketGroups, ConfigError> {
+    match (&config.plain, &config.pd, roster.mode()) {
+        (Some(_), Some(_), _) => Err(ConfigError::at(
+            format!("{path}.groups"),
+            "set either plain or pd, not both: a bucket is plain or prefill/decode",
+        )),
+        (None, None, _) => Err(ConfigError::at(format!("{path}.groups"), "set plain or pd")),
+        (Some(group), None, Some(ModelMode::Plain) | None) => {
+            let path = format!("{path}.groups.plain");
+            let group = build_group(&path, group, Role::Plain, roster, defaults, handles)?;
+            Ok(BucketGroups::Plain(group))
+        }
+        (None, Some(pd), Some(ModelMode::Pd) | None) => {
+            build_pd_groups(&format!("{path}.groups.pd"), pd, roster, defaults, handles)
+        }
+        (Some(_), None, Some(ModelMode::Pd)) => Err(ConfigError::at(
+            format!("{path}.groups.plain"),
+            "the model is served by prefill/decode engines; use groups.pd with prefill and decode groups",
+        )),
+        (None, Some(_), Some(ModelMode::Plain)) => Err(ConfigError::at(
+            format!("{path}.groups.pd"),
+            "the model is served by plain engines; use groups.plain",
+        )),
+    }
+}
+
+/// Builds the prefill group, then the decode group, of the `pd` groups at `path`.
+fn build_pd_groups(
+    path: &str,
+    pd: &PdGroupsConfig,
+    roster: &ModelRoster,
+    defaults: &DefaultPolicies,
+    handles: &PolicyHandles,
+) -> Result<BucketGroups, ConfigError> {
+    Ok(BucketGroups::Pd {
+        prefill: build_group(
+            &format!("{path}.prefill"),
+            &pd.prefill,
+            Role::Prefill,
+            roster,
+            defaults,
+            handles,
+        )?,
+        decode: build_group(
+            &format!("{path}.decode"),
+            &pd.decode,
+            Role::Decode,
+            roster,
+            defaults,
+            handles,
+        )?,
+    })
+}
+
+/// The configuration error, with its field's path, of a bucket at `path` that
+/// [`Bucket::new`] refused.
+fn bucket_error(path: &str, error: BucketError) -> ConfigError {
+    match error {
         BucketError::EmptyId => ConfigError::at(format!("{path}.id"), "must not be empty"),
         BucketError::EmptyRange { min, max, .. } => ConfigError::at(
             format!("{path}.limits"),
@@ -356,14 +379,6 @@ fn build_bucket(
             format_args!("{context} is below limits.min ({min}), so no request fits"),
         ),
         other => ConfigError::at(path, other),
-    })?
-    .with_load(std::sync::Arc::clone(&handles.load));
-    match config.slo {
-        None => Ok(bucket),
-        Some(targets) => match targets.problem() {
-            Some(problem) => Err(ConfigError::at(format!("{path}.slo"), problem)),
-            None => Ok(bucket.with_slo(targets)),
-        },
     }
 }
 

@@ -190,35 +190,43 @@ impl AffinitySettings {
     }
 
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let Self {
+            session_header,
+            routing_key_header,
+            idle_timeout_ms,
+            sweep_interval_ms,
+            max_entries,
+            max_key_bytes,
+            backend: _,
+            redis: _,
+        } = self;
+        // The backend and its server are checked together.
         self.validate_backend(errors);
         for (field, name) in [
-            ("affinity.session_header", &self.session_header),
-            ("affinity.routing_key_header", &self.routing_key_header),
+            ("affinity.session_header", session_header),
+            ("affinity.routing_key_header", routing_key_header),
         ] {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 errors.push(ConfigError::at(field, "is not a valid HTTP header name"));
             }
         }
-        if self
-            .session_header
-            .eq_ignore_ascii_case(&self.routing_key_header)
-        {
+        if session_header.eq_ignore_ascii_case(routing_key_header) {
             errors.push(ConfigError::at(
                 "affinity.routing_key_header",
                 "must differ from affinity.session_header",
             ));
         }
-        if self.idle_timeout_ms > MAX_MS {
+        if *idle_timeout_ms > MAX_MS {
             errors.push(ConfigError::at(
                 "affinity.idle_timeout_ms",
                 format_args!("must be at most {} (one day)", MAX_MS),
             ));
         }
         for (field, value) in [
-            ("affinity.idle_timeout_ms", self.idle_timeout_ms),
-            ("affinity.sweep_interval_ms", self.sweep_interval_ms),
-            ("affinity.max_entries", self.max_entries as u64),
-            ("affinity.max_key_bytes", self.max_key_bytes as u64),
+            ("affinity.idle_timeout_ms", *idle_timeout_ms),
+            ("affinity.sweep_interval_ms", *sweep_interval_ms),
+            ("affinity.max_entries", *max_entries as u64),
+            ("affinity.max_key_bytes", *max_key_bytes as u64),
         ] {
             if value == 0 {
                 errors.push(ConfigError::at(field, "must be at least 1"));
@@ -248,28 +256,36 @@ impl AffinitySettings {
         {
             errors.push(ConfigError::at("affinity.redis.url", e));
         }
-        if redis.key_prefix.is_empty()
-            || redis.key_prefix.len() > MAX_KEY_PREFIX_BYTES
-            || !redis.key_prefix.bytes().all(|b| b.is_ascii_graphic())
+        let RedisConfig {
+            // Checked as the Redis store parses it, above.
+            url: _,
+            key_prefix,
+            timeout_ms,
+            local_cache_ms,
+            reconnect_interval_ms,
+        } = redis;
+        if key_prefix.is_empty()
+            || key_prefix.len() > MAX_KEY_PREFIX_BYTES
+            || !key_prefix.bytes().all(|b| b.is_ascii_graphic())
         {
             errors.push(ConfigError::at(
                 "affinity.redis.key_prefix",
                 format!("must be 1 to {MAX_KEY_PREFIX_BYTES} bytes of visible ASCII"),
             ));
         }
-        if !(1..=MAX_REDIS_TIMEOUT_MS).contains(&redis.timeout_ms) {
+        if !(1..=MAX_REDIS_TIMEOUT_MS).contains(timeout_ms) {
             errors.push(ConfigError::at(
                 "affinity.redis.timeout_ms",
                 format!("must be 1 to {MAX_REDIS_TIMEOUT_MS}"),
             ));
         }
-        if redis.local_cache_ms >= self.idle_timeout_ms {
+        if *local_cache_ms >= self.idle_timeout_ms {
             errors.push(ConfigError::at(
                 "affinity.redis.local_cache_ms",
                 "must be below affinity.idle_timeout_ms",
             ));
         }
-        if redis.reconnect_interval_ms == 0 {
+        if *reconnect_interval_ms == 0 {
             errors.push(ConfigError::at(
                 "affinity.redis.reconnect_interval_ms",
                 "must be at least 1",

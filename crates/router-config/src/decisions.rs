@@ -69,32 +69,35 @@ impl DecisionsConfig {
     }
 
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let Self {
+            path,
+            sample_ratio,
+            max_file_bytes,
+            queue,
+        } = self;
         let mut fail = |field: &str, message: String| {
             errors.push(ConfigError::at(format!("decisions.{field}"), message));
         };
-        if self.path.as_os_str().is_empty() {
+        if path.as_os_str().is_empty() {
             fail("path", "must name a file".into());
         }
-        if !(self.sample_ratio > 0.0 && self.sample_ratio <= 1.0) {
+        if !(*sample_ratio > 0.0 && *sample_ratio <= 1.0) {
             fail(
                 "sample_ratio",
-                format!("must be above 0 and at most 1, not {}", self.sample_ratio),
+                format!("must be above 0 and at most 1, not {}", *sample_ratio),
             );
         }
-        if !(MIN_FILE_BYTES..=MAX_FILE_BYTES).contains(&self.max_file_bytes) {
+        if !(MIN_FILE_BYTES..=MAX_FILE_BYTES).contains(max_file_bytes) {
             fail(
                 "max_file_bytes",
                 format!(
                     "must be {MIN_FILE_BYTES} to {MAX_FILE_BYTES}, not {}",
-                    self.max_file_bytes
+                    *max_file_bytes
                 ),
             );
         }
-        if !(1..=MAX_QUEUE).contains(&self.queue) {
-            fail(
-                "queue",
-                format!("must be 1 to {MAX_QUEUE}, not {}", self.queue),
-            );
+        if !(1..=MAX_QUEUE).contains(queue) {
+            fail("queue", format!("must be 1 to {MAX_QUEUE}, not {}", *queue));
         }
     }
 }

@@ -72,7 +72,15 @@ fn default_debounce() -> u64 {
 
 impl DiscoveryConfig {
     pub(crate) fn validate(&self, models: &[&str], errors: &mut Vec<ConfigError>) {
-        let Some(kubernetes) = &self.kubernetes else {
+        let Self { kubernetes } = self;
+        let Some(KubernetesConfig {
+            namespace,
+            api_url,
+            relist_interval_ms,
+            debounce_ms,
+            models: pods,
+        }) = kubernetes
+        else {
             return;
         };
         if !cfg!(feature = "kubernetes") {
@@ -81,13 +89,13 @@ impl DiscoveryConfig {
                 "this build has no Kubernetes discovery (cargo feature kubernetes)",
             ));
         }
-        if !dns_label(&kubernetes.namespace) {
+        if !dns_label(namespace) {
             errors.push(ConfigError::at(
                 "discovery.kubernetes.namespace",
                 "must be a DNS label: 1 to 63 lowercase letters, digits and '-'",
             ));
         }
-        if let Some(url) = &kubernetes.api_url
+        if let Some(url) = api_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
             errors.push(ConfigError::at(
@@ -95,36 +103,44 @@ impl DiscoveryConfig {
                 "must start with http:// or https://",
             ));
         }
-        if !(1_000..=MAX_MS).contains(&kubernetes.relist_interval_ms) {
+        if !(1_000..=MAX_MS).contains(relist_interval_ms) {
             errors.push(ConfigError::at(
                 "discovery.kubernetes.relist_interval_ms",
                 format_args!("must be 1000 to {MAX_MS}"),
             ));
         }
-        if kubernetes.debounce_ms > 60_000 {
+        if *debounce_ms > 60_000 {
             errors.push(ConfigError::at(
                 "discovery.kubernetes.debounce_ms",
                 "must be at most 60000",
             ));
         }
-        if kubernetes.models.is_empty() {
+        if pods.is_empty() {
             errors.push(ConfigError::at(
                 "discovery.kubernetes.models",
                 "must name at least one model's pods",
             ));
         }
-        for (m, model) in kubernetes.models.iter().enumerate() {
+        for (m, pod) in pods.iter().enumerate() {
+            let KubernetesModel {
+                model,
+                selector,
+                // Any role; absent = from each engine's `/server_info`.
+                role: _,
+                port,
+                bootstrap_port,
+            } = pod;
             let at = |field: &str| format!("discovery.kubernetes.models[{m}].{field}");
-            if !models.contains(&model.model.as_str()) {
+            if !models.contains(&model.as_str()) {
                 errors.push(ConfigError::at(at("model"), "must be a model of `models`"));
             }
-            if model.selector.is_empty() {
+            if selector.is_empty() {
                 errors.push(ConfigError::at(
                     at("selector"),
                     "must name at least one label (an empty selector is every pod)",
                 ));
             }
-            for (key, value) in &model.selector {
+            for (key, value) in selector {
                 if !label_part(key, 253, true) || !label_part(value, 63, false) {
                     errors.push(ConfigError::at(
                         at("selector"),
@@ -132,7 +148,7 @@ impl DiscoveryConfig {
                     ));
                 }
             }
-            if model.port == 0 || model.bootstrap_port == Some(0) {
+            if *port == 0 || *bootstrap_port == Some(0) {
                 errors.push(ConfigError::at(at("port"), "ports must be 1 to 65535"));
             }
         }

@@ -4,8 +4,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::ConfigError;
 use crate::timeouts::{check_count, check_ms};
+use crate::{ConfigError, MAX_MS};
 
 /// Health probes (`GET /health`) and the circuit breaker fed by dispatch failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -72,10 +72,19 @@ impl HealthConfig {
             failure_threshold,
             success_threshold,
             breaker_failures,
-            breaker_cooldown_ms: _,
+            breaker_cooldown_ms,
         } = *self;
         check_ms("health.interval_ms", interval_ms, errors);
         check_ms("health.timeout_ms", timeout_ms, errors);
+        // 0: an open breaker lets a probe through at once. A day at most: the
+        // breaker's reopening time is its opening time plus the cooldown, which
+        // overflows the clock (a panic) for the largest values.
+        if breaker_cooldown_ms > MAX_MS {
+            errors.push(ConfigError::at(
+                "health.breaker_cooldown_ms",
+                format_args!("must be at most {MAX_MS} (one day)"),
+            ));
+        }
         for (field, value) in [
             ("health.failure_threshold", failure_threshold),
             ("health.success_threshold", success_threshold),

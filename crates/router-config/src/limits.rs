@@ -7,7 +7,8 @@ use crate::ConfigError;
 use crate::timeouts::check_count;
 
 /// The bytes of long prompts' prefixes' token ids each model's tokenizer keeps when
-/// `limits.tokenize_cache_bytes` is not set.
+/// `limits.tokenize_cache_bytes` is not set (a tokenizer loaded elsewhere keeps none
+/// unless given a budget).
 pub const DEFAULT_TOKENIZE_CACHE_BYTES: usize = 64 << 20;
 
 /// The most prompts `limits.tokenize_concurrency` lets be tokenized at once.

@@ -29,10 +29,11 @@ fn default_indexer_timeout() -> u64 {
 impl PrefixIndexerConfig {
     /// The URL is an engine-style base URL; the timeout 1 to 10000 ms.
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
-        if let Err(e) = router_upstream::check_engine_url(&self.url) {
+        let Self { url, timeout_ms } = self;
+        if let Err(e) = router_upstream::check_engine_url(url) {
             errors.push(ConfigError::at("prefix_indexer.url", e));
         }
-        if !(1..=10_000).contains(&self.timeout_ms) {
+        if !(1..=10_000).contains(timeout_ms) {
             errors.push(ConfigError::at(
                 "prefix_indexer.timeout_ms",
                 "must be 1 to 10000",

@@ -66,25 +66,31 @@ impl Default for RetryConfig {
 
 impl RetryConfig {
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
-        if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
+        let &Self {
+            max_attempts,
+            budget_ratio,
+            budget_floor,
+            budget_window_ms,
+        } = self;
+        if !(1..=MAX_ATTEMPTS).contains(&max_attempts) {
             errors.push(ConfigError::at(
                 "retries.max_attempts",
                 format_args!("must be between 1 (no retries) and {MAX_ATTEMPTS}"),
             ));
         }
-        if !(0.0..=1.0).contains(&self.budget_ratio) {
+        if !(0.0..=1.0).contains(&budget_ratio) {
             errors.push(ConfigError::at(
                 "retries.budget_ratio",
                 "must be between 0 and 1",
             ));
         }
-        if self.budget_floor > MAX_FLOOR {
+        if budget_floor > MAX_FLOOR {
             errors.push(ConfigError::at(
                 "retries.budget_floor",
                 format_args!("must be at most {MAX_FLOOR}"),
             ));
         }
-        if !(1..=MAX_MS).contains(&self.budget_window_ms) {
+        if !(1..=MAX_MS).contains(&budget_window_ms) {
             errors.push(ConfigError::at(
                 "retries.budget_window_ms",
                 format_args!("must be between 1 and {MAX_MS} (one day)"),

@@ -150,6 +150,7 @@ impl RouterConfig {
             prefix_indexer,
             decisions,
             traces,
+            // Any grace: a longer wait than a clock can tell is waiting for good.
             shutdown_grace_ms: _,
         } = self;
         let mut errors = Vec::new();

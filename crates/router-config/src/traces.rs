@@ -69,10 +69,17 @@ impl TracesConfig {
     }
 
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let Self {
+            otlp_endpoint,
+            service_name,
+            sample_ratio,
+            export_timeout_ms,
+            queue,
+        } = self;
         let mut fail = |field: &str, message: String| {
             errors.push(ConfigError::at(format!("traces.{field}"), message));
         };
-        let endpoint = &self.otlp_endpoint;
+        let endpoint = otlp_endpoint;
         if endpoint.len() > MAX_ENDPOINT_BYTES
             || !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
             || http::Uri::try_from(endpoint.as_str()).is_err()
@@ -82,7 +89,7 @@ impl TracesConfig {
                 format!("must be an http:// or https:// URL of at most {MAX_ENDPOINT_BYTES} bytes"),
             );
         }
-        let name = &self.service_name;
+        let name = service_name;
         if name.is_empty()
             || name.len() > MAX_SERVICE_NAME_BYTES
             || !name.bytes().all(|b| b.is_ascii_graphic())
@@ -92,16 +99,16 @@ impl TracesConfig {
                 format!("must be 1 to {MAX_SERVICE_NAME_BYTES} printable ASCII characters"),
             );
         }
-        if !(self.sample_ratio > 0.0 && self.sample_ratio <= 1.0) {
+        if !(*sample_ratio > 0.0 && *sample_ratio <= 1.0) {
             fail(
                 "sample_ratio",
-                format!("must be above 0 and at most 1, not {}", self.sample_ratio),
+                format!("must be above 0 and at most 1, not {}", *sample_ratio),
             );
         }
-        if !(100..=60_000).contains(&self.export_timeout_ms) {
+        if !(100..=60_000).contains(export_timeout_ms) {
             fail("export_timeout_ms", "must be between 100 and 60000".into());
         }
-        if !(1..=MAX_QUEUE).contains(&self.queue) {
+        if !(1..=MAX_QUEUE).contains(queue) {
             fail("queue", format!("must be between 1 and {MAX_QUEUE}"));
         }
     }

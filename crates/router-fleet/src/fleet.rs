@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
 use router_state::{
     DEFAULT_MAX_FEED_MESSAGE_BYTES, Engine, EngineId, EngineRegistry, EngineReportedLoadTable,
-    FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot, check_name,
+    FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot, Role, check_name,
 };
 use router_upstream::{ServerInfo, Upstream, authority, check_engine_url};
 use tokio::task::JoinHandle;
@@ -297,64 +297,13 @@ impl Fleet {
                 reachable: info.is_some(),
             },
         )?;
-        let dp_size = match (spec.dp_size, known.dp_size) {
-            (Some(configured), _) => configured,
-            (None, Some(advertised)) if advertised > MAX_DP_SIZE => {
-                return Err(FleetError::DpSize {
-                    value: advertised.into(),
-                    introspected: true,
-                });
-            }
-            (None, advertised) => advertised.unwrap_or(1),
-        };
-        let dp_size = NonZeroU32::new(dp_size).unwrap_or(NonZeroU32::MIN);
-        let mut engine = Engine::new(
-            spec.id.clone(),
-            spec.url.as_str(),
-            spec.model.as_str(),
-            role,
-        )
-        .with_dp_size(dp_size)
-        .with_adapters(known.adapters.iter().map(String::as_str));
-        if let Some(port) = spec.bootstrap_port.or(known.bootstrap_port) {
-            engine = engine.with_bootstrap_port(port);
-        }
+        let dp_size = dp_size_of(&spec, &known)?;
         let healthy = info.is_some();
-        let engine = engine.with_health(if healthy {
-            Health::Healthy
-        } else {
-            Health::Unhealthy
-        });
+        let engine = engine_of(&spec, &known, role, dp_size, healthy);
         let membership = self.membership.lock();
-        let replaced = if replace {
-            self.registry.replace(engine)?
-        } else {
-            self.registry.add(engine)?;
-            None
-        };
-        if let Some(old) = &replaced {
-            self.forget(old);
-        }
+        let replaced = self.register(engine, replace)?;
         let id = spec.id.clone();
-        self.load.register(&id, dp_size);
-        self.health.insert(id.clone(), healthy);
-        if let Some(authority) = authority(&spec.url) {
-            self.authorities.rcu(|authorities| {
-                let mut next = HashMap::clone(authorities);
-                next.insert(id.clone(), Arc::clone(&authority));
-                next
-            });
-        }
-        let feeds = self.start_feeds(&spec, dp_size, info.as_ref());
-        self.engines.lock().insert(
-            id.clone(),
-            Runtime {
-                spec,
-                introspected: healthy,
-                info,
-                feeds,
-            },
-        );
+        self.remember(spec, dp_size, info, healthy);
         let engine = self
             .registry
             .snapshot()
@@ -367,6 +316,52 @@ impl Fleet {
         }
         self.notify(&FleetEvent::Added(Arc::clone(&engine)));
         Ok(engine)
+    }
+
+    /// Puts `engine` in the registry, in the place of the one with its id when
+    /// `replace` is set; forgets the replaced engine and returns it.
+    fn register(&self, engine: Engine, replace: bool) -> Result<Option<Arc<Engine>>, FleetError> {
+        let replaced = if replace {
+            self.registry.replace(engine)?
+        } else {
+            self.registry.add(engine)?;
+            None
+        };
+        if let Some(old) = &replaced {
+            self.forget(old);
+        }
+        Ok(replaced)
+    }
+
+    /// Keeps what the fleet knows of an engine that joined the registry: its load
+    /// reports, health, address, feeds and spec.
+    fn remember(
+        &self,
+        spec: EngineSpec,
+        dp_size: NonZeroU32,
+        info: Option<ServerInfo>,
+        healthy: bool,
+    ) {
+        let id = spec.id.clone();
+        self.load.register(&id, dp_size);
+        self.health.insert(id.clone(), healthy);
+        if let Some(authority) = authority(&spec.url) {
+            self.authorities.rcu(|authorities| {
+                let mut next = HashMap::clone(authorities);
+                next.insert(id.clone(), Arc::clone(&authority));
+                next
+            });
+        }
+        let feeds = self.start_feeds(&spec, dp_size, info.as_ref());
+        self.engines.lock().insert(
+            id,
+            Runtime {
+                spec,
+                introspected: healthy,
+                info,
+                feeds,
+            },
+        );
     }
 
     fn start_feeds(
@@ -587,4 +582,47 @@ fn check(spec: &EngineSpec) -> Result<(), FleetError> {
         }),
         _ => Ok(()),
     }
+}
+
+/// The engine's data-parallel size: the configured one, else the advertised one
+/// (within bounds), else 1.
+fn dp_size_of(spec: &EngineSpec, known: &ServerInfo) -> Result<NonZeroU32, FleetError> {
+    let dp_size = match (spec.dp_size, known.dp_size) {
+        (Some(configured), _) => configured,
+        (None, Some(advertised)) if advertised > MAX_DP_SIZE => {
+            return Err(FleetError::DpSize {
+                value: advertised.into(),
+                introspected: true,
+            });
+        }
+        (None, advertised) => advertised.unwrap_or(1),
+    };
+    Ok(NonZeroU32::new(dp_size).unwrap_or(NonZeroU32::MIN))
+}
+
+/// The engine of `spec` with what introspection found (configured values win),
+/// healthy or not as `healthy` says.
+fn engine_of(
+    spec: &EngineSpec,
+    known: &ServerInfo,
+    role: Role,
+    dp_size: NonZeroU32,
+    healthy: bool,
+) -> Engine {
+    let mut engine = Engine::new(
+        spec.id.clone(),
+        spec.url.as_str(),
+        spec.model.as_str(),
+        role,
+    )
+    .with_dp_size(dp_size)
+    .with_adapters(known.adapters.iter().map(String::as_str));
+    if let Some(port) = spec.bootstrap_port.or(known.bootstrap_port) {
+        engine = engine.with_bootstrap_port(port);
+    }
+    engine.with_health(if healthy {
+        Health::Healthy
+    } else {
+        Health::Unhealthy
+    })
 }

@@ -2,7 +2,6 @@
 //! request path, started once from a validated configuration.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,9 +21,10 @@ use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
 use crate::spans::Spans;
-use crate::validated::{AffinityHeaders, ModelPlan, RestartOnly, ValidatedConfig};
+use crate::validated::{AffinityHeaders, ModelPlan, ModelTokenizer, RestartOnly, ValidatedConfig};
 
-/// Why the router could not start.
+/// Why the router could not start. Each message holds the error it carries, which is
+/// no `source` too (a chain of sources would print it twice).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
@@ -32,23 +32,23 @@ pub enum StartError {
     #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
     Config(Vec<ConfigError>),
     /// The listener could not be bound.
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}: {problem}")]
     Listen {
         /// The address.
         addr: std::net::SocketAddr,
         /// The cause.
-        source: std::io::Error,
+        problem: std::io::Error,
     },
     /// The span exporter could not be built.
     #[error("starting the span exporter for traces.otlp_endpoint: {0}")]
     Traces(String),
     /// The decision records' file could not be opened.
-    #[error("opening the decision records' file {path}: {source}")]
+    #[error("opening the decision records' file {path}: {problem}")]
     Decisions {
         /// The file.
         path: std::path::PathBuf,
         /// The cause.
-        source: std::io::Error,
+        problem: std::io::Error,
     },
 }
 
@@ -87,8 +87,8 @@ pub(crate) struct Configured {
     pub(crate) restart_only: RestartOnly,
     pub(crate) engines: HashMap<EngineId, EngineSpec>,
     pub(crate) models: HashSet<String>,
-    /// The models' tokenizers, by file.
-    pub(crate) tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+    /// The models' tokenizers, by model and file.
+    pub(crate) tokenizers: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
 }
 
 impl Configured {
@@ -109,10 +109,8 @@ impl Configured {
                 .models
                 .iter()
                 .filter_map(|m| {
-                    Some((
-                        m.tokenizer_path.clone()?,
-                        Arc::clone(m.selection.tokenizer.as_ref()?),
-                    ))
+                    let key = (m.selection.id.clone(), m.tokenizer_path.clone()?);
+                    Some((key, Arc::clone(m.selection.tokenizer.as_ref()?)))
                 })
                 .collect(),
         }
@@ -164,9 +162,9 @@ impl AppContext {
         let decisions = match &config.decisions {
             Some(decisions) => Some(Arc::new(
                 DecisionLog::open(decisions, metrics.decision_records.clone()).map_err(
-                    |source| StartError::Decisions {
+                    |problem| StartError::Decisions {
                         path: decisions.path.clone(),
-                        source,
+                        problem,
                     },
                 )?,
             )),

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use router_buckets::{BucketPick, EnginePicks};
 use router_config::PdProtocol;
 use router_policy::Pick;
-use router_state::{Engine, EngineId};
+use router_state::{Engine, EngineId, InflightGuard};
 use router_upstream::H1Body;
 use tokio::time::Instant;
 
@@ -145,16 +145,41 @@ fn plain_headers(bucket: HeaderValue, pick: &Pick) -> HeaderMap {
     headers
 }
 
-/// The routing headers of a PD answer: the bucket, both engines, and why each was
-/// picked (`x-switchyard-reason: prefill=<reason>, decode=<reason>`).
-fn pd_headers(bucket: HeaderValue, prefill: &Pick, decode: &Pick) -> HeaderMap {
-    let mut headers = answer_headers(bucket);
-    headers.insert(PREFILL, id_header(&prefill.engine));
-    headers.insert(DECODE, id_header(&decode.engine));
-    let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
-    let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
-    headers.insert(REASON, reasons);
-    headers
+/// A prefill and a decode engine about to be sent a request: the rank each leg
+/// names, one in-flight guard each, and the answer's routing headers (the bucket,
+/// both engines, and why each was picked: `x-switchyard-reason: prefill=<reason>,
+/// decode=<reason>`).
+struct Pair {
+    prefill: Arc<Engine>,
+    decode: Arc<Engine>,
+    prefill_rank: Option<u32>,
+    decode_rank: Option<u32>,
+    guards: Vec<InflightGuard>,
+    headers: HeaderMap,
+}
+
+impl Pair {
+    fn new(ctx: &AppContext, bucket: HeaderValue, prefill: Pick, decode: Pick) -> Self {
+        let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
+        let guards = vec![
+            ranks::guard(ctx, &prefill.engine, prefill_rank),
+            ranks::guard(ctx, &decode.engine, decode_rank),
+        ];
+        let mut headers = answer_headers(bucket);
+        headers.insert(PREFILL, id_header(&prefill.engine));
+        headers.insert(DECODE, id_header(&decode.engine));
+        let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
+        let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
+        headers.insert(REASON, reasons);
+        Self {
+            prefill: prefill.engine,
+            decode: decode.engine,
+            prefill_rank,
+            decode_rank,
+            guards,
+            headers,
+        }
+    }
 }
 
 /// The answer's own header map, with its bucket: room for the routing headers, the

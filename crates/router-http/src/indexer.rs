@@ -134,9 +134,9 @@ pub async fn start_indexer(
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
         .with_state(indexer);
-    let bind = |source| StartError::Listen {
+    let bind = |problem| StartError::Listen {
         addr: listen,
-        source,
+        problem,
     };
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind)?;
     let addr = listener.local_addr().map_err(bind)?;

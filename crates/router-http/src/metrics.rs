@@ -118,106 +118,138 @@ impl Metrics {
         affinity: Option<Arc<dyn AffinityStore>>,
         routing: &Arc<Routing>,
     ) -> Self {
-        let mut registry = Registry::with_prefix("switchyard");
-        let requests = Family::default();
-        registry.register(
-            "requests",
-            "Routed requests by model, outcome and error code",
-            requests.clone(),
-        );
-        let picks = Family::default();
-        registry.register(
-            "picks",
-            "Engine picks by model, bucket, stage, engine and reason",
-            picks.clone(),
-        );
-        let slo_demotions = Family::default();
-        registry.register(
-            "slo_demotions",
-            "Routed requests that tried a fitting bucket last because it was predicted to miss its latency targets, by model and bucket",
-            slo_demotions.clone(),
-        );
-        let upstream_latency: Histograms<StageLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "upstream_latency_seconds",
-            "Time from dispatch to the engine's response head, by stage",
-            upstream_latency.clone(),
-        );
-        let time_to_first_token: Histograms<ModelLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "time_to_first_token_seconds",
-            "Time from a request's arrival to its first response byte",
-            time_to_first_token.clone(),
-        );
-        let predicted_cached_tokens = Family::default();
-        registry.register(
-            "predicted_cached_tokens",
-            "Prompt tokens cache-aware picks expected their engines to find cached, by model and stage",
-            predicted_cached_tokens.clone(),
-        );
-        let predicted_prompt_tokens = Family::default();
-        registry.register(
-            "predicted_prompt_tokens",
-            "Prompt tokens of the picks that predicted cached tokens, by model and stage",
-            predicted_prompt_tokens.clone(),
-        );
-        let retries = Family::default();
-        registry.register(
-            "retries",
-            "Requests sent again to another engine, by why the engine never started them",
-            retries.clone(),
-        );
-        let retries_refused = Counter::default();
-        registry.register(
-            "retries_refused",
-            "Retries the router-wide retry budget refused",
-            retries_refused.clone(),
-        );
+        let mut metrics = Self::unregistered();
+        metrics.register_routing();
+        metrics.register_latency();
+        metrics.register_predictions();
+        metrics.register_retries();
+        metrics.register_operations();
+        metrics.register_collectors(fleet, affinity, routing);
+        metrics
+    }
+
+    /// The request-path families, none of them registered yet; each configuration
+    /// reload outcome is present.
+    fn unregistered() -> Self {
         let config_reloads: Family<OutcomeLabels, Counter> = Family::default();
         for outcome in ["applied", "invalid", "failed"] {
             drop(config_reloads.get_or_create(&OutcomeLabels { outcome }));
         }
-        registry.register(
+        Self {
+            registry: Registry::with_prefix("switchyard"),
+            requests: Family::default(),
+            picks: Family::default(),
+            slo_demotions: Family::default(),
+            upstream_latency: Family::new_with_constructor(latency_histogram),
+            time_to_first_token: Family::new_with_constructor(latency_histogram),
+            predicted_cached_tokens: Family::default(),
+            predicted_prompt_tokens: Family::default(),
+            retries: Family::default(),
+            retries_refused: Counter::default(),
+            config_reloads,
+            decision_records: Family::default(),
+            spans: Family::default(),
+        }
+    }
+
+    /// Registers the families of routing decisions: requests, picks and demotions.
+    fn register_routing(&mut self) {
+        self.registry.register(
+            "requests",
+            "Routed requests by model, outcome and error code",
+            self.requests.clone(),
+        );
+        self.registry.register(
+            "picks",
+            "Engine picks by model, bucket, stage, engine and reason",
+            self.picks.clone(),
+        );
+        self.registry.register(
+            "slo_demotions",
+            "Routed requests that tried a fitting bucket last because it was predicted to miss its latency targets, by model and bucket",
+            self.slo_demotions.clone(),
+        );
+    }
+
+    /// Registers the latency histograms: upstream latency and time to first token.
+    fn register_latency(&mut self) {
+        self.registry.register(
+            "upstream_latency_seconds",
+            "Time from dispatch to the engine's response head, by stage",
+            self.upstream_latency.clone(),
+        );
+        self.registry.register(
+            "time_to_first_token_seconds",
+            "Time from a request's arrival to its first response byte",
+            self.time_to_first_token.clone(),
+        );
+    }
+
+    /// Registers the cache-aware picks' predicted cached tokens and their denominator.
+    fn register_predictions(&mut self) {
+        self.registry.register(
+            "predicted_cached_tokens",
+            "Prompt tokens cache-aware picks expected their engines to find cached, by model and stage",
+            self.predicted_cached_tokens.clone(),
+        );
+        self.registry.register(
+            "predicted_prompt_tokens",
+            "Prompt tokens of the picks that predicted cached tokens, by model and stage",
+            self.predicted_prompt_tokens.clone(),
+        );
+    }
+
+    /// Registers the retries and the retries the budget refused.
+    fn register_retries(&mut self) {
+        self.registry.register(
+            "retries",
+            "Requests sent again to another engine, by why the engine never started them",
+            self.retries.clone(),
+        );
+        self.registry.register(
+            "retries_refused",
+            "Retries the router-wide retry budget refused",
+            self.retries_refused.clone(),
+        );
+    }
+
+    /// Registers the operational families: configuration reloads, decision records
+    /// and spans.
+    fn register_operations(&mut self) {
+        self.registry.register(
             "config_reloads",
             "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed)",
-            config_reloads.clone(),
+            self.config_reloads.clone(),
         );
-        let decision_records = Family::default();
-        registry.register(
+        self.registry.register(
             "decision_records",
             "Decision records: written, dropped (the writer's queue was full) or failed (the file could not be written)",
-            decision_records.clone(),
+            self.decision_records.clone(),
         );
-        let spans = Family::default();
-        registry.register(
+        self.registry.register(
             "spans",
             "The router's spans: ended (handed to the exporter's bounded queue), exported, or failed (their export failed); ended minus the others were dropped by the full queue or wait in it",
-            spans.clone(),
+            self.spans.clone(),
         );
-        router_fleet::register_metrics(fleet, &mut registry);
+    }
+
+    /// Registers the collectors read at scrape time: the fleet's, the affinity
+    /// store's (when there is one) and the tokenizers' prefix caches'.
+    fn register_collectors(
+        &mut self,
+        fleet: &Arc<Fleet>,
+        affinity: Option<Arc<dyn AffinityStore>>,
+        routing: &Arc<Routing>,
+    ) {
+        router_fleet::register_metrics(fleet, &mut self.registry);
         if let Some(store) = affinity {
-            registry.register_collector(Box::new(affinity::AffinityCollector(store)));
+            self.registry
+                .register_collector(Box::new(affinity::AffinityCollector(store)));
         }
-        registry.register_collector(Box::new(prefix_cache::PrefixCacheCollector(Arc::clone(
-            routing,
-        ))));
-        Self {
-            registry,
-            requests,
-            picks,
-            slo_demotions,
-            upstream_latency,
-            time_to_first_token,
-            predicted_cached_tokens,
-            predicted_prompt_tokens,
-            retries,
-            retries_refused,
-            config_reloads,
-            decision_records,
-            spans,
-        }
+        self.registry
+            .register_collector(Box::new(prefix_cache::PrefixCacheCollector(Arc::clone(
+                routing,
+            ))));
     }
 
     /// The exposition of every family in `format`.

@@ -130,7 +130,7 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
 
 /// A listener on `addr` and the address it got.
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
-    let listen = |source| StartError::Listen { addr, source };
+    let listen = |problem| StartError::Listen { addr, problem };
     let listener = TcpListener::bind(addr).await.map_err(listen)?;
     let bound = listener.local_addr().map_err(listen)?;
     Ok((listener, bound))

@@ -30,7 +30,7 @@ use router_upstream::UpstreamTimeouts;
 use crate::access::AdminAccess;
 pub(crate) use restart_only::RestartOnly;
 use serving::Serving;
-pub(crate) use serving::SharedState;
+pub(crate) use serving::{ModelTokenizer, SharedState};
 
 /// A checked configuration, ready to start a router from
 /// ([`start_validated`](crate::start_validated)).

@@ -136,6 +136,12 @@ async fn embeddings_are_served_by_plain_engines_only() {
     assert_eq!(refused.status(), 400);
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["code"], "invalid_model");
+    assert!(
+        metrics(&router).await.contains(
+            r#"switchyard_requests_total{model="pd",outcome="client_error",code="invalid_model"} 1"#
+        ),
+        "a refusal is counted under the model it named"
+    );
     assert_eq!(
         (prefill.visits(), decode.visits()),
         Default::default(),

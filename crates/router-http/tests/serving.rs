@@ -332,3 +332,25 @@ async fn admission_never_lets_more_than_its_cap_reach_the_engine() {
     );
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_taken_address_is_refused_with_its_cause_said_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config = router_config::RouterConfig::new(vec![ModelConfig::new(
+        "m",
+        vec![router_config::EngineConfig {
+            role: Some(EngineRole::Plain),
+            ..router_config::EngineConfig::new("A1", "http://127.0.0.1:1")
+        }],
+    )]);
+    config.listen = taken.local_addr().unwrap();
+    let error = router_http::start(config).await.unwrap_err();
+    let said = error.to_string();
+    assert!(
+        said.starts_with(&format!("binding {}: ", taken.local_addr().unwrap())),
+        "{said}"
+    );
+    // The binary prints an error with its chain of sources: the cause, said in the
+    // message, is no source too.
+    assert!(std::error::Error::source(&error).is_none(), "{said}");
+}

@@ -3,7 +3,7 @@
 //! pressured of `min_load_choices` samples.
 //!
 //! Within one group's candidates:
-//! 1. Look the prefix up once per request (through the request's [`PrefixMemo`]).
+//! 1. Look the prefix up once per request (through the request's [`PrefixMemo`](crate::PrefixMemo)).
 //! 2. Holders: engines credited with at least `min_matched_tokens` of the prompt (and
 //!    passing the ratio gate), a token held only on a slower tier counting
 //!    `slower_tier_weight`; uncached work = prompt - credited.

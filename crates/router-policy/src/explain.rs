@@ -1,13 +1,13 @@
 //! What a selection saw and decided, recorded while it runs.
 //!
-//! A request that carries an [`Explanation`] ([`PickRequest::explain`]) has the
+//! A request that carries an [`Explanation`] ([`RequestFacts::explain`]) has the
 //! group, the policies and admission add [`Observation`]s as they go. A dry-run
 //! explanation's pick is made as it would be, with nothing changed: no affinity
 //! binding is written, rotation cursors do not advance, and random draws come from a
 //! copy of the policy's generator, so the next real request in the same state gets
 //! the pick the explanation names.
 //!
-//! [`PickRequest::explain`]: crate::PickRequest::explain
+//! [`RequestFacts::explain`]: crate::RequestFacts::explain
 
 use parking_lot::Mutex;
 use router_state::{EngineId, EngineMetrics, Role};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use engine_sim::{
     EngineSpec, EventForm, PageKey, encode_batch, encode_load_stat, extend_page_keys,
 };
-use router_buckets::SelectError;
+use router_buckets::{SelectError, Selection};
 use router_policy::{Pick, PrefixMemo, RequestFacts};
 use router_state::kv_events::decode_batch;
 use router_state::{EngineId, InflightGuard, LoadReport};
@@ -22,7 +22,7 @@ use router_state::{EngineId, InflightGuard, LoadReport};
 use crate::engine::{Rank, Run, micros};
 use crate::error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 use crate::report::{Outcome, RunReport};
-use crate::router::Router;
+use crate::router::{Model, Router};
 use crate::trace::{Segment, TraceRequest};
 
 /// How the modelled engines and their feeds behave.
@@ -356,51 +356,85 @@ impl<'a> Replay<'a> {
         if let Some(following) = self.trace.get(self.next) {
             self.queue.at(following.at_us, Event::Arrive);
         }
-        let request = &self.trace[index];
-        let at = |problem| ReplayError::Trace {
-            request: index + 1,
-            problem,
-        };
-        let model_id = match (&request.model, self.only_model) {
-            (Some(m), _) | (None, Some(m)) => m.as_str(),
-            (None, None) => {
-                return Err(at(TraceMismatch::NoModel));
-            }
-        };
-        let Some(model) = self.router.models.get(model_id) else {
-            return Err(at(TraceMismatch::UnknownModel(model_id.to_owned())));
-        };
+        let trace = self.trace;
+        let request = &trace[index];
+        let (model_id, model) = self.model_of(index, request)?;
         let tokens = request.tokens();
-        let prefix = PrefixMemo::new();
-        let bucket_request = RequestFacts::new(model_id, tokens.len() as u64)
-            .with_max_output_tokens(Some(u64::from(request.output_tokens)))
-            .map_err(|e| at(TraceMismatch::Refused(e)))?
-            .with_token_ids(Some(&tokens))
-            .with_prefix_memo(Some(&prefix))
-            .with_session_key(request.session.as_deref());
-        let selection = match model
-            .resolver
-            .select(&self.router.registry.snapshot(), &bucket_request)
-            .await
-        {
-            Ok(selection) => selection,
-            Err(SelectError::AtCapacity { .. }) => {
-                self.outcomes[index].rejected = true;
-                return Ok(());
-            }
-            Err(SelectError::Stopped { error, .. }) => {
-                return Err(at(TraceMismatch::Refused(error)));
-            }
-            // No bucket takes it, or no engine: the router answers an error.
-            Err(_) => {
-                self.outcomes[index].failed = true;
-                return Ok(());
-            }
+        let Some(selection) = self.select(index, model_id, model, &tokens).await? else {
+            return Ok(());
         };
         let Some(pick) = selection.pick.engines.iter().next() else {
             self.outcomes[index].failed = true;
             return Ok(());
         };
+        self.place(index, pick, tokens);
+        Ok(())
+    }
+
+    /// The id and the model of the request at `index` (the only model when it names
+    /// none).
+    fn model_of(
+        &self,
+        index: usize,
+        request: &'a TraceRequest,
+    ) -> Result<(&'a str, &'a Model), ReplayError> {
+        let model_id = match (&request.model, self.only_model) {
+            (Some(m), _) | (None, Some(m)) => m.as_str(),
+            (None, None) => {
+                return Err(mismatch(index, TraceMismatch::NoModel));
+            }
+        };
+        let Some(model) = self.router.models.get(model_id) else {
+            return Err(mismatch(
+                index,
+                TraceMismatch::UnknownModel(model_id.to_owned()),
+            ));
+        };
+        Ok((model_id, model))
+    }
+
+    /// The model's selection for the request at `index` with prompt `tokens`, or
+    /// `None` when the router answers it with an error, which its outcome records.
+    async fn select(
+        &mut self,
+        index: usize,
+        model_id: &str,
+        model: &Model,
+        tokens: &[u32],
+    ) -> Result<Option<Selection>, ReplayError> {
+        let request = &self.trace[index];
+        let prefix = PrefixMemo::new();
+        let bucket_request = RequestFacts::new(model_id, tokens.len() as u64)
+            .with_max_output_tokens(Some(u64::from(request.output_tokens)))
+            .map_err(|e| mismatch(index, TraceMismatch::Refused(e)))?
+            .with_token_ids(Some(tokens))
+            .with_prefix_memo(Some(&prefix))
+            .with_session_key(request.session.as_deref());
+        match model
+            .resolver
+            .select(&self.router.registry.snapshot(), &bucket_request)
+            .await
+        {
+            Ok(selection) => Ok(Some(selection)),
+            Err(SelectError::AtCapacity { .. }) => {
+                self.outcomes[index].rejected = true;
+                Ok(None)
+            }
+            Err(SelectError::Stopped { error, .. }) => {
+                Err(mismatch(index, TraceMismatch::Refused(error)))
+            }
+            // No bucket takes it, or no engine: the router answers an error.
+            Err(_) => {
+                self.outcomes[index].failed = true;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Places the request at `index` on the engine `pick` chose, where it queues on
+    /// the rank the router's dispatch chooses.
+    fn place(&mut self, index: usize, pick: &Pick, tokens: Vec<u32>) {
+        let request = &self.trace[index];
         let engine = self.engine_index[pick.engine.id()];
         let (rank, guard) = self.rank_and_guard(pick, engine);
         self.outcomes[index].engine = Some(engine);
@@ -418,10 +452,7 @@ impl<'a> Replay<'a> {
             u64::from(request.output_tokens),
             self.now,
         );
-        let id = self.free.pop().unwrap_or_else(|| {
-            self.runs.push(None);
-            self.runs.len() - 1
-        });
+        let id = self.run_id();
         let mut placed = Placed {
             run,
             engine,
@@ -432,7 +463,14 @@ impl<'a> Replay<'a> {
         self.engines[engine].ranks[rank].arrive(id, &mut placed.run);
         self.runs[id] = Some(placed);
         self.start_ready(engine, rank);
-        Ok(())
+    }
+
+    /// A free run id: one whose run ended, else a new one.
+    fn run_id(&mut self) -> usize {
+        self.free.pop().unwrap_or_else(|| {
+            self.runs.push(None);
+            self.runs.len() - 1
+        })
     }
 
     /// The rank a pick's request goes to, as the router's dispatch chooses it, and
@@ -593,6 +631,15 @@ fn last_turns(trace: &[TraceRequest]) -> Vec<bool> {
         last[i] = request.session.as_ref().is_none_or(|s| seen.insert(s));
     }
     last
+}
+
+/// The error of the request at `index` asking for what the configuration does not
+/// serve.
+fn mismatch(index: usize, problem: TraceMismatch) -> ReplayError {
+    ReplayError::Trace {
+        request: index + 1,
+        problem,
+    }
 }
 
 #[cfg(test)]

@@ -111,13 +111,14 @@ impl TraceRequest {
     }
 }
 
-/// Why a trace cannot be read.
+/// Why a trace cannot be read. Each message holds the error it carries, which is no
+/// `source` too (a chain of sources would print it twice).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TraceError {
     /// Reading failed.
     #[error("reading the trace: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// A line is not a request, or breaks a bound.
     #[error("trace line {line}: {message}")]
     Line {
@@ -132,6 +133,12 @@ pub enum TraceError {
     /// The trace is larger than [`MAX_TRACE_BYTES`].
     #[error("the trace is larger than {MAX_TRACE_BYTES} bytes")]
     TooLarge,
+}
+
+impl From<std::io::Error> for TraceError {
+    fn from(error: std::io::Error) -> Self {
+        Self::Io(error)
+    }
 }
 
 /// Reads a trace: one request per line (blank lines skipped), arrivals never

@@ -75,10 +75,6 @@ pub use pool::TokenizePool;
 use prefixes::PrefixCache;
 pub use prefixes::PrefixCacheStats;
 
-/// The bytes of prompt prefixes' token ids a tokenizer keeps unless told otherwise
-/// ([`ChatTokenizer::with_prefix_cache`]).
-pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 64 << 20;
-
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTokens {
@@ -159,7 +155,8 @@ impl General {
 }
 
 impl ChatTokenizer {
-    /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it.
+    /// Loads `tokenizer.json` and the `tokenizer_config.json` beside it, with no
+    /// prefix cache ([`with_prefix_cache`](Self::with_prefix_cache) gives it one).
     ///
     /// # Errors
     /// The file at fault and what is wrong with it.
@@ -204,7 +201,7 @@ impl ChatTokenizer {
         }
         Ok(Self {
             encoder,
-            prefixes: PrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES),
+            prefixes: PrefixCache::new(0),
             template: env,
             bos_token: special("bos_token"),
             eos_token: special("eos_token"),

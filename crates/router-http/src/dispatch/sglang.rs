@@ -16,7 +16,7 @@ use router_state::Engine;
 use router_upstream::H1Body;
 
 use super::leg::{Target, drain, send, with_fields};
-use super::{Failed, Outgoing, pd_headers, ranks, relay};
+use super::{Failed, Outgoing, Pair, ranks, relay};
 use crate::app::AppContext;
 use crate::relay::Companion;
 
@@ -31,13 +31,14 @@ pub(super) async fn dispatch(
     decode: Pick,
     out: &Outgoing,
 ) -> Result<Response, Failed> {
-    let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
-    let guards = vec![
-        ranks::guard(ctx, &prefill.engine, prefill_rank),
-        ranks::guard(ctx, &decode.engine, decode_rank),
-    ];
-    let headers = pd_headers(bucket, &prefill, &decode);
-    let (prefill, decode) = (prefill.engine, decode.engine);
+    let Pair {
+        prefill,
+        decode,
+        prefill_rank,
+        decode_rank,
+        guards,
+        headers,
+    } = Pair::new(ctx, bucket, prefill, decode);
     let prefill_ranks = prefill.dp_size().get();
     let rooms: Vec<u64> = (0..out.batch.unwrap_or(1))
         .map(|_| ranks::room(ctx.next_room(), prefill_rank, prefill_ranks))

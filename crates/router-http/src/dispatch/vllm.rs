@@ -15,13 +15,14 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http_body_util::{BodyExt, Limited};
 use router_policy::Pick;
+use router_state::Engine;
 use router_upstream::H1Body;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::leg::{Target, send, with_fields};
-use super::{Failed, Leg, Outgoing, pd_headers, ranks, relay};
+use super::{Failed, Leg, Outgoing, Pair, relay};
 use crate::app::AppContext;
 use crate::error::ApiError;
 
@@ -62,28 +63,32 @@ pub(super) async fn dispatch(
         )
         .into());
     }
-    let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
-    let guards = vec![
-        ranks::guard(ctx, &prefill.engine, prefill_rank),
-        ranks::guard(ctx, &decode.engine, decode_rank),
-    ];
-    let headers = pd_headers(bucket, &prefill, &decode);
-    let (prefill, decode) = (prefill.engine, decode.engine);
+    let Pair {
+        prefill,
+        decode,
+        prefill_rank,
+        decode_rank,
+        guards,
+        headers,
+    } = Pair::new(ctx, bucket, prefill, decode);
     let to = Target {
         engine: &prefill,
         stage: "prefill",
         rank: prefill_rank,
         routing: &headers,
     };
-    let params = match prefill_params(ctx, to, out).await? {
-        Ok(params) => params,
+    let answer = match prefill_leg(ctx, to, out).await? {
+        Prefilled::Answer(answer) => answer,
         // The client's own error (say, a prompt past the model's context).
-        Err(refused) => return Ok(relay(ctx, refused, None, headers, out, guards, None)),
+        Prefilled::Refused(refused) => {
+            return Ok(relay(ctx, *refused, None, headers, out, guards, None));
+        }
     };
+    let params = transfer_params(&answer).map_err(|e| prefill_failed(&prefill, &e))?;
     // No hand-over (the prefill did not finish length-capped): the decode engine
     // computes the prompt itself, as vLLM's proxy lets it; params the client sent
     // never reach it (they would point its transfer anywhere).
-    let params = params.as_deref().unwrap_or("null");
+    let params = params.unwrap_or("null");
     let body = with_fields(&out.body, &format!(r#""kv_transfer_params":{params}"#));
     let to = Target {
         engine: &decode,
@@ -110,13 +115,20 @@ pub(super) async fn dispatch(
     ))
 }
 
-/// The prefill leg, whole and not streamed: the `kv_transfer_params` of its answer
-/// (`None` when it has none), or its answer when it refused the request.
-async fn prefill_params(
+/// What the prefill leg gave.
+enum Prefilled {
+    /// Its whole answer.
+    Answer(Bytes),
+    /// Its refusal, relayed to the client as it is.
+    Refused(Box<Response<H1Body>>),
+}
+
+/// The prefill leg, whole and not streamed.
+async fn prefill_leg(
     ctx: &AppContext,
     to: Target<'_>,
     out: &Outgoing,
-) -> Result<Result<Option<String>, Response<H1Body>>, Failed> {
+) -> Result<Prefilled, Failed> {
     let whole = Leg {
         path: out.leg.path,
         stream: false,
@@ -124,19 +136,23 @@ async fn prefill_params(
     let body = prefill_body(&out.body)?;
     let answer = send(ctx, to, whole, body, &out.request_id, &out.trace).await?;
     if !answer.status().is_success() {
-        return Ok(Err(answer));
+        return Ok(Prefilled::Refused(Box::new(answer)));
     }
-    let failed = |what: &dyn fmt::Display| {
-        ApiError::upstream(format!("prefill engine {}: {what}", to.engine.id()))
-    };
     let read = Limited::new(answer.into_body(), MAX_PREFILL_ANSWER_BYTES).collect();
-    let answer = match tokio::time::timeout(ctx.idle_timeout, read).await {
-        Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(e)) => return Err(failed(&format_args!("its answer could not be read: {e}")).into()),
-        Err(_) => return Err(failed(&"its answer stopped arriving").into()),
-    };
-    let params = transfer_params(&answer).map_err(|e| failed(&e))?;
-    Ok(Ok(params.map(str::to_owned)))
+    match tokio::time::timeout(ctx.idle_timeout, read).await {
+        Ok(Ok(body)) => Ok(Prefilled::Answer(body.to_bytes())),
+        Ok(Err(e)) => Err(prefill_failed(
+            to.engine,
+            &format_args!("its answer could not be read: {e}"),
+        )
+        .into()),
+        Err(_) => Err(prefill_failed(to.engine, &"its answer stopped arriving").into()),
+    }
+}
+
+/// The client's error when the prefill engine's answer is of no use.
+fn prefill_failed(engine: &Engine, what: &dyn fmt::Display) -> ApiError {
+    ApiError::upstream(format!("prefill engine {}: {what}", engine.id()))
 }
 
 /// The prefill leg's body: the client's, without [`DROPPED`], then asking for a

@@ -27,9 +27,10 @@ pub(crate) struct SharedState {
     pub(crate) selection: SelectionState,
     /// The bindings the router holds; `None` for rendezvous, which binds nothing.
     pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
-    /// The tokenizers loaded, by file: a model naming the same file takes its
-    /// tokenizer (and the prefixes it keeps) instead of loading it again.
-    pub(crate) tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+    /// The tokenizers loaded, by model and file: a model that names the same file
+    /// again keeps its tokenizer (and the prefixes it keeps) instead of loading it
+    /// again. Each model has its own, as its prefix cache is the model's.
+    pub(crate) tokenizers: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
 }
 
 impl SharedState {
@@ -75,22 +76,25 @@ fn affinity_backend(
     Ok((AffinityBackend::Store(Arc::clone(&store)), Some(store)))
 }
 
-/// The serving router's [`Resources`]: tokenizers loaded from their files (each
-/// once, keeping `prefix_cache_bytes` of prompts' prefixes), and the shared prefix
-/// indexer asked over HTTP.
+/// A model and its tokenizer's file.
+pub(crate) type ModelTokenizer = (String, PathBuf);
+
+/// The serving router's [`Resources`]: each model's tokenizer loaded from its file
+/// (keeping `prefix_cache_bytes` of its prompts' prefixes), or kept from the running
+/// router, and the shared prefix indexer asked over HTTP.
 pub(super) struct Serving {
-    tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+    kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
     prefix_cache_bytes: usize,
 }
 
 impl Serving {
-    /// Loading what `tokenizers` does not hold already.
+    /// Loading what `kept` does not hold already.
     pub(super) fn new(
-        tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>>,
+        kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
         prefix_cache_bytes: usize,
     ) -> Self {
         Self {
-            tokenizers,
+            kept,
             prefix_cache_bytes,
         }
     }
@@ -100,15 +104,18 @@ impl Resources for Serving {
     type Tokenizer = Arc<ChatTokenizer>;
     type Error = TokenizerError;
 
-    fn tokenizer(&mut self, path: &Path) -> Result<Arc<ChatTokenizer>, TokenizerError> {
-        if let Some(kept) = self.tokenizers.get(path) {
+    fn tokenizer(
+        &mut self,
+        model: &str,
+        path: &Path,
+    ) -> Result<Arc<ChatTokenizer>, TokenizerError> {
+        let key = (model.to_owned(), path.to_path_buf());
+        if let Some(kept) = self.kept.get(&key) {
             return Ok(Arc::clone(kept));
         }
-        let loaded =
-            Arc::new(ChatTokenizer::load(path)?.with_prefix_cache(self.prefix_cache_bytes));
-        self.tokenizers
-            .insert(path.to_path_buf(), Arc::clone(&loaded));
-        Ok(loaded)
+        Ok(Arc::new(
+            ChatTokenizer::load(path)?.with_prefix_cache(self.prefix_cache_bytes),
+        ))
     }
 
     fn shared_prefix_source(

@@ -50,25 +50,38 @@ fn a_redis_url_is_never_printed_and_rendezvous_keeps_no_store() {
 }
 
 #[test]
-fn the_configured_prefix_cache_default_is_the_tokenizers() {
-    assert_eq!(
-        router_config::DEFAULT_TOKENIZE_CACHE_BYTES,
-        router_tokenize::DEFAULT_PREFIX_CACHE_BYTES
-    );
-}
-
-#[test]
-fn a_tokenizer_file_is_loaded_once_for_every_model_naming_it() {
+fn each_model_has_a_tokenizer_of_its_own_and_keeps_it_on_reload() {
+    // A tokenizer's prefix cache is its model's (`limits.tokenize_cache_bytes` is per
+    // model): two models naming one file get one each, and a reload keeps a model's
+    // own, not another's that names the file.
     let tokenizer = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../testdata/tokenizer-tiny/tokenizer.json"
     );
-    let validated = validate(&format!(
-        "models:\n  - {{id: a, tokenizer: {tokenizer}, engines: [{{id: A, url: 'http://a:1', role: plain}}]}}\n  - {{id: b, tokenizer: {tokenizer}, engines: [{{id: B, url: 'http://b:1', role: plain}}]}}\n"
-    ))
-    .unwrap();
-    let [a, b] = [0, 1].map(|m| validated.models[m].selection.tokenizer.clone().unwrap());
-    assert!(Arc::ptr_eq(&a, &b));
+    let model = |id: &str| {
+        format!(
+            "  - {{id: {id}, tokenizer: {tokenizer}, engines: [{{id: E{id}, url: 'http://{id}:1', role: plain}}]}}\n"
+        )
+    };
+    let yaml = format!("models:\n{}{}", model("a"), model("b"));
+    let first = validate(&yaml).unwrap();
+    let of =
+        |config: &ValidatedConfig, m: usize| config.models[m].selection.tokenizer.clone().unwrap();
+    assert!(!Arc::ptr_eq(&of(&first, 0), &of(&first, 1)));
+    let mut shared = SharedState::new(&RouterConfig::from_yaml(&yaml).unwrap());
+    shared.tokenizers = crate::app::Configured::of(&first).tokenizers;
+    let again = ValidatedConfig::around(RouterConfig::from_yaml(&yaml).unwrap(), shared).unwrap();
+    assert!(Arc::ptr_eq(&of(&first, 0), &of(&again, 0)));
+    assert!(Arc::ptr_eq(&of(&first, 1), &of(&again, 1)));
+    let swapped = format!("models:\n{}{}", model("b"), model("a"));
+    let mut shared = SharedState::new(&RouterConfig::from_yaml(&swapped).unwrap());
+    shared.tokenizers = crate::app::Configured::of(&first).tokenizers;
+    let swapped =
+        ValidatedConfig::around(RouterConfig::from_yaml(&swapped).unwrap(), shared).unwrap();
+    assert!(
+        Arc::ptr_eq(&of(&first, 0), &of(&swapped, 1)),
+        "a's own, wherever it stands"
+    );
 }
 
 #[test]

@@ -87,9 +87,12 @@ pub(in crate::api) async fn ready<'h>(
     let mut route = None;
     let mut named_adapter = None;
     let prepared = prepare(endpoint, body, |model| {
-        let (found, named) = resolve(endpoint, ctx, model)?;
+        let (found, named) = resolve(ctx, model)?;
         named_adapter = named;
-        Ok(route.insert(found).tokenizer.clone())
+        // Known from here on, a refused request is counted under its model.
+        let found = route.insert(found);
+        check_endpoint(endpoint, found)?;
+        Ok(found.tokenizer.clone())
     });
     let prepared = match prepared {
         Ok((prepared, None)) => prepared,
@@ -114,9 +117,8 @@ pub(in crate::api) async fn ready<'h>(
 }
 
 /// The route and adapter of the model a request names (the one served, when it names
-/// none), refused when the endpoint is one its engines do not serve.
+/// none).
 fn resolve(
-    endpoint: &Endpoint,
     ctx: &AppContext,
     model: Option<&str>,
 ) -> Result<(Arc<ModelRoute>, Option<Arc<str>>), ApiError> {
@@ -139,7 +141,12 @@ fn resolve(
             (only, None)
         }
     };
-    // Refused before its prompt is tokenized.
+    Ok((found, named))
+}
+
+/// Refuses, before its prompt is tokenized, a request to an endpoint the model's
+/// engines do not serve.
+fn check_endpoint(endpoint: &Endpoint, found: &ModelRoute) -> Result<(), ApiError> {
     let pd_only = !found.resolver.has_plain_bucket();
     if pd_only && endpoint.plain_only {
         let message = format!(
@@ -155,7 +162,7 @@ fn resolve(
         );
         return Err(ApiError::invalid("invalid_model", "model", message));
     }
-    Ok((found, named))
+    Ok(())
 }
 
 /// The session and routing keys of the affinity headers; a key longer than the
