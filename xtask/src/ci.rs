@@ -13,49 +13,23 @@ const DENY_VERSION: &str = "0.20.2";
 
 pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     step("format", cargo().args(["fmt", "--all", "--", "--check"]))?;
-    step(
-        "clippy",
-        cargo().args([
-            "clippy",
-            "--locked",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
+    step("clippy", &mut clippy(&["--workspace"]))?;
     // Each of these resolves its features alone, as a crate built in another workspace
     // would: the engine model without its server, the configuration without Redis, the
     // replay with neither.
     step(
         "clippy on crates built alone",
-        cargo().args([
-            "clippy",
-            "--locked",
+        &mut clippy(&[
             "-p",
             "engine-sim",
             "-p",
             "router-config",
             "--no-default-features",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
         ]),
     )?;
     step(
         "clippy on router-replay alone",
-        cargo().args([
-            "clippy",
-            "--locked",
-            "-p",
-            "router-replay",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]),
+        &mut clippy(&["-p", "router-replay"]),
     )?;
     let python = crate::python::prepare(root)?;
     ensure_os_packages()?;
@@ -101,6 +75,18 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     )?;
     eprintln!("ci passed");
     Ok(())
+}
+
+/// `cargo clippy` of every target of what `packages` selects, warnings denied.
+fn clippy(packages: &[&str]) -> Command {
+    let mut command = cargo();
+    command.args(["clippy", "--locked"]).args(packages).args([
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    command
 }
 
 /// cargo for CI's steps. A clean clone gains nothing from incremental compilation,

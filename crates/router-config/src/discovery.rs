@@ -122,35 +122,43 @@ impl DiscoveryConfig {
             ));
         }
         for (m, pod) in pods.iter().enumerate() {
-            let KubernetesModel {
-                model,
-                selector,
-                // Any role; absent = from each engine's `/server_info`.
-                role: _,
-                port,
-                bootstrap_port,
-            } = pod;
-            let at = |field: &str| format!("discovery.kubernetes.models[{m}].{field}");
-            if !models.contains(&model.as_str()) {
-                errors.push(ConfigError::at(at("model"), "must be a model of `models`"));
-            }
-            if selector.is_empty() {
+            pod.validate(m, models, errors);
+        }
+    }
+}
+
+impl KubernetesModel {
+    /// The pods of `discovery.kubernetes.models[m]`: a model of `models`, a selector
+    /// of real labels that names at least one, real ports.
+    fn validate(&self, m: usize, models: &[&str], errors: &mut Vec<ConfigError>) {
+        let KubernetesModel {
+            model,
+            selector,
+            // Any role; absent = from each engine's `/server_info`.
+            role: _,
+            port,
+            bootstrap_port,
+        } = self;
+        let at = |field: &str| format!("discovery.kubernetes.models[{m}].{field}");
+        if !models.contains(&model.as_str()) {
+            errors.push(ConfigError::at(at("model"), "must be a model of `models`"));
+        }
+        if selector.is_empty() {
+            errors.push(ConfigError::at(
+                at("selector"),
+                "must name at least one label (an empty selector is every pod)",
+            ));
+        }
+        for (key, value) in selector {
+            if !label_part(key, 253, true) || !label_part(value, 63, false) {
                 errors.push(ConfigError::at(
                     at("selector"),
-                    "must name at least one label (an empty selector is every pod)",
+                    format_args!("`{key}: {value}` is not a Kubernetes label"),
                 ));
             }
-            for (key, value) in selector {
-                if !label_part(key, 253, true) || !label_part(value, 63, false) {
-                    errors.push(ConfigError::at(
-                        at("selector"),
-                        format_args!("`{key}: {value}` is not a Kubernetes label"),
-                    ));
-                }
-            }
-            if *port == 0 || *bootstrap_port == Some(0) {
-                errors.push(ConfigError::at(at("port"), "ports must be 1 to 65535"));
-            }
+        }
+        if *port == 0 || *bootstrap_port == Some(0) {
+            errors.push(ConfigError::at(at("port"), "ports must be 1 to 65535"));
         }
     }
 }
