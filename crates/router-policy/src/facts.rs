@@ -61,12 +61,6 @@ impl<'a> RequestFacts<'a> {
         }
     }
 
-    /// Sets the expected peak (prompt plus maximum output).
-    pub fn with_expected_peak(mut self, tokens: Option<u64>) -> Self {
-        self.expected_peak_tokens = tokens;
-        self
-    }
-
     /// Sets the expected peak from the request's maximum output tokens.
     ///
     /// # Errors
