@@ -23,12 +23,18 @@ pub struct HealthConfig {
     /// Consecutive passed probes that make an unhealthy engine healthy again.
     #[serde(default = "default_successes")]
     pub success_threshold: u32,
-    /// Consecutive failed dispatches that open an engine's breaker.
+    /// Consecutive dispatches without an answer (connection failed, broken or timed
+    /// out) that open an engine's breaker; an answer of any status is not a failure.
     #[serde(default = "default_breaker_failures")]
     pub breaker_failures: u32,
-    /// How long an open breaker waits before one half-open probe, in milliseconds.
+    /// How long an open breaker waits before its half-open trial (the next
+    /// dispatch), in milliseconds.
     #[serde(default = "default_cooldown")]
     pub breaker_cooldown_ms: u64,
+    /// The largest share (0-100) of a pool (a model's engines of one role; each
+    /// group the buckets list by id) that open breakers may hold out at once.
+    #[serde(default = "default_max_ejected_percent")]
+    pub max_ejected_percent: u8,
 }
 
 fn default_interval() -> u64 {
@@ -49,6 +55,9 @@ fn default_breaker_failures() -> u32 {
 fn default_cooldown() -> u64 {
     10_000
 }
+fn default_max_ejected_percent() -> u8 {
+    50
+}
 
 impl Default for HealthConfig {
     fn default() -> Self {
@@ -59,12 +68,14 @@ impl Default for HealthConfig {
             success_threshold: default_successes(),
             breaker_failures: default_breaker_failures(),
             breaker_cooldown_ms: default_cooldown(),
+            max_ejected_percent: default_max_ejected_percent(),
         }
     }
 }
 
 impl HealthConfig {
-    /// Probe times are 1 ms to one day, thresholds at least 1.
+    /// Probe times are 1 ms to one day, thresholds at least 1, the ejected share a
+    /// percentage.
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let Self {
             interval_ms,
@@ -73,7 +84,14 @@ impl HealthConfig {
             success_threshold,
             breaker_failures,
             breaker_cooldown_ms,
+            max_ejected_percent,
         } = *self;
+        if max_ejected_percent > 100 {
+            errors.push(ConfigError::at(
+                "health.max_ejected_percent",
+                format_args!("must be at most 100, got {max_ejected_percent}"),
+            ));
+        }
         check_ms("health.interval_ms", interval_ms, errors);
         check_ms("health.timeout_ms", timeout_ms, errors);
         // 0: an open breaker lets a probe through at once. A day at most: the

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::error::FleetError;
 use crate::feeds::{advertised, kv_feeds, load_feeds};
-use crate::health::{Breaker, HealthBook, HealthPolicy};
+use crate::health::{Breaker, Dispatched, HealthBook, HealthPolicy};
 use crate::role::role_of;
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE};
@@ -303,7 +303,7 @@ impl Fleet {
         let membership = self.membership.lock();
         let replaced = self.register(engine, replace)?;
         let id = spec.id.clone();
-        self.remember(spec, dp_size, info, healthy);
+        self.remember(spec, role, dp_size, info, healthy);
         let engine = self
             .registry
             .snapshot()
@@ -338,13 +338,14 @@ impl Fleet {
     fn remember(
         &self,
         spec: EngineSpec,
+        role: Role,
         dp_size: NonZeroU32,
         info: Option<ServerInfo>,
         healthy: bool,
     ) {
         let id = spec.id.clone();
         self.load.register(&id, dp_size);
-        self.health.insert(id.clone(), healthy);
+        self.health.insert(id.clone(), &spec.model, role, healthy);
         if let Some(authority) = authority(&spec.url) {
             self.authorities.rcu(|authorities| {
                 let mut next = HashMap::clone(authorities);
@@ -423,11 +424,32 @@ impl Fleet {
         }
     }
 
-    /// Records a dispatch outcome for the engine's breaker.
-    pub fn record_dispatch(&self, id: &EngineId, succeeded: bool) {
-        if let Some(routable) = self.health.record_dispatch(id, succeeded, Instant::now()) {
+    /// A dispatch to the engine begins: when its breaker is half-open, this one is
+    /// the trial, and the engine takes no other until its outcome is recorded.
+    pub fn begin_dispatch(&self, id: &EngineId) {
+        if let Some(routable) = self.health.begin_dispatch(id, Instant::now()) {
             self.set_routable(id, routable);
         }
+    }
+
+    /// Records a dispatch outcome for the engine's breaker.
+    pub fn record_dispatch(&self, id: &EngineId, outcome: Dispatched) {
+        if let Some(routable) = self.health.record_dispatch(id, outcome, Instant::now()) {
+            self.set_routable(id, routable);
+        }
+    }
+
+    /// Makes each of `groups` (the engines a bucket's group lists by id) a pool of
+    /// its own, besides each model's engines of one role: open breakers hold out at
+    /// most `max_ejected_percent` of every pool. Replaces the groups set before.
+    pub fn set_breaker_groups(&self, groups: Vec<Box<[EngineId]>>) {
+        self.health.set_groups(groups);
+    }
+
+    /// Breakers kept closed so far because opening them would have held out more
+    /// than `max_ejected_percent` of a pool.
+    pub fn breakers_held_closed(&self) -> u64 {
+        self.health.held_closed()
     }
 
     /// The breaker of an engine.

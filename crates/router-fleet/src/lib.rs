@@ -51,7 +51,7 @@ mod spec;
 
 pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
-pub use health::{Breaker, HealthPolicy};
+pub use health::{Breaker, Dispatched, HealthPolicy};
 pub use metrics::register_metrics;
 pub use role::role_of;
 pub use scrape::DEFAULT_METRICS_INTERVAL;

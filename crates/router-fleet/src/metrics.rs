@@ -97,13 +97,20 @@ fn engine_families(
     family(
         encoder,
         "engine_breaker_open",
-        "Whether an engine's circuit breaker is open",
+        "Whether an engine's circuit breaker holds dispatches back (open, or half-open with its trial running)",
         "engine",
         engines.iter().filter_map(|e| {
             let open = fleet.breaker(e.id())?.is_open();
             Some((id(e), ConstGauge::new(i64::from(open))))
         }),
-    )
+    )?;
+    let held = ConstCounter::new(fleet.breakers_held_closed());
+    held.encode(encoder.encode_descriptor(
+        "breakers_held_closed",
+        "Breakers kept closed because opening them would have held out more than health.max_ejected_percent of a pool",
+        None,
+        held.metric_type(),
+    )?)
 }
 
 /// Encodes each engine's measured time per output token and load-report age.

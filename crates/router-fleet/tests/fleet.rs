@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use engine_sim::{RunningEngine, SimConfig};
 use parking_lot::Mutex;
-use router_fleet::{Change, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy};
+use router_fleet::{Change, Dispatched, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy};
 use router_state::{EngineId, NameError, RegistryError, Role};
 use router_upstream::{EngineUrlError, Upstream, UpstreamTimeouts};
 
@@ -261,20 +261,30 @@ async fn an_engine_claiming_too_many_ranks_is_refused() {
 }
 
 #[tokio::test]
-async fn consecutive_dispatch_failures_open_the_breaker() {
+async fn consecutive_unanswered_dispatches_open_the_breaker_of_at_most_half_a_pool() {
     let engine = sim().await;
     let (fleet, _) = fleet();
-    fleet
-        .apply(Change::Upsert(EngineSpec::new("A1", engine.url(), "m")))
-        .await
-        .unwrap();
-    let id = EngineId::from("A1");
-    fleet.record_dispatch(&id, false);
-    assert!(fleet.snapshot().any_healthy());
-    fleet.record_dispatch(&id, false);
-    assert!(fleet.breaker(&id).unwrap().is_open());
+    for id in ["A1", "A2"] {
+        fleet
+            .apply(Change::Upsert(EngineSpec::new(id, engine.url(), "m")))
+            .await
+            .unwrap();
+    }
+    let (a1, a2) = (EngineId::from("A1"), EngineId::from("A2"));
+    fleet.record_dispatch(&a1, Dispatched::Unanswered);
+    assert!(fleet.snapshot().get("A1").unwrap().is_healthy());
+    fleet.record_dispatch(&a1, Dispatched::Unanswered);
+    assert!(fleet.breaker(&a1).unwrap().is_open());
     assert!(
         !fleet.snapshot().get("A1").unwrap().is_healthy(),
         "an open breaker takes the engine out of candidate sets"
     );
+    for _ in 0..4 {
+        fleet.record_dispatch(&a2, Dispatched::Unanswered);
+    }
+    assert!(
+        fleet.snapshot().get("A2").unwrap().is_healthy(),
+        "the other half of the pool stays in"
+    );
+    assert_eq!(fleet.breakers_held_closed(), 2);
 }

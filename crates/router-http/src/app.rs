@@ -149,6 +149,7 @@ impl AppContext {
             return Err(StartError::Config(errors));
         }
         let routing = Arc::new(Routing::new(routes, config.defaults, config.handles));
+        fleet.set_breaker_groups(routing.listed_groups());
         let affinity = config.affinity;
         if let Some(store) = &affinity
             && !store.connect().await

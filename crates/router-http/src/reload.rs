@@ -186,6 +186,7 @@ impl AppContext {
         self.routing.replace(routes, validated.defaults, |model| {
             !file_models.contains(model)
         });
+        self.fleet.set_breaker_groups(self.routing.listed_groups());
         for id in &changes.leaving {
             // Gone already when the admin API removed it.
             drop(self.fleet.apply(Change::Remove(id.clone())).await);

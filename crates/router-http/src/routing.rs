@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use router_buckets::{BucketResolver, DefaultPolicies, ModelRoster, build_resolver};
+use router_buckets::{
+    BucketGroups, BucketResolver, DefaultPolicies, Membership, ModelRoster, build_resolver,
+};
 use router_policy::{ConfigError, PolicyHandles};
-use router_state::{Engine, RegistrySnapshot};
+use router_state::{Engine, EngineId, RegistrySnapshot};
 
 use router_config::PdProtocol;
 use router_tokenize::ChatTokenizer;
@@ -175,6 +177,26 @@ impl Routing {
             .collect();
         found.sort_by(|a, b| a.0.cmp(&b.0));
         found
+    }
+
+    /// The groups every bucket lists by engine id: each a pool whose share held out
+    /// by breakers is bounded.
+    pub(crate) fn listed_groups(&self) -> Vec<Box<[EngineId]>> {
+        let mut listed = Vec::new();
+        for route in self.models.load().values() {
+            for bucket in route.resolver.buckets() {
+                let groups = match bucket.groups() {
+                    BucketGroups::Plain(group) => vec![group],
+                    BucketGroups::Pd { prefill, decode } => vec![prefill, decode],
+                };
+                for group in groups {
+                    if let Membership::Only(ids) = group.membership() {
+                        listed.push(ids.iter().cloned().collect());
+                    }
+                }
+            }
+        }
+        listed
     }
 
     /// The served models, sorted.

@@ -231,6 +231,7 @@ fn health_policy(health: &HealthConfig) -> HealthPolicy {
         success_threshold: health.success_threshold,
         breaker_failures: health.breaker_failures,
         breaker_cooldown: Duration::from_millis(health.breaker_cooldown_ms),
+        max_ejected_percent: health.max_ejected_percent,
     }
 }
 

@@ -456,75 +456,133 @@ async fn cooled_down(router: &RunningRouter, engine: &str) {
     tokio::time::sleep_until(until).await;
 }
 
-#[tokio::test]
-async fn a_failing_engines_breaker_opens_keeps_it_out_and_closes_after_a_passing_probe() {
-    let (a, b) = (sim(|c| c.faults.error_rate = 1.0).await, sim(|_| {}).await);
+/// A router over plain engines A and B, probed by hand, whose breakers open after
+/// two dispatches without an answer and stay open 300 ms.
+async fn breaker_router(a: &RunningEngine, b: &RunningEngine, percent: u8) -> RunningRouter {
     let model = ModelConfig::new(
         "m",
         vec![
-            engine("A", &a, EngineRole::Plain),
-            engine("B", &b, EngineRole::Plain),
+            engine("A", a, EngineRole::Plain),
+            engine("B", b, EngineRole::Plain),
         ],
     );
     let mut config = probed_by_hand(vec![model]);
     config.health.breaker_failures = 2;
     config.health.breaker_cooldown_ms = 300;
-    let router = router(config).await;
-    let engine_of = async |prompt: &str| {
-        let response = post(&router, &chat("m", prompt)).await;
-        let status = response.status().as_u16();
-        let engine = response
-            .headers()
-            .get("x-switchyard-engine")
-            .map(|e| e.to_str().unwrap().to_owned());
-        response.bytes().await.unwrap();
-        (status, engine.unwrap_or_default())
-    };
-    // Round-robin alternates: A fails twice and its breaker opens.
-    let mut served_by_b = 0;
+    config.health.max_ejected_percent = percent;
+    config.timeouts.first_byte_ms = 300;
+    router(config).await
+}
+
+/// The status of a streamed chat and the engine that served it.
+async fn served(router: &RunningRouter, prompt: &str) -> (u16, String) {
+    let response = post(router, &streamed(prompt, 2)).await;
+    let status = response.status().as_u16();
+    let engine = response
+        .headers()
+        .get("x-switchyard-engine")
+        .map(|e| e.to_str().unwrap().to_owned());
+    response.bytes().await.unwrap();
+    (status, engine.unwrap_or_default())
+}
+
+/// Every request the engine received, ended or not.
+fn received(sim: &RunningEngine) -> u64 {
+    let v = sim.visits();
+    v.open + v.answered + v.abandoned
+}
+
+#[tokio::test]
+async fn answers_of_any_status_never_open_a_breaker() {
+    let failing = |c: &mut SimConfig| c.faults.error_rate = 1.0;
+    let (a, b) = (sim(failing).await, sim(failing).await);
+    // Every breaker may open: only what counts against one is under test.
+    let router = breaker_router(&a, &b, 100).await;
+    for _ in 0..10 {
+        assert_eq!(served(&router, "a body the engines fail").await.0, 502);
+    }
+    let text = metrics(&router).await;
+    for engine in ["A", "B"] {
+        assert!(text.contains(&breaker_line(engine, false)), "{text}");
+    }
+    set_faults(&a, json!({})).await;
+    set_faults(&b, json!({})).await;
+    assert_eq!(served(&router, "anyone else").await.0, 200);
+    assert_eq!(in_flight(router.context(), &["A", "B"]), 0);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unanswering_engines_breaker_opens_and_its_next_dispatch_is_the_trial() {
+    let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
+    let router = breaker_router(&a, &b, 50).await;
+    // A takes requests but never answers them: each is a first-byte timeout.
+    set_faults(&a, json!({"hang_before_first_byte": true})).await;
     within("A's breaker opening", async {
-        while a.visits().answered < 2 {
-            match engine_of("open it").await {
-                (502, _) => {}
-                answer => {
-                    assert_eq!(answer, (200, "B".to_owned()));
-                    served_by_b += 1;
-                }
-            }
+        while !metrics(&router).await.contains(&breaker_line("A", true)) {
+            let answer = served(&router, "open it").await;
+            assert!(
+                answer == (504, String::new()) || answer == (200, "B".to_owned()),
+                "{answer:?}"
+            );
         }
     })
     .await;
-    assert_eq!(a.visits(), answered(2));
-    assert!(metrics(&router).await.contains(&breaker_line("A", true)));
-    // A's probes fail from now on, so that a probe (the one at startup, running late
-    // on a loaded machine) cannot close the breaker during the checks below.
-    set_faults(&a, json!({"fail_health": true})).await;
+    assert_eq!(received(&a), 2);
     // Open: A is out of the candidates.
     for _ in 0..4 {
-        assert_eq!(engine_of("kept out").await, (200, "B".to_owned()));
+        assert_eq!(served(&router, "kept out").await, (200, "B".to_owned()));
     }
-    assert_eq!(a.visits(), answered(2), "no request reached A while open");
-    // After the cool-down the next probe is the half-open one: failing, it opens the
-    // breaker for another cool-down.
-    cooled_down(&router, "A").await;
-    router.context().fleet().probe_all().await;
-    assert!(metrics(&router).await.contains(&breaker_line("A", true)));
-    assert_eq!(engine_of("still out").await, (200, "B".to_owned()));
-    // Passing, it closes the breaker and A serves again.
-    set_faults(&a, json!({})).await;
+    assert_eq!(received(&a), 2, "no request reached A while open");
+    // After the cool-down, a (passing) probe half-opens it: the next dispatch to A
+    // is the trial, and without an answer it opens the breaker again.
     cooled_down(&router, "A").await;
     router.context().fleet().probe_all().await;
     assert!(metrics(&router).await.contains(&breaker_line("A", false)));
-    let served: std::collections::BTreeSet<_> =
-        [engine_of("back").await, engine_of("back").await].into();
-    assert_eq!(
-        served,
-        [(200, "A".to_owned()), (200, "B".to_owned())].into(),
-        "A is a candidate again"
-    );
-    assert_eq!(a.visits(), answered(3));
-    assert_eq!(b.visits(), answered(served_by_b + 6));
+    within("A's trial", async {
+        while received(&a) == 2 {
+            served(&router, "trial").await;
+        }
+    })
+    .await;
+    assert!(metrics(&router).await.contains(&breaker_line("A", true)));
+    assert_eq!(received(&a), 3, "one trial");
+    // Answering, the next trial closes it and A serves again.
+    set_faults(&a, json!({})).await;
+    cooled_down(&router, "A").await;
+    router.context().fleet().probe_all().await;
+    within("A answering its trial", async {
+        while served(&router, "back").await != (200, "A".to_owned()) {}
+    })
+    .await;
+    assert!(metrics(&router).await.contains(&breaker_line("A", false)));
+    assert_eq!(settled(&a).await.answered, 1);
     assert_eq!(in_flight(router.context(), &["A", "B"]), 0);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn breakers_never_hold_out_more_than_their_share_of_a_pool() {
+    let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
+    let router = breaker_router(&a, &b, 50).await;
+    for sim in [&a, &b] {
+        set_faults(sim, json!({"hang_before_first_byte": true})).await;
+    }
+    // Requests with no answer from either engine: one breaker opens, the other is
+    // held closed, so the model keeps an engine to try.
+    for _ in 0..8 {
+        assert_eq!(served(&router, "nobody answers").await.0, 504);
+    }
+    let text = metrics(&router).await;
+    let open = ["A", "B"]
+        .iter()
+        .filter(|e| text.contains(&breaker_line(e, true)))
+        .count();
+    assert_eq!(open, 1, "{text}");
+    assert!(
+        text.contains("switchyard_breakers_held_closed_total "),
+        "{text}"
+    );
     router.shutdown().await;
 }
 

@@ -1,11 +1,12 @@
 //! One leg of a dispatch: the request sent to one engine, its response head awaited
-//! and judged (what counts against the engine's breaker, what the client gets, what
+//! and judged (what counts for and against the engine's breaker, what the client gets, what
 //! may be sent to another engine), and what every protocol does to a leg's body.
 
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
+use router_fleet::Dispatched;
 use router_state::Engine;
 use router_upstream::{H1Body, UpstreamError};
 use tokio::time::Instant;
@@ -27,12 +28,14 @@ pub(super) struct Target<'a> {
     pub(super) routing: &'a HeaderMap,
 }
 
-/// Sends one leg and waits for a response head. Engine 5xx answers, transport
-/// failures and timeouts count against the engine's breaker and become 502 (504 for
-/// timeouts), except the first-byte timeout of an answer that is not streamed (its
-/// head waits for the whole generation); 4xx answers are the client's and are
-/// returned as they are. A 503, and a request the engine never received, may be
-/// sent to another engine.
+/// Sends one leg and waits for a response head. Engine 5xx answers become 502;
+/// transport failures and timeouts become 502 (504 for timeouts) and count against
+/// the engine's breaker, except the first-byte timeout of an answer that is not
+/// streamed (its head waits for the whole generation); an answer of any status
+/// counts for it (the engine is alive: a 500 is the request's failure, which a
+/// client can provoke at will); 4xx answers are the client's and are returned as
+/// they are. A 503, and a request the engine never received, may be sent to another
+/// engine.
 pub(super) async fn send(
     ctx: &AppContext,
     to: Target<'_>,
@@ -53,6 +56,7 @@ pub(super) async fn send(
     }
     let leg_trace = trace.leg(stage, engine.id().as_str());
     headers.extend(leg_trace.headers());
+    ctx.fleet.begin_dispatch(engine.id());
     let sent = Instant::now();
     let result = ctx
         .upstream
@@ -87,9 +91,9 @@ fn judge(
         Ok(response) => response,
         Err(e) => return Err(transport_failure(ctx, to, leg, e)),
     };
+    ctx.fleet.record_dispatch(engine.id(), Dispatched::Answered);
     let status = response.status();
     if status.is_server_error() {
-        ctx.fleet.record_dispatch(engine.id(), false);
         return Err(Failed {
             answer: Answer::Error(ApiError::upstream(format!(
                 "{stage} engine {} failed with status {status}",
@@ -102,7 +106,6 @@ fn judge(
             },
         });
     }
-    ctx.fleet.record_dispatch(engine.id(), true);
     if status == StatusCode::TOO_MANY_REQUESTS {
         // Overloaded, not faulty: another engine may take the request, else the
         // engine's answer is relayed as it is.
@@ -125,7 +128,8 @@ fn transport_failure(ctx: &AppContext, to: Target<'_>, leg: Leg, e: UpstreamErro
     // is a long generation, not an engine fault.
     let long_generation = matches!(e, UpstreamError::NoHead) && !leg.stream;
     if !long_generation {
-        ctx.fleet.record_dispatch(engine.id(), false);
+        ctx.fleet
+            .record_dispatch(engine.id(), Dispatched::Unanswered);
     }
     let message = format!("{stage} engine {}: {}", engine.id(), e.describe());
     let reason = match &e {
