@@ -45,6 +45,25 @@ pub struct LimitsConfig {
     /// only what is new (byte-level BPE tokenizers).
     #[serde(default = "default_tokenize_cache_bytes")]
     pub tokenize_cache_bytes: usize,
+    /// Bytes the request bodies being read and held may take at once, each charged
+    /// twice its size (itself, and as much again for parsing and tokenizing it); a
+    /// body that would pass the budget is refused with 503 `overloaded`.
+    #[serde(default = "default_body_memory_bytes")]
+    pub body_memory_bytes: usize,
+}
+
+/// The bytes `limits.body_memory_bytes` allows when not set.
+const DEFAULT_BODY_MEMORY_BYTES: usize = 512 << 20;
+
+/// The fewest bytes `limits.body_memory_bytes` allows: one body of the largest size,
+/// charged twice.
+const MIN_BODY_MEMORY_BYTES: u64 = 64 << 20;
+
+/// The most bytes `limits.body_memory_bytes` allows.
+const MAX_BODY_MEMORY_BYTES: u64 = 64 << 30;
+
+fn default_body_memory_bytes() -> usize {
+    DEFAULT_BODY_MEMORY_BYTES
 }
 
 fn default_tokenize_cache_bytes() -> usize {
@@ -66,20 +85,30 @@ impl Default for LimitsConfig {
             zmq_max_message_bytes: default_zmq_max_message_bytes(),
             tokenize_concurrency: None,
             tokenize_cache_bytes: default_tokenize_cache_bytes(),
+            body_memory_bytes: default_body_memory_bytes(),
         }
     }
 }
 
 impl LimitsConfig {
     /// Every bound is at least 1 and within its most; the prefix cache is off or at
-    /// least 1 MiB.
+    /// least 1 MiB; the body budget holds one largest body.
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let Self {
             max_connections,
             zmq_max_message_bytes,
             tokenize_concurrency,
             tokenize_cache_bytes,
+            body_memory_bytes,
         } = *self;
+        if !(MIN_BODY_MEMORY_BYTES..=MAX_BODY_MEMORY_BYTES).contains(&(body_memory_bytes as u64)) {
+            errors.push(ConfigError::at(
+                "limits.body_memory_bytes",
+                format_args!(
+                    "must be between {MIN_BODY_MEMORY_BYTES} (64 MiB) and {MAX_BODY_MEMORY_BYTES} (64 GiB)"
+                ),
+            ));
+        }
         check_count("limits.max_connections", max_connections as u64, errors);
         check_count(
             "limits.zmq_max_message_bytes",

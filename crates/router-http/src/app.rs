@@ -16,6 +16,7 @@ use router_tokenize::{ChatTokenizer, TokenizePool};
 use router_upstream::Upstream;
 
 use crate::access::AdminAccess;
+use crate::budget::BodyBudget;
 use crate::decisions::DecisionLog;
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
@@ -67,6 +68,8 @@ pub struct AppContext {
     pub(crate) idle_timeout: Duration,
     /// How long a client may take to send a whole request body.
     pub(crate) client_body_timeout: Duration,
+    /// The memory request bodies may take at once.
+    pub(crate) body_budget: BodyBudget,
     /// Prompts tokenized at once, on the blocking pool.
     pub(crate) tokenizing: TokenizePool,
     /// The router-wide retry budget.
@@ -197,6 +200,7 @@ impl AppContext {
             admin: config.admin,
             idle_timeout: config.idle_timeout,
             client_body_timeout: config.client.body,
+            body_budget: BodyBudget::new(config.body_memory_bytes),
             tokenizing: TokenizePool::new(config.tokenize_concurrency),
             retries: RetryBudget::new(&config.retries),
             decisions,

@@ -85,6 +85,14 @@ impl ApiError {
         )
     }
 
+    /// 503 with a retry hint: the router cannot take the request now.
+    pub(crate) fn overloaded(message: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(crate::retry_after::MIN_SECONDS),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
+        }
+    }
+
     /// 500: the router failed.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)

@@ -30,6 +30,7 @@ mod access;
 mod api;
 mod app;
 mod attempts;
+mod budget;
 mod connections;
 mod decisions;
 mod dispatch;

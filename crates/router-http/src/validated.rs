@@ -43,6 +43,8 @@ pub struct ValidatedConfig {
     pub(crate) client: ClientLimits,
     /// Prompts tokenized at once.
     pub(crate) tokenize_concurrency: usize,
+    /// Bytes request bodies may take at once (`limits.body_memory_bytes`).
+    pub(crate) body_memory_bytes: usize,
     pub(crate) retries: RetryConfig,
     /// Where decision records go, if anywhere.
     pub(crate) decisions: Option<DecisionsConfig>,
@@ -175,6 +177,7 @@ impl ValidatedConfig {
             tokenize_concurrency: config.limits.tokenize_concurrency.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
             }),
+            body_memory_bytes: config.limits.body_memory_bytes,
             retries: config.retries,
             decisions: config.decisions.clone(),
             traces: config.traces.clone(),

@@ -638,3 +638,40 @@ async fn an_engine_starting_after_the_router_joins_once_it_answers() {
     assert_eq!(in_flight(router.context(), &["L"]), 0);
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn bodies_past_the_memory_budget_are_refused_until_the_held_ones_are_answered() {
+    let a = sim(|c| c.faults.hold_after_chunks = Some(0)).await;
+    let model = ModelConfig::new("m", vec![engine("A", &a, EngineRole::Plain)]);
+    let mut config = config(vec![model]);
+    config.limits.body_memory_bytes = 64 << 20;
+    let router = router(config).await;
+    // 20 MiB, charged twice: one fits in 64 MiB, two do not.
+    let large = chat("m", &"x".repeat(20 << 20));
+    let held = send(&router, large.clone());
+    within(
+        "the first body reaching the engine",
+        a.visits_until(|v| v.open == 1),
+    )
+    .await;
+    let refused = post(&router, &large).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+    let small = send(&router, chat("m", "a small body still fits"));
+    within(
+        "the small body reaching the engine",
+        a.visits_until(|v| v.open == 2),
+    )
+    .await;
+    set_faults(&a, json!({})).await;
+    assert_eq!(held.await.unwrap().status(), 200);
+    assert_eq!(small.await.unwrap().status(), 200);
+    assert_eq!(
+        post(&router, &large).await.status(),
+        200,
+        "the budget is back"
+    );
+    router.shutdown().await;
+}

@@ -2,10 +2,15 @@
 
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
 use super::state::AppState;
 use super::{admin, chat, embeddings, info, metrics};
+
+/// The largest request body taken: past the router's own bound (32 MiB), as real
+/// engines take what a router forwards.
+const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// Every route of the main HTTP port.
 pub(crate) fn routes(state: Arc<AppState>) -> axum::Router {
@@ -23,6 +28,7 @@ pub(crate) fn routes(state: Arc<AppState>) -> axum::Router {
             get(admin::flush_cache).post(admin::flush_cache),
         )
         .merge(admin_routes())
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 

@@ -12,9 +12,10 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body::Body as _;
+use http_body_util::BodyExt;
 use opentelemetry::KeyValue;
 use parking_lot::Mutex;
 use router_buckets::{SelectError, Selection};
@@ -25,6 +26,7 @@ use tokio::time::Instant;
 use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
 use crate::attempts;
+use crate::budget::Charge;
 use crate::decisions::PendingRecord;
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
@@ -49,27 +51,117 @@ pub(super) fn routed(endpoint: &'static Endpoint) -> MethodRouter<Arc<AppContext
 /// per request at low load); from a separate task each wake-up stays on one thread.
 async fn handle(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let body = read_body(&ctx, body).await;
+    // The body's charge is held until the answer's head is sent.
+    let (body, _charge) = match read_body(&ctx, body).await {
+        Ok((body, charge)) => (Ok(body), charge),
+        Err(e) => (Err(e), Charge::default()),
+    };
     respond(endpoint, ctx, parts.headers, body).await
 }
 
-/// Reads a routed request's body within the client body timeout and
-/// [`MAX_BODY_BYTES`], in a task of its own (see [`handle`]).
-pub(super) async fn read_body(ctx: &AppContext, body: Body) -> Result<Bytes, ApiError> {
+/// Reads a routed request's body within the client body timeout, [`MAX_BODY_BYTES`]
+/// and the body budget, in a task of its own (see [`handle`]); returns it with what
+/// it holds of the budget.
+pub(super) async fn read_body(
+    ctx: &Arc<AppContext>,
+    body: Body,
+) -> Result<(Bytes, Charge), ApiError> {
     let limit = ctx.client_body_timeout;
     let read = AbortOnDrop(tokio::spawn(tokio::time::timeout(
         limit,
-        Limited::new(body, MAX_BODY_BYTES).collect(),
+        collect(Arc::clone(ctx), body),
     )));
-    let unreadable = |e: &dyn std::fmt::Display| {
-        ApiError::bad_body(format!("the request body could not be read: {e}"))
-    };
     match read.await {
-        Ok(Ok(Ok(body))) => Ok(body.to_bytes()),
-        Ok(Ok(Err(e))) if e.is::<LengthLimitError>() => Err(ApiError::too_large(MAX_BODY_BYTES)),
-        Ok(Ok(Err(e))) => Err(unreadable(&e)),
+        Ok(Ok(read)) => read,
         Ok(Err(_)) => Err(ApiError::body_timeout(limit)),
-        Err(e) => Err(unreadable(&e)),
+        Err(e) => Err(ApiError::bad_body(format!(
+            "the request body could not be read: {e}"
+        ))),
+    }
+}
+
+/// Reads `body` whole, charging each chunk to the body budget as it arrives (not
+/// what a length header announces: a client that announces much and sends little
+/// holds nothing).
+async fn collect(ctx: Arc<AppContext>, body: Body) -> Result<(Bytes, Charge), ApiError> {
+    let mut charge = Charge::default();
+    let over_budget = |charge: &mut Charge, bytes: usize| {
+        if ctx.body_budget.charge(charge, bytes) {
+            return Ok(());
+        }
+        tracing::warn!(
+            bytes,
+            "request body refused: the memory for request bodies (limits.body_memory_bytes) is spent"
+        );
+        Err(ApiError::overloaded(
+            "the router's memory for request bodies is spent; retry shortly",
+        ))
+    };
+    if body
+        .size_hint()
+        .exact()
+        .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+    {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    let mut body = body;
+    let mut read = Read::default();
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_body(format!("the request body could not be read: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if read.len() + data.len() > MAX_BODY_BYTES {
+            return Err(ApiError::too_large(MAX_BODY_BYTES));
+        }
+        over_budget(&mut charge, data.len())?;
+        read.push(data);
+    }
+    Ok((read.into_bytes(), charge))
+}
+
+/// A body's chunks so far: one kept as it came (most bodies are one), more copied
+/// together.
+#[derive(Default)]
+enum Read {
+    #[default]
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Read {
+    fn len(&self) -> usize {
+        match self {
+            Read::Empty => 0,
+            Read::One(bytes) => bytes.len(),
+            Read::Many(bytes) => bytes.len(),
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        *self = match std::mem::take(self) {
+            Read::Empty => Read::One(data),
+            Read::One(first) => {
+                let mut many = BytesMut::with_capacity(first.len() + data.len());
+                many.extend_from_slice(&first);
+                many.extend_from_slice(&data);
+                Read::Many(many)
+            }
+            Read::Many(mut many) => {
+                many.extend_from_slice(&data);
+                Read::Many(many)
+            }
+        };
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Read::Empty => Bytes::new(),
+            Read::One(bytes) => bytes,
+            Read::Many(bytes) => bytes.freeze(),
+        }
     }
 }
 

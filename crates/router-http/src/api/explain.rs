@@ -30,8 +30,8 @@ pub(super) fn explained(endpoint: &'static Endpoint) -> MethodRouter<Arc<AppCont
 
 async fn explain(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match read_body(&ctx, body).await {
-        Ok(body) => body,
+    let (body, _charge) = match read_body(&ctx, body).await {
+        Ok(read) => read,
         Err(e) => return e.into_response(),
     };
     let ready = match ready(endpoint, &ctx, &parts.headers, &body).await {

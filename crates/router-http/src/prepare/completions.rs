@@ -15,7 +15,7 @@ use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::{Sampling, check_integer, model, stream_and_sampling};
+use super::checks::{Sampling, check_integer, model, scalar, stream_and_sampling};
 use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
 
@@ -36,24 +36,24 @@ struct Probe<'a> {
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
     prompt: Option<&'a RawValue>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     stream: Option<Value>,
-    #[serde(default)]
-    stream_options: Option<Value>,
-    #[serde(default)]
+    #[serde(default, borrow)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "scalar")]
     n: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     temperature: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     top_p: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     presence_penalty: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     frequency_penalty: Option<Value>,
     /// `Some(Null)` for `null` (no budget), `None` when absent (the default).
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "scalar")]
     max_tokens: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     add_special_tokens: Option<Value>,
 }
 
@@ -86,7 +86,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     let prompts = read_prompts(prompt, "prompt", special_tokens(probe.add_special_tokens)?)?;
     let stream = stream_and_sampling(&Sampling {
         stream: &probe.stream,
-        stream_options: &probe.stream_options,
+        stream_options: probe.stream_options,
         n: &probe.n,
         temperature: &probe.temperature,
         top_p: &probe.top_p,
@@ -119,11 +119,6 @@ pub(super) fn special_tokens(value: Option<Value>) -> Result<bool, ApiError> {
             "add_special_tokens must be a boolean",
         )),
     }
-}
-
-/// A field that is present, `null` included.
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(deserializer).map(Some)
 }
 
 /// The prompts in the body field `param` (a completion's `prompt`, an embedding's

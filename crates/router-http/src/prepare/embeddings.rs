@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::model;
+use super::checks::{model, scalar};
 use super::completions::{read_prompts, special_tokens};
 use super::{Parsed, Prompt};
 use crate::error::ApiError;
@@ -19,11 +19,11 @@ struct Probe<'a> {
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
     input: Option<&'a RawValue>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     encoding_format: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     dimensions: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar")]
     add_special_tokens: Option<Value>,
 }
 

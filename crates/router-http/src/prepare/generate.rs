@@ -12,7 +12,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::{MAX_MODEL_BYTES, check_integer};
+use super::checks::{MAX_MODEL_BYTES, check_integer, each, scalar};
+use super::completions::MAX_PROMPTS;
 use super::completions::{CompletionPrompts, read_prompts};
 use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
@@ -30,14 +31,21 @@ struct Probe<'a> {
     input_ids: Option<&'a RawValue>,
     #[serde(default, borrow)]
     input_embeds: Option<&'a RawValue>,
-    #[serde(default)]
-    sampling_params: Option<Value>,
-    #[serde(default)]
+    #[serde(default, borrow)]
+    sampling_params: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "scalar")]
     stream: Option<Value>,
-    #[serde(default)]
-    rid: Option<Value>,
-    #[serde(default)]
-    lora_path: Option<Value>,
+    #[serde(default, borrow)]
+    rid: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    lora_path: Option<&'a RawValue>,
+}
+
+/// One prompt's `sampling_params` as read: only `max_new_tokens`.
+#[derive(Deserialize)]
+struct SamplingParams {
+    #[serde(default, deserialize_with = "scalar")]
+    max_new_tokens: Option<Value>,
 }
 
 /// Validates a `/generate` body and finds its routing facts.
@@ -102,78 +110,101 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
             ));
         }
     };
-    check_names(probe.rid.as_ref(), "rid")?;
-    check_names(probe.lora_path.as_ref(), "lora_path")?;
+    check_names(probe.rid, "rid")?;
     Ok(Parsed {
         model,
         stream,
         batch: batch_of(raw, &prompts),
-        adapter: adapter(probe.lora_path.as_ref())?,
+        adapter: adapter(probe.lora_path)?,
         prompt: Prompt::Completion(prompts),
         max_output_tokens: max_new_tokens(probe.sampling_params)?,
     })
 }
 
-/// The largest `max_new_tokens` of `sampling_params` (an object, or a list of them):
-/// the default when none names one, `None` when one is `null` (no budget).
-fn max_new_tokens(params: Option<Value>) -> Result<Option<u64>, ApiError> {
-    let one = |params: &Value| -> Result<Option<u64>, ApiError> {
-        match params {
-            Value::Object(fields) => match fields.get("max_new_tokens") {
-                None => Ok(Some(DEFAULT_MAX_NEW_TOKENS)),
-                Some(Value::Null) => Ok(None),
-                given => check_integer(
-                    &given.cloned(),
-                    "sampling_params.max_new_tokens",
-                    0,
-                    u64::from(u32::MAX),
-                ),
-            },
-            _ => Err(ApiError::invalid(
-                "invalid_parameter",
-                "sampling_params",
-                "sampling_params must be an object or a list of objects",
-            )),
+/// The largest `max_new_tokens` of `sampling_params` (an object, or a list of at most
+/// [`MAX_PROMPTS`] of them): the default when none names one, `None` when one is
+/// `null` (no budget).
+fn max_new_tokens(params: Option<&RawValue>) -> Result<Option<u64>, ApiError> {
+    let invalid = || {
+        ApiError::invalid(
+            "invalid_parameter",
+            "sampling_params",
+            "sampling_params must be an object or a list of objects",
+        )
+    };
+    let one = |params: &RawValue| -> Result<Option<u64>, ApiError> {
+        if !params.get().trim_start().starts_with('{') {
+            return Err(invalid());
+        }
+        let params: SamplingParams = serde_json::from_str(params.get()).map_err(|_| invalid())?;
+        match params.max_new_tokens {
+            None => Ok(Some(DEFAULT_MAX_NEW_TOKENS)),
+            Some(Value::Null) => Ok(None),
+            given => check_integer(
+                &given,
+                "sampling_params.max_new_tokens",
+                0,
+                u64::from(u32::MAX),
+            ),
         }
     };
-    match params {
-        None | Some(Value::Null) => Ok(Some(DEFAULT_MAX_NEW_TOKENS)),
-        Some(Value::Array(list)) => {
-            let mut largest = Some(0);
-            for params in &list {
-                largest = match (largest, one(params)?) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-            }
-            Ok(if list.is_empty() {
-                Some(DEFAULT_MAX_NEW_TOKENS)
-            } else {
-                largest
-            })
-        }
-        Some(params) => one(&params),
+    let Some(params) = params.filter(|p| p.get() != "null") else {
+        return Ok(Some(DEFAULT_MAX_NEW_TOKENS));
+    };
+    let mut largest = Some(0);
+    let listed = each(params, MAX_PROMPTS, "sampling_params", |_, params| {
+        largest = match (largest, one(params)?) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            _ => None,
+        };
+        Ok(())
+    })?;
+    match listed {
+        None => one(params),
+        Some(0) => Ok(Some(DEFAULT_MAX_NEW_TOKENS)),
+        Some(_) => Ok(largest),
     }
 }
 
-/// The adapter `lora_path` names: its string, or the one name a batch's list gives
-/// every prompt (`null`: the base model).
-fn adapter(lora_path: Option<&Value>) -> Result<Option<String>, ApiError> {
-    let name = match lora_path {
-        Some(Value::String(name)) => Ok(Some(name.clone())),
-        Some(Value::Array(names)) => match names.first() {
-            Some(first) if names.iter().all(|n| n == first) => {
-                Ok(first.as_str().map(str::to_owned))
+/// A name in `rid` or `lora_path`: a string or `null`.
+fn name(raw: &RawValue, param: &'static str) -> Result<Option<String>, ApiError> {
+    match scalar(&mut serde_json::Deserializer::from_str(raw.get())) {
+        Ok(Some(Value::String(name))) => Ok(Some(name)),
+        Ok(Some(Value::Null)) => Ok(None),
+        _ => Err(ApiError::invalid(
+            "invalid_parameter",
+            param,
+            format!("{param} must be a string or a list of strings"),
+        )),
+    }
+}
+
+/// The adapter `lora_path` names: its string, or the one name a batch's list (of at
+/// most [`MAX_PROMPTS`]) gives every prompt (`null`: the base model).
+fn adapter(lora_path: Option<&RawValue>) -> Result<Option<String>, ApiError> {
+    let Some(raw) = lora_path else {
+        return Ok(None);
+    };
+    let mut first: Option<Option<String>> = None;
+    let listed = each(raw, MAX_PROMPTS, "lora_path", |_, element| {
+        let named = name(element, "lora_path")?;
+        match &first {
+            None => first = Some(named),
+            Some(first) if *first == named => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "invalid_parameter",
+                    "lora_path",
+                    "the prompts of a batch must name one adapter (or all none) to be routed",
+                ));
             }
-            None => Ok(None),
-            Some(_) => Err(ApiError::invalid(
-                "invalid_parameter",
-                "lora_path",
-                "the prompts of a batch must name one adapter (or all none) to be routed",
-            )),
-        },
-        _ => Ok(None),
-    }?;
+        }
+        Ok(())
+    })?;
+    let name = match listed {
+        None => name(raw, "lora_path")?,
+        Some(_) => first.flatten(),
+    };
     if name.as_ref().is_some_and(|n| n.len() > MAX_MODEL_BYTES) {
         return Err(ApiError::invalid(
             "invalid_parameter",
@@ -184,21 +215,18 @@ fn adapter(lora_path: Option<&Value>) -> Result<Option<String>, ApiError> {
     Ok(name)
 }
 
-/// `rid` and `lora_path`: a string, a list of strings (or nulls), or null; relayed as
-/// sent.
-fn check_names(value: Option<&Value>, param: &'static str) -> Result<(), ApiError> {
-    let valid = match value {
-        None | Some(Value::Null | Value::String(_)) => true,
-        Some(Value::Array(items)) => items.iter().all(|i| i.is_string() || i.is_null()),
-        Some(_) => false,
+/// `rid`: a string, a list of at most [`MAX_PROMPTS`] strings (or nulls), or null;
+/// relayed as sent.
+fn check_names(value: Option<&RawValue>, param: &'static str) -> Result<(), ApiError> {
+    let Some(raw) = value else {
+        return Ok(());
     };
-    if valid {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            "invalid_parameter",
-            param,
-            format!("{param} must be a string or a list of strings"),
-        ))
+    if each(raw, MAX_PROMPTS, param, |_, element| {
+        name(element, param).map(drop)
+    })?
+    .is_none()
+    {
+        name(raw, param)?;
     }
+    Ok(())
 }
