@@ -11,6 +11,7 @@ mod checks;
 mod completions;
 mod embeddings;
 mod generate;
+mod owned;
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use serde_json::value::RawValue;
 
 use crate::error::ApiError;
 use completions::CompletionPrompts;
+pub(crate) use owned::rewrite;
 use router_tokenize::{ChatTokenizer, PromptTokens, TokenizePool};
 
 /// An endpoint the router serves: its path (the same on the engine) and how its body
@@ -76,6 +78,8 @@ pub(crate) const INLINE_BODY_BYTES: usize = 2 << 10;
 /// What an endpoint's parser finds in a valid body.
 #[derive(Debug)]
 pub(crate) struct Parsed<'b> {
+    /// Whether the body sent a field the router owns (`owned::OWNED`).
+    owned: bool,
     /// The model named (SGLang's `/generate` may name none).
     model: Option<String>,
     /// Whether the answer is streamed (its head comes before the generation).
@@ -184,6 +188,9 @@ impl Prompt<'_> {
 /// The routing facts of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Prepared {
+    /// Whether the body sent a field the router owns, which must be taken out before
+    /// it is sent (see [`Prepared::forwarded`]).
+    pub(crate) owned: bool,
     pub(crate) stream: bool,
     /// The number of prompts of a batch (see [`Parsed`]).
     pub(crate) batch: Option<usize>,
@@ -196,6 +203,16 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    /// What is sent of `body` (as validated): the body without the fields the router
+    /// owns, which each leg writes itself.
+    pub(crate) fn forwarded(&self, body: Bytes) -> Result<Bytes, ApiError> {
+        if self.owned {
+            owned::without_owned(&body)
+        } else {
+            Ok(body)
+        }
+    }
+
     /// With the prompt's counted length and token ids.
     pub(crate) fn with_tokens(mut self, counted: Counted) -> Self {
         self.input_tokens = counted.tokens;
@@ -260,6 +277,7 @@ pub(crate) fn prepare(
         None => {}
     }
     let prepared = Prepared {
+        owned: parsed.owned,
         stream: parsed.stream,
         batch: parsed.batch,
         adapter: parsed.adapter,

@@ -297,3 +297,48 @@ async fn a_vllm_engine_down_at_startup_has_its_metrics_read_once_it_answers() {
     engine.shutdown().await;
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_fields_the_router_owns_never_reach_an_engine_as_a_client_sent_them() {
+    let smuggled = |mut body: Value| {
+        body["kv_transfer_params"] = json!({"do_remote_prefill": true, "remote_host": "10.9.9.9"});
+        body["bootstrap_host"] = json!("10.9.9.9");
+        body["bootstrap_port"] = json!(1);
+        body["bootstrap_room"] = json!(5);
+        body["data_parallel_rank"] = json!(0);
+        body
+    };
+    // A plain engine gets none of them.
+    let plain = vllm(engine_sim::EngineRole::Plain, |_| {}).await;
+    let mut model = ModelConfig::new("m", vec![engine("A", &plain, EngineRole::Plain)]);
+    model.pd_protocol = PdProtocol::Vllm;
+    let router = router(config(vec![model])).await;
+    let response = send(&router, "/v1/chat/completions", &smuggled(chat("m", "hi"))).await;
+    assert_eq!(response.status(), 200);
+    let seen = recent_requests(&plain).await;
+    let seen = seen.last().unwrap();
+    for field in [
+        "kv_transfer_params",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+        "dp_rank",
+    ] {
+        assert_eq!(seen[field], Value::Null, "{field}: {seen}");
+    }
+    router.shutdown().await;
+    // A decode leg gets the prefill's transfer params, once.
+    let (prefill, decode) = (
+        vllm(engine_sim::EngineRole::Prefill, |_| {}).await,
+        vllm(engine_sim::EngineRole::Decode, |_| {}).await,
+    );
+    let router = vllm_router(&prefill, &decode).await;
+    let response = send(&router, "/v1/chat/completions", &smuggled(chat("m", "hi"))).await;
+    assert_eq!(response.status(), 200);
+    let decoded = recent_requests(&decode).await;
+    let params = &decoded.last().unwrap()["kv_transfer_params"];
+    assert_eq!(params["do_remote_prefill"], true, "{params}");
+    assert_ne!(params["remote_host"], "10.9.9.9", "{params}");
+    assert!(params["remote_request_id"].is_string(), "{params}");
+    router.shutdown().await;
+}

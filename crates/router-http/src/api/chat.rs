@@ -339,6 +339,11 @@ async fn route(
     let request = request
         .with_explanation(recording.as_ref().map(|(_, e)| e))
         .with_timing(arrival.tracing.span.is_some());
+    // Fields the router owns never reach an engine as the client sent them.
+    let sent = match ready.prepared.forwarded(body.clone()) {
+        Ok(sent) => sent,
+        Err(e) => return (model, Err(e)),
+    };
     let selected = select(ctx, &ready.route, &request, arrival.tracing).await;
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
@@ -365,7 +370,7 @@ async fn route(
         }
     };
     count_demotions(ctx, &model, &selection.demoted);
-    let out = outgoing(endpoint, &ready, body, arrival, record);
+    let out = outgoing(endpoint, &ready, sent, arrival, record);
     let answer = attempts::run(ctx, &ready.route, &request, selection.pick, &out).await;
     // An answer's relayed body takes the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {

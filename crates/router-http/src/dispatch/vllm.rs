@@ -6,7 +6,6 @@
 //! engine; a client that leaves while the prefill computes closes its connection,
 //! which is how vLLM learns to abort it.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -18,13 +17,13 @@ use router_policy::Pick;
 use router_state::Engine;
 use router_upstream::H1Body;
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::leg::{Target, send, with_fields};
 use super::{Failed, Leg, Outgoing, Pair, relay};
 use crate::app::AppContext;
 use crate::error::ApiError;
+use crate::prepare::rewrite;
 
 /// The largest prefill answer read: one generated token and its metadata.
 const MAX_PREFILL_ANSWER_BYTES: usize = 4 << 20;
@@ -159,29 +158,17 @@ fn prefill_failed(engine: &Engine, what: &dyn fmt::Display) -> ApiError {
 /// remote decode of one token, not streamed (`max_completion_tokens` only when the
 /// client sent it, as vLLM's proxy does).
 fn prefill_body(body: &Bytes) -> Result<Bytes, ApiError> {
-    let fields: Fields<'_> = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_body(format!("the body is not a JSON object: {e}")))?;
-    let mut out = String::with_capacity(body.len() + REMOTE_DECODE.len() + 64);
-    out.push('{');
     let mut completion_budget = false;
-    for (key, value) in &fields.0 {
-        if DROPPED.contains(&key.as_ref()) {
-            completion_budget |= key == "max_completion_tokens";
-            continue;
-        }
-        out.push_str(&serde_json::to_string(key).expect("a string serializes"));
-        out.push(':');
-        out.push_str(value.get());
-        out.push(',');
-    }
-    out.push_str(r#""kv_transfer_params":"#);
-    out.push_str(REMOTE_DECODE);
-    out.push_str(r#","stream":false,"max_tokens":1"#);
+    let kept = rewrite(body, |key| {
+        completion_budget |= key == "max_completion_tokens";
+        !DROPPED.contains(&key)
+    })?;
+    let mut fields =
+        format!(r#""kv_transfer_params":{REMOTE_DECODE},"stream":false,"max_tokens":1"#);
     if completion_budget {
-        out.push_str(r#","max_completion_tokens":1"#);
+        fields.push_str(r#","max_completion_tokens":1"#);
     }
-    out.push('}');
-    Ok(Bytes::from(out))
+    Ok(with_fields(&Bytes::from(kept), &fields))
 }
 
 /// The `kv_transfer_params` of a prefill's answer, as sent; `None` when absent or
@@ -198,58 +185,6 @@ fn transfer_params(answer: &[u8]) -> Result<Option<&str>, String> {
         .kv_transfer_params
         .map(RawValue::get)
         .filter(|params| *params != "null"))
-}
-
-/// A JSON object's top-level fields in order, their values as sent.
-struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(FieldsVisitor)
-    }
-}
-
-struct FieldsVisitor;
-
-impl<'de> Visitor<'de> for FieldsVisitor {
-    type Value = Fields<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-        let mut fields = Vec::new();
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            fields.push((key.0, map.next_value::<&'de RawValue>()?));
-        }
-        Ok(Fields(fields))
-    }
-}
-
-/// A field name, borrowed from the body unless it holds escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a field name")
-            }
-
-            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(key)))
-            }
-
-            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(key.to_owned())))
-            }
-        }
-        deserializer.deserialize_str(KeyVisitor)
-    }
 }
 
 #[cfg(test)]

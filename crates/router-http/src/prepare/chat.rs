@@ -32,6 +32,17 @@ const ROLES: &[&str] = &[
 
 #[derive(Deserialize)]
 struct Probe<'a> {
+    // The fields the router owns (`owned::OWNED`): only whether they were sent.
+    #[serde(default)]
+    bootstrap_host: Option<IgnoredAny>,
+    #[serde(default)]
+    bootstrap_port: Option<IgnoredAny>,
+    #[serde(default)]
+    bootstrap_room: Option<IgnoredAny>,
+    #[serde(default)]
+    kv_transfer_params: Option<IgnoredAny>,
+    #[serde(default)]
+    data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -95,6 +106,15 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         u64::from(u32::MAX),
     )?;
     Ok(Parsed {
+        owned: [
+            &probe.bootstrap_host,
+            &probe.bootstrap_port,
+            &probe.bootstrap_room,
+            &probe.kv_transfer_params,
+            &probe.data_parallel_rank,
+        ]
+        .iter()
+        .any(|field| field.is_some()),
         model: Some(model),
         stream,
         batch: None,

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -32,6 +33,17 @@ const DEFAULT_MAX_TOKENS: u64 = 16;
 
 #[derive(Deserialize)]
 struct Probe<'a> {
+    // The fields the router owns (`owned::OWNED`): only whether they were sent.
+    #[serde(default)]
+    bootstrap_host: Option<IgnoredAny>,
+    #[serde(default)]
+    bootstrap_port: Option<IgnoredAny>,
+    #[serde(default)]
+    bootstrap_room: Option<IgnoredAny>,
+    #[serde(default)]
+    kv_transfer_params: Option<IgnoredAny>,
+    #[serde(default)]
+    data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -99,6 +111,15 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         given => check_integer(&given, "max_tokens", 0, u64::from(u32::MAX))?,
     };
     Ok(Parsed {
+        owned: [
+            &probe.bootstrap_host,
+            &probe.bootstrap_port,
+            &probe.bootstrap_room,
+            &probe.kv_transfer_params,
+            &probe.data_parallel_rank,
+        ]
+        .iter()
+        .any(|field| field.is_some()),
         model: Some(model),
         stream,
         batch: batch_of(prompt, &prompts),

@@ -9,6 +9,7 @@
 //! budget counts. A batch is routed as a completion's list of prompts is.
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -23,6 +24,17 @@ const DEFAULT_MAX_NEW_TOKENS: u64 = 128;
 
 #[derive(Deserialize)]
 struct Probe<'a> {
+    // The fields the router owns (`owned::OWNED`): only whether they were sent.
+    #[serde(default)]
+    bootstrap_host: Option<IgnoredAny>,
+    #[serde(default)]
+    bootstrap_port: Option<IgnoredAny>,
+    #[serde(default)]
+    bootstrap_room: Option<IgnoredAny>,
+    #[serde(default)]
+    kv_transfer_params: Option<IgnoredAny>,
+    #[serde(default)]
+    data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -112,6 +124,15 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     };
     check_names(probe.rid, "rid")?;
     Ok(Parsed {
+        owned: [
+            &probe.bootstrap_host,
+            &probe.bootstrap_port,
+            &probe.bootstrap_room,
+            &probe.kv_transfer_params,
+            &probe.data_parallel_rank,
+        ]
+        .iter()
+        .any(|field| field.is_some()),
         model,
         stream,
         batch: batch_of(raw, &prompts),
