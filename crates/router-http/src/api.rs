@@ -11,9 +11,11 @@ use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
+use axum::response::IntoResponse;
 use axum::routing::{delete, get};
 
 use crate::app::AppContext;
+use crate::error::ApiError;
 use crate::prepare::{CHAT, COMPLETIONS, EMBEDDINGS, GENERATE};
 
 /// The largest request body accepted.
@@ -37,6 +39,26 @@ pub(crate) fn router(ctx: Arc<AppContext>, with_admin: bool) -> axum::Router {
         public
     };
     public.with_state(ctx)
+}
+
+/// The probes alone (`/health`, `/ready`, `/metrics`), for connections taken past
+/// `limits.max_connections`; any other request gets 503 `overloaded`.
+pub(crate) fn probe_router(ctx: Arc<AppContext>) -> axum::Router {
+    axum::Router::new()
+        .route("/health", get(health::live))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(metrics::scrape))
+        .fallback(|| async {
+            let mut refused = ApiError::overloaded(
+                "every connection slot (limits.max_connections) is serving a request; this connection answers only /health, /ready and /metrics",
+            )
+            .into_response();
+            refused
+                .headers_mut()
+                .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            refused
+        })
+        .with_state(ctx)
 }
 
 /// The admin API alone, for its own address.

@@ -1,11 +1,20 @@
 //! Client connections: every accepted socket gets `TCP_NODELAY`, one of
-//! `limits.max_connections` permits (more connections wait in the listen backlog), and
-//! head, idle and write deadlines ([`deadlines`]); on shutdown the listener closes and
-//! open connections finish their requests within the grace period, after which they
-//! are closed.
+//! `limits.max_connections` slots, and head, idle and write deadlines ([`deadlines`]);
+//! on shutdown the listener closes and open connections finish their requests within
+//! the grace period, after which they are closed.
+//!
+//! Idle connections cannot hold slots against new ones: a connection that arrives
+//! when every slot is taken closes the oldest connection that is not serving a
+//! request (kept alive between requests, or yet to send its first head), and takes
+//! its slot. When every slot serves a request, up to [`PROBE_SLOTS`] more
+//! connections are taken on the public address that answer only the probes
+//! (`/health`, `/ready`, `/metrics`; anything else gets 503 `overloaded`), so
+//! liveness and readiness checks are always answered; past those, connections wait
+//! in the listen backlog.
 
 mod deadlines;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,23 +23,63 @@ use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::validated::ClientLimits;
 use deadlines::{Deadlines, Guarded, Phase, Tracked};
 
-/// Serves `app` on `listener` until `stopped` turns true, then drains.
+/// Connections taken past `limits.max_connections` while every slot serves a
+/// request, answering only the probes.
+pub(crate) const PROBE_SLOTS: usize = 16;
+
+/// What a listener serves: every route, and (on the public address) the probes
+/// alone for connections past the limit.
+pub(crate) struct Apps {
+    pub(crate) full: axum::Router,
+    pub(crate) probes: Option<axum::Router>,
+}
+
+/// A connection's phase and the signal that closes it.
+type Closable = (Arc<Phase>, Arc<Notify>);
+
+/// The open connections by age (oldest first), with what it takes to close one.
+#[derive(Default)]
+struct Open {
+    connections: Mutex<BTreeMap<u64, Closable>>,
+}
+
+impl Open {
+    /// Closes the oldest connection that is not serving a request; `false` when
+    /// every one is.
+    fn close_an_idle_one(&self) -> bool {
+        let connections = self.connections.lock();
+        let idle = connections.values().find(|(phase, _)| !phase.is_busy());
+        if let Some((_, close)) = idle {
+            close.notify_one();
+        }
+        idle.is_some()
+    }
+}
+
+/// Serves `apps` on `listener` until `stopped` turns true, then drains.
 pub(crate) async fn serve(
     listener: TcpListener,
-    app: axum::Router,
+    apps: Apps,
     limits: ClientLimits,
     mut stopped: watch::Receiver<bool>,
     grace: Duration,
 ) {
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let probe_slots = Arc::new(Semaphore::new(if apps.probes.is_some() {
+        PROBE_SLOTS
+    } else {
+        0
+    }));
+    let open = Arc::new(Open::default());
     let deadlines = Deadlines {
         head: limits.header,
         idle: limits.idle,
@@ -41,19 +90,28 @@ pub(crate) async fn serve(
     // time before a head.
     builder.header_read_timeout(None);
     let mut connections = JoinSet::new();
-    loop {
-        let (stream, permit) = tokio::select! {
+    for id in 0_u64.. {
+        let (stream, slot) = tokio::select! {
             biased;
             _ = stopped.wait_for(|s| *s) => break,
-            accepted = accept(&listener, &permits) => accepted,
+            accepted = accept(&listener, &slots, &probe_slots, &open) => accepted,
         };
         while connections.try_join_next().is_some() {}
         if let Err(e) = stream.set_nodelay(true) {
             tracing::warn!(error = %e, "setting TCP_NODELAY failed");
         }
+        let (app, close) = match (&apps.probes, slot.probes_only) {
+            (Some(probes), true) => (probes.clone(), None),
+            _ => (apps.full.clone(), Some(Arc::new(Notify::new()))),
+        };
         let phase = Phase::new();
+        if let Some(close) = &close {
+            open.connections
+                .lock()
+                .insert(id, (Arc::clone(&phase), Arc::clone(close)));
+        }
         let stream = Guarded::new(stream, deadlines, Arc::clone(&phase));
-        let app = TowerToHyperService::new(app.clone());
+        let app = TowerToHyperService::new(app);
         let service = service_fn(move |request| {
             phase.busy();
             let phase = Arc::clone(&phase);
@@ -65,11 +123,22 @@ pub(crate) async fn serve(
             }
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let open = Arc::clone(&open);
         connections.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "client connection closed with an error");
+            let closed = async {
+                match &close {
+                    Some(close) => close.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                served = connection => if let Err(e) = served {
+                    tracing::debug!(error = %e, "client connection closed with an error");
+                },
+                () = closed => tracing::debug!("an idle client connection closed for a new one"),
             }
-            drop(permit);
+            open.connections.lock().remove(&id);
+            drop(slot);
         });
     }
     drop(listener);
@@ -82,23 +151,58 @@ pub(crate) async fn serve(
     connections.abort_all();
 }
 
-/// The next connection, once a permit is free. A failed accept (say, out of file
-/// descriptors) is logged and retried after a pause instead of spinning.
+/// What a connection holds, given back when it closes: a slot of `max_connections`,
+/// or one that answers the probes alone.
+struct Slot {
+    _held: OwnedSemaphorePermit,
+    probes_only: bool,
+}
+
+impl Slot {
+    fn full(held: OwnedSemaphorePermit) -> Self {
+        Self {
+            _held: held,
+            probes_only: false,
+        }
+    }
+}
+
+/// The next connection and its slot: a free one; else the slot of an idle
+/// connection it closes; else, while every slot serves a request, a probe slot; else
+/// the first slot freed. A failed accept (say, out of file descriptors) is logged and
+/// retried after a pause instead of spinning.
 async fn accept(
     listener: &TcpListener,
-    permits: &Arc<Semaphore>,
-) -> (TcpStream, OwnedSemaphorePermit) {
-    let permit = Arc::clone(permits)
-        .acquire_owned()
-        .await
-        .expect("the semaphore is never closed");
-    loop {
+    slots: &Arc<Semaphore>,
+    probe_slots: &Arc<Semaphore>,
+    open: &Open,
+) -> (TcpStream, Slot) {
+    let stream = loop {
         match listener.accept().await {
-            Ok((stream, _)) => return (stream, permit),
+            Ok((stream, _)) => break stream,
             Err(e) => {
                 tracing::warn!(error = %e, "accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    };
+    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
+        return (stream, Slot::full(slot));
     }
+    if !open.close_an_idle_one()
+        && let Ok(slot) = Arc::clone(probe_slots).try_acquire_owned()
+    {
+        return (
+            stream,
+            Slot {
+                _held: slot,
+                probes_only: true,
+            },
+        );
+    }
+    let slot = Arc::clone(slots)
+        .acquire_owned()
+        .await
+        .expect("the semaphore is never closed");
+    (stream, Slot::full(slot))
 }

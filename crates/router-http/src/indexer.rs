@@ -143,7 +143,10 @@ pub async fn start_indexer(
     let (stop, stopped) = watch::channel(false);
     let server = tokio::spawn(crate::connections::serve(
         listener,
-        app,
+        crate::connections::Apps {
+            full: app,
+            probes: None,
+        },
         validated.client,
         stopped,
         validated.shutdown_grace,

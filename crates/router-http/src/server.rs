@@ -10,8 +10,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::{admin_router, router};
+use crate::api::{admin_router, probe_router, router};
 use crate::app::{AppContext, StartError};
+use crate::connections::Apps;
 use crate::validated::ValidatedConfig;
 
 /// A router serving on a bound address.
@@ -86,7 +87,10 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
             let app = admin_router(Arc::clone(&ctx));
             let server = tokio::spawn(crate::connections::serve(
                 listener,
-                app,
+                Apps {
+                    full: app,
+                    probes: None,
+                },
                 client,
                 stopped.clone(),
                 grace,
@@ -111,9 +115,12 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
         ),
         None => None,
     };
-    let app = router(Arc::clone(&ctx), admin.is_none());
+    let apps = Apps {
+        full: router(Arc::clone(&ctx), admin.is_none()),
+        probes: Some(probe_router(Arc::clone(&ctx))),
+    };
     let server = tokio::spawn(async move {
-        crate::connections::serve(listener, app, client, stopped, grace).await;
+        crate::connections::serve(listener, apps, client, stopped, grace).await;
         drop(health);
         #[cfg(feature = "kubernetes")]
         drop(discovery);

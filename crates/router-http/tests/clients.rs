@@ -190,3 +190,64 @@ async fn a_client_that_stops_reading_a_stream_releases_its_engine() {
     drop(client);
     router.shutdown().await;
 }
+
+/// A router of at most 4 connections over one engine that holds every answer.
+async fn crowded_router() -> (RunningRouter, engine_sim::RunningEngine) {
+    let a = sim(|c| c.faults.hold_after_chunks = Some(0)).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.limits.max_connections = 4;
+    (router(config).await, a)
+}
+
+#[tokio::test]
+async fn idle_connections_give_their_slots_to_new_ones() {
+    let (router, a) = crowded_router().await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut socket = TcpStream::connect(router.addr()).await.unwrap();
+        assert_eq!(health(&mut socket).await, "HTTP/1.1 200 OK");
+        idle.push(socket);
+    }
+    // Every slot is held by a kept-alive connection between requests: a new one
+    // closes the oldest and is answered.
+    let mut probe = TcpStream::connect(router.addr()).await.unwrap();
+    assert_eq!(health(&mut probe).await, "HTTP/1.1 200 OK");
+    assert!(
+        read_to_close(&mut idle[0]).await.is_empty(),
+        "the oldest idle connection was closed, with nothing sent"
+    );
+    assert_eq!(health(&mut idle[1]).await, "HTTP/1.1 200 OK", "the others stay");
+    drop(a);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn probes_are_answered_while_every_slot_serves_a_request() {
+    let (router, a) = crowded_router().await;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{chat}",
+        chat.len()
+    );
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut socket = TcpStream::connect(router.addr()).await.unwrap();
+        socket.write_all(request.as_bytes()).await.unwrap();
+        busy.push(socket);
+    }
+    tokio::time::timeout(Duration::from_secs(30), a.visits_until(|v| v.open == 4))
+        .await
+        .expect("four requests held at the engine");
+    let mut probe = TcpStream::connect(router.addr()).await.unwrap();
+    assert_eq!(health(&mut probe).await, "HTTP/1.1 200 OK");
+    let mut other = TcpStream::connect(router.addr()).await.unwrap();
+    other.write_all(request.as_bytes()).await.unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut other).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("overloaded"), "{answer}");
+    drop(busy);
+    router.shutdown().await;
+}

@@ -59,6 +59,11 @@ impl Phase {
     fn idle(&self) {
         self.state.store(IDLE, Ordering::Relaxed);
     }
+
+    /// Whether a request is being served (its head read, its answer not done).
+    pub(crate) fn is_busy(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == BUSY
+    }
 }
 
 /// A response body that marks its connection idle when dropped.
