@@ -35,6 +35,7 @@ mod decisions;
 mod dispatch;
 mod error;
 mod explanation;
+pub mod file;
 mod indexer;
 mod metrics;
 mod prepare;
