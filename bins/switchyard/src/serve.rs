@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use router_buckets::DefaultPolicies;
 use router_config::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig};
 use router_http::ValidatedConfig;
+use router_http::file::{MAX_CONFIG_BYTES, Snapshot, read_regular};
 use router_policy::PolicyConfig;
 use router_state::Role;
 use serde_json::json;
@@ -19,14 +20,18 @@ use serde_json::json;
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// YAML configuration file (see docs/configuration.md). Without it, the fleet
-    /// flags below describe one model. SIGHUP reloads it (models, engines, buckets
-    /// and policies; docs/operations.md).
+    /// flags below describe one model. SIGHUP reloads it (models, engines, buckets,
+    /// policies and the admin token; docs/operations.md).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Reload the configuration file when its content changes (read every second),
     /// as on SIGHUP.
     #[arg(long, requires = "config")]
     watch_config: bool,
+    /// A reload takes the file once two reads this many milliseconds apart agree
+    /// (10 to 60000; it gives up after ten rereads).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000), requires = "config")]
+    config_settle_ms: u64,
     /// Address to listen on (overrides the file's `listen`).
     #[arg(long)]
     host: Option<IpAddr>,
@@ -87,12 +92,13 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let started_from = args
         .config
         .as_ref()
-        .and_then(|path| std::fs::read_to_string(path).ok());
+        .and_then(|path| read_regular(path, MAX_CONFIG_BYTES).ok())
+        .map(Snapshot::into_text);
     let config = config_from(&args, env_token.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         // Listening for SIGHUP before startup, so no signal sent meanwhile ends the
         // process; one received during startup reloads the file once it is done.
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -111,7 +117,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down: draining in-flight requests");
         router.shutdown().await;
         anyhow::Ok(())
-    })
+    });
+    // What still runs on a blocking thread is a reload's read or check, which no one
+    // waits for: the process does not either.
+    runtime.shutdown_background();
+    served
 }
 
 /// The configuration `args` describe; `env_token` is the admin token from the
@@ -237,10 +247,11 @@ fn engine(id: String, url: &str, role: EngineRole, bootstrap_port: Option<u16>) 
     }
 }
 
+/// The configuration in the file at `path`: a regular file of at most 1 MiB.
 pub(crate) fn load(path: &Path) -> anyhow::Result<RouterConfig> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    RouterConfig::from_yaml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    let file = read_regular(path, MAX_CONFIG_BYTES)
+        .with_context(|| format!("reading {}", path.display()))?;
+    RouterConfig::from_yaml(file.text()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// `switchyard config check FILE`: every problem (fields, buckets, policies,
@@ -409,6 +420,24 @@ mod tests {
                 .as_deref(),
             Some("flag")
         );
+    }
+
+    #[test]
+    fn the_settle_interval_is_bounded_and_half_a_second_by_default() {
+        let parse = |flags: &[&str]| {
+            let flags = ["serve", "--config", "x.yaml"]
+                .into_iter()
+                .chain(flags.iter().copied());
+            Serve::try_parse_from(flags).map(|serve| serve.args.config_settle_ms)
+        };
+        assert_eq!(parse(&[]).unwrap(), 500);
+        assert_eq!(parse(&["--config-settle-ms", "60000"]).unwrap(), 60_000);
+        for outside in ["9", "60001"] {
+            let error = parse(&["--config-settle-ms", outside])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("10..=60000"), "{error}");
+        }
     }
 
     #[test]

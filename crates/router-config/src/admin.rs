@@ -21,7 +21,8 @@ pub struct AdminConfig {
     /// Bearer token the admin API requires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
-    /// A file whose first line is the token (instead of `token`).
+    /// A file whose first line is the token (instead of `token`): a regular file of at
+    /// most 16 KiB, read again on every reload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
     /// Serve the admin API on this address instead of the public one.

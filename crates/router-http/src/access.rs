@@ -1,11 +1,17 @@
 //! Who may use the admin API: the token the `admin` section names (itself, or the
-//! first line of its file), kept as a digest and compared in constant time.
+//! first line of its file), kept as a digest and compared in constant time. A reload
+//! reads the file again, so a rotated token takes the old one's place.
 
 use router_config::{AdminConfig, ConfigError};
 use sha2::{Digest, Sha256};
 
+use crate::file::read_regular;
+
 /// The longest admin token accepted, in bytes.
 const MAX_TOKEN_BYTES: usize = 4096;
+
+/// The largest token file read.
+const MAX_TOKEN_FILE_BYTES: u64 = 16 << 10;
 
 /// Who may use the admin API.
 #[derive(Clone, PartialEq, Eq)]
@@ -56,10 +62,15 @@ impl AdminAccess {
                 return AdminAccess::Off;
             }
             (Some(token), None) => ("admin.token", token.trim().to_owned()),
-            (None, Some(path)) => match std::fs::read_to_string(path) {
-                Ok(text) => (
+            (None, Some(path)) => match read_regular(path, MAX_TOKEN_FILE_BYTES) {
+                Ok(file) => (
                     "admin.token_file",
-                    text.lines().next().unwrap_or_default().trim().to_owned(),
+                    file.text()
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned(),
                 ),
                 Err(e) => {
                     errors.push(ConfigError::at(
@@ -137,6 +148,43 @@ mod tests {
         assert_eq!(
             empty,
             ["admin.token_file: the token must not be empty; omit it to keep the admin API off"]
+        );
+    }
+
+    #[test]
+    fn a_token_file_must_be_a_small_regular_file() {
+        let dir =
+            std::env::temp_dir().join(format!("switchyard-admin-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("token");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let (_, not_regular) = access(&AdminConfig {
+            token_file: Some(fifo.clone()),
+            ..AdminConfig::default()
+        });
+        let large = dir.join("large");
+        std::fs::write(&large, vec![b'a'; 16 << 10 | 1]).unwrap();
+        let (_, too_large) = access(&AdminConfig {
+            token_file: Some(large.clone()),
+            ..AdminConfig::default()
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            (not_regular, too_large),
+            (
+                vec![format!(
+                    "admin.token_file: {}: not a regular file but a FIFO: only a regular file (or a link to one) is read",
+                    fifo.display()
+                )],
+                vec![format!(
+                    "admin.token_file: {}: larger than 16 KiB: the most such a file may hold",
+                    large.display()
+                )]
+            )
         );
     }
 

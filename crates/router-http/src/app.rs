@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
@@ -64,7 +65,8 @@ pub struct AppContext {
     pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
     _sweeper: Option<SweeperHandle>,
     pub(crate) affinity_headers: AffinityHeaders,
-    pub(crate) admin: AdminAccess,
+    /// Who may use the admin API; a reload replaces it.
+    pub(crate) admin: ArcSwap<AdminAccess>,
     pub(crate) idle_timeout: Duration,
     /// How long a client may take to send a whole request body.
     pub(crate) client_body_timeout: Duration,
@@ -197,7 +199,7 @@ impl AppContext {
                 .map(|store| spawn_sweeper(store, config.sweep_interval)),
             affinity,
             affinity_headers: config.affinity_headers,
-            admin: config.admin,
+            admin: ArcSwap::from_pointee(config.admin),
             idle_timeout: config.idle_timeout,
             client_body_timeout: config.client.body,
             body_budget: BodyBudget::new(config.body_memory_bytes),

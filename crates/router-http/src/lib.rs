@@ -36,6 +36,7 @@ mod decisions;
 mod dispatch;
 mod error;
 mod explanation;
+pub mod file;
 mod indexer;
 mod metrics;
 mod prepare;

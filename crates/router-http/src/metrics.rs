@@ -132,7 +132,7 @@ impl Metrics {
     /// reload outcome is present.
     fn unregistered() -> Self {
         let config_reloads: Family<OutcomeLabels, Counter> = Family::default();
-        for outcome in ["applied", "invalid", "failed"] {
+        for outcome in ["applied", "invalid", "failed", "unreadable"] {
             drop(config_reloads.get_or_create(&OutcomeLabels { outcome }));
         }
         Self {
@@ -218,7 +218,7 @@ impl Metrics {
     fn register_operations(&mut self) {
         self.registry.register(
             "config_reloads",
-            "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed)",
+            "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed), unreadable (the file was not read whole: missing, not a regular file, too large or still changing; the old configuration serves)",
             self.config_reloads.clone(),
         );
         self.registry.register(

@@ -3,8 +3,9 @@
 //! A new file is checked as startup checks one, around the running router's own
 //! state (its load table, affinity store and each model's prefix index whose
 //! settings are unchanged), so nothing it shares with the running configuration is
-//! lost. It is refused whole, with the old configuration still serving, when any
-//! check fails or it changes a section only a restart can change. Otherwise:
+//! lost. It is refused whole, with the old configuration (and admin token) still
+//! serving, when any check fails (an admin token file that cannot be read is one) or
+//! it changes a section only a restart can change. Otherwise:
 //! 1. every model's buckets and policies are built with its engines' roles (an
 //!    engine whose role is not configured is asked for it first); an engine whose
 //!    role cannot be known, or buckets its role does not fit, fail the reload before
@@ -13,7 +14,8 @@
 //!    left as it is: its load reports, feeds, bindings and cache entries stay); a
 //!    model new to the router gets no route of its own until the swap;
 //! 3. the routes are swapped in one step, so a request sees the old configuration
-//!    or the new one, never a mix;
+//!    or the new one, never a mix, and the admin token (the file `admin.token_file`
+//!    names is read again) takes the old one's place;
 //! 4. engines the file no longer names leave (their in-flight requests finish).
 //!
 //! An engine that still fails to join in step 2 (it went away since step 1) fails
@@ -32,6 +34,7 @@ use router_policy::ConfigError;
 use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
 
+use crate::access::AdminAccess;
 use crate::app::{AppContext, Configured, Registered, route};
 use crate::metrics::OutcomeLabels;
 use crate::routing::ModelRoute;
@@ -46,13 +49,20 @@ pub enum ReloadError {
     Invalid(Vec<ConfigError>),
     /// Engines could not join, each named with its path; what had changed was undone.
     Failed(Vec<ConfigError>),
+    /// The file could not be read whole: missing, not a regular file, too large, or
+    /// still changing.
+    Unreadable(ConfigError),
 }
 
 impl fmt::Display for ReloadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (what, errors) = match self {
-            Self::Invalid(errors) => ("the configuration was refused", errors),
-            Self::Failed(errors) => ("the reload was rolled back", errors),
+            Self::Invalid(errors) => ("the configuration was refused", errors.as_slice()),
+            Self::Failed(errors) => ("the reload was rolled back", errors.as_slice()),
+            Self::Unreadable(error) => (
+                "the configuration file was not read",
+                std::slice::from_ref(error),
+            ),
         };
         write!(f, "{what}; the running configuration is unchanged:")?;
         for error in errors {
@@ -147,9 +157,9 @@ impl AppContext {
     }
 
     /// Counts and logs a reload refused before it reached the router (the file
-    /// could not be read or parsed), and returns it.
-    pub fn refuse_reload(&self, errors: Vec<ConfigError>) -> ReloadError {
-        let refused = ReloadError::Invalid(errors);
+    /// could not be read, [`ReloadError::Unreadable`], or parsed,
+    /// [`ReloadError::Invalid`]), and returns it.
+    pub fn refuse_reload(&self, refused: ReloadError) -> ReloadError {
         self.record(Err(&refused));
         refused
     }
@@ -159,6 +169,7 @@ impl AppContext {
             Ok(_) => "applied",
             Err(ReloadError::Invalid(_)) => "invalid",
             Err(ReloadError::Failed(_)) => "failed",
+            Err(ReloadError::Unreadable(_)) => "unreadable",
         };
         self.metrics
             .config_reloads
@@ -187,6 +198,7 @@ impl AppContext {
             !file_models.contains(model)
         });
         self.fleet.set_breaker_groups(self.routing.listed_groups());
+        self.replace_admin(validated.admin);
         for id in &changes.leaving {
             // Gone already when the admin API removed it.
             drop(self.fleet.apply(Change::Remove(id.clone())).await);
@@ -197,6 +209,16 @@ impl AppContext {
             models: joining.len(),
             ..changes.summary
         })
+    }
+
+    /// Puts `admin` in force: requests from now on need its token.
+    fn replace_admin(&self, admin: AdminAccess) {
+        let admin = Arc::new(admin);
+        let before = self.admin.swap(Arc::clone(&admin));
+        if before != admin {
+            let on = *admin != AdminAccess::Off;
+            tracing::info!(on, "the admin API's token changed");
+        }
     }
 
     /// `config` checked around the running router's state; refused when it changes

@@ -142,7 +142,7 @@ impl ValidatedConfig {
     ) -> Result<Self, Vec<ConfigError>> {
         let mut errors = config.check_fields();
         let admin = AdminAccess::of(&config.admin, &mut errors);
-        let restart_only = RestartOnly::of(&config, admin.clone());
+        let restart_only = RestartOnly::of(&config);
         let SharedState {
             selection: state,
             affinity,

@@ -180,7 +180,7 @@ async fn a_reload_adds_an_engine_changes_a_cap_and_removes_a_bucket_while_a_stre
     assert_eq!(
         errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
         [
-            "listen: changed: it takes effect only at a restart (a reload changes models and policies)"
+            "listen: changed: it takes effect only at a restart (a reload changes models, policies and the admin token)"
         ]
     );
     assert!(router.context().fleet().snapshot().get("D").is_none());
@@ -535,4 +535,81 @@ async fn an_engine_the_fleet_refuses_rolls_the_reload_back() {
     for s in [a, c, prefill, decode] {
         s.shutdown().await;
     }
+}
+
+/// The status of `GET /workers` with `token`.
+async fn workers_with(router: &RunningRouter, token: &str) -> u16 {
+    reqwest::Client::new()
+        .get(url(router, "/workers"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("the router answers")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reads_the_admin_token_file_again() {
+    let a = sim(|_| {}).await;
+    let dir = std::env::temp_dir().join(format!("switchyard-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("admin-token");
+    let rotate = |text: &str| {
+        // Written beside and renamed over, as a Secret volume swaps its files.
+        std::fs::write(dir.join("next"), text).unwrap();
+        std::fs::rename(dir.join("next"), &token).unwrap();
+    };
+    let with_file = || {
+        let mut config = config(json!([{"id": "m", "engines": [plain("A", &a)]}]));
+        config.admin.token = None;
+        config.admin.token_file = Some(token.clone());
+        config
+    };
+    rotate("old-token\n");
+    let router = router(with_file()).await;
+    assert_eq!(workers_with(&router, "old-token").await, 200);
+
+    rotate("new-token\n");
+    router.context().reload(with_file()).await.expect("applied");
+    assert_eq!(
+        (
+            workers_with(&router, "old-token").await,
+            workers_with(&router, "new-token").await
+        ),
+        (401, 200),
+        "the rotated token replaces the old one"
+    );
+
+    // A token file that cannot be read refuses the reload; the token in force stays.
+    std::fs::remove_file(&token).unwrap();
+    let Err(ReloadError::Invalid(errors)) = router.context().reload(with_file()).await else {
+        panic!("a missing token file is refused");
+    };
+    assert_eq!(
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [format!(
+            "admin.token_file: {}: No such file or directory (os error 2)",
+            token.display()
+        )]
+    );
+    assert_eq!(workers_with(&router, "new-token").await, 200);
+
+    rotate("newer-token\n");
+    router
+        .context()
+        .reload(with_file())
+        .await
+        .expect("applied again");
+    assert_eq!(workers_with(&router, "newer-token").await, 200);
+    assert_eq!(
+        (
+            reloads(&router, "applied").await,
+            reloads(&router, "invalid").await
+        ),
+        (2, 1)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    router.shutdown().await;
+    a.shutdown().await;
 }

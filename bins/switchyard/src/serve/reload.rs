@@ -1,13 +1,23 @@
 //! Reloading `serve --config FILE`: on SIGHUP, and with `--watch-config` whenever the
-//! file's content changes (read every second, reloaded once two reads in a row
-//! agree; a Kubernetes ConfigMap volume swaps the file under its path, which reading
-//! it again sees). A file that cannot be read is no change to reload.
+//! file differs from what was last read (read every second; a Kubernetes ConfigMap
+//! volume swaps the file under its path, which reading it again sees).
+//!
+//! Either way the file is taken only once whole: two reads `--config-settle-ms` apart
+//! must agree on its length, modification time and text. A file still changing after
+//! ten such reads, or one that cannot be read (missing, not a regular file, over
+//! 1 MiB), is refused and the old configuration keeps serving. Every read runs on a
+//! blocking thread, never on the runtime's workers, and a FIFO or a device at the path
+//! is refused without waiting for a writer.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use router_config::RouterConfig;
-use router_http::{AppContext, ConfigError};
+use router_http::file::{
+    self, MAX_CONFIG_BYTES, ReadError, Settle, SettleError, Snapshot, settled,
+};
+use router_http::{AppContext, ConfigError, ReloadError};
 use tokio::signal::unix::Signal;
 
 use super::{ServeArgs, overridden};
@@ -15,9 +25,13 @@ use super::{ServeArgs, overridden};
 /// How often `--watch-config` reads the file.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// What a read of the file found, as the watcher compares it: its text, or why it
+/// could not be read.
+type Seen = Result<String, String>;
+
 /// Reloads the configuration file on each `hangup` (and with `--watch-config`, when
-/// its content differs from `started_from`, the text startup read, or from the last
-/// text reloaded) until the task is aborted.
+/// what it holds differs from `started_from`, the text startup read, or from what the
+/// last reload read) until the task is aborted.
 pub(super) async fn run(
     ctx: Arc<AppContext>,
     mut hangup: Signal,
@@ -31,47 +45,65 @@ pub(super) async fn run(
         }
         return;
     };
-    let read = || std::fs::read_to_string(&path);
-    let mut last = started_from;
-    // A changed text is reloaded once two reads in a row agree, so a file being
-    // written in place is not read half-way.
-    let mut seen: Option<String> = None;
+    let settle = Settle::every(Duration::from_millis(args.config_settle_ms));
+    // `None`: not known, so the watcher reads the file through at its next tick.
+    let mut last: Option<Seen> = started_from.map(Ok);
     let mut tick = tokio::time::interval(WATCH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let text = tokio::select! {
+        tokio::select! {
             received = hangup.recv() => {
                 if received.is_none() {
                     return;
                 }
                 tracing::info!(file = %path.display(), "SIGHUP: reloading the configuration");
-                read()
             }
             _ = tick.tick(), if args.watch_config => {
-                let text = read().ok();
-                if text.is_none() || text == last {
-                    seen = None;
-                    continue;
-                }
-                if text != seen {
-                    seen = text;
+                let now = seen(read(path.clone()).await);
+                if last.as_ref() == Some(&now) {
                     continue;
                 }
                 tracing::info!(file = %path.display(), "the configuration file changed: reloading it");
-                seen = None;
-                text.ok_or_else(|| std::io::Error::other("the file could not be read"))
             }
-        };
-        last = text.as_ref().ok().cloned();
-        let config = text
-            .map_err(|e| ConfigError::at(path.display().to_string(), format_args!("reading: {e}")))
-            .and_then(|text| RouterConfig::from_yaml(&text));
-        match config {
-            Ok(config) => {
-                let config = overridden(config, &args, env_token.clone());
-                drop(ctx.reload(config).await);
-            }
-            Err(e) => drop(ctx.refuse_reload(vec![e])),
         }
+        let taken = settled(settle, || read(path.clone())).await;
+        last = match &taken {
+            Ok(snapshot) => Some(Ok(snapshot.text().to_owned())),
+            Err(SettleError::Read(e)) => Some(Err(e.to_string())),
+            // Read through again at the next tick, whatever it holds then.
+            Err(_) => None,
+        };
+        reload(&ctx, &path, taken, &args, env_token.clone()).await;
+    }
+}
+
+/// One read of the configuration file, off the runtime.
+async fn read(path: PathBuf) -> Result<Snapshot, ReadError> {
+    file::read_regular_off_runtime(path, MAX_CONFIG_BYTES).await
+}
+
+fn seen(read: Result<Snapshot, ReadError>) -> Seen {
+    read.map(Snapshot::into_text).map_err(|e| e.to_string())
+}
+
+/// Reloads what `taken` read of the file at `path`, or counts and logs why not.
+async fn reload(
+    ctx: &AppContext,
+    path: &Path,
+    taken: Result<Snapshot, SettleError>,
+    args: &ServeArgs,
+    env_token: Option<String>,
+) {
+    let text = match taken {
+        Ok(snapshot) => snapshot.into_text(),
+        Err(e) => {
+            let error = ConfigError::at(path.display().to_string(), e);
+            drop(ctx.refuse_reload(ReloadError::Unreadable(error)));
+            return;
+        }
+    };
+    match RouterConfig::from_yaml(&text) {
+        Ok(config) => drop(ctx.reload(overridden(config, args, env_token)).await),
+        Err(e) => drop(ctx.refuse_reload(ReloadError::Invalid(vec![e]))),
     }
 }

@@ -3,8 +3,9 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -52,6 +53,32 @@ impl Replica {
         if let Some(mut child) = self.child.take() {
             child.kill().expect("the router is killed");
             child.wait().expect("and reaped");
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit, at most `guard` (then it is
+    /// killed and the test fails); its exit status.
+    pub(crate) async fn terminate(&mut self, guard: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("the router runs");
+        let pid = child.id().to_string();
+        let signal = |name: &str| {
+            let sent = Command::new("kill")
+                .args([name, &pid])
+                .status()
+                .expect("kill runs");
+            assert!(sent.success(), "kill {name} {pid}");
+        };
+        signal("-TERM");
+        let mut exited = tokio::task::spawn_blocking(move || child.wait());
+        match tokio::time::timeout(guard, &mut exited).await {
+            Ok(status) => status
+                .expect("the waiter runs")
+                .expect("the router is reaped"),
+            Err(_) => {
+                signal("-KILL");
+                drop(exited.await);
+                panic!("the router did not exit within {guard:?} of SIGTERM");
+            }
         }
     }
 

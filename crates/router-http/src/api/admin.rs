@@ -31,7 +31,9 @@ pub(super) async fn authorize(
     request: Request,
     next: Next,
 ) -> Response {
-    if ctx.admin == AdminAccess::Off {
+    // The token in force when the request arrived (a reload may replace it).
+    let access = ctx.admin.load_full();
+    if *access == AdminAccess::Off {
         return ApiError::admin_disabled().into_response();
     }
     let given = request
@@ -41,9 +43,10 @@ pub(super) async fn authorize(
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    match given {
-        Some(token) if ctx.admin.admits(token) => next.run(request).await,
-        _ => ApiError::unauthorized().into_response(),
+    if given.is_some_and(|token| access.admits(token)) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
     }
 }
 

@@ -1,8 +1,8 @@
 //! The sections of a configuration a reload cannot change: they shape the listeners,
 //! the upstream client, the fleet's probes and feeds, or the state every policy
-//! holds. A reload changes models and policies; every other section is taken here,
-//! so a section added to the file does not compile until it is either kept for a
-//! restart or named as one a reload applies.
+//! holds. A reload changes models, policies and the admin token; every other section
+//! is taken here, so a section added to the file does not compile until it is either
+//! kept for a restart or named as one a reload applies.
 
 use std::net::SocketAddr;
 
@@ -12,8 +12,6 @@ use router_config::{
 };
 use router_policy::ConfigError;
 
-use crate::access::AdminAccess;
-
 /// See the module documentation.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RestartOnly {
@@ -21,9 +19,8 @@ pub(crate) struct RestartOnly {
     timeouts: TimeoutConfig,
     health: HealthConfig,
     load: LoadConfig,
-    admin: AdminConfig,
-    /// The token in force, so a token file whose token changed is a change.
-    admin_access: AdminAccess,
+    /// The admin API's own address; its token is the reload's to change.
+    admin_listen: Option<SocketAddr>,
     affinity: AffinitySettings,
     limits: LimitsConfig,
     retries: RetryConfig,
@@ -35,9 +32,8 @@ pub(crate) struct RestartOnly {
 }
 
 impl RestartOnly {
-    /// The sections of `config` only a restart changes, with the admin token in
-    /// force.
-    pub(crate) fn of(config: &RouterConfig, admin_access: AdminAccess) -> Self {
+    /// The sections of `config` only a restart changes.
+    pub(crate) fn of(config: &RouterConfig) -> Self {
         let RouterConfig {
             listen,
             // What a reload applies.
@@ -46,7 +42,13 @@ impl RestartOnly {
             timeouts,
             health,
             load,
-            admin,
+            admin:
+                AdminConfig {
+                    // What a reload applies.
+                    token: _,
+                    token_file: _,
+                    listen: admin_listen,
+                },
             affinity,
             limits,
             retries,
@@ -61,8 +63,7 @@ impl RestartOnly {
             timeouts: *timeouts,
             health: *health,
             load: *load,
-            admin: admin.clone(),
-            admin_access,
+            admin_listen: *admin_listen,
             affinity: affinity.clone(),
             limits: *limits,
             retries: *retries,
@@ -81,8 +82,7 @@ impl RestartOnly {
             timeouts,
             health,
             load,
-            admin,
-            admin_access,
+            admin_listen,
             affinity,
             limits,
             retries,
@@ -97,10 +97,7 @@ impl RestartOnly {
             ("timeouts", *timeouts != next.timeouts),
             ("health", *health != next.health),
             ("load", *load != next.load),
-            (
-                "admin",
-                *admin != next.admin || *admin_access != next.admin_access,
-            ),
+            ("admin.listen", *admin_listen != next.admin_listen),
             ("affinity", *affinity != next.affinity),
             ("limits", *limits != next.limits),
             ("retries", *retries != next.retries),
@@ -119,7 +116,7 @@ impl RestartOnly {
             .map(|(section, _)| {
                 ConfigError::at(
                     section,
-                    "changed: it takes effect only at a restart (a reload changes models and policies)",
+                    "changed: it takes effect only at a restart (a reload changes models, policies and the admin token)",
                 )
             })
             .collect()
