@@ -26,6 +26,10 @@ pub struct FaultConfig {
     /// and then choose how it goes on.
     #[cfg_attr(feature = "server", arg(long))]
     pub hold_after_chunks: Option<u32>,
+    /// Hold answers that are not streamed once they are generated (after any PD
+    /// hand-over), while set.
+    #[cfg_attr(feature = "server", arg(long))]
+    pub hold_whole_answers: bool,
     /// Cut streamed responses (closing the connection) after this many chunks.
     #[cfg_attr(feature = "server", arg(long))]
     pub disconnect_after_chunks: Option<u32>,

@@ -69,7 +69,7 @@ pub(crate) struct RelayBody {
     _span: Option<Arc<RequestSpan>>,
     /// Measures the generating engine's time per output token on a streamed answer.
     tpot: Option<TpotMeter>,
-    _guards: Vec<InflightGuard>,
+    guards: Vec<InflightGuard>,
 }
 
 impl std::fmt::Debug for RelayBody {
@@ -106,7 +106,7 @@ impl RelayBody {
             record: None,
             _span: None,
             tpot: None,
-            _guards: guards,
+            guards,
         };
         if body.is_end_stream() {
             // An empty answer is complete before the server ever polls it.
@@ -281,6 +281,27 @@ impl Body for RelayBody {
 
 impl Drop for RelayBody {
     fn drop(&mut self) {
+        if self.ending == Ending::Pending && self.held.is_none() && self.inner.is_end_stream() {
+            // The whole answer was sent (a server writing a known length drops the body
+            // once it has written it): a prefill leg still running goes on to its end,
+            // holding its in-flight count, within the idle timeout.
+            if let Some(companion) = self.companion.take()
+                && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            {
+                let guards = std::mem::take(&mut self.guards);
+                let timeout = self.idle_timeout;
+                runtime.spawn(async move {
+                    match tokio::time::timeout(timeout, companion).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "a prefill leg failed after its decode answer was sent"),
+                        Err(_) => tracing::warn!(?timeout, "a prefill leg sent nothing within the idle timeout after its decode answer was sent"),
+                    }
+                    drop(guards);
+                });
+            }
+            self.finish(Ending::Done, "ok");
+            return;
+        }
         // Dropped before the end: the client went away. Dropping `inner` and the
         // companion closes both upstream requests, which is how engines learn of it.
         self.finish(Ending::Pending, "client_disconnected");

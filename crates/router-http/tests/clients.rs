@@ -219,7 +219,11 @@ async fn idle_connections_give_their_slots_to_new_ones() {
         read_to_close(&mut idle[0]).await.is_empty(),
         "the oldest idle connection was closed, with nothing sent"
     );
-    assert_eq!(health(&mut idle[1]).await, "HTTP/1.1 200 OK", "the others stay");
+    assert_eq!(
+        health(&mut idle[1]).await,
+        "HTTP/1.1 200 OK",
+        "the others stay"
+    );
     drop(a);
     router.shutdown().await;
 }

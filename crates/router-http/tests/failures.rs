@@ -675,3 +675,32 @@ async fn bodies_past_the_memory_budget_are_refused_until_the_held_ones_are_answe
     );
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_prefill_leg_still_running_when_the_decode_answer_is_sent_runs_to_its_end() {
+    let prefill = holding(engine_sim::EngineRole::Prefill, |_| {}).await;
+    let decode = holding(engine_sim::EngineRole::Decode, |_| {}).await;
+    let router = pd_router(&prefill, &decode).await;
+    // The prefill engine holds its answer (the KV goes to the decode engine
+    // meanwhile); the decode engine answers whole.
+    set_faults(&prefill, json!({"hold_whole_answers": true})).await;
+    let mut body = streamed("whole answer", 2);
+    body["stream"] = false.into();
+    let response = post(&router, &body).await;
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(settled(&decode).await, answered(1));
+    assert_eq!(prefill.visits().open, 1, "the prefill leg is not cut");
+    assert_eq!(in_flight(router.context(), &["P1"]), 1, "and still counted");
+    set_faults(&prefill, json!({})).await;
+    assert_eq!(settled(&prefill).await, answered(1));
+    within("the prefill's in-flight count released", async {
+        while in_flight(router.context(), &["P1", "D1"]) > 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    counted_only(&router, "ok", "ok").await;
+    router.shutdown().await;
+}

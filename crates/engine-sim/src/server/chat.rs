@@ -76,12 +76,14 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
         Ok(begun) => begun,
         Err(error) => return Answer::Whole(error.into_response()),
     };
-    let generation = Generation::new(app, &ask, run, shape);
+    let generation = Generation::new(Arc::clone(&app), &ask, run, shape);
     if ask.stream() {
         let include_usage = shape != Shape::Generate && ask.include_usage();
         Answer::Stream(Box::new(generation), include_usage)
     } else {
-        Answer::Whole(json_response(generation).await)
+        let response = json_response(generation).await;
+        app.faults.hold_whole().await;
+        Answer::Whole(response)
     }
 }
 

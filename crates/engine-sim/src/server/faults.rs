@@ -59,6 +59,16 @@ impl Faults {
         }
     }
 
+    /// Waits while the fault holding whole answers holds them.
+    pub(crate) async fn hold_whole(&self) {
+        let mut replaced = self.replaced.subscribe();
+        while self.set.lock().hold_whole_answers {
+            if replaced.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Watches the refuse-connections switch.
     pub(crate) fn refusing(&self) -> watch::Receiver<bool> {
         self.refuse.subscribe()
