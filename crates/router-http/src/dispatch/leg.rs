@@ -2,6 +2,8 @@
 //! and judged (what counts against the engine's breaker, what the client gets, what
 //! may be sent to another engine), and what every protocol does to a leg's body.
 
+use std::sync::Arc;
+
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -31,8 +33,9 @@ pub(super) struct Target<'a> {
 /// failures and timeouts count against the engine's breaker and become 502 (504 for
 /// timeouts), except the first-byte timeout of an answer that is not streamed (its
 /// head waits for the whole generation); 4xx answers are the client's and are
-/// returned as they are. A 503, and a request the engine never received, may be
-/// sent to another engine.
+/// returned as they are (a 404 to a request for a LoRA adapter has the engine's
+/// adapters read again, in the background). A 503, and a request the engine never
+/// received, may be sent to another engine.
 pub(super) async fn send(
     ctx: &AppContext,
     to: Target<'_>,
@@ -103,6 +106,11 @@ fn judge(
         });
     }
     ctx.fleet.record_dispatch(engine.id(), true);
+    if status == StatusCode::NOT_FOUND && leg.adapter {
+        // The engine may have unloaded the adapter since its list was read.
+        let (fleet, engine) = (Arc::clone(&ctx.fleet), engine.clone());
+        tokio::spawn(async move { fleet.refresh_adapters(&engine).await });
+    }
     if status == StatusCode::TOO_MANY_REQUESTS {
         // Overloaded, not faulty: another engine may take the request, else the
         // engine's answer is relayed as it is.
