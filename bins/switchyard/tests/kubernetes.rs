@@ -120,11 +120,11 @@ async fn pods_an_api_server_lists_are_the_routers_engines() {
     engines_serving(
         &client,
         &router,
-        &BTreeSet::from(["pod-a".to_owned(), "pod-b".to_owned()]),
+        &BTreeSet::from(["llm/pod-a".to_owned(), "llm/pod-b".to_owned()]),
     )
     .await;
     listed.lock().retain(|p| p["metadata"]["name"] != "pod-b");
-    engines_serving(&client, &router, &BTreeSet::from(["pod-a".to_owned()])).await;
+    engines_serving(&client, &router, &BTreeSet::from(["llm/pod-a".to_owned()])).await;
     drop(router);
     api.abort();
     for sim in sims {

@@ -1,11 +1,9 @@
 //! Why a change could not be applied.
 
-use router_state::RegistryError;
+use router_state::{EngineId, NameError, RegistryError};
 use router_upstream::EngineUrlError;
 
-use router_state::NameError;
-
-use crate::spec::MAX_DP_SIZE;
+use crate::spec::{MAX_DP_SIZE, Source};
 
 /// Why a [`Change`](crate::Change) could not be applied. Messages name engines by id
 /// and never repeat their URL.
@@ -40,6 +38,15 @@ pub enum FleetError {
     UnknownRole {
         /// Whether the engine answered at all.
         reachable: bool,
+    },
+    /// The engine with this id comes from another source, which alone may replace or
+    /// remove it.
+    #[error("engine {id} comes from {owner}, which alone may replace or remove it")]
+    Owned {
+        /// The engine.
+        id: EngineId,
+        /// Its source.
+        owner: Source,
     },
     /// The registry refused it (a duplicate id, a role that would mix plain and PD
     /// engines in one model).

@@ -1,6 +1,6 @@
 //! The fleet: every engine's registration, feeds and health behind [`Fleet::apply`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use crate::feeds::{advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, Dispatched, HealthBook, HealthPolicy};
 use crate::role::role_of;
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
-use crate::spec::{Change, EngineSpec, MAX_DP_SIZE};
+use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, Source};
 
 /// What changed in the fleet, as observers see it.
 #[derive(Debug, Clone)]
@@ -64,6 +64,8 @@ pub struct Fleet {
     /// Held while an engine joins or leaves, so a removal never interleaves with the
     /// registration of the same engine (no feeds left running for a removed one).
     membership: Mutex<()>,
+    /// The engines whose adapters are being read.
+    reading_adapters: Mutex<HashSet<EngineId>>,
     /// Each engine's `host:port`, parsed once.
     authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
     /// Called without any lock held, so an observer may call back into the fleet.
@@ -102,6 +104,7 @@ impl Fleet {
             prefix_indexes: RwLock::default(),
             engines: Mutex::default(),
             membership: Mutex::default(),
+            reading_adapters: Mutex::default(),
             authorities: ArcSwap::default(),
             observers: ArcSwap::default(),
             max_feed_message_bytes: DEFAULT_MAX_FEED_MESSAGE_BYTES,
@@ -188,7 +191,7 @@ impl Fleet {
         }
     }
 
-    /// The spec `id` was registered from, while it is registered.
+    /// The spec `id` was registered from (with its source), while it is registered.
     pub fn spec(&self, id: &EngineId) -> Option<EngineSpec> {
         self.engines
             .lock()
@@ -237,6 +240,7 @@ impl Fleet {
     /// unchanged changes nothing; with a changed spec, the new engine takes the old
     /// one's place in one step (no snapshot lacks the id), and what was known of the
     /// old one (load reports, health, feeds, cache entries, bindings) is dropped.
+    /// Only the source an engine came from may replace or remove it.
     ///
     /// # Errors
     /// See [`FleetError`]; nothing changed.
@@ -252,15 +256,17 @@ impl Fleet {
             }
             Change::Upsert(spec) => {
                 check(&spec)?;
+                self.check_owner(&spec.id, spec.source)?;
                 if let Some(engine) = self.unchanged(&spec) {
                     return Ok(engine);
                 }
                 let info = self.upstream.server_info(&spec.url).await;
                 self.join(spec, info, true)
             }
-            Change::Remove(id) => {
+            Change::Remove(id, source) => {
                 let engine = {
                     let _membership = self.membership.lock();
+                    self.check_owner(&id, source)?;
                     let engine = self.registry.remove(id.as_str())?;
                     self.forget(&engine);
                     engine
@@ -268,6 +274,18 @@ impl Fleet {
                 self.notify(&FleetEvent::Removed(Arc::clone(&engine)));
                 Ok(engine)
             }
+        }
+    }
+
+    /// Refuses a change of `source` to the engine `id` when another source's engine
+    /// has the id.
+    fn check_owner(&self, id: &EngineId, source: Source) -> Result<(), FleetError> {
+        match self.engines.lock().get(id) {
+            Some(runtime) if runtime.spec.source != source => Err(FleetError::Owned {
+                id: id.clone(),
+                owner: runtime.spec.source,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -301,6 +319,10 @@ impl Fleet {
         let healthy = info.is_some();
         let engine = engine_of(&spec, &known, role, dp_size, healthy);
         let membership = self.membership.lock();
+        if replace {
+            // Checked again: another source may have taken the id meanwhile.
+            self.check_owner(&spec.id, spec.source)?;
+        }
         let replaced = self.register(engine, replace)?;
         let id = spec.id.clone();
         self.remember(spec, role, dp_size, info, healthy);
@@ -468,42 +490,85 @@ impl Fleet {
         }
     }
 
-    /// Probes every engine once. An engine that fails a probe is introspected again
-    /// once it answers, so an engine that never answered gets its feeds, and one
-    /// that came back on other feed ports is subscribed there.
+    /// Probes every engine once, all at once. An engine that fails a probe is
+    /// introspected again once it answers, so an engine that never answered gets
+    /// its feeds, and one that came back on other feed ports is subscribed there;
+    /// an engine that passes otherwise has its adapters read again
+    /// ([`Fleet::refresh_adapters`]).
     pub async fn probe_all(&self) {
         let snapshot = self.registry.snapshot();
         let timeout = self.health.policy().probe_timeout;
-        let probes = snapshot.engines().map(|engine| async move {
+        let checks = snapshot.engines().map(|engine| async move {
             let passed = self.upstream.probe(engine.url(), timeout).await;
-            (Arc::clone(engine), passed)
+            self.after_probe(engine, passed).await;
         });
-        for (engine, passed) in futures_util::future::join_all(probes).await {
-            if let Some(routable) = self
-                .health
-                .record_probe(engine.id(), passed, Instant::now())
-            {
-                self.set_routable(engine.id(), routable);
-            }
-            if passed {
-                self.retry_introspection(&engine).await;
-            } else if let Some(runtime) = self.engines.lock().get_mut(engine.id()) {
+        futures_util::future::join_all(checks).await;
+    }
+
+    /// Records a probe's outcome, and reads what the engine says of itself again
+    /// when it passed.
+    async fn after_probe(&self, engine: &Engine, passed: bool) {
+        if let Some(routable) = self
+            .health
+            .record_probe(engine.id(), passed, Instant::now())
+        {
+            self.set_routable(engine.id(), routable);
+        }
+        if !passed {
+            if let Some(runtime) = self.engines.lock().get_mut(engine.id()) {
                 runtime.introspected = false;
             }
+            return;
+        }
+        let pending = self
+            .engines
+            .lock()
+            .get(engine.id())
+            .filter(|runtime| !runtime.introspected)
+            .map(|runtime| runtime.spec.clone());
+        match pending {
+            Some(spec) => self.introspect_again(engine, spec).await,
+            None => self.refresh_adapters(engine).await,
         }
     }
 
-    async fn retry_introspection(&self, engine: &Engine) {
-        let pending = {
-            let engines = self.engines.lock();
-            engines
-                .get(engine.id())
-                .filter(|e| !e.introspected)
-                .map(|e| e.spec.clone())
-        };
-        let Some(spec) = pending else {
+    /// Reads the LoRA adapters the engine's `/v1/models` lists now and keeps them
+    /// (at most 1,024 names of 1 to 256 bytes of visible ASCII); an answer that
+    /// cannot be read keeps those known. The health checks call it on each engine
+    /// that passes a probe; call it too when an engine answers as if an adapter it
+    /// listed were gone. One read at a time per engine: a call while one runs
+    /// returns at once.
+    pub async fn refresh_adapters(&self, engine: &Engine) {
+        let Some(_reading) = Reading::start(&self.reading_adapters, engine.id()) else {
             return;
         };
+        if let Some(listed) = self.upstream.adapters(engine.url()).await {
+            self.keep_adapters(engine, listed);
+        }
+    }
+
+    /// Keeps `listed` as the adapters of the engine registered under `engine`'s id,
+    /// while it is still the one at `engine`'s URL.
+    fn keep_adapters(&self, engine: &Engine, listed: Vec<String>) {
+        let _membership = self.membership.lock();
+        let same = self
+            .engines
+            .lock()
+            .get(engine.id())
+            .is_some_and(|runtime| runtime.spec.url == engine.url());
+        if !same {
+            return;
+        }
+        let count = listed.len();
+        if let Ok(true) = self.registry.set_adapters(engine.id().as_str(), listed) {
+            tracing::info!(engine = %engine.id(), adapters = count, "the engine's LoRA adapters changed");
+        }
+    }
+
+    /// Reads the `/server_info` of an engine that answers probes again after it
+    /// failed one (or never answered), and restarts its feeds when its endpoints
+    /// moved.
+    async fn introspect_again(&self, engine: &Engine, spec: EngineSpec) {
         let Some(info) = self.upstream.server_info(engine.url()).await else {
             return;
         };
@@ -521,22 +586,7 @@ impl Fleet {
         };
         // The adapters its `/v1/models` lists now (one that was down at startup
         // listed none).
-        let mut listed: Vec<&str> = info.adapters.iter().map(String::as_str).collect();
-        listed.sort_unstable();
-        listed.dedup();
-        let current = self.registry.snapshot().get(engine.id().as_str()).cloned();
-        if let Some(current) = current
-            && current
-                .adapters()
-                .iter()
-                .map(AsRef::as_ref)
-                .ne(listed.iter().copied())
-        {
-            let updated = Engine::clone(&current).with_adapters(listed);
-            if let Err(e) = self.registry.replace(updated) {
-                tracing::debug!(engine = %engine.id(), error = %e, "the engine left before its adapters were updated");
-            }
-        }
+        self.keep_adapters(engine, info.adapters.clone());
         // Feeds at the same endpoints reconnect by themselves, keeping what they hold.
         let index = self.prefix_index(&spec.model);
         let mut feeds = moved.then(|| self.start_feeds(&spec, engine.dp_size(), Some(&info)));
@@ -578,6 +628,29 @@ impl Fleet {
                 fleet.probe_all().await;
             }
         }))
+    }
+}
+
+/// An engine's adapters being read; the engine's mark goes when it is dropped (also
+/// when the read is cancelled).
+struct Reading<'a> {
+    marks: &'a Mutex<HashSet<EngineId>>,
+    id: EngineId,
+}
+
+impl<'a> Reading<'a> {
+    /// Marks `id` as being read, unless it is already.
+    fn start(marks: &'a Mutex<HashSet<EngineId>>, id: &EngineId) -> Option<Self> {
+        marks.lock().insert(id.clone()).then(|| Self {
+            marks,
+            id: id.clone(),
+        })
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.marks.lock().remove(&self.id);
     }
 }
 

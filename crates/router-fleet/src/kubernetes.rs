@@ -4,7 +4,9 @@
 //! port (and role, bootstrap port) its pods' engines serve on. A pod is an engine
 //! while it is Ready, has an IP and is not being deleted; it joins through
 //! [`Fleet::apply`] (introspected like a configured engine) and leaves the same way
-//! (requests already dispatched to it finish). Per selector, the pods are listed, then
+//! (requests already dispatched to it finish). Its engine id is `namespace/pod`,
+//! from [`Source::Kubernetes`]: a pod never takes the place of an engine of the
+//! configuration or the admin API, nor removes one, whatever its name. Per selector, the pods are listed, then
 //! watched from the list's resource version with bookmarks; a `410 Gone` (an expired
 //! resource version), an error event or a failed watch relists, a watch the server
 //! ends is resumed, and every `relist_interval` a full relist replaces what the
@@ -26,7 +28,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::fleet::Fleet;
-use crate::spec::{Change, EngineSpec};
+use crate::spec::{Change, EngineSpec, Source};
 
 /// Pods listed a page at a time.
 const PAGE: u32 = 500;
@@ -154,6 +156,7 @@ pub fn spawn_discovery(
     }
     tasks.push(tokio::spawn(reconcile(
         fleet,
+        settings.namespace.clone(),
         settings.selectors.clone(),
         settings.debounce,
         observed,
@@ -340,6 +343,7 @@ fn record(pods: &mut BTreeMap<String, PodView>, name: String, view: PodView) {
 /// Applies what the pods say to the fleet, once changes settled for `debounce`.
 async fn reconcile(
     fleet: Arc<Fleet>,
+    namespace: String,
     selectors: Vec<PodSelector>,
     debounce: Duration,
     observed: Arc<Mutex<Observed>>,
@@ -359,7 +363,7 @@ async fn reconcile(
         .is_ok()
             && Instant::now() < deadline
         {}
-        let wanted = desired(&selectors, &observed.lock());
+        let wanted = desired(&namespace, &selectors, &observed.lock());
         for (id, spec) in &wanted {
             if applied.get(id) == Some(spec) {
                 continue;
@@ -379,7 +383,10 @@ async fn reconcile(
             .collect();
         for id in gone {
             applied.remove(&id);
-            match fleet.apply(Change::Remove(id.clone())).await {
+            match fleet
+                .apply(Change::Remove(id.clone(), Source::Kubernetes))
+                .await
+            {
                 Ok(_) => tracing::info!(engine = %id, "pod engine left"),
                 Err(e) => tracing::debug!(engine = %id, error = %e, "pod engine already gone"),
             }
@@ -387,16 +394,20 @@ async fn reconcile(
     }
 }
 
-/// The engines the pods stand for: one per pod that is an engine, for the first
-/// selector matching it.
-fn desired(selectors: &[PodSelector], observed: &Observed) -> BTreeMap<EngineId, EngineSpec> {
+/// The engines the pods of `namespace` stand for: one per pod that is an engine, for
+/// the first selector matching it, with the id `namespace/pod`.
+fn desired(
+    namespace: &str,
+    selectors: &[PodSelector],
+    observed: &Observed,
+) -> BTreeMap<EngineId, EngineSpec> {
     let mut engines = BTreeMap::new();
     for (selector, pods) in selectors.iter().zip(&observed.pods) {
         for (name, view) in pods {
             let Some(address) = &view.address else {
                 continue;
             };
-            let id = EngineId::from(name.as_str());
+            let id = EngineId::from(format!("{namespace}/{name}"));
             if engines.contains_key(&id) {
                 continue;
             }
@@ -410,7 +421,8 @@ fn desired(selectors: &[PodSelector], observed: &Observed) -> BTreeMap<EngineId,
                 format!("http://{host}:{}", selector.port),
                 selector.model.as_str(),
             )
-            .with_role(selector.role);
+            .with_role(selector.role)
+            .with_source(Source::Kubernetes);
             spec.bootstrap_port = selector.bootstrap_port;
             engines.insert(id, spec);
         }

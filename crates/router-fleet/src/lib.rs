@@ -15,7 +15,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use router_fleet::{Change, EngineSpec, Fleet, FleetEvent, HealthPolicy};
+//! use router_fleet::{Change, EngineSpec, Fleet, FleetEvent, HealthPolicy, Source};
 //! use router_state::Role;
 //! use router_upstream::{Upstream, UpstreamTimeouts};
 //!
@@ -34,7 +34,7 @@
 //! let spec = EngineSpec::new("A1", "http://10.0.0.7:30000", "chat").with_role(Some(Role::Plain));
 //! fleet.apply(Change::Upsert(spec)).await?;
 //! let _checks = fleet.spawn_health_checks();
-//! fleet.apply(Change::Remove("A1".into())).await?;
+//! fleet.apply(Change::Remove("A1".into(), Source::Config)).await?;
 //! # Ok(()) }
 //! ```
 
@@ -55,4 +55,4 @@ pub use health::{Breaker, Dispatched, HealthPolicy};
 pub use metrics::register_metrics;
 pub use role::role_of;
 pub use scrape::DEFAULT_METRICS_INTERVAL;
-pub use spec::{Change, EngineSpec, MAX_DP_SIZE};
+pub use spec::{Change, EngineSpec, MAX_DP_SIZE, Source};

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use engine_sim::{RunningEngine, SimConfig};
 use parking_lot::Mutex;
-use router_fleet::{Change, Dispatched, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy};
+use router_fleet::{
+    Change, Dispatched, EngineSpec, Fleet, FleetError, FleetEvent, HealthPolicy, Source,
+};
 use router_state::{EngineId, NameError, RegistryError, Role};
 use router_upstream::{EngineUrlError, Upstream, UpstreamTimeouts};
 
@@ -58,12 +60,18 @@ async fn an_engine_joins_with_its_introspected_role_and_leaves() {
     assert_eq!(fleet.load().in_flight(&EngineId::from("A1")), 0);
     let authority = fleet.authority(&added).unwrap();
     assert!(engine.url().ends_with(&*authority), "{authority}");
-    let removed = fleet.apply(Change::Remove("A1".into())).await.unwrap();
+    let removed = fleet
+        .apply(Change::Remove("A1".into(), Source::Config))
+        .await
+        .unwrap();
     assert_eq!(removed.id().as_str(), "A1");
     assert!(fleet.snapshot().is_empty());
     assert_eq!(*seen.lock(), ["added A1 plain", "removed A1"]);
     assert_eq!(
-        fleet.apply(Change::Remove("A1".into())).await.unwrap_err(),
+        fleet
+            .apply(Change::Remove("A1".into(), Source::Config))
+            .await
+            .unwrap_err(),
         FleetError::Registry(RegistryError::UnknownEngine { id: "A1".into() })
     );
 }
@@ -140,6 +148,75 @@ async fn an_add_of_a_taken_id_is_refused_even_when_two_race() {
         duplicate,
         "refused before the engine is contacted"
     );
+    assert_eq!(*seen.lock(), ["added A1 plain"]);
+}
+
+#[tokio::test]
+async fn a_source_replaces_and_removes_only_its_own_engines() {
+    let (first, second) = (sim().await, sim().await);
+    let (fleet, seen) = fleet();
+    fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", first.url(), "m")))
+        .await
+        .unwrap();
+    let pod = EngineSpec::new("A1", second.url(), "m").with_source(Source::Kubernetes);
+    let configured = FleetError::Owned {
+        id: "A1".into(),
+        owner: Source::Config,
+    };
+    assert_eq!(
+        fleet.apply(Change::Upsert(pod.clone())).await.unwrap_err(),
+        configured
+    );
+    assert_eq!(
+        configured.to_string(),
+        "engine A1 comes from the configuration file, which alone may replace or remove it"
+    );
+    for source in [Source::Kubernetes, Source::Admin] {
+        let remove = Change::Remove("A1".into(), source);
+        assert_eq!(fleet.apply(remove).await.unwrap_err(), configured);
+    }
+    assert_eq!(fleet.snapshot().get("A1").unwrap().url(), first.url());
+    assert_eq!(fleet.spec(&"A1".into()).unwrap().source, Source::Config);
+    // Once its source removed it, the id is free for another.
+    fleet
+        .apply(Change::Remove("A1".into(), Source::Config))
+        .await
+        .unwrap();
+    fleet.apply(Change::Upsert(pod)).await.unwrap();
+    assert_eq!(
+        fleet
+            .apply(Change::Upsert(EngineSpec::new("A1", first.url(), "m")))
+            .await
+            .unwrap_err(),
+        FleetError::Owned {
+            id: "A1".into(),
+            owner: Source::Kubernetes
+        }
+    );
+    assert_eq!(fleet.snapshot().get("A1").unwrap().url(), second.url());
+    assert_eq!(
+        *seen.lock(),
+        ["added A1 plain", "removed A1", "added A1 plain"]
+    );
+}
+
+#[tokio::test]
+async fn of_two_sources_upserting_one_id_at_once_one_wins() {
+    let engine = sim().await;
+    let (fleet, seen) = fleet();
+    let spec = EngineSpec::new("A1", engine.url(), "m");
+    let (a, b) = tokio::join!(
+        fleet.apply(Change::Upsert(spec.clone())),
+        fleet.apply(Change::Upsert(spec.with_source(Source::Kubernetes)))
+    );
+    match (a, b) {
+        (Ok(won), Err(FleetError::Owned { owner, .. }))
+        | (Err(FleetError::Owned { owner, .. }), Ok(won)) => {
+            assert_eq!(fleet.spec(won.id()).unwrap().source, owner);
+        }
+        other => panic!("exactly one source wins: {other:?}"),
+    }
     assert_eq!(*seen.lock(), ["added A1 plain"]);
 }
 
@@ -287,4 +364,91 @@ async fn consecutive_unanswered_dispatches_open_the_breaker_of_at_most_half_a_po
         "the other half of the pool stays in"
     );
     assert_eq!(fleet.breakers_held_closed(), 2);
+}
+
+/// What a test engine's `/v1/models` lists, and whether it fails to answer.
+#[derive(Default)]
+struct Listing {
+    adapters: Mutex<Vec<String>>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+/// A plain engine whose `/v1/models` lists `listing`'s adapters as they are at
+/// each request (a 500 while it is failing), until dropped.
+async fn engine_listing(listing: Arc<Listing>) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    async fn models(
+        State(listing): State<Arc<Listing>>,
+    ) -> Result<axum::Json<serde_json::Value>, StatusCode> {
+        if listing.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        let mut cards = vec![serde_json::json!({"id": "m", "parent": null})];
+        cards.extend(
+            listing
+                .adapters
+                .lock()
+                .iter()
+                .map(|a| serde_json::json!({"id": a, "parent": "m"})),
+        );
+        Ok(axum::Json(serde_json::json!({"data": cards})))
+    }
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/server_info",
+            get(|| async { axum::Json(serde_json::json!({"disaggregation_mode": "null"})) }),
+        )
+        .route("/v1/models", get(models))
+        .with_state(listing);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (url, server)
+}
+
+#[tokio::test]
+async fn adapters_an_engine_loads_or_unloads_are_seen_at_its_next_probe() {
+    let listing = Arc::new(Listing::default());
+    *listing.adapters.lock() = vec!["sql".into()];
+    let (url, server) = engine_listing(Arc::clone(&listing)).await;
+    let (fleet, seen) = fleet();
+    fleet
+        .apply(Change::Upsert(EngineSpec::new("A1", url.as_str(), "m")))
+        .await
+        .unwrap();
+    let adapters = || -> Vec<String> {
+        let snapshot = fleet.snapshot();
+        let engine = snapshot.get("A1").unwrap();
+        engine.adapters().iter().map(|a| a.to_string()).collect()
+    };
+    assert_eq!(adapters(), ["sql"]);
+    *listing.adapters.lock() = vec!["chat".into(), "summaries".into()];
+    fleet.probe_all().await;
+    assert_eq!(adapters(), ["chat", "summaries"], "loaded and unloaded");
+    // An answer that cannot be read keeps what was known.
+    listing
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    *listing.adapters.lock() = Vec::new();
+    fleet.probe_all().await;
+    assert_eq!(adapters(), ["chat", "summaries"]);
+    // Read on demand too (an engine's 404 for an adapter it listed).
+    listing
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let engine = Arc::clone(fleet.snapshot().get("A1").unwrap());
+    fleet.refresh_adapters(&engine).await;
+    assert!(adapters().is_empty());
+    assert!(fleet.snapshot().get("A1").unwrap().is_healthy());
+    assert_eq!(
+        *seen.lock(),
+        ["added A1 plain"],
+        "the same engine throughout"
+    );
+    server.abort();
 }

@@ -19,7 +19,7 @@ use router_upstream::Upstream;
 use crate::access::AdminAccess;
 use crate::budget::BodyBudget;
 use crate::decisions::DecisionLog;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Picks};
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
 use crate::spans::Spans;
@@ -163,8 +163,8 @@ impl AppContext {
                 "the affinity store's backend did not answer at startup: bindings are local until it does"
             );
         }
-        observe_fleet(&fleet, &routing, affinity.clone());
         let metrics = Metrics::new(&fleet, affinity.clone(), &routing);
+        observe_fleet(&fleet, &routing, affinity.clone(), metrics.picks.clone());
         let decisions = match &config.decisions {
             Some(decisions) => Some(Arc::new(
                 DecisionLog::open(decisions, metrics.decision_records.clone()).map_err(
@@ -234,9 +234,15 @@ impl AppContext {
     }
 }
 
-/// Keeps the routing tables and the bindings in step with the fleet: a model that
-/// first appears at runtime gets a catch-all bucket; a removed engine's bindings go.
-fn observe_fleet(fleet: &Fleet, routing: &Arc<Routing>, affinity: Option<Arc<dyn AffinityStore>>) {
+/// Keeps the routing tables, the bindings and the metrics in step with the fleet: a
+/// model that first appears at runtime gets a catch-all bucket; a removed engine's
+/// bindings and pick series go.
+fn observe_fleet(
+    fleet: &Fleet,
+    routing: &Arc<Routing>,
+    affinity: Option<Arc<dyn AffinityStore>>,
+    picks: Picks,
+) {
     let routing = Arc::clone(routing);
     fleet.on_change(move |event| match event {
         FleetEvent::Added(engine) => {
@@ -248,6 +254,7 @@ fn observe_fleet(fleet: &Fleet, routing: &Arc<Routing>, affinity: Option<Arc<dyn
             if let Some(store) = &affinity {
                 store.remove_engine(engine.id());
             }
+            picks.forget(engine.id().as_str());
         }
         _ => {}
     });

@@ -92,7 +92,10 @@ fn count_picks(ctx: &AppContext, out: &Outgoing, pick: &BucketPick, input_tokens
             engine: Arc::clone(engine.engine.id().as_arc_str()),
             reason: engine.reason.as_str(),
         };
-        ctx.metrics.picks.get_or_create(&labels).inc();
+        let id = engine.engine.id().as_str();
+        ctx.metrics
+            .picks
+            .count(&labels, || ctx.fleet.snapshot().get(id).is_some());
         if let Some(cached) = engine.predicted_cached_tokens {
             let labels = ModelStageLabels {
                 model: Arc::clone(&out.model),

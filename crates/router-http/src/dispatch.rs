@@ -47,6 +47,9 @@ pub(crate) struct Leg {
     pub(crate) path: &'static str,
     /// A streamed answer's head comes before the generation; a whole answer's after.
     pub(crate) stream: bool,
+    /// Whether the request names a LoRA adapter: an engine's 404 then has the
+    /// engine's adapters read again (it may have unloaded the adapter).
+    pub(crate) adapter: bool,
 }
 
 /// What dispatch needs besides the selection; the same for every attempt.

@@ -59,6 +59,19 @@ impl ApiError {
         }
     }
 
+    /// 404 for the LoRA adapter `/generate`'s `lora_path` names, which no engine of
+    /// the model lists.
+    pub(crate) fn adapter_not_found(adapter: &str) -> Self {
+        Self {
+            param: Some("lora_path".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("LoRA adapter {adapter:?} is not served here"),
+            )
+        }
+    }
+
     /// 413 for a body over the limit.
     pub(crate) fn too_large(limit: usize) -> Self {
         let limit = if limit >= 1 << 20 {

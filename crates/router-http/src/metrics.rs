@@ -6,8 +6,10 @@ mod affinity;
 mod exposition;
 mod prefix_cache;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,6 +36,47 @@ pub(crate) struct PickLabels {
     pub(crate) stage: &'static str,
     pub(crate) engine: Arc<str>,
     pub(crate) reason: &'static str,
+}
+
+/// Engine picks by model, bucket, stage, engine and reason. An engine's series go
+/// when it leaves the fleet ([`Picks::forget`]), so engines that come and go do not
+/// grow the exposition.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Picks {
+    family: Family<PickLabels, Counter>,
+    /// Each engine's series, by engine id.
+    series: Arc<Mutex<HashMap<Arc<str>, HashSet<PickLabels>>>>,
+}
+
+impl Picks {
+    /// Counts a pick. A pick of a series not seen yet is counted only while
+    /// `registered()` says its engine is in the fleet: a pick that ends after its
+    /// engine left does not bring the engine's series back.
+    pub(crate) fn count(&self, labels: &PickLabels, registered: impl FnOnce() -> bool) {
+        if let Some(counter) = self.family.get(labels) {
+            counter.inc();
+            return;
+        }
+        // The engine leaves the registry before it is forgotten, which waits for
+        // this lock: a series made here is in `series` when it is forgotten.
+        let mut series = self.series.lock();
+        if !registered() {
+            return;
+        }
+        self.family.get_or_create(labels).inc();
+        series
+            .entry(Arc::clone(&labels.engine))
+            .or_default()
+            .insert(labels.clone());
+    }
+
+    /// Drops the series of `engine`, which left the fleet.
+    pub(crate) fn forget(&self, engine: &str) {
+        let mut series = self.series.lock();
+        for labels in series.remove(engine).unwrap_or_default() {
+            self.family.remove(&labels);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -84,7 +127,7 @@ pub(crate) struct Metrics {
     /// `cancelled`) and error code.
     pub(crate) requests: Family<RequestLabels, Counter>,
     /// Engine picks by model, bucket, stage, engine and reason.
-    pub(crate) picks: Family<PickLabels, Counter>,
+    pub(crate) picks: Picks,
     /// Requests routed with a bucket demoted for its latency targets.
     pub(crate) slo_demotions: Family<BucketLabels, Counter>,
     /// Time from dispatch to an engine's response head, by stage.
@@ -138,7 +181,7 @@ impl Metrics {
         Self {
             registry: Registry::with_prefix("switchyard"),
             requests: Family::default(),
-            picks: Family::default(),
+            picks: Picks::default(),
             slo_demotions: Family::default(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
             time_to_first_token: Family::new_with_constructor(latency_histogram),
@@ -162,7 +205,7 @@ impl Metrics {
         self.registry.register(
             "picks",
             "Engine picks by model, bucket, stage, engine and reason",
-            self.picks.clone(),
+            self.picks.family.clone(),
         );
         self.registry.register(
             "slo_demotions",

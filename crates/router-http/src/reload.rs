@@ -18,18 +18,19 @@
 //!    names is read again) takes the old one's place;
 //! 4. engines the file no longer names leave (their in-flight requests finish).
 //!
-//! An engine that still fails to join in step 2 (it went away since step 1) fails
-//! the reload: the engines that joined leave and replaced ones are registered from
-//! their old settings again. Engines and models the admin API added are neither
-//! replaced nor removed; a model the file drops keeps serving the engines the admin
-//! API added to it.
+//! An engine that still fails to join in step 2 (it went away since step 1, or its
+//! id is an engine's the admin API or Kubernetes discovery brought) fails the
+//! reload: the engines that joined leave and replaced ones are registered from their
+//! old settings again. Engines and models the admin API added are neither replaced
+//! nor removed; a model the file drops keeps serving the engines the admin API added
+//! to it.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
 use router_config::{RouterConfig, SelectionState};
-use router_fleet::{Change, EngineSpec, FleetError};
+use router_fleet::{Change, EngineSpec, FleetError, Source};
 use router_policy::ConfigError;
 use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
@@ -200,8 +201,13 @@ impl AppContext {
         self.fleet.set_breaker_groups(self.routing.listed_groups());
         self.replace_admin(validated.admin);
         for id in &changes.leaving {
-            // Gone already when the admin API removed it.
-            drop(self.fleet.apply(Change::Remove(id.clone())).await);
+            if let Err(e) = self
+                .fleet
+                .apply(Change::Remove(id.clone(), Source::Config))
+                .await
+            {
+                tracing::warn!(engine = %id, error = %e, "an engine the file no longer names");
+            }
         }
         self.keep_dropped_models(configured, &next);
         *configured = next;
@@ -384,7 +390,7 @@ impl AppContext {
     ) {
         for id in joined {
             let undo = match before.get(id).cloned().flatten() {
-                None => Change::Remove(id.clone()),
+                None => Change::Remove(id.clone(), Source::Config),
                 Some(old) => Change::Upsert(old),
             };
             if let Err(e) = self.fleet.apply(undo).await {

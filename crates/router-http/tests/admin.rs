@@ -159,3 +159,85 @@ async fn admin_listen_serves_the_api_on_its_own_address_only() {
     assert_eq!(chat.status(), 200, "the public API is unchanged");
     router.shutdown().await;
 }
+
+/// `DELETE /workers/{id}` with the token.
+async fn delete(router: &RunningRouter, id: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .delete(url(router, &format!("/workers/{id}")))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A router serving model `m` from engine `A` of its file, and engine `X` of model
+/// `n` the admin API added.
+async fn with_an_added_engine() -> (RunningRouter, [engine_sim::RunningEngine; 2]) {
+    let (router, a) = one_engine_router(Some("s3cret")).await;
+    let x = sim(|_| {}).await;
+    let added = reqwest::Client::new()
+        .post(url(&router, "/workers"))
+        .bearer_auth("s3cret")
+        .json(&json!({"id": "X", "url": x.url(), "model": "n", "role": "plain"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    (router, [a, x])
+}
+
+#[tokio::test]
+async fn the_admin_api_removes_only_the_engines_it_added() {
+    let (router, _engines) = with_an_added_engine().await;
+    let listed: Value = reqwest::Client::new()
+        .get(url(&router, "/workers"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sources: Vec<(&str, &str)> = listed["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["id"].as_str().unwrap(), w["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(sources, [("A", "config"), ("X", "admin")]);
+    let refused = delete(&router, "A").await;
+    assert_eq!(
+        error_code(refused).await,
+        (409, "invalid_worker".to_owned())
+    );
+    assert!(router.context().fleet().snapshot().get("A").is_some());
+    assert_eq!(delete(&router, "X").await.status(), 204);
+    assert_eq!(delete(&router, "X").await.status(), 404);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_engines_pick_series_leave_the_metrics_with_it() {
+    let (router, _engines) = with_an_added_engine().await;
+    for model in ["m", "n"] {
+        let chat = common::post(&router, &common::chat(model, "hi")).await;
+        assert_eq!(chat.status(), 200);
+    }
+    let series = |metrics: &str, engine: &str| {
+        let label = format!("engine=\"{engine}\"");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("switchyard_picks_total") && l.contains(&label))
+            .count()
+    };
+    let before = common::metrics(&router).await;
+    assert_eq!((series(&before, "A"), series(&before, "X")), (1, 1));
+    assert_eq!(delete(&router, "X").await.status(), 204);
+    let after = common::metrics(&router).await;
+    assert_eq!(
+        (series(&after, "A"), series(&after, "X")),
+        (1, 0),
+        "{after}"
+    );
+    router.shutdown().await;
+}

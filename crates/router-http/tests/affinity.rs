@@ -7,28 +7,40 @@ use crate::common;
 use std::collections::BTreeSet;
 
 use common::{chat, config, engine, router, sim, url};
-use router_config::{AffinityBackendKind, EngineRole, ModelConfig, RedisConfig};
+use router_config::{AffinityBackendKind, EngineRole, ModelConfig, RedisConfig, RouterConfig};
 use router_http::RunningRouter;
 use router_policy::PolicyConfig;
 use router_state::test_util::RedisServer;
 use serde_json::json;
 
-async fn fleet(policy: serde_json::Value) -> (RunningRouter, Vec<engine_sim::RunningEngine>) {
+async fn fleet(policy: &serde_json::Value) -> (RunningRouter, Vec<engine_sim::RunningEngine>) {
     let mut sims = Vec::new();
     for _ in 0..4 {
         sims.push(sim(|_| {}).await);
     }
+    (router(file(&sims, policy, None)).await, sims)
+}
+
+/// The configuration of model `m` served by `sims` (engines `E0`...), but engine
+/// `without`.
+fn file(
+    sims: &[engine_sim::RunningEngine],
+    policy: &serde_json::Value,
+    without: Option<&str>,
+) -> RouterConfig {
     let engines = sims
         .iter()
         .enumerate()
         .map(|(i, s)| engine(&format!("E{i}"), s, EngineRole::Plain))
+        .filter(|e| Some(e.id.as_str()) != without)
         .collect();
     let mut model = ModelConfig::new("m", engines);
-    model.policies.plain = Some(serde_json::from_value::<PolicyConfig>(policy).expect("a policy"));
+    model.policies.plain =
+        Some(serde_json::from_value::<PolicyConfig>(policy.clone()).expect("a policy"));
     let mut config = config(vec![model]);
     config.affinity.session_header = "x-conversation".into();
     config.admin.token = Some("s3cret".into());
-    (router(config).await, sims)
+    config
 }
 
 async fn send(
@@ -60,20 +72,20 @@ async fn engine_of(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_sticks_and_moves_together_when_its_engine_leaves() {
-    let (router, sims) = fleet(json!({"type": "session_aware", "seed": 5})).await;
+    let policy = json!({"type": "session_aware", "seed": 5});
+    let (router, sims) = fleet(&policy).await;
     let client = reqwest::Client::new();
     let session = [("x-conversation", "chat-42")];
     let first = engine_of(&client, &router, &session).await;
     for _ in 0..9 {
         assert_eq!(engine_of(&client, &router, &session).await, first);
     }
-    let removed = client
-        .delete(url(&router, &format!("/workers/{first}")))
-        .bearer_auth("s3cret")
-        .send()
+    let summary = router
+        .context()
+        .reload(file(&sims, &policy, Some(&first)))
         .await
-        .expect("the admin API answers");
-    assert_eq!(removed.status(), 204);
+        .expect("the engine leaves");
+    assert_eq!(summary.removed, 1);
     let moved = engine_of(&client, &router, &session).await;
     assert_ne!(moved, first, "the session left the removed engine");
     for _ in 0..9 {
@@ -104,7 +116,7 @@ async fn a_session_sticks_and_moves_together_when_its_engine_leaves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_keys_stick_and_oversized_keys_are_refused() {
-    let (router, sims) = fleet(json!({"type": "sticky", "fallback": "round_robin"})).await;
+    let (router, sims) = fleet(&json!({"type": "sticky", "fallback": "round_robin"})).await;
     let client = reqwest::Client::new();
     let mut bound = BTreeSet::new();
     for key in ["tenant-a", "tenant-b", "tenant-c"] {

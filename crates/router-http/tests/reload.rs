@@ -446,6 +446,35 @@ async fn engines_the_admin_api_added_outlive_reloads() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_naming_an_engine_the_admin_api_added_is_rolled_back() {
+    let (a, b, x) = (sim(|_| {}).await, sim(|_| {}).await, sim(|_| {}).await);
+    let router = router(config(json!([{"id": "m", "engines": [plain("A", &a)]}]))).await;
+    let added = reqwest::Client::new()
+        .post(url(&router, "/workers"))
+        .bearer_auth("s3cret")
+        .json(&json!({"id": "X", "url": x.url(), "model": "m", "role": "plain"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let taken = config(json!([{"id": "m", "engines": [plain("A", &a), plain("X", &b)]}]));
+    let Err(ReloadError::Failed(errors)) = router.context().reload(taken).await else {
+        panic!("X is the admin API's");
+    };
+    assert_eq!(
+        errors[0].to_string(),
+        "models[0].engines[1]: engine X comes from the admin API, which alone may replace or remove it"
+    );
+    let fleet = router.context().fleet().snapshot();
+    assert_eq!(fleet.get("X").map(|e| e.url().to_owned()), Some(x.url()));
+    assert_eq!(reloads(&router, "failed").await, 1);
+    router.shutdown().await;
+    for s in [a, b, x] {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_prefix_index_is_filled_again_from_the_engines() {
     let sims = common::kv_sims(2).await;
     let model = |pages: usize| {

@@ -287,6 +287,30 @@ impl EngineRegistry {
         Ok(true)
     }
 
+    /// Sets the LoRA adapters an engine serves. Returns whether they changed; the
+    /// same adapters publish nothing and keep the version.
+    ///
+    /// # Errors
+    /// [`RegistryError::UnknownEngine`] when no engine has this id.
+    pub fn set_adapters(
+        &self,
+        id: &str,
+        adapters: impl IntoIterator<Item = impl Into<Arc<str>>>,
+    ) -> Result<bool, RegistryError> {
+        let _write = self.write.lock();
+        let current = self.current.load();
+        let engine = current
+            .get(id)
+            .ok_or_else(|| RegistryError::UnknownEngine { id: id.into() })?;
+        let updated = Engine::clone(engine).with_adapters(adapters);
+        if updated.adapters() == engine.adapters() {
+            return Ok(false);
+        }
+        let next = current.with_engine(Arc::new(updated));
+        self.publish(next);
+        Ok(true)
+    }
+
     fn publish(&self, next: RegistrySnapshot) -> u64 {
         let version = next.version;
         self.current.store(Arc::new(next));
@@ -453,6 +477,26 @@ mod tests {
         assert!(!after.any_healthy());
         assert!(matches!(
             registry.set_health("zz", Health::Healthy),
+            Err(RegistryError::UnknownEngine { .. })
+        ));
+    }
+
+    #[test]
+    fn adapter_updates_keep_the_engines_health_and_publish_only_a_change() {
+        let registry = EngineRegistry::new();
+        registry.add(plain("a")).unwrap();
+        registry.set_health("a", Health::Unhealthy).unwrap();
+        let before = registry.snapshot().version();
+        assert!(registry.set_adapters("a", ["sql", "chat"]).unwrap());
+        assert!(!registry.set_adapters("a", ["chat", "sql"]).unwrap());
+        let after = registry.snapshot();
+        assert_eq!(after.version(), before + 1);
+        let engine = after.get("a").unwrap();
+        assert!(engine.serves_adapter("sql") && !engine.is_healthy());
+        assert!(registry.set_adapters("a", Vec::<&str>::new()).unwrap());
+        assert!(!registry.snapshot().get("a").unwrap().serves_adapter("sql"));
+        assert!(matches!(
+            registry.set_adapters("zz", ["sql"]),
             Err(RegistryError::UnknownEngine { .. })
         ));
     }

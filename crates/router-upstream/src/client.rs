@@ -199,14 +199,18 @@ impl Upstream {
         Ok(parse_load_metrics(&String::from_utf8_lossy(&body), dp_size))
     }
 
-    /// The LoRA adapters the engine's `/v1/models` lists (none when it cannot be
-    /// read).
-    async fn adapters(&self, base: &str) -> Vec<String> {
+    /// The LoRA adapters the engine's `/v1/models` lists (at most 1,024 names of
+    /// 1 to 256 bytes of visible ASCII; none when it answers a client error): `None`
+    /// when it could not be read (no answer within 2 s, an answer over 1 MiB, a
+    /// server error, a body that is not JSON).
+    pub async fn adapters(&self, base: &str) -> Option<Vec<String>> {
         match self.get(base, "/v1/models", INFO_TIMEOUT).await {
             Ok((status, body)) if status.is_success() => {
-                parse_adapters(&serde_json::from_slice(&body).unwrap_or_default())
+                let models = serde_json::from_slice(&body).ok()?;
+                Some(parse_adapters(&models))
             }
-            _ => Vec::new(),
+            Ok((status, _)) if status.is_client_error() => Some(Vec::new()),
+            _ => None,
         }
     }
 
@@ -230,7 +234,7 @@ impl Upstream {
                 _ => continue,
             };
             return Some(ServerInfo {
-                adapters: self.adapters(base).await,
+                adapters: self.adapters(base).await.unwrap_or_default(),
                 ..info
             });
         }

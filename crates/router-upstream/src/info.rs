@@ -24,8 +24,8 @@ pub struct ServerInfo {
     /// The KV-event feed, from `kv_events.endpoint_port_base`.
     pub kv_feed: Option<KvFeedEndpoint>,
     /// The LoRA adapters the engine serves: the cards of its `/v1/models` with a
-    /// `parent` (vLLM and SGLang list an adapter so), at most 1,024 names of at most
-    /// 256 bytes each.
+    /// `parent` (vLLM and SGLang list an adapter so), at most 1,024 names of 1 to 256
+    /// bytes of visible ASCII each (others are skipped).
     pub adapters: Vec<String>,
 }
 
@@ -47,7 +47,9 @@ const MAX_ADAPTERS: usize = 1024;
 /// The longest adapter name kept.
 const MAX_ADAPTER_BYTES: usize = 256;
 
-/// The LoRA adapters a `/v1/models` answer lists: cards with a non-null `parent`.
+/// The LoRA adapters a `/v1/models` answer lists: cards with a non-null `parent`
+/// whose id is a name a request can give (1 to 256 bytes of visible ASCII), the
+/// first 1,024. An engine's answers are trusted, but not with the router's memory.
 pub(crate) fn parse_adapters(models: &Value) -> Vec<String> {
     let Some(cards) = models["data"].as_array() else {
         return Vec::new();
@@ -56,10 +58,15 @@ pub(crate) fn parse_adapters(models: &Value) -> Vec<String> {
         .iter()
         .filter(|card| !card["parent"].is_null())
         .filter_map(|card| card["id"].as_str())
-        .filter(|id| !id.is_empty() && id.len() <= MAX_ADAPTER_BYTES)
+        .filter(|id| adapter_name(id))
         .take(MAX_ADAPTERS)
         .map(str::to_owned)
         .collect()
+}
+
+/// Whether `id` is kept as an adapter's name: 1 to 256 bytes of visible ASCII.
+fn adapter_name(id: &str) -> bool {
+    (1..=MAX_ADAPTER_BYTES).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// Where an engine publishes KV-cache events, and replays them.
@@ -198,6 +205,27 @@ mod tests {
             },
             "an answer without the fields says nothing but that it was served"
         );
+    }
+
+    #[test]
+    fn keeps_at_most_1024_adapters_of_visible_ascii_names_up_to_256_bytes() {
+        let card = |id: &str| json!({"id": id, "parent": "m"});
+        let mut cards = vec![
+            json!({"id": "m", "parent": null}),
+            card(""),
+            card(&"a".repeat(257)),
+            card("line\nbreak"),
+            card("with space"),
+            card("caf\u{e9}"),
+            card(&"b".repeat(256)),
+        ];
+        cards.extend((0..2000).map(|n| card(&format!("lora-{n}"))));
+        let adapters = parse_adapters(&json!({"data": cards}));
+        assert_eq!(adapters.len(), 1024);
+        assert_eq!(adapters[0], "b".repeat(256));
+        assert_eq!(adapters[1], "lora-0");
+        assert_eq!(adapters[1023], "lora-1022");
+        assert!(parse_adapters(&json!({"data": "nothing"})).is_empty());
     }
 
     #[test]

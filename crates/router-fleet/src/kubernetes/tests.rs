@@ -220,11 +220,74 @@ async fn until(fleet: &Arc<Fleet>, changed: &Notify, expected: &[&str]) {
 /// a signal of its changes.
 fn discover(url: &str, relist: Duration) -> (Arc<Fleet>, Arc<Notify>, DiscoveryHandle) {
     let fleet = fleet();
+    let (changed, discovery) = discover_into(&fleet, url, relist);
+    (fleet, changed, discovery)
+}
+
+/// `fleet` discovering the fake API server's pods, and a signal of its changes.
+fn discover_into(
+    fleet: &Arc<Fleet>,
+    url: &str,
+    relist: Duration,
+) -> (Arc<Notify>, DiscoveryHandle) {
     let changed = Arc::new(Notify::new());
     let notify = Arc::clone(&changed);
     fleet.on_change(move |_| notify.notify_waiters());
-    let discovery = spawn_discovery(Arc::clone(&fleet), settings(url, relist)).unwrap();
-    (fleet, changed, discovery)
+    let discovery = spawn_discovery(Arc::clone(fleet), settings(url, relist)).unwrap();
+    (changed, discovery)
+}
+
+#[test]
+fn a_pods_engine_is_named_namespace_slash_pod_and_comes_from_kubernetes() {
+    let selectors = settings("http://unused", Duration::from_secs(1)).selectors;
+    let pod = |address: Option<&str>| PodView {
+        address: address.map(str::to_owned),
+        version: None,
+    };
+    let observed = Observed {
+        pods: vec![BTreeMap::from([
+            ("p0".to_owned(), pod(Some("10.0.0.1"))),
+            ("p1".to_owned(), pod(None)),
+        ])],
+    };
+    let engines = desired("llm", &selectors, &observed);
+    let ids: Vec<&str> = engines.keys().map(EngineId::as_str).collect();
+    assert_eq!(ids, ["llm/p0"]);
+    let spec = &engines[&EngineId::from("llm/p0")];
+    assert_eq!(
+        (spec.url.as_str(), spec.source),
+        ("http://10.0.0.1:9", Source::Kubernetes)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_never_replace_nor_remove_the_engines_of_another_source() {
+    let (api, url, server) = fake_api().await;
+    let fleet = fleet();
+    // Configured engines named as a pod is, and as a pod's engine is.
+    for id in ["p0", "llm/p1"] {
+        let spec = EngineSpec::new(id, "http://127.0.0.9:9", "m").with_role(Some(Role::Plain));
+        fleet.apply(Change::Upsert(spec)).await.unwrap();
+    }
+    api.put("p0", "127.0.0.1", true, false, false);
+    api.put("p1", "127.0.0.2", true, false, false);
+    let (changed, _discovery) = discover_into(&fleet, &url, Duration::from_secs(3600));
+    let configured = ["p0@http://127.0.0.9:9", "llm/p1@http://127.0.0.9:9"];
+    until(
+        &fleet,
+        &changed,
+        &[configured[0], configured[1], "llm/p0@http://127.0.0.1:9"],
+    )
+    .await;
+    // Pod p1 was refused in the pass that applied p0; its deletion, and p0's, apply
+    // in a later one.
+    api.delete("p0", false);
+    api.delete("p1", false);
+    until(&fleet, &changed, &configured).await;
+    for id in ["p0", "llm/p1"] {
+        assert_eq!(fleet.spec(&id.into()).unwrap().source, Source::Config);
+    }
+    server.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,11 +297,11 @@ async fn pods_join_when_ready_and_leave_when_deleted_not_ready_or_deleting() {
     api.put("p1", "", true, false, false);
     api.put("p2", "127.0.0.2", false, false, false);
     let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
-    until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:9"]).await;
     assert_eq!(
         fleet
             .snapshot()
-            .get("p0")
+            .get("llm/p0")
             .map(|e| e.model().to_owned())
             .as_deref(),
         Some("m")
@@ -252,9 +315,9 @@ async fn pods_join_when_ready_and_leave_when_deleted_not_ready_or_deleting() {
         &fleet,
         &changed,
         &[
-            "p0@http://127.0.0.1:9",
-            "p1@http://127.0.0.3:9",
-            "p2@http://127.0.0.2:9",
+            "llm/p0@http://127.0.0.1:9",
+            "llm/p1@http://127.0.0.3:9",
+            "llm/p2@http://127.0.0.2:9",
         ],
     )
     .await;
@@ -264,11 +327,11 @@ async fn pods_join_when_ready_and_leave_when_deleted_not_ready_or_deleting() {
     until(
         &fleet,
         &changed,
-        &["p0@http://127.0.0.1:9", "p3@http://[::1]:9"],
+        &["llm/p0@http://127.0.0.1:9", "llm/p3@http://[::1]:9"],
     )
     .await;
     api.delete("p0", false);
-    until(&fleet, &changed, &["p3@http://[::1]:9"]).await;
+    until(&fleet, &changed, &["llm/p3@http://[::1]:9"]).await;
     server.abort();
 }
 
@@ -277,7 +340,7 @@ async fn a_gone_resource_version_relists_and_the_relist_sees_what_the_watch_miss
     let (api, url, server) = fake_api().await;
     api.put("p0", "127.0.0.1", true, false, false);
     let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
-    until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:9"]).await;
     let lists = api.lists.load(Ordering::SeqCst);
     // A pod the watch never hears of, then the watch's resource version expires.
     api.put("p1", "127.0.0.2", true, false, true);
@@ -286,7 +349,7 @@ async fn a_gone_resource_version_relists_and_the_relist_sees_what_the_watch_miss
     until(
         &fleet,
         &changed,
-        &["p0@http://127.0.0.1:9", "p1@http://127.0.0.2:9"],
+        &["llm/p0@http://127.0.0.1:9", "llm/p1@http://127.0.0.2:9"],
     )
     .await;
     assert!(api.lists.load(Ordering::SeqCst) > lists, "it listed again");
@@ -302,11 +365,11 @@ async fn a_missed_delete_is_healed_by_the_periodic_relist() {
     until(
         &fleet,
         &changed,
-        &["p0@http://127.0.0.1:9", "p1@http://127.0.0.2:9"],
+        &["llm/p0@http://127.0.0.1:9", "llm/p1@http://127.0.0.2:9"],
     )
     .await;
     api.delete("p1", true);
-    until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:9"]).await;
     server.abort();
 }
 
@@ -325,7 +388,7 @@ async fn watches_the_server_ends_are_resumed_from_their_resource_version() {
             false,
             false,
         );
-        expected.push(format!("p{n}@http://127.0.0.{}:9", n + 1));
+        expected.push(format!("llm/p{n}@http://127.0.0.{}:9", n + 1));
         let names: Vec<&str> = expected.iter().map(String::as_str).collect();
         until(&fleet, &changed, &names).await;
     }
@@ -341,7 +404,7 @@ async fn an_event_older_than_the_one_recorded_changes_nothing() {
     let (api, url, server) = fake_api().await;
     api.put("p0", "127.0.0.1", true, false, false);
     let (fleet, changed, _discovery) = discover(&url, Duration::from_secs(3600));
-    until(&fleet, &changed, &["p0@http://127.0.0.1:9"]).await;
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:9"]).await;
     // p0 stops being ready; then an event of an older resource version (out of
     // order) saying it is ready arrives, then a new pod: p0 stays out.
     let stale = api.pods.lock()["p0"].clone();
@@ -349,6 +412,6 @@ async fn an_event_older_than_the_one_recorded_changes_nothing() {
     until(&fleet, &changed, &[]).await;
     api.send(json!({"type": "MODIFIED", "object": stale}));
     api.put("p1", "127.0.0.2", true, false, false);
-    until(&fleet, &changed, &["p1@http://127.0.0.2:9"]).await;
+    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
     server.abort();
 }

@@ -1,6 +1,7 @@
 //! The engine admin API under `/workers` (the path peer routers and their users
-//! know): list, add and remove engines. Off unless a token is configured; every
-//! request is authorized before its body is read, and bodies are capped at 64 KiB.
+//! know): list, add and remove engines; it removes only engines it added. Off unless
+//! a token is configured; every request is authorized before its body is read, and
+//! bodies are capped at 64 KiB.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_config::{EngineConfig, EngineRole};
-use router_fleet::{Change, FleetError};
+use router_fleet::{Change, FleetError, Source};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -56,8 +57,10 @@ pub(super) async fn list(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let workers: Vec<Value> = snapshot
         .engines()
         .map(|w| {
+            let source = ctx.fleet.spec(w.id()).map(|spec| spec.source.as_str());
             json!({
                 "id": w.id().as_str(), "url": w.url(), "model": w.model(), "role": w.role().as_str(),
+                "source": source,
                 "healthy": w.is_healthy(), "in_flight": load.observe(w.id()).in_flight,
                 "bootstrap_port": w.bootstrap_port(), "dp_size": w.dp_size().get(),
             })
@@ -121,7 +124,9 @@ pub(super) async fn add(
         |e: &dyn std::fmt::Display| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string());
     let engine = ctx
         .fleet
-        .apply(Change::Add(engine_spec(&config, &add.model)))
+        .apply(Change::Add(
+            engine_spec(&config, &add.model).with_source(Source::Admin),
+        ))
         .await
         .map_err(|e| match e {
             FleetError::Name { field, .. } => {
@@ -137,7 +142,8 @@ pub(super) async fn add(
     // a lookup); when the default policies cannot serve one, the engine does not
     // stay.
     if let Err(e) = ctx.routing.serve_new_model(&engine) {
-        drop(ctx.fleet.apply(Change::Remove(engine.id().clone())).await);
+        let added = Change::Remove(engine.id().clone(), Source::Admin);
+        drop(ctx.fleet.apply(added).await);
         return Err(invalid(&e));
     }
     let body = json!({"id": engine.id().as_str(), "model": engine.model(), "role": engine.role().as_str(), "healthy": engine.is_healthy()});
@@ -149,8 +155,11 @@ pub(super) async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     ctx.fleet
-        .apply(Change::Remove(id.into()))
+        .apply(Change::Remove(id.into(), Source::Admin))
         .await
-        .map_err(|e| ApiError::admin(StatusCode::NOT_FOUND, e.to_string()))?;
+        .map_err(|e| match e {
+            FleetError::Owned { .. } => ApiError::admin(StatusCode::CONFLICT, e.to_string()),
+            e => ApiError::admin(StatusCode::NOT_FOUND, e.to_string()),
+        })?;
     Ok(StatusCode::NO_CONTENT)
 }

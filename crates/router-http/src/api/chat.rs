@@ -418,6 +418,7 @@ fn outgoing(
         leg: Leg {
             path: endpoint.path,
             stream: ready.prepared.stream,
+            adapter: ready.adapter().is_some(),
         },
         body,
         batch: ready.prepared.batch,

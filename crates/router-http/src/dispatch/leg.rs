@@ -2,6 +2,8 @@
 //! and judged (what counts for and against the engine's breaker, what the client gets, what
 //! may be sent to another engine), and what every protocol does to a leg's body.
 
+use std::sync::Arc;
+
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -34,8 +36,9 @@ pub(super) struct Target<'a> {
 /// streamed (its head waits for the whole generation); an answer of any status
 /// counts for it (the engine is alive: a 500 is the request's failure, which a
 /// client can provoke at will); 4xx answers are the client's and are returned as
-/// they are. A 503, and a request the engine never received, may be sent to another
-/// engine.
+/// they are (a 404 to a request for a LoRA adapter has the engine's adapters read
+/// again, in the background). A 503, and a request the engine never received, may
+/// be sent to another engine.
 pub(super) async fn send(
     ctx: &AppContext,
     to: Target<'_>,
@@ -105,6 +108,11 @@ fn judge(
                 None
             },
         });
+    }
+    if status == StatusCode::NOT_FOUND && leg.adapter {
+        // The engine may have unloaded the adapter since its list was read.
+        let (fleet, engine) = (Arc::clone(&ctx.fleet), engine.clone());
+        tokio::spawn(async move { fleet.refresh_adapters(&engine).await });
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
         // Overloaded, not faulty: another engine may take the request, else the

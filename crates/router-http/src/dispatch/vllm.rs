@@ -129,8 +129,8 @@ async fn prefill_leg(
     out: &Outgoing,
 ) -> Result<Prefilled, Failed> {
     let whole = Leg {
-        path: out.leg.path,
         stream: false,
+        ..out.leg
     };
     let body = prefill_body(&out.body)?;
     let answer = send(ctx, to, whole, body, &out.request_id, &out.trace).await?;

@@ -183,3 +183,42 @@ a_latency_bucket{le=\"+Inf\"} 1
 "
     );
 }
+
+#[test]
+fn a_forgotten_engines_pick_series_go_and_stay_gone() {
+    let (metrics, _fleet) = metrics();
+    let pick = |engine: &str, reason: &'static str| PickLabels {
+        model: Arc::from("m"),
+        bucket: Arc::from("b"),
+        stage: "plain",
+        engine: Arc::from(engine),
+        reason,
+    };
+    for (engine, reason) in [
+        ("A1", "round_robin"),
+        ("A1", "least_load"),
+        ("B1", "round_robin"),
+    ] {
+        metrics.picks.count(&pick(engine, reason), || true);
+    }
+    metrics.picks.count(&pick("A1", "round_robin"), || true);
+    let series = |engine: &str| {
+        let label = format!("engine=\"{engine}\"");
+        let text = metrics.encode(Format::Prometheus);
+        text.lines()
+            .filter(|l| l.starts_with("switchyard_picks_total") && l.contains(&label))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(series("A1").len(), 2);
+    metrics.picks.forget("A1");
+    assert!(series("A1").is_empty());
+    assert_eq!(series("B1").len(), 1, "other engines keep theirs");
+    // A pick that ends after its engine left does not bring the series back.
+    metrics.picks.count(&pick("A1", "round_robin"), || false);
+    assert!(series("A1").is_empty());
+    // An engine that joins again under the id counts from zero.
+    metrics.picks.count(&pick("A1", "round_robin"), || true);
+    assert_eq!(series("A1").len(), 1);
+    assert!(series("A1")[0].ends_with(" 1"), "{:?}", series("A1"));
+}

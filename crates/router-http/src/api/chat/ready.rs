@@ -88,21 +88,34 @@ pub(in crate::api) async fn ready<'h>(
     let mut named_adapter = None;
     let prepared = prepare(endpoint, body, |model| {
         let (found, named) = resolve(ctx, model)?;
-        named_adapter = named;
         // Known from here on, a refused request is counted under its model.
         let found = route.insert(found);
+        // An adapter no engine of the model lists is not found, however it is named
+        // (vLLM's adapter name, SGLang's `base:adapter`).
+        if let Some(adapter) = &named
+            && !listed(ctx, found, adapter)
+        {
+            return Err(ApiError::model_not_found(model.unwrap_or_default()));
+        }
+        named_adapter = named;
         check_endpoint(endpoint, found)?;
         Ok(found.tokenizer.clone())
     });
-    let prepared = match prepared {
-        Ok((prepared, None)) => prepared,
-        Ok((prepared, Some(tokenize))) => match tokenize.off_thread(&ctx.tokenizing).await {
-            Ok(tokens) => prepared.with_tokens(tokens),
-            Err(e) => return Err((model_of(route.as_ref()), e)),
-        },
-        Err(e) => return Err((model_of(route.as_ref()), e)),
-    };
+    let (prepared, tokenize) = prepared.map_err(|e| (model_of(route.as_ref()), e))?;
     let route = route.expect("prepare resolved the model");
+    if named_adapter.is_none()
+        && let Some(adapter) = &prepared.adapter
+        && !listed(ctx, &route, adapter)
+    {
+        return Err((Arc::clone(&route.id), ApiError::adapter_not_found(adapter)));
+    }
+    let prepared = match tokenize {
+        None => prepared,
+        Some(tokenize) => match tokenize.off_thread(&ctx.tokenizing).await {
+            Ok(tokens) => prepared.with_tokens(tokens),
+            Err(e) => return Err((Arc::clone(&route.id), e)),
+        },
+    };
     let keys = affinity_keys(&ctx.affinity_headers, headers);
     match keys {
         Ok((session_key, routing_key)) => Ok(Ready {
@@ -114,6 +127,15 @@ pub(in crate::api) async fn ready<'h>(
         }),
         Err(e) => Err((Arc::clone(&route.id), e)),
     }
+}
+
+/// Whether an engine of `route`'s model lists LoRA adapter `adapter`, healthy or not.
+fn listed(ctx: &AppContext, route: &ModelRoute, adapter: &str) -> bool {
+    ctx.fleet
+        .snapshot()
+        .model_engines(&route.id)
+        .iter()
+        .any(|engine| engine.serves_adapter(adapter))
 }
 
 /// The route and adapter of the model a request names (the one served, when it names
