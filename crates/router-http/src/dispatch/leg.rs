@@ -42,7 +42,7 @@ pub(super) async fn send(
     trace: &Tracing,
 ) -> Result<Response<H1Body>, Failed> {
     let (engine, stage) = (to.engine, to.stage);
-    let authority = ctx.fleet.authority(engine).ok_or_else(|| {
+    let origin = ctx.fleet.origin(engine).ok_or_else(|| {
         ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()))
     })?;
     let json = HeaderValue::from_static("application/json");
@@ -54,10 +54,7 @@ pub(super) async fn send(
     let leg_trace = trace.leg(stage, engine.id().as_str());
     headers.extend(leg_trace.headers());
     let sent = Instant::now();
-    let result = ctx
-        .upstream
-        .post(&authority, leg.path, &headers, &body)
-        .await;
+    let result = ctx.upstream.post(&origin, leg.path, &headers, &body).await;
     ctx.metrics
         .upstream_latency
         .get_or_create(&StageLabels { stage })

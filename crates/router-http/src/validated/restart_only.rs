@@ -7,8 +7,9 @@
 use std::net::SocketAddr;
 
 use router_config::{
-    AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, HealthConfig, LimitsConfig,
-    LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig, TracesConfig,
+    AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
+    LimitsConfig, LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig,
+    TracesConfig,
 };
 use router_policy::ConfigError;
 
@@ -19,6 +20,7 @@ use crate::access::AdminAccess;
 pub(crate) struct RestartOnly {
     listen: SocketAddr,
     timeouts: TimeoutConfig,
+    engine_tls: Option<EngineTlsConfig>,
     health: HealthConfig,
     load: LoadConfig,
     admin: AdminConfig,
@@ -44,6 +46,7 @@ impl RestartOnly {
             models: _,
             policies: _,
             timeouts,
+            engine_tls,
             health,
             load,
             admin,
@@ -59,6 +62,7 @@ impl RestartOnly {
         Self {
             listen: *listen,
             timeouts: *timeouts,
+            engine_tls: engine_tls.clone(),
             health: *health,
             load: *load,
             admin: admin.clone(),
@@ -79,6 +83,7 @@ impl RestartOnly {
         let Self {
             listen,
             timeouts,
+            engine_tls,
             health,
             load,
             admin,
@@ -95,6 +100,7 @@ impl RestartOnly {
         let changed = [
             ("listen", *listen != next.listen),
             ("timeouts", *timeouts != next.timeouts),
+            ("engine_tls", *engine_tls != next.engine_tls),
             ("health", *health != next.health),
             ("load", *load != next.load),
             (
