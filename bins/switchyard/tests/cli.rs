@@ -39,7 +39,7 @@ fn config_check_names_every_problem_with_its_path_and_fails() {
     let file = dir.join("bad.yaml");
     std::fs::write(
         &file,
-        "models:\n  - id: m\n    block_size: 0\n    engines:\n      - {id: A, url: 'https://a:1', role: plain}\n",
+        "models:\n  - id: m\n    block_size: 0\n    engines:\n      - {id: A, url: 'ftp://a:1', role: plain}\n",
     )
     .unwrap();
     let out = switchyard(&["config", "check", file.to_str().unwrap()]);

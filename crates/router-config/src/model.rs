@@ -91,7 +91,8 @@ fn default_prefix_index_pages() -> usize {
 pub struct EngineConfig {
     /// Unique id across the router; appears in headers, metrics and errors.
     pub id: String,
-    /// Base URL, e.g. `http://10.0.0.7:30000`.
+    /// Base URL, e.g. `http://10.0.0.7:30000`, or `https://engine-1.example:8443`
+    /// for TLS (see `engine_tls`).
     pub url: String,
     /// Plain, prefill or decode; absent = read from the engine's `/server_info`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

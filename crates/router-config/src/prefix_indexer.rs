@@ -14,7 +14,8 @@ use crate::ConfigError;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixIndexerConfig {
-    /// The indexer's base URL, `http://host:port`.
+    /// The indexer's base URL, `http://host:port` (or `https://host:port`, reached
+    /// with the `engine_tls` settings).
     pub url: String,
     /// Longest wait for a lookup, in milliseconds (1 to 10000); past it the pick is
     /// `cache_unavailable` and the cache-miss fallback runs.

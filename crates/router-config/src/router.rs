@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::validate_models;
 use crate::{
-    AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RolePolicies, TimeoutConfig,
-    TracesConfig,
+    AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
+    LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RolePolicies,
+    TimeoutConfig, TracesConfig,
 };
 
 /// The whole configuration file.
@@ -30,6 +30,11 @@ pub struct RouterConfig {
     /// Upstream timeouts.
     #[serde(default)]
     pub timeouts: TimeoutConfig,
+    /// TLS to engines at `https://` URLs: the authorities trusted besides the
+    /// system's, and a client certificate; the system's authorities alone when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_tls: Option<EngineTlsConfig>,
     /// Health probes and the circuit breaker.
     #[serde(default)]
     pub health: HealthConfig,
@@ -75,6 +80,7 @@ impl RouterConfig {
             models,
             policies: RolePolicies::default(),
             timeouts: TimeoutConfig::default(),
+            engine_tls: None,
             health: HealthConfig::default(),
             load: LoadConfig::default(),
             admin: AdminConfig::default(),
@@ -140,6 +146,7 @@ impl RouterConfig {
             models,
             policies,
             timeouts,
+            engine_tls,
             health,
             load,
             admin,
@@ -168,6 +175,9 @@ impl RouterConfig {
             indexer.validate(&mut errors);
         }
         timeouts.validate(&mut errors);
+        if let Some(engine_tls) = engine_tls {
+            engine_tls.validate(&mut errors);
+        }
         limits.validate(&mut errors);
         health.validate(&mut errors);
         load.validate(&mut errors);

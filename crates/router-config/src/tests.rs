@@ -188,8 +188,16 @@ fn validation_errors_name_their_path() {
             "models[1].engines[0].id: duplicate engine id \"A\" (also models[0].engines[0].id)",
         ),
         (
-            "models: [{id: m, engines: [{id: A, url: 'https://a:1'}]}]\n",
-            "models[0].engines[0].url: must start with http:// (engines are reached over plain HTTP)",
+            "engine_tls: {cert_file: /etc/router.pem}\nmodels: [{id: m}]\n",
+            "engine_tls.key_file: must be set with cert_file: the client certificate needs its key",
+        ),
+        (
+            "engine_tls: {key_file: /etc/router.key}\nmodels: [{id: m}]\n",
+            "engine_tls.cert_file: must be set with key_file: the key needs its client certificate",
+        ),
+        (
+            "engine_tls: {ca_file: ''}\nmodels: [{id: m}]\n",
+            "engine_tls.ca_file: must name a file",
         ),
         (
             "models: [{id: m, engines: [{id: A, url: 'http://a:1', dp_size: 0}]}]\n",
@@ -226,6 +234,42 @@ fn validation_errors_name_their_path() {
     }
 }
 
+#[cfg(feature = "tls")]
+#[test]
+fn https_engines_are_accepted_with_the_engine_tls_section_or_without() {
+    let https = r#"
+models:
+  - id: m
+    engines:
+      - {id: A1, url: "https://engine-1.example:8443", role: plain}
+      - {id: A2, url: "http://10.0.0.8:30000", role: plain}
+"#;
+    assert_eq!(errors(https), Vec::<String>::new());
+    let with_tls = format!(
+        "engine_tls: {{ca_file: /etc/ca.pem, cert_file: /etc/router.pem, key_file: /etc/router.key}}\n{https}"
+    );
+    let config = RouterConfig::from_yaml(&with_tls).unwrap();
+    assert!(problems(&config).is_empty());
+    assert_eq!(
+        config.engine_tls,
+        Some(EngineTlsConfig {
+            ca_file: Some("/etc/ca.pem".into()),
+            cert_file: Some("/etc/router.pem".into()),
+            key_file: Some("/etc/router.key".into()),
+        })
+    );
+    assert_eq!(
+        errors("engine_tls: {ca: /etc/ca.pem}\nmodels: [{id: m}]\n"),
+        [
+            "engine_tls.ca: unknown field `ca`, expected one of `ca_file`, `cert_file`, `key_file` at line 1 column 14"
+        ]
+    );
+    assert_eq!(
+        errors("models: [{id: m, engines: [{id: A, url: 'ftp://a:1'}]}]\n"),
+        ["models[0].engines[0].url: must start with http:// or https://"]
+    );
+}
+
 #[test]
 fn engines_without_a_role_are_checked_at_startup_not_statically() {
     let yaml = "models:\n  - id: m\n    engines: [{id: X, url: 'http://x:1'}]\n    buckets: [{id: b, groups: {pd: {prefill: {engine_ids: [X]}, decode: {engine_ids: []}}}}]\n";
@@ -243,6 +287,8 @@ fn the_schema_describes_the_config() {
         "first_byte_ms",
         "breaker_cooldown_ms",
         "max_inflight_requests",
+        "engine_tls",
+        "ca_file",
     ] {
         assert!(schema.contains(field), "the schema names {field}");
     }

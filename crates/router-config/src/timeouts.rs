@@ -9,7 +9,8 @@ use crate::{ConfigError, MAX_MS};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TimeoutConfig {
-    /// Connecting to an engine, in milliseconds.
+    /// Connecting to an engine, with the TLS handshake for an `https://` one, in
+    /// milliseconds.
     #[serde(default = "default_connect")]
     pub connect_ms: u64,
     /// From sending a request to the engine's response head, in milliseconds.

@@ -12,7 +12,7 @@ use router_state::{
     DEFAULT_MAX_FEED_MESSAGE_BYTES, Engine, EngineId, EngineRegistry, EngineReportedLoadTable,
     FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot, Role, check_name,
 };
-use router_upstream::{ServerInfo, Upstream, authority, check_engine_url};
+use router_upstream::{Origin, ServerInfo, Upstream, check_engine_url};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -67,7 +67,7 @@ pub struct Fleet {
     /// The engines whose adapters are being read.
     reading_adapters: Mutex<HashSet<EngineId>>,
     /// Each engine's `host:port`, parsed once.
-    authorities: ArcSwap<HashMap<EngineId, Arc<str>>>,
+    origins: ArcSwap<HashMap<EngineId, Origin>>,
     /// Called without any lock held, so an observer may call back into the fleet.
     observers: ArcSwap<Vec<Observer>>,
     /// The largest message an engine's feeds may send.
@@ -105,7 +105,7 @@ impl Fleet {
             engines: Mutex::default(),
             membership: Mutex::default(),
             reading_adapters: Mutex::default(),
-            authorities: ArcSwap::default(),
+            origins: ArcSwap::default(),
             observers: ArcSwap::default(),
             max_feed_message_bytes: DEFAULT_MAX_FEED_MESSAGE_BYTES,
             metrics_interval: Some(DEFAULT_METRICS_INTERVAL),
@@ -368,10 +368,10 @@ impl Fleet {
         let id = spec.id.clone();
         self.load.register(&id, dp_size);
         self.health.insert(id.clone(), &spec.model, role, healthy);
-        if let Some(authority) = authority(&spec.url) {
-            self.authorities.rcu(|authorities| {
-                let mut next = HashMap::clone(authorities);
-                next.insert(id.clone(), Arc::clone(&authority));
+        if let Some(origin) = Origin::of(&spec.url) {
+            self.origins.rcu(|origins| {
+                let mut next = HashMap::clone(origins);
+                next.insert(id.clone(), origin.clone());
                 next
             });
         }
@@ -431,18 +431,18 @@ impl Fleet {
         if let Some(index) = self.prefix_index(engine.model()) {
             index.remove_engine(engine.id());
         }
-        self.authorities.rcu(|authorities| {
-            let mut next = HashMap::clone(authorities);
+        self.origins.rcu(|origins| {
+            let mut next = HashMap::clone(origins);
             next.remove(engine.id());
             next
         });
     }
 
-    /// The engine's `host:port`.
-    pub fn authority(&self, engine: &Engine) -> Option<Arc<str>> {
-        match self.authorities.load().get(engine.id()) {
-            Some(authority) => Some(Arc::clone(authority)),
-            None => authority(engine.url()),
+    /// Where requests to the engine go: its `host:port`, over TLS or not.
+    pub fn origin(&self, engine: &Engine) -> Option<Origin> {
+        match self.origins.load().get(engine.id()) {
+            Some(origin) => Some(origin.clone()),
+            None => Origin::of(engine.url()),
         }
     }
 

@@ -58,8 +58,8 @@ async fn an_engine_joins_with_its_introspected_role_and_leaves() {
     let snapshot = fleet.snapshot();
     assert!(Arc::ptr_eq(snapshot.get("A1").unwrap(), &added));
     assert_eq!(fleet.load().in_flight(&EngineId::from("A1")), 0);
-    let authority = fleet.authority(&added).unwrap();
-    assert!(engine.url().ends_with(&*authority), "{authority}");
+    let origin = fleet.origin(&added).unwrap();
+    assert_eq!(origin.to_string(), engine.url());
     let removed = fleet
         .apply(Change::Remove("A1".into(), Source::Config))
         .await
@@ -225,7 +225,7 @@ async fn changes_that_cannot_apply_change_nothing() {
     let (fleet, seen) = fleet();
     assert_eq!(
         fleet
-            .apply(Change::Upsert(EngineSpec::new("A1", "https://e:1", "m")))
+            .apply(Change::Upsert(EngineSpec::new("A1", "ftp://e:1", "m")))
             .await
             .unwrap_err(),
         FleetError::Url(EngineUrlError::NotHttp)

@@ -131,7 +131,7 @@ impl AppContext {
     /// each with its path.
     pub async fn new(config: ValidatedConfig) -> Result<Arc<Self>, StartError> {
         let configured = Configured::of(&config);
-        let upstream = Upstream::new(config.upstream);
+        let upstream = config.upstream();
         let fleet = Arc::new(
             Fleet::new(upstream.clone(), config.load, config.health)
                 .with_max_feed_message_bytes(config.max_feed_message_bytes)

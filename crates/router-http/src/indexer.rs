@@ -27,7 +27,6 @@ use prometheus_client::registry::Registry;
 use router_fleet::{Fleet, HealthChecks};
 use router_policy::{ConfigError, PrefixHits};
 use router_state::kv_events::PrefixIndex;
-use router_upstream::Upstream;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -90,13 +89,9 @@ pub async fn start_indexer(
     config.prefix_indexer = None;
     let validated = ValidatedConfig::validate(config).map_err(StartError::Config)?;
     let fleet = Arc::new(
-        Fleet::new(
-            Upstream::new(validated.upstream),
-            validated.load,
-            validated.health,
-        )
-        .with_max_feed_message_bytes(validated.max_feed_message_bytes)
-        .with_metrics_interval(validated.metrics_interval),
+        Fleet::new(validated.upstream(), validated.load, validated.health)
+            .with_max_feed_message_bytes(validated.max_feed_message_bytes)
+            .with_metrics_interval(validated.metrics_interval),
     );
     let mut indexes = HashMap::new();
     let mut errors = Vec::new();

@@ -5,6 +5,7 @@
 //! with startup. Only the buckets of a model with engines whose role introspection
 //! tells are built again at startup, with those roles.
 
+mod engine_tls;
 mod restart_only;
 mod serving;
 #[cfg(test)]
@@ -25,7 +26,7 @@ use router_policy::{ConfigError, PolicyHandles};
 use router_state::EngineReportedLoadTable;
 use router_state::affinity::AffinityStore;
 use router_tokenize::ChatTokenizer;
-use router_upstream::UpstreamTimeouts;
+use router_upstream::{EngineTls, Upstream, UpstreamTimeouts};
 
 use crate::access::AdminAccess;
 pub(crate) use restart_only::RestartOnly;
@@ -39,6 +40,8 @@ pub struct ValidatedConfig {
     pub(crate) listen: SocketAddr,
     pub(crate) shutdown_grace: Duration,
     pub(crate) upstream: UpstreamTimeouts,
+    /// How engines at `https://` URLs are reached.
+    pub(crate) engine_tls: EngineTls,
     pub(crate) idle_timeout: Duration,
     pub(crate) client: ClientLimits,
     /// Prompts tokenized at once.
@@ -142,17 +145,25 @@ impl ValidatedConfig {
     ) -> Result<Self, Vec<ConfigError>> {
         let mut errors = config.check_fields();
         let admin = AdminAccess::of(&config.admin, &mut errors);
+        let engine_tls = engine_tls::load(config.engine_tls.as_ref(), &mut errors);
         let restart_only = RestartOnly::of(&config);
         let SharedState {
             selection: state,
             affinity,
             tokenizers,
         } = shared;
-        let mut serving = Serving::new(tokenizers, config.limits.tokenize_cache_bytes);
-        let plan = match SelectionPlan::build(&config, &state, &mut serving) {
-            Ok(plan) if errors.is_empty() => plan,
-            Ok(_) => return Err(errors),
-            Err(problems) => {
+        let mut serving = Serving::new(
+            tokenizers,
+            config.limits.tokenize_cache_bytes,
+            engine_tls.clone(),
+        );
+        let (plan, engine_tls) = match (
+            SelectionPlan::build(&config, &state, &mut serving),
+            engine_tls,
+        ) {
+            (Ok(plan), Some(engine_tls)) if errors.is_empty() => (plan, engine_tls),
+            (Ok(_), _) => return Err(errors),
+            (Err(problems), _) => {
                 errors.extend(problems);
                 return Err(errors);
             }
@@ -172,6 +183,7 @@ impl ValidatedConfig {
                 first_byte: Duration::from_millis(config.timeouts.first_byte_ms),
                 pool_idle: Duration::from_millis(config.timeouts.pool_idle_ms),
             },
+            engine_tls,
             idle_timeout: Duration::from_millis(config.timeouts.idle_ms),
             client: client_limits(&config),
             tokenize_concurrency: config.limits.tokenize_concurrency.unwrap_or_else(|| {
@@ -202,6 +214,12 @@ impl ValidatedConfig {
             #[cfg(feature = "kubernetes")]
             kubernetes: serving::kubernetes(&config.discovery),
         })
+    }
+
+    /// The client to engines: the configured timeouts, and TLS for `https://`
+    /// engines.
+    pub(crate) fn upstream(&self) -> Upstream {
+        Upstream::new(self.upstream).with_tls(self.engine_tls.clone())
     }
 
     /// How many models are configured.

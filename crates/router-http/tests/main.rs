@@ -19,5 +19,6 @@ mod retries;
 mod serving;
 mod slo;
 mod spans;
+mod tls;
 mod trace;
 mod vllm;

@@ -1,7 +1,6 @@
 //! Requests to engines (through the `h1` client) with their timeouts: relayed
 //! requests, health probes and introspection.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,7 +10,9 @@ use http_body_util::{BodyExt, Limited};
 use crate::h1::{H1Body, H1Client, H1Error};
 use crate::info::{ServerInfo, parse_adapters, parse_server_info};
 use crate::metrics_text::{ScrapedRank, parse_load_metrics};
-use crate::url::authority;
+#[cfg(feature = "tls")]
+use crate::tls::EngineTls;
+use crate::url::Origin;
 
 /// Why a request to an engine failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,9 +21,14 @@ pub enum UpstreamError {
     /// The connection could not be made (refused, unreachable).
     #[error("connection failed: {0}")]
     Connect(String),
-    /// The connection was not made within the connect timeout.
+    /// The connection (over TLS, with its handshake) was not made within the
+    /// connect timeout.
     #[error("timed out: connect timeout")]
     ConnectTimeout,
+    /// The TLS handshake failed, or the engine refused the connection with a TLS
+    /// alert before reading the request.
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
     /// The connection broke before the request was written.
     #[error("the connection broke before the request was written: {0}")]
     NotWritten(String),
@@ -45,6 +51,7 @@ impl UpstreamError {
         match self {
             Self::Connect(_) => "connection failed",
             Self::ConnectTimeout => "connect timeout",
+            Self::Tls(_) => "TLS handshake failed",
             Self::NotWritten(_) => "the connection broke before the request was written",
             Self::Timeout(what) => what,
             Self::NoHead => "no response head within the first-byte timeout",
@@ -52,13 +59,13 @@ impl UpstreamError {
         }
     }
 
-    /// Whether the engine never received the request (no connection was made, or it
-    /// broke before the request was written), so sending it to another engine cannot
-    /// run it twice.
+    /// Whether the engine never received the request (no connection was made, it
+    /// broke before the request was written, or TLS refused it), so sending it to
+    /// another engine cannot run it twice.
     pub fn never_sent(&self) -> bool {
         matches!(
             self,
-            Self::Connect(_) | Self::ConnectTimeout | Self::NotWritten(_)
+            Self::Connect(_) | Self::ConnectTimeout | Self::Tls(_) | Self::NotWritten(_)
         )
     }
 }
@@ -68,6 +75,7 @@ impl From<H1Error> for UpstreamError {
         match e {
             H1Error::Connect(e) => Self::Connect(e.to_string()),
             H1Error::ConnectTimeout => Self::ConnectTimeout,
+            H1Error::Tls(e) => Self::Tls(e.to_string()),
             H1Error::NotWritten(e) => Self::NotWritten(e.to_string()),
             e => Self::Transport(e.to_string()),
         }
@@ -77,7 +85,7 @@ impl From<H1Error> for UpstreamError {
 /// How long the client waits for an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpstreamTimeouts {
-    /// Connecting.
+    /// Connecting, with the TLS handshake for an `https://` engine.
     pub connect: Duration,
     /// From sending a request to the response head.
     pub first_byte: Duration,
@@ -103,11 +111,22 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// A client with `timeouts` and a keep-alive pool per engine.
+    /// A client with `timeouts` and a keep-alive pool per engine. It reaches
+    /// `http://` engines only until it is given TLS settings
+    /// ([`with_tls`](Self::with_tls)).
     pub fn new(timeouts: UpstreamTimeouts) -> Self {
         Self {
             client: H1Client::new(timeouts.connect, timeouts.pool_idle, MAX_IDLE_PER_ENGINE),
             first_byte: timeouts.first_byte,
+        }
+    }
+
+    /// The client reaching `https://` engines with `tls` as well.
+    #[cfg(feature = "tls")]
+    pub fn with_tls(self, tls: EngineTls) -> Self {
+        Self {
+            client: self.client.with_tls(tls),
+            ..self
         }
     }
 
@@ -116,20 +135,20 @@ impl Upstream {
         self.client.prune_idle();
     }
 
-    /// Posts `body` to `path` of the engine at `authority` (`host:port`) and waits
-    /// for the response head within the first-byte timeout. A request that was
-    /// written is never sent twice (the engine may be running it).
+    /// Posts `body` to `path` of the engine at `origin` and waits for the response
+    /// head within the first-byte timeout. A request that was written is never sent
+    /// twice (the engine may be running it).
     ///
     /// # Errors
     /// Connecting, writing or reading the head failed or timed out.
     pub async fn post(
         &self,
-        authority: &Arc<str>,
+        origin: &Origin,
         path: &str,
         headers: &[(HeaderName, &HeaderValue)],
         body: &Bytes,
     ) -> Result<Response<H1Body>, UpstreamError> {
-        let request = self.client.request("POST", authority, path, headers, body);
+        let request = self.client.request("POST", origin, path, headers, body);
         match tokio::time::timeout(self.first_byte, request).await {
             Err(_) => Err(UpstreamError::NoHead),
             Ok(result) => result.map_err(UpstreamError::from),
@@ -147,14 +166,14 @@ impl Upstream {
         path: &str,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), UpstreamError> {
-        let authority = authority(base)
+        let origin = Origin::of(base)
             .ok_or_else(|| UpstreamError::Transport("not an engine base URL".into()))?;
         let json = HeaderValue::from_static("application/json");
         let headers = [(header::ACCEPT, &json)];
         let exchange = async {
             let response = self
                 .client
-                .request("GET", &authority, path, &headers, &Bytes::new())
+                .request("GET", &origin, path, &headers, &Bytes::new())
                 .await?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_INFO_BYTES)

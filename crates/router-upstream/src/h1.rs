@@ -10,6 +10,7 @@ mod body;
 mod differential;
 #[cfg(test)]
 mod rfc9112;
+mod stream;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
@@ -18,6 +19,7 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Write as _};
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -30,6 +32,11 @@ use tokio::time::Instant;
 pub(crate) use body::Decoder;
 pub use body::H1Body;
 use body::{Conn, Framing};
+pub(crate) use stream::Stream;
+
+#[cfg(feature = "tls")]
+use crate::tls::EngineTls;
+use crate::url::Origin;
 
 /// The largest response head accepted.
 pub(crate) const MAX_HEAD: usize = 64 << 10;
@@ -43,9 +50,15 @@ pub enum H1Error {
     /// The TCP connection could not be made.
     #[error("connection failed: {0}")]
     Connect(io::Error),
-    /// The TCP connection was not made within the connect timeout.
+    /// The TCP connection, and over TLS the handshake, were not done within the
+    /// connect timeout.
     #[error("connect timeout")]
     ConnectTimeout,
+    /// The TLS handshake failed (an engine certificate not trusted, or not for the
+    /// URL's host), or the engine refused the connection with a TLS alert before
+    /// reading the request: it never read the request.
+    #[error("TLS handshake failed: {0}")]
+    Tls(io::Error),
     /// A new connection broke before the request was written (the engine reset it):
     /// the engine never read the request.
     #[error("the connection broke before the request was written: {0}")]
@@ -62,12 +75,12 @@ pub enum H1Error {
 }
 
 /// Idle connections to one engine, each with the time it went idle, oldest first.
-type IdleConns = VecDeque<(TcpStream, Instant)>;
+type IdleConns = VecDeque<(Stream, Instant)>;
 
-/// Idle keep-alive connections per engine authority.
+/// Idle keep-alive connections per engine origin.
 #[derive(Debug)]
 struct Pool {
-    idle: Mutex<HashMap<Arc<str>, IdleConns>>,
+    idle: Mutex<HashMap<Origin, IdleConns>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
 }
@@ -78,13 +91,13 @@ impl Pool {
         now.duration_since(since) < self.idle_timeout
     }
 
-    fn put(&self, authority: Arc<str>, stream: TcpStream) {
+    fn put(&self, origin: Origin, stream: Stream) {
         if self.max_idle_per_host == 0 {
             return;
         }
         let now = Instant::now();
         let mut idle = self.idle.lock();
-        let conns = idle.entry(authority).or_default();
+        let conns = idle.entry(origin).or_default();
         while conns
             .front()
             .is_some_and(|(_, since)| !self.fresh(*since, now))
@@ -96,12 +109,12 @@ impl Pool {
     }
 
     /// The most recently used idle connection that is still open.
-    fn take(&self, authority: &str) -> Option<TcpStream> {
+    fn take(&self, origin: &Origin) -> Option<Stream> {
         let now = Instant::now();
         let mut idle = self.idle.lock();
-        let conns = idle.get_mut(authority)?;
-        while let Some((stream, since)) = conns.pop_back() {
-            if self.fresh(since, now) && is_open(&stream) {
+        let conns = idle.get_mut(origin)?;
+        while let Some((mut stream, since)) = conns.pop_back() {
+            if self.fresh(since, now) && stream.is_open() {
                 return Some(stream);
             }
         }
@@ -118,17 +131,14 @@ impl Pool {
     }
 }
 
-/// An idle connection is usable when reading it would block: no EOF, no stray bytes.
-fn is_open(stream: &TcpStream) -> bool {
-    let mut probe = [0_u8; 1];
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-}
-
 /// See the module documentation.
 #[derive(Debug, Clone)]
 pub(crate) struct H1Client {
     pool: Arc<Pool>,
     connect_timeout: Duration,
+    /// How `https://` engines are reached; without it they cannot be.
+    #[cfg(feature = "tls")]
+    tls: Option<EngineTls>,
 }
 
 impl H1Client {
@@ -146,6 +156,17 @@ impl H1Client {
                 idle_timeout,
             }),
             connect_timeout,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// The client reaching `https://` engines with `tls`.
+    #[cfg(feature = "tls")]
+    pub(crate) fn with_tls(self, tls: EngineTls) -> Self {
+        Self {
+            tls: Some(tls),
+            ..self
         }
     }
 
@@ -154,8 +175,8 @@ impl H1Client {
         self.pool.prune();
     }
 
-    /// Sends `method path` to `authority` (`host:port`) with `headers` and `body`
-    /// and returns once the response head has arrived.
+    /// Sends `method path` to `origin` with `headers` and `body` and returns once the
+    /// response head has arrived.
     ///
     /// A pooled connection the engine closed while it sat idle is replaced by a new
     /// connection once: when writing the request failed, or, for a GET, when the
@@ -164,45 +185,79 @@ impl H1Client {
     pub(crate) async fn request(
         &self,
         method: &str,
-        authority: &Arc<str>,
+        origin: &Origin,
         path: &str,
         headers: &[(HeaderName, &HeaderValue)],
         body: &Bytes,
     ) -> Result<Response<H1Body>, H1Error> {
-        let head = request_head(method, authority, path, headers, body.len());
-        if let Some(stream) = self.pool.take(authority) {
+        let head = request_head(method, origin.authority(), path, headers, body.len());
+        if let Some(stream) = self.pool.take(origin) {
             match exchange(stream, &head, body).await {
-                Ok(exchanged) => return Ok(self.response(exchanged, authority)),
+                Ok(exchanged) => return Ok(self.response(exchanged, origin)),
                 Err(failure) if !failure.sent || (method == "GET" && !failure.received) => {}
                 Err(failure) => return Err(failure.error),
             }
         }
-        let stream = self.connect(authority).await?;
+        let stream = self.connect(origin).await?;
         match exchange(stream, &head, body).await {
-            Ok(exchanged) => Ok(self.response(exchanged, authority)),
+            Ok(exchanged) => Ok(self.response(exchanged, origin)),
             Err(Failure {
                 error: H1Error::Io(e),
                 sent: false,
                 ..
             }) => Err(H1Error::NotWritten(e)),
+            #[cfg(feature = "tls")]
+            Err(Failure {
+                error: H1Error::Io(e),
+                received: false,
+                ..
+            }) if crate::tls::refused(&e) => Err(H1Error::Tls(e)),
             Err(failure) => Err(failure.error),
         }
     }
 
-    async fn connect(&self, authority: &str) -> Result<TcpStream, H1Error> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority))
+    /// A new connection to `origin`: TCP, then over TLS the handshake, all within
+    /// the connect timeout.
+    async fn connect(&self, origin: &Origin) -> Result<Stream, H1Error> {
+        tokio::time::timeout(self.connect_timeout, self.open(origin))
             .await
             .map_err(|_| H1Error::ConnectTimeout)?
-            .map_err(H1Error::Connect)?;
-        stream.set_nodelay(true).map_err(H1Error::Connect)?;
-        Ok(stream)
     }
 
-    fn response(&self, exchanged: Exchanged, authority: &Arc<str>) -> Response<H1Body> {
+    async fn open(&self, origin: &Origin) -> Result<Stream, H1Error> {
+        let tcp = TcpStream::connect(origin.authority())
+            .await
+            .map_err(H1Error::Connect)?;
+        tcp.set_nodelay(true).map_err(H1Error::Connect)?;
+        if !origin.is_tls() {
+            return Ok(Stream::Plain(tcp));
+        }
+        self.secure(origin, tcp).await
+    }
+
+    #[cfg(feature = "tls")]
+    async fn secure(&self, origin: &Origin, tcp: TcpStream) -> Result<Stream, H1Error> {
+        let tls = self.tls.as_ref().ok_or_else(|| {
+            H1Error::Tls(io::Error::other(
+                "this client has no TLS settings for https:// engines",
+            ))
+        })?;
+        let stream = tls.connect(origin, tcp).await.map_err(H1Error::Tls)?;
+        Ok(Stream::Tls(Box::new(stream)))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    async fn secure(&self, _: &Origin, _: TcpStream) -> Result<Stream, H1Error> {
+        Err(H1Error::Tls(io::Error::other(
+            "this build has no TLS for https:// engines",
+        )))
+    }
+
+    fn response(&self, exchanged: Exchanged, origin: &Origin) -> Response<H1Body> {
         let conn = Conn {
             stream: exchanged.stream,
             pool: Arc::clone(&self.pool),
-            authority: Arc::clone(authority),
+            origin: origin.clone(),
             keep_alive: exchanged.head.keep_alive,
         };
         let body = H1Body::new(conn, exchanged.buf, exchanged.head.framing);
@@ -237,7 +292,7 @@ pub(crate) fn request_head(
 
 /// A connection whose request was sent and whose response head was read.
 struct Exchanged {
-    stream: TcpStream,
+    stream: Stream,
     head: Head,
     /// Bytes read past the head: the start of the body.
     buf: BytesMut,
@@ -251,7 +306,7 @@ struct Failure {
     received: bool,
 }
 
-async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchanged, Failure> {
+async fn exchange(mut stream: Stream, head: &[u8], body: &[u8]) -> Result<Exchanged, Failure> {
     let failed = |error, received| Failure {
         error,
         sent: true,
@@ -260,7 +315,7 @@ async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchang
     let mut buf = BytesMut::with_capacity(8 << 10);
     // A request whose writing failed was not read whole by the engine, so it may be
     // sent again on a fresh connection.
-    let written = write_request(&stream, head, body, &mut buf)
+    let written = write_request(&mut stream, head, body, &mut buf)
         .await
         .map_err(|e| Failure {
             error: H1Error::Io(e),
@@ -275,14 +330,9 @@ async fn exchange(stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Exchang
             head.keep_alive &= written == Written::Whole;
             return Ok(Exchanged { stream, head, buf });
         }
-        stream
-            .readable()
-            .await
-            .map_err(|e| failed(H1Error::Io(e), received))?;
-        match stream.try_read_buf(&mut buf) {
+        match stream.read_buf(&mut buf).await {
             Ok(0) => return Err(failed(H1Error::Closed, received)),
             Ok(_) => received = true,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(failed(H1Error::Io(e), received)),
         }
     }
@@ -298,41 +348,50 @@ enum Written {
     Interrupted,
 }
 
-/// Writes the request while watching for an early answer: whatever the engine
-/// sends before the request is written stops the writing and lands in `buf`.
+/// Writes the request (and over TLS flushes it) while watching for an early answer:
+/// whatever the engine sends while the writing waits stops the writing and lands in
+/// `buf`.
 async fn write_request(
-    stream: &TcpStream,
+    stream: &mut Stream,
     mut head: &[u8],
     mut body: &[u8],
     buf: &mut BytesMut,
 ) -> io::Result<Written> {
-    while !head.is_empty() || !body.is_empty() {
-        match stream.try_write_vectored(&[IoSlice::new(head), IoSlice::new(body)]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(written) => {
-                let from_head = written.min(head.len());
-                head = &head[from_head..];
-                body = &body[written - from_head..];
+    std::future::poll_fn(|cx| {
+        loop {
+            if let Poll::Ready(sent) = poll_send(stream, cx, &mut head, &mut body) {
+                return Poll::Ready(sent.map(|()| Written::Whole));
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                tokio::select! {
-                    ready = stream.writable() => ready?,
-                    ready = stream.readable() => {
-                        ready?;
-                        match stream.try_read_buf(buf) {
-                            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                            Ok(_) if answering(buf) => return Ok(Written::Interrupted),
-                            Ok(_) => {}
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                }
+            match ready!(stream.poll_read_buf(cx, buf)) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
+                Ok(_) if answering(buf) => return Poll::Ready(Ok(Written::Interrupted)),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(e)),
             }
-            Err(e) => return Err(e),
         }
+    })
+    .await
+}
+
+/// Writes what is left of `head` and `body`, then flushes it; pending while the
+/// engine takes no more.
+fn poll_send(
+    stream: &mut Stream,
+    cx: &mut Context<'_>,
+    head: &mut &[u8],
+    body: &mut &[u8],
+) -> Poll<io::Result<()>> {
+    while !head.is_empty() || !body.is_empty() {
+        let written =
+            ready!(stream.poll_write_vectored(cx, &[IoSlice::new(head), IoSlice::new(body)]))?;
+        if written == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        let from_head = written.min(head.len());
+        *head = &head[from_head..];
+        *body = &body[written - from_head..];
     }
-    Ok(Written::Whole)
+    stream.poll_flush(cx)
 }
 
 /// Whether `buf` holds the start of the engine's final answer (or of something that

@@ -48,7 +48,7 @@ pub(super) async fn send(
     trace: &Tracing,
 ) -> Result<Response<H1Body>, Failed> {
     let (engine, stage) = (to.engine, to.stage);
-    let authority = ctx.fleet.authority(engine).ok_or_else(|| {
+    let origin = ctx.fleet.origin(engine).ok_or_else(|| {
         ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()))
     })?;
     let json = HeaderValue::from_static("application/json");
@@ -61,10 +61,7 @@ pub(super) async fn send(
     headers.extend(leg_trace.headers());
     ctx.fleet.begin_dispatch(engine.id());
     let sent = Instant::now();
-    let result = ctx
-        .upstream
-        .post(&authority, leg.path, &headers, &body)
-        .await;
+    let result = ctx.upstream.post(&origin, leg.path, &headers, &body).await;
     ctx.metrics
         .upstream_latency
         .get_or_create(&StageLabels { stage })

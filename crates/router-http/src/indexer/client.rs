@@ -3,7 +3,6 @@
 //! lookup is unavailable and the cache-aware policy falls back as on a miss (its
 //! pick says `cache_unavailable`), so routing never waits longer than the timeout.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +11,7 @@ use http_body_util::{BodyExt, Limited};
 use parking_lot::Mutex;
 use router_policy::{BoxFuture, CacheLookup, CacheQueryError, CacheSource, PrefixHits};
 use router_state::kv_events::{chain_hashes, namespace_seed};
-use router_upstream::Upstream;
+use router_upstream::{Origin, Upstream};
 use tokio::time::Instant;
 
 use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
@@ -22,7 +21,7 @@ use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
 pub(crate) struct RemoteCacheSource {
     model: String,
     block_size: u32,
-    authority: Arc<str>,
+    origin: Origin,
     upstream: Upstream,
     timeout: Duration,
     /// When an unavailable lookup was last logged.
@@ -33,19 +32,19 @@ pub(crate) struct RemoteCacheSource {
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl RemoteCacheSource {
-    /// A source asking the indexer at `authority` (`host:port`) about `model`, whose
+    /// A source asking the indexer at `origin` about `model`, whose
     /// prompts are hashed in blocks of `block_size` tokens.
     pub(crate) fn new(
         model: &str,
         block_size: u32,
-        authority: Arc<str>,
+        origin: Origin,
         upstream: Upstream,
         timeout: Duration,
     ) -> Self {
         Self {
             model: model.to_owned(),
             block_size,
-            authority,
+            origin,
             upstream,
             timeout,
             logged: Mutex::new(None),
@@ -75,7 +74,7 @@ impl RemoteCacheSource {
         let headers = [(header::CONTENT_TYPE, &json)];
         let response = self
             .upstream
-            .post(&self.authority, LOOKUP_PATH, &headers, &Bytes::from(body))
+            .post(&self.origin, LOOKUP_PATH, &headers, &Bytes::from(body))
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status();

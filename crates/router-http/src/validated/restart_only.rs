@@ -7,8 +7,9 @@
 use std::net::SocketAddr;
 
 use router_config::{
-    AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, HealthConfig, LimitsConfig,
-    LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig, TracesConfig,
+    AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
+    LimitsConfig, LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig,
+    TracesConfig,
 };
 use router_policy::ConfigError;
 
@@ -17,6 +18,7 @@ use router_policy::ConfigError;
 pub(crate) struct RestartOnly {
     listen: SocketAddr,
     timeouts: TimeoutConfig,
+    engine_tls: Option<EngineTlsConfig>,
     health: HealthConfig,
     load: LoadConfig,
     /// The admin API's own address; its token is the reload's to change.
@@ -40,6 +42,7 @@ impl RestartOnly {
             models: _,
             policies: _,
             timeouts,
+            engine_tls,
             health,
             load,
             admin:
@@ -61,6 +64,7 @@ impl RestartOnly {
         Self {
             listen: *listen,
             timeouts: *timeouts,
+            engine_tls: engine_tls.clone(),
             health: *health,
             load: *load,
             admin_listen: *admin_listen,
@@ -80,6 +84,7 @@ impl RestartOnly {
         let Self {
             listen,
             timeouts,
+            engine_tls,
             health,
             load,
             admin_listen,
@@ -95,6 +100,7 @@ impl RestartOnly {
         let changed = [
             ("listen", *listen != next.listen),
             ("timeouts", *timeouts != next.timeouts),
+            ("engine_tls", *engine_tls != next.engine_tls),
             ("health", *health != next.health),
             ("load", *load != next.load),
             ("admin.listen", *admin_listen != next.admin_listen),

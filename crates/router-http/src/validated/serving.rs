@@ -14,7 +14,7 @@ use router_config::{
 use router_policy::{AffinityBackend, CacheSource, ConfigError};
 use router_state::affinity::{AffinityStore, LocalAffinityStore, RedisAffinityStore};
 use router_tokenize::{ChatTokenizer, TokenizerError};
-use router_upstream::{Upstream, UpstreamTimeouts};
+use router_upstream::{EngineTls, Origin, Upstream, UpstreamTimeouts};
 
 use crate::indexer::RemoteCacheSource;
 
@@ -81,10 +81,12 @@ pub(crate) type ModelTokenizer = (String, PathBuf);
 
 /// The serving router's [`Resources`]: each model's tokenizer loaded from its file
 /// (keeping `prefix_cache_bytes` of its prompts' prefixes), or kept from the running
-/// router, and the shared prefix indexer asked over HTTP.
+/// router, and the shared prefix indexer asked over HTTP (over TLS, with `engine_tls`,
+/// at an `https://` URL).
 pub(super) struct Serving {
     kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
     prefix_cache_bytes: usize,
+    engine_tls: Option<EngineTls>,
 }
 
 impl Serving {
@@ -92,10 +94,12 @@ impl Serving {
     pub(super) fn new(
         kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
         prefix_cache_bytes: usize,
+        engine_tls: Option<EngineTls>,
     ) -> Self {
         Self {
             kept,
             prefix_cache_bytes,
+            engine_tls,
         }
     }
 }
@@ -123,17 +127,20 @@ impl Resources for Serving {
         model: &ModelConfig,
         indexer: &PrefixIndexerConfig,
     ) -> Option<Arc<dyn CacheSource>> {
-        let authority = router_upstream::authority(&indexer.url)?;
+        let origin = Origin::of(&indexer.url)?;
         let timeout = Duration::from_millis(indexer.timeout_ms);
-        let upstream = Upstream::new(UpstreamTimeouts {
+        let mut upstream = Upstream::new(UpstreamTimeouts {
             connect: timeout,
             first_byte: timeout,
             pool_idle: Duration::from_secs(4),
         });
+        if let Some(tls) = &self.engine_tls {
+            upstream = upstream.with_tls(tls.clone());
+        }
         Some(Arc::new(RemoteCacheSource::new(
             &model.id,
             model.block_size,
-            authority,
+            origin,
             upstream,
             timeout,
         )))

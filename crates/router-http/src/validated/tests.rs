@@ -165,3 +165,42 @@ fn without_generator_states(debug: &str) -> String {
     assert!(!in_state, "every generator state ends");
     kept
 }
+
+#[test]
+fn engine_tls_files_are_read_at_the_check_and_each_problem_names_its_file() {
+    let dir = std::env::temp_dir().join(format!("switchyard-engine-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "not a certificate\n").unwrap();
+    let missing = dir.join("missing.pem");
+    let tls = |section: String| validate(&format!("{MINIMAL}engine_tls: {{{section}}}\n"));
+    let not_pem = tls(format!("ca_file: {}", text.display())).unwrap_err();
+    let gone = tls(format!(
+        "cert_file: {}, key_file: {}",
+        missing.display(),
+        text.display()
+    ))
+    .unwrap_err();
+    let unpaired = tls(format!("cert_file: {}", text.display())).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        not_pem,
+        [format!(
+            "engine_tls.ca_file: {}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            text.display()
+        )]
+    );
+    assert_eq!(
+        gone,
+        [format!(
+            "engine_tls.cert_file: {}: No such file or directory (os error 2)",
+            missing.display()
+        )]
+    );
+    assert_eq!(
+        unpaired,
+        ["engine_tls.key_file: must be set with cert_file: the client certificate needs its key"],
+        "said once, by the field checks"
+    );
+    assert!(tls(String::new()).is_ok(), "the system's authorities alone");
+}

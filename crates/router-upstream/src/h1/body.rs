@@ -4,13 +4,12 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
+use super::{H1Error, Pool, Stream};
+use crate::url::Origin;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use tokio::net::TcpStream;
-
-use super::{H1Error, Pool};
 
 /// The most body bytes gathered into one frame.
 const MAX_FRAME: usize = 64 << 10;
@@ -130,9 +129,9 @@ type Polled = Poll<Option<Result<Frame<Bytes>, H1Error>>>;
 /// The connection a body is read from, and where it goes back when the body ends.
 #[derive(Debug)]
 pub(super) struct Conn {
-    pub(super) stream: TcpStream,
+    pub(super) stream: Stream,
     pub(super) pool: Arc<Pool>,
-    pub(super) authority: Arc<str>,
+    pub(super) origin: Origin,
     pub(super) keep_alive: bool,
 }
 
@@ -193,7 +192,7 @@ impl H1Body {
             && conn.keep_alive
             && self.buf.is_empty()
         {
-            conn.pool.put(conn.authority, conn.stream);
+            conn.pool.put(conn.origin, conn.stream);
         }
     }
 }
@@ -268,7 +267,7 @@ impl Body for H1Body {
             if out.len() >= MAX_FRAME {
                 return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
             }
-            let Some(conn) = this.conn.as_ref() else {
+            let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
             if read >= MAX_READ_PER_POLL {
@@ -279,19 +278,18 @@ impl Body for H1Body {
                 return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
             }
             this.buf.reserve(16 << 10);
-            match conn.stream.try_read_buf(&mut this.buf) {
-                Ok(0) if this.decoder == Decoder::Close => this.decoder = Decoder::Done,
-                Ok(0) => return this.fail(out, H1Error::Closed),
-                Ok(n) => read += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
-                    }
-                    if let Err(e) = ready!(conn.stream.poll_read_ready(cx)) {
-                        return this.fail(out, H1Error::Io(e));
-                    }
+            match conn.stream.poll_read_buf(cx, &mut this.buf) {
+                Poll::Ready(Ok(0)) if this.decoder == Decoder::Close => {
+                    this.decoder = Decoder::Done;
                 }
-                Err(e) => return this.fail(out, H1Error::Io(e)),
+                Poll::Ready(Ok(0)) => return this.fail(out, H1Error::Closed),
+                Poll::Ready(Ok(n)) => read += n,
+                Poll::Ready(Err(e)) => return this.fail(out, H1Error::Io(e)),
+                // All that has arrived goes on now; the task is woken for more.
+                Poll::Pending if !out.is_empty() => {
+                    return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                }
+                Poll::Pending => return Poll::Pending,
             }
         }
     }

@@ -227,11 +227,11 @@ fn served(case: &Case) -> Vec<(Vec<u8>, Then)> {
 }
 
 async fn ours(case: &Case) -> Outcome {
-    let (authority, connections) = scripted(served(case)).await;
+    let (origin, connections) = scripted(served(case)).await;
     let client = client();
     let response = tokio::time::timeout(GUARD, async {
         client
-            .request("GET", &authority, "/x", &[], &Bytes::new())
+            .request("GET", &origin, "/x", &[], &Bytes::new())
             .await
     })
     .await
@@ -244,7 +244,7 @@ async fn ours(case: &Case) -> Outcome {
         Ok(data) => data,
         Err(data) => return Outcome::BodyFailed(status, data.into()),
     };
-    let second = tokio::time::timeout(GUARD, get(&client, &authority))
+    let second = tokio::time::timeout(GUARD, get(&client, &origin))
         .await
         .expect("the second answer in time");
     assert_eq!(
@@ -280,15 +280,20 @@ fn hyper_request(authority: &str) -> Request<Empty<Bytes>> {
 }
 
 async fn hyper(case: &Case) -> Outcome {
-    let (authority, _) = scripted(served(case)).await;
-    let stream = TcpStream::connect(&*authority).await.expect("connected");
+    let (origin, _) = scripted(served(case)).await;
+    let stream = TcpStream::connect(origin.authority())
+        .await
+        .expect("connected");
     let (mut sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .expect("a handshake");
     tokio::spawn(connection);
-    let response = tokio::time::timeout(GUARD, sender.send_request(hyper_request(&authority)))
-        .await
-        .expect("a head or an error in time");
+    let response = tokio::time::timeout(
+        GUARD,
+        sender.send_request(hyper_request(origin.authority())),
+    )
+    .await
+    .expect("a head or an error in time");
     let Ok(response) = response else {
         return Outcome::NoHead;
     };
@@ -301,7 +306,7 @@ async fn hyper(case: &Case) -> Outcome {
         if sender.ready().await.is_err() {
             return false;
         }
-        match sender.send_request(hyper_request(&authority)).await {
+        match sender.send_request(hyper_request(origin.authority())).await {
             Ok(second) => second
                 .into_body()
                 .collect()

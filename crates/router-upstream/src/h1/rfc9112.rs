@@ -22,7 +22,6 @@
 //! - Interim 1xx answers are skipped (RFC 9110 §15.2); a 101 is an error, since this
 //!   client never asks for an upgrade.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -32,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use super::testing::{Then, client, get, scripted};
+use super::testing::{Then, client, get, plain, scripted};
 
 /// What the client makes of an answer.
 #[derive(Debug, PartialEq, Eq)]
@@ -168,16 +167,16 @@ async fn run(row: &Row) -> Observed {
             done: done_tx,
         },
     };
-    let (authority, connections) = scripted(vec![(row.wire, then), (SECOND, Then::KeepOpen)]).await;
+    let (origin, connections) = scripted(vec![(row.wire, then), (SECOND, Then::KeepOpen)]).await;
     let client = client();
-    let first = tokio::time::timeout(GUARD, get(&client, &authority))
+    let first = tokio::time::timeout(GUARD, get(&client, &origin))
         .await
         .unwrap_or_else(|_| panic!("{}: no outcome", row.name));
     if matches!(row.after, Unsolicited(_)) {
         go.send(()).expect("the engine waits for the word");
         done.await.expect("the unsolicited bytes were written");
     }
-    let second = tokio::time::timeout(GUARD, get(&client, &authority))
+    let second = tokio::time::timeout(GUARD, get(&client, &origin))
         .await
         .unwrap_or_else(|_| panic!("{}: no second answer", row.name));
     assert_eq!(
@@ -232,7 +231,7 @@ async fn rfc9112_framing_and_reuse() {
 async fn an_unasked_interim_answer_does_not_stop_the_upload() {
     const BODY: usize = 32 << 20;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let origin = plain(listener.local_addr().unwrap());
     tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut request = Vec::new();
@@ -262,7 +261,7 @@ async fn an_unasked_interim_answer_does_not_stop_the_upload() {
     let body = Bytes::from(vec![b'x'; BODY]);
     let client = client();
     let post = async {
-        let response = client.request("POST", &authority, "/x", &[], &body).await?;
+        let response = client.request("POST", &origin, "/x", &[], &body).await?;
         let status = response.status();
         let text = http_body_util::BodyExt::collect(response.into_body()).await?;
         Ok::<_, super::H1Error>((status, text.to_bytes()))

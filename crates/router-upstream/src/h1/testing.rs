@@ -1,6 +1,7 @@
 //! Test support: a scripted engine over a real loopback socket, and a client
 //! fetching from it.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,6 +16,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinSet;
 
 use super::{H1Client, H1Error};
+use crate::url::Origin;
 
 /// What the scripted server does after writing an answer.
 #[derive(Debug)]
@@ -43,13 +45,13 @@ impl From<bool> for Then {
 /// in a task of its own, so a connection held open never keeps another waiting. Once
 /// the script is used up, the server stops: the listener and every connection close.
 /// Counts connections.
-pub(super) async fn scripted<R, T>(script: Vec<(R, T)>) -> (Arc<str>, Arc<AtomicUsize>)
+pub(super) async fn scripted<R, T>(script: Vec<(R, T)>) -> (Origin, Arc<AtomicUsize>)
 where
     R: AsRef<[u8]> + Send + 'static,
     T: Into<Then> + Send + 'static,
 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let origin = plain(listener.local_addr().unwrap());
     let connections = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&connections);
     tokio::spawn(async move {
@@ -69,7 +71,12 @@ where
             served.spawn(serve(socket, Arc::clone(&script), Arc::clone(&used_up)));
         }
     });
-    (authority, connections)
+    (origin, connections)
+}
+
+/// The plain `http://` origin of `address`.
+pub(super) fn plain(address: SocketAddr) -> Origin {
+    Origin::of(&format!("http://{address}")).expect("an engine URL")
 }
 
 /// One connection of [`scripted`]: reads request heads until the client closes, the
@@ -117,10 +124,10 @@ pub(super) fn client() -> H1Client {
 /// `GET /x`: the status and the whole body.
 pub(super) async fn get(
     client: &H1Client,
-    authority: &Arc<str>,
+    origin: &Origin,
 ) -> Result<(StatusCode, Bytes), H1Error> {
     let response = client
-        .request("GET", authority, "/x", &[], &Bytes::new())
+        .request("GET", origin, "/x", &[], &Bytes::new())
         .await?;
     let status = response.status();
     Ok((status, response.into_body().collect().await?.to_bytes()))

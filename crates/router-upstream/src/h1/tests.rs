@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use tokio::time::timeout;
 
 use super::body::Decoder;
-use super::testing::{client, get, scripted};
+use super::testing::{client, get, plain, scripted};
 use super::*;
 
 /// A bound on every network wait, so a client or engine that hangs fails the test.
@@ -208,7 +208,7 @@ fn heads_give_framing_and_keep_alive() {
 
 #[tokio::test]
 async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
-    let (authority, connections) = scripted::<&[u8], _>(vec![
+    let (origin, connections) = scripted::<&[u8], _>(vec![
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
@@ -218,19 +218,19 @@ async fn connections_are_reused_and_a_closed_idle_one_is_replaced() {
     ])
     .await;
     let client = client();
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
     assert_eq!(connections.load(Ordering::SeqCst), 1, "kept alive");
     // The server closed the connection after the second answer; the pooled
     // connection is found closed (or fails before any byte) and replaced.
-    let (status, body) = get(&client, &authority).await.unwrap();
+    let (status, body) = get(&client, &origin).await.unwrap();
     assert_eq!((status, body.len()), (StatusCode::CREATED, 0));
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
 async fn a_second_connection_is_served_while_the_first_is_held() {
-    let (authority, connections) = scripted::<&[u8], _>(vec![
+    let (origin, connections) = scripted::<&[u8], _>(vec![
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n",
             false,
@@ -241,7 +241,7 @@ async fn a_second_connection_is_served_while_the_first_is_held() {
     let client = client();
     let held = timeout(
         GUARD,
-        client.request("GET", &authority, "/x", &[], &Bytes::new()),
+        client.request("GET", &origin, "/x", &[], &Bytes::new()),
     )
     .await
     .expect("the first head in time")
@@ -253,7 +253,7 @@ async fn a_second_connection_is_served_while_the_first_is_held() {
     assert_eq!(first.unwrap().unwrap().into_data().unwrap(), "first");
     // The first body is unfinished, so its connection is busy: the second request
     // opens another, which the engine answers while the first stays open.
-    let (status, body) = timeout(GUARD, get(&client, &authority))
+    let (status, body) = timeout(GUARD, get(&client, &origin))
         .await
         .expect("the second connection is served while the first is held")
         .unwrap();
@@ -263,31 +263,28 @@ async fn a_second_connection_is_served_while_the_first_is_held() {
 
 #[tokio::test]
 async fn close_delimited_and_truncated_bodies() {
-    let (authority, _) = scripted::<&[u8], _>(vec![
+    let (origin, _) = scripted::<&[u8], _>(vec![
         (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", true),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf", true),
     ])
     .await;
     let client = client();
-    assert_eq!(get(&client, &authority).await.unwrap().1, "until the end");
-    assert!(matches!(
-        get(&client, &authority).await,
-        Err(H1Error::Closed)
-    ));
+    assert_eq!(get(&client, &origin).await.unwrap().1, "until the end");
+    assert!(matches!(get(&client, &origin).await, Err(H1Error::Closed)));
 }
 
 #[tokio::test]
 async fn refused_connections_and_garbage_answers_are_errors() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let closed: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let closed = plain(listener.local_addr().unwrap());
     drop(listener);
     assert!(matches!(
         get(&client(), &closed).await,
         Err(H1Error::Connect(_))
     ));
-    let (authority, _) = scripted::<&[u8], _>(vec![(b"garbage\r\n\r\n", true)]).await;
+    let (origin, _) = scripted::<&[u8], _>(vec![(b"garbage\r\n\r\n", true)]).await;
     assert!(matches!(
-        get(&client(), &authority).await,
+        get(&client(), &origin).await,
         Err(H1Error::Malformed(_))
     ));
 }
@@ -295,7 +292,7 @@ async fn refused_connections_and_garbage_answers_are_errors() {
 #[tokio::test]
 async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-    let (authority, connections) = scripted::<&[u8], _>(vec![
+    let (origin, connections) = scripted::<&[u8], _>(vec![
         (OK, false),
         (b"", true),
         (OK, false),
@@ -304,9 +301,9 @@ async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
     ])
     .await;
     let client = client();
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
     let post = client
-        .request("POST", &authority, "/x", &[], &Bytes::from_static(b"{}"))
+        .request("POST", &origin, "/x", &[], &Bytes::from_static(b"{}"))
         .await;
     assert!(matches!(post, Err(H1Error::Closed)), "{post:?}");
     assert_eq!(
@@ -314,9 +311,9 @@ async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
         1,
         "the POST was not resent"
     );
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
     assert_eq!(connections.load(Ordering::SeqCst), 2);
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
     assert_eq!(
         connections.load(Ordering::SeqCst),
         3,
@@ -326,13 +323,13 @@ async fn a_written_post_is_never_sent_twice_but_a_get_is_retried() {
 
 #[tokio::test]
 async fn bytes_before_a_framing_error_are_delivered_first() {
-    let (authority, _) = scripted::<&[u8], _>(vec![(
+    let (origin, _) = scripted::<&[u8], _>(vec![(
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
         true,
     )])
     .await;
     let response = client()
-        .request("GET", &authority, "/x", &[], &Bytes::new())
+        .request("GET", &origin, "/x", &[], &Bytes::new())
         .await
         .unwrap();
     let mut body = response.into_body();
@@ -352,7 +349,7 @@ async fn bytes_before_a_framing_error_are_delivered_first() {
 #[tokio::test]
 async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-    let (authority, connections) = scripted::<&[u8], _>(vec![
+    let (origin, connections) = scripted::<&[u8], _>(vec![
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",
             false,
@@ -365,9 +362,9 @@ async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
     ])
     .await;
     let client = client();
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
     let partial = client
-        .request("GET", &authority, "/x", &[], &Bytes::new())
+        .request("GET", &origin, "/x", &[], &Bytes::new())
         .await
         .unwrap();
     assert_eq!(
@@ -376,7 +373,7 @@ async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
         "stray bytes after a body: not reused"
     );
     drop(partial);
-    assert_eq!(get(&client, &authority).await.unwrap().1, "ok");
+    assert_eq!(get(&client, &origin).await.unwrap().1, "ok");
     assert_eq!(
         connections.load(Ordering::SeqCst),
         3,
@@ -387,7 +384,7 @@ async fn connections_with_leftovers_or_dropped_bodies_are_not_reused() {
 #[tokio::test]
 async fn an_answer_that_comes_before_the_body_is_written_is_read() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let origin = plain(listener.local_addr().unwrap());
     let (done, hold) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
@@ -406,7 +403,7 @@ async fn an_answer_that_comes_before_the_body_is_written_is_read() {
     });
     let body = Bytes::from(vec![b'x'; 32 << 20]);
     let response = client()
-        .request("POST", &authority, "/x", &[], &body)
+        .request("POST", &origin, "/x", &[], &body)
         .await
         .expect("the early answer");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
@@ -418,7 +415,7 @@ async fn an_answer_that_comes_before_the_body_is_written_is_read() {
 #[tokio::test]
 async fn a_connection_reset_before_the_request_was_written_says_so() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority: Arc<str> = Arc::from(listener.local_addr().unwrap().to_string());
+    let origin = plain(listener.local_addr().unwrap());
     let engine = tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
         // The request has begun arriving; closing with unread bytes resets the
@@ -428,7 +425,7 @@ async fn a_connection_reset_before_the_request_was_written_says_so() {
         drop(stream);
     });
     let body = Bytes::from(vec![b'x'; 64 << 20]);
-    let result = timeout(GUARD, client().request("POST", &authority, "/", &[], &body))
+    let result = timeout(GUARD, client().request("POST", &origin, "/", &[], &body))
         .await
         .expect("no hang");
     assert!(
