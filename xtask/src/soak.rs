@@ -31,12 +31,13 @@
 //! the configuration are left in `<target>/soak`. `--no-faults` runs the same load
 //! without faults or engine changes (to tell a fault's effect from the load's).
 
+mod hostile;
 mod http;
 mod load;
 mod report;
 mod schedule;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
@@ -76,6 +77,8 @@ struct Options {
     connections: u64,
     /// Whether faults toggle and engines join and leave.
     faults: bool,
+    /// Hostile clients beside the load.
+    hostile: u64,
 }
 
 fn options(args: &[String]) -> anyhow::Result<Options> {
@@ -83,6 +86,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
         minutes: 10,
         connections: 256,
         faults: true,
+        hostile: 1,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -91,6 +95,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
             "--minutes" => options.minutes = value()?.parse()?,
             "--connections" => options.connections = value()?.parse()?,
             "--no-faults" => options.faults = false,
+            "--hostile" => options.hostile = value()?.parse()?,
             other => bail!("unknown option {other}"),
         }
     }
@@ -210,6 +215,7 @@ fn start_engine(
             "2000",
         ])
         .args(["--max-running-requests", "256", "--seed", &seed.to_string()])
+        .args(["--error-on", hostile::POISON])
         .env("RUST_LOG", "warn");
     let (child, ready) = spawn_ready(command, Stdio::from(File::create(engine_log(dir, id))?))
         .with_context(|| format!("starting engine {id}"))?;
@@ -270,6 +276,13 @@ async fn soak(options: &Options, fleet: &Arc<Fleet>, router_pid: u32) -> anyhow:
         .faults
         .then(|| tokio::spawn(schedule::run(Arc::clone(fleet), Arc::clone(&tally))));
     let mut clients = load::start(&load, options.connections);
+    let mut hostile = hostile::start(&load, options.hostile);
+    let ejected = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let watch = tokio::spawn(watch_breakers(
+        fleet.router.clone(),
+        load.clean.clone(),
+        Arc::clone(&ejected),
+    ));
     let started = Instant::now();
     let mut rss = Vec::new();
     for minute in 1..=options.minutes {
@@ -302,8 +315,14 @@ async fn soak(options: &Options, fleet: &Arc<Fleet>, router_pid: u32) -> anyhow:
         .await
         .is_ok_and(|next| next.is_some())
     {}
-    let stuck_clients = clients.len();
+    while tokio::time::timeout_at(deadline, hostile.join_next())
+        .await
+        .is_ok_and(|next| next.is_some())
+    {}
+    let stuck_clients = clients.len() + hostile.len();
     clients.abort_all();
+    hostile.abort_all();
+    watch.abort();
     let drain_started = Instant::now();
     let mut drained_in = None;
     let mut counts = in_flight(&fleet.router).await;
@@ -325,7 +344,33 @@ async fn soak(options: &Options, fleet: &Arc<Fleet>, router_pid: u32) -> anyhow:
         stuck_clients,
         in_flight: counts,
         drained_in,
+        ejected_clean: std::mem::take(
+            &mut ejected
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ),
     })
+}
+
+/// Reads every engine's breaker twice a second, noting each clean engine (one no
+/// fault is injected into) ever seen held out by its breaker.
+async fn watch_breakers(
+    router: String,
+    clean: BTreeSet<String>,
+    ejected: Arc<std::sync::Mutex<BTreeSet<String>>>,
+) {
+    loop {
+        for (labels, open) in samples(&router, "switchyard_engine_breaker_open{engine=\"").await {
+            let engine = labels.trim_end_matches("\"}");
+            if open > 0.0 && clean.contains(engine) {
+                ejected
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(engine.to_owned());
+            }
+        }
+        sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Waits until the router's `/ready` answers 200.

@@ -17,6 +17,10 @@ pub struct FaultConfig {
     /// the engine did not start the request).
     #[cfg_attr(feature = "server", arg(long))]
     pub error_status: Option<u16>,
+    /// Answer 500 to every chat request whose body holds this text, as a real engine
+    /// fails on some inputs (whatever `error_rate` draws).
+    #[cfg_attr(feature = "server", arg(long))]
+    pub error_on: Option<String>,
     /// Accept chat requests but never send a byte.
     #[cfg_attr(feature = "server", arg(long))]
     pub hang_before_first_byte: bool,

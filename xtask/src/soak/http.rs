@@ -87,6 +87,12 @@ impl Connection {
         self.stream.write_all(&bytes).await
     }
 
+    /// Whether the server has not closed the connection (nor sent anything unasked).
+    pub(crate) fn is_open(&self) -> bool {
+        let mut byte = [0_u8; 1];
+        matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
     /// Reads more bytes into the buffer; the end of the connection is an
     /// `UnexpectedEof` error.
     async fn fill(&mut self) -> io::Result<()> {

@@ -36,6 +36,8 @@ pub(crate) enum Kind {
     Cancelled,
     /// Calls of the schedule: faults switched, engines added and removed.
     Admin,
+    /// The hostile clients' requests.
+    Hostile,
 }
 
 impl Kind {
@@ -45,6 +47,7 @@ impl Kind {
             Kind::Stream => "SSE",
             Kind::Cancelled => "SSE cancelled by the client",
             Kind::Admin => "admin and fault calls",
+            Kind::Hostile => "hostile",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The soak's final report: outcome counts, in-flight counts after the drain, RSS by
 //! minute, and the pass criteria checked against them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,6 +23,8 @@ pub(crate) struct Report {
     /// Every engine's in-flight count after the drain, and how long it took.
     pub(crate) in_flight: BTreeMap<String, i64>,
     pub(crate) drained_in: Option<Duration>,
+    /// Clean engines (no fault injected) ever held out by their breaker.
+    pub(crate) ejected_clean: BTreeSet<String>,
 }
 
 /// The status of an outcome: its first word when that is a status code, else
@@ -113,6 +115,14 @@ pub(crate) fn verdict(report: &Report, panicked: &[PathBuf]) -> anyhow::Result<(
             }
         }
         _ => failures.push("the router exited before the end".into()),
+    }
+    if !report.ejected_clean.is_empty() {
+        failures.push(format!(
+            "healthy engines held out by their breaker: {:?}",
+            report.ejected_clean
+        ));
+    } else {
+        println!("No healthy engine's breaker opened");
     }
     for path in panicked {
         failures.push(format!("a panic in {}", path.display()));

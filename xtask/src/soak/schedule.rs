@@ -107,7 +107,12 @@ pub(crate) async fn clear_faults(fleet: &Fleet, tally: &Tally) {
     }
 }
 
+/// Replaces the engine's fault set with `body`, keeping the failure on the hostile
+/// clients' poisoned input every engine has.
 async fn set_faults(engine: &Engine, body: &str, tally: &Tally) {
+    let mut faults: serde_json::Value = serde_json::from_str(body).expect("a fault set is JSON");
+    faults["error_on"] = super::hostile::POISON.into();
+    let body = faults.to_string();
     let result = call(&engine.addr, "POST", "/admin/faults", &[], body.as_bytes()).await;
     count(tally, "POST /admin/faults", result, 200);
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
@@ -97,10 +97,27 @@ async fn begin(
 ) -> Result<(Ask, Run), ApiError> {
     let ask = Ask::read(&app.config, headers, body, shape)?;
     app.remember(ask.record(headers));
+    poisoned(app, body)?;
     meet_faults(app).await?;
     let tokens = ask.tokens(&app.tokenizer)?;
     let run = start_after_handover(app, &ask, tokens).await?;
     Ok((ask, run))
+}
+
+/// A 500 for a body that holds the `error_on` text.
+fn poisoned(app: &AppState, body: &[u8]) -> Result<(), ApiError> {
+    let marker = app.faults.current().error_on;
+    match marker {
+        Some(marker)
+            if !marker.is_empty() && body.windows(marker.len()).any(|w| w == marker.as_bytes()) =>
+        {
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "simulated failure on this input",
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The faults a request meets before its answer begins: the hold, a slow start, a
