@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::validate_models;
 use crate::{
     AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, HealthConfig, LimitsConfig,
-    LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RolePolicies, TimeoutConfig,
-    TracesConfig,
+    LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RolePolicies, RoutingHeaders,
+    TimeoutConfig, TracesConfig,
 };
 
 /// The whole configuration file.
@@ -62,6 +62,10 @@ pub struct RouterConfig {
     /// The router's own spans, exported over OTLP; off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traces: Option<TracesConfig>,
+    /// What answers tell clients of their routing: `all` (the default),
+    /// `without_engines` or `none`.
+    #[serde(default)]
+    pub routing_headers: RoutingHeaders,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -82,6 +86,7 @@ impl RouterConfig {
             prefix_indexer: None,
             decisions: None,
             traces: None,
+            routing_headers: RoutingHeaders::default(),
             discovery: DiscoveryConfig::default(),
             limits: LimitsConfig::default(),
             retries: RetryConfig::default(),
@@ -150,6 +155,8 @@ impl RouterConfig {
             prefix_indexer,
             decisions,
             traces,
+            // Every value is valid.
+            routing_headers: _,
             // Any grace: a longer wait than a clock can tell is waiting for good.
             shutdown_grace_ms: _,
         } = self;

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::{StatusCode, header};
+use http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_config::{EngineConfig, EngineRole};
 use router_fleet::{Change, FleetError};
@@ -34,16 +34,10 @@ pub(super) async fn authorize(
     if ctx.admin == AdminAccess::Off {
         return ApiError::admin_disabled().into_response();
     }
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    match given {
-        Some(token) if ctx.admin.admits(token) => next.run(request).await,
-        _ => ApiError::unauthorized().into_response(),
+    if ctx.admin.admits(request.headers()) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
     }
 }
 

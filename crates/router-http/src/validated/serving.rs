@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use router_config::{
     AffinityBackendKind, AffinitySettings, ModelConfig, PrefixIndexerConfig, Resources,
     RouterConfig, SelectionState,
@@ -16,6 +17,7 @@ use router_state::affinity::{AffinityStore, LocalAffinityStore, RedisAffinitySto
 use router_tokenize::{ChatTokenizer, TokenizerError};
 use router_upstream::{Upstream, UpstreamTimeouts};
 
+use crate::access::TokenSetting;
 use crate::indexer::RemoteCacheSource;
 
 /// The state a configuration's policies are built around: made anew for a router
@@ -85,6 +87,8 @@ pub(crate) type ModelTokenizer = (String, PathBuf);
 pub(super) struct Serving {
     kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
     prefix_cache_bytes: usize,
+    /// What lookups of the shared indexer carry: `Bearer <token>`.
+    indexer_authorization: Option<HeaderValue>,
 }
 
 impl Serving {
@@ -96,7 +100,28 @@ impl Serving {
         Self {
             kept,
             prefix_cache_bytes,
+            indexer_authorization: None,
         }
+    }
+
+    /// Lookups of the shared indexer carry the token of `config`'s `prefix_indexer`
+    /// section, if it names one (read here: a problem goes to `errors`).
+    pub(super) fn with_indexer_token(
+        mut self,
+        config: &RouterConfig,
+        errors: &mut Vec<ConfigError>,
+    ) -> Self {
+        let token = config
+            .prefix_indexer
+            .as_ref()
+            .and_then(|section| TokenSetting::prefix_indexer(section).read(errors));
+        self.indexer_authorization = token.map(|token| {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .expect("a usable token is visible ASCII");
+            value.set_sensitive(true);
+            value
+        });
+        self
     }
 }
 
@@ -130,13 +155,10 @@ impl Resources for Serving {
             first_byte: timeout,
             pool_idle: Duration::from_secs(4),
         });
-        Some(Arc::new(RemoteCacheSource::new(
-            &model.id,
-            model.block_size,
-            authority,
-            upstream,
-            timeout,
-        )))
+        Some(Arc::new(
+            RemoteCacheSource::new(&model.id, model.block_size, authority, upstream, timeout)
+                .with_authorization(self.indexer_authorization.clone()),
+        ))
     }
 }
 
