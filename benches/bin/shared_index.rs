@@ -93,8 +93,8 @@ async fn run(
     conversations: usize,
 ) -> Measured {
     let asking = indexer.map(|i| PrefixIndexerConfig {
-        url: format!("http://{}", i.addr()),
         timeout_ms: 1_000,
+        ..PrefixIndexerConfig::new(format!("http://{}", i.addr()))
     });
     let mut routers = Vec::new();
     for _ in 0..REPLICAS {

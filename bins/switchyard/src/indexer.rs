@@ -11,11 +11,12 @@ use tokio::signal::unix::{SignalKind, signal};
 #[derive(Debug, clap::Args)]
 pub(crate) struct IndexerArgs {
     /// The routers' YAML configuration file: its cache-aware models' engines are
-    /// followed (those it names at startup).
+    /// followed (those it names at startup), and lookups must carry the token of its
+    /// `prefix_indexer` section when it names one.
     #[arg(long)]
     config: PathBuf,
-    /// Address to serve lookups on; the lookup API has no authentication, so give
-    /// an address only the routers reach.
+    /// Address to serve lookups on: one only the routers reach (without a token,
+    /// anyone who reaches it learns which prompts' prefixes the engines hold).
     #[arg(long, default_value = "127.0.0.1:30100")]
     listen: SocketAddr,
 }

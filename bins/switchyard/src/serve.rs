@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use router_buckets::DefaultPolicies;
-use router_config::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig};
+use router_config::{EngineConfig, EngineRole, ModelConfig, RolePolicies, RouterConfig, Secret};
 use router_http::ValidatedConfig;
 use router_http::file::{MAX_CONFIG_BYTES, Snapshot, read_regular};
 use router_policy::PolicyConfig;
@@ -71,10 +71,11 @@ pub(crate) struct ServeArgs {
     /// The model's tokenizer.json (fleet flags).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Bearer token for /workers (else `SWITCHYARD_ADMIN_TOKEN`; without one the
-    /// admin API is off).
+    /// Bearer token for /workers, for tests: any user of the host can read it in the
+    /// process list. Give `admin.token_file` or `SWITCHYARD_ADMIN_TOKEN` instead
+    /// (without any, the admin API is off).
     #[arg(long)]
-    admin_token: Option<String>,
+    admin_token: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -127,6 +128,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// The configuration `args` describe; `env_token` is the admin token from the
 /// environment, used when neither the flags nor the file set one.
 fn config_from(args: &ServeArgs, env_token: Option<String>) -> anyhow::Result<RouterConfig> {
+    if args.admin_token.is_some() {
+        tracing::warn!(
+            "--admin-token is for tests: any user of this host can read it in the process list; give admin.token_file or {ADMIN_TOKEN_ENV} instead"
+        );
+    }
     let fleet = args.model.is_some()
         || !args.worker_urls.is_empty()
         || !args.prefill.is_empty()
@@ -160,7 +166,7 @@ fn overridden(
         config.admin.token_file = None;
     }
     if config.admin.token.is_none() && config.admin.token_file.is_none() {
-        config.admin.token = env_token.filter(|t| !t.trim().is_empty());
+        config.admin.token = env_token.filter(|t| !t.trim().is_empty()).map(Secret::from);
     }
     config
 }
@@ -368,7 +374,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(config.listen, "127.0.0.1:9".parse().unwrap());
-        assert_eq!(config.admin.token.as_deref(), Some("secret"));
+        assert_eq!(
+            config.admin.token.as_ref().map(Secret::expose),
+            Some("secret")
+        );
         let model = &config.models[0];
         assert_eq!(model.id, "m");
         let engines: Vec<_> = model
@@ -404,7 +413,7 @@ mod tests {
             all.extend_from_slice(extra);
             Serve::try_parse_from(all).unwrap().args
         };
-        let token = |config: RouterConfig| config.admin.token;
+        let token = |config: RouterConfig| config.admin.token.map(|t| t.expose().to_owned());
         assert_eq!(token(config_from(&flags(&[]), None).unwrap()), None, "off");
         assert_eq!(
             token(config_from(&flags(&[]), Some("env".into())).unwrap()).as_deref(),
@@ -420,6 +429,49 @@ mod tests {
                 .as_deref(),
             Some("flag")
         );
+    }
+
+    /// What `config_from` logs for `flags`.
+    fn logged(flags: &[&str]) -> String {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines(Arc::default());
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let mut all = vec!["serve", "--model", "m", "--worker-urls", "http://a:1"];
+        all.extend_from_slice(flags);
+        let args = Serve::try_parse_from(all).unwrap().args;
+        tracing::subscriber::with_default(subscriber, || config_from(&args, None).unwrap());
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn the_admin_token_flag_is_warned_of_and_never_printed() {
+        let warned = logged(&["--admin-token", "s3cret"]);
+        assert!(
+            warned.contains("WARN") && warned.contains("--admin-token is for tests"),
+            "{warned}"
+        );
+        assert!(!warned.contains("s3cret"), "{warned}");
+        assert_eq!(logged(&[]), "", "no flag, no warning");
+        let args = Serve::try_parse_from(["serve", "--admin-token", "s3cret"])
+            .unwrap()
+            .args;
+        let printed = format!("{args:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
     }
 
     #[test]

@@ -9,6 +9,8 @@ use router_policy::ConfigError;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::Secret;
+
 /// The engine admin API (`/workers`): off unless a token is configured, here or in
 /// the `SWITCHYARD_ADMIN_TOKEN` environment variable.
 ///
@@ -18,9 +20,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Bearer token the admin API requires.
+    /// Bearer token the admin API requires (never logged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// A file whose first line is the token (instead of `token`): a regular file of at
     /// most 16 KiB, read again on every reload.
     #[serde(default, skip_serializing_if = "Option::is_none")]

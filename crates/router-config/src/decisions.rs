@@ -16,7 +16,9 @@ use crate::ConfigError;
 /// bounded queue: a record that finds the queue full is dropped and counted, never
 /// waited for, and so is a record over 256 KiB. The file is renamed to `<path>.1`
 /// (replacing an older one) when the next line would take it past `max_file_bytes`,
-/// so the records take at most twice that on disk.
+/// so the records take at most twice that on disk. The files are created readable by
+/// the router's user alone (mode 0600): records hold clients' session and routing
+/// keys, or with `hash_keys` a keyed hash of each.
 ///
 /// ```yaml
 /// decisions: {path: /var/log/switchyard/decisions.jsonl, sample_ratio: 0.01}
@@ -36,6 +38,12 @@ pub struct DecisionsConfig {
     /// Records waiting to be written, at most; past it a record is dropped.
     #[serde(default = "default_queue")]
     pub queue: usize,
+    /// Record each session and routing key as a keyed hash (16 hex digits, SipHash
+    /// under keys drawn when the router starts) instead of as the client sent it:
+    /// equal keys give equal hashes within one router process, and a hash cannot be
+    /// checked against a guessed key.
+    #[serde(default)]
+    pub hash_keys: bool,
 }
 
 /// The smallest rotation size accepted: above the longest record, so a file never
@@ -65,6 +73,7 @@ impl DecisionsConfig {
             sample_ratio,
             max_file_bytes: default_max_file_bytes(),
             queue: default_queue(),
+            hash_keys: false,
         }
     }
 
@@ -74,6 +83,8 @@ impl DecisionsConfig {
             sample_ratio,
             max_file_bytes,
             queue,
+            // Either way is valid.
+            hash_keys: _,
         } = self;
         let mut fail = |field: &str, message: String| {
             errors.push(ConfigError::at(format!("decisions.{field}"), message));

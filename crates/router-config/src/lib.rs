@@ -33,6 +33,8 @@ mod plan;
 mod prefix_indexer;
 mod retries;
 mod router;
+mod routing_headers;
+mod secret;
 mod timeouts;
 mod traces;
 
@@ -50,6 +52,8 @@ pub use prefix_indexer::PrefixIndexerConfig;
 pub use retries::RetryConfig;
 pub use router::RouterConfig;
 pub use router_policy::ConfigError;
+pub use routing_headers::RoutingHeaders;
+pub use secret::Secret;
 pub use timeouts::TimeoutConfig;
 pub use traces::TracesConfig;
 

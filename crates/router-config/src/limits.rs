@@ -24,6 +24,13 @@ const MAX_TOKENIZE_CACHE_BYTES: u64 = 16 << 30;
 /// The most client connections `limits.max_connections` allows.
 const MAX_CONNECTIONS: usize = 1 << 20;
 
+/// The fewest bytes `limits.client_send_buffer_bytes` allows, but for 0 (the
+/// kernel's own sizing).
+const MIN_SEND_BUFFER_BYTES: usize = 4 << 10;
+
+/// The most bytes `limits.client_send_buffer_bytes` allows.
+const MAX_SEND_BUFFER_BYTES: usize = 16 << 20;
+
 /// Bounds on what clients may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +57,14 @@ pub struct LimitsConfig {
     /// body that would pass the budget is refused with 503 `overloaded`.
     #[serde(default = "default_body_memory_bytes")]
     pub body_memory_bytes: usize,
+    /// The send buffer of each accepted client socket (`SO_SNDBUF`), in bytes: 0
+    /// leaves the kernel's own sizing (Linux grows it to `net.ipv4.tcp_wmem`'s
+    /// largest, 4 MiB by default), else 4096 to 16 MiB (Linux doubles it for its
+    /// bookkeeping and caps it at `net.core.wmem_max`). It bounds what a client that
+    /// stops reading holds before `timeouts.client_write_ms` starts counting, and a
+    /// connection's throughput to one buffer a round trip.
+    #[serde(default = "default_client_send_buffer_bytes")]
+    pub client_send_buffer_bytes: usize,
 }
 
 /// The bytes `limits.body_memory_bytes` allows when not set.
@@ -70,6 +85,10 @@ fn default_tokenize_cache_bytes() -> usize {
     DEFAULT_TOKENIZE_CACHE_BYTES
 }
 
+fn default_client_send_buffer_bytes() -> usize {
+    128 << 10
+}
+
 fn default_max_connections() -> usize {
     4096
 }
@@ -86,13 +105,15 @@ impl Default for LimitsConfig {
             tokenize_concurrency: None,
             tokenize_cache_bytes: default_tokenize_cache_bytes(),
             body_memory_bytes: default_body_memory_bytes(),
+            client_send_buffer_bytes: default_client_send_buffer_bytes(),
         }
     }
 }
 
 impl LimitsConfig {
     /// Every bound is at least 1 and within its most; the prefix cache is off or at
-    /// least 1 MiB; the body budget holds one largest body.
+    /// least 1 MiB; the body budget holds one largest body; the send buffer is the
+    /// kernel's or 4 KiB to 16 MiB.
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let Self {
             max_connections,
@@ -100,6 +121,7 @@ impl LimitsConfig {
             tokenize_concurrency,
             tokenize_cache_bytes,
             body_memory_bytes,
+            client_send_buffer_bytes,
         } = *self;
         if !(MIN_BODY_MEMORY_BYTES..=MAX_BODY_MEMORY_BYTES).contains(&(body_memory_bytes as u64)) {
             errors.push(ConfigError::at(
@@ -129,6 +151,16 @@ impl LimitsConfig {
                 "limits.tokenize_cache_bytes",
                 format_args!(
                     "must be 0 (no cache) or between {MIN_TOKENIZE_CACHE_BYTES} (1 MiB) and {MAX_TOKENIZE_CACHE_BYTES} (16 GiB)"
+                ),
+            ));
+        }
+        if client_send_buffer_bytes != 0
+            && !(MIN_SEND_BUFFER_BYTES..=MAX_SEND_BUFFER_BYTES).contains(&client_send_buffer_bytes)
+        {
+            errors.push(ConfigError::at(
+                "limits.client_send_buffer_bytes",
+                format_args!(
+                    "must be 0 (the kernel's sizing) or between {MIN_SEND_BUFFER_BYTES} (4 KiB) and {MAX_SEND_BUFFER_BYTES} (16 MiB)"
                 ),
             ));
         }

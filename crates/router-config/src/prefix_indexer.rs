@@ -1,15 +1,18 @@
 //! The `prefix_indexer` section: a prefix indexer shared by router replicas.
 
+use std::path::PathBuf;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::ConfigError;
+use crate::{ConfigError, Secret};
 
 /// Where a router's cache-aware groups look prompts up when replicas share one
-/// prefix indexer.
+/// prefix indexer, and the token lookups carry. `switchyard indexer` reads the same
+/// file: with a token configured here it answers only lookups that carry it.
 ///
 /// ```yaml
-/// prefix_indexer: {url: "http://10.0.0.5:30100", timeout_ms: 50}
+/// prefix_indexer: {url: "http://10.0.0.5:30100", timeout_ms: 50, token_file: /run/secrets/indexer}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +24,13 @@ pub struct PrefixIndexerConfig {
     /// `cache_unavailable` and the cache-miss fallback runs.
     #[serde(default = "default_indexer_timeout")]
     pub timeout_ms: u64,
+    /// Bearer token routers send with each lookup and the indexer requires (never
+    /// logged); without one (or `token_file`) lookups are not authenticated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// A file whose first line is the token (instead of `token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
 }
 
 fn default_indexer_timeout() -> u64 {
@@ -28,9 +38,25 @@ fn default_indexer_timeout() -> u64 {
 }
 
 impl PrefixIndexerConfig {
-    /// The URL is an engine-style base URL; the timeout 1 to 10000 ms.
+    /// Lookups of the indexer at `url`, within the default timeout, with no token.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            timeout_ms: default_indexer_timeout(),
+            token: None,
+            token_file: None,
+        }
+    }
+
+    /// The URL is an engine-style base URL; the timeout 1 to 10000 ms. The token is
+    /// checked by whoever reads it (its file is read then).
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
-        let Self { url, timeout_ms } = self;
+        let Self {
+            url,
+            timeout_ms,
+            token: _,
+            token_file: _,
+        } = self;
         if let Err(e) = router_upstream::check_engine_url(url) {
             errors.push(ConfigError::at("prefix_indexer.url", e));
         }

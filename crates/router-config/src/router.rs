@@ -11,7 +11,7 @@ use crate::model::validate_models;
 use crate::{
     AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
     LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RolePolicies,
-    TimeoutConfig, TracesConfig,
+    RoutingHeaders, TimeoutConfig, TracesConfig,
 };
 
 /// The whole configuration file.
@@ -67,6 +67,10 @@ pub struct RouterConfig {
     /// The router's own spans, exported over OTLP; off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traces: Option<TracesConfig>,
+    /// What answers tell clients of their routing: `all` (the default),
+    /// `without_engines` or `none`.
+    #[serde(default)]
+    pub routing_headers: RoutingHeaders,
     /// How long in-flight requests may finish after a shutdown signal, in milliseconds.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -88,6 +92,7 @@ impl RouterConfig {
             prefix_indexer: None,
             decisions: None,
             traces: None,
+            routing_headers: RoutingHeaders::default(),
             discovery: DiscoveryConfig::default(),
             limits: LimitsConfig::default(),
             retries: RetryConfig::default(),
@@ -157,6 +162,8 @@ impl RouterConfig {
             prefix_indexer,
             decisions,
             traces,
+            // Every value is valid.
+            routing_headers: _,
             // Any grace: a longer wait than a clock can tell is waiting for good.
             shutdown_grace_ms: _,
         } = self;

@@ -77,6 +77,65 @@ fn the_tokenize_cache_is_off_at_0_and_bounded_otherwise() {
 }
 
 #[test]
+fn the_client_send_buffer_is_the_kernels_at_0_and_bounded_otherwise() {
+    let with = |bytes: u64| {
+        errors(&format!(
+            "limits: {{client_send_buffer_bytes: {bytes}}}\n{MINIMAL}"
+        ))
+    };
+    assert_eq!(with(0), Vec::<String>::new(), "the kernel's sizing");
+    assert_eq!(with(4096), Vec::<String>::new(), "the smallest");
+    assert_eq!(with(16 << 20), Vec::<String>::new(), "the largest");
+    assert_eq!(
+        with(4095),
+        [
+            "limits.client_send_buffer_bytes: must be 0 (the kernel's sizing) or between 4096 (4 KiB) and 16777216 (16 MiB)"
+        ]
+    );
+    assert_eq!(with((16 << 20) + 1).len(), 1);
+    let config = RouterConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.limits.client_send_buffer_bytes, 128 << 10);
+}
+
+#[test]
+fn tokens_are_never_printed() {
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}admin: {{token: admin-s3cret}}\nprefix_indexer: {{url: 'http://10.0.0.5:30100', token: indexer-s3cret}}\n"
+    ))
+    .unwrap();
+    let printed = format!("{config:?} {config:#?}");
+    assert!(
+        !printed.contains("admin-s3cret") && !printed.contains("indexer-s3cret"),
+        "{printed}"
+    );
+    assert!(printed.contains("Secret(..)"));
+    let token = config.admin.token.as_ref().map(crate::Secret::expose);
+    assert_eq!(token, Some("admin-s3cret"), "the token itself is kept");
+    let written = serde_json::to_value(&config).unwrap();
+    assert_eq!(written["prefix_indexer"]["token"], "indexer-s3cret");
+}
+
+#[test]
+fn routing_headers_are_all_unless_told_otherwise() {
+    use crate::RoutingHeaders;
+    let config = RouterConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.routing_headers, RoutingHeaders::All);
+    for (name, value) in [
+        ("all", RoutingHeaders::All),
+        ("without_engines", RoutingHeaders::WithoutEngines),
+        ("none", RoutingHeaders::None),
+    ] {
+        let config =
+            RouterConfig::from_yaml(&format!("{MINIMAL}routing_headers: {name}\n")).unwrap();
+        assert_eq!(config.routing_headers, value);
+    }
+    assert_eq!(
+        errors(&format!("{MINIMAL}routing_headers: engines\n")).len(),
+        1
+    );
+}
+
+#[test]
 fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
     let yaml = MINIMAL.replace(
         "    engines:",

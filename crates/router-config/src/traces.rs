@@ -24,10 +24,17 @@ pub struct TracesConfig {
     /// `service.name` of the spans.
     #[serde(default = "default_service_name")]
     pub service_name: String,
-    /// The share of new traces recorded, above 0 and at most 1; a client's sampled
-    /// flag decides for the traces it continues.
+    /// The share of routed requests whose spans are recorded, above 0 and at most 1:
+    /// exactly every `1 / sample_ratio`-th one (rounded), also of those that continue
+    /// a client's trace, unless `honor_client_sampling`.
     #[serde(default = "default_sample_ratio")]
     pub sample_ratio: f64,
+    /// A request continuing a client's trace is recorded when the client's
+    /// `traceparent` says its trace is sampled, and only then, whatever
+    /// `sample_ratio` says. Off by default: clients then cannot make the router
+    /// export more spans than its ratio allows.
+    #[serde(default)]
+    pub honor_client_sampling: bool,
     /// How long one export may take, in milliseconds.
     #[serde(default = "default_export_timeout_ms")]
     pub export_timeout_ms: u64,
@@ -63,6 +70,7 @@ impl TracesConfig {
             otlp_endpoint: otlp_endpoint.into(),
             service_name: default_service_name(),
             sample_ratio: default_sample_ratio(),
+            honor_client_sampling: false,
             export_timeout_ms: default_export_timeout_ms(),
             queue: default_queue(),
         }
@@ -73,6 +81,8 @@ impl TracesConfig {
             otlp_endpoint,
             service_name,
             sample_ratio,
+            // Either way is valid.
+            honor_client_sampling: _,
             export_timeout_ms,
             queue,
         } = self;

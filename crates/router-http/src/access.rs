@@ -1,70 +1,138 @@
-//! Who may use the admin API: the token the `admin` section names (itself, or the
-//! first line of its file), kept as a digest and compared in constant time. A reload
-//! reads the file again, so a rotated token takes the old one's place.
+//! Who may use the admin API and the shared prefix indexer's lookups: the token a
+//! section names (itself, or the first line of its file), kept as a digest and
+//! compared in constant time. A reload reads the file again, so a rotated token
+//! takes the old one's place.
 
-use router_config::{AdminConfig, ConfigError};
+use std::path::PathBuf;
+
+use http::HeaderMap;
+use router_config::{AdminConfig, ConfigError, PrefixIndexerConfig, Secret};
 use sha2::{Digest, Sha256};
 
 use crate::file::read_regular;
 
-/// The longest admin token accepted, in bytes.
+/// The longest token accepted, in bytes.
 const MAX_TOKEN_BYTES: usize = 4096;
 
 /// The largest token file read.
 const MAX_TOKEN_FILE_BYTES: u64 = 16 << 10;
 
-/// Who may use the admin API.
+/// A token, kept as its SHA-256 digest.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) enum AdminAccess {
-    /// Nobody: every `/workers` request is a 403.
-    Off,
-    /// A caller presenting the token whose SHA-256 digest this is.
-    Token([u8; 32]),
-}
+pub(crate) struct TokenDigest([u8; 32]);
 
-impl std::fmt::Debug for AdminAccess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            AdminAccess::Off => "Off",
-            AdminAccess::Token(_) => "Token(..)",
-        })
+impl TokenDigest {
+    /// The digest of `token`.
+    pub(crate) fn of(token: &str) -> Self {
+        Self(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Whether `given` is the token. The digests are compared, in time independent
+    /// of where they differ, so neither the token nor its length leaks.
+    fn admits(&self, given: &str) -> bool {
+        let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        given
+            .iter()
+            .zip(&self.0)
+            .fold(0_u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    /// Whether `headers` carry the token as `Authorization: Bearer` (the scheme in
+    /// any case).
+    pub(crate) fn admits_request(&self, headers: &HeaderMap) -> bool {
+        bearer(headers).is_some_and(|token| self.admits(token))
     }
 }
 
+impl std::fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenDigest(..)")
+    }
+}
+
+/// The token of an `Authorization: Bearer` header, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+}
+
+/// Who may use the admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AdminAccess {
+    /// Nobody: every `/workers` request is a 403.
+    Off,
+    /// A caller presenting the token of this digest.
+    Token(TokenDigest),
+}
+
 impl AdminAccess {
-    /// Whether `given` is the token. The digests are compared, in time independent
-    /// of where they differ, so neither the token nor its length leaks.
-    pub(crate) fn admits(&self, given: &str) -> bool {
+    /// Whether `headers` carry the token.
+    pub(crate) fn admits(&self, headers: &HeaderMap) -> bool {
         match self {
             AdminAccess::Off => false,
-            AdminAccess::Token(digest) => {
-                let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-                given
-                    .iter()
-                    .zip(digest)
-                    .fold(0_u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-            }
+            AdminAccess::Token(digest) => digest.admits_request(headers),
+        }
+    }
+
+    /// The access `config` gives, reading its `token_file`; every problem with its
+    /// path.
+    pub(crate) fn of(config: &AdminConfig, errors: &mut Vec<ConfigError>) -> Self {
+        match TokenSetting::admin(config).read(errors) {
+            Some(token) => AdminAccess::Token(TokenDigest::of(&token)),
+            None => AdminAccess::Off,
         }
     }
 }
 
-impl AdminAccess {
-    /// The access `config` gives, reading its `token_file`; every problem with its
-    /// path.
-    pub(crate) fn of(config: &AdminConfig, errors: &mut Vec<ConfigError>) -> Self {
-        let token = match (&config.token, &config.token_file) {
+/// A section's `token` and `token_file` settings.
+pub(crate) struct TokenSetting<'a> {
+    /// The section, which names the fields in errors.
+    section: &'static str,
+    token: Option<&'a Secret>,
+    token_file: Option<&'a PathBuf>,
+}
+
+impl<'a> TokenSetting<'a> {
+    /// The admin API's token.
+    pub(crate) fn admin(config: &'a AdminConfig) -> Self {
+        Self {
+            section: "admin",
+            token: config.token.as_ref(),
+            token_file: config.token_file.as_ref(),
+        }
+    }
+
+    /// The shared prefix indexer's token.
+    pub(crate) fn prefix_indexer(config: &'a PrefixIndexerConfig) -> Self {
+        Self {
+            section: "prefix_indexer",
+            token: config.token.as_ref(),
+            token_file: config.token_file.as_ref(),
+        }
+    }
+
+    /// The token (surrounding whitespace trimmed), from the setting or the first line
+    /// of its file; `None` when neither is set, or when it cannot be used (each
+    /// problem in `errors`, with its path).
+    pub(crate) fn read(&self, errors: &mut Vec<ConfigError>) -> Option<String> {
+        let section = self.section;
+        let (field, token) = match (self.token, self.token_file) {
             (Some(_), Some(_)) => {
                 errors.push(ConfigError::at(
-                    "admin.token_file",
-                    "set either admin.token or admin.token_file",
+                    format!("{section}.token_file"),
+                    format_args!("set either {section}.token or {section}.token_file"),
                 ));
-                return AdminAccess::Off;
+                return None;
             }
-            (Some(token), None) => ("admin.token", token.trim().to_owned()),
+            (Some(token), None) => ("token", token.expose().trim().to_owned()),
             (None, Some(path)) => match read_regular(path, MAX_TOKEN_FILE_BYTES) {
                 Ok(file) => (
-                    "admin.token_file",
+                    "token_file",
                     file.text()
                         .lines()
                         .next()
@@ -74,37 +142,53 @@ impl AdminAccess {
                 ),
                 Err(e) => {
                     errors.push(ConfigError::at(
-                        "admin.token_file",
+                        format!("{section}.token_file"),
                         format_args!("{}: {e}", path.display()),
                     ));
-                    return AdminAccess::Off;
+                    return None;
                 }
             },
-            (None, None) => return AdminAccess::Off,
+            (None, None) => return None,
         };
-        let (field, token) = token;
-        if token.is_empty() {
-            errors.push(ConfigError::at(
-                field,
-                "the token must not be empty; omit it to keep the admin API off",
-            ));
-            return AdminAccess::Off;
+        match usable(&token, section) {
+            None => Some(token),
+            Some(problem) => {
+                errors.push(ConfigError::at(format!("{section}.{field}"), problem));
+                None
+            }
         }
-        // It is compared with a header value, which is visible ASCII.
-        if token.len() > MAX_TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            errors.push(ConfigError::at(
-                field,
-                format_args!("the token must be at most {MAX_TOKEN_BYTES} bytes of visible ASCII"),
-            ));
-            return AdminAccess::Off;
-        }
-        AdminAccess::Token(Sha256::digest(token.as_bytes()).into())
     }
+}
+
+/// Why `token` cannot be used, if it cannot: it is compared with a header value,
+/// which is visible ASCII.
+fn usable(token: &str, section: &str) -> Option<String> {
+    if token.is_empty() {
+        let off = match section {
+            "admin" => "omit it to keep the admin API off",
+            _ => "omit it to leave the section without one",
+        };
+        return Some(format!("the token must not be empty; {off}"));
+    }
+    if token.len() > MAX_TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some(format!(
+            "the token must be at most {MAX_TOKEN_BYTES} bytes of visible ASCII"
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Headers carrying `token` as a bearer token.
+    fn bearing(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let value = format!("Bearer {token}").parse().unwrap();
+        headers.insert(http::header::AUTHORIZATION, value);
+        headers
+    }
 
     fn access(config: &AdminConfig) -> (AdminAccess, Vec<String>) {
         let mut errors = Vec::new();
@@ -116,7 +200,10 @@ mod tests {
     fn without_a_token_the_api_is_off() {
         let (off, errors) = access(&AdminConfig::default());
         assert_eq!((off.clone(), errors), (AdminAccess::Off, Vec::new()));
-        assert!(!off.admits(""), "no token, however empty, is admitted");
+        assert!(
+            !off.admits(&bearing("")),
+            "no token, however empty, is admitted"
+        );
     }
 
     #[test]
@@ -126,9 +213,12 @@ mod tests {
             ..AdminConfig::default()
         });
         assert!(errors.is_empty());
-        assert!(token.admits("s3cret"));
-        assert!(!token.admits("s3cre"), "a prefix is not the token");
-        assert!(!token.admits("s3cret "));
+        assert!(token.admits(&bearing("s3cret")));
+        assert!(
+            !token.admits(&bearing("s3cre")),
+            "a prefix is not the token"
+        );
+        assert!(!token.admits(&bearing("s3cret2")), "nor a longer one");
         let dir = std::env::temp_dir().join(format!("switchyard-admin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("token");
@@ -138,7 +228,7 @@ mod tests {
             ..AdminConfig::default()
         });
         assert!(errors.is_empty(), "{errors:?}");
-        assert!(from_file.admits("from-file"));
+        assert!(from_file.admits(&bearing("from-file")));
         std::fs::write(&file, "\n").unwrap();
         let (_, empty) = access(&AdminConfig {
             token_file: Some(file.clone()),
@@ -223,8 +313,42 @@ mod tests {
             ..AdminConfig::default()
         });
         assert!(
-            errors.is_empty() && trimmed.admits("s3cret"),
+            errors.is_empty() && trimmed.admits(&bearing("s3cret")),
             "surrounding whitespace is not the token"
+        );
+    }
+
+    #[test]
+    fn only_a_bearer_header_with_the_token_is_admitted() {
+        let digest = TokenDigest::of("s3cret");
+        assert!(digest.admits_request(&bearing("s3cret")));
+        let mut lower = HeaderMap::new();
+        lower.insert(
+            http::header::AUTHORIZATION,
+            "bearer s3cret".parse().unwrap(),
+        );
+        assert!(digest.admits_request(&lower), "the scheme in any case");
+        let mut basic = HeaderMap::new();
+        basic.insert(http::header::AUTHORIZATION, "Basic s3cret".parse().unwrap());
+        assert!(!digest.admits_request(&basic));
+        assert!(!digest.admits_request(&HeaderMap::new()));
+        assert_eq!(format!("{digest:?}"), "TokenDigest(..)");
+    }
+
+    #[test]
+    fn another_section_names_its_own_fields() {
+        let section = PrefixIndexerConfig {
+            token: Some("".into()),
+            ..PrefixIndexerConfig::new("http://127.0.0.1:1")
+        };
+        let mut errors = Vec::new();
+        let read = TokenSetting::prefix_indexer(&section).read(&mut errors);
+        assert_eq!(read, None);
+        assert_eq!(
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "prefix_indexer.token: the token must not be empty; omit it to leave the section without one"
+            ]
         );
     }
 }

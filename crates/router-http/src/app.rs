@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use router_config::RoutingHeaders;
 use router_fleet::{Change, EngineSpec, Fleet, FleetEvent};
 use router_policy::ConfigError;
 use router_state::affinity::{AffinityStore, SweeperHandle, spawn_sweeper};
@@ -80,6 +81,8 @@ pub struct AppContext {
     pub(crate) decisions: Option<Arc<DecisionLog>>,
     /// Where the router's spans go, when configured.
     pub(crate) spans: Option<Arc<Spans>>,
+    /// What answers tell clients of their routing.
+    pub(crate) routing_headers: RoutingHeaders,
     /// What the configuration file brought; a reload holds it while it runs.
     pub(crate) configured: tokio::sync::Mutex<Configured>,
     rng: Mutex<Xoshiro256PlusPlus>,
@@ -207,6 +210,7 @@ impl AppContext {
             retries: RetryBudget::new(&config.retries),
             decisions,
             spans,
+            routing_headers: config.routing_headers,
             configured: tokio::sync::Mutex::new(configured),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))

@@ -1,4 +1,6 @@
-//! Client connections: every accepted socket gets `TCP_NODELAY`, one of
+//! Client connections: every accepted socket gets `TCP_NODELAY`, the send buffer
+//! `limits.client_send_buffer_bytes` sets (so the write deadline starts once that much
+//! waits, not once the kernel's grown buffer of up to megabytes is full), one of
 //! `limits.max_connections` slots, and head, idle and write deadlines ([`deadlines`]);
 //! on shutdown the listener closes and open connections finish their requests within
 //! the grace period, after which they are closed.
@@ -97,9 +99,7 @@ pub(crate) async fn serve(
             accepted = accept(&listener, &slots, &probe_slots, &open) => accepted,
         };
         while connections.try_join_next().is_some() {}
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::warn!(error = %e, "setting TCP_NODELAY failed");
-        }
+        configure(&stream, limits.send_buffer);
         let (app, close) = match (&apps.probes, slot.probes_only) {
             (Some(probes), true) => (probes.clone(), None),
             _ => (apps.full.clone(), Some(Arc::new(Notify::new()))),
@@ -164,6 +164,19 @@ impl Slot {
             _held: held,
             probes_only: false,
         }
+    }
+}
+
+/// Sets `TCP_NODELAY` and the send buffer, if one is configured, on an accepted
+/// socket; a failure is logged and the connection served as it is.
+fn configure(stream: &TcpStream, send_buffer: Option<usize>) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::warn!(error = %e, "setting TCP_NODELAY failed");
+    }
+    if let Some(bytes) = send_buffer
+        && let Err(e) = socket2::SockRef::from(stream).set_send_buffer_size(bytes)
+    {
+        tracing::warn!(error = %e, bytes, "setting a client socket's send buffer failed");
     }
 }
 

@@ -1,10 +1,14 @@
 //! Decision records (the `decisions` section): for a sample of routed requests, one
 //! JSON line with the explanation of the selection and what came back. Lines go
 //! through a bounded queue to a writer thread; a full queue drops the record
-//! (counted), so recording never makes a request wait.
+//! (counted), so recording never makes a request wait. The files are created
+//! readable by the router's user alone, and with `hash_keys` a request's session and
+//! routing keys are recorded as keyed hashes.
 
 use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, RandomState};
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::metrics::OutcomeLabels;
+use crate::share::Share;
 use router_config::DecisionsConfig;
 
 /// How often a dropped or failed record is logged, at most.
@@ -31,12 +36,15 @@ const MAX_QUEUED_BYTES: u64 = 64 << 20;
 /// The sampler and the queue to the writer thread.
 #[derive(Debug)]
 pub(crate) struct DecisionLog {
-    sample_ratio: f64,
-    seen: AtomicU64,
+    /// The requests recorded.
+    sampled: Share,
     queue: SyncSender<String>,
     /// Bytes of the records in the queue.
     queued: Arc<AtomicU64>,
     counts: Counts,
+    /// With `hash_keys`: the keyed hash (SipHash, keys drawn per process) session and
+    /// routing keys are recorded as.
+    key_hashing: Option<RandomState>,
 }
 
 /// `switchyard_decision_records_total` by outcome, and when a problem was last
@@ -80,7 +88,9 @@ impl DecisionLog {
             drop(family.get_or_create(&OutcomeLabels { outcome }));
         }
         let file = append(&config.path)?;
-        let size = file.metadata()?.len();
+        let metadata = file.metadata()?;
+        warn_if_shared(&config.path, &metadata);
+        let size = metadata.len();
         let (queue, lines) = sync_channel(config.queue);
         let counts = Counts {
             family,
@@ -99,18 +109,33 @@ impl DecisionLog {
             .name("decision-records".into())
             .spawn(move || writer.run(&lines))?;
         Ok(Self {
-            sample_ratio: config.sample_ratio,
-            seen: AtomicU64::new(0),
+            sampled: Share::new(config.sample_ratio),
             queue,
             queued,
             counts,
+            key_hashing: config.hash_keys.then(RandomState::new),
         })
+    }
+
+    /// `decision`'s session and routing keys replaced by their keyed hashes (16 hex
+    /// digits), when keys are hashed.
+    fn conceal_keys(&self, decision: &mut Value) {
+        let Some(hashing) = &self.key_hashing else {
+            return;
+        };
+        for field in ["session_key", "routing_key"] {
+            if let Some(Value::String(key)) = decision
+                .get_mut("request")
+                .and_then(|request| request.get_mut(field))
+            {
+                *key = format!("{:016x}", hashing.hash_one(key.as_str()));
+            }
+        }
     }
 
     /// Whether this request is recorded: exactly every `1 / sample_ratio`-th one.
     pub(crate) fn sample(&self) -> bool {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) as f64;
-        ((n + 1.0) * self.sample_ratio).floor() > (n * self.sample_ratio).floor()
+        self.sampled.take()
     }
 
     fn send(&self, line: String) {
@@ -137,8 +162,27 @@ impl DecisionLog {
     }
 }
 
+/// The records' file, opened for appending; created readable and writable by the
+/// router's user alone (an existing file keeps its mode).
 fn append(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Warns when an existing records' file may be read by others than its owner: it
+/// was created so, or its mode changed since.
+fn warn_if_shared(path: &Path, metadata: &std::fs::Metadata) {
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format_args!("{mode:o}"),
+            "the decision records' file may be read by others than its owner: its records hold clients' session and routing keys (see decisions.hash_keys)"
+        );
+    }
 }
 
 /// The writer thread's file, rotated to `<path>.1` past its bound.
@@ -228,13 +272,14 @@ pub(crate) struct PendingRecord {
 
 impl PendingRecord {
     /// A record of the request `request_id`, which arrived at `started`, decided as
-    /// `decision` explains.
+    /// `decision` explains (its keys hashed when the log hashes them).
     pub(crate) fn new(
         log: Arc<DecisionLog>,
         mut decision: Value,
         request_id: &str,
         started: Instant,
     ) -> Self {
+        log.conceal_keys(&mut decision);
         let unix_ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());

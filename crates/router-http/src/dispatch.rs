@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use parking_lot::Mutex;
 use router_buckets::{BucketPick, EnginePicks};
-use router_config::PdProtocol;
+use router_config::{PdProtocol, RoutingHeaders};
 use router_policy::Pick;
 use router_state::{Engine, EngineId, InflightGuard};
 use router_upstream::H1Body;
@@ -139,19 +139,33 @@ impl Failed {
     }
 }
 
-/// The routing headers of a plain answer: the bucket, the engine, and why it was
-/// picked (`x-switchyard-reason`).
-fn plain_headers(bucket: HeaderValue, pick: &Pick) -> HeaderMap {
-    let mut headers = answer_headers(bucket);
-    headers.insert(ENGINE, id_header(&pick.engine));
-    headers.insert(REASON, HeaderValue::from_static(pick.reason.as_str()));
+/// The routing headers of a plain answer, as many as `shown` allows: the bucket,
+/// the engine, and why it was picked (`x-switchyard-reason`).
+fn plain_headers(shown: RoutingHeaders, bucket: HeaderValue, pick: &Pick) -> HeaderMap {
+    let mut headers = answer_headers(shown, bucket);
+    if shown.engine_ids() {
+        headers.insert(ENGINE, id_header(&pick.engine));
+    }
+    if shown.any() {
+        headers.insert(REASON, HeaderValue::from_static(pick.reason.as_str()));
+    }
     headers
 }
 
+/// An engine as an error message names it to the client: `<stage> engine <id>`, or
+/// `the <stage> engine` when `routing_headers` keeps engine ids from clients.
+fn engine_named(ctx: &AppContext, stage: &str, engine: &Engine) -> String {
+    if ctx.routing_headers.engine_ids() {
+        format!("{stage} engine {}", engine.id())
+    } else {
+        format!("the {stage} engine")
+    }
+}
+
 /// A prefill and a decode engine about to be sent a request: the rank each leg
-/// names, one in-flight guard each, and the answer's routing headers (the bucket,
-/// both engines, and why each was picked: `x-switchyard-reason: prefill=<reason>,
-/// decode=<reason>`).
+/// names, one in-flight guard each, and the answer's routing headers, as many as
+/// `routing_headers` allows (the bucket, both engines, and why each was picked:
+/// `x-switchyard-reason: prefill=<reason>, decode=<reason>`).
 struct Pair {
     prefill: Arc<Engine>,
     decode: Arc<Engine>,
@@ -168,12 +182,17 @@ impl Pair {
             ranks::guard(ctx, &prefill.engine, prefill_rank),
             ranks::guard(ctx, &decode.engine, decode_rank),
         ];
-        let mut headers = answer_headers(bucket);
-        headers.insert(PREFILL, id_header(&prefill.engine));
-        headers.insert(DECODE, id_header(&decode.engine));
-        let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
-        let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
-        headers.insert(REASON, reasons);
+        let shown = ctx.routing_headers;
+        let mut headers = answer_headers(shown, bucket);
+        if shown.engine_ids() {
+            headers.insert(PREFILL, id_header(&prefill.engine));
+            headers.insert(DECODE, id_header(&decode.engine));
+        }
+        if shown.any() {
+            let reasons = format!("prefill={}, decode={}", prefill.reason, decode.reason);
+            let reasons = HeaderValue::from_str(&reasons).expect("reasons are header-safe");
+            headers.insert(REASON, reasons);
+        }
         Self {
             prefill: prefill.engine,
             decode: decode.engine,
@@ -185,12 +204,15 @@ impl Pair {
     }
 }
 
-/// The answer's own header map, with its bucket: room for the routing headers, the
-/// relayed ones and the request id without growing. Built once the engines' in-flight
-/// guards are held, so that nothing but the rank lies between admission and them.
-fn answer_headers(bucket: HeaderValue) -> HeaderMap {
+/// The answer's own header map, with its bucket unless `shown` is `none`: room for
+/// the routing headers, the relayed ones and the request id without growing. Built
+/// once the engines' in-flight guards are held, so that nothing but the rank lies
+/// between admission and them.
+fn answer_headers(shown: RoutingHeaders, bucket: HeaderValue) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(12);
-    headers.insert(BUCKET, bucket);
+    if shown.any() {
+        headers.insert(BUCKET, bucket);
+    }
     headers
 }
 
@@ -253,7 +275,9 @@ fn relay(
         }
     }
     headers.insert(REQUEST_ID, out.request_id.clone());
-    headers.insert(PROMPT_TOKENS, HeaderValue::from(out.prompt_tokens));
+    if ctx.routing_headers.any() {
+        headers.insert(PROMPT_TOKENS, HeaderValue::from(out.prompt_tokens));
+    }
     *response.headers_mut() = headers;
     response
 }

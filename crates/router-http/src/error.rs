@@ -8,7 +8,8 @@ use serde_json::json;
 
 /// An error answered to a client as `{"error": {"message", "type", "param", "code"}}`.
 ///
-/// Messages name engines by id only, never by URL.
+/// Messages name engines by id only, never by URL, and only as `routing_headers`
+/// allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     status: StatusCode,

@@ -6,9 +6,11 @@
 //! replica routes on one view and only the indexer holds the index.
 //!
 //! It serves `POST /v1/prefix/lookup`, `GET /health` and `GET /metrics` (the feeds and
-//! the index) on an address of its own (the file's `listen` is the routers'). It
-//! follows the engines the file names when it starts: engines added later (a reload,
-//! the routers' admin API, Kubernetes discovery) need a restart to be indexed.
+//! the index) on an address of its own (the file's `listen` is the routers'). With a
+//! token in the file's `prefix_indexer` section (the one the routers send), a lookup
+//! without it is a 401, counted and logged. It follows the engines the file names
+//! when it starts: engines added later (a reload, the routers' admin API, Kubernetes
+//! discovery) need a restart to be indexed.
 
 mod client;
 mod wire;
@@ -23,6 +25,8 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use router_fleet::{Fleet, HealthChecks};
 use router_policy::{ConfigError, PrefixHits};
@@ -30,12 +34,14 @@ use router_state::kv_events::PrefixIndex;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 pub(crate) use client::RemoteCacheSource;
 use wire::{Answer, LOOKUP_PATH, Lookup, MAX_HASHES, MAX_LOOKUP_BYTES};
 
+use crate::access::{TokenDigest, TokenSetting};
 use crate::app::{StartError, register};
-use router_config::RouterConfig;
+use router_config::{PrefixIndexerConfig, RouterConfig};
 
 use crate::metrics::{Format, encode_registry};
 use crate::validated::ValidatedConfig;
@@ -73,21 +79,75 @@ struct Indexer {
     registry: Registry,
     /// How long a lookup's body may take to arrive.
     body_timeout: std::time::Duration,
+    /// Who may look up: a caller with this token; anyone when `None`.
+    access: Option<TokenDigest>,
+    /// Lookups refused for a missing or wrong token.
+    unauthorized: Counter,
+    /// When a refused lookup was last logged.
+    logged: Mutex<Option<Instant>>,
     _health: HealthChecks,
 }
 
-/// Starts an indexer on `listen` for the cache-aware models of `config` (its own
-/// `prefix_indexer`, if any, is ignored: the indexer keeps the indexes itself).
+/// How often a refused lookup is logged, at most.
+const LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Indexer {
+    /// The 401 of a lookup without the token: counted, and logged at most every
+    /// [`LOG_INTERVAL`].
+    fn unauthorized(&self) -> Response {
+        self.unauthorized.inc();
+        let now = Instant::now();
+        let mut logged = self.logged.lock();
+        if logged.is_none_or(|at| now.saturating_duration_since(at) >= LOG_INTERVAL) {
+            *logged = Some(now);
+            tracing::warn!(
+                refused = self.unauthorized.get(),
+                "a prefix lookup without the indexer's token was refused (401)"
+            );
+        }
+        let mut answer = refused(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required (prefix_indexer.token or token_file)",
+        );
+        answer.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
+        answer
+    }
+}
+
+/// Who may look up: the token of the file's `prefix_indexer` section, if any.
+fn lookup_access(
+    section: Option<&PrefixIndexerConfig>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<TokenDigest> {
+    let token = TokenSetting::prefix_indexer(section?).read(errors)?;
+    Some(TokenDigest::of(&token))
+}
+
+/// Starts an indexer on `listen` for the cache-aware models of `config`. Of its own
+/// `prefix_indexer` section only the token is read, which lookups must then carry:
+/// the indexer keeps the indexes itself.
 ///
 /// # Errors
-/// The configuration is invalid, no model has a cache-aware group with a tokenizer,
-/// an engine cannot join, or the address cannot be bound.
+/// The configuration is invalid (the token file included), no model has a
+/// cache-aware group with a tokenizer, an engine cannot join, or the address cannot
+/// be bound.
 pub async fn start_indexer(
     mut config: RouterConfig,
     listen: SocketAddr,
 ) -> Result<RunningIndexer, StartError> {
-    config.prefix_indexer = None;
-    let validated = ValidatedConfig::validate(config).map_err(StartError::Config)?;
+    let mut problems = Vec::new();
+    let access = lookup_access(config.prefix_indexer.take().as_ref(), &mut problems);
+    let validated = match ValidatedConfig::validate(config) {
+        Ok(validated) if problems.is_empty() => validated,
+        Ok(_) => return Err(StartError::Config(problems)),
+        Err(mut errors) => {
+            errors.extend(problems);
+            return Err(StartError::Config(errors));
+        }
+    };
     let fleet = Arc::new(
         Fleet::new(validated.upstream(), validated.load, validated.health)
             .with_max_feed_message_bytes(validated.max_feed_message_bytes)
@@ -118,10 +178,24 @@ pub async fn start_indexer(
     }
     let mut registry = Registry::with_prefix("switchyard");
     router_fleet::register_metrics(&fleet, &mut registry);
+    let unauthorized = Counter::default();
+    registry.register(
+        "indexer_lookups_unauthorized",
+        "Prefix lookups refused with 401: without the token prefix_indexer configures",
+        unauthorized.clone(),
+    );
+    if access.is_none() {
+        tracing::warn!(
+            "prefix lookups are not authenticated: anyone who reaches the indexer can tell which prompts' prefixes the engines hold (set prefix_indexer.token or token_file)"
+        );
+    }
     let indexer = Arc::new(Indexer {
         indexes,
         registry,
         body_timeout: validated.client.body,
+        access,
+        unauthorized,
+        logged: Mutex::new(None),
         _health: fleet.spawn_health_checks(),
     });
     let app = axum::Router::new()
@@ -164,6 +238,11 @@ fn refused(status: StatusCode, message: impl std::fmt::Display) -> Response {
 }
 
 async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Request) -> Response {
+    if let Some(access) = &indexer.access
+        && !access.admits_request(request.headers())
+    {
+        return indexer.unauthorized();
+    }
     let too_large = || {
         refused(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -46,6 +46,7 @@ mod retries;
 mod retry_after;
 mod routing;
 mod server;
+mod share;
 mod spans;
 mod trace;
 mod validated;

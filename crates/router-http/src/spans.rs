@@ -2,7 +2,7 @@
 //!
 //! A routed request gets a server span (`switchyard.request`), the child of the
 //! client's `traceparent` when it sent a valid one, and lasting until its answer's
-//! last byte; under it `prepare` (validating the body and tokenizing the prompt),
+//! last byte, recorded for a share of requests ([`sampler`]); under it `prepare` (validating the body and tokenizing the prompt),
 //! `select` (the bucket loop, with a `bucket_attempt` span under it per bucket tried,
 //! timed by the bucket loop) and one
 //! `dispatch` span per request sent to an engine, from sending to the engine's
@@ -23,7 +23,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider,
 };
 
 use router_buckets::{SelectError, Selection};
@@ -32,9 +32,11 @@ use crate::trace::TraceContext;
 use router_config::TracesConfig;
 
 mod counted;
+mod sampler;
 
 pub(crate) use counted::SpanCounts;
 use counted::{Counted, CountedExporter};
+use sampler::RequestSampler;
 
 /// The exporter and the tracer every request's spans come from.
 #[derive(Debug)]
@@ -75,9 +77,10 @@ impl Spans {
                 inner: processor,
                 counts,
             })
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            .with_sampler(RequestSampler::new(
                 config.sample_ratio,
-            ))))
+                config.honor_client_sampling,
+            ))
             .with_resource(
                 Resource::builder()
                     .with_service_name(config.service_name.clone())

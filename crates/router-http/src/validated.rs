@@ -19,7 +19,7 @@ use std::time::Duration;
 use router_buckets::DefaultPolicies;
 use router_config::{
     DecisionsConfig, EngineConfig, HealthConfig, ModelConfig, ModelSelection, PdProtocol,
-    RetryConfig, RouterConfig, SelectionPlan, TracesConfig,
+    RetryConfig, RouterConfig, RoutingHeaders, SelectionPlan, TracesConfig,
 };
 use router_fleet::{EngineSpec, HealthPolicy};
 use router_policy::{ConfigError, PolicyHandles};
@@ -53,6 +53,8 @@ pub struct ValidatedConfig {
     pub(crate) decisions: Option<DecisionsConfig>,
     /// Where the router's spans go, when configured.
     pub(crate) traces: Option<TracesConfig>,
+    /// What answers tell clients of their routing.
+    pub(crate) routing_headers: RoutingHeaders,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
     /// How often a vLLM engine's `/metrics` is read; `None`: never.
@@ -88,6 +90,8 @@ pub(crate) struct ClientLimits {
     pub(crate) body: Duration,
     /// To accept a byte of an answer.
     pub(crate) write: Duration,
+    /// Each socket's send buffer (`SO_SNDBUF`); `None`: the kernel's sizing.
+    pub(crate) send_buffer: Option<usize>,
     /// Connections open at once.
     pub(crate) max_connections: usize,
 }
@@ -156,7 +160,8 @@ impl ValidatedConfig {
             tokenizers,
             config.limits.tokenize_cache_bytes,
             engine_tls.clone(),
-        );
+        )
+        .with_indexer_token(&config, &mut errors);
         let (plan, engine_tls) = match (
             SelectionPlan::build(&config, &state, &mut serving),
             engine_tls,
@@ -193,6 +198,7 @@ impl ValidatedConfig {
             retries: config.retries,
             decisions: config.decisions.clone(),
             traces: config.traces.clone(),
+            routing_headers: config.routing_headers,
             health: health_policy(&config.health),
             max_feed_message_bytes: config.limits.zmq_max_message_bytes,
             metrics_interval: (config.load.metrics_interval_ms > 0)
@@ -240,6 +246,7 @@ fn client_limits(config: &RouterConfig) -> ClientLimits {
         idle: Duration::from_millis(config.timeouts.client_idle_ms),
         body: Duration::from_millis(config.timeouts.client_body_ms),
         write: Duration::from_millis(config.timeouts.client_write_ms),
+        send_buffer: Some(config.limits.client_send_buffer_bytes).filter(|&bytes| bytes > 0),
         max_connections: config.limits.max_connections,
     }
 }

@@ -30,7 +30,7 @@ async fn one_engine_router(token: Option<&str>) -> (RunningRouter, engine_sim::R
         "m",
         vec![engine("A", &a, EngineRole::Plain)],
     )]);
-    config.admin.token = token.map(str::to_owned);
+    config.admin.token = token.map(Into::into);
     (router(config).await, a)
 }
 

@@ -704,3 +704,62 @@ async fn a_prefill_leg_still_running_when_the_decode_answer_is_sent_runs_to_its_
     counted_only(&router, "ok", "ok").await;
     router.shutdown().await;
 }
+
+/// The `x-switchyard-*` headers of an answer.
+fn routing_headers(response: &reqwest::Response) -> Vec<String> {
+    let mut names: Vec<String> = response
+        .headers()
+        .keys()
+        .map(|name| name.as_str().to_owned())
+        .filter(|name| name.starts_with("x-switchyard-"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn answers_and_errors_tell_clients_what_routing_headers_allows() {
+    use router_config::RoutingHeaders;
+    let a = sim(|_| {}).await;
+    let all = ["bucket", "engine", "prompt-tokens", "reason"];
+    let without_engines = ["bucket", "prompt-tokens", "reason"];
+    for (setting, shown, failed) in [
+        (
+            RoutingHeaders::All,
+            &all[..],
+            "plain engine A failed with status 500 Internal Server Error",
+        ),
+        (
+            RoutingHeaders::WithoutEngines,
+            &without_engines[..],
+            "the plain engine failed with status 500 Internal Server Error",
+        ),
+        (
+            RoutingHeaders::None,
+            &[][..],
+            "the plain engine failed with status 500 Internal Server Error",
+        ),
+    ] {
+        let mut config = config(vec![ModelConfig::new(
+            "m",
+            vec![engine("A", &a, EngineRole::Plain)],
+        )]);
+        config.routing_headers = setting;
+        let router = router(config).await;
+        let served = post(&router, &chat("m", "hello")).await;
+        assert_eq!(served.status(), 200);
+        let expected: Vec<String> = shown.iter().map(|h| format!("x-switchyard-{h}")).collect();
+        assert_eq!(routing_headers(&served), expected, "{setting:?}");
+        assert!(served.headers().contains_key("x-request-id"));
+        served.bytes().await.unwrap();
+
+        set_faults(&a, json!({"error_rate": 1.0})).await;
+        let refused = post(&router, &chat("m", "hello")).await;
+        assert_eq!(refused.status(), 502);
+        let body: Value = refused.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert_eq!(message, failed, "{setting:?}");
+        set_faults(&a, json!({})).await;
+        router.shutdown().await;
+    }
+}

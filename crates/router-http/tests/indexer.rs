@@ -52,8 +52,8 @@ fn config(sims: &[RunningEngine], indexer: Option<PrefixIndexerConfig>) -> Route
 
 fn asking(indexer: &RunningIndexer, timeout_ms: u64) -> PrefixIndexerConfig {
     PrefixIndexerConfig {
-        url: format!("http://{}", indexer.addr()),
         timeout_ms,
+        ..PrefixIndexerConfig::new(format!("http://{}", indexer.addr()))
     }
 }
 
@@ -148,8 +148,8 @@ async fn an_indexer_down_or_silent_costs_a_cache_unavailable_pick_not_a_request(
     // Accepts connections and never answers.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent_config = PrefixIndexerConfig {
-        url: format!("http://{}", silent.local_addr().unwrap()),
         timeout_ms: 100,
+        ..PrefixIndexerConfig::new(format!("http://{}", silent.local_addr().unwrap()))
     };
     let held = tokio::spawn(async move {
         let mut open = Vec::new();
@@ -275,6 +275,70 @@ async fn the_lookup_api_bounds_what_it_reads() {
         refused.contains("the indexer would index nothing"),
         "{refused}"
     );
+    indexer.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+/// The status of a lookup sent with `authorization`, if any.
+async fn lookup_status(indexer: &RunningIndexer, authorization: Option<&str>) -> u16 {
+    let mut request = reqwest::Client::new()
+        .post(format!("http://{}/v1/prefix/lookup", indexer.addr()))
+        .json(&json!({"model": "m", "hashes": [1, 2, 3]}));
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    request.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_the_indexer_answers_only_lookups_that_carry_it() {
+    let sims = common::kv_sims(1).await;
+    let mut guarded = config(&sims, None);
+    // The routers' file: the indexer takes the token from it and ignores the rest.
+    guarded.prefix_indexer = Some(PrefixIndexerConfig {
+        token: Some("s3cret".into()),
+        ..PrefixIndexerConfig::new("http://127.0.0.1:1")
+    });
+    let indexer = router_http::start_indexer(guarded, LOCAL).await.unwrap();
+    assert_eq!(lookup_status(&indexer, None).await, 401);
+    assert_eq!(lookup_status(&indexer, Some("Bearer s3cre")).await, 401);
+    assert_eq!(lookup_status(&indexer, Some("Bearer s3cret")).await, 200);
+    let refused = reqwest::get(format!("http://{}/metrics", indexer.addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        refused.contains("switchyard_indexer_lookups_unauthorized_total 2"),
+        "{refused}"
+    );
+
+    // A router with the token (from a file) is answered; one without is refused,
+    // which costs it a `cache_unavailable` pick, not the request.
+    let dir = std::env::temp_dir().join(format!("switchyard-indexer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let system = "Answer with care. ".repeat(30);
+    let holding = router(config(
+        &sims,
+        Some(PrefixIndexerConfig {
+            token_file: Some(file),
+            ..asking(&indexer, 5_000)
+        }),
+    ))
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    served(&holding, &chat(&system, "with the token")).await;
+    assert_eq!(picks(&holding, "cache_unavailable").await, 0);
+    let lacking = router(config(&sims, Some(asking(&indexer, 5_000)))).await;
+    served(&lacking, &chat(&system, "without it")).await;
+    assert_eq!(picks(&lacking, "cache_unavailable").await, 1);
+    holding.shutdown().await;
+    lacking.shutdown().await;
     indexer.shutdown().await;
     for s in sims {
         s.shutdown().await;

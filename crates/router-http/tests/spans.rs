@@ -166,6 +166,65 @@ async fn each_request_exports_its_spans_and_the_engine_gets_the_dispatch_span_as
     );
 }
 
+/// The request spans exported for four requests continuing a client's sampled trace,
+/// through a router recording half of the requests.
+async fn requests_exported(honor_client_sampling: bool) -> usize {
+    let (endpoint, exported) = collector().await;
+    let a = sim(|_| {}).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.traces = Some(TracesConfig {
+        sample_ratio: 0.5,
+        honor_client_sampling,
+        ..TracesConfig::new(endpoint)
+    });
+    let router = router(config).await;
+    let client = reqwest::Client::new();
+    for n in 0..4 {
+        let traced = client
+            .post(url(&router, "/v1/chat/completions"))
+            .header("traceparent", format!("00-{TRACE}-{CLIENT_SPAN}-01"))
+            .json(&chat("m", &format!("hello {n}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(traced.status(), 200);
+        traced.bytes().await.unwrap();
+    }
+    // Each request recorded ends five spans, once its answer's body has ended.
+    let recorded = if honor_client_sampling { 4 } else { 2 };
+    let ended = |text: String| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("switchyard_spans_total{outcome=\"ended\"} "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while ended(metrics(&router).await) < 5 * recorded {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the spans of {recorded} requests ended"));
+    // Shutting down exports what is queued.
+    router.shutdown().await;
+    a.shutdown().await;
+    let spans = exported.lock().clone();
+    named(&spans, "switchyard.request").len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_sampled_flag_does_not_override_the_ratio_unless_honored() {
+    assert_eq!(requests_exported(false).await, 2, "half of the requests");
+    assert_eq!(
+        requests_exported(true).await,
+        4,
+        "every request the client samples"
+    );
+}
+
 #[tokio::test]
 async fn an_endpoint_that_is_not_a_url_is_refused_by_path() {
     let mut config = config(vec![]);

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::{StatusCode, header};
+use http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_config::{EngineConfig, EngineRole};
 use router_fleet::{Change, FleetError, Source};
@@ -37,14 +37,7 @@ pub(super) async fn authorize(
     if *access == AdminAccess::Off {
         return ApiError::admin_disabled().into_response();
     }
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    if given.is_some_and(|token| access.admits(token)) {
+    if access.admits(request.headers()) {
         next.run(request).await
     } else {
         ApiError::unauthorized().into_response()

@@ -125,14 +125,14 @@ fn a_full_queue_or_an_oversized_record_is_dropped_and_counted() {
     let (queue, lines) = sync_channel(1);
     let family = Family::default();
     let log = DecisionLog {
-        sample_ratio: 1.0,
-        seen: AtomicU64::new(0),
+        sampled: Share::new(1.0),
         queue,
         queued: Arc::default(),
         counts: Counts {
             family: family.clone(),
             logged: Arc::default(),
         },
+        key_hashing: None,
     };
     for _ in 0..100 {
         log.send("{}".into());
@@ -147,14 +147,14 @@ fn a_full_queue_or_an_oversized_record_is_dropped_and_counted() {
 fn a_record_dropped_unfinished_is_queued_as_cancelled() {
     let (queue, lines) = sync_channel(4);
     let log = Arc::new(DecisionLog {
-        sample_ratio: 1.0,
-        seen: AtomicU64::new(0),
+        sampled: Share::new(1.0),
         queue,
         queued: Arc::default(),
         counts: Counts {
             family: Family::default(),
             logged: Arc::default(),
         },
+        key_hashing: None,
     });
     drop(PendingRecord::new(
         Arc::clone(&log),
@@ -176,4 +176,82 @@ fn a_record_dropped_unfinished_is_queued_as_cancelled() {
     assert_eq!(records[0]["result"]["status"], Value::Null);
     assert_eq!(records[0]["result"]["code"], "client_disconnected");
     assert_eq!(records[1]["result"]["status"], 503);
+}
+
+/// Every line of the records' file once `records` (a record each) are written.
+async fn lines_written(config: &DecisionsConfig, records: &[Value]) -> Vec<Value> {
+    let family = Family::default();
+    let log = Arc::new(DecisionLog::open(config, family.clone()).unwrap());
+    for decision in records {
+        PendingRecord::new(Arc::clone(&log), decision.clone(), "id", Instant::now())
+            .finish(200, "ok", "ok");
+    }
+    drop(log);
+    let all = records.len() as u64;
+    let ended = || ["written", "dropped", "failed"].map(|outcome| written(&family, outcome));
+    while ended().iter().sum::<u64>() < all {
+        tokio::task::yield_now().await;
+        std::thread::yield_now();
+    }
+    assert_eq!(ended(), [all, 0, 0], "every record is written");
+    std::fs::read_to_string(&config.path)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_files_are_created_readable_by_their_owner_alone() {
+    let dir = tempdir();
+    let mut config = config(&dir, 1.0);
+    config.max_file_bytes = 1 << 20;
+    let pad = "x".repeat(200_000);
+    let records: Vec<Value> = (0..6).map(|n| json!({"n": n, "pad": pad})).collect();
+    lines_written(&config, &records).await;
+    for file in ["decisions.jsonl", "decisions.jsonl.1"] {
+        let mode = std::fs::metadata(dir.join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file}, a rotation's included");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_recorded_verbatim_or_as_keyed_hashes_on_request() {
+    let request = |session: &str| json!({"request": {"session_key": session, "routing_key": "tenant-7", "prompt_tokens": 3}});
+    let records = [request("alice"), request("alice"), request("bob")];
+    let dir = tempdir();
+    let verbatim = lines_written(&config(&dir, 1.0), &records).await;
+    assert_eq!(verbatim[0]["request"]["session_key"], "alice");
+    assert_eq!(verbatim[0]["request"]["routing_key"], "tenant-7");
+
+    let mut hashing = config(&dir, 1.0);
+    hashing.path = dir.join("hashed.jsonl");
+    hashing.hash_keys = true;
+    let hashed = lines_written(&hashing, &records).await;
+    let key = |line: &Value, field: &str| line["request"][field].as_str().unwrap().to_owned();
+    let (alice, again, bob) = (
+        key(&hashed[0], "session_key"),
+        key(&hashed[1], "session_key"),
+        key(&hashed[2], "session_key"),
+    );
+    assert_eq!(alice, again, "equal keys, equal hashes");
+    assert_ne!(alice, bob);
+    assert!(
+        alice.len() == 16 && alice.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{alice}"
+    );
+    let text = std::fs::read_to_string(&hashing.path).unwrap();
+    assert!(
+        !text.contains("alice") && !text.contains("bob") && !text.contains("tenant-7"),
+        "{text}"
+    );
+    assert_eq!(
+        hashed[0]["request"]["prompt_tokens"], 3,
+        "the rest as it was"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

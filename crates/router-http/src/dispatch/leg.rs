@@ -13,7 +13,7 @@ use router_state::Engine;
 use router_upstream::{H1Body, UpstreamError};
 use tokio::time::Instant;
 
-use super::{Answer, Failed, Leg, REQUEST_ID, Refused, Retry, ranks};
+use super::{Answer, Failed, Leg, REQUEST_ID, Refused, Retry, engine_named, ranks};
 use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::metrics::StageLabels;
@@ -49,7 +49,10 @@ pub(super) async fn send(
 ) -> Result<Response<H1Body>, Failed> {
     let (engine, stage) = (to.engine, to.stage);
     let origin = ctx.fleet.origin(engine).ok_or_else(|| {
-        ApiError::upstream(format!("{stage} engine {} has an invalid URL", engine.id()))
+        ApiError::upstream(format!(
+            "{} has an invalid URL",
+            engine_named(ctx, stage, engine)
+        ))
     })?;
     let json = HeaderValue::from_static("application/json");
     let rank = ranks::rank_header(to.rank);
@@ -96,8 +99,8 @@ fn judge(
     if status.is_server_error() {
         return Err(Failed {
             answer: Answer::Error(ApiError::upstream(format!(
-                "{stage} engine {} failed with status {status}",
-                engine.id(),
+                "{} failed with status {status}",
+                engine_named(ctx, stage, engine),
             ))),
             retry: if status == StatusCode::SERVICE_UNAVAILABLE {
                 retry(RetryReason::Status503)
@@ -136,7 +139,7 @@ fn transport_failure(ctx: &AppContext, to: Target<'_>, leg: Leg, e: UpstreamErro
         ctx.fleet
             .record_dispatch(engine.id(), Dispatched::Unanswered);
     }
-    let message = format!("{stage} engine {}: {}", engine.id(), e.describe());
+    let message = format!("{}: {}", engine_named(ctx, stage, engine), e.describe());
     let reason = match &e {
         UpstreamError::NotWritten(_) => Some(RetryReason::NotWritten),
         e if e.never_sent() => Some(RetryReason::ConnectFailed),

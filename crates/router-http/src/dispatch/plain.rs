@@ -20,7 +20,7 @@ pub(super) async fn dispatch(
 ) -> Result<Response, Failed> {
     let rank = ranks::rank(ctx, &pick);
     let guards = vec![ranks::guard(ctx, &pick.engine, rank)];
-    let headers = plain_headers(bucket, &pick);
+    let headers = plain_headers(ctx.routing_headers, bucket, &pick);
     let engine = pick.engine;
     let to = Target {
         engine: &engine,

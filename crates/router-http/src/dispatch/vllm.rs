@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::leg::{Target, send, with_fields};
-use super::{Failed, Leg, Outgoing, Pair, relay};
+use super::{Failed, Leg, Outgoing, Pair, engine_named, relay};
 use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::prepare::rewrite;
@@ -83,7 +83,7 @@ pub(super) async fn dispatch(
             return Ok(relay(ctx, *refused, None, headers, out, guards, None));
         }
     };
-    let params = transfer_params(&answer).map_err(|e| prefill_failed(&prefill, &e))?;
+    let params = transfer_params(&answer).map_err(|e| prefill_failed(ctx, &prefill, &e))?;
     // No hand-over (the prefill did not finish length-capped): the decode engine
     // computes the prompt itself, as vLLM's proxy lets it; params the client sent
     // never reach it (they would point its transfer anywhere).
@@ -141,17 +141,18 @@ async fn prefill_leg(
     match tokio::time::timeout(ctx.idle_timeout, read).await {
         Ok(Ok(body)) => Ok(Prefilled::Answer(body.to_bytes())),
         Ok(Err(e)) => Err(prefill_failed(
+            ctx,
             to.engine,
             &format_args!("its answer could not be read: {e}"),
         )
         .into()),
-        Err(_) => Err(prefill_failed(to.engine, &"its answer stopped arriving").into()),
+        Err(_) => Err(prefill_failed(ctx, to.engine, &"its answer stopped arriving").into()),
     }
 }
 
 /// The client's error when the prefill engine's answer is of no use.
-fn prefill_failed(engine: &Engine, what: &dyn fmt::Display) -> ApiError {
-    ApiError::upstream(format!("prefill engine {}: {what}", engine.id()))
+fn prefill_failed(ctx: &AppContext, engine: &Engine, what: &dyn fmt::Display) -> ApiError {
+    ApiError::upstream(format!("{}: {what}", engine_named(ctx, "prefill", engine)))
 }
 
 /// The prefill leg's body: the client's, without [`DROPPED`], then asking for a

@@ -2,6 +2,7 @@
 //! lookup is one HTTP exchange with the indexer, within a timeout after which the
 //! lookup is unavailable and the cache-aware policy falls back as on a miss (its
 //! pick says `cache_unavailable`), so routing never waits longer than the timeout.
+//! With a token configured, each lookup carries it as a bearer token.
 
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ pub(crate) struct RemoteCacheSource {
     origin: Origin,
     upstream: Upstream,
     timeout: Duration,
+    /// `Bearer <token>`, marked sensitive (its `Debug` hides it), when configured.
+    authorization: Option<HeaderValue>,
     /// When an unavailable lookup was last logged.
     logged: Mutex<Option<Instant>>,
 }
@@ -47,8 +50,15 @@ impl RemoteCacheSource {
             origin,
             upstream,
             timeout,
+            authorization: None,
             logged: Mutex::new(None),
         }
+    }
+
+    /// Lookups carrying `authorization` (`Bearer <token>`), if any.
+    pub(crate) fn with_authorization(mut self, authorization: Option<HeaderValue>) -> Self {
+        self.authorization = authorization;
+        self
     }
 
     /// Logs why lookups fail, at most every [`LOG_INTERVAL`] (each is also a
@@ -71,7 +81,10 @@ impl RemoteCacheSource {
         })
         .map_err(|e| e.to_string())?;
         let json = HeaderValue::from_static("application/json");
-        let headers = [(header::CONTENT_TYPE, &json)];
+        let mut headers = vec![(header::CONTENT_TYPE, &json)];
+        if let Some(authorization) = &self.authorization {
+            headers.push((header::AUTHORIZATION, authorization));
+        }
         let response = self
             .upstream
             .post(&self.origin, LOOKUP_PATH, &headers, &Bytes::from(body))
@@ -83,6 +96,11 @@ impl RemoteCacheSource {
             .await
             .map_err(|e| format!("reading the answer: {e}"))?
             .to_bytes();
+        if status == StatusCode::UNAUTHORIZED {
+            return Err(format!(
+                "the indexer answered {status}: prefix_indexer.token (or token_file) is not the indexer's"
+            ));
+        }
         if status != StatusCode::OK {
             return Err(format!("the indexer answered {status}"));
         }

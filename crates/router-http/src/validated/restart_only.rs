@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 
 use router_config::{
     AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
-    LimitsConfig, LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, TimeoutConfig,
-    TracesConfig,
+    LimitsConfig, LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, RoutingHeaders,
+    TimeoutConfig, TracesConfig,
 };
 use router_policy::ConfigError;
 
@@ -29,6 +29,7 @@ pub(crate) struct RestartOnly {
     prefix_indexer: Option<PrefixIndexerConfig>,
     decisions: Option<DecisionsConfig>,
     traces: Option<TracesConfig>,
+    routing_headers: RoutingHeaders,
     discovery: DiscoveryConfig,
     shutdown_grace_ms: u64,
 }
@@ -59,6 +60,7 @@ impl RestartOnly {
             prefix_indexer,
             decisions,
             traces,
+            routing_headers,
             shutdown_grace_ms,
         } = config;
         Self {
@@ -74,6 +76,7 @@ impl RestartOnly {
             prefix_indexer: prefix_indexer.clone(),
             decisions: decisions.clone(),
             traces: traces.clone(),
+            routing_headers: *routing_headers,
             discovery: discovery.clone(),
             shutdown_grace_ms: *shutdown_grace_ms,
         }
@@ -94,6 +97,7 @@ impl RestartOnly {
             prefix_indexer,
             decisions,
             traces,
+            routing_headers,
             discovery,
             shutdown_grace_ms,
         } = self;
@@ -110,6 +114,7 @@ impl RestartOnly {
             ("prefix_indexer", *prefix_indexer != next.prefix_indexer),
             ("decisions", *decisions != next.decisions),
             ("traces", *traces != next.traces),
+            ("routing_headers", *routing_headers != next.routing_headers),
             ("discovery", *discovery != next.discovery),
             (
                 "shutdown_grace_ms",

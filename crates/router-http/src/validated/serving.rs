@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use router_config::{
     AffinityBackendKind, AffinitySettings, ModelConfig, PrefixIndexerConfig, Resources,
     RouterConfig, SelectionState,
@@ -16,6 +17,7 @@ use router_state::affinity::{AffinityStore, LocalAffinityStore, RedisAffinitySto
 use router_tokenize::{ChatTokenizer, TokenizerError};
 use router_upstream::{EngineTls, Origin, Upstream, UpstreamTimeouts};
 
+use crate::access::TokenSetting;
 use crate::indexer::RemoteCacheSource;
 
 /// The state a configuration's policies are built around: made anew for a router
@@ -87,6 +89,8 @@ pub(super) struct Serving {
     kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
     prefix_cache_bytes: usize,
     engine_tls: Option<EngineTls>,
+    /// What lookups of the shared indexer carry: `Bearer <token>`.
+    indexer_authorization: Option<HeaderValue>,
 }
 
 impl Serving {
@@ -100,7 +104,28 @@ impl Serving {
             kept,
             prefix_cache_bytes,
             engine_tls,
+            indexer_authorization: None,
         }
+    }
+
+    /// Lookups of the shared indexer carry the token of `config`'s `prefix_indexer`
+    /// section, if it names one (read here: a problem goes to `errors`).
+    pub(super) fn with_indexer_token(
+        mut self,
+        config: &RouterConfig,
+        errors: &mut Vec<ConfigError>,
+    ) -> Self {
+        let token = config
+            .prefix_indexer
+            .as_ref()
+            .and_then(|section| TokenSetting::prefix_indexer(section).read(errors));
+        self.indexer_authorization = token.map(|token| {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .expect("a usable token is visible ASCII");
+            value.set_sensitive(true);
+            value
+        });
+        self
     }
 }
 
@@ -137,13 +162,10 @@ impl Resources for Serving {
         if let Some(tls) = &self.engine_tls {
             upstream = upstream.with_tls(tls.clone());
         }
-        Some(Arc::new(RemoteCacheSource::new(
-            &model.id,
-            model.block_size,
-            origin,
-            upstream,
-            timeout,
-        )))
+        Some(Arc::new(
+            RemoteCacheSource::new(&model.id, model.block_size, origin, upstream, timeout)
+                .with_authorization(self.indexer_authorization.clone()),
+        ))
     }
 }
 

@@ -50,6 +50,27 @@ fn a_redis_url_is_never_printed_and_rendezvous_keeps_no_store() {
 }
 
 #[test]
+fn no_token_is_printed() {
+    let tokenizer = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/tokenizer-tiny/tokenizer.json"
+    );
+    let validated = validate(&format!(
+        "models:\n  - {{id: m, tokenizer: {tokenizer}, engines: [{{id: A, url: 'http://a:1', role: plain}}], policies: {{plain: {{type: cache_aware}}}}}}\nadmin: {{token: admin-s3cret}}\nprefix_indexer: {{url: 'http://10.0.0.5:30100', token: indexer-s3cret}}\n"
+    ))
+    .expect("valid");
+    let printed = format!("{validated:?}");
+    assert!(
+        printed.contains("RemoteCacheSource"),
+        "the indexer's client is printed: {printed}"
+    );
+    assert!(
+        !printed.contains("admin-s3cret") && !printed.contains("indexer-s3cret"),
+        "{printed}"
+    );
+}
+
+#[test]
 fn each_model_has_a_tokenizer_of_its_own_and_keeps_it_on_reload() {
     // A tokenizer's prefix cache is its model's (`limits.tokenize_cache_bytes` is per
     // model): two models naming one file get one each, and a reload keeps a model's
