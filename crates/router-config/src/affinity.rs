@@ -72,9 +72,10 @@ pub struct RedisConfig {
     /// Prepended to every key written; replicas sharing bindings use the same one.
     #[serde(default = "default_key_prefix")]
     pub key_prefix: String,
-    /// Longest wait for a connection or a command's answer, in milliseconds; past it
-    /// the request binds locally. A pick makes one lookup and, for a new binding,
-    /// one bind (a few more only when replicas race on one key).
+    /// Longest wait for a connection, and for all the commands of one pick
+    /// together, in milliseconds; past it the pick binds locally. A pick makes one
+    /// lookup and, for a new binding, one bind (a few more only when replicas race
+    /// on one key), each given the time the pick has left.
     #[serde(default = "default_redis_timeout")]
     pub timeout_ms: u64,
     /// How long a binding read from Redis is answered without asking again, in
@@ -82,8 +83,9 @@ pub struct RedisConfig {
     /// within this time.
     #[serde(default = "default_local_cache")]
     pub local_cache_ms: u64,
-    /// Least time between connection attempts while Redis is unreachable, in
-    /// milliseconds.
+    /// Least time between connection attempts while Redis is unreachable, and how
+    /// long no command is sent after one timed out (then a single one tries Redis
+    /// while the others still bind locally), in milliseconds.
     #[serde(default = "default_reconnect_interval")]
     pub reconnect_interval_ms: u64,
 }

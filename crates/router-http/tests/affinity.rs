@@ -190,10 +190,12 @@ async fn sessions_across_replicas(
             scraped.contains("switchyard_affinity_backend_up 1"),
             "{scraped}"
         );
-        assert!(
-            scraped.contains("switchyard_affinity_local_fallbacks_total 0"),
-            "{scraped}"
-        );
+        for family in [
+            "switchyard_affinity_local_fallbacks_total 0",
+            "switchyard_affinity_backend_skips_total 0",
+        ] {
+            assert!(scraped.contains(family), "{scraped}");
+        }
     }
     for r in routers {
         r.shutdown().await;

@@ -10,6 +10,8 @@
 //!   its engine wins if it is a candidate and passes admission; a winner outside the
 //!   candidates is replaced, a bounded number of times.
 //! - A request without a key (or an empty one) uses the fallback and binds nothing.
+//! - A pick's lookup and binds share one store deadline, taken when the pick starts,
+//!   so a shared store that does not answer costs a pick its timeout once.
 //!
 //! With the [`AffinityBackend::Rendezvous`] backend nothing is bound: a keyed
 //! request goes to the first engine of the key's rendezvous order among the
@@ -161,11 +163,13 @@ impl Affinity {
             bucket: request.bucket_id,
             stage: request.stage,
         };
+        // The lookup and the binds below share one deadline.
+        let deadline = store.deadline();
         // A dry run reads the binding without refreshing it.
         let bound = if request.is_dry_run() {
-            store.peek(scope, key).await
+            store.peek(scope, key, deadline).await
         } else {
-            store.get(scope, key).await
+            store.get(scope, key, deadline).await
         };
         // Over-long keys bind nothing either.
         let Ok(bound) = bound else {
@@ -182,8 +186,16 @@ impl Affinity {
         let mut expected = bound;
         for _ in 0..RECONCILE_ATTEMPTS {
             let bound = match &expected {
-                None => store.bind_if_absent(scope, key, chosen.engine.id()).await,
-                Some(old) => store.replace(scope, key, old, chosen.engine.id()).await,
+                None => {
+                    store
+                        .bind_if_absent(scope, key, chosen.engine.id(), deadline)
+                        .await
+                }
+                Some(old) => {
+                    store
+                        .replace(scope, key, old, chosen.engine.id(), deadline)
+                        .await
+                }
             };
             let Ok(bound) = bound else {
                 break;

@@ -4,7 +4,8 @@
 use crate::common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::{engines, runtime, table};
 use proptest::prelude::*;
@@ -12,8 +13,12 @@ use router_policy::{
     AdmissionLimits, AffinityBackend, PickError, PickReason, PickRequest, Policy, PolicyConfig,
     PolicyConfigError, PolicyHandles, RequestFacts, SessionAwarePolicy,
 };
-use router_state::affinity::{AffinityConfig, AffinityScope, LocalAffinityStore, rendezvous};
+use router_state::affinity::{
+    AffinityConfig, AffinityScope, AffinityStore, Deadline, LocalAffinityStore, StoreFuture,
+    rendezvous,
+};
 use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
+use tokio::time::Instant;
 
 fn store() -> Arc<LocalAffinityStore> {
     Arc::new(LocalAffinityStore::new(AffinityConfig::default()))
@@ -383,6 +388,123 @@ fn a_concurrent_winner_is_checked_before_it_is_returned() {
         ("e2".to_owned(), PickReason::AffinityAssigned)
     );
     assert_eq!(store.get(scope(), "s"), Ok(Some(EngineId::from("e2"))));
+}
+
+/// Local bindings behind a store that hands out a new deadline each time one is
+/// asked for, and records the deadline each operation was given.
+#[derive(Debug)]
+struct DeadlineStore {
+    bindings: LocalAffinityStore,
+    handed: Mutex<Vec<Deadline>>,
+    given: Mutex<Vec<(&'static str, Deadline)>>,
+}
+
+impl DeadlineStore {
+    fn given(&self, operation: &'static str, deadline: Deadline) {
+        self.given.lock().unwrap().push((operation, deadline));
+    }
+}
+
+impl AffinityStore for DeadlineStore {
+    fn deadline(&self) -> Deadline {
+        let mut handed = self.handed.lock().unwrap();
+        let hours = u64::try_from(handed.len()).unwrap() + 1;
+        let deadline = Deadline::at(Instant::now() + Duration::from_secs(3600 * hours));
+        handed.push(deadline);
+        deadline
+    }
+
+    fn get<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+        deadline: Deadline,
+    ) -> StoreFuture<'a, Option<EngineId>> {
+        self.given("get", deadline);
+        AffinityStore::get(&self.bindings, scope, key, deadline)
+    }
+
+    fn peek<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+        deadline: Deadline,
+    ) -> StoreFuture<'a, Option<EngineId>> {
+        self.given("peek", deadline);
+        AffinityStore::peek(&self.bindings, scope, key, deadline)
+    }
+
+    fn bind_if_absent<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+        engine: &'a EngineId,
+        deadline: Deadline,
+    ) -> StoreFuture<'a, EngineId> {
+        self.given("bind_if_absent", deadline);
+        AffinityStore::bind_if_absent(&self.bindings, scope, key, engine, deadline)
+    }
+
+    fn replace<'a>(
+        &'a self,
+        scope: AffinityScope<'a>,
+        key: &'a str,
+        expected: &'a EngineId,
+        engine: &'a EngineId,
+        deadline: Deadline,
+    ) -> StoreFuture<'a, EngineId> {
+        self.given("replace", deadline);
+        AffinityStore::replace(&self.bindings, scope, key, expected, engine, deadline)
+    }
+
+    fn remove_engine(&self, engine: &EngineId) -> usize {
+        self.bindings.remove_engine(engine)
+    }
+
+    fn sweep(&self) -> usize {
+        self.bindings.sweep()
+    }
+
+    fn len(&self) -> usize {
+        self.bindings.len()
+    }
+}
+
+#[test]
+fn the_store_calls_of_one_pick_share_one_deadline() {
+    let fleet = engines(3);
+    let load = table(&fleet);
+    let store = Arc::new(DeadlineStore {
+        bindings: LocalAffinityStore::new(AffinityConfig::default()),
+        handed: Mutex::new(Vec::new()),
+        given: Mutex::new(Vec::new()),
+    });
+    let policy = build_with(
+        r#"{"type": "session_aware"}"#,
+        AffinityBackend::Store(Arc::clone(&store) as _),
+        &load,
+    );
+    let (first, _) = pick(policy.as_ref(), &fleet, &session("s")).unwrap();
+    // The bound engine leaves the candidates: the next pick rebinds.
+    let others: Vec<_> = fleet
+        .iter()
+        .filter(|e| e.id().as_str() != first)
+        .cloned()
+        .collect();
+    let (second, reason) = pick(policy.as_ref(), &others, &session("s")).unwrap();
+    assert_eq!(reason, PickReason::AffinityAssigned);
+    assert_ne!(second, first);
+    let handed = store.handed.lock().unwrap().clone();
+    assert_eq!(handed.len(), 2, "one deadline a pick");
+    assert_eq!(
+        *store.given.lock().unwrap(),
+        [
+            ("get", handed[0]),
+            ("bind_if_absent", handed[0]),
+            ("get", handed[1]),
+            ("replace", handed[1]),
+        ]
+    );
 }
 
 #[test]

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::engine::{EngineId, Role};
 
@@ -88,13 +89,45 @@ pub enum AffinityKeyError {
     },
 }
 
+/// When the backend calls of one pick must be over: every call of the pick is given
+/// the time left, so the pick waits for a shared store at most its timeout in all,
+/// however many calls it makes. A store's [`AffinityStore::deadline`] starts one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// No deadline: each call waits at most the store's own timeout.
+    pub const NONE: Self = Self(None);
+
+    /// Calls are over at `at`.
+    pub fn at(at: Instant) -> Self {
+        Self(Some(at))
+    }
+
+    /// How long a call may wait: `timeout`, or the time left when that is less
+    /// (zero once the deadline passed).
+    pub fn wait(self, timeout: Duration) -> Duration {
+        self.0.map_or(timeout, |at| {
+            timeout.min(at.saturating_duration_since(Instant::now()))
+        })
+    }
+}
+
 /// The future of an [`AffinityStore`] operation.
 pub type StoreFuture<'a, T> =
     Pin<Box<dyn Future<Output = Result<T, AffinityKeyError>> + Send + 'a>>;
 
 /// Scoped key-to-engine bindings. Every operation answers: a store that cannot reach
-/// its backend keeps bindings of its own instead of failing the request.
+/// its backend keeps bindings of its own instead of failing the request. The
+/// operations of one pick share the [`Deadline`] [`deadline`](Self::deadline) gave
+/// at its start.
 pub trait AffinityStore: fmt::Debug + Send + Sync {
+    /// The deadline of a pick starting now: a shared store's timeout from now; none
+    /// for a store without a backend to wait for.
+    fn deadline(&self) -> Deadline {
+        Deadline::NONE
+    }
+
     /// The engine `key` is bound to in `scope`, refreshing the binding; `None` when
     /// unbound or idle past the timeout.
     ///
@@ -104,6 +137,7 @@ pub trait AffinityStore: fmt::Debug + Send + Sync {
         &'a self,
         scope: AffinityScope<'a>,
         key: &'a str,
+        deadline: Deadline,
     ) -> StoreFuture<'a, Option<EngineId>>;
 
     /// The engine `key` is bound to in `scope`, as [`get`](Self::get) would answer
@@ -116,6 +150,7 @@ pub trait AffinityStore: fmt::Debug + Send + Sync {
         &'a self,
         scope: AffinityScope<'a>,
         key: &'a str,
+        deadline: Deadline,
     ) -> StoreFuture<'a, Option<EngineId>>;
 
     /// Binds `key` to `engine` unless a live binding exists; answers the binding in
@@ -128,6 +163,7 @@ pub trait AffinityStore: fmt::Debug + Send + Sync {
         scope: AffinityScope<'a>,
         key: &'a str,
         engine: &'a EngineId,
+        deadline: Deadline,
     ) -> StoreFuture<'a, EngineId>;
 
     /// Rebinds `key` to `engine` if it is still bound to `expected` (or unbound or
@@ -142,6 +178,7 @@ pub trait AffinityStore: fmt::Debug + Send + Sync {
         key: &'a str,
         expected: &'a EngineId,
         engine: &'a EngineId,
+        deadline: Deadline,
     ) -> StoreFuture<'a, EngineId>;
 
     /// Drops every binding to `engine` this process holds (it left the fleet);
@@ -183,6 +220,10 @@ pub struct BackendStatus {
     pub errors: u64,
     /// Operations answered from local bindings because the backend was unreachable.
     pub local_fallbacks: u64,
+    /// Commands not sent (the operation answered from local bindings, and counted in
+    /// `local_fallbacks` too): the backoff after a command timed out, or the pick's
+    /// deadline already passed.
+    pub skipped: u64,
 }
 
 /// Runs [`AffinityStore::sweep`] every `every` until the handle is dropped.

@@ -45,6 +45,13 @@ impl Collector for AffinityCollector {
             "Affinity lookups and bindings answered from local bindings because the shared store was unreachable",
             None,
             fallbacks.metric_type(),
+        )?)?;
+        let skipped = ConstCounter::new(status.skipped);
+        skipped.encode(encoder.encode_descriptor(
+            "affinity_backend_skips",
+            "Shared affinity store commands not sent, their operations answered from local bindings: the backoff after a command timed out, or the pick's deadline passed",
+            None,
+            skipped.metric_type(),
         )?)
     }
 }

@@ -8,7 +8,9 @@ use parking_lot::Mutex;
 use rustc_hash::FxHasher;
 use tokio::time::Instant;
 
-use super::{AffinityConfig, AffinityKeyError, AffinityScope, AffinityStore, StoreFuture, compose};
+use super::{
+    AffinityConfig, AffinityKeyError, AffinityScope, AffinityStore, Deadline, StoreFuture, compose,
+};
 use crate::engine::EngineId;
 
 /// Shards of the store: bindings of different keys rarely contend.
@@ -252,6 +254,7 @@ impl AffinityStore for LocalAffinityStore {
         &'a self,
         scope: AffinityScope<'a>,
         key: &'a str,
+        _: Deadline,
     ) -> StoreFuture<'a, Option<EngineId>> {
         Box::pin(std::future::ready(LocalAffinityStore::get(
             self, scope, key,
@@ -262,6 +265,7 @@ impl AffinityStore for LocalAffinityStore {
         &'a self,
         scope: AffinityScope<'a>,
         key: &'a str,
+        _: Deadline,
     ) -> StoreFuture<'a, Option<EngineId>> {
         Box::pin(std::future::ready(
             self.compose(scope, key)
@@ -274,6 +278,7 @@ impl AffinityStore for LocalAffinityStore {
         scope: AffinityScope<'a>,
         key: &'a str,
         engine: &'a EngineId,
+        _: Deadline,
     ) -> StoreFuture<'a, EngineId> {
         Box::pin(std::future::ready(LocalAffinityStore::bind_if_absent(
             self, scope, key, engine,
@@ -286,6 +291,7 @@ impl AffinityStore for LocalAffinityStore {
         key: &'a str,
         expected: &'a EngineId,
         engine: &'a EngineId,
+        _: Deadline,
     ) -> StoreFuture<'a, EngineId> {
         Box::pin(std::future::ready(LocalAffinityStore::replace(
             self, scope, key, expected, engine,

@@ -11,14 +11,21 @@
 //! refreshed from the server once older than `cache_ttl`, so a rebinding made by
 //! another replica is seen within that time.
 //!
-//! The server is never in the way of a request: each command has a timeout, and
-//! while the server cannot be reached (refused, timed out, connection lost) the store
-//! binds in a local store of its own, counts each such operation, and logs once when
-//! the server goes and once when it returns. Reconnection runs in the background, at
-//! most once per `reconnect_interval`. An error the server answers (out of memory,
-//! read-only) fails that operation alone: it is answered locally and counted, and the
-//! connection stays. A key bound locally during an outage is written to the server on
-//! its first lookup after it returns, unless another replica bound it there first.
+//! The server is never in the way of a request. The commands of one pick share a
+//! deadline, `timeout` from the pick's start ([`AffinityStore::deadline`]): each is
+//! given the time left, and none is sent once it passed. A command that times out
+//! opens a circuit: no command is sent for `reconnect_interval`, then a single one
+//! (the trial, while the others still bind locally), and the server's answer to it
+//! closes the circuit, so a server that accepts connections and never answers
+//! (paused, overloaded) costs the timeout to one pick a backoff, not to every one.
+//! While the server cannot be reached (refused, timed out, connection lost, or a
+//! command skipped) the store binds in a local store of its own, counts each such
+//! operation, and logs once when the server goes and once when it returns.
+//! Reconnection runs in the background, at most once per `reconnect_interval`. An
+//! error the server answers (out of memory, read-only) fails that operation alone: it
+//! is answered locally and counted, and the connection stays. A key bound locally
+//! during an outage is written to the server on its first lookup after it returns,
+//! unless another replica bound it there first.
 
 use std::fmt;
 use std::future::Future;
@@ -33,7 +40,8 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 use tokio::time::Instant;
 
 use super::{
-    AffinityConfig, AffinityScope, AffinityStore, BackendStatus, LocalAffinityStore, StoreFuture,
+    AffinityConfig, AffinityScope, AffinityStore, BackendStatus, Deadline, LocalAffinityStore,
+    StoreFuture,
 };
 use crate::engine::EngineId;
 use crate::names::{MAX_NAME_BYTES, check_name};
@@ -104,7 +112,8 @@ pub struct RedisSettings {
     /// How long a binding read from the server is answered locally; zero: always
     /// asked.
     pub cache_ttl: Duration,
-    /// Least time between connection attempts.
+    /// Least time between connection attempts, and how long no command is sent
+    /// after one timed out.
     pub reconnect_interval: Duration,
 }
 
@@ -149,6 +158,8 @@ struct Inner {
     down_logged: Mutex<bool>,
     /// When an error the server answered was last logged.
     refusal_logged: Mutex<Option<Instant>>,
+    /// Whether commands are sent.
+    circuit: Mutex<Circuit>,
     lookup: Script,
     peek: Script,
     bind: Script,
@@ -156,6 +167,7 @@ struct Inner {
     local: LocalAffinityStore,
     errors: AtomicU64,
     local_fallbacks: AtomicU64,
+    skipped: AtomicU64,
 }
 
 impl fmt::Debug for RedisAffinityStore {
@@ -167,11 +179,41 @@ impl fmt::Debug for RedisAffinityStore {
     }
 }
 
+/// Whether commands are sent. A command that timed out opens it; any answer of the
+/// server closes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Circuit {
+    /// Every command is sent.
+    Closed,
+    /// No command is sent before this instant (the backoff, or the trial's wait);
+    /// then the first one is, as the trial.
+    Open(Instant),
+}
+
+impl Circuit {
+    /// Whether a command that may wait `wait` is sent at `now`: always while closed;
+    /// once the backoff passed, the first one, the others waiting as long as it may.
+    fn admit(&mut self, now: Instant, wait: Duration) -> bool {
+        match *self {
+            Self::Closed => true,
+            Self::Open(until) if now >= until => {
+                *self = Self::Open(now + wait);
+                true
+            }
+            Self::Open(_) => false,
+        }
+    }
+}
+
 /// Why a command gave no answer to use.
 enum Failure {
     /// No connection (the server is unreachable, or a connection is being made).
     Unavailable,
-    /// The connection failed or the command timed out: the connection is dropped.
+    /// Not sent: the circuit is open or the pick's deadline passed.
+    Skipped,
+    /// The command timed out: the circuit opens and the connection is dropped.
+    TimedOut(u64),
+    /// The connection failed: it is dropped.
     Lost(u64, String),
     /// The server answered an error; the connection is fine.
     Refused(String),
@@ -206,6 +248,7 @@ impl RedisAffinityStore {
                 retry_at: Mutex::new(Instant::now()),
                 down_logged: Mutex::new(false),
                 refusal_logged: Mutex::new(None),
+                circuit: Mutex::new(Circuit::Closed),
                 lookup: Script::new(&format!("{VALID}{READ}{LOOKUP}")),
                 peek: Script::new(&format!("{VALID}{READ}{PEEK}")),
                 bind: Script::new(&format!("{VALID}{READ}{BIND}")),
@@ -213,6 +256,7 @@ impl RedisAffinityStore {
                 local: LocalAffinityStore::new(config),
                 errors: AtomicU64::new(0),
                 local_fallbacks: AtomicU64::new(0),
+                skipped: AtomicU64::new(0),
             }),
         })
     }
@@ -223,10 +267,11 @@ impl RedisAffinityStore {
             reachable: self.inner.connection.lock().is_some(),
             errors: self.inner.errors.load(Ordering::Relaxed),
             local_fallbacks: self.inner.local_fallbacks.load(Ordering::Relaxed),
+            skipped: self.inner.skipped.load(Ordering::Relaxed),
         }
     }
 
-    async fn lookup(&self, composed: String) -> Option<EngineId> {
+    async fn lookup(&self, composed: String, deadline: Deadline) -> Option<EngineId> {
         let inner = &self.inner;
         if !inner.settings.cache_ttl.is_zero()
             && let Some(engine) = inner.cache.lookup(&composed, false)
@@ -237,7 +282,7 @@ impl RedisAffinityStore {
         invocation
             .key(inner.redis_key(&composed))
             .arg(inner.ttl_ms());
-        match inner.run(&invocation).await {
+        match inner.run(&invocation, deadline).await {
             Ok(Some(engine)) => {
                 // A binding of an earlier outage is the server's now.
                 inner.local.forget(&composed);
@@ -247,7 +292,7 @@ impl RedisAffinityStore {
             // Bound here during an outage: shared now, unless another replica bound
             // the key first.
             Ok(None) => match inner.local.forget(&composed) {
-                Some(engine) => Some(self.bind(composed, &engine, None).await),
+                Some(engine) => Some(self.bind(composed, &engine, None, deadline).await),
                 None => None,
             },
             Err(failure) => {
@@ -259,8 +304,9 @@ impl RedisAffinityStore {
 
     /// What [`lookup`](Self::lookup) would answer, changing nothing: the cache and
     /// the outage bindings read without recency, the server's binding without its TTL
-    /// refreshed, an outage binding not written back, a failure not counted.
-    async fn peek_composed(&self, composed: &str) -> Option<EngineId> {
+    /// refreshed, an outage binding not written back, a failure not counted, the
+    /// circuit neither tried nor opened (while it is open the server is not asked).
+    async fn peek_composed(&self, composed: &str, deadline: Deadline) -> Option<EngineId> {
         let inner = &self.inner;
         if !inner.settings.cache_ttl.is_zero()
             && let Some(engine) = inner.cache.peek_composed(composed)
@@ -269,7 +315,7 @@ impl RedisAffinityStore {
         }
         let mut invocation = inner.peek.prepare_invoke();
         invocation.key(inner.redis_key(composed));
-        match inner.run(&invocation).await {
+        match inner.run_peek(&invocation, deadline).await {
             Ok(Some(engine)) => Some(engine),
             Ok(None) | Err(_) => inner.local.peek_composed(composed),
         }
@@ -280,6 +326,7 @@ impl RedisAffinityStore {
         composed: String,
         engine: &EngineId,
         expected: Option<&EngineId>,
+        deadline: Deadline,
     ) -> EngineId {
         let inner = &self.inner;
         let mut invocation = inner.bind.prepare_invoke();
@@ -288,7 +335,7 @@ impl RedisAffinityStore {
             .arg(engine.as_str())
             .arg(inner.ttl_ms())
             .arg(expected.map_or("", EngineId::as_str));
-        match inner.run(&invocation).await {
+        match inner.run(&invocation, deadline).await {
             Ok(Some(bound)) => {
                 inner.cache_put(composed, &bound);
                 bound
@@ -325,32 +372,50 @@ impl Inner {
         }
     }
 
-    /// Runs a script within the timeout; its engine id (`None`: no binding).
+    /// Runs a script within the timeout and the time `deadline` leaves, unless the
+    /// circuit holds it back; its engine id (`None`: no binding). A timeout opens the
+    /// circuit, an answer closes it.
     async fn run(
         self: &Arc<Self>,
         invocation: &redis::ScriptInvocation<'_>,
+        deadline: Deadline,
     ) -> Result<Option<EngineId>, Failure> {
-        let (generation, mut connection) = self.connection().ok_or(Failure::Unavailable)?;
-        let answer = tokio::time::timeout(
-            self.settings.timeout,
-            invocation.invoke_async::<Option<Vec<u8>>>(&mut connection),
-        )
-        .await;
-        let value = match answer {
-            Ok(Ok(value)) => value,
-            Ok(Err(e)) if lost(&e) => return Err(Failure::Lost(generation, e.to_string())),
-            Ok(Err(e)) => return Err(Failure::Refused(e.to_string())),
-            Err(_) => return Err(Failure::Lost(generation, "timed out".into())),
-        };
-        let Some(value) = value else {
-            return Ok(None);
-        };
-        let id = (value.len() <= MAX_NAME_BYTES)
-            .then(|| String::from_utf8(value).ok())
-            .flatten()
-            .filter(|id| check_name(id).is_ok())
-            .ok_or(Failure::Invalid)?;
-        Ok(Some(EngineId::from(id)))
+        let (generation, connection) = self.connection().ok_or(Failure::Unavailable)?;
+        let wait = deadline.wait(self.settings.timeout);
+        if wait.is_zero() || !self.circuit.lock().admit(Instant::now(), wait) {
+            return Err(Failure::Skipped);
+        }
+        let answer = invoke(invocation, generation, connection, wait).await;
+        self.settle_circuit(&answer);
+        answer
+    }
+
+    /// A timeout opens the circuit for the backoff; an answer of the server closes
+    /// it; a lost connection leaves it as it is.
+    fn settle_circuit(&self, answer: &Result<Option<EngineId>, Failure>) {
+        let mut circuit = self.circuit.lock();
+        match answer {
+            Err(Failure::TimedOut(_)) => {
+                *circuit = Circuit::Open(Instant::now() + self.settings.reconnect_interval);
+            }
+            Err(Failure::Lost(..)) => {}
+            _ => *circuit = Circuit::Closed,
+        }
+    }
+
+    /// Runs a script as [`run`](Self::run) does while the circuit is closed; skips it
+    /// while the circuit is open, which it leaves as it is.
+    async fn run_peek(
+        self: &Arc<Self>,
+        invocation: &redis::ScriptInvocation<'_>,
+        deadline: Deadline,
+    ) -> Result<Option<EngineId>, Failure> {
+        let (generation, connection) = self.connection().ok_or(Failure::Unavailable)?;
+        let wait = deadline.wait(self.settings.timeout);
+        if wait.is_zero() || *self.circuit.lock() != Circuit::Closed {
+            return Err(Failure::Skipped);
+        }
+        invoke(invocation, generation, connection, wait).await
     }
 
     /// A connection to use now; `None` (and a connection attempt in the background,
@@ -409,12 +474,18 @@ impl Inner {
         self.log_down(&error);
     }
 
-    /// Counts an operation answered locally, and what made it so: a lost connection
-    /// is dropped (unless a newer one replaced it) and reconnected in the background.
+    /// Counts an operation answered locally, and what made it so: a command not sent
+    /// is counted as skipped; a lost connection (a timeout too) is dropped (unless a
+    /// newer one replaced it) and reconnected in the background.
     fn failed(&self, failure: Failure) {
         self.local_fallbacks.fetch_add(1, Ordering::Relaxed);
         match failure {
             Failure::Unavailable => {}
+            Failure::Skipped => {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+            Failure::TimedOut(generation) => self.lost(generation, "timed out"),
+            Failure::Lost(generation, error) => self.lost(generation, &error),
             Failure::Invalid => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -428,22 +499,25 @@ impl Inner {
                     tracing::warn!(%error, "the Redis affinity store refused a command: it was answered from local bindings");
                 }
             }
-            Failure::Lost(generation, error) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut connection = self.connection.lock();
-                    if connection
-                        .as_ref()
-                        .is_none_or(|(current, _)| *current != generation)
-                    {
-                        return;
-                    }
-                    *connection = None;
-                }
-                *self.retry_at.lock() = Instant::now() + self.settings.reconnect_interval;
-                self.log_down(&error);
-            }
         }
+    }
+
+    /// Counts a connection of `generation` failing, and drops it unless a newer one
+    /// replaced it; it is reconnected in the background.
+    fn lost(&self, generation: u64, error: &str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut connection = self.connection.lock();
+            if connection
+                .as_ref()
+                .is_none_or(|(current, _)| *current != generation)
+            {
+                return;
+            }
+            *connection = None;
+        }
+        *self.retry_at.lock() = Instant::now() + self.settings.reconnect_interval;
+        self.log_down(error);
     }
 
     fn log_down(&self, error: &str) {
@@ -453,6 +527,37 @@ impl Inner {
             tracing::warn!(%error, "the Redis affinity store is unreachable: bindings are local until it answers");
         }
     }
+}
+
+/// Runs a script on `connection` (of `generation`) within `wait`; its engine id
+/// (`None`: no binding).
+async fn invoke(
+    invocation: &redis::ScriptInvocation<'_>,
+    generation: u64,
+    mut connection: MultiplexedConnection,
+    wait: Duration,
+) -> Result<Option<EngineId>, Failure> {
+    let answer = tokio::time::timeout(
+        wait,
+        invocation.invoke_async::<Option<Vec<u8>>>(&mut connection),
+    )
+    .await;
+    let value = match answer {
+        Ok(Ok(value)) => value,
+        Ok(Err(e)) if e.is_timeout() => return Err(Failure::TimedOut(generation)),
+        Ok(Err(e)) if lost(&e) => return Err(Failure::Lost(generation, e.to_string())),
+        Ok(Err(e)) => return Err(Failure::Refused(e.to_string())),
+        Err(_) => return Err(Failure::TimedOut(generation)),
+    };
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let id = (value.len() <= MAX_NAME_BYTES)
+        .then(|| String::from_utf8(value).ok())
+        .flatten()
+        .filter(|id| check_name(id).is_ok())
+        .ok_or(Failure::Invalid)?;
+    Ok(Some(EngineId::from(id)))
 }
 
 /// Whether an error means the connection is gone (rather than a command refused).
@@ -465,14 +570,19 @@ fn lost(error: &RedisError) -> bool {
 }
 
 impl AffinityStore for RedisAffinityStore {
+    fn deadline(&self) -> Deadline {
+        Deadline::at(Instant::now() + self.inner.settings.timeout)
+    }
+
     fn get<'a>(
         &'a self,
         scope: AffinityScope<'a>,
         key: &'a str,
+        deadline: Deadline,
     ) -> StoreFuture<'a, Option<EngineId>> {
         Box::pin(async move {
             let composed = self.inner.local.compose(scope, key)?;
-            Ok(self.lookup(composed).await)
+            Ok(self.lookup(composed, deadline).await)
         })
     }
 
@@ -480,10 +590,11 @@ impl AffinityStore for RedisAffinityStore {
         &'a self,
         scope: AffinityScope<'a>,
         key: &'a str,
+        deadline: Deadline,
     ) -> StoreFuture<'a, Option<EngineId>> {
         Box::pin(async move {
             let composed = self.inner.local.compose(scope, key)?;
-            Ok(self.peek_composed(&composed).await)
+            Ok(self.peek_composed(&composed, deadline).await)
         })
     }
 
@@ -492,10 +603,11 @@ impl AffinityStore for RedisAffinityStore {
         scope: AffinityScope<'a>,
         key: &'a str,
         engine: &'a EngineId,
+        deadline: Deadline,
     ) -> StoreFuture<'a, EngineId> {
         Box::pin(async move {
             let composed = self.inner.local.compose(scope, key)?;
-            Ok(self.bind(composed, engine, None).await)
+            Ok(self.bind(composed, engine, None, deadline).await)
         })
     }
 
@@ -505,10 +617,11 @@ impl AffinityStore for RedisAffinityStore {
         key: &'a str,
         expected: &'a EngineId,
         engine: &'a EngineId,
+        deadline: Deadline,
     ) -> StoreFuture<'a, EngineId> {
         Box::pin(async move {
             let composed = self.inner.local.compose(scope, key)?;
-            Ok(self.bind(composed, engine, Some(expected)).await)
+            Ok(self.bind(composed, engine, Some(expected), deadline).await)
         })
     }
 
