@@ -52,10 +52,10 @@ impl Attack {
 
     fn label(self) -> &'static str {
         match self {
-            Attack::Poison => "hostile: a body engines fail on",
-            Attack::HugeScalar => "hostile: temperature as a 30 MiB array",
-            Attack::ManyMessages => "hostile: a million tiny messages",
-            Attack::Smuggled => "hostile: router-owned fields smuggled",
+            Attack::Poison => "a body engines fail on",
+            Attack::HugeScalar => "temperature as a 30 MiB array",
+            Attack::ManyMessages => "a million tiny messages",
+            Attack::Smuggled => "router-owned fields smuggled",
         }
     }
 
@@ -161,7 +161,7 @@ async fn client(load: Arc<Load>, bodies: Arc<Bodies>) {
         load.tally.add(
             Kind::Hostile,
             class,
-            format!("{}: {outcome}", attack.label()),
+            format!("{outcome} ({})", attack.label()),
         );
         tokio::time::sleep(PAUSE).await;
     }
