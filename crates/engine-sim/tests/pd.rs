@@ -48,6 +48,35 @@ async fn decode_generates_once_prefill_has_filled_the_room() {
 }
 
 #[tokio::test]
+async fn a_decode_engine_refuses_a_room_of_another_page_size_or_transfer_backend() {
+    let prefill = engine(role(EngineRole::Prefill)).await;
+    let info = get_json(format!("{}/server_info", prefill.url())).await;
+    assert_eq!(
+        (&info["disaggregation_transfer_backend"], &info["page_size"]),
+        (&json!("mooncake"), &json!(16))
+    );
+    let port = prefill.ports().bootstrap.unwrap();
+    for (room, (page_size, backend)) in [(7, (32, "mooncake")), (8, (16, "nixl"))] {
+        let mut config = role(EngineRole::Decode);
+        config.page_size = page_size;
+        config.transfer_backend = backend.into();
+        let decode = engine(config).await;
+        let body = pd_body("127.0.0.1", port, room);
+        let (decoded, prefilled) = tokio::join!(chat(&decode, &body), chat(&prefill, &body));
+        assert_eq!(prefilled.0, 200);
+        assert_eq!(decoded.0, 500, "{}", decoded.1);
+        let message = decoded.1["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.starts_with("KV transfer failed: "), "{message}");
+        assert!(
+            message.contains("page_size=16") || message.contains("speaks mooncake"),
+            "{message}"
+        );
+        decode.shutdown().await;
+    }
+    prefill.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_wrong_room_or_host_fails_the_decode_request() {
     let prefill = engine(role(EngineRole::Prefill)).await;
     let decode = engine(role(EngineRole::Decode)).await;

@@ -7,7 +7,8 @@ use router_state::{EngineReportedLoadTable, ModelMode, RegistrySnapshot, Role};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::group::EngineGroup;
+use crate::group::{EngineGroup, Offer};
+use crate::pair;
 use crate::pick::{BucketPick, EnginePicks};
 use crate::slo::SloTargets;
 
@@ -219,7 +220,9 @@ impl Bucket {
     }
 
     /// Picks the bucket's complete selection: its plain engine, or a prefill engine and
-    /// then a decode engine. A failed decode pick discards the prefill pick.
+    /// then a decode engine that can hand a request's KV cache over (engines that
+    /// cannot pair are left out of the candidates). A failed decode pick discards the
+    /// prefill pick.
     ///
     /// # Errors
     /// The failing group's [`PickError`] (with its stage), or
@@ -241,19 +244,34 @@ impl Bucket {
             }
             BucketGroups::Pd { prefill, decode } => {
                 self.check_mode(engines, request.model, ModelMode::Pd)?;
-                let prefill = prefill
-                    .pick(engines, &self.pick_request(request, Role::Prefill))
-                    .await?;
-                let decode = decode
-                    .pick(engines, &self.pick_request(request, Role::Decode))
-                    .await?;
-                EnginePicks::Pd { prefill, decode }
+                self.pick_pair(prefill, decode, engines, request).await?
             }
         };
         Ok(BucketPick {
             bucket: Arc::clone(&self.id),
             engines,
         })
+    }
+
+    /// Picks a prefill engine some decode candidate can take the KV cache of, then a
+    /// decode engine that can take it (see `pair`).
+    async fn pick_pair(
+        &self,
+        prefill: &EngineGroup,
+        decode: &EngineGroup,
+        engines: &RegistrySnapshot,
+        request: &RequestFacts<'_>,
+    ) -> Result<EnginePicks, PickError> {
+        let prefill_request = self.pick_request(request, Role::Prefill);
+        let decode_request = self.pick_request(request, Role::Decode);
+        let decodes = decode.eligible(engines, &decode_request);
+        let prefills = Offer::new(prefill.eligible(engines, &prefill_request), Role::Prefill);
+        let prefills = pair::pairable_prefills(prefills, &decodes, &prefill_request);
+        let prefill = prefill.pick_offered(prefills, &prefill_request).await?;
+        let decodes = Offer::new(decodes, Role::Decode);
+        let decodes = pair::decodes_for(&prefill.engine, decodes, &decode_request);
+        let decode = decode.pick_offered(decodes, &decode_request).await?;
+        Ok(EnginePicks::Pd { prefill, decode })
     }
 
     fn check_mode(

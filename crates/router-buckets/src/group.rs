@@ -93,13 +93,29 @@ impl EngineGroup {
         engines: &RegistrySnapshot,
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let candidates = self.eligible(engines, request);
+        let offer = Offer::new(self.eligible(engines, request), request.stage);
+        self.pick_offered(offer, request).await
+    }
+
+    /// Runs the policy over the candidates of `offer` (some of this group's eligible
+    /// engines), recording them and the outcome; fails with the offer's failure
+    /// without invoking the policy when it holds none.
+    pub(crate) async fn pick_offered(
+        &self,
+        offer: Offer,
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        let Offer { candidates, none } = offer;
         request.observe(|| Observation::Candidates {
             bucket: request.bucket_id.to_owned(),
             stage: request.stage,
             engines: candidates.iter().map(|c| c.id().clone()).collect(),
         });
-        let picked = self.pick_among(&candidates, request).await;
+        let picked = if candidates.is_empty() {
+            Err(none)
+        } else {
+            self.pick_among(&candidates, request).await
+        };
         request.observe(|| match &picked {
             Ok(pick) => Observation::Picked {
                 bucket: request.bucket_id.to_owned(),
@@ -140,11 +156,6 @@ impl EngineGroup {
         candidates: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        if candidates.is_empty() {
-            return Err(PickError::NoCandidates {
-                stage: request.stage,
-            });
-        }
         let pick = self.policy.pick(candidates, request).await?;
         if candidates.iter().any(|c| Arc::ptr_eq(c, &pick.engine)) {
             Ok(pick)
@@ -153,6 +164,26 @@ impl EngineGroup {
                 stage: request.stage,
                 engine: pick.engine.id().clone(),
             })
+        }
+    }
+}
+
+/// What a group offers its policy for one pick: candidates, and the failure a pick
+/// ends with when there are none.
+#[derive(Debug)]
+pub(crate) struct Offer {
+    /// The engines the policy picks among.
+    pub(crate) candidates: Vec<Arc<Engine>>,
+    /// Why there is no engine to pick, when there is none.
+    pub(crate) none: PickError,
+}
+
+impl Offer {
+    /// `candidates` of `stage`; none of them is [`PickError::NoCandidates`].
+    pub(crate) fn new(candidates: Vec<Arc<Engine>>, stage: Role) -> Self {
+        Self {
+            candidates,
+            none: PickError::NoCandidates { stage },
         }
     }
 }

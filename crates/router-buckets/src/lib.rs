@@ -52,6 +52,7 @@ struct ReadmeExamples;
 mod bucket;
 mod config;
 mod group;
+mod pair;
 mod pick;
 mod resolver;
 mod select;

@@ -52,15 +52,17 @@ pub enum SelectError {
     #[error(transparent)]
     NoMatchingBucket(PickError),
     /// Every compatible bucket was tried and at least one engine was rejected by
-    /// admission: the fleet is at capacity. The message lists every rejection.
+    /// admission: the fleet is at capacity. The message lists every rejection, and
+    /// the buckets whose prefill and decode engines could not pair.
     #[error("no engine can take the request now: {}", join(attempts))]
     AtCapacity {
         /// Every bucket tried, in order.
         attempts: Vec<BucketAttempt>,
     },
     /// Every compatible bucket was tried and none had an eligible engine; `stage` is
-    /// the stage that was missing in the last bucket.
-    #[error("no {stage} engine is available")]
+    /// the stage that was missing in the last bucket. The message names the buckets
+    /// whose prefill and decode engines could not pair, and why.
+    #[error("no {stage} engine is available{}", unpaired(attempts))]
     Unavailable {
         /// The missing stage.
         stage: Role,
@@ -103,10 +105,29 @@ impl SelectError {
 fn join(attempts: &[BucketAttempt]) -> String {
     attempts
         .iter()
-        .filter(|a| !a.error.rejections().is_empty())
+        .filter(|a| !a.error.rejections().is_empty() || unpairs(a))
         .map(BucketAttempt::to_string)
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// `: ` and the attempts whose engines could not pair, or nothing.
+fn unpaired(attempts: &[BucketAttempt]) -> String {
+    let named: Vec<String> = attempts
+        .iter()
+        .filter(|a| unpairs(a))
+        .map(BucketAttempt::to_string)
+        .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", named.join("; "))
+    }
+}
+
+/// Whether the attempt's prefill and decode engines could not pair.
+fn unpairs(attempt: &BucketAttempt) -> bool {
+    matches!(attempt.error, PickError::NoCompatiblePair { .. })
 }
 
 impl BucketResolver {

@@ -4,6 +4,7 @@
 mod common;
 
 mod config;
+mod pairing;
 mod resolver;
 mod selection;
 mod slo;

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::error::FleetError;
 use crate::feeds::{advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, Dispatched, HealthBook, HealthPolicy};
-use crate::role::role_of;
+use crate::role::{pd_profile_of, role_of};
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, Source};
 
@@ -565,6 +565,17 @@ impl Fleet {
         }
     }
 
+    /// Keeps what `info` says the KV hand-over of `engine` needs.
+    fn keep_pd_profile(&self, engine: &Engine, info: &ServerInfo) {
+        let profile = pd_profile_of(&info.hand_over);
+        if let Ok(true) = self
+            .registry
+            .set_pd_profile(engine.id().as_str(), profile.clone())
+        {
+            tracing::info!(engine = %engine.id(), ?profile, "what the engine's KV hand-over needs changed");
+        }
+    }
+
     /// Reads the `/server_info` of an engine that answers probes again after it
     /// failed one (or never answered), and restarts its feeds when its endpoints
     /// moved.
@@ -585,8 +596,10 @@ impl Fleet {
             })
         };
         // The adapters its `/v1/models` lists now (one that was down at startup
-        // listed none).
+        // listed none), and what its KV hand-over needs now (it may have restarted
+        // with other settings).
         self.keep_adapters(engine, info.adapters.clone());
+        self.keep_pd_profile(engine, &info);
         // Feeds at the same endpoints reconnect by themselves, keeping what they hold.
         let index = self.prefix_index(&spec.model);
         let mut feeds = moved.then(|| self.start_feeds(&spec, engine.dp_size(), Some(&info)));
@@ -711,7 +724,8 @@ fn engine_of(
         role,
     )
     .with_dp_size(dp_size)
-    .with_adapters(known.adapters.iter().map(String::as_str));
+    .with_adapters(known.adapters.iter().map(String::as_str))
+    .with_pd_profile(pd_profile_of(&known.hand_over));
     if let Some(port) = spec.bootstrap_port.or(known.bootstrap_port) {
         engine = engine.with_bootstrap_port(port);
     }

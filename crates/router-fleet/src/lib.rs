@@ -53,6 +53,6 @@ pub use error::FleetError;
 pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, Dispatched, HealthPolicy};
 pub use metrics::register_metrics;
-pub use role::role_of;
+pub use role::{pd_profile_of, role_of};
 pub use scrape::DEFAULT_METRICS_INTERVAL;
 pub use spec::{Change, EngineSpec, MAX_DP_SIZE, Source};

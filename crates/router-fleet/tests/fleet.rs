@@ -452,3 +452,83 @@ async fn adapters_an_engine_loads_or_unloads_are_seen_at_its_next_probe() {
     );
     server.abort();
 }
+
+/// What a test engine says of itself, and whether it answers probes.
+struct Saying {
+    info: Mutex<serde_json::Value>,
+    healthy: std::sync::atomic::AtomicBool,
+}
+
+/// An engine serving `saying`'s `/server_info` and `/health` as they are at each
+/// request, until dropped.
+async fn engine_with(saying: Arc<Saying>) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/health",
+            get(|State(saying): State<Arc<Saying>>| async move {
+                if saying.healthy.load(std::sync::atomic::Ordering::SeqCst) {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            }),
+        )
+        .route(
+            "/server_info",
+            get(|State(saying): State<Arc<Saying>>| async move {
+                axum::Json(saying.info.lock().clone())
+            }),
+        )
+        .with_state(saying);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (url, server)
+}
+
+#[tokio::test]
+async fn what_the_kv_hand_over_needs_is_read_at_joining_and_again_after_a_failed_probe() {
+    let saying = Arc::new(Saying {
+        info: Mutex::new(serde_json::json!({
+            "disaggregation_mode": "decode", "disaggregation_transfer_backend": "nixl",
+            "page_size": 16, "tp_size": 4, "pp_size": 1, "kv_cache_dtype": "auto"
+        })),
+        healthy: true.into(),
+    });
+    let (url, server) = engine_with(Arc::clone(&saying)).await;
+    let (fleet, _) = fleet();
+    let added = fleet
+        .apply(Change::Upsert(EngineSpec::new("D1", url.as_str(), "m")))
+        .await
+        .unwrap();
+    let expected = router_state::PdProfile {
+        transfer_backend: Some("nixl".into()),
+        page_size: Some(16),
+        kv_cache_dtype: Some("auto".into()),
+        attention_tp_size: Some(4),
+        pp_size: Some(1),
+    };
+    assert_eq!(added.pd_profile(), &expected);
+    // The engine restarts with another page size: one probe fails, the next passes.
+    saying.info.lock()["page_size"] = 32.into();
+    saying
+        .healthy
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    fleet.probe_all().await;
+    saying
+        .healthy
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    fleet.probe_all().await;
+    let snapshot = fleet.snapshot();
+    assert_eq!(
+        snapshot.get("D1").unwrap().pd_profile().page_size,
+        Some(32),
+        "read again once it answers probes"
+    );
+    server.abort();
+}

@@ -246,8 +246,36 @@ fn explain_stage(
         })
         .collect();
     let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
+    let unpaired = unpaired(seen, &here);
+    if !unpaired.is_empty() {
+        entry["unpaired"] = json!(unpaired);
+    }
     stage_outcome(&mut entry, seen, &here);
     Some(entry)
+}
+
+/// The engines the stage `here` names left out of its candidates because they cannot
+/// pair with an engine of the other stage: each with that engine, the field they
+/// disagree on and what the prefill and the decode engine say.
+fn unpaired(seen: &[Observation], here: &dyn Fn(&str, Role) -> bool) -> Vec<Value> {
+    seen.iter()
+        .filter_map(|o| match o {
+            Observation::Unpaired {
+                bucket: b,
+                stage: s,
+                engine,
+                with,
+                mismatch,
+            } if here(b, *s) => {
+                let (prefill, decode) = mismatch.values();
+                Some(json!({
+                    "engine": engine.as_str(), "with": with.as_str(),
+                    "field": mismatch.field(), "prefill": prefill, "decode": decode,
+                }))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// What the stage `here` names saw of each engine, in one pass.

@@ -13,6 +13,7 @@ mod explain;
 mod failures;
 mod indexer;
 mod lora;
+mod pairing;
 mod ranks;
 mod reload;
 mod retries;

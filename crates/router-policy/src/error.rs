@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use router_state::{EngineId, Role};
+use router_state::{EngineId, PdMismatch, Role};
 
 /// One engine turned away by admission, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +35,31 @@ impl fmt::Display for Rejection {
         write!(f, "{}: {}", self.engine, self.exceeded)
     }
 }
+
+/// A prefill engine and a decode engine that cannot hand a request's KV cache over,
+/// and the first thing they disagree on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpaired {
+    /// The prefill engine.
+    pub prefill: EngineId,
+    /// The decode engine.
+    pub decode: EngineId,
+    /// What they disagree on.
+    pub mismatch: PdMismatch,
+}
+
+impl fmt::Display for Unpaired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "prefill {} and decode {}: {}",
+            self.prefill, self.decode, self.mismatch
+        )
+    }
+}
+
+/// The most unpaired engine pairs a [`PickError::NoCompatiblePair`] names.
+pub const MAX_UNPAIRED_NAMED: usize = 8;
 
 /// Why no engine was picked.
 ///
@@ -74,6 +99,17 @@ pub enum PickError {
         /// The chosen engine and the cap it reached.
         rejection: Rejection,
     },
+    /// A PD bucket has prefill and decode candidates, but no prefill engine among
+    /// them can hand its KV cache to any of the decode engines: they disagree on
+    /// what the hand-over needs (transfer backend, page size, ...).
+    #[error("no prefill engine can hand its KV cache to a decode engine: {}", join_unpaired(unpaired, *pairs))]
+    NoCompatiblePair {
+        /// The first pairs that cannot hand over (at most [`MAX_UNPAIRED_NAMED`]),
+        /// each with the first thing its engines disagree on.
+        unpaired: Vec<Unpaired>,
+        /// How many pairs of the bucket's candidates cannot hand over (all of them).
+        pairs: usize,
+    },
     /// A request fact the policy cannot work with (e.g. an expected peak below the
     /// prompt length), or an admission check that failed.
     #[error("invalid routing signal: {message}")]
@@ -111,6 +147,7 @@ impl PickError {
             PickError::NoCandidates { .. }
                 | PickError::NoAdmissibleEngine { .. }
                 | PickError::AdmissionRejected { .. }
+                | PickError::NoCompatiblePair { .. }
         )
     }
 
@@ -118,6 +155,7 @@ impl PickError {
     pub fn stage(&self) -> Option<Role> {
         match self {
             PickError::NoMatchingBucket { .. } => None,
+            PickError::NoCompatiblePair { .. } => Some(Role::Prefill),
             PickError::NoCandidates { stage }
             | PickError::NoAdmissibleEngine { stage, .. }
             | PickError::AdmissionRejected { stage, .. }
@@ -143,6 +181,7 @@ impl PickError {
             PickError::NoCandidates { .. } => "no_candidates",
             PickError::NoAdmissibleEngine { .. } => "no_admissible_engine",
             PickError::AdmissionRejected { .. } => "admission_rejected",
+            PickError::NoCompatiblePair { .. } => "no_compatible_pair",
             PickError::InvalidSignal { .. } => "invalid_signal",
             PickError::InvalidConfiguration { .. } => "invalid_configuration",
             PickError::OutsideCandidates { .. } => "outside_candidates",
@@ -153,6 +192,18 @@ impl PickError {
 fn peak_suffix(peak: Option<u64>) -> String {
     peak.map(|p| format!(" with an expected peak of {p} tokens"))
         .unwrap_or_default()
+}
+
+fn join_unpaired(unpaired: &[Unpaired], pairs: usize) -> String {
+    let named = unpaired
+        .iter()
+        .map(Unpaired::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    match pairs.saturating_sub(unpaired.len()) {
+        0 => named,
+        more => format!("{named}; and {more} more pairs"),
+    }
 }
 
 fn join(rejections: &[Rejection]) -> String {

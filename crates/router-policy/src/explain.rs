@@ -10,7 +10,7 @@
 //! [`RequestFacts::explain`]: crate::RequestFacts::explain
 
 use parking_lot::Mutex;
-use router_state::{EngineId, EngineMetrics, Role};
+use router_state::{EngineId, EngineMetrics, PdMismatch, Role};
 
 use crate::admission::AdmissionLimits;
 use crate::error::{LimitExceeded, PickError};
@@ -21,7 +21,8 @@ use crate::pick::PickReason;
 #[non_exhaustive]
 pub enum Observation {
     /// The candidates a group handed its policy (healthy members of the stage, less
-    /// excluded engines and those without the request's adapter), sorted by id.
+    /// excluded engines, those without the request's adapter and, in a PD bucket,
+    /// those that cannot pair with the other stage), sorted by id.
     Candidates {
         /// The bucket.
         bucket: String,
@@ -29,6 +30,22 @@ pub enum Observation {
         stage: Role,
         /// The candidates.
         engines: Vec<EngineId>,
+    },
+    /// An engine of a PD bucket left out of its stage's candidates because it cannot
+    /// pair with an engine of the other stage: a prefill engine no decode candidate
+    /// can take the KV cache of, or a decode engine that cannot take the picked
+    /// prefill engine's.
+    Unpaired {
+        /// The bucket.
+        bucket: String,
+        /// The stage of the engine left out.
+        stage: Role,
+        /// The engine left out.
+        engine: EngineId,
+        /// The engine of the other stage it was paired with in vain.
+        with: EngineId,
+        /// What they disagree on.
+        mismatch: PdMismatch,
     },
     /// Prompt tokens the prefix source found an engine to hold.
     CachedTokens {

@@ -70,7 +70,7 @@ pub use config_error::{ConfigError, PolicyConfigError};
 pub use dropped::{
     DROPPED_OPTIONS, DROPPED_POLICY_TYPES, DroppedOption, dropped_option, dropped_policy_type,
 };
-pub use error::{LimitExceeded, PickError, Rejection};
+pub use error::{LimitExceeded, MAX_UNPAIRED_NAMED, PickError, Rejection, Unpaired};
 pub use explain::{Explanation, Observation};
 pub use facts::{RequestFacts, expected_peak};
 pub use future::BoxFuture;

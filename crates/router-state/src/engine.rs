@@ -5,6 +5,8 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use crate::pd::PdProfile;
+
 /// The most data-parallel ranks an engine may have (each rank gets its own feeds).
 pub const MAX_DP_SIZE: u32 = 1024;
 
@@ -121,6 +123,8 @@ pub struct Engine {
     health: Health,
     /// The LoRA adapters it serves (from its `/v1/models`), sorted.
     adapters: Arc<[Arc<str>]>,
+    /// What it says about the KV hand-over of a prefill/decode pair.
+    pd_profile: PdProfile,
 }
 
 impl Engine {
@@ -140,6 +144,7 @@ impl Engine {
             dp_size: NonZeroU32::MIN,
             health: Health::Healthy,
             adapters: Arc::new([]),
+            pd_profile: PdProfile::default(),
         }
     }
 
@@ -152,6 +157,12 @@ impl Engine {
         adapters.sort();
         adapters.dedup();
         self.adapters = adapters.into();
+        self
+    }
+
+    /// Sets what the engine says about the KV hand-over of a prefill/decode pair.
+    pub fn with_pd_profile(mut self, profile: PdProfile) -> Self {
+        self.pd_profile = profile;
         self
     }
 
@@ -213,6 +224,11 @@ impl Engine {
         self.adapters
             .binary_search_by(|a| a.as_ref().cmp(name))
             .is_ok()
+    }
+
+    /// What the engine says about the KV hand-over of a prefill/decode pair.
+    pub fn pd_profile(&self) -> &PdProfile {
+        &self.pd_profile
     }
 
     /// Current health.

@@ -46,6 +46,7 @@ mod feed;
 pub mod kv_events;
 mod load_monitor;
 mod names;
+mod pd;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
@@ -61,4 +62,5 @@ pub use load_monitor::{
     NativeAggregate, NativeLoad, ReportedLoad, TPOT_FRESHNESS,
 };
 pub use names::{MAX_NAME_BYTES, NameError, check_name};
+pub use pd::{PdMismatch, PdProfile};
 pub use registry::{EngineRegistry, ModelMode, RegistryError, RegistrySnapshot};

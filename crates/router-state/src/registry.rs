@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::engine::{Engine, EngineId, Health, Role};
+use crate::pd::PdProfile;
 
 /// Whether a model is served by plain engines or by prefill/decode pairs.
 ///
@@ -311,6 +312,25 @@ impl EngineRegistry {
         Ok(true)
     }
 
+    /// Sets what engine `id` says about the KV hand-over of a prefill/decode pair,
+    /// keeping its health; `false` when nothing changed (no new snapshot).
+    ///
+    /// # Errors
+    /// [`RegistryError::UnknownEngine`].
+    pub fn set_pd_profile(&self, id: &str, profile: PdProfile) -> Result<bool, RegistryError> {
+        let _write = self.write.lock();
+        let current = self.current.load();
+        let engine = current
+            .get(id)
+            .ok_or_else(|| RegistryError::UnknownEngine { id: id.into() })?;
+        if *engine.pd_profile() == profile {
+            return Ok(false);
+        }
+        let updated = Engine::clone(engine).with_pd_profile(profile);
+        self.publish(current.with_engine(Arc::new(updated)));
+        Ok(true)
+    }
+
     fn publish(&self, next: RegistrySnapshot) -> u64 {
         let version = next.version;
         self.current.store(Arc::new(next));
@@ -497,6 +517,31 @@ mod tests {
         assert!(!registry.snapshot().get("a").unwrap().serves_adapter("sql"));
         assert!(matches!(
             registry.set_adapters("zz", ["sql"]),
+            Err(RegistryError::UnknownEngine { .. })
+        ));
+    }
+
+    #[test]
+    fn pd_profile_updates_keep_the_engines_health_and_publish_only_a_change() {
+        let registry = EngineRegistry::new();
+        registry.add(plain("a")).unwrap();
+        registry.set_health("a", Health::Unhealthy).unwrap();
+        let before = registry.snapshot().version();
+        let profile = PdProfile {
+            page_size: Some(32),
+            ..PdProfile::default()
+        };
+        assert!(registry.set_pd_profile("a", profile.clone()).unwrap());
+        assert!(!registry.set_pd_profile("a", profile.clone()).unwrap());
+        let after = registry.snapshot();
+        assert_eq!(after.version(), before + 1);
+        let engine = after.get("a").unwrap();
+        assert_eq!(
+            (engine.pd_profile(), engine.is_healthy()),
+            (&profile, false)
+        );
+        assert!(matches!(
+            registry.set_pd_profile("zz", profile),
             Err(RegistryError::UnknownEngine { .. })
         ));
     }

@@ -1,5 +1,6 @@
 //! What an engine says about itself in `/server_info` (SGLang): its disaggregation
-//! mode, ports, data-parallel ranks and where it publishes load reports and KV events.
+//! mode, ports, data-parallel ranks, where it publishes load reports and KV events,
+//! and what its KV hand-over between prefill and decode engines needs.
 
 use serde_json::Value;
 
@@ -23,10 +24,77 @@ pub struct ServerInfo {
     pub load_feed: Option<FeedEndpoint>,
     /// The KV-event feed, from `kv_events.endpoint_port_base`.
     pub kv_feed: Option<KvFeedEndpoint>,
+    /// What the engine's KV hand-over between prefill and decode engines needs.
+    pub hand_over: HandOver,
     /// The LoRA adapters the engine serves: the cards of its `/v1/models` with a
     /// `parent` (vLLM and SGLang list an adapter so), at most 1,024 names of 1 to 256
     /// bytes of visible ASCII each (others are skipped).
     pub adapters: Vec<String>,
+}
+
+/// What `/server_info` says about the KV hand-over between a prefill and a decode
+/// engine (SGLang's server arguments); what it does not say, or says out of bounds, is
+/// `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HandOver {
+    /// `disaggregation_transfer_backend` (`mooncake`, `nixl`, ...).
+    pub transfer_backend: Option<String>,
+    /// `page_size`: tokens per KV page.
+    pub page_size: Option<u32>,
+    /// `kv_cache_dtype` (`auto`, `fp8_e4m3`, ...).
+    pub kv_cache_dtype: Option<String>,
+    /// The ranks one attention layer spans: `tp_size` over the attention
+    /// data-parallel ranks (`dp_size` with `enable_dp_attention`, else 1) and
+    /// `attn_cp_size` (1 when unsaid); `None` without `tp_size` or when they do not
+    /// divide it.
+    pub attention_tp_size: Option<u32>,
+    /// `pp_size`: pipeline stages.
+    pub pp_size: Option<u32>,
+}
+
+/// The longest transfer backend or KV data type name kept.
+const MAX_SETTING_BYTES: usize = 64;
+
+/// Reads the hand-over settings of a `/server_info` answer.
+fn parse_hand_over(info: &Value) -> HandOver {
+    let setting = |key: &str| {
+        info[key]
+            .as_str()
+            .filter(|s| (1..=MAX_SETTING_BYTES).contains(&s.len()))
+            .filter(|s| s.bytes().all(|b| b.is_ascii_graphic()))
+            .map(str::to_owned)
+    };
+    HandOver {
+        transfer_backend: setting("disaggregation_transfer_backend"),
+        page_size: positive(info, "page_size"),
+        kv_cache_dtype: setting("kv_cache_dtype"),
+        attention_tp_size: attention_tp_size(info),
+        pp_size: positive(info, "pp_size"),
+    }
+}
+
+/// `info[key]` when it is a count from 1 to `u32::MAX`.
+fn positive(info: &Value, key: &str) -> Option<u32> {
+    info[key]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+}
+
+/// The ranks one attention layer spans, as SGLang derives them from its arguments.
+fn attention_tp_size(info: &Value) -> Option<u32> {
+    let tp = positive(info, "tp_size")?;
+    let dp = match info["enable_dp_attention"].as_bool() {
+        Some(true) => positive(info, "dp_size")?,
+        _ => 1,
+    };
+    let cp = match info.get("attn_cp_size") {
+        None | Some(Value::Null) => 1,
+        Some(_) => positive(info, "attn_cp_size")?,
+    };
+    let split = dp.checked_mul(cp)?;
+    (tp % split == 0).then_some(tp / split)
 }
 
 /// An engine's part in prefill-decode disaggregation, as its `disaggregation_mode`
@@ -147,6 +215,7 @@ pub fn parse_server_info(info: &Value, engine_url: &str) -> ServerInfo {
             .filter(|d| *d > 0),
         load_feed,
         kv_feed,
+        hand_over: parse_hand_over(info),
         adapters: Vec::new(),
     }
 }
@@ -226,6 +295,53 @@ mod tests {
         assert_eq!(adapters[1], "lora-0");
         assert_eq!(adapters[1023], "lora-1022");
         assert!(parse_adapters(&json!({"data": "nothing"})).is_empty());
+    }
+
+    #[test]
+    fn reads_what_the_kv_hand_over_needs() {
+        let info = json!({
+            "disaggregation_transfer_backend": "nixl", "page_size": 64, "kv_cache_dtype": "fp8_e4m3",
+            "tp_size": 8, "dp_size": 2, "enable_dp_attention": true, "attn_cp_size": 2, "pp_size": 2
+        });
+        assert_eq!(
+            parse_server_info(&info, "http://h:1").hand_over,
+            HandOver {
+                transfer_backend: Some("nixl".into()),
+                page_size: Some(64),
+                kv_cache_dtype: Some("fp8_e4m3".into()),
+                attention_tp_size: Some(2),
+                pp_size: Some(2),
+            }
+        );
+        let tp = |info: Value| {
+            parse_server_info(&info, "http://h:1")
+                .hand_over
+                .attention_tp_size
+        };
+        assert_eq!(
+            tp(json!({"tp_size": 8, "dp_size": 2})),
+            Some(8),
+            "DP without DP attention splits no layer"
+        );
+        assert_eq!(
+            tp(json!({"tp_size": 8, "dp_size": 3, "enable_dp_attention": true})),
+            None
+        );
+        assert_eq!(tp(json!({"tp_size": 8, "enable_dp_attention": true})), None);
+        assert_eq!(tp(json!({"tp_size": 4, "attn_cp_size": null})), Some(4));
+        assert_eq!(tp(json!({"dp_size": 2})), None);
+        let unsaid = parse_server_info(
+            &json!({"disaggregation_transfer_backend": "", "kv_cache_dtype": "x".repeat(65),
+                    "page_size": 0, "pp_size": -1, "tp_size": "8"}),
+            "http://h:1",
+        );
+        assert_eq!(
+            unsaid.hand_over,
+            HandOver::default(),
+            "values out of bounds are unsaid"
+        );
+        let spaced = parse_server_info(&json!({"kv_cache_dtype": "fp 8"}), "http://h:1");
+        assert_eq!(spaced.hand_over.kv_cache_dtype, None);
     }
 
     #[test]

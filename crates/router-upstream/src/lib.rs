@@ -47,7 +47,9 @@ mod url;
 
 pub use client::{Upstream, UpstreamError, UpstreamTimeouts};
 pub use h1::{H1Body, H1Error};
-pub use info::{DisaggregationMode, FeedEndpoint, KvFeedEndpoint, ServerInfo, parse_server_info};
+pub use info::{
+    DisaggregationMode, FeedEndpoint, HandOver, KvFeedEndpoint, ServerInfo, parse_server_info,
+};
 pub use metrics_text::{ScrapedRank, parse_load_metrics};
 #[cfg(feature = "tls")]
 pub use tls::{EngineTls, MAX_PEM_BYTES, TlsError, TlsFile, TlsFiles};

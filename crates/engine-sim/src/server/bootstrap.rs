@@ -31,7 +31,7 @@ pub(crate) struct Transfer {
 }
 
 /// What a ready room hands over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RoomInfo {
     pub(crate) room: u64,
     pub(crate) prompt_tokens: u64,
@@ -40,6 +40,32 @@ pub(crate) struct RoomInfo {
     pub(crate) rank: u32,
     #[serde(default = "one")]
     pub(crate) dp_size: u32,
+    /// The prefill engine's page size and transfer backend, which the decode engine
+    /// checks against its own.
+    #[serde(default)]
+    pub(crate) page_size: Option<u32>,
+    #[serde(default)]
+    pub(crate) transfer_backend: Option<String>,
+}
+
+impl RoomInfo {
+    /// Why a decode engine of `page_size` and `transfer_backend` cannot take this
+    /// room's KV cache, as SGLang's decode refuses a prefill of another page size.
+    pub(crate) fn refusal(&self, page_size: u32, transfer_backend: &str) -> Option<String> {
+        if let Some(theirs) = self.page_size.filter(|p| *p != page_size) {
+            return Some(format!(
+                "page size mismatch: the prefill engine has page_size={theirs}, this decode engine {page_size}"
+            ));
+        }
+        self.transfer_backend
+            .as_deref()
+            .filter(|b| *b != transfer_backend)
+            .map(|theirs| {
+                format!(
+                    "transfer backend mismatch: the prefill engine speaks {theirs}, this decode engine {transfer_backend}"
+                )
+            })
+    }
 }
 
 fn one() -> u32 {
@@ -63,13 +89,14 @@ struct RoomTable {
 impl Rooms {
     /// Marks a room ready, waking its waiters.
     pub(crate) fn mark_ready(&self, info: RoomInfo) {
+        let room = info.room;
         let mut table = self.inner.lock();
         table
             .rooms
-            .entry(info.room)
+            .entry(room)
             .or_insert_with(|| watch::channel(None).0)
             .send_replace(Some(info));
-        table.ready_order.push_back(info.room);
+        table.ready_order.push_back(room);
         if table.ready_order.len() > READY_ROOMS_KEPT
             && let Some(oldest) = table.ready_order.pop_front()
         {
@@ -105,7 +132,7 @@ impl Rooms {
             .or_insert_with(|| watch::channel(None).0)
             .subscribe();
         let info = match tokio::time::timeout(timeout, ready.wait_for(Option::is_some)).await {
-            Ok(Ok(info)) => *info,
+            Ok(Ok(info)) => info.clone(),
             _ => None,
         };
         drop(ready);
@@ -222,6 +249,8 @@ mod tests {
             prompt_tokens: 12,
             rank: 0,
             dp_size: 1,
+            page_size: None,
+            transfer_backend: None,
         });
         assert_eq!(
             waiter.await.unwrap(),
@@ -230,6 +259,8 @@ mod tests {
                 prompt_tokens: 12,
                 rank: 0,
                 dp_size: 1,
+                page_size: None,
+                transfer_backend: None,
             })
         );
         assert_eq!(
@@ -247,8 +278,43 @@ mod tests {
             prompt_tokens: 1,
             rank: 0,
             dp_size: 1,
+            page_size: None,
+            transfer_backend: None,
         });
         assert_eq!(rooms.wait(2, Duration::from_secs(3)).await, None);
         assert_eq!(rooms.inner.lock().rooms.len(), 1);
+    }
+
+    #[test]
+    fn a_room_of_another_page_size_or_backend_is_refused() {
+        let room = RoomInfo {
+            room: 1,
+            prompt_tokens: 1,
+            rank: 0,
+            dp_size: 1,
+            page_size: Some(16),
+            transfer_backend: Some("mooncake".into()),
+        };
+        assert_eq!(room.refusal(16, "mooncake"), None);
+        assert!(
+            room.refusal(32, "mooncake")
+                .unwrap()
+                .contains("page_size=16")
+        );
+        assert!(
+            room.refusal(16, "nixl")
+                .unwrap()
+                .contains("speaks mooncake")
+        );
+        let unsaid = RoomInfo {
+            page_size: None,
+            transfer_backend: None,
+            ..room
+        };
+        assert_eq!(
+            unsaid.refusal(32, "nixl"),
+            None,
+            "an older prefill says nothing"
+        );
     }
 }

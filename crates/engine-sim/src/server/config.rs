@@ -95,6 +95,11 @@ pub struct SimConfig {
     /// the bootstrap port, its side channel).
     #[arg(long, value_enum, default_value_t = PdProtocol::Sglang)]
     pub pd_protocol: PdProtocol,
+    /// The KV transfer backend, reported in `/server_info` as
+    /// `disaggregation_transfer_backend`; a decode engine refuses a room prefilled by
+    /// an engine of another backend (or another `--page-size`).
+    #[arg(long, default_value = "mooncake")]
+    pub transfer_backend: String,
     /// How long a decode engine waits for a prefill engine's room, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub bootstrap_timeout_ms: u64,
@@ -168,6 +173,11 @@ impl SimConfig {
             return Err(
                 "--prefill-tokens-per-sec and --decode-tokens-per-sec must not be negative".into(),
             );
+        }
+        if !(1..=64).contains(&self.transfer_backend.len())
+            || !self.transfer_backend.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err("--transfer-backend must be 1 to 64 bytes of visible ASCII".into());
         }
         if self.role == EngineRole::Prefill && self.bootstrap_port.is_none() {
             return Err("--role prefill needs --bootstrap-port (0 picks a free port)".into());

@@ -53,6 +53,7 @@ pub(crate) async fn server_info(State(app): State<Arc<AppState>>) -> Response {
         "served_model_name": c.model,
         "disaggregation_mode": c.role.disaggregation_mode(),
         "disaggregation_bootstrap_port": p.bootstrap,
+        "disaggregation_transfer_backend": c.transfer_backend,
         "page_size": c.page_size,
         "dp_size": c.dp_size,
         "max_running_requests": c.max_running_requests,

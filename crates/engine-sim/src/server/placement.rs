@@ -126,6 +126,10 @@ pub(crate) async fn start_run(
             let info = fetch_room(&app.client, host, port, room, timeout)
                 .await
                 .map_err(failed)?;
+            if let Some(refusal) = info.refusal(app.config.page_size, &app.config.transfer_backend)
+            {
+                return Err(failed(refusal));
+            }
             let expected = room % u64::from(info.dp_size.max(1));
             if u64::from(info.rank) != expected {
                 return Err(failed(format!(

@@ -95,6 +95,8 @@ impl Generation {
                 prompt_tokens: self.run.prompt_tokens(),
                 rank: self.run.rank(),
                 dp_size: self.app.config.dp_size,
+                page_size: Some(self.app.config.page_size),
+                transfer_backend: Some(self.app.config.transfer_backend.clone()),
             });
         }
     }
