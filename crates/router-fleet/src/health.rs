@@ -236,8 +236,8 @@ impl HealthBook {
         self.held_closed.load(Ordering::Relaxed)
     }
 
-    /// Records one probe at `now`. The probe after an open breaker's cool-down
-    /// half-opens it (the next dispatch is its trial), and the one after a trial
+    /// Records one probe at `now`. The first passed probe after an open breaker's
+    /// cool-down half-opens it (the next dispatch is its trial), and the one after a trial
     /// that never ended (its client left before an answer) lets another dispatch
     /// try. Returns the new routability when it changed.
     pub(crate) fn record_probe(&self, id: &EngineId, passed: bool, now: Instant) -> Option<bool> {
@@ -257,7 +257,9 @@ impl HealthBook {
                 }
             }
             match h.breaker {
-                Breaker::Open { until } if now >= until => {
+                // A failing probe keeps it open: a client's request is no test of an
+                // engine whose health check just failed.
+                Breaker::Open { until } if now >= until && passed => {
                     h.breaker = Breaker::HalfOpen { trial: None };
                 }
                 Breaker::HalfOpen { trial: Some(began) }
@@ -479,7 +481,13 @@ mod tests {
             "nothing counts while open"
         );
         let later = after + Duration::from_millis(1000);
-        assert_eq!(book.record_probe(&id, false, later), Some(true));
+        assert_eq!(
+            book.record_probe(&id, false, later),
+            None,
+            "a failed probe keeps it open past the cool-down"
+        );
+        assert!(matches!(book.breaker(&id), Some(Breaker::Open { .. })));
+        assert_eq!(book.record_probe(&id, true, later), Some(true));
         book.begin_dispatch(&id, later);
         assert_eq!(
             book.record_dispatch(&id, Answered, later),

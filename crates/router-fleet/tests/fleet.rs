@@ -374,7 +374,7 @@ struct Listing {
 }
 
 /// A plain engine whose `/v1/models` lists `listing`'s adapters as they are at
-/// each request (a 500 while it is failing), until dropped.
+/// each request (a 429 while it is failing), until dropped.
 async fn engine_listing(listing: Arc<Listing>) -> (String, tokio::task::JoinHandle<()>) {
     use axum::extract::State;
     use axum::http::StatusCode;
@@ -383,7 +383,7 @@ async fn engine_listing(listing: Arc<Listing>) -> (String, tokio::task::JoinHand
         State(listing): State<Arc<Listing>>,
     ) -> Result<axum::Json<serde_json::Value>, StatusCode> {
         if listing.failing.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(StatusCode::INTERNAL_SERVER_ERROR);
+            return Err(StatusCode::TOO_MANY_REQUESTS);
         }
         let mut cards = vec![serde_json::json!({"id": "m", "parent": null})];
         cards.extend(
@@ -430,7 +430,8 @@ async fn adapters_an_engine_loads_or_unloads_are_seen_at_its_next_probe() {
     *listing.adapters.lock() = vec!["chat".into(), "summaries".into()];
     fleet.probe_all().await;
     assert_eq!(adapters(), ["chat", "summaries"], "loaded and unloaded");
-    // An answer that cannot be read keeps what was known.
+    // An answer that cannot be read (here a 429: busy, not without adapters) keeps
+    // what was known.
     listing
         .failing
         .store(true, std::sync::atomic::Ordering::SeqCst);

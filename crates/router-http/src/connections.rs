@@ -8,9 +8,10 @@
 //! Idle connections cannot hold slots against new ones: a connection that arrives
 //! when every slot is taken closes the oldest connection that is not serving a
 //! request (kept alive between requests, or yet to send its first head), and takes
-//! its slot. When every slot serves a request, up to [`PROBE_SLOTS`] more
+//! its slot (the closing one finishes what it is writing). When every slot serves a request, up to [`PROBE_SLOTS`] more
 //! connections are taken on the public address that answer only the probes
-//! (`/health`, `/ready`, `/metrics`; anything else gets 503 `overloaded`), so
+//! (`/health`, `/ready`, `/metrics`; anything else gets 503 `overloaded`), one
+//! request each, so
 //! liveness and readiness checks are always answered; past those, connections wait
 //! in the listen backlog.
 
@@ -23,7 +24,6 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,9 +33,13 @@ use tokio::task::JoinSet;
 use crate::validated::ClientLimits;
 use deadlines::{Deadlines, Guarded, Phase, Tracked};
 
+/// How often a connection waiting for a slot looks again for an idle connection to
+/// close or a probe slot.
+const RECHECK: Duration = Duration::from_millis(100);
+
 /// Connections taken past `limits.max_connections` while every slot serves a
 /// request, answering only the probes.
-pub(crate) const PROBE_SLOTS: usize = 16;
+pub const PROBE_SLOTS: usize = 16;
 
 /// What a listener serves: every route, and (on the public address) the probes
 /// alone for connections past the limit.
@@ -54,15 +58,21 @@ struct Open {
 }
 
 impl Open {
-    /// Closes the oldest connection that is not serving a request; `false` when
-    /// every one is.
+    /// Asks the oldest connection that is not serving a request to close (it
+    /// finishes writing what it has), and forgets it; `false` when every one is.
     fn close_an_idle_one(&self) -> bool {
-        let connections = self.connections.lock();
-        let idle = connections.values().find(|(phase, _)| !phase.is_busy());
-        if let Some((_, close)) = idle {
-            close.notify_one();
+        let mut connections = self.connections.lock();
+        let idle = connections
+            .iter()
+            .find(|(_, (phase, _))| !phase.is_busy())
+            .map(|(id, _)| *id);
+        match idle.and_then(|id| connections.remove(&id)) {
+            Some((_, close)) => {
+                close.notify_one();
+                true
+            }
+            None => false,
         }
-        idle.is_some()
     }
 }
 
@@ -74,7 +84,6 @@ pub(crate) async fn serve(
     mut stopped: watch::Receiver<bool>,
     grace: Duration,
 ) {
-    let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let probe_slots = Arc::new(Semaphore::new(if apps.probes.is_some() {
         PROBE_SLOTS
@@ -91,6 +100,10 @@ pub(crate) async fn serve(
     // The socket keeps the head deadline itself: hyper's would also count the idle
     // time before a head.
     builder.header_read_timeout(None);
+    // A connection past the limit answers one probe and closes, so probes cannot
+    // keep the probe slots.
+    let mut probe_builder = builder.clone();
+    probe_builder.keep_alive(false);
     let mut connections = JoinSet::new();
     for id in 0_u64.. {
         let (stream, slot) = tokio::select! {
@@ -122,28 +135,47 @@ pub(crate) async fn serve(
                     .map(|response| response.map(|body| Tracked::new(body, phase)))
             }
         });
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let chosen = if slot.probes_only {
+            &probe_builder
+        } else {
+            &builder
+        };
+        let connection = chosen.serve_connection(TokioIo::new(stream), service);
         let open = Arc::clone(&open);
+        let mut stopping = stopped.clone();
         connections.spawn(async move {
-            let closed = async {
-                match &close {
-                    Some(close) => close.notified().await,
-                    None => std::future::pending().await,
+            let mut connection = std::pin::pin!(connection);
+            // Shutdown, or a new connection taking this idle one's slot: the
+            // connection finishes the request it is serving, if any, then closes.
+            let asked = async {
+                tokio::select! {
+                    _ = stopping.wait_for(|s| *s) => {}
+                    () = async {
+                        match &close {
+                            Some(close) => close.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    } => tracing::debug!("an idle client connection closes for a new one"),
                 }
             };
-            tokio::select! {
-                served = connection => if let Err(e) = served {
-                    tracing::debug!(error = %e, "client connection closed with an error");
-                },
-                () = closed => tracing::debug!("an idle client connection closed for a new one"),
+            let served = tokio::select! {
+                served = connection.as_mut() => served,
+                () = asked => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "client connection closed with an error");
             }
             open.connections.lock().remove(&id);
             drop(slot);
         });
     }
     drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
     tokio::select! {
-        () = graceful.shutdown() => {}
+        () = drained => {}
         () = tokio::time::sleep(grace) => {
             tracing::warn!(?grace, "grace period over; closing remaining connections");
         }
@@ -199,23 +231,27 @@ async fn accept(
             }
         }
     };
-    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
-        return (stream, Slot::full(slot));
+    loop {
+        if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
+            return (stream, Slot::full(slot));
+        }
+        if !open.close_an_idle_one()
+            && let Ok(slot) = Arc::clone(probe_slots).try_acquire_owned()
+        {
+            return (
+                stream,
+                Slot {
+                    _held: slot,
+                    probes_only: true,
+                },
+            );
+        }
+        // A slot frees when a connection closes (the idle one asked to, or one
+        // whose request ended); meanwhile, look again for an idle connection or a
+        // probe slot now and then.
+        if let Ok(Ok(slot)) = tokio::time::timeout(RECHECK, Arc::clone(slots).acquire_owned()).await
+        {
+            return (stream, Slot::full(slot));
+        }
     }
-    if !open.close_an_idle_one()
-        && let Ok(slot) = Arc::clone(probe_slots).try_acquire_owned()
-    {
-        return (
-            stream,
-            Slot {
-                _held: slot,
-                probes_only: true,
-            },
-        );
-    }
-    let slot = Arc::clone(slots)
-        .acquire_owned()
-        .await
-        .expect("the semaphore is never closed");
-    (stream, Slot::full(slot))
 }

@@ -53,6 +53,7 @@ mod validated;
 
 pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
+pub use connections::PROBE_SLOTS;
 pub use error::ApiError;
 pub use indexer::{RunningIndexer, start_indexer};
 pub use reload::{ReloadError, ReloadSummary};

@@ -273,3 +273,54 @@ async fn probes_are_answered_while_every_slot_serves_a_request() {
     drop(busy);
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_connection_waiting_for_a_slot_takes_the_one_a_finished_request_leaves_idle() {
+    let a = sim(|c| c.faults.hold_after_chunks = Some(0)).await;
+    let mut config = config(vec![ModelConfig::new(
+        "m",
+        vec![engine("A", &a, EngineRole::Plain)],
+    )]);
+    config.limits.max_connections = 1;
+    let router = router(config).await;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{chat}",
+        chat.len()
+    );
+    // The one slot serves a held request; the probe slots hold silent connections.
+    let mut busy = TcpStream::connect(router.addr()).await.unwrap();
+    busy.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), a.visits_until(|v| v.open == 1))
+        .await
+        .expect("the request held at the engine");
+    let mut silent = Vec::new();
+    for _ in 0..router_http::PROBE_SLOTS {
+        silent.push(TcpStream::connect(router.addr()).await.unwrap());
+    }
+    let waiting = tokio::spawn({
+        let addr = router.addr();
+        async move {
+            let mut socket = TcpStream::connect(addr).await.unwrap();
+            health(&mut socket).await
+        }
+    });
+    // The held request ends; its connection stays open, kept alive and idle.
+    let release = reqwest::Client::new()
+        .post(format!("{}/admin/faults", a.url()))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(release.status(), 200);
+    let mut head = [0_u8; 12];
+    busy.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let answered = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("answered long before the idle connection's own timeout (60 s)")
+        .unwrap();
+    assert_eq!(answered, "HTTP/1.1 200 OK");
+    drop(silent);
+    router.shutdown().await;
+}

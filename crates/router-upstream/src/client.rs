@@ -219,16 +219,23 @@ impl Upstream {
     }
 
     /// The LoRA adapters the engine's `/v1/models` lists (at most 1,024 names of
-    /// 1 to 256 bytes of visible ASCII; none when it answers a client error): `None`
-    /// when it could not be read (no answer within 2 s, an answer over 1 MiB, a
-    /// server error, a body that is not JSON).
+    /// 1 to 256 bytes of visible ASCII; none when it has no such endpoint, a 404 or
+    /// 405): `None` when it could not be read (no answer within 2 s, an answer over
+    /// 1 MiB, any other error status, a body that is not JSON).
     pub async fn adapters(&self, base: &str) -> Option<Vec<String>> {
         match self.get(base, "/v1/models", INFO_TIMEOUT).await {
             Ok((status, body)) if status.is_success() => {
                 let models = serde_json::from_slice(&body).ok()?;
                 Some(parse_adapters(&models))
             }
-            Ok((status, _)) if status.is_client_error() => Some(Vec::new()),
+            // No such endpoint: no adapters. Any other refusal (429, 408, a proxy's
+            // 401) says nothing of them.
+            Ok((status, _))
+                if status == http::StatusCode::NOT_FOUND
+                    || status == http::StatusCode::METHOD_NOT_ALLOWED =>
+            {
+                Some(Vec::new())
+            }
             _ => None,
         }
     }

@@ -177,6 +177,13 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// The file at `path`, at most [`MAX_PEM_BYTES`] of it.
 fn read_bounded(file: TlsFile, path: &Path) -> Result<Vec<u8>, TlsError> {
+    // Only a regular file (or a link to one): a FIFO or a device at the path would
+    // block the read or never end it.
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Err(file_error(file, path, "not a regular file".into())),
+        Err(e) => return Err(file_error(file, path, e.to_string())),
+    }
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_PEM_BYTES + 1).read_to_end(&mut bytes))

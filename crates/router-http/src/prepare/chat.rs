@@ -9,6 +9,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::checks::{Sampling, check_integer, each, model, scalar, stream_and_sampling};
+use super::owned::present;
 use super::{Parsed, Prompt};
 use crate::error::ApiError;
 
@@ -32,16 +33,17 @@ const ROLES: &[&str] = &[
 
 #[derive(Deserialize)]
 struct Probe<'a> {
-    // The fields the router owns (`owned::OWNED`): only whether they were sent.
-    #[serde(default)]
+    // The fields the router owns (`owned::OWNED`): only whether they were sent
+    // (`null` included).
+    #[serde(default, deserialize_with = "present")]
     bootstrap_host: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     bootstrap_port: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     bootstrap_room: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     kv_transfer_params: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,

@@ -17,6 +17,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::checks::{Sampling, check_integer, model, scalar, stream_and_sampling};
+use super::owned::present;
 use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
 
@@ -33,16 +34,17 @@ const DEFAULT_MAX_TOKENS: u64 = 16;
 
 #[derive(Deserialize)]
 struct Probe<'a> {
-    // The fields the router owns (`owned::OWNED`): only whether they were sent.
-    #[serde(default)]
+    // The fields the router owns (`owned::OWNED`): only whether they were sent
+    // (`null` included).
+    #[serde(default, deserialize_with = "present")]
     bootstrap_host: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     bootstrap_port: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     bootstrap_room: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     kv_transfer_params: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,
@@ -246,7 +248,13 @@ impl<'de> Visitor<'de> for FormVisitor {
             Element::Ids(list) => {
                 count(list.len())?;
                 let mut lists = vec![list];
-                while let Some(list) = seq.next_element::<Vec<u32>>()? {
+                // Each list read as the first was, so none holds more than the bound.
+                while let Some(element) = seq.next_element::<Element<'de>>()? {
+                    let Element::Ids(list) = element else {
+                        return Err(A::Error::custom(
+                            "a list of lists of token ids holds something else",
+                        ));
+                    };
                     if lists.len() == MAX_PROMPTS {
                         return Err(A::Error::custom(format_args!(
                             "more than {MAX_PROMPTS} prompts"

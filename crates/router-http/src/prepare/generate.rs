@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 use super::checks::{MAX_MODEL_BYTES, check_integer, each, scalar};
 use super::completions::MAX_PROMPTS;
 use super::completions::{CompletionPrompts, read_prompts};
+use super::owned::present;
 use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
 
@@ -24,16 +25,17 @@ const DEFAULT_MAX_NEW_TOKENS: u64 = 128;
 
 #[derive(Deserialize)]
 struct Probe<'a> {
-    // The fields the router owns (`owned::OWNED`): only whether they were sent.
-    #[serde(default)]
+    // The fields the router owns (`owned::OWNED`): only whether they were sent
+    // (`null` included).
+    #[serde(default, deserialize_with = "present")]
     bootstrap_host: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     bootstrap_port: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     bootstrap_room: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     kv_transfer_params: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,

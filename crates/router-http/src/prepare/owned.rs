@@ -11,7 +11,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
@@ -24,6 +24,14 @@ pub(crate) const OWNED: [&str; 5] = [
     "kv_transfer_params",
     "data_parallel_rank",
 ];
+
+/// A field that was sent, whatever its value (`null` included): what the router owns
+/// is taken out however a client fills it.
+pub(crate) fn present<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<IgnoredAny>, D::Error> {
+    IgnoredAny::deserialize(deserializer).map(Some)
+}
 
 /// `body` (a JSON object) without the fields of [`OWNED`].
 pub(crate) fn without_owned(body: &[u8]) -> Result<Bytes, ApiError> {

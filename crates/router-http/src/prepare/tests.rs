@@ -719,4 +719,15 @@ fn every_invalid_generate_field_gets_a_precise_400() {
     }
 }
 
+#[test]
+fn a_field_the_router_owns_is_found_whatever_its_value() {
+    for value in [json!(null), json!(7), json!({"remote_host": "x"})] {
+        for field in ["bootstrap_room", "kv_transfer_params", "data_parallel_rank"] {
+            let p = run(chat(json!({field: value.clone()}))).unwrap();
+            assert!(p.owned, "{field}: {value}");
+        }
+    }
+    assert!(!run(chat(json!({}))).unwrap().owned);
+}
+
 mod bounds;
