@@ -284,11 +284,16 @@ impl Drop for RelayBody {
         if self.ending == Ending::Pending && self.held.is_none() && self.inner.is_end_stream() {
             // The whole answer was sent (a server writing a known length drops the body
             // once it has written it): a prefill leg still running goes on to its end,
-            // holding its in-flight count, within the idle timeout.
+            // holding its engine's in-flight count, within the idle timeout.
             if let Some(companion) = self.companion.take()
                 && let Ok(runtime) = tokio::runtime::Handle::try_current()
             {
-                let guards = std::mem::take(&mut self.guards);
+                // The prefill engine's guard comes first (`Pair::new`); the decode
+                // engine's goes now, its answer being whole.
+                let guards: Vec<InflightGuard> = std::mem::take(&mut self.guards)
+                    .into_iter()
+                    .take(1)
+                    .collect();
                 let timeout = self.idle_timeout;
                 runtime.spawn(async move {
                     match tokio::time::timeout(timeout, companion).await {

@@ -693,6 +693,11 @@ async fn a_prefill_leg_still_running_when_the_decode_answer_is_sent_runs_to_its_
     assert_eq!(settled(&decode).await, answered(1));
     assert_eq!(prefill.visits().open, 1, "the prefill leg is not cut");
     assert_eq!(in_flight(router.context(), &["P1"]), 1, "and still counted");
+    assert_eq!(
+        in_flight(router.context(), &["D1"]),
+        0,
+        "the decode engine's answer is whole"
+    );
     set_faults(&prefill, json!({})).await;
     assert_eq!(settled(&prefill).await, answered(1));
     within("the prefill's in-flight count released", async {

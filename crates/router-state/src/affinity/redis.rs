@@ -373,8 +373,9 @@ impl Inner {
     }
 
     /// Runs a script within the timeout and the time `deadline` leaves, unless the
-    /// circuit holds it back; its engine id (`None`: no binding). A timeout opens the
-    /// circuit, an answer closes it.
+    /// circuit holds it back; its engine id (`None`: no binding). A timeout of the
+    /// whole store timeout opens the circuit (one cut short by the pick's deadline
+    /// does not), an answer closes it.
     async fn run(
         self: &Arc<Self>,
         invocation: &redis::ScriptInvocation<'_>,
@@ -385,20 +386,26 @@ impl Inner {
         if wait.is_zero() || !self.circuit.lock().admit(Instant::now(), wait) {
             return Err(Failure::Skipped);
         }
-        let answer = invoke(invocation, generation, connection, wait).await;
+        let answer = match invoke(invocation, generation, connection, wait).await {
+            // The pick's own deadline ran out, not the server's time: the command
+            // counts as not sent, and neither the circuit nor the connection changes.
+            Err(Failure::TimedOut(_)) if wait < self.settings.timeout => Err(Failure::Skipped),
+            answer => answer,
+        };
         self.settle_circuit(&answer);
         answer
     }
 
     /// A timeout opens the circuit for the backoff; an answer of the server closes
-    /// it; a lost connection leaves it as it is.
+    /// it; a lost connection, or a command the pick's deadline cut short, leaves it
+    /// as it is.
     fn settle_circuit(&self, answer: &Result<Option<EngineId>, Failure>) {
         let mut circuit = self.circuit.lock();
         match answer {
             Err(Failure::TimedOut(_)) => {
                 *circuit = Circuit::Open(Instant::now() + self.settings.reconnect_interval);
             }
-            Err(Failure::Lost(..)) => {}
+            Err(Failure::Lost(..) | Failure::Skipped) => {}
             _ => *circuit = Circuit::Closed,
         }
     }

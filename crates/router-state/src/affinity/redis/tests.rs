@@ -543,12 +543,12 @@ async fn the_calls_of_one_pick_share_its_deadline() {
         "bound locally"
     );
     assert_eq!(start.elapsed(), waited, "the bind did not wait");
+    let status = store.status();
     assert_eq!(
-        store.peek(SCOPE, "s", store.deadline()).await,
-        Ok(Some(id("E1"))),
-        "a peek does not ask the server either"
+        (status.errors, status.skipped),
+        (0, 2),
+        "the lookup the pick's deadline cut short is no failure of the server's (the circuit stays closed): {status:?}"
     );
-    assert_eq!(start.elapsed(), waited);
 }
 
 #[tokio::test]
