@@ -579,10 +579,12 @@ async fn breakers_never_hold_out_more_than_their_share_of_a_pool() {
         .filter(|e| text.contains(&breaker_line(e, true)))
         .count();
     assert_eq!(open, 1, "{text}");
-    assert!(
-        text.contains("switchyard_breakers_held_closed_total "),
-        "{text}"
-    );
+    let held: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("switchyard_breakers_held_closed_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_default();
+    assert!(held >= 1, "the other breaker was held closed: {text}");
     router.shutdown().await;
 }
 
