@@ -29,7 +29,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, requires = "config")]
     watch_config: bool,
     /// A reload takes the file once two reads this many milliseconds apart agree
-    /// (10 to 60000; it gives up after ten rereads).
+    /// (10 to 60000; it gives up after ten rereads); a file that does more than add
+    /// models or engines must then stay unchanged ten times as long.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000), requires = "config")]
     config_settle_ms: u64,
     /// Address to listen on (overrides the file's `listen`).
@@ -96,6 +97,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .and_then(|path| read_regular(path, MAX_CONFIG_BYTES).ok())
         .map(Snapshot::into_text);
     let config = config_from(&args, env_token.clone())?;
+    let running = config.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -108,6 +110,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let reloads = tokio::spawn(reload::run(
             Arc::clone(router.context()),
             hangup,
+            running,
             started_from,
             args,
             env_token,

@@ -12,7 +12,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-pub use settle::{Settle, SettleError, settled};
+pub use settle::{Settle, SettleError, settled, unchanged};
 
 /// The largest configuration file read: 1 MiB.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;

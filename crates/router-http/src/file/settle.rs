@@ -55,6 +55,17 @@ pub enum SettleError {
         /// Their interval.
         interval: Duration,
     },
+    /// It had to stay unchanged for `hold` (it does more than add), and changed
+    /// within that time after each of `tries` reads through.
+    #[error(
+        "changed again within {hold:?} of being read, {tries} times (a file that does more than add models or engines must stay unchanged that long): write the file beside and rename it over"
+    )]
+    Unheld {
+        /// The times the file was read through.
+        tries: u32,
+        /// How long it had to stay unchanged.
+        hold: Duration,
+    },
 }
 
 /// The file `read` reads, once two reads `settle.interval` apart agree.
@@ -79,6 +90,30 @@ where
         reads: settle.rereads + 1,
         interval: settle.interval,
     })
+}
+
+/// Whether the file `read` reads still holds `taken` at each of `reads` reads
+/// `interval` apart: false at the first that differs.
+///
+/// # Errors
+/// The first failed read.
+pub async fn unchanged<R, F>(
+    taken: &Snapshot,
+    interval: Duration,
+    reads: u32,
+    mut read: R,
+) -> Result<bool, ReadError>
+where
+    R: FnMut() -> F,
+    F: Future<Output = Result<Snapshot, ReadError>>,
+{
+    for _ in 0..reads {
+        tokio::time::sleep(interval).await;
+        if read().await? != *taken {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -198,6 +233,25 @@ mod tests {
             3,
             "the half file was read once, then the whole twice"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_file_is_unchanged_only_if_every_read_agrees() {
+        let ms = Duration::from_millis;
+        let file = Scripted::new(vec![Ok(snapshot(HALF, 1))]);
+        let held = unchanged(&snapshot(HALF, 1), ms(500), 10, || file.read()).await;
+        assert!(held.expect("read"));
+        assert_eq!(file.times().len(), 10);
+        assert_eq!(file.times().last(), Some(&ms(5000)));
+
+        let file = Scripted::new(vec![
+            Ok(snapshot(HALF, 1)),
+            Ok(snapshot(HALF, 1)),
+            Ok(snapshot(WHOLE, 2)),
+        ]);
+        let held = unchanged(&snapshot(HALF, 1), ms(500), 10, || file.read()).await;
+        assert!(!held.expect("read"), "the third read saw the rest written");
+        assert_eq!(file.times(), [ms(500), ms(1000), ms(1500)]);
     }
 
     #[tokio::test(start_paused = true)]
