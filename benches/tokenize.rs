@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use router_tokenize::ChatTokenizer;
+use router_tokenize::{ChatRequest, ChatTokenizer};
 use serde_json::json;
 
 mod text;
@@ -42,11 +42,39 @@ fn qwen3() -> ChatTokenizer {
     ChatTokenizer::load(&path).expect("the Qwen3 tokenizer loads")
 }
 
+/// A chat request of `messages` alone.
+fn chat(messages: &str) -> ChatRequest<'_> {
+    ChatRequest {
+        messages,
+        ..ChatRequest::default()
+    }
+}
+
+/// Five function tools of an agent, as the load benchmark's tool-calling chat sends
+/// them.
+fn five_tools() -> String {
+    let tools: Vec<serde_json::Value> = ["search_docs", "read_file", "write_file", "run_tests", "open_issue"]
+        .iter()
+        .map(|name| {
+            json!({"type": "function", "function": {
+                "name": name,
+                "description": format!("{name}: does what its name says, on the repository the agent works in."),
+                "parameters": {"type": "object", "properties": {
+                    "path": {"type": "string", "description": "A path in the repository."},
+                    "query": {"type": "string", "description": "What to look for."},
+                    "limit": {"type": "integer", "description": "At most this many results.", "default": 10}
+                }, "required": ["path"]}
+            }})
+        })
+        .collect();
+    serde_json::Value::Array(tools).to_string()
+}
+
 fn tokenize(c: &mut Criterion) {
     let tokenizer = qwen3().with_prefix_cache(router_config::DEFAULT_TOKENIZE_CACHE_BYTES);
     let count = |messages: &str| {
         tokenizer
-            .encode_chat(messages)
+            .encode_chat(&chat(messages))
             .expect("tokenizes")
             .ids
             .len()
@@ -74,9 +102,39 @@ fn tokenize(c: &mut Criterion) {
             count(messages)
         );
         group.bench_function(*name, |b| {
-            b.iter(|| fresh.encode_chat(black_box(messages)).expect("tokenizes"))
+            b.iter(|| {
+                fresh
+                    .encode_chat(black_box(&chat(messages)))
+                    .expect("tokenizes")
+            })
         });
     }
+    // The short chat with five tools, as an agent's every turn carries them.
+    let tools = five_tools();
+    let short = &cases[0].1;
+    let with_tools = ChatRequest {
+        tools: Some(&tools),
+        ..chat(short)
+    };
+    eprintln!(
+        "chat_short_5_tools: {} bytes of tools, {} tokens",
+        tools.len(),
+        fresh.encode_chat(&with_tools).expect("tokenizes").ids.len()
+    );
+    group.bench_function("chat_short_5_tools", |b| {
+        b.iter(|| {
+            fresh
+                .encode_chat(black_box(&with_tools))
+                .expect("tokenizes")
+        })
+    });
+    group.bench_function("chat_short_5_tools_prefix_cached", |b| {
+        b.iter(|| {
+            tokenizer
+                .encode_chat(black_box(&with_tools))
+                .expect("tokenizes")
+        })
+    });
     // Turn 20 of a conversation: its history (about 50k tokens) was the prompt of
     // turn 19 but for the last answer; a new 200-token message follows. Each
     // iteration's message differs, so only turn 19's prefix is ever reused.
@@ -91,9 +149,13 @@ fn tokenize(c: &mut Criterion) {
         count(&follow_up)
     );
     group.bench_function("chat_turn_20_of_50k_uncached", |b| {
-        b.iter(|| fresh.encode_chat(black_box(&follow_up)).expect("tokenizes"))
+        b.iter(|| {
+            fresh
+                .encode_chat(black_box(&chat(&follow_up)))
+                .expect("tokenizes")
+        })
     });
-    tokenizer.encode_chat(&before).expect("tokenizes");
+    tokenizer.encode_chat(&chat(&before)).expect("tokenizes");
     let mut n = 0;
     group.bench_function("chat_turn_20_of_50k_after_turn_19", |b| {
         b.iter_batched(
@@ -101,7 +163,7 @@ fn tokenize(c: &mut Criterion) {
                 n += 1;
                 turn(n).to_string()
             },
-            |messages| tokenizer.encode_chat(&messages).expect("tokenizes"),
+            |messages| tokenizer.encode_chat(&chat(&messages)).expect("tokenizes"),
             BatchSize::LargeInput,
         )
     });

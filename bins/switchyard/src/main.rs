@@ -9,6 +9,7 @@
 mod demo;
 mod drive;
 mod indexer;
+mod prompt;
 mod replay;
 mod serve;
 mod sim_engine;
@@ -55,6 +56,9 @@ enum Command {
     /// Send a trace's requests to a running router at their arrival times (streamed
     /// `/generate` of the trace's token ids) and print what `replay` prints.
     Drive(drive::DriveArgs),
+    /// Print the token ids the router routes request bodies on (one JSON body per
+    /// line on stdin, one line of ids or of the error per body on stdout).
+    Prompt(prompt::PromptArgs),
     /// Run one simulated SGLang-compatible engine (HTTP, KV events, load feed, PD
     /// bootstrap, faults). Prints one JSON line with the bound ports once ready.
     SimEngine(Box<engine_sim::SimConfig>),
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay::run(&args),
         Command::Workload(args) => replay::workload(&args),
         Command::Drive(args) => drive::run(&args),
+        Command::Prompt(args) => prompt::run(&args),
         Command::SimEngine(config) => sim_engine::run(*config),
     };
     match result {

@@ -46,7 +46,7 @@ pub use engine_tls::EngineTlsConfig;
 pub use health::HealthConfig;
 pub use limits::{DEFAULT_TOKENIZE_CACHE_BYTES, LimitsConfig};
 pub use load::LoadConfig;
-pub use model::{EngineConfig, EngineRole, ModelConfig, PdProtocol, RolePolicies};
+pub use model::{EngineConfig, EngineRole, ModelConfig, PdProtocol, RolePolicies, ServingEngine};
 pub use plan::{ModelRouting, ModelSelection, Resources, SelectionPlan, SelectionState};
 pub use prefix_indexer::PrefixIndexerConfig;
 pub use retries::RetryConfig;

@@ -41,6 +41,31 @@ pub struct ModelConfig {
     /// How the model's prefill and decode engines hand a request over.
     #[serde(default)]
     pub pd_protocol: PdProtocol,
+    /// The engine serving the model, whose way of making a chat request into a
+    /// prompt the router follows (SGLang and vLLM differ: docs/configuration.md);
+    /// absent = the engine `pd_protocol` names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<ServingEngine>,
+}
+
+/// An engine whose request handling the router reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServingEngine {
+    /// SGLang.
+    Sglang,
+    /// vLLM.
+    Vllm,
+}
+
+impl ModelConfig {
+    /// The engine serving the model: `served_by`, else the one `pd_protocol` names.
+    pub fn serving_engine(&self) -> ServingEngine {
+        self.served_by.unwrap_or(match self.pd_protocol {
+            PdProtocol::Sglang => ServingEngine::Sglang,
+            PdProtocol::Vllm => ServingEngine::Vllm,
+        })
+    }
 }
 
 /// How a model's prefill and decode engines hand a request over.
@@ -70,6 +95,7 @@ impl ModelConfig {
             buckets: None,
             policies: RolePolicies::default(),
             pd_protocol: PdProtocol::default(),
+            served_by: None,
         }
     }
 }
@@ -242,6 +268,7 @@ impl ModelConfig {
             buckets,
             policies,
             pd_protocol: _,
+            served_by: _,
         } = self;
         let at = |field: &str| format!("models[{m}].{field}");
         for (b, bucket) in buckets.iter().flatten().enumerate() {

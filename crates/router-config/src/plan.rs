@@ -59,7 +59,11 @@ pub trait Resources {
     ///
     /// # Errors
     /// The file cannot be read or is not a tokenizer.
-    fn tokenizer(&mut self, model: &str, path: &Path) -> Result<Self::Tokenizer, Self::Error>;
+    fn tokenizer(
+        &mut self,
+        model: &ModelConfig,
+        path: &Path,
+    ) -> Result<Self::Tokenizer, Self::Error>;
 
     /// Whether `model`'s prompts reach its policies as token ids, which a prefix
     /// index needs: a router's when it tokenizes them (the model names a tokenizer).
@@ -221,15 +225,17 @@ impl<T> ModelSelection<T> {
         resources: &mut R,
     ) -> Result<Self, Vec<ConfigError>> {
         let mut errors = Vec::new();
-        let tokenizer = model.tokenizer.as_deref().and_then(|path| {
-            match resources.tokenizer(&model.id, path) {
-                Ok(tokenizer) => Some(tokenizer),
-                Err(e) => {
-                    errors.push(ConfigError::at("tokenizer", e));
-                    None
-                }
-            }
-        });
+        let tokenizer =
+            model
+                .tokenizer
+                .as_deref()
+                .and_then(|path| match resources.tokenizer(model, path) {
+                    Ok(tokenizer) => Some(tokenizer),
+                    Err(e) => {
+                        errors.push(ConfigError::at("tokenizer", e));
+                        None
+                    }
+                });
         let defaults = model.policies.over(around.defaults);
         let (prefix_index, source) = prefix_source(model, &defaults, &around, resources);
         let handles = around.handles.clone().with_prefix_source(source);

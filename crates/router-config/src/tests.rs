@@ -14,7 +14,11 @@ impl Resources for NoFiles {
     type Tokenizer = std::path::PathBuf;
     type Error = String;
 
-    fn tokenizer(&mut self, _model: &str, path: &Path) -> Result<Self::Tokenizer, Self::Error> {
+    fn tokenizer(
+        &mut self,
+        _model: &ModelConfig,
+        path: &Path,
+    ) -> Result<Self::Tokenizer, Self::Error> {
         Ok(path.to_path_buf())
     }
 

@@ -56,6 +56,7 @@ pub use app::{AppContext, StartError};
 pub use connections::PROBE_SLOTS;
 pub use error::ApiError;
 pub use indexer::{RunningIndexer, start_indexer};
+pub use prepare::prompt_ids;
 pub use reload::{ReloadError, ReloadSummary};
 pub use router_config::ConfigError;
 pub use server::{RunningRouter, start, start_validated};

@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use crate::error::ApiError;
 use completions::CompletionPrompts;
 pub(crate) use owned::rewrite;
-use router_tokenize::{ChatTokenizer, PromptTokens, TokenizePool};
+use router_tokenize::{ChatRequest, ChatTokenizer, EncodeError, PromptTokens, TokenizePool};
 
 /// An endpoint the router serves: its path (the same on the engine) and how its body
 /// is read. A new endpoint is one module with a parser, one value here and one route.
@@ -91,15 +91,45 @@ pub(crate) struct Parsed<'b> {
     adapter: Option<String>,
     prompt: Prompt<'b>,
     max_output_tokens: Option<u64>,
+    /// The request's `cache_salt`: its pages are in the salt's cache namespace.
+    cache_salt: Option<String>,
 }
 
 /// The part of a body that is routed on.
 #[derive(Debug)]
 enum Prompt<'b> {
-    /// A chat `messages` array, rendered with the model's chat template.
-    Messages(&'b RawValue),
+    /// A chat, rendered with the model's chat template.
+    Chat(ChatPrompt<'b>),
     /// A completion's prompts, tokenized as they are (or token ids already).
     Completion(CompletionPrompts<'b>),
+}
+
+/// What of a chat body the chat template reads, as sent.
+#[derive(Debug)]
+struct ChatPrompt<'b> {
+    messages: &'b RawValue,
+    tools: Option<&'b RawValue>,
+    tool_choice: Option<&'b RawValue>,
+    documents: Option<&'b RawValue>,
+    chat_template_kwargs: Option<&'b RawValue>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    reasoning_effort: Option<&'b RawValue>,
+}
+
+impl ChatPrompt<'_> {
+    fn request(&self) -> ChatRequest<'_> {
+        ChatRequest {
+            messages: self.messages.get(),
+            tools: self.tools.map(RawValue::get),
+            tool_choice: self.tool_choice.map(RawValue::get),
+            documents: self.documents.map(RawValue::get),
+            chat_template_kwargs: self.chat_template_kwargs.map(RawValue::get),
+            add_generation_prompt: self.add_generation_prompt,
+            continue_final_message: self.continue_final_message,
+            reasoning_effort: self.reasoning_effort.map(RawValue::get),
+        }
+    }
 }
 
 /// A prompt's length and the token ids routed on.
@@ -130,7 +160,7 @@ impl Prompt<'_> {
                 tokens: lists.iter().map(|ids| ids.len() as u64).max().unwrap_or(0),
                 ids: lists.first_mut().map(std::mem::take).unwrap_or_default(),
             }),
-            Prompt::Messages(_) | Prompt::Completion(CompletionPrompts::Texts { .. }) => None,
+            Prompt::Chat(_) | Prompt::Completion(CompletionPrompts::Texts { .. }) => None,
         }
     }
 
@@ -140,7 +170,7 @@ impl Prompt<'_> {
             Prompt::Completion(CompletionPrompts::Texts { texts, .. }) => {
                 texts.iter().map(|t| t.len()).max().unwrap_or(0)
             }
-            Prompt::Messages(_) | Prompt::Completion(CompletionPrompts::Ids(_)) => body,
+            Prompt::Chat(_) | Prompt::Completion(CompletionPrompts::Ids(_)) => body,
         };
         estimate(bytes).max(1)
     }
@@ -148,11 +178,26 @@ impl Prompt<'_> {
     /// The length and ids `tokenizer` gives (token ids: as sent).
     fn count(&mut self, tokenizer: &ChatTokenizer) -> Result<Counted, ApiError> {
         let texts = match self {
-            Prompt::Messages(messages) => {
-                return tokenizer
-                    .encode_chat(messages.get())
-                    .map(Counted::of)
-                    .map_err(|e| ApiError::invalid("invalid_messages", "messages", e.to_string()));
+            Prompt::Chat(chat) => {
+                return match tokenizer.encode_chat(&chat.request()) {
+                    Ok(tokens) => Ok(Counted::of(tokens)),
+                    // Media: its length estimated from the messages' size, and no
+                    // page predicted.
+                    Err(EncodeError::Unreproducible) => Ok(Counted {
+                        tokens: estimate(chat.messages.get().len()).max(1),
+                        ids: Vec::new(),
+                    }),
+                    Err(e @ EncodeError::Request(_)) => Err(ApiError::invalid(
+                        "invalid_request",
+                        "messages",
+                        e.to_string(),
+                    )),
+                    Err(e) => Err(ApiError::invalid(
+                        "invalid_messages",
+                        "messages",
+                        e.to_string(),
+                    )),
+                };
             }
             Prompt::Completion(CompletionPrompts::Ids(_)) => {
                 return Ok(self.given().unwrap_or(Counted {
@@ -200,6 +245,8 @@ pub(crate) struct Prepared {
     pub(crate) input_tokens: u64,
     pub(crate) max_output_tokens: Option<u64>,
     pub(crate) token_ids: Option<Vec<u32>>,
+    /// The request's `cache_salt` (see [`Parsed`]).
+    pub(crate) cache_salt: Option<String>,
 }
 
 impl Prepared {
@@ -284,11 +331,34 @@ pub(crate) fn prepare(
         input_tokens: parsed.prompt.estimate(body.len()),
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,
+        cache_salt: parsed.cache_salt,
     };
     match inline {
         Some(tokens) => Ok((prepared.with_tokens(tokens), None)),
         None => Ok((prepared, tokenize)),
     }
+}
+
+/// The endpoints whose prompt [`prompt_ids`] reads, by path.
+const PROMPT_ENDPOINTS: [&Endpoint; 3] = [&CHAT, &COMPLETIONS, &GENERATE];
+
+/// The token ids the router routes a body sent to `path` on
+/// (`/v1/chat/completions`, `/v1/completions` or `/generate`), for a model tokenized
+/// by `tokenizer`: the ids of its (first) prompt, empty for a chat with media.
+///
+/// # Errors
+/// `path` is not one of those, or the body is refused as the router refuses it.
+pub fn prompt_ids(
+    path: &str,
+    body: &[u8],
+    tokenizer: &ChatTokenizer,
+) -> Result<Vec<u32>, ApiError> {
+    let endpoint = PROMPT_ENDPOINTS
+        .into_iter()
+        .find(|e| e.path == path)
+        .ok_or_else(|| ApiError::bad_body(format!("no prompt is read from {path}")))?;
+    let mut parsed = (endpoint.parse)(body)?;
+    Ok(parsed.prompt.count(tokenizer)?.ids)
 }
 
 #[cfg(test)]

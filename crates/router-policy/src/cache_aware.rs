@@ -110,7 +110,7 @@ impl CacheAwarePolicy {
             Some(memo) => {
                 memo.lookup(
                     &self.source,
-                    request.facts.adapter,
+                    request.facts.lookup_namespace(),
                     tokens,
                     request.is_dry_run(),
                 )
@@ -118,7 +118,11 @@ impl CacheAwarePolicy {
             }
             None => Arc::new(
                 self.source
-                    .lookup(request.facts.adapter, tokens, request.is_dry_run())
+                    .lookup(
+                        request.facts.lookup_namespace(),
+                        tokens,
+                        request.is_dry_run(),
+                    )
                     .await,
             ),
         };

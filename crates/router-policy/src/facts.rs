@@ -36,6 +36,9 @@ pub struct RequestFacts<'a> {
     /// only engines that serve it, and its prompt is looked up in the adapter's cache
     /// namespace.
     pub adapter: Option<&'a str>,
+    /// The cache namespace its prompt is looked up in when it is not the adapter's
+    /// (a request with a `cache_salt`: `kv_events::cache_namespace`).
+    pub cache_namespace: Option<&'a str>,
     /// Where selection records what it saw; a dry-run explanation's selection is made
     /// without effects (see [`Explanation`]).
     pub explain: Option<&'a Explanation>,
@@ -56,6 +59,7 @@ impl<'a> RequestFacts<'a> {
             prefix_memo: None,
             excluded: &[],
             adapter: None,
+            cache_namespace: None,
             explain: None,
             timed: false,
         }
@@ -107,6 +111,19 @@ impl<'a> RequestFacts<'a> {
     pub fn with_adapter(mut self, adapter: Option<&'a str>) -> Self {
         self.adapter = adapter;
         self
+    }
+
+    /// Sets the cache namespace the prompt is looked up in (see
+    /// [`cache_namespace`](Self::cache_namespace)).
+    pub fn with_cache_namespace(mut self, namespace: Option<&'a str>) -> Self {
+        self.cache_namespace = namespace;
+        self
+    }
+
+    /// The cache namespace the prompt's pages are looked up in: the one set, else
+    /// the adapter's.
+    pub fn lookup_namespace(&self) -> Option<&'a str> {
+        self.cache_namespace.or(self.adapter)
     }
 
     /// Has the selection recorded in `explanation` (and, for a dry run, made without

@@ -51,7 +51,7 @@ impl Resources for TokenIds {
     type Tokenizer = ();
     type Error = Infallible;
 
-    fn tokenizer(&mut self, _model: &str, _path: &Path) -> Result<(), Infallible> {
+    fn tokenizer(&mut self, _model: &ModelConfig, _path: &Path) -> Result<(), Infallible> {
         Ok(())
     }
 

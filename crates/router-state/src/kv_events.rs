@@ -6,7 +6,7 @@ mod index;
 mod subscriber;
 mod wire;
 
-pub use hash::{chain_hashes, namespace_seed};
+pub use hash::{cache_namespace, chain_hashes, namespace_seed};
 pub use index::{
     ApplyOutcome, EngineMatch, IndexConfig, IndexSize, PrefixIndex, PrefixMatch, SkipReason,
 };

@@ -11,11 +11,14 @@
 //! crate knows nothing of HTTP or of routing.
 //!
 //! ```
-//! use router_tokenize::ChatTokenizer;
+//! use router_tokenize::{ChatRequest, ChatTokenizer};
 //!
 //! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/tokenizer-tiny");
 //! let tokenizer = ChatTokenizer::load(format!("{dir}/tokenizer.json").as_ref())?;
-//! let chat = tokenizer.encode_chat(r#"[{"role": "user", "content": "hello world"}]"#)?;
+//! let chat = tokenizer.encode_chat(&ChatRequest {
+//!     messages: r#"[{"role": "user", "content": "hello world"}]"#,
+//!     ..ChatRequest::default()
+//! })?;
 //! assert_eq!(chat.ids, [1, 2, 4, 5, 3]);
 //! assert_eq!(tokenizer.encode_text("hello world", false)?.ids, [4, 5]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -23,7 +26,6 @@
 
 use std::path::{Path, PathBuf};
 
-use minijinja::{Environment, ErrorKind, context};
 use serde_json::Value;
 
 /// Why a model's tokenizer could not be loaded: the file at fault and what is wrong.
@@ -40,9 +42,13 @@ pub struct TokenizerError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EncodeError {
-    /// A chat's `messages` are not a JSON array of objects.
-    #[error("messages must be an array of objects: {0}")]
-    Messages(serde_json::Error),
+    /// A part of the chat request the template reads is not what it must be.
+    #[error("{0}")]
+    Request(String),
+    /// The chat holds a part (an image, audio, video) the engine's processor turns
+    /// into tokens the router cannot reproduce.
+    #[error("the chat holds media whose tokens the engine's processor decides")]
+    Unreproducible,
     /// The model's tokenizer has no chat template to render a chat with.
     #[error("the model's tokenizer has no chat template")]
     NoChatTemplate,
@@ -64,16 +70,20 @@ impl TokenizerError {
 }
 
 mod bytelevel;
+mod chat;
 mod pool;
 mod prefixes;
 #[cfg(test)]
 #[path = "../../../tests/python_env.rs"]
 mod python_env;
+mod template;
 mod window;
 
+pub use chat::{ChatRequest, Dialect};
 pub use pool::TokenizePool;
 use prefixes::PrefixCache;
 pub use prefixes::PrefixCacheStats;
+use template::ChatTemplate;
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,9 +102,10 @@ pub struct ChatTokenizer {
     encoder: Encoder,
     /// Long prompts' prefixes, for the byte-level encoder.
     prefixes: PrefixCache,
-    template: Environment<'static>,
-    bos_token: String,
-    eos_token: String,
+    /// The chat template, when the model has one.
+    template: Option<ChatTemplate>,
+    /// The engine whose way of rendering a chat request is followed.
+    dialect: Dialect,
 }
 
 /// How a rendered prompt becomes ids.
@@ -170,41 +181,12 @@ impl ChatTokenizer {
         let text = std::fs::read_to_string(&config_path).map_err(|e| at_config(&e))?;
         let config: Value = serde_json::from_str(&text).map_err(|e| at_config(&e))?;
         // A base model may have no chat template: its completions are still tokenized.
-        let template = match &config["chat_template"] {
-            Value::String(t) => Some(t.clone()),
-            Value::Array(named) => named
-                .iter()
-                .find(|t| t["name"] == "default")
-                .and_then(|t| t["template"].as_str())
-                .map(str::to_owned),
-            Value::Null => None,
-            _ => return Err(at_config(&"chat_template must be a string or a list")),
-        };
-        let special = |key: &str| match &config[key] {
-            Value::String(s) => s.clone(),
-            value => value["content"].as_str().unwrap_or_default().to_owned(),
-        };
-        let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |message: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-            },
-        );
-        if let Some(template) = template {
-            env.add_template_owned("chat", template)
-                .map_err(|e| at_config(&format_args!("chat template: {e}")))?;
-        }
+        let template = ChatTemplate::load(&config).map_err(|e| at_config(&e))?;
         Ok(Self {
             encoder,
             prefixes: PrefixCache::new(0),
-            template: env,
-            bos_token: special("bos_token"),
-            eos_token: special("eos_token"),
+            template,
+            dialect: Dialect::default(),
         })
     }
 
@@ -215,6 +197,18 @@ impl ChatTokenizer {
     pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
         self.prefixes = PrefixCache::new(bytes);
         self
+    }
+
+    /// Renders chat requests as `dialect`'s engine does (SGLang by default).
+    #[must_use]
+    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
+        self.dialect = dialect;
+        self
+    }
+
+    /// The engine whose way of rendering a chat request is followed.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
     }
 
     /// What the prefix cache has done and holds.
@@ -264,37 +258,59 @@ impl ChatTokenizer {
         })
     }
 
-    /// Renders a chat request's `messages` (the JSON array as sent; content parts are
-    /// flattened to text) for generation and returns the prompt's token ids.
+    /// Renders a chat request as the engine serving the model renders it (its
+    /// messages, tools, documents and template arguments; see [`Dialect`]) and
+    /// returns the prompt's token ids. The template adds any special tokens: the
+    /// rendered text is tokenized without them, as both engines tokenize it.
     ///
     /// # Errors
-    /// `messages` is not a JSON array, or the template or the tokenizer failed on it.
-    pub fn encode_chat(&self, messages: &str) -> Result<PromptTokens, EncodeError> {
-        let mut messages: Vec<Value> =
-            serde_json::from_str(messages).map_err(EncodeError::Messages)?;
-        messages.iter_mut().for_each(flatten_content);
-        let template = self
-            .template
-            .get_template("chat")
-            .map_err(|_| EncodeError::NoChatTemplate)?;
-        let prompt = template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => true,
-                bos_token => self.bos_token,
-                eos_token => self.eos_token,
-            })
-            .map_err(EncodeError::Template)?;
+    /// A part of the request is not what it must be, the chat holds media
+    /// ([`EncodeError::Unreproducible`]), or the template or the tokenizer failed.
+    pub fn encode_chat(&self, request: &ChatRequest<'_>) -> Result<PromptTokens, EncodeError> {
+        let template = self.template.as_ref().ok_or(EncodeError::NoChatTemplate)?;
+        let rendering = chat::rendering(self.dialect, template, request)?;
+        let mut prompt = template.render(&rendering).map_err(EncodeError::Template)?;
+        if let Some(text) = &rendering.cut_after {
+            // transformers' `continue_final_message`: the prompt ends where the final
+            // message's text does.
+            let found = prompt
+                .rfind(text.as_str())
+                .map(|at| at + text.len())
+                .or_else(|| prompt.rfind(text.trim()).map(|at| at + text.trim().len()));
+            match found {
+                Some(end) => prompt.truncate(end),
+                None => {
+                    return Err(EncodeError::Request(
+                        "continue_final_message: the final message is not in the rendered prompt"
+                            .to_owned(),
+                    ));
+                }
+            }
+        }
+        let mut tokens = self.encode_rendered(&prompt)?;
+        if let Some(suffix) = &rendering.suffix {
+            // SGLang tokenizes a continued final message apart, without a BOS.
+            let mut more = self.encode_rendered(suffix)?;
+            if tokens.untokenized_bytes == 0 {
+                tokens.ids.append(&mut more.ids);
+                tokens.untokenized_bytes = more.untokenized_bytes;
+            }
+        }
+        Ok(tokens)
+    }
+
+    /// A rendered prompt's ids, without added special tokens.
+    fn encode_rendered(&self, prompt: &str) -> Result<PromptTokens, EncodeError> {
         match &self.encoder {
             Encoder::ByteLevel(encoder) => {
-                let (ids, untokenized_bytes) = self.prefixes.encode(encoder, &prompt);
+                let (ids, untokenized_bytes) = self.prefixes.encode(encoder, prompt);
                 Ok(PromptTokens {
                     ids,
                     untokenized_bytes,
                 })
             }
             Encoder::General(general) => {
-                window::encode(general, &prompt, window::WINDOW, window::MAX_WINDOW)
+                window::encode(general, prompt, window::WINDOW, window::MAX_WINDOW)
             }
         }
     }
@@ -316,15 +332,6 @@ fn special_tokens_around(tokenizer: &tokenizers::Tokenizer) -> Option<(Vec<u32>,
     })
 }
 
-/// Joins the text parts of a message whose `content` is a list of parts, in place.
-fn flatten_content(message: &mut Value) {
-    let Some(parts) = message["content"].as_array() else {
-        return;
-    };
-    let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
-    message["content"] = Value::String(text);
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -337,9 +344,13 @@ mod tests {
             .join("../../testdata/tokenizer-tiny/tokenizer.json");
         let t = ChatTokenizer::load(&path).unwrap();
         let messages = json!([{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]);
-        let ids = t.encode_chat(&messages.to_string()).unwrap().ids;
+        let messages = messages.to_string();
+        let chat = ChatRequest {
+            messages: &messages,
+            ..ChatRequest::default()
+        };
         assert_eq!(
-            ids,
+            t.encode_chat(&chat).unwrap().ids,
             [1, 2, 4, 5, 3],
             "<s> <|user|> hello world <|assistant|>"
         );
@@ -387,7 +398,13 @@ mod tests {
         assert_eq!(t.encode_text("hello world", false).unwrap().ids, [4, 5]);
         let chat = json!([{"role": "user", "content": "hello"}]).to_string();
         assert!(
-            matches!(t.encode_chat(&chat), Err(EncodeError::NoChatTemplate)),
+            matches!(
+                t.encode_chat(&ChatRequest {
+                    messages: &chat,
+                    ..ChatRequest::default()
+                }),
+                Err(EncodeError::NoChatTemplate)
+            ),
             "a chat is refused"
         );
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();

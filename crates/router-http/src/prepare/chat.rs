@@ -8,9 +8,11 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::{Sampling, check_integer, each, model, scalar, stream_and_sampling};
-use super::owned::present;
-use super::{Parsed, Prompt};
+use super::checks::{
+    Sampling, cache_salt, check_integer, each, model, scalar, stream_and_sampling,
+};
+use super::owned::present as sent;
+use super::{ChatPrompt, Parsed, Prompt};
 use crate::error::ApiError;
 
 /// The most messages a chat may hold: far past any conversation an agent keeps, and
@@ -35,15 +37,15 @@ const ROLES: &[&str] = &[
 struct Probe<'a> {
     // The fields the router owns (`owned::OWNED`): only whether they were sent
     // (`null` included).
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "sent")]
     bootstrap_host: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "sent")]
     bootstrap_port: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "sent")]
     bootstrap_room: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "sent")]
     kv_transfer_params: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "sent")]
     data_parallel_rank: Option<IgnoredAny>,
     #[serde(default, borrow)]
     model: Option<&'a RawValue>,
@@ -67,6 +69,23 @@ struct Probe<'a> {
     max_tokens: Option<Value>,
     #[serde(default, deserialize_with = "scalar")]
     max_completion_tokens: Option<Value>,
+    // What the chat template reads besides the messages (`ChatPrompt`).
+    #[serde(default, borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    documents: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    chat_template_kwargs: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "scalar")]
+    add_generation_prompt: Option<Value>,
+    #[serde(default, deserialize_with = "scalar")]
+    continue_final_message: Option<Value>,
+    #[serde(default, borrow)]
+    reasoning_effort: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "scalar")]
+    cache_salt: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -84,6 +103,12 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         .messages
         .ok_or_else(|| ApiError::invalid("invalid_messages", "messages", "messages is required"))?;
     let message_count = check_messages(messages)?;
+    check_template_fields(&[
+        ("tools", probe.tools),
+        ("documents", probe.documents),
+        ("chat_template_kwargs", probe.chat_template_kwargs),
+        ("tool_choice", probe.tool_choice),
+    ])?;
     if message_count == 0 {
         return Err(ApiError::invalid(
             "invalid_messages",
@@ -121,9 +146,75 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         stream,
         batch: None,
         adapter: None,
-        prompt: Prompt::Messages(messages),
+        cache_salt: cache_salt(probe.cache_salt.as_ref())?,
+        prompt: Prompt::Chat(ChatPrompt {
+            messages,
+            tools: present(probe.tools),
+            tool_choice: present(probe.tool_choice),
+            documents: present(probe.documents),
+            chat_template_kwargs: present(probe.chat_template_kwargs),
+            add_generation_prompt: flag(&probe.add_generation_prompt, "add_generation_prompt")?,
+            continue_final_message: flag(&probe.continue_final_message, "continue_final_message")?,
+            reasoning_effort: present(probe.reasoning_effort),
+        }),
         max_output_tokens: max_completion_tokens.or(max_tokens),
     })
+}
+
+/// The most JSON values the fields the template reads besides the messages may
+/// hold in all (`tools`, `documents`, `chat_template_kwargs`, `tool_choice`).
+pub(crate) const MAX_TEMPLATE_VALUES: usize = 1 << 18;
+
+/// A field sent as JSON `null` is the same as one not sent.
+fn present(raw: Option<&RawValue>) -> Option<&RawValue> {
+    raw.filter(|r| r.get() != "null")
+}
+
+/// A boolean field: absent, `null`, or `true`/`false`.
+fn flag(value: &Option<Value>, param: &str) -> Result<Option<bool>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid(
+            "invalid_request",
+            param,
+            format!("{param} must be a boolean"),
+        )),
+    }
+}
+
+/// Checks the fields the template reads besides the messages hold at most
+/// [`MAX_TEMPLATE_VALUES`] JSON values in all, `tools` being a list of objects.
+fn check_template_fields(fields: &[(&str, Option<&RawValue>)]) -> Result<(), ApiError> {
+    let mut values = MAX_TEMPLATE_VALUES;
+    for (param, raw) in fields {
+        let Some(raw) = present(*raw) else {
+            continue;
+        };
+        let shape = match *param {
+            "tools" => Some(('[', "tools must be an array of tool objects")),
+            "documents" => Some(('[', "documents must be an array of objects")),
+            "chat_template_kwargs" => Some(('{', "chat_template_kwargs must be an object")),
+            _ => None,
+        };
+        if let Some((open, message)) = shape
+            && !raw.get().starts_with(open)
+        {
+            return Err(ApiError::invalid("invalid_request", *param, message));
+        }
+        serde_json::Deserializer::from_str(raw.get())
+            .deserialize_any(Count(&mut values))
+            .map_err(|_| {
+                ApiError::invalid(
+                    "invalid_request",
+                    *param,
+                    format!(
+                        "tools, documents, chat_template_kwargs and tool_choice must hold at most {MAX_TEMPLATE_VALUES} JSON values in all"
+                    ),
+                )
+            })?;
+    }
+    Ok(())
 }
 
 /// Checks every message has a valid role, with at most [`MAX_MESSAGES`] messages

@@ -281,3 +281,21 @@ pub(crate) fn stream_and_sampling(fields: &Sampling<'_>) -> Result<bool, ApiErro
     check_integer(fields.n, "n", 1, 128)?;
     Ok(stream)
 }
+
+/// The most bytes of a `cache_salt` (vLLM refuses more than 128 characters).
+const MAX_CACHE_SALT_BYTES: usize = 512;
+
+/// A request's `cache_salt`: a non-empty string of at most [`MAX_CACHE_SALT_BYTES`]
+/// (an empty one is none, as SGLang reads it).
+pub(crate) fn cache_salt(value: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let invalid = |message: String| ApiError::invalid("invalid_request", "cache_salt", message);
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s.len() > MAX_CACHE_SALT_BYTES => Err(invalid(format!(
+            "cache_salt must be at most {MAX_CACHE_SALT_BYTES} bytes"
+        ))),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(invalid("cache_salt must be a string".to_owned())),
+    }
+}

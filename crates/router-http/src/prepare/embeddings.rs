@@ -74,6 +74,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         ));
     }
     Ok(Parsed {
+        cache_salt: None,
         owned: [
             &probe.bootstrap_host,
             &probe.bootstrap_port,

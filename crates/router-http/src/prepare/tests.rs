@@ -731,3 +731,4 @@ fn a_field_the_router_owns_is_found_whatever_its_value() {
 }
 
 mod bounds;
+mod template;

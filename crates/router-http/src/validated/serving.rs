@@ -10,11 +10,11 @@ use std::time::Duration;
 use http::HeaderValue;
 use router_config::{
     AffinityBackendKind, AffinitySettings, ModelConfig, PrefixIndexerConfig, Resources,
-    RouterConfig, SelectionState,
+    RouterConfig, SelectionState, ServingEngine,
 };
 use router_policy::{AffinityBackend, CacheSource, ConfigError};
 use router_state::affinity::{AffinityStore, LocalAffinityStore, RedisAffinityStore};
-use router_tokenize::{ChatTokenizer, TokenizerError};
+use router_tokenize::{ChatTokenizer, Dialect, TokenizerError};
 use router_upstream::{EngineTls, Origin, Upstream, UpstreamTimeouts};
 
 use crate::access::TokenSetting;
@@ -135,15 +135,21 @@ impl Resources for Serving {
 
     fn tokenizer(
         &mut self,
-        model: &str,
+        model: &ModelConfig,
         path: &Path,
     ) -> Result<Arc<ChatTokenizer>, TokenizerError> {
-        let key = (model.to_owned(), path.to_path_buf());
-        if let Some(kept) = self.kept.get(&key) {
+        let dialect = match model.serving_engine() {
+            ServingEngine::Sglang => Dialect::Sglang,
+            ServingEngine::Vllm => Dialect::Vllm,
+        };
+        let key = (model.id.clone(), path.to_path_buf());
+        if let Some(kept) = self.kept.get(&key).filter(|t| t.dialect() == dialect) {
             return Ok(Arc::clone(kept));
         }
         Ok(Arc::new(
-            ChatTokenizer::load(path)?.with_prefix_cache(self.prefix_cache_bytes),
+            ChatTokenizer::load(path)?
+                .with_prefix_cache(self.prefix_cache_bytes)
+                .with_dialect(dialect),
         ))
     }
 

@@ -14,6 +14,17 @@ pub fn namespace_seed(namespace: Option<&str>) -> u64 {
     namespace.map_or(0, |n| xxh3_64(n.as_bytes()))
 }
 
+/// The cache namespace of pages stored for a LoRA adapter and a cache salt: the
+/// adapter's name, or with a salt the two together (what a request with both is
+/// looked up in; `None`: the base model's, unsalted).
+pub fn cache_namespace(lora: Option<&str>, salt: Option<&str>) -> Option<String> {
+    match (lora, salt) {
+        (None, None) => None,
+        (Some(lora), None) => Some(lora.to_owned()),
+        (lora, Some(salt)) => Some(format!("{}\u{1}salt:{salt}", lora.unwrap_or_default())),
+    }
+}
+
 /// Chain hashes of every full page of `tokens`, continuing from `seed`.
 pub fn chain_hashes(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
     let mut hashes = Vec::with_capacity(tokens.len() / block_size.max(1));

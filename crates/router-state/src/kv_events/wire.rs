@@ -311,11 +311,7 @@ fn stored(fields: &Fields<'_, '_>) -> Result<BlockStored, EventError> {
     };
     let lora = fields.get("lora_name", 7).and_then(str_of);
     let salt = fields.get("cache_salt", usize::MAX).and_then(str_of);
-    let namespace = match (lora, salt) {
-        (None, None) => None,
-        (Some(lora), None) => Some(lora.to_owned()),
-        (lora, Some(salt)) => Some(format!("{}\u{1}salt:{salt}", lora.unwrap_or_default())),
-    };
+    let namespace = super::hash::cache_namespace(lora, salt);
     Ok(BlockStored {
         block_hashes,
         parent,

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use router_config::PdProtocol;
 use router_policy::{PrefixMemo, RequestFacts};
+use router_state::kv_events::cache_namespace;
 
 use super::model_of;
 use crate::app::AppContext;
@@ -43,6 +44,8 @@ pub(in crate::api) struct Ready<'h> {
     named_adapter: Option<Arc<str>>,
     pub(in crate::api) session_key: Option<&'h str>,
     pub(in crate::api) routing_key: Option<&'h str>,
+    /// The salted cache namespace, for a request with a `cache_salt`.
+    salted: Option<String>,
 }
 
 impl Ready<'_> {
@@ -65,6 +68,7 @@ impl Ready<'_> {
             .map_err(|e| ApiError::invalid("invalid_parameter", "max_tokens", e.to_string()))?;
         Ok(request
             .with_adapter(self.adapter())
+            .with_cache_namespace(self.salted.as_deref())
             .with_token_ids(self.prepared.token_ids.as_deref())
             .with_prefix_memo(Some(memo))
             .with_session_key(self.session_key)
@@ -118,13 +122,20 @@ pub(in crate::api) async fn ready<'h>(
     };
     let keys = affinity_keys(&ctx.affinity_headers, headers);
     match keys {
-        Ok((session_key, routing_key)) => Ok(Ready {
-            route,
-            prepared,
-            named_adapter,
-            session_key,
-            routing_key,
-        }),
+        Ok((session_key, routing_key)) => {
+            let salted = prepared.cache_salt.as_deref().and_then(|salt| {
+                let adapter = named_adapter.as_deref().or(prepared.adapter.as_deref());
+                cache_namespace(adapter, Some(salt))
+            });
+            Ok(Ready {
+                route,
+                prepared,
+                named_adapter,
+                session_key,
+                routing_key,
+                salted,
+            })
+        }
         Err(e) => Err((Arc::clone(&route.id), e)),
     }
 }

@@ -1,0 +1,75 @@
+//! `switchyard prompt`: the token ids the router routes requests on, for a model's
+//! tokenizer and serving engine, so an operator (or a test against the engine's own
+//! libraries) sees the prompt the router computes.
+//!
+//! It reads one JSON request body per line on stdin and writes one JSON line per
+//! body on stdout: `{"ids": [...]}`, or `{"error": "..."}` with the message the
+//! router's 400 would carry.
+
+use std::io::{BufRead, Read, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use router_tokenize::{ChatTokenizer, Dialect};
+use serde_json::json;
+
+/// The longest line read: the router's own body limit.
+const MAX_LINE_BYTES: usize = router_http::MAX_BODY_BYTES;
+
+/// `switchyard prompt`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PromptArgs {
+    /// The model's `tokenizer.json` (its chat template is in the
+    /// `tokenizer_config.json` beside it).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The engine serving the model, whose way of rendering chats is followed.
+    #[arg(long, value_enum, default_value = "sglang")]
+    served_by: Engine,
+    /// The endpoint the bodies are sent to.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    endpoint: String,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Engine {
+    Sglang,
+    Vllm,
+}
+
+pub(crate) fn run(args: &PromptArgs) -> anyhow::Result<()> {
+    let dialect = match args.served_by {
+        Engine::Sglang => Dialect::Sglang,
+        Engine::Vllm => Dialect::Vllm,
+    };
+    let tokenizer = ChatTokenizer::load(&args.tokenizer)
+        .context("loading the tokenizer")?
+        .with_dialect(dialect);
+    let stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    let mut line = Vec::new();
+    let mut input = stdin.take(0);
+    loop {
+        line.clear();
+        // One byte past the bound tells a line too long from one just within it.
+        input.set_limit(MAX_LINE_BYTES as u64 + 1);
+        let read = input.read_until(b'\n', &mut line)?;
+        if read == 0 {
+            return Ok(());
+        }
+        let answer = if line.len() > MAX_LINE_BYTES {
+            // Skip the rest of the line.
+            input.set_limit(u64::MAX);
+            let mut rest = Vec::new();
+            input.read_until(b'\n', &mut rest)?;
+            json!({"error": format!("the body is larger than {MAX_LINE_BYTES} bytes")})
+        } else {
+            match router_http::prompt_ids(&args.endpoint, line.trim_ascii(), &tokenizer) {
+                Ok(ids) => json!({"ids": ids}),
+                Err(e) => json!({"error": e.message()}),
+            }
+        };
+        writeln!(stdout, "{answer}")?;
+        stdout.flush()?;
+    }
+}

@@ -1,0 +1,197 @@
+//! What a chat's template reads besides its messages: tools, template arguments and
+//! a cache salt reach the prompt the router routes on, and each is refused with a
+//! precise 400 when it is not what it must be.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use router_tokenize::ChatTokenizer;
+use serde_json::{Value, json};
+
+use super::super::*;
+
+/// The tiny tokenizer with a template that writes each tool's name before the
+/// messages and refuses a `strict` argument, in a directory of its own.
+struct Templated(PathBuf);
+
+impl Templated {
+    fn new(name: &str) -> Self {
+        let testdata =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-tiny");
+        let dir =
+            std::env::temp_dir().join(format!("switchyard-template-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(testdata.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+        let template = "{% if strict %}{{ raise_exception('strict mode is not supported') }}{% endif %}\
+            {{ bos_token }}{% for t in tools or [] %} {{ t.function.name }}{% endfor %}\
+            {% for m in messages %} <|{{ m.role }}|> {{ m.content }}{% endfor %}\
+            {% if add_generation_prompt %} <|assistant|>{% endif %}";
+        let config = json!({"bos_token": "<s>", "chat_template": template});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        Self(dir)
+    }
+
+    fn tokenizer(&self) -> Arc<ChatTokenizer> {
+        Arc::new(ChatTokenizer::load(&self.0.join("tokenizer.json")).unwrap())
+    }
+}
+
+impl Drop for Templated {
+    fn drop(&mut self) {
+        drop(std::fs::remove_dir_all(&self.0));
+    }
+}
+
+fn prepared(tokenizer: &Arc<ChatTokenizer>, body: &Value) -> Result<Prepared, ApiError> {
+    let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
+    let (prepared, tokenize) = prepare(&CHAT, &bytes, |_| Ok(Some(Arc::clone(tokenizer))))?;
+    assert!(
+        tokenize.is_none(),
+        "a small body is tokenized in preparation"
+    );
+    Ok(prepared)
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn tool(name: &str) -> Value {
+    json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}})
+}
+
+#[test]
+fn tools_reach_the_prompt_the_router_routes_on() {
+    let files = Templated::new("tools");
+    let tokenizer = files.tokenizer();
+    let plain = prepared(&tokenizer, &chat(json!({}))).unwrap();
+    assert_eq!(plain.token_ids.as_deref(), Some(&[1, 2, 4, 5, 3][..]));
+    let tools = chat(json!({"tools": [tool("again"), tool("hello")]}));
+    let with_tools = prepared(&tokenizer, &tools).unwrap();
+    // <s> again hello <|user|> hello world <|assistant|>
+    assert_eq!(
+        with_tools.token_ids.as_deref(),
+        Some(&[1, 6, 4, 2, 4, 5, 3][..])
+    );
+    assert_eq!(with_tools.input_tokens, plain.input_tokens + 2);
+    // SGLang leaves the tools out for `tool_choice: "none"`.
+    let none = chat(json!({"tools": [tool("again")], "tool_choice": "none"}));
+    assert_eq!(
+        prepared(&tokenizer, &none).unwrap().token_ids,
+        plain.token_ids
+    );
+}
+
+#[test]
+fn what_the_template_refuses_is_a_400_with_its_message() {
+    let files = Templated::new("refuses");
+    let tokenizer = files.tokenizer();
+    let err = prepared(
+        &tokenizer,
+        &chat(json!({"chat_template_kwargs": {"strict": true}})),
+    )
+    .unwrap_err();
+    assert_eq!(
+        (err.status().as_u16(), err.code()),
+        (400, "invalid_messages")
+    );
+    assert!(
+        err.message().contains("strict mode is not supported"),
+        "{}",
+        err.message()
+    );
+    let allowed = chat(json!({"chat_template_kwargs": {"strict": false}}));
+    assert!(prepared(&tokenizer, &allowed).is_ok());
+}
+
+#[test]
+fn a_media_part_is_counted_by_size_and_predicts_no_page() {
+    let files = Templated::new("media");
+    let tokenizer = files.tokenizer();
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hello"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]}]});
+    let prepared = prepared(&tokenizer, &body).unwrap();
+    assert_eq!(prepared.token_ids.as_deref(), Some(&[][..]));
+    assert!(prepared.input_tokens > 0);
+}
+
+#[test]
+fn a_cache_salt_is_read_and_bounded() {
+    let files = Templated::new("salt");
+    let tokenizer = files.tokenizer();
+    let salted = prepared(&tokenizer, &chat(json!({"cache_salt": "tenant-7"}))).unwrap();
+    assert_eq!(salted.cache_salt.as_deref(), Some("tenant-7"));
+    let empty = prepared(&tokenizer, &chat(json!({"cache_salt": ""}))).unwrap();
+    assert_eq!(
+        empty.cache_salt, None,
+        "an empty salt is none, as SGLang reads it"
+    );
+    for (salt, message) in [
+        (json!(5), "cache_salt must be a string"),
+        (
+            json!("x".repeat(513)),
+            "cache_salt must be at most 512 bytes",
+        ),
+    ] {
+        let err = prepared(&tokenizer, &chat(json!({"cache_salt": salt}))).unwrap_err();
+        assert_eq!((err.status().as_u16(), err.message()), (400, message));
+    }
+}
+
+#[test]
+fn every_invalid_template_field_gets_a_precise_400() {
+    let files = Templated::new("invalid");
+    let tokenizer = files.tokenizer();
+    let huge: Vec<Value> = (0..MAX_TEMPLATE_VALUES_FOR_TESTS)
+        .map(|_| json!(0))
+        .collect();
+    let cases = [
+        (
+            json!({"tools": {"a": 1}}),
+            "tools",
+            "tools must be an array of tool objects",
+        ),
+        (
+            json!({"add_generation_prompt": "yes"}),
+            "add_generation_prompt",
+            "add_generation_prompt must be a boolean",
+        ),
+        (
+            json!({"continue_final_message": 1}),
+            "continue_final_message",
+            "continue_final_message must be a boolean",
+        ),
+        (
+            json!({"chat_template_kwargs": [1]}),
+            "chat_template_kwargs",
+            "chat_template_kwargs must be an object",
+        ),
+        (
+            json!({"documents": "x"}),
+            "documents",
+            "documents must be an array of objects",
+        ),
+        (
+            json!({"documents": huge}),
+            "documents",
+            "tools, documents, chat_template_kwargs and tool_choice must hold at most 262144 JSON values in all",
+        ),
+    ];
+    for (extra, param, message) in cases {
+        let err = prepared(&tokenizer, &chat(extra.clone())).unwrap_err();
+        assert_eq!(
+            (err.status().as_u16(), err.param(), err.message()),
+            (400, Some(param), message),
+            "{extra}"
+        );
+    }
+}
+
+const MAX_TEMPLATE_VALUES_FOR_TESTS: usize = chat::MAX_TEMPLATE_VALUES + 1;
