@@ -21,7 +21,12 @@ from conftest import BINARY, CACHE
 
 FAMILIES = {
     "qwen3": CACHE / "qwen3",
+    "llama3": CACHE / "llama3",
+    "deepseek": CACHE / "deepseek",
 }
+# The families whose template writes the tools into the prompt (DeepSeek R1's does
+# not read them).
+WRITES_TOOLS = {"qwen3", "llama3"}
 
 
 class Prompter:
@@ -226,13 +231,13 @@ def family(request):
     directory = FAMILIES[request.param]
     if not (directory / "tokenizer.json").exists():
         pytest.fail(f"the {request.param} tokenizer is not in {directory}: run `cargo xtask python-env`")
-    return directory
+    return request.param
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_router_prompt_ids_equal_transformers(family, engine):
-    tokenizer = AutoTokenizer.from_pretrained(str(family))
-    prompter = Prompter(family, engine)
+    tokenizer = AutoTokenizer.from_pretrained(str(FAMILIES[family]))
+    prompter = Prompter(FAMILIES[family], engine)
     compared = []
 
     @settings(max_examples=120, deadline=None, derandomize=True, database=None,
@@ -256,5 +261,8 @@ def test_router_prompt_ids_equal_transformers(family, engine):
         same()
     finally:
         prompter.stop()
-    assert len(compared) >= 60, "most generated requests render"
-    assert max(compared) > 500, "tool-carrying requests were among them"
+    # Templates refuse some generated chats (Llama 3.1 takes one tool call a turn);
+    # the router then refused them too.
+    assert len(compared) >= 40, "many generated requests render"
+    if family in WRITES_TOOLS:
+        assert max(compared) > 500, "tool-carrying requests were among them"
