@@ -9,7 +9,9 @@ stdin and answers each with one JSON line once the publisher thread has sent
 everything queued so far:
 
 - `{"op": "store", "hashes": [...], "parent": h|null, "tokens": [...], "block_size": n,
-  "lora": name?}` (`lora`: vLLM's `lora_name`; SGLang's events name no adapter)
+  "lora": name?, "salt": s?}` (`lora`: vLLM's `lora_name`; SGLang's events name no
+  adapter. `salt`: SGLang's `cache_salt`; vLLM's first page's extra keys, as vLLM
+  gives a salted request's page at token 0)
 - `{"op": "remove", "hashes": [...]}` and `{"op": "clear"}`
 - `{"op": "lose_next"}`: the next batch misses the live socket but stays replayable,
   as a batch lost in transit
@@ -46,7 +48,7 @@ if kind == "sglang":
     def stored(c):
         return kv.BlockStored(
             block_hashes=c["hashes"], parent_block_hash=c["parent"], token_ids=c["tokens"],
-            block_size=c["block_size"], lora_id=None, medium="GPU",
+            block_size=c["block_size"], lora_id=None, medium="GPU", cache_salt=c.get("salt"),
         )
 
     def removed(c):
@@ -71,6 +73,9 @@ elif kind == "vllm":
             parent_block_hash=None if parent is None else hash_value(parent),
             token_ids=c["tokens"], block_size=c["block_size"], lora_id=None, medium="GPU",
             lora_name=c.get("lora"),
+            extra_keys=None if c.get("salt") is None else [
+                [c["salt"]] if i == 0 else None for i in range(len(c["hashes"]))
+            ],
         )
 
     def removed(c):

@@ -260,8 +260,9 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
 
 /// The loads measured: a name, the wrk script in `benches/load` and the path it is
 /// sent to.
-const LOADS: [(&str, &str, &str); 4] = [
+const LOADS: [(&str, &str, &str); 5] = [
     ("JSON", "chat.lua", "/v1/chat/completions"),
+    ("JSON, 5 tools", "chat-tools.lua", "/v1/chat/completions"),
     ("SSE", "chat-sse.lua", "/v1/chat/completions"),
     ("completions JSON", "completion.lua", "/v1/completions"),
     ("completions SSE", "completion-sse.lua", "/v1/completions"),

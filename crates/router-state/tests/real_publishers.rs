@@ -242,6 +242,25 @@ async fn the_index_follows(engine: Engine) {
             "an adapter's pages match its requests only"
         );
     }
+    // A salted request's pages are in the salt's namespace only: SGLang names the
+    // salt, vLLM gives it as the first page's extra key.
+    let salted = tokens(8, 2);
+    let hashes: Vec<Value> = (0..2).map(|i| h.engine.hash(h.next_block + i)).collect();
+    h.next_block += 2;
+    h.publisher
+        .send(json!({"op": "store", "hashes": hashes, "parent": null, "tokens": salted, "block_size": BLOCK, "salt": "tenant-7"}))
+        .await;
+    h.settle().await;
+    let namespace = router_state::kv_events::cache_namespace(None, Some("tenant-7"));
+    assert_eq!(
+        (
+            h.depth_in(namespace.as_deref(), &salted),
+            h.depth(&salted),
+            h.depth_in(Some("tenant-7"), &salted)
+        ),
+        (2, 0, 0),
+        "a salted request's pages match requests with that salt only"
+    );
     h.publisher
         .send(json!({"op": "remove", "hashes": [h.engine.hash(4)]}))
         .await;

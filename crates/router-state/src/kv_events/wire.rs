@@ -288,6 +288,20 @@ fn decode_event(event: &ValueRef<'_>) -> Result<KvEvent, EventError> {
     }
 }
 
+/// The cache salt among a vLLM event's extra keys: a string key of the first page
+/// (its LoRA adapter's name aside), which vLLM adds to the page at token 0 only.
+fn first_page_salt<'v>(extra_keys: &'v ValueRef<'_>, lora: Option<&str>) -> Option<&'v str> {
+    let ValueRef::Array(pages) = extra_keys else {
+        return None;
+    };
+    let ValueRef::Array(keys) = pages.first()? else {
+        return None;
+    };
+    keys.iter()
+        .filter_map(str_of)
+        .find(|key| Some(*key) != lora)
+}
+
 /// Legacy positions: `[tag, block_hashes, parent_block_hash, token_ids, block_size,
 /// lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind, ...]`.
 fn stored(fields: &Fields<'_, '_>) -> Result<BlockStored, EventError> {
@@ -310,7 +324,16 @@ fn stored(fields: &Fields<'_, '_>) -> Result<BlockStored, EventError> {
         }
     };
     let lora = fields.get("lora_name", 7).and_then(str_of);
-    let salt = fields.get("cache_salt", usize::MAX).and_then(str_of);
+    // SGLang names the salt; vLLM puts it among the first page's extra keys.
+    let salt = fields
+        .get("cache_salt", usize::MAX)
+        .and_then(str_of)
+        .or_else(|| {
+            parent
+                .is_none()
+                .then(|| first_page_salt(fields.get("extra_keys", 8)?, lora))
+                .flatten()
+        });
     let namespace = super::hash::cache_namespace(lora, salt);
     Ok(BlockStored {
         block_hashes,
