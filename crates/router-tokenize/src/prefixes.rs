@@ -1,6 +1,10 @@
 //! The token ids of long prompts' prefixes, kept so that the next turn of a
 //! conversation, which sends the whole history again, tokenizes only what is new.
 //!
+//! A prompt's first split point is kept too (its start: an agent's system turn
+//! with its tool schemas, which every conversation of that agent opens with), so a
+//! new conversation that opens the same way tokenizes only what follows it.
+//!
 //! A prompt is only ever split right after an added token (a chat template's
 //! `<|im_start|>`, `<|eot_id|>` ...): added tokens are split out before anything else,
 //! and no normalization, pre-tokenization or merge crosses one, so the ids of the text
@@ -29,9 +33,10 @@ use parking_lot::Mutex;
 
 use super::bytelevel::ByteLevelBpe;
 
-/// Prompts shorter than this are encoded whole: a few thousand tokens at most, a
-/// fraction of a millisecond, while their prefixes would crowd the cache.
-const MIN_PROMPT_BYTES: usize = 8 << 10;
+/// Prompts shorter than this are encoded whole: a few hundred tokens at most, tens of
+/// microseconds, while their prefixes would crowd the cache. A chat carrying an
+/// agent's tool schemas is past it.
+const MIN_PROMPT_BYTES: usize = 1 << 10;
 
 /// The most split points of a prompt looked up, its last ones: a conversation's
 /// previous turn ends a few added tokens before the end, an agent's turn with many
@@ -154,12 +159,17 @@ impl PrefixCache {
         let Some(&last) = points.last() else {
             return encoder.encode(text);
         };
-        // Only the points where some kept prefix ends are hashed and looked up.
+        // Only the points where some kept prefix ends are hashed and looked up, and
+        // the first: a shared start is kept on its own.
+        let first = points[0];
         let mut ends = self.held_lengths(&points);
+        ends.push(first);
         ends.push(last);
+        ends.sort_unstable();
         ends.dedup();
         let mut keys = self.keys(text, &ends);
         let own = keys.pop().expect("the last point");
+        let start_key = keys.iter().copied().find(|key| key.0 == first);
         let mut ids = Vec::with_capacity(text.len() / 3);
         let mut start = 0;
         let found = self.longest(&keys, own);
@@ -174,6 +184,19 @@ impl PrefixCache {
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if let Some(key) = start_key
+            && key.0 > start
+            && key.0 < own.0
+        {
+            // Its start (an agent's system turn with its tools, which its every
+            // conversation opens with), kept apart from the conversation's prefix.
+            let left = encoder.encode_into(&text[start..key.0], &mut ids);
+            if left > 0 {
+                return (ids, left + (text.len() - key.0));
+            }
+            self.insert(key, &ids, None);
+            start = key.0;
         }
         if own.0 > start {
             let left = encoder.encode_into(&text[start..own.0], &mut ids);

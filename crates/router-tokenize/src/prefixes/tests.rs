@@ -137,8 +137,8 @@ fn a_prompt_past_what_is_merged_keeps_its_untokenized_tail_through_the_cache() {
     assert_eq!(cache.encode(qwen3, &prompt), whole);
     assert_eq!(
         cache.stats().entries,
-        0,
-        "a prefix not wholly tokenized is not kept"
+        1,
+        "its start is kept, the prefix not wholly tokenized is not"
     );
 }
 
@@ -155,7 +155,32 @@ fn a_prompt_of_added_tokens_probes_only_its_last_split_points() {
     assert_eq!(cache.encode(bytes, &prompt), bytes.encode(&prompt));
     assert_eq!(cache.encode(bytes, &prompt), bytes.encode(&prompt));
     let stats = cache.stats();
-    assert_eq!((stats.hits, stats.misses, stats.entries), (1, 1, 1));
+    assert_eq!(
+        (stats.hits, stats.misses, stats.entries),
+        (1, 1, 2),
+        "its start and its prefix kept"
+    );
+}
+
+#[test]
+fn a_new_conversation_opening_as_another_did_reuses_its_start() {
+    let (_, qwen3) = &encoders()[0];
+    let cache = PrefixCache::new(4 << 20);
+    let system = format!("<|im_start|>system\n{}<|im_end|>\n", "tools ".repeat(400));
+    let first = format!("{system}<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n");
+    let second =
+        format!("{system}<|im_start|>user\nsomething else<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(cache.encode(qwen3, &first), qwen3.encode(&first));
+    assert_eq!(cache.encode(qwen3, &second), qwen3.encode(&second));
+    let stats = cache.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 1));
+    // Up to the system turn's `<|im_end|>`: its first split point past the cache's
+    // least prompt length.
+    let system_tokens = qwen3.encode(system.trim_end()).0.len() as u64;
+    assert_eq!(
+        stats.reused_tokens, system_tokens,
+        "the system turn was reused"
+    );
 }
 
 #[test]
