@@ -181,12 +181,6 @@ impl Prompt<'_> {
             Prompt::Chat(chat) => {
                 return match tokenizer.encode_chat(&chat.request()) {
                     Ok(tokens) => Ok(Counted::of(tokens)),
-                    // Media: its length estimated from the messages' size, and no
-                    // page predicted.
-                    Err(EncodeError::Unreproducible) => Ok(Counted {
-                        tokens: estimate(chat.messages.get().len()).max(1),
-                        ids: Vec::new(),
-                    }),
                     Err(e @ EncodeError::Request(_)) => Err(ApiError::invalid(
                         "invalid_request",
                         "messages",

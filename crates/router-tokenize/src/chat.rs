@@ -59,6 +59,8 @@ pub(crate) struct Rendering {
     /// vLLM's `continue_final_message`: the rendered prompt ends with this text, the
     /// final message's (what follows it is cut).
     pub(crate) cut_after: Option<String>,
+    /// Whether the messages hold media (see [`Media`]).
+    pub(crate) media: bool,
 }
 
 fn invalid(message: impl Into<String>) -> EncodeError {
@@ -104,6 +106,63 @@ fn part_text(part: &Value) -> Option<Value> {
     get(part, field)
 }
 
+/// How an image, audio or video part is given to the template. The tokens the
+/// engine's processor makes of one cannot be reproduced, so a chat holding media is
+/// rendered twice, once each way, and routed on what the two renders share: the
+/// prompt up to the first media part.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Media {
+    /// As the engine gives it: `{"type": "image"}` to a template that wants parts;
+    /// to one that wants a string, a placeholder (vLLM) or nothing (SGLang).
+    Part,
+    /// As this text instead.
+    Text(&'static str),
+}
+
+/// The modality vLLM and SGLang name a media part by (`image_url` is an image).
+fn modality(part: &Value) -> &'static str {
+    let kind = get(part, "type").map(|k| k.to_string()).unwrap_or_default();
+    if kind.contains("audio") {
+        "audio"
+    } else if kind.contains("video") {
+        "video"
+    } else {
+        "image"
+    }
+}
+
+/// The part `media` gives a template that wants parts, for a media part.
+fn media_part(part: &Value, media: Media) -> Value {
+    match media {
+        Media::Part => map(vec![(Value::from("type"), Value::from(modality(part)))]),
+        Media::Text(text) => map(vec![
+            (Value::from("type"), Value::from("text")),
+            (Value::from("text"), Value::from(text)),
+        ]),
+    }
+}
+
+/// The placeholder text `media` gives (vLLM) a template that wants a string: the
+/// engine's own, model-specific, is never rendered, so the two renders differ there.
+fn media_text(media: Media) -> &'static str {
+    match media {
+        Media::Part => "\u{1}media",
+        Media::Text(text) => text,
+    }
+}
+
+/// Whether a chat's messages hold a media part.
+fn holds_media(messages: &[Value]) -> bool {
+    messages.iter().any(|message| {
+        get(message, "content").is_some_and(|content| {
+            content.as_str().is_none()
+                && content
+                    .try_iter()
+                    .is_ok_and(|mut parts| parts.any(|part| is_media(&part)))
+        })
+    })
+}
+
 /// Whether a part is an image, audio or video the engine's processor turns into
 /// tokens the router cannot reproduce.
 fn is_media(part: &Value) -> bool {
@@ -122,8 +181,10 @@ pub(crate) fn rendering(
     dialect: Dialect,
     template: &ChatTemplate,
     request: &ChatRequest<'_>,
+    media: Media,
 ) -> Result<Rendering, EncodeError> {
     let messages: Vec<Value> = parse(request.messages, "messages")?;
+    let holds_media = holds_media(&messages);
     let tools: Option<Vec<Value>> = request.tools.map(|t| parse(t, "tools")).transpose()?;
     let kwargs: Vec<(String, Value)> = match request.chat_template_kwargs {
         None => Vec::new(),
@@ -150,8 +211,8 @@ pub(crate) fn rendering(
         .map(|t| parse(t, "reasoning_effort"))
         .transpose()?
         .filter(|v: &Value| !v.is_none());
-    match dialect {
-        Dialect::Vllm => vllm(template, request, messages, tools, kwargs, effort),
+    let rendering = match dialect {
+        Dialect::Vllm => vllm(template, request, messages, tools, kwargs, effort, media),
         Dialect::Sglang => sglang(
             template,
             request,
@@ -160,8 +221,13 @@ pub(crate) fn rendering(
             tool_choice,
             kwargs,
             effort,
+            media,
         ),
-    }
+    }?;
+    Ok(Rendering {
+        media: holds_media,
+        ..rendering
+    })
 }
 
 /// vLLM's `parse_chat_messages`, `_postprocess_messages` and kwargs merge.
@@ -172,6 +238,7 @@ fn vllm(
     tools: Option<Vec<Value>>,
     kwargs: Vec<(String, Value)>,
     effort: Option<Value>,
+    media: Media,
 ) -> Result<Rendering, EncodeError> {
     let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
     let continue_final = request.continue_final_message.unwrap_or(false);
@@ -183,7 +250,7 @@ fn vllm(
     let openai = template.format(Dialect::Vllm) == ContentFormat::OpenAi;
     let mut out = Vec::with_capacity(messages.len());
     for message in &messages {
-        out.push(vllm_message(message, openai)?);
+        out.push(vllm_message(message, openai, media)?);
     }
     if out.iter().any(|m| role(m) == "developer") && !template.mentions_developer() {
         out = vllm_developer_as_system(out);
@@ -224,6 +291,7 @@ fn vllm(
         kwargs,
         suffix: None,
         cut_after,
+        media: false,
     })
 }
 
@@ -267,7 +335,7 @@ fn transformers_messages(messages: Vec<Value>) -> Vec<Value> {
 }
 
 /// One message as vLLM gives it to the template.
-fn vllm_message(message: &Value, openai: bool) -> Result<Value, EncodeError> {
+fn vllm_message(message: &Value, openai: bool, media: Media) -> Result<Value, EncodeError> {
     let role = role(message);
     let content = match get(message, "content") {
         None => Vec::new(),
@@ -287,7 +355,7 @@ fn vllm_message(message: &Value, openai: bool) -> Result<Value, EncodeError> {
             } else if let Some(text) = part_text(part) {
                 parts.push(text_part(text, &entries(part)));
             } else if is_media(part) {
-                return Err(EncodeError::Unreproducible);
+                parts.push(media_part(part, media));
             }
         }
         if role == "tool"
@@ -306,16 +374,19 @@ fn vllm_message(message: &Value, openai: bool) -> Result<Value, EncodeError> {
         }
     } else {
         let mut texts = Vec::with_capacity(content.len());
+        // vLLM puts media placeholders before the message's text.
+        let mut placeholders = Vec::new();
         for part in &content {
             if let Some(text) = part.as_str() {
                 texts.push(text.to_owned());
             } else if let Some(text) = part_text(part) {
                 texts.push(text.to_string());
             } else if is_media(part) {
-                return Err(EncodeError::Unreproducible);
+                placeholders.push(media_text(media).to_owned());
             }
         }
-        Value::from(texts.join("\n"))
+        placeholders.extend(texts);
+        Value::from(placeholders.join("\n"))
     };
     let mut out = vec![
         (Value::from("role"), Value::from(role.as_str())),
@@ -523,11 +594,12 @@ fn sglang(
     tool_choice: Option<Value>,
     kwargs: Vec<(String, Value)>,
     effort: Option<Value>,
+    media: Media,
 ) -> Result<Rendering, EncodeError> {
     let openai = template.format(Dialect::Sglang) == ContentFormat::OpenAi;
     let mut out = Vec::with_capacity(messages.len());
     for message in &messages {
-        out.push(sglang_message(message, openai)?);
+        out.push(sglang_message(message, openai, media)?);
     }
     let mut suffix = None;
     if out.last().is_some_and(|m| role(m) == "assistant") {
@@ -592,11 +664,12 @@ fn sglang(
         kwargs: all,
         suffix,
         cut_after: None,
+        media: false,
     })
 }
 
 /// One message as SGLang's `model_dump` and normalisation leave it.
-fn sglang_message(message: &Value, openai: bool) -> Result<Value, EncodeError> {
+fn sglang_message(message: &Value, openai: bool, media: Media) -> Result<Value, EncodeError> {
     const FIELDS: [&str; 8] = [
         "role",
         "content",
@@ -611,7 +684,12 @@ fn sglang_message(message: &Value, openai: bool) -> Result<Value, EncodeError> {
     let mut out = Vec::new();
     for field in FIELDS {
         let value = match field {
-            "content" => Some(sglang_content(&role, get(message, "content"), openai)?),
+            "content" => Some(sglang_content(
+                &role,
+                get(message, "content"),
+                openai,
+                media,
+            )),
             "tool_calls" => match get(message, "tool_calls") {
                 Some(calls) => {
                     let calls: Vec<Value> =
@@ -634,35 +712,36 @@ fn sglang_message(message: &Value, openai: bool) -> Result<Value, EncodeError> {
     Ok(map(out))
 }
 
-fn sglang_content(role: &str, content: Option<Value>, openai: bool) -> Result<Value, EncodeError> {
+/// A message's content as SGLang gives it to the template: media parts dropped
+/// from a string ([`Media::Text`] puts its text in their place, so the renders
+/// differ there), given as `{"type": "image"}` in a list.
+fn sglang_content(role: &str, content: Option<Value>, openai: bool, media: Media) -> Value {
     let Some(content) = content else {
-        return Ok(Value::from(""));
+        return Value::from("");
     };
     if content.as_str().is_some() {
-        return Ok(content);
+        return content;
     }
     let parts: Vec<Value> = content
         .try_iter()
         .map(Iterator::collect)
         .unwrap_or_default();
-    if parts.iter().any(is_media) {
-        return Err(EncodeError::Unreproducible);
-    }
     let texts = || {
         parts
             .iter()
-            .filter(|p| {
-                matches!(
-                    get(p, "type").as_ref().and_then(Value::as_str),
-                    Some("text" | "input_text")
-                )
+            .filter_map(|p| match get(p, "type").as_ref().and_then(Value::as_str) {
+                Some("text" | "input_text") => get(p, "text").map(|t| t.to_string()),
+                _ if is_media(p) => match media {
+                    Media::Part => None,
+                    Media::Text(text) => Some(text.to_owned()),
+                },
+                _ => None,
             })
-            .filter_map(|p| get(p, "text").map(|t| t.to_string()))
             .collect::<Vec<_>>()
             .join(" ")
     };
     if role == "tool" || !openai {
-        return Ok(Value::from(texts()));
+        return Value::from(texts());
     }
     let kept = parts
         .iter()
@@ -675,10 +754,11 @@ fn sglang_content(role: &str, content: Option<Value>, openai: bool) -> Result<Va
                 ),
             ])),
             Some("tool_reference") => Some(p.clone()),
+            _ if is_media(p) => Some(media_part(p, media)),
             _ => None,
         })
         .collect::<Vec<_>>();
-    Ok(Value::from(kept))
+    Value::from(kept)
 }
 
 /// A tool call as SGLang's `ToolCall.model_dump` leaves it, `arguments` parsed

@@ -45,10 +45,6 @@ pub enum EncodeError {
     /// A part of the chat request the template reads is not what it must be.
     #[error("{0}")]
     Request(String),
-    /// The chat holds a part (an image, audio, video) the engine's processor turns
-    /// into tokens the router cannot reproduce.
-    #[error("the chat holds media whose tokens the engine's processor decides")]
-    Unreproducible,
     /// The model's tokenizer has no chat template to render a chat with.
     #[error("the model's tokenizer has no chat template")]
     NoChatTemplate,
@@ -79,6 +75,7 @@ mod python_env;
 mod template;
 mod window;
 
+use chat::Media;
 pub use chat::{ChatRequest, Dialect};
 pub use pool::TokenizePool;
 use prefixes::PrefixCache;
@@ -92,7 +89,8 @@ pub struct PromptTokens {
     /// `untokenized_bytes` is not 0).
     pub ids: Vec<u32>,
     /// Bytes at the end of the prompt left untokenized: a stretch of more than
-    /// 2 MiB without a point where tokenization may be split.
+    /// 2 MiB without a point where tokenization may be split, or a chat's messages
+    /// from its first media part on (counted by its messages' whole size).
     pub untokenized_bytes: usize,
 }
 
@@ -113,6 +111,26 @@ pub struct ChatTokenizer {
 enum Encoder {
     ByteLevel(bytelevel::ByteLevelBpe),
     General(General),
+}
+
+/// The text a chat's media parts are given in the second render of
+/// [`ChatTokenizer::encode_chat`]: a control character no template writes.
+const MEDIA_MARK: &str = "\u{2}";
+
+impl Encoder {
+    /// Where `text`'s last added token ends (0: it holds none): the ids of the
+    /// text up to there are those of any text that starts with it.
+    fn last_split(&self, text: &str) -> usize {
+        match self {
+            Encoder::ByteLevel(encoder) => encoder.added_ends(text).max().unwrap_or(0),
+            Encoder::General(general) => general
+                .added
+                .iter()
+                .filter_map(|token| text.rfind(token.as_str()).map(|at| at + token.len()))
+                .max()
+                .unwrap_or(0),
+        }
+    }
 }
 
 /// A tokenizer `tokenizers` encodes, with what windowed tokenization needs of it.
@@ -264,12 +282,16 @@ impl ChatTokenizer {
     /// rendered text is tokenized without them, as both engines tokenize it.
     ///
     /// # Errors
-    /// A part of the request is not what it must be, the chat holds media
-    /// ([`EncodeError::Unreproducible`]), or the template or the tokenizer failed.
+    /// A part of the request is not what it must be, or the template or the
+    /// tokenizer failed. A chat holding media (an image, audio, video) gives the ids
+    /// of its prompt up to the first media part, the rest counted as untokenized.
     pub fn encode_chat(&self, request: &ChatRequest<'_>) -> Result<PromptTokens, EncodeError> {
         let template = self.template.as_ref().ok_or(EncodeError::NoChatTemplate)?;
-        let rendering = chat::rendering(self.dialect, template, request)?;
+        let rendering = chat::rendering(self.dialect, template, request, Media::Part)?;
         let mut prompt = template.render(&rendering).map_err(EncodeError::Template)?;
+        if rendering.media {
+            return self.encode_before_media(template, request, &prompt);
+        }
         if let Some(text) = &rendering.cut_after {
             // transformers' `continue_final_message`: the prompt ends where the final
             // message's text does.
@@ -296,6 +318,30 @@ impl ChatTokenizer {
                 tokens.untokenized_bytes = more.untokenized_bytes;
             }
         }
+        Ok(tokens)
+    }
+
+    /// A chat holding media: the ids of its prompt up to the first media part (the
+    /// text `prompt`, its render, shares with a render giving each media part as a
+    /// text of its own, cut after its last added token there), with the messages'
+    /// size counted as untokenized bytes, so the prompt's length is estimated past
+    /// what the engine's processor makes of its media.
+    fn encode_before_media(
+        &self,
+        template: &ChatTemplate,
+        request: &ChatRequest<'_>,
+        prompt: &str,
+    ) -> Result<PromptTokens, EncodeError> {
+        let other = chat::rendering(self.dialect, template, request, Media::Text(MEDIA_MARK))?;
+        let other = template.render(&other).map_err(EncodeError::Template)?;
+        let shared = prompt
+            .char_indices()
+            .zip(other.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(prompt.len().min(other.len()), |((at, _), _)| at);
+        let cut = self.encoder.last_split(&prompt[..shared]);
+        let mut tokens = self.encode_rendered(&prompt[..cut])?;
+        tokens.untokenized_bytes += request.messages.len();
         Ok(tokens)
     }
 

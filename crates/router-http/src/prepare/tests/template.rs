@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 
 use super::super::*;
 
-/// The tiny tokenizer with a template that writes each tool's name before the
-/// messages and refuses a `strict` argument, in a directory of its own.
+/// The tiny tokenizer (its markers added tokens) with a template that writes each
+/// tool's name before the messages and refuses a `strict` argument, in a directory
+/// of its own.
 struct Templated(PathBuf);
 
 impl Templated {
@@ -22,7 +23,16 @@ impl Templated {
         let dir =
             std::env::temp_dir().join(format!("switchyard-template-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(testdata.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+        // The tiny tokenizer, its markers made added tokens (where a prompt may be cut).
+        let mut tokenizer: Value =
+            serde_json::from_slice(&std::fs::read(testdata.join("tokenizer.json")).unwrap())
+                .unwrap();
+        tokenizer["added_tokens"] = json!([
+            {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 2, "content": "<|user|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 3, "content": "<|assistant|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+        ]);
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
         let template = "{% if strict %}{{ raise_exception('strict mode is not supported') }}{% endif %}\
             {{ bos_token }}{% for t in tools or [] %} {{ t.function.name }}{% endfor %}\
             {% for m in messages %} <|{{ m.role }}|> {{ m.content }}{% endfor %}\
@@ -110,16 +120,23 @@ fn what_the_template_refuses_is_a_400_with_its_message() {
 }
 
 #[test]
-fn a_media_part_is_counted_by_size_and_predicts_no_page() {
+fn a_chat_with_media_routes_on_its_prompt_up_to_the_first_media_part() {
     let files = Templated::new("media");
     let tokenizer = files.tokenizer();
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": [
+    let messages = json!([{"role": "user", "content": [
         {"type": "text", "text": "hello"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-    ]}]});
+    ]}]);
+    let body = json!({"model": "m", "messages": messages});
     let prepared = prepared(&tokenizer, &body).unwrap();
-    assert_eq!(prepared.token_ids.as_deref(), Some(&[][..]));
-    assert!(prepared.input_tokens > 0);
+    // <s> <|user|>: the prompt up to the last added token before the image.
+    assert_eq!(prepared.token_ids.as_deref(), Some(&[1, 2][..]));
+    let size = messages.to_string().len() as u64;
+    assert_eq!(
+        prepared.input_tokens,
+        2 + size / 4,
+        "the rest estimated from the messages' size"
+    );
 }
 
 #[test]
