@@ -139,10 +139,23 @@ fn result_text(value: &Value) -> String {
     serde_json::to_string(value).expect("JSON")
 }
 
+/// What one request of the session showed.
+#[derive(Debug)]
+struct Turn {
+    /// The router's predicted cached tokens (the metric's growth: requests go one
+    /// at a time).
+    predicted: u64,
+    /// The cached tokens the engine reported.
+    cached: u64,
+    /// The prompt length the router counted.
+    routed: u64,
+    /// The prompt length the engine counted.
+    counted: u64,
+}
+
 /// Sends one request of the session and waits until its KV events are applied;
-/// returns the assistant's answer, the router's predicted cached tokens for it (the
-/// metric's growth: requests go one at a time) and the engine's cached tokens.
-async fn turn(h: &Harness, messages: &[Value]) -> (String, u64, u64) {
+/// returns the assistant's answer and what the turn showed.
+async fn turn(h: &Harness, messages: &[Value]) -> (String, Turn) {
     let before = h.predicted().await;
     let body = format!(
         r#"{{"model": "{MODEL}", "messages": {}, "tools": {TOOLS}, "tool_choice": "auto",
@@ -158,6 +171,11 @@ async fn turn(h: &Harness, messages: &[Value]) -> (String, u64, u64) {
         .await
         .expect("the router answers");
     assert_eq!(response.status(), 200);
+    let routed = response.headers()["x-switchyard-prompt-tokens"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a number");
     let body: Value = response.json().await.expect("a JSON body");
     h.caught_up().await;
     let predicted = h.predicted().await - before;
@@ -165,10 +183,16 @@ async fn turn(h: &Harness, messages: &[Value]) -> (String, u64, u64) {
         .as_str()
         .expect("an answer")
         .to_owned();
-    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .expect("cached tokens reported");
-    (answer, predicted as u64, cached)
+    let usage = &body["usage"];
+    let turn = Turn {
+        predicted: predicted as u64,
+        cached: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached tokens reported"),
+        routed,
+        counted: usage["prompt_tokens"].as_u64().expect("prompt tokens"),
+    };
+    (answer, turn)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,8 +205,8 @@ async fn a_tool_calling_session_gets_exactly_the_cache_hits_the_router_predicts(
     ];
     let mut seen = Vec::new();
     for t in 0..TURNS {
-        let (answer, predicted, cached) = turn(&h, &messages).await;
-        seen.push((t, predicted, cached));
+        let (answer, seen_now) = turn(&h, &messages).await;
+        seen.push(seen_now);
         if t % 2 == 0 {
             let (call, result) = tool_round(t);
             messages.push(json!({"role": "assistant", "content": answer, "tool_calls": [call]}));
@@ -195,16 +219,16 @@ async fn a_tool_calling_session_gets_exactly_the_cache_hits_the_router_predicts(
     h.shutdown().await;
     let later = &seen[1..];
     assert!(
-        later.iter().all(|&(_, _, cached)| cached > 0),
-        "from the second turn on the engine finds the session's prefix: \
-         (turn, predicted, reported) {seen:?}"
+        later.iter().all(|t| t.cached > 0),
+        "from the second turn on the engine finds the session's prefix: {seen:#?}"
     );
     assert!(
-        later
-            .iter()
-            .all(|&(_, predicted, cached)| predicted == cached),
-        "the router predicts exactly the engine's hit on every turn: \
-         (turn, predicted, reported) {seen:?}"
+        later.iter().all(|t| t.predicted == t.cached),
+        "the router predicts exactly the engine's hit on every turn: {seen:#?}"
+    );
+    assert!(
+        seen.iter().all(|t| t.routed == t.counted),
+        "the router counts each prompt as the engine does: {seen:#?}"
     );
 }
 
