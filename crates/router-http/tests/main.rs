@@ -2,6 +2,8 @@
 //! (a binary each would link the dependency tree once per file).
 
 mod common;
+#[path = "../../../tests/python_env.rs"]
+mod python_env;
 
 mod admin;
 mod affinity;
@@ -21,5 +23,6 @@ mod serving;
 mod slo;
 mod spans;
 mod tls;
+mod tool_sessions;
 mod trace;
 mod vllm;

@@ -1,22 +1,25 @@
 //! Turning chat messages into prompt tokens, and generating output text.
 //!
 //! With a Hugging Face `tokenizer.json` the engine renders the chat template from the
-//! `tokenizer_config.json` beside it and tokenizes the result as a real engine does.
-//! Without one it uses a deterministic built-in tokenizer: one token per
-//! whitespace-separated word, so equal prompts give equal tokens and shared prefixes
-//! share tokens.
+//! `tokenizer_config.json` beside it as SGLang does (`chat`: the request's messages,
+//! tools and template arguments made into the template's variables; `template`: the
+//! template compiled as transformers compiles it; `json`: its `tojson`) and
+//! tokenizes the result as a real engine does. Without one it uses a deterministic
+//! built-in tokenizer: one token per whitespace-separated word, so equal prompts give
+//! equal tokens and shared prefixes share tokens (it reads only the messages' roles
+//! and text).
+
+mod chat;
+mod json;
+mod template;
 
 use std::path::Path;
 
-use minijinja::{Environment, ErrorKind, context};
-use serde::Serialize;
+use minijinja::Value;
+use minijinja::value::ValueKind;
 
-/// One chat message with its content flattened to text.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct ChatMessage {
-    pub(crate) role: String,
-    pub(crate) content: String,
-}
+pub(crate) use self::chat::{Chat, check};
+use self::template::ChatTemplate;
 
 /// Why a tokenizer could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +39,7 @@ pub(crate) enum Tokenizer {
 #[derive(Debug)]
 pub(crate) struct HfTokenizer {
     tokenizer: tokenizers::Tokenizer,
-    template: Environment<'static>,
-    bos_token: String,
-    eos_token: String,
+    template: ChatTemplate,
 }
 
 impl Tokenizer {
@@ -57,40 +58,10 @@ impl Tokenizer {
                 serde_json::from_str(&text)
                     .map_err(|e| error(format!("{}: {e}", config_path.display())))
             })?;
-        let template = match &config["chat_template"] {
-            serde_json::Value::String(t) => t.clone(),
-            serde_json::Value::Array(named) => named
-                .iter()
-                .find(|t| t["name"] == "default")
-                .and_then(|t| t["template"].as_str())
-                .ok_or_else(|| error("tokenizer_config.json has no default chat template".into()))?
-                .to_owned(),
-            _ => return Err(error("tokenizer_config.json has no chat_template".into())),
-        };
-        let special = |key: &str| match &config[key] {
-            serde_json::Value::String(s) => s.clone(),
-            value => value["content"].as_str().unwrap_or_default().to_owned(),
-        };
-        // Rendered as Hugging Face transformers renders chat templates (what SGLang
-        // uses): blocks trimmed and left-stripped, Python string methods available.
-        let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |message: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-            },
-        );
-        env.add_template_owned("chat", template)
-            .map_err(|e| error(e.to_string()))?;
+        let template = ChatTemplate::load(&config).map_err(error)?;
         Ok(Tokenizer::HuggingFace(Box::new(HfTokenizer {
             tokenizer,
-            template: env,
-            bos_token: special("bos_token"),
-            eos_token: special("eos_token"),
+            template,
         })))
     }
 
@@ -108,19 +79,20 @@ impl Tokenizer {
     }
 
     /// Renders the conversation for generation and tokenizes it.
-    pub(crate) fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+    pub(crate) fn encode_chat(&self, chat: &Chat<'_>) -> Result<Vec<u32>, String> {
         match self {
             Tokenizer::BuiltIn => {
                 let mut tokens = Vec::new();
-                for m in messages {
-                    tokens.push(word_token(&format!("<|{}|>", m.role)));
-                    tokens.extend(m.content.split_whitespace().map(word_token));
+                for message in chat.messages {
+                    let role = message.get_attr("role").unwrap_or_default();
+                    tokens.push(word_token(&format!("<|{role}|>")));
+                    tokens.extend(built_in_text(message).split_whitespace().map(word_token));
                 }
                 tokens.push(word_token("<|assistant|>"));
                 Ok(tokens)
             }
             Tokenizer::HuggingFace(hf) => {
-                let prompt = hf.render(messages)?;
+                let prompt = hf.template.render(chat)?;
                 let encoding = hf
                     .tokenizer
                     .encode(prompt, false)
@@ -131,20 +103,24 @@ impl Tokenizer {
     }
 }
 
-impl HfTokenizer {
-    fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
-        let template = self
-            .template
-            .get_template("chat")
-            .map_err(|e| e.to_string())?;
-        template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => true,
-                bos_token => self.bos_token,
-                eos_token => self.eos_token,
+/// A message's text as the built-in tokenizer reads it: its `content`, or the
+/// `text` of each of its parts, run together.
+fn built_in_text(message: &Value) -> String {
+    let content = message.get_attr("content").unwrap_or_default();
+    match content.kind() {
+        ValueKind::String => content.to_string(),
+        ValueKind::Seq => content
+            .try_iter()
+            .map(|parts| {
+                parts
+                    .filter_map(|part| {
+                        let text = part.get_attr("text").ok()?;
+                        (text.kind() == ValueKind::String).then(|| text.to_string())
+                    })
+                    .collect()
             })
-            .map_err(|e| format!("rendering the chat template: {e}"))
+            .unwrap_or_default(),
+        _ => String::new(),
     }
 }
 
@@ -173,26 +149,36 @@ pub(crate) fn output_word(prompt_len: usize, index: u64) -> &'static str {
 mod tests {
     use super::*;
 
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
+    fn message(role: &str, content: &str) -> Value {
+        Value::from_iter([("role", role), ("content", content)])
+    }
+
+    fn chat(messages: &[Value]) -> Chat<'_> {
+        Chat {
+            messages,
+            tools: None,
+            tool_choice: None,
+            template_kwargs: None,
         }
     }
 
     #[test]
     fn the_built_in_tokenizer_is_deterministic_and_prefix_preserving() {
         let t = Tokenizer::BuiltIn;
-        let short = t.encode_chat(&[message("user", "hello there")]).unwrap();
-        let again = t.encode_chat(&[message("user", "hello there")]).unwrap();
+        let short = t
+            .encode_chat(&chat(&[message("user", "hello there")]))
+            .unwrap();
+        let again = t
+            .encode_chat(&chat(&[message("user", "hello there")]))
+            .unwrap();
         assert_eq!(short, again);
         assert_eq!(short.len(), 4, "role marker, two words, generation marker");
         let turn = t
-            .encode_chat(&[
+            .encode_chat(&chat(&[
                 message("user", "hello there"),
                 message("assistant", "hi"),
                 message("user", "more"),
-            ])
+            ]))
             .unwrap();
         assert_eq!(
             turn[..3],
@@ -208,17 +194,29 @@ mod tests {
             .join("../../testdata/tokenizer-tiny/tokenizer.json");
         let t = Tokenizer::load(&path).unwrap();
         let ids = t
-            .encode_chat(&[
+            .encode_chat(&chat(&[
                 message("user", "hello world "),
                 message("assistant", "again"),
-            ])
+                message("user", "again"),
+            ]))
             .unwrap();
         assert_eq!(
             ids,
-            [1, 2, 4, 5, 3, 6, 3],
-            "<s> <|user|> hello world <|assistant|> again <|assistant|>"
+            [1, 2, 4, 5, 3, 6, 2, 6, 3],
+            "<s> <|user|> hello world <|assistant|> again <|user|> again <|assistant|>"
         );
-        let unknown = t.encode_chat(&[message("system", "x")]).unwrap();
+        let ending = t
+            .encode_chat(&chat(&[
+                message("user", "hello"),
+                message("assistant", "again"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            ending,
+            [1, 2, 4, 2, 6, 3],
+            "a final assistant message is rendered as a user one, as SGLang does"
+        );
+        let unknown = t.encode_chat(&chat(&[message("system", "x")])).unwrap();
         assert_eq!(unknown, [1, 0, 0, 3], "unknown words map to [UNK]");
     }
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::server::config::SimConfig;
 use crate::server::error::ApiError;
 use crate::server::placement::{PerPrompt, Rendezvous, adapter_of, is_batch};
-use crate::server::tokenizer::{ChatMessage, Tokenizer};
+use crate::server::tokenizer::{Chat, Tokenizer, check};
 
 /// The endpoint a request came to, which shapes its answer: a chat completion, a text
 /// completion or SGLang's `/generate` answer.
@@ -50,6 +50,8 @@ impl Ask {
         shape: Shape,
     ) -> Result<Self, ApiError> {
         let mut request: ChatRequest = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+        check(&request.chat())
             .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
         let prompt = request.take_prompt(shape)?;
         let batch = prompt.as_ref().is_some_and(is_batch);
@@ -111,15 +113,7 @@ impl Ask {
                 Ok(_) => Err("the simulated engine answers one prompt a request".to_owned()),
                 Err(e) => Err(format!("invalid prompt: {e}")),
             },
-            None => {
-                let messages: Vec<ChatMessage> = self
-                    .request
-                    .messages
-                    .iter()
-                    .map(RawMessage::flatten)
-                    .collect();
-                tokenizer.encode_chat(&messages)
-            }
+            None => tokenizer.encode_chat(&self.request.chat()),
         };
         let tokens = tokens.map_err(ApiError::bad_request)?;
         if tokens.is_empty() {
@@ -158,8 +152,16 @@ impl Ask {
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
+    /// A chat's messages, and what else its template reads, as JSON values with the
+    /// client's key order (a tool schema's keys reach the prompt in it).
     #[serde(default)]
-    messages: Vec<RawMessage>,
+    messages: Vec<minijinja::Value>,
+    #[serde(default)]
+    tools: Option<minijinja::Value>,
+    #[serde(default)]
+    tool_choice: Option<minijinja::Value>,
+    #[serde(default)]
+    chat_template_kwargs: Option<minijinja::Value>,
     /// A completion's prompt (read only by `/v1/completions`).
     #[serde(default)]
     prompt: Option<Value>,
@@ -207,6 +209,16 @@ struct ChatRequest {
 }
 
 impl ChatRequest {
+    /// The fields the chat template reads.
+    fn chat(&self) -> Chat<'_> {
+        Chat {
+            messages: &self.messages,
+            tools: self.tools.as_ref(),
+            tool_choice: self.tool_choice.as_ref(),
+            template_kwargs: self.chat_template_kwargs.as_ref(),
+        }
+    }
+
     /// Takes the prompt out of the field `shape` reads (token ids win); only a chat
     /// may have none, and then needs messages.
     fn take_prompt(&mut self, shape: Shape) -> Result<Option<Value>, ApiError> {
@@ -291,42 +303,4 @@ enum CompletionPrompt {
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Debug, Deserialize)]
-struct Part {
-    #[serde(default)]
-    text: Option<String>,
-}
-
-impl RawMessage {
-    fn flatten(&self) -> ChatMessage {
-        let content = match &self.content {
-            None => String::new(),
-            Some(Content::Text(text)) => text.clone(),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .collect::<Vec<_>>()
-                .join(""),
-        };
-        ChatMessage {
-            role: self.role.clone(),
-            content,
-        }
-    }
 }
