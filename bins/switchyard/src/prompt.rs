@@ -58,10 +58,8 @@ pub(crate) fn run(args: &PromptArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         let answer = if line.len() > MAX_LINE_BYTES {
-            // Skip the rest of the line.
             input.set_limit(u64::MAX);
-            let mut rest = Vec::new();
-            input.read_until(b'\n', &mut rest)?;
+            skip_line(&mut input)?;
             json!({"error": format!("the body is larger than {MAX_LINE_BYTES} bytes")})
         } else {
             match router_http::prompt_ids(&args.endpoint, line.trim_ascii(), &tokenizer) {
@@ -71,5 +69,39 @@ pub(crate) fn run(args: &PromptArgs) -> anyhow::Result<()> {
         };
         writeln!(stdout, "{answer}")?;
         stdout.flush()?;
+    }
+}
+
+/// Reads past the end of the current line without keeping it.
+fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
+    loop {
+        let buffer = input.fill_buf()?;
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        match buffer.iter().position(|&b| b == b'\n') {
+            Some(end) => {
+                input.consume(end + 1);
+                return Ok(());
+            }
+            None => {
+                let len = buffer.len();
+                input.consume(len);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_line_is_skipped_without_being_kept() {
+        let mut input = std::io::BufReader::with_capacity(4, &b"0123456789abcdef\nnext\n"[..]);
+        skip_line(&mut input).unwrap();
+        let mut rest = String::new();
+        input.read_line(&mut rest).unwrap();
+        assert_eq!(rest, "next\n");
     }
 }
