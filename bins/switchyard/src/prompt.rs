@@ -51,18 +51,21 @@ pub(crate) fn run(args: &PromptArgs) -> anyhow::Result<()> {
     let mut input = stdin.take(0);
     loop {
         line.clear();
-        // One byte past the bound tells a line too long from one just within it.
-        input.set_limit(MAX_LINE_BYTES as u64 + 1);
+        // The bound, its newline, and one byte more to tell a line too long.
+        input.set_limit(MAX_LINE_BYTES as u64 + 2);
         let read = input.read_until(b'\n', &mut line)?;
         if read == 0 {
             return Ok(());
         }
-        let answer = if line.len() > MAX_LINE_BYTES {
-            input.set_limit(u64::MAX);
-            skip_line(&mut input)?;
+        let body = line.strip_suffix(b"\n").unwrap_or(&line);
+        let answer = if body.len() > MAX_LINE_BYTES {
+            if !line.ends_with(b"\n") {
+                input.set_limit(u64::MAX);
+                skip_line(&mut input)?;
+            }
             json!({"error": format!("the body is larger than {MAX_LINE_BYTES} bytes")})
         } else {
-            match router_http::prompt_ids(&args.endpoint, line.trim_ascii(), &tokenizer) {
+            match router_http::prompt_ids(&args.endpoint, body.trim_ascii(), &tokenizer) {
                 Ok(ids) => json!({"ids": ids}),
                 Err(e) => json!({"error": e.message()}),
             }

@@ -181,11 +181,9 @@ impl Prompt<'_> {
             Prompt::Chat(chat) => {
                 return match tokenizer.encode_chat(&chat.request()) {
                     Ok(tokens) => Ok(Counted::of(tokens)),
-                    Err(e @ EncodeError::Request(_)) => Err(ApiError::invalid(
-                        "invalid_request",
-                        "messages",
-                        e.to_string(),
-                    )),
+                    Err(EncodeError::Request { param, message }) => {
+                        Err(ApiError::invalid("invalid_request", param, message))
+                    }
                     Err(e) => Err(ApiError::invalid(
                         "invalid_messages",
                         "messages",

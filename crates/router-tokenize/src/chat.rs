@@ -4,8 +4,9 @@
 //! SGLang and vLLM differ here, so each step follows the [`Dialect`].
 
 use minijinja::Value;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer as _};
 
+mod counting;
 mod sglang;
 mod vllm;
 
@@ -51,6 +52,7 @@ pub struct ChatRequest<'a> {
 
 /// What rendering needs: the template's arguments and, for SGLang's
 /// `continue_final_message`, the final message's text, tokenized apart and appended.
+#[derive(Clone)]
 pub(crate) struct Rendering {
     /// The template's arguments besides the special tokens.
     pub(crate) context: Vec<(&'static str, Value)>,
@@ -66,12 +68,87 @@ pub(crate) struct Rendering {
     pub(crate) media: bool,
 }
 
-fn invalid(message: impl Into<String>) -> EncodeError {
-    EncodeError::Request(message.into())
+impl Rendering {
+    /// The same with each tool given as its `function` object: SGLang renders
+    /// again so when a template fails on the whole tools (`None`: no tools).
+    pub(crate) fn with_function_tools(&self) -> Option<Self> {
+        let mut again = self.clone();
+        let (_, tools) = again.context.iter_mut().find(|(k, _)| *k == "tools")?;
+        let functions: Vec<Value> = tools
+            .try_iter()
+            .ok()?
+            .map(|tool| get(&tool, "function").unwrap_or_default())
+            .collect();
+        if functions.is_empty() {
+            return None;
+        }
+        *tools = Value::from(functions);
+        Some(again)
+    }
 }
 
-fn parse<'a, T: Deserialize<'a>>(text: &'a str, field: &str) -> Result<T, EncodeError> {
-    serde_json::from_str(text).map_err(|e| invalid(format!("{field}: {e}")))
+fn invalid(param: &'static str, message: impl Into<String>) -> EncodeError {
+    EncodeError::Request {
+        param,
+        message: message.into(),
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(text: &'a str, field: &'static str) -> Result<T, EncodeError> {
+    serde_json::from_str(text).map_err(|e| invalid(field, format!("{field}: {e}")))
+}
+
+/// The most arguments `chat_template_kwargs` may give: templates read a handful.
+pub const MAX_TEMPLATE_KWARGS: usize = 256;
+
+/// The most JSON values the assistant tool calls' `arguments` strings of one chat
+/// may hold in all: each is parsed into a tree for the template.
+pub const MAX_TOOL_ARGUMENT_VALUES: usize = 1 << 19;
+
+/// Checks the tool calls' `arguments` strings of `messages` hold at most
+/// [`MAX_TOOL_ARGUMENT_VALUES`] JSON values in all, counting without keeping any.
+fn check_arguments(messages: &[Value]) -> Result<(), EncodeError> {
+    let mut budget = MAX_TOOL_ARGUMENT_VALUES;
+    for message in messages {
+        let Some(calls) = get(message, "tool_calls") else {
+            continue;
+        };
+        let Ok(calls) = calls.try_iter() else {
+            continue;
+        };
+        for call in calls {
+            let arguments = get(&call, "function").and_then(|f| get(&f, "arguments"));
+            let Some(text) = arguments.as_ref().and_then(Value::as_str) else {
+                continue;
+            };
+            // Not an object: not parsed into a tree (SGLang refuses it, vLLM takes `{}`).
+            if !text.trim_start().starts_with('{') {
+                continue;
+            }
+            let counted = serde_json::Deserializer::from_str(text)
+                .deserialize_any(counting::Count(&mut budget));
+            if counted.is_err() && budget == 0 {
+                return Err(invalid(
+                    "messages",
+                    format!(
+                        "the tool calls' arguments must hold at most {MAX_TOOL_ARGUMENT_VALUES} JSON values in all"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a tool call's `arguments` text may be parsed (it is an object; the
+/// values it holds were counted by [`check_arguments`]).
+fn parsed_arguments(text: &str) -> Option<Value> {
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .filter(|parsed| parsed.kind() == minijinja::value::ValueKind::Map)
 }
 
 /// A map value's entries, in order.
@@ -187,6 +264,7 @@ pub(crate) fn rendering(
     media: Media,
 ) -> Result<Rendering, EncodeError> {
     let messages: Vec<Value> = parse(request.messages, "messages")?;
+    check_arguments(&messages)?;
     let holds_media = holds_media(&messages);
     let tools: Option<Vec<Value>> = request.tools.map(|t| parse(t, "tools")).transpose()?;
     let kwargs: Vec<(String, Value)> = match request.chat_template_kwargs {
@@ -196,7 +274,17 @@ pub(crate) fn rendering(
             if object.is_none() {
                 Vec::new()
             } else if object.kind() != minijinja::value::ValueKind::Map {
-                return Err(invalid("chat_template_kwargs must be an object"));
+                return Err(invalid(
+                    "chat_template_kwargs",
+                    "chat_template_kwargs must be an object",
+                ));
+            } else if object.len().unwrap_or(0) > MAX_TEMPLATE_KWARGS {
+                return Err(invalid(
+                    "chat_template_kwargs",
+                    format!(
+                        "chat_template_kwargs may give at most {MAX_TEMPLATE_KWARGS} arguments"
+                    ),
+                ));
             } else {
                 entries(&object)
                     .into_iter()
@@ -294,3 +382,6 @@ fn replace(value: &Value, key: &str, new: Value) -> Value {
     }
     map(out)
 }
+
+#[cfg(test)]
+mod tests;

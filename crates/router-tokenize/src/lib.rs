@@ -43,8 +43,13 @@ pub struct TokenizerError {
 #[non_exhaustive]
 pub enum EncodeError {
     /// A part of the chat request the template reads is not what it must be.
-    #[error("{0}")]
-    Request(String),
+    #[error("{message}")]
+    Request {
+        /// The request field at fault.
+        param: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The model's tokenizer has no chat template to render a chat with.
     #[error("the model's tokenizer has no chat template")]
     NoChatTemplate,
@@ -75,12 +80,13 @@ mod python_env;
 mod template;
 mod window;
 
-use chat::Media;
-pub use chat::{ChatRequest, Dialect};
+pub use chat::{ChatRequest, Dialect, MAX_TEMPLATE_KWARGS, MAX_TOOL_ARGUMENT_VALUES};
+use chat::{Media, Rendering};
 pub use pool::TokenizePool;
 use prefixes::PrefixCache;
 pub use prefixes::PrefixCacheStats;
 use template::ChatTemplate;
+pub use template::MAX_PROMPT_BYTES;
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,12 +129,13 @@ impl Encoder {
     fn last_split(&self, text: &str) -> usize {
         match self {
             Encoder::ByteLevel(encoder) => encoder.added_ends(text).max().unwrap_or(0),
-            Encoder::General(general) => general
-                .added
-                .iter()
-                .filter_map(|token| text.rfind(token.as_str()).map(|at| at + token.len()))
-                .max()
-                .unwrap_or(0),
+            Encoder::General(general) => general.added_matcher.as_ref().map_or(0, |matcher| {
+                matcher
+                    .find_iter(text)
+                    .map(|found| found.end())
+                    .last()
+                    .unwrap_or(0)
+            }),
         }
     }
 }
@@ -139,6 +146,8 @@ pub(crate) struct General {
     tokenizer: tokenizers::Tokenizer,
     /// The added tokens' texts: a window never ends inside one.
     added: Vec<String>,
+    /// Finds them all in one pass (`None`: the tokenizer has none).
+    added_matcher: Option<aho_corasick::AhoCorasick>,
     /// Whether a prompt may be tokenized in several windows: not when the
     /// normalizer or pre-tokenizer adds something at the start of a text (a window
     /// would add it where the whole prompt does not).
@@ -161,12 +170,15 @@ impl General {
             .map_err(|e| TokenizerError::at(path, e))?;
         tokenizer.with_padding(None);
         let windows = !window::prepends(&tokenizer);
-        let added = tokenizer
+        let added: Vec<String> = tokenizer
             .get_added_tokens_decoder()
             .into_values()
             .map(|token| token.content)
             .filter(|content| !content.is_empty())
             .collect();
+        let added_matcher = aho_corasick::AhoCorasick::new(&added)
+            .ok()
+            .filter(|_| !added.is_empty());
         let around = special_tokens_around(&tokenizer);
         if around.is_none() {
             tracing::warn!(
@@ -177,6 +189,7 @@ impl General {
         Ok(Self {
             tokenizer,
             added,
+            added_matcher,
             windows,
             around,
         })
@@ -288,7 +301,7 @@ impl ChatTokenizer {
     pub fn encode_chat(&self, request: &ChatRequest<'_>) -> Result<PromptTokens, EncodeError> {
         let template = self.template.as_ref().ok_or(EncodeError::NoChatTemplate)?;
         let rendering = chat::rendering(self.dialect, template, request, Media::Part)?;
-        let mut prompt = template.render(&rendering).map_err(EncodeError::Template)?;
+        let mut prompt = self.render(template, &rendering)?;
         if rendering.media {
             return self.encode_before_media(template, request, &prompt);
         }
@@ -302,10 +315,10 @@ impl ChatTokenizer {
             match found {
                 Some(end) => prompt.truncate(end),
                 None => {
-                    return Err(EncodeError::Request(
-                        "continue_final_message: the final message is not in the rendered prompt"
-                            .to_owned(),
-                    ));
+                    return Err(EncodeError::Request {
+                        param: "continue_final_message",
+                        message: "the final message is not in the rendered prompt".to_owned(),
+                    });
                 }
             }
         }
@@ -333,7 +346,7 @@ impl ChatTokenizer {
         prompt: &str,
     ) -> Result<PromptTokens, EncodeError> {
         let other = chat::rendering(self.dialect, template, request, Media::Text(MEDIA_MARK))?;
-        let other = template.render(&other).map_err(EncodeError::Template)?;
+        let other = self.render(template, &other)?;
         let shared = prompt
             .char_indices()
             .zip(other.chars())
@@ -343,6 +356,26 @@ impl ChatTokenizer {
         let mut tokens = self.encode_rendered(&prompt[..cut])?;
         tokens.untokenized_bytes += request.messages.len();
         Ok(tokens)
+    }
+
+    /// Renders `rendering`; for SGLang, a render failing with tools is tried once
+    /// more with each tool given as its `function` object, as SGLang does.
+    fn render(
+        &self,
+        template: &ChatTemplate,
+        rendering: &Rendering,
+    ) -> Result<String, EncodeError> {
+        match template.render(rendering) {
+            Err(first) if self.dialect == Dialect::Sglang => {
+                match rendering.with_function_tools() {
+                    Some(again) => template
+                        .render(&again)
+                        .map_err(|_| EncodeError::Template(first)),
+                    None => Err(EncodeError::Template(first)),
+                }
+            }
+            rendered => rendered.map_err(EncodeError::Template),
+        }
     }
 
     /// A rendered prompt's ids, without added special tokens.

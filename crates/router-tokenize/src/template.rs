@@ -105,20 +105,62 @@ impl ChatTemplate {
 
     /// Renders `rendering`: its arguments over the request's
     /// `chat_template_kwargs` over the special tokens, as transformers merges them.
+    /// A render past [`MAX_PROMPT_BYTES`] is stopped there and refused.
     pub(crate) fn render(&self, rendering: &Rendering) -> Result<String, minijinja::Error> {
         let template = self.env.get_template("chat")?;
-        let mut context: Vec<(String, Value)> = self.specials.clone();
-        let mut set = |key: &str, value: Value| match context.iter_mut().find(|(k, _)| k == key) {
-            Some(entry) => entry.1 = value,
-            None => context.push((key.to_owned(), value)),
-        };
+        let mut context: std::collections::HashMap<&str, Value> = self
+            .specials
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         for (key, value) in &rendering.kwargs {
-            set(key, value.clone());
+            context.insert(key.as_str(), value.clone());
         }
         for (key, value) in &rendering.context {
-            set(key, value.clone());
+            context.insert(key, value.clone());
         }
-        template.render(Value::from_iter(context))
+        let mut out = Bounded {
+            bytes: Vec::new(),
+            over: false,
+        };
+        let rendered = template.render_captured_to(Value::from_iter(context), &mut out);
+        if out.over {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the rendered prompt is larger than {MAX_PROMPT_BYTES} bytes"),
+            ));
+        }
+        rendered?;
+        String::from_utf8(out.bytes).map_err(|_| {
+            minijinja::Error::new(ErrorKind::InvalidOperation, "the prompt is not UTF-8")
+        })
+    }
+}
+
+/// The most bytes a rendered prompt may hold: twice the largest body a client may
+/// send, past what any engine accepts, and a bound on what a template repeating a
+/// long argument in every turn could make.
+pub const MAX_PROMPT_BYTES: usize = 64 << 20;
+
+/// A render's output, refused once past [`MAX_PROMPT_BYTES`].
+struct Bounded {
+    bytes: Vec<u8>,
+    /// Whether a write would have gone past the bound.
+    over: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + bytes.len() > MAX_PROMPT_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is too large"));
+        }
+        self.bytes.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

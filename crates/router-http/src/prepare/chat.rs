@@ -108,6 +108,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         ("documents", probe.documents),
         ("chat_template_kwargs", probe.chat_template_kwargs),
         ("tool_choice", probe.tool_choice),
+        ("reasoning_effort", probe.reasoning_effort),
     ])?;
     if message_count == 0 {
         return Err(ApiError::invalid(
@@ -197,6 +198,15 @@ fn check_template_fields(fields: &[(&str, Option<&RawValue>)]) -> Result<(), Api
             "chat_template_kwargs" => Some(('{', "chat_template_kwargs must be an object")),
             _ => None,
         };
+        if *param == "reasoning_effort"
+            && (raw.get().starts_with('[') || raw.get().starts_with('{'))
+        {
+            return Err(ApiError::invalid(
+                "invalid_request",
+                "reasoning_effort",
+                "reasoning_effort must be a string or a number",
+            ));
+        }
         if let Some((open, message)) = shape
             && !raw.get().starts_with(open)
         {

@@ -299,3 +299,49 @@ pub(crate) fn cache_salt(value: Option<&Value>) -> Result<Option<String>, ApiErr
         Some(_) => Err(invalid("cache_salt must be a string".to_owned())),
     }
 }
+
+/// A batch request's `cache_salt` (SGLang's `/v1/completions` and `/generate`): a
+/// string, or a list of them, one a prompt, of which the first prompt's is routed on.
+pub(crate) fn batch_cache_salt(raw: Option<&RawValue>) -> Result<Option<String>, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    if !raw.get().starts_with('[') {
+        let value = serde_json::Deserializer::from_str(raw.get())
+            .deserialize_any(ScalarVisitor)
+            .map_err(|_| {
+                ApiError::invalid(
+                    "invalid_request",
+                    "cache_salt",
+                    "cache_salt must be a string",
+                )
+            })?;
+        return cache_salt(Some(&value));
+    }
+    let mut first = None;
+    let salts = each(raw, MAX_CACHE_SALTS, "cache_salt", |i, item| {
+        let salt: Option<String> = serde_json::from_str(item.get()).map_err(|_| {
+            ApiError::invalid(
+                "invalid_request",
+                "cache_salt",
+                format!("cache_salt[{i}] must be a string"),
+            )
+        })?;
+        let salt = cache_salt(salt.map(Value::String).as_ref())?;
+        if i == 0 {
+            first = salt;
+        }
+        Ok(())
+    })?;
+    match salts {
+        Some(_) => Ok(first),
+        None => Err(ApiError::invalid(
+            "invalid_request",
+            "cache_salt",
+            "cache_salt must be a string or a list of strings",
+        )),
+    }
+}
+
+/// The most salts a batch's `cache_salt` list may give.
+const MAX_CACHE_SALTS: usize = 1 << 16;

@@ -16,7 +16,9 @@ use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::{Sampling, cache_salt, check_integer, model, scalar, stream_and_sampling};
+use super::checks::{
+    Sampling, batch_cache_salt, check_integer, model, scalar, stream_and_sampling,
+};
 use super::owned::present;
 use super::{Parsed, Prompt, batch_of};
 use crate::error::ApiError;
@@ -69,8 +71,8 @@ struct Probe<'a> {
     max_tokens: Option<Value>,
     #[serde(default, deserialize_with = "scalar")]
     add_special_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "scalar")]
-    cache_salt: Option<Value>,
+    #[serde(default, borrow)]
+    cache_salt: Option<&'a RawValue>,
 }
 
 /// A completion's prompts, each text or token ids; at least one is not empty.
@@ -115,7 +117,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         given => check_integer(&given, "max_tokens", 0, u64::from(u32::MAX))?,
     };
     Ok(Parsed {
-        cache_salt: cache_salt(probe.cache_salt.as_ref())?,
+        cache_salt: batch_cache_salt(probe.cache_salt)?,
         owned: [
             &probe.bootstrap_host,
             &probe.bootstrap_port,

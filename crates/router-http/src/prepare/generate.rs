@@ -13,7 +13,7 @@ use serde::de::IgnoredAny;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checks::{MAX_MODEL_BYTES, cache_salt, check_integer, each, scalar};
+use super::checks::{MAX_MODEL_BYTES, batch_cache_salt, check_integer, each, scalar};
 use super::completions::MAX_PROMPTS;
 use super::completions::{CompletionPrompts, read_prompts};
 use super::owned::present;
@@ -53,8 +53,8 @@ struct Probe<'a> {
     rid: Option<&'a RawValue>,
     #[serde(default, borrow)]
     lora_path: Option<&'a RawValue>,
-    #[serde(default, deserialize_with = "scalar")]
-    cache_salt: Option<Value>,
+    #[serde(default, borrow)]
+    cache_salt: Option<&'a RawValue>,
 }
 
 /// One prompt's `sampling_params` as read: only `max_new_tokens`.
@@ -128,7 +128,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     };
     check_names(probe.rid, "rid")?;
     Ok(Parsed {
-        cache_salt: cache_salt(probe.cache_salt.as_ref())?,
+        cache_salt: batch_cache_salt(probe.cache_salt)?,
         owned: [
             &probe.bootstrap_host,
             &probe.bootstrap_port,

@@ -288,8 +288,10 @@ fn decode_event(event: &ValueRef<'_>) -> Result<KvEvent, EventError> {
     }
 }
 
-/// The cache salt among a vLLM event's extra keys: a string key of the first page
-/// (its LoRA adapter's name aside), which vLLM adds to the page at token 0 only.
+/// The cache salt among a vLLM event's extra keys: the first page's last string key
+/// but its LoRA adapter's name (vLLM orders them media, adapter, salt), which vLLM
+/// adds to the page at token 0 only. A first page holding media (its keys are
+/// pairs) is left in the adapter's namespace: no request's prompt reaches past it.
 fn first_page_salt<'v>(extra_keys: &'v ValueRef<'_>, lora: Option<&str>) -> Option<&'v str> {
     let ValueRef::Array(pages) = extra_keys else {
         return None;
@@ -297,9 +299,12 @@ fn first_page_salt<'v>(extra_keys: &'v ValueRef<'_>, lora: Option<&str>) -> Opti
     let ValueRef::Array(keys) = pages.first()? else {
         return None;
     };
+    if keys.iter().any(|key| matches!(key, ValueRef::Array(_))) {
+        return None;
+    }
     keys.iter()
         .filter_map(str_of)
-        .find(|key| Some(*key) != lora)
+        .rfind(|key| Some(*key) != lora)
 }
 
 /// Legacy positions: `[tag, block_hashes, parent_block_hash, token_ids, block_size,

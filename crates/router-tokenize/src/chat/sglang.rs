@@ -5,7 +5,7 @@ use minijinja::Value;
 
 use super::{
     ChatRequest, ContentFormat, Dialect, EncodeError, Inputs, Media, Rendering, entries, get,
-    invalid, is_media, map, media_part, role, transformers_messages,
+    invalid, is_media, map, media_part, parsed_arguments, role, transformers_messages,
 };
 use crate::template::ChatTemplate;
 
@@ -59,7 +59,8 @@ pub(super) fn sglang(
                         .is_some_and(|n| n.as_str() == Some(name))
                 })
             });
-            Some(chosen.map(sglang_tool).collect::<Vec<Value>>())
+            // SGLang renders no tools (not an empty list) when none is chosen.
+            Some(chosen.map(sglang_tool).collect::<Vec<Value>>()).filter(|t| !t.is_empty())
         }
         _ => None,
     };
@@ -78,9 +79,10 @@ pub(super) fn sglang(
     }
     for reserved in ["add_generation_prompt", "tools", "tokenize", "return_dict"] {
         if all.iter().any(|(k, _)| k == reserved) {
-            return Err(invalid(format!(
-                "chat_template_kwargs may not set {reserved}"
-            )));
+            return Err(invalid(
+                "chat_template_kwargs",
+                format!("chat_template_kwargs may not set {reserved}"),
+            ));
         }
     }
     let context = vec![
@@ -195,16 +197,15 @@ fn sglang_content(role: &str, content: Option<Value>, openai: bool, media: Media
 fn sglang_tool_call(call: &Value) -> Result<Value, EncodeError> {
     let function = get(call, "function").unwrap_or_default();
     let arguments = match get(&function, "arguments") {
-        Some(a) if a.as_str().is_some() => {
-            match serde_json::from_str::<Value>(a.as_str().unwrap_or_default()) {
-                Ok(parsed) if parsed.kind() == minijinja::value::ValueKind::Map => parsed,
-                _ => {
-                    return Err(invalid(
-                        "tool_calls[].function.arguments must be a JSON object",
-                    ));
-                }
+        Some(a) if a.as_str().is_some() => match parsed_arguments(a.as_str().unwrap_or_default()) {
+            Some(parsed) => parsed,
+            None => {
+                return Err(invalid(
+                    "messages",
+                    "tool_calls[].function.arguments must be a JSON object",
+                ));
             }
-        }
+        },
         Some(a) => a,
         None => Value::from(()),
     };

@@ -5,8 +5,8 @@ use minijinja::Value;
 
 use super::{
     ChatRequest, ContentFormat, Dialect, EncodeError, Inputs, Media, Rendering, empty_object,
-    entries, get, invalid, is_media, map, media_part, media_text, parse, part_text, replace, role,
-    transformers_messages,
+    entries, get, invalid, is_media, map, media_part, media_text, parse, parsed_arguments,
+    part_text, replace, role, transformers_messages,
 };
 use crate::template::ChatTemplate;
 
@@ -28,6 +28,7 @@ pub(super) fn vllm(
     let continue_final = request.continue_final_message.unwrap_or(false);
     if add_generation_prompt && continue_final {
         return Err(invalid(
+            "continue_final_message",
             "continue_final_message and add_generation_prompt cannot both be true",
         ));
     }
@@ -65,10 +66,27 @@ pub(super) fn vllm(
         "documents" => request.documents.is_none(),
         _ => true,
     });
-    let cut_after = continue_final
-        .then(|| out.last().and_then(|m| get(m, "content")))
-        .flatten()
-        .and_then(|c| c.as_str().map(str::to_owned));
+    // transformers cuts after the final message's text: its content, or its last
+    // text part's.
+    let cut_after = match out.last().and_then(|m| get(m, "content")) {
+        Some(content) if continue_final => match content.as_str() {
+            Some(text) => Some(text.to_owned()),
+            None => Some(
+                content
+                    .try_iter()
+                    .ok()
+                    .and_then(|parts| parts.filter_map(|p| get(&p, "text")).last())
+                    .map(|t| t.to_string())
+                    .ok_or_else(|| {
+                        invalid(
+                            "continue_final_message",
+                            "continue_final_message needs a final message with text",
+                        )
+                    })?,
+            ),
+        },
+        _ => None,
+    };
     context.push(("messages", Value::from(transformers_messages(out))));
     Ok(Rendering {
         context,
@@ -204,20 +222,13 @@ fn vllm_tool_call(call: &Value) -> Result<Value, EncodeError> {
         kind.as_ref().is_none_or(|k| k.as_str() == Some("function")),
     ) else {
         return Err(invalid(
+            "messages",
             "chat completions only support assistant tool_calls of type 'function'.",
         ));
     };
     let arguments = match get(&function, "arguments") {
         Some(a) if a.as_str().is_some() => {
-            let text = a.as_str().unwrap_or_default();
-            if text.is_empty() {
-                empty_object()
-            } else {
-                match serde_json::from_str::<Value>(text) {
-                    Ok(parsed) if parsed.kind() == minijinja::value::ValueKind::Map => parsed,
-                    _ => empty_object(),
-                }
-            }
+            parsed_arguments(a.as_str().unwrap_or_default()).unwrap_or_else(empty_object)
         }
         Some(a) if a.kind() == minijinja::value::ValueKind::Map => a,
         Some(a) if a.is_true() => empty_object(),

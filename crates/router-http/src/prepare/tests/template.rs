@@ -163,6 +163,28 @@ fn a_cache_salt_is_read_and_bounded() {
 }
 
 #[test]
+fn a_batch_names_a_salt_a_prompt_and_the_first_is_routed_on() {
+    let files = Templated::new("batch-salt");
+    let tokenizer = files.tokenizer();
+    let complete = |salt: Value| {
+        let body = json!({"model": "m", "prompt": ["hello", "world"], "cache_salt": salt});
+        let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+        prepare(&COMPLETIONS, &bytes, |_| Ok(Some(Arc::clone(&tokenizer)))).map(|(p, _)| p)
+    };
+    let listed = complete(json!(["tenant-1", "tenant-2"])).unwrap();
+    assert_eq!(listed.cache_salt.as_deref(), Some("tenant-1"));
+    assert_eq!(
+        complete(json!("tenant-3")).unwrap().cache_salt.as_deref(),
+        Some("tenant-3")
+    );
+    let err = complete(json!(["ok", 5])).unwrap_err();
+    assert_eq!(
+        (err.param(), err.message()),
+        (Some("cache_salt"), "cache_salt[1] must be a string")
+    );
+}
+
+#[test]
 fn every_invalid_template_field_gets_a_precise_400() {
     let files = Templated::new("invalid");
     let tokenizer = files.tokenizer();
@@ -194,6 +216,16 @@ fn every_invalid_template_field_gets_a_precise_400() {
             json!({"documents": "x"}),
             "documents",
             "documents must be an array of objects",
+        ),
+        (
+            json!({"reasoning_effort": [1]}),
+            "reasoning_effort",
+            "reasoning_effort must be a string or a number",
+        ),
+        (
+            json!({"chat_template_kwargs": {"add_generation_prompt": false}}),
+            "chat_template_kwargs",
+            "chat_template_kwargs may not set add_generation_prompt",
         ),
         (
             json!({"documents": huge}),

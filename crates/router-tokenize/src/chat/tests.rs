@@ -1,0 +1,181 @@
+//! The bounds on what a chat request makes the template do, and the engines' ways
+//! with tools and a continued final message, on small templates.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use crate::{
+    ChatRequest, ChatTokenizer, Dialect, EncodeError, MAX_PROMPT_BYTES, MAX_TEMPLATE_KWARGS,
+};
+
+/// The tiny tokenizer (hello 4, world 5, again 6) with `template`, in a directory of
+/// its own, removed when dropped.
+struct Files(PathBuf);
+
+impl Files {
+    fn new(name: &str, template: &str) -> Self {
+        let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-tiny");
+        let dir =
+            std::env::temp_dir().join(format!("switchyard-chat-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(testdata.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+        let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": template});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        Self(dir)
+    }
+
+    fn tokenizer(&self, dialect: Dialect) -> ChatTokenizer {
+        ChatTokenizer::load(&self.0.join("tokenizer.json"))
+            .unwrap()
+            .with_dialect(dialect)
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        drop(std::fs::remove_dir_all(&self.0));
+    }
+}
+
+fn user(text: &str) -> String {
+    json!([{"role": "user", "content": text}]).to_string()
+}
+
+#[test]
+fn a_render_past_the_prompt_bound_is_refused_not_built() {
+    let files = Files::new(
+        "huge",
+        "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}",
+    );
+    let t = files.tokenizer(Dialect::Sglang);
+    let messages = user(&"hello ".repeat(20_000));
+    let request = ChatRequest {
+        messages: &messages,
+        ..ChatRequest::default()
+    };
+    let Err(EncodeError::Template(error)) = t.encode_chat(&request) else {
+        panic!("refused");
+    };
+    assert!(
+        format!("{error:#}").contains(&format!("larger than {MAX_PROMPT_BYTES} bytes")),
+        "{error:#}"
+    );
+}
+
+#[test]
+fn template_arguments_and_tool_call_arguments_are_bounded() {
+    let files = Files::new(
+        "bounded",
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    );
+    let t = files.tokenizer(Dialect::Vllm);
+    let kwargs: serde_json::Map<String, serde_json::Value> = (0..=MAX_TEMPLATE_KWARGS)
+        .map(|i| (format!("k{i}"), json!(0)))
+        .collect();
+    let kwargs = serde_json::Value::Object(kwargs).to_string();
+    let messages = user("hello");
+    let request = ChatRequest {
+        messages: &messages,
+        chat_template_kwargs: Some(&kwargs),
+        ..ChatRequest::default()
+    };
+    let Err(EncodeError::Request { param, message }) = t.encode_chat(&request) else {
+        panic!("refused");
+    };
+    assert_eq!(
+        (param, message.as_str()),
+        (
+            "chat_template_kwargs",
+            "chat_template_kwargs may give at most 256 arguments"
+        )
+    );
+    // Arguments holding more values than the budget are refused before parsing.
+    let zeros = vec![0; crate::MAX_TOOL_ARGUMENT_VALUES];
+    let arguments = json!({"a": zeros}).to_string();
+    let messages = json!([
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+    ])
+    .to_string();
+    let request = ChatRequest {
+        messages: &messages,
+        ..ChatRequest::default()
+    };
+    let Err(EncodeError::Request { param, .. }) = t.encode_chat(&request) else {
+        panic!("refused");
+    };
+    assert_eq!(param, "messages");
+}
+
+/// Writes each tool's `name` (a function object's), refusing a tool without one.
+const NAMES: &str = "{% for t in tools or [] %}{% if t.name is not defined %}{{ raise_exception('a tool without a name') }}{% endif %}{{ t.name }} {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}";
+
+#[test]
+fn sglang_renders_again_with_the_tools_functions_when_the_template_fails_on_them() {
+    let files = Files::new("retry", NAMES);
+    let tools = json!([{"type": "function", "function": {"name": "again"}}]).to_string();
+    let messages = user("hello");
+    let request = ChatRequest {
+        messages: &messages,
+        tools: Some(&tools),
+        ..ChatRequest::default()
+    };
+    let sglang = files
+        .tokenizer(Dialect::Sglang)
+        .encode_chat(&request)
+        .unwrap();
+    assert_eq!(sglang.ids, [6, 4], "again hello");
+    let vllm = files.tokenizer(Dialect::Vllm).encode_chat(&request);
+    assert!(
+        matches!(vllm, Err(EncodeError::Template(_))),
+        "vLLM does not render again"
+    );
+}
+
+#[test]
+fn a_named_tool_choice_naming_no_tool_renders_no_tools() {
+    let files = Files::new(
+        "named",
+        "{% if tools is not none %}again {% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    );
+    let t = files.tokenizer(Dialect::Sglang);
+    let tools = json!([{"type": "function", "function": {"name": "a"}}]).to_string();
+    let messages = user("hello");
+    let choice = |name: &str| json!({"type": "function", "function": {"name": name}}).to_string();
+    let (named, other) = (choice("a"), choice("b"));
+    let ids = |tool_choice: &str| {
+        t.encode_chat(&ChatRequest {
+            messages: &messages,
+            tools: Some(&tools),
+            tool_choice: Some(tool_choice),
+            ..ChatRequest::default()
+        })
+        .unwrap()
+        .ids
+    };
+    assert_eq!(ids(&named), [6, 4]);
+    assert_eq!(ids(&other), [4], "no tools, not an empty list");
+}
+
+#[test]
+fn vllm_continues_a_final_message_given_as_parts_after_its_text() {
+    let files = Files::new(
+        "continue",
+        "{% for m in messages %}{% for p in m.content %}{{ p.text }} {% endfor %}world {% endfor %}{% if add_generation_prompt %}again{% endif %}",
+    );
+    let t = files.tokenizer(Dialect::Vllm);
+    let messages = json!([
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "again"},
+    ])
+    .to_string();
+    let request = ChatRequest {
+        messages: &messages,
+        add_generation_prompt: Some(false),
+        continue_final_message: Some(true),
+        ..ChatRequest::default()
+    };
+    // hello world again | (world cut)
+    assert_eq!(t.encode_chat(&request).unwrap().ids, [4, 5, 6]);
+}
