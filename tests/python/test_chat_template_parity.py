@@ -251,6 +251,8 @@ def test_router_prompt_ids_equal_transformers(family, engine):
             assert "error" in answer, f"transformers raised {error!r}; the router gave ids"
             return
         answer = prompter.ids(body)
+        # Sent again: the router renders tools it has seen from what it kept of them.
+        assert prompter.ids(body) == answer, "the same request gives the same ids"
         assert answer.get("ids") == expected, (
             f"{engine}: router {tokenizer.decode(answer.get('ids') or [])!r}\n"
             f"transformers {tokenizer.decode(expected)!r}"

@@ -11,7 +11,7 @@ mod sglang;
 mod vllm;
 
 use crate::EncodeError;
-use crate::template::{ChatTemplate, ContentFormat};
+use crate::template::{ChatTemplate, ContentFormat, KnownTool, KnownTools};
 
 /// The engine that serves a model, whose way of turning a chat request into a
 /// prompt the router follows.
@@ -262,11 +262,17 @@ pub(crate) fn rendering(
     template: &ChatTemplate,
     request: &ChatRequest<'_>,
     media: Media,
+    known: &KnownTools,
 ) -> Result<Rendering, EncodeError> {
     let messages: Vec<Value> = parse(request.messages, "messages")?;
     check_arguments(&messages)?;
     let holds_media = holds_media(&messages);
-    let tools: Option<Vec<Value>> = request.tools.map(|t| parse(t, "tools")).transpose()?;
+    let choice = request.tool_choice.unwrap_or_default();
+    let kept = request.tools.and_then(|t| known.get(t, choice));
+    let tools: Option<Vec<Value>> = match kept {
+        Some(_) => None,
+        None => request.tools.map(|t| parse(t, "tools")).transpose()?,
+    };
     let kwargs: Vec<(String, Value)> = match request.chat_template_kwargs {
         None => Vec::new(),
         Some(text) => {
@@ -310,10 +316,28 @@ pub(crate) fn rendering(
         effort,
         media,
     };
-    let rendering = match dialect {
+    let mut rendering = match dialect {
         Dialect::Vllm => vllm::vllm(template, request, inputs),
         Dialect::Sglang => sglang::sglang(template, request, inputs),
     }?;
+    // The tools the template is given: kept from an earlier request that sent the
+    // same, or kept now.
+    if let (Some(text), Some((_, tools))) = (
+        request.tools,
+        rendering.context.iter_mut().find(|(k, _)| *k == "tools"),
+    ) {
+        *tools = match kept {
+            Some(list) => list,
+            None if tools.is_none() => Value::from(()),
+            None => {
+                let list: Vec<Value> = tools
+                    .try_iter()
+                    .map(|items| items.map(KnownTool::wrap).collect())
+                    .unwrap_or_default();
+                known.keep(text, choice, Value::from(list))
+            }
+        };
+    }
     Ok(Rendering {
         media: holds_media,
         ..rendering

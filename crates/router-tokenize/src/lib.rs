@@ -85,8 +85,8 @@ use chat::{Media, Rendering};
 pub use pool::TokenizePool;
 use prefixes::PrefixCache;
 pub use prefixes::PrefixCacheStats;
-use template::ChatTemplate;
 pub use template::MAX_PROMPT_BYTES;
+use template::{ChatTemplate, KnownTools};
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +110,8 @@ pub struct ChatTokenizer {
     template: Option<ChatTemplate>,
     /// The engine whose way of rendering a chat request is followed.
     dialect: Dialect,
+    /// The tool sets seen, ready for the template.
+    known_tools: KnownTools,
 }
 
 /// How a rendered prompt becomes ids.
@@ -218,6 +220,7 @@ impl ChatTokenizer {
             prefixes: PrefixCache::new(0),
             template,
             dialect: Dialect::default(),
+            known_tools: KnownTools::default(),
         })
     }
 
@@ -300,7 +303,13 @@ impl ChatTokenizer {
     /// of its prompt up to the first media part, the rest counted as untokenized.
     pub fn encode_chat(&self, request: &ChatRequest<'_>) -> Result<PromptTokens, EncodeError> {
         let template = self.template.as_ref().ok_or(EncodeError::NoChatTemplate)?;
-        let rendering = chat::rendering(self.dialect, template, request, Media::Part)?;
+        let rendering = chat::rendering(
+            self.dialect,
+            template,
+            request,
+            Media::Part,
+            &self.known_tools,
+        )?;
         let mut prompt = self.render(template, &rendering)?;
         if rendering.media {
             return self.encode_before_media(template, request, &prompt);
@@ -345,7 +354,13 @@ impl ChatTokenizer {
         request: &ChatRequest<'_>,
         prompt: &str,
     ) -> Result<PromptTokens, EncodeError> {
-        let other = chat::rendering(self.dialect, template, request, Media::Text(MEDIA_MARK))?;
+        let other = chat::rendering(
+            self.dialect,
+            template,
+            request,
+            Media::Text(MEDIA_MARK),
+            &self.known_tools,
+        )?;
         let other = self.render(template, &other)?;
         let shared = prompt
             .char_indices()

@@ -5,6 +5,9 @@
 
 mod clock;
 mod json;
+mod known;
+
+pub(crate) use known::{KnownTool, KnownTools};
 
 use minijinja::{Environment, ErrorKind, Value};
 use serde_json::Value as Json;

@@ -179,3 +179,33 @@ fn vllm_continues_a_final_message_given_as_parts_after_its_text() {
     // hello world again | (world cut)
     assert_eq!(t.encode_chat(&request).unwrap().ids, [4, 5, 6]);
 }
+
+#[test]
+fn tools_seen_before_render_as_the_first_time() {
+    let files = Files::new(
+        "known",
+        "{% for t in tools or [] %}{{ t.function.name }} {{ t | tojson }} {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    );
+    let tools =
+        json!([{"type": "function", "function": {"name": "again", "parameters": {"a": 1.5}}}])
+            .to_string();
+    let messages = user("hello");
+    let request = |tool_choice| ChatRequest {
+        messages: &messages,
+        tools: Some(&tools),
+        tool_choice,
+        ..ChatRequest::default()
+    };
+    let t = files.tokenizer(Dialect::Sglang);
+    let first = t.encode_chat(&request(None)).unwrap().ids;
+    let again = t.encode_chat(&request(None)).unwrap().ids;
+    assert_eq!(first, again);
+    assert_eq!(
+        (first[0], first.last(), first.len()),
+        (6, Some(&4), 14),
+        "again, the tool's JSON ([UNK] a word), hello"
+    );
+    // The same tools with another tool_choice are another set: none for "none".
+    assert_eq!(t.encode_chat(&request(Some("\"none\""))).unwrap().ids, [4]);
+    assert_eq!(t.encode_chat(&request(None)).unwrap().ids, first);
+}

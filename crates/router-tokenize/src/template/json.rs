@@ -9,6 +9,8 @@ use std::fmt::Write;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
+use super::KnownTool;
+
 /// How deep a value may nest: Python's own recursion limit refuses deeper ones.
 const MAX_DEPTH: usize = 512;
 
@@ -57,7 +59,7 @@ pub(super) fn tojson(
         _ => (", ".to_owned(), ": ".to_owned()),
     };
     kwargs.assert_all_used()?;
-    let mut dumps = Dumps {
+    let dumps = Dumps {
         out: String::new(),
         indent,
         item: separators.0,
@@ -65,8 +67,15 @@ pub(super) fn tojson(
         ensure_ascii,
         sort_keys,
     };
-    dumps.value(value, 0)?;
-    Ok(dumps.out)
+    // A tool seen before has its text written once for these settings.
+    if let Some(known) = value.downcast_object_ref::<KnownTool>() {
+        let settings = format!(
+            "{:?}|{:?}|{:?}|{ensure_ascii}|{sort_keys}",
+            dumps.indent, dumps.item, dumps.key
+        );
+        return known.json(&settings, |tool| dumps.write(tool));
+    }
+    dumps.write(value)
 }
 
 fn invalid(message: &str) -> Error {
@@ -84,6 +93,12 @@ struct Dumps {
 }
 
 impl Dumps {
+    /// `value`'s text.
+    fn write(mut self, value: &Value) -> Result<String, Error> {
+        self.value(value, 0)?;
+        Ok(self.out)
+    }
+
     fn value(&mut self, value: &Value, depth: usize) -> Result<(), Error> {
         if depth > MAX_DEPTH {
             return Err(invalid("the value nests too deep"));
