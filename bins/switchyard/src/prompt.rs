@@ -42,8 +42,10 @@ pub(crate) fn run(args: &PromptArgs) -> anyhow::Result<()> {
         Engine::Sglang => Dialect::Sglang,
         Engine::Vllm => Dialect::Vllm,
     };
+    // As the router keeps it: with its default prefix cache.
     let tokenizer = ChatTokenizer::load(&args.tokenizer)
         .context("loading the tokenizer")?
+        .with_prefix_cache(router_config::DEFAULT_TOKENIZE_CACHE_BYTES)
         .with_dialect(dialect);
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
