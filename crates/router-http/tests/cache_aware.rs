@@ -120,28 +120,7 @@ impl Harness {
         if self.router.context().fleet().prefix_index(MODEL).is_none() {
             return;
         }
-        let stats = self.router.context().fleet().kv_stats();
-        let published: u64 = self
-            .engines
-            .iter()
-            .map(|e| e.engine().published_batches())
-            .sum();
-        let wait = async {
-            loop {
-                let seen = stats.steps();
-                if stats.applied() >= published {
-                    return;
-                }
-                stats.steps_after(seen).await;
-            }
-        };
-        if tokio::time::timeout(GUARD, wait).await.is_err() {
-            panic!(
-                "the router applied {} of {published} batches: {:?}",
-                stats.applied(),
-                stats.counters()
-            );
-        }
+        common::kv_caught_up(&self.router, &self.engines).await;
     }
 
     /// Sends one chat and waits until its KV events are applied; returns the engine
@@ -205,18 +184,7 @@ impl Harness {
     }
 
     async fn metric(&self, line_prefix: &str) -> f64 {
-        let text = self
-            .client
-            .get(url(&self.router, "/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("a body");
-        text.lines()
-            .find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        common::metric(&self.router, line_prefix).await
     }
 
     async fn predicted(&self) -> f64 {

@@ -8,7 +8,6 @@ use crate::common;
 use crate::python_env;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use common::{config, router, url};
 use engine_sim::{RunningEngine, SimConfig};
@@ -19,8 +18,6 @@ use serde_json::{Value, json};
 
 const MODEL: &str = "m";
 const PAGE: u32 = 16;
-/// Upper bound on any wait; a healthy run needs milliseconds.
-const GUARD: Duration = Duration::from_secs(20);
 /// Requests in the session: one a turn.
 const TURNS: usize = 10;
 
@@ -290,40 +287,15 @@ impl Harness {
 
     /// Waits until the router has applied every KV batch the engines published.
     async fn caught_up(&self) {
-        let stats = self.router.context().fleet().kv_stats();
-        let published: u64 = self
-            .engines
-            .iter()
-            .map(|e| e.engine().published_batches())
-            .sum();
-        let wait = async {
-            loop {
-                let seen = stats.steps();
-                if stats.applied() >= published {
-                    return;
-                }
-                stats.steps_after(seen).await;
-            }
-        };
-        tokio::time::timeout(GUARD, wait)
-            .await
-            .expect("the router applies the engines' KV events");
+        common::kv_caught_up(&self.router, &self.engines).await;
     }
 
     /// The router's predicted cached tokens so far.
     async fn predicted(&self) -> f64 {
-        let text = self
-            .client
-            .get(url(&self.router, "/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("a body");
-        let line = "switchyard_predicted_cached_tokens_total{model=\"m\",stage=\"plain\"}";
-        text.lines()
-            .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        common::metric(
+            &self.router,
+            "switchyard_predicted_cached_tokens_total{model=\"m\",stage=\"plain\"}",
+        )
+        .await
     }
 }

@@ -100,6 +100,41 @@ pub(crate) async fn metrics(router: &RunningRouter) -> String {
         .expect("text")
 }
 
+/// The value of the `/metrics` line that starts with `line_prefix` (0 without one).
+pub(crate) async fn metric(router: &RunningRouter, line_prefix: &str) -> f64 {
+    metrics(router)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits (at most 20 s) until `router` has applied every KV batch `engines`
+/// published; panics with the feed's counters past that.
+pub(crate) async fn kv_caught_up(router: &RunningRouter, engines: &[RunningEngine]) {
+    let stats = router.context().fleet().kv_stats();
+    let published: u64 = engines.iter().map(|e| e.engine().published_batches()).sum();
+    let wait = async {
+        loop {
+            let seen = stats.steps();
+            if stats.applied() >= published {
+                return;
+            }
+            stats.steps_after(seen).await;
+        }
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(20), wait)
+        .await
+        .is_err()
+    {
+        panic!(
+            "the router applied {} of {published} batches: {:?}",
+            stats.applied(),
+            stats.counters()
+        );
+    }
+}
+
 /// What `sim` recorded of its latest requests (bootstrap fields, budgets, ids).
 pub(crate) async fn recent_requests(sim: &RunningEngine) -> Vec<Value> {
     let body: Value = reqwest::get(format!("{}/admin/requests", sim.url()))
