@@ -69,10 +69,11 @@ pub(crate) const GENERATE: Endpoint = Endpoint {
     vllm_pd: false,
 };
 
-/// The largest body whose prompt is tokenized on the request's own thread: at most
-/// a few hundred tokens, tens of microseconds with the byte-level encoder, while
-/// handing a prompt to a tokenizing thread and back costs about as much again in CPU
-/// and latency (docs/BENCHMARKS.md).
+/// The largest body whose prompt is tokenized on the request's own thread (less a
+/// tool set seen before: [`Prompt::costly_bytes`]): at most a few hundred tokens,
+/// tens of microseconds with the byte-level encoder, while handing a prompt to a
+/// tokenizing thread and back costs about as much again in CPU and latency
+/// (docs/BENCHMARKS.md).
 pub(crate) const INLINE_BODY_BYTES: usize = 2 << 10;
 
 /// What an endpoint's parser finds in a valid body.
@@ -175,10 +176,27 @@ impl Prompt<'_> {
         estimate(bytes).max(1)
     }
 
+    /// Of `body` bytes in all, those whose tokenization costs: a tool set the
+    /// tokenizer keeps from an earlier request is rendered from what it keeps and
+    /// its start's ids come from the prefix cache, so it does not count.
+    fn costly_bytes(&self, body: usize, tokenizer: &ChatTokenizer) -> usize {
+        match self {
+            Prompt::Chat(ChatPrompt {
+                tools: Some(tools),
+                tool_choice,
+                ..
+            }) if tokenizer.knows_tools(tools.get(), tool_choice.map(RawValue::get)) => {
+                body.saturating_sub(tools.get().len())
+            }
+            Prompt::Chat(_) | Prompt::Completion(_) => body,
+        }
+    }
+
     /// The length and ids `tokenizer` gives (token ids: as sent).
     fn count(&mut self, tokenizer: &ChatTokenizer) -> Result<Counted, ApiError> {
         let texts = match self {
             Prompt::Chat(chat) => {
+                chat.check_values(tokenizer)?;
                 return match tokenizer.encode_chat(&chat.request()) {
                     Ok(tokens) => Ok(Counted::of(tokens)),
                     Err(EncodeError::Request { param, message }) => {
@@ -288,9 +306,10 @@ impl Tokenize {
 
 /// Validates `body` as `endpoint` reads it; `tokenizer(model)` gives the tokenizer of
 /// the model named (or of the one served, when none is), `Ok(None)` for a model whose
-/// prompts are not tokenized, or the error for a model not served. Token ids sent as the prompt are routed on as they are. A
-/// prompt in a body of at most [`INLINE_BODY_BYTES`] is tokenized here, where it
-/// costs less than handing it to another thread and back; a larger one's
+/// prompts are not tokenized, or the error for a model not served. Token ids sent as
+/// the prompt are routed on as they are. A prompt in a body of at most
+/// [`INLINE_BODY_BYTES`] (less a tool set the tokenizer keeps) is tokenized here,
+/// where it costs less than handing it to another thread and back; a larger one's
 /// tokenization is returned, to be run off the request thread.
 pub(crate) fn prepare(
     endpoint: &'static Endpoint,
@@ -303,7 +322,9 @@ pub(crate) fn prepare(
     let mut tokenize = None;
     match tokenizer {
         _ if inline.is_some() => {}
-        Some(tokenizer) if body.len() <= INLINE_BODY_BYTES => {
+        Some(tokenizer)
+            if parsed.prompt.costly_bytes(body.len(), &tokenizer) <= INLINE_BODY_BYTES =>
+        {
             inline = Some(parsed.prompt.count(&tokenizer)?);
         }
         Some(tokenizer) => {

@@ -85,8 +85,8 @@ use chat::{Media, Rendering};
 pub use pool::TokenizePool;
 use prefixes::PrefixCache;
 pub use prefixes::PrefixCacheStats;
-pub use template::MAX_PROMPT_BYTES;
 use template::{ChatTemplate, KnownTools};
+pub use template::{MAX_KEPT_TOOLS_BYTES, MAX_PROMPT_BYTES};
 
 /// A prompt's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +290,14 @@ impl ChatTokenizer {
             ids,
             untokenized_bytes: body.untokenized_bytes,
         })
+    }
+
+    /// Whether the tool set `tools` with `tool_choice` was seen before and is kept
+    /// ready for the template: a chat sending it renders it from what is kept, so
+    /// its size costs little again.
+    pub fn knows_tools(&self, tools: &str, tool_choice: Option<&str>) -> bool {
+        self.known_tools
+            .contains(tools, tool_choice.unwrap_or_default())
     }
 
     /// Renders a chat request as the engine serving the model renders it (its

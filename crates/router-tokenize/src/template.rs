@@ -7,6 +7,7 @@ mod clock;
 mod json;
 mod known;
 
+pub use known::MAX_KEPT_TOOLS_BYTES;
 pub(crate) use known::{KnownTool, KnownTools};
 
 use minijinja::{Environment, ErrorKind, Value};

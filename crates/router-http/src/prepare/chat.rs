@@ -14,6 +14,7 @@ use super::checks::{
 use super::owned::present as sent;
 use super::{ChatPrompt, Parsed, Prompt};
 use crate::error::ApiError;
+use router_tokenize::ChatTokenizer;
 
 /// The most messages a chat may hold: far past any conversation an agent keeps, and
 /// a bound on what rendering its template builds.
@@ -184,10 +185,10 @@ fn flag(value: &Option<Value>, param: &str) -> Result<Option<bool>, ApiError> {
     }
 }
 
-/// Checks the fields the template reads besides the messages hold at most
-/// [`MAX_TEMPLATE_VALUES`] JSON values in all, `tools` being a list of objects.
+/// Checks the shapes of the fields the template reads besides the messages: `tools`
+/// a list, `documents` a list, `chat_template_kwargs` an object, `reasoning_effort`
+/// a string or a number.
 fn check_template_fields(fields: &[(&str, Option<&RawValue>)]) -> Result<(), ApiError> {
-    let mut values = MAX_TEMPLATE_VALUES;
     for (param, raw) in fields {
         let Some(raw) = present(*raw) else {
             continue;
@@ -212,19 +213,43 @@ fn check_template_fields(fields: &[(&str, Option<&RawValue>)]) -> Result<(), Api
         {
             return Err(ApiError::invalid("invalid_request", *param, message));
         }
-        serde_json::Deserializer::from_str(raw.get())
-            .deserialize_any(Count(&mut values))
-            .map_err(|_| {
-                ApiError::invalid(
-                    "invalid_request",
-                    *param,
-                    format!(
-                        "tools, documents, chat_template_kwargs and tool_choice must hold at most {MAX_TEMPLATE_VALUES} JSON values in all"
-                    ),
-                )
-            })?;
     }
     Ok(())
+}
+
+impl ChatPrompt<'_> {
+    /// Checks the fields the template reads besides the messages hold at most
+    /// [`MAX_TEMPLATE_VALUES`] JSON values in all, before `tokenizer` makes a tree of
+    /// them. A tool set it keeps from an earlier request is not counted again: it
+    /// is rendered from what is kept, at most [`router_tokenize::MAX_KEPT_TOOLS_BYTES`]
+    /// of text.
+    pub(super) fn check_values(&self, tokenizer: &ChatTokenizer) -> Result<(), ApiError> {
+        let known = self.tools.is_some_and(|tools| {
+            tokenizer.knows_tools(tools.get(), self.tool_choice.map(RawValue::get))
+        });
+        let fields = [
+            ("tools", if known { None } else { self.tools }),
+            ("documents", self.documents),
+            ("chat_template_kwargs", self.chat_template_kwargs),
+            ("tool_choice", self.tool_choice),
+        ];
+        let mut values = MAX_TEMPLATE_VALUES;
+        for (param, raw) in fields {
+            let Some(raw) = raw else { continue };
+            serde_json::Deserializer::from_str(raw.get())
+                .deserialize_any(Count(&mut values))
+                .map_err(|_| {
+                    ApiError::invalid(
+                        "invalid_request",
+                        param,
+                        format!(
+                            "tools, documents, chat_template_kwargs and tool_choice must hold at most {MAX_TEMPLATE_VALUES} JSON values in all"
+                        ),
+                    )
+                })?;
+        }
+        Ok(())
+    }
 }
 
 /// Checks every message has a valid role, with at most [`MAX_MESSAGES`] messages

@@ -51,8 +51,13 @@ impl Pieces {
             Pieces::Fancy(regex) => each_fancy(regex, text, piece),
             Pieces::Plain { any, first } => {
                 let mut end = 0;
-                // `A` never matches empty (`plain_matches`), nor does `\s+`.
-                while let Some(found) = any.find(Input::new(text).range(end..)) {
+                // `A` never matches empty (`plain_matches`), nor does `\s+`. Pieces
+                // mostly follow each other: a match at `end` is looked for first,
+                // anchored there, which spares the search for where a match starts.
+                while let Some(found) = any
+                    .search(&Input::new(text).range(end..).anchored(Anchored::Yes))
+                    .or_else(|| any.find(Input::new(text).range(end..)))
+                {
                     let (start, mut stop) = (found.start(), found.end());
                     let run = &text[start..stop];
                     if stop < text.len() && run.chars().all(char::is_whitespace) {

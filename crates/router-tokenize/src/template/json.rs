@@ -16,11 +16,7 @@ const MAX_DEPTH: usize = 512;
 
 /// The filter: `value | tojson(indent=None, ensure_ascii=False, separators=None,
 /// sort_keys=False)`, `indent` also given first without its name.
-pub(super) fn tojson(
-    value: &Value,
-    indent: Option<Value>,
-    kwargs: Kwargs,
-) -> Result<String, Error> {
+pub(super) fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let indent = match indent {
         Some(indent) => Some(indent),
         None => kwargs.get::<Option<Value>>("indent")?,
@@ -59,8 +55,7 @@ pub(super) fn tojson(
         _ => (", ".to_owned(), ": ".to_owned()),
     };
     kwargs.assert_all_used()?;
-    let dumps = Dumps {
-        out: String::new(),
+    let settings = Settings {
         indent,
         item: separators.0,
         key: separators.1,
@@ -69,22 +64,18 @@ pub(super) fn tojson(
     };
     // A tool seen before has its text written once for these settings.
     if let Some(known) = value.downcast_object_ref::<KnownTool>() {
-        let settings = format!(
-            "{:?}|{:?}|{:?}|{ensure_ascii}|{sort_keys}",
-            dumps.indent, dumps.item, dumps.key
-        );
-        return known.json(&settings, |tool| dumps.write(tool));
+        return known.json(&settings, |tool| settings.dumps(tool).map(Value::from));
     }
-    dumps.write(value)
+    settings.dumps(value).map(Value::from)
 }
 
 fn invalid(message: &str) -> Error {
     Error::new(ErrorKind::InvalidOperation, format!("tojson: {message}"))
 }
 
-/// One `json.dumps` call's settings and output.
-struct Dumps {
-    out: String,
+/// One `json.dumps` call's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settings {
     indent: Option<String>,
     item: String,
     key: String,
@@ -92,13 +83,25 @@ struct Dumps {
     sort_keys: bool,
 }
 
-impl Dumps {
+impl Settings {
     /// `value`'s text.
-    fn write(mut self, value: &Value) -> Result<String, Error> {
-        self.value(value, 0)?;
-        Ok(self.out)
+    fn dumps(&self, value: &Value) -> Result<String, Error> {
+        let mut dumps = Dumps {
+            out: String::new(),
+            settings: self,
+        };
+        dumps.value(value, 0)?;
+        Ok(dumps.out)
     }
+}
 
+/// One `json.dumps` call's output as it is written.
+struct Dumps<'s> {
+    out: String,
+    settings: &'s Settings,
+}
+
+impl Dumps<'_> {
     fn value(&mut self, value: &Value, depth: usize) -> Result<(), Error> {
         if depth > MAX_DEPTH {
             return Err(invalid("the value nests too deep"));
@@ -119,7 +122,7 @@ impl Dumps {
             }
             ValueKind::Map => {
                 let mut keys: Vec<Value> = value.try_iter()?.collect();
-                if self.sort_keys {
+                if self.settings.sort_keys {
                     keys.sort();
                 }
                 self.open('{', keys.len(), depth, |dumps, i| {
@@ -130,13 +133,13 @@ impl Dumps {
                             // Python writes a non-string key as the string of its JSON.
                             let mut inner = Dumps {
                                 out: String::new(),
-                                ..dumps.settings()
+                                settings: dumps.settings,
                             };
                             inner.value(key, depth + 1)?;
                             dumps.string(&inner.out);
                         }
                     }
-                    dumps.out.push_str(&dumps.key.clone());
+                    dumps.out.push_str(&dumps.settings.key);
                     dumps.value(&value.get_item(key)?, depth + 1)
                 })?;
                 self.close('}', keys.len(), depth);
@@ -153,17 +156,6 @@ impl Dumps {
         Ok(())
     }
 
-    fn settings(&self) -> Self {
-        Self {
-            out: String::new(),
-            indent: self.indent.clone(),
-            item: self.item.clone(),
-            key: self.key.clone(),
-            ensure_ascii: self.ensure_ascii,
-            sort_keys: self.sort_keys,
-        }
-    }
-
     /// Writes `open` and each of `len` items, separated and indented as Python does.
     fn open(
         &mut self,
@@ -175,8 +167,7 @@ impl Dumps {
         self.out.push(open);
         for i in 0..len {
             if i > 0 {
-                let separator = self.item.clone();
-                self.out.push_str(&separator);
+                self.out.push_str(&self.settings.item);
             }
             self.newline(depth + 1);
             item(self, i)?;
@@ -192,7 +183,7 @@ impl Dumps {
     }
 
     fn newline(&mut self, depth: usize) {
-        if let Some(indent) = &self.indent {
+        if let Some(indent) = &self.settings.indent {
             self.out.push('\n');
             for _ in 0..depth {
                 self.out.push_str(indent);
@@ -228,7 +219,7 @@ impl Dumps {
                 c if (c as u32) < 0x20 => {
                     let _ = write!(self.out, "\\u{:04x}", c as u32);
                 }
-                c if self.ensure_ascii && !c.is_ascii() => {
+                c if self.settings.ensure_ascii && !c.is_ascii() => {
                     let mut units = [0u16; 2];
                     for unit in c.encode_utf16(&mut units) {
                         let _ = write!(self.out, "\\u{unit:04x}");

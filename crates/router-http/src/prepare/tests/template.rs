@@ -63,6 +63,16 @@ fn prepared(tokenizer: &Arc<ChatTokenizer>, body: &Value) -> Result<Prepared, Ap
     Ok(prepared)
 }
 
+/// Prepares `body` and runs its tokenization, on this thread when it was handed over.
+fn tokenized(tokenizer: &Arc<ChatTokenizer>, body: &Value) -> Result<Prepared, ApiError> {
+    let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
+    let (prepared, tokenize) = prepare(&CHAT, &bytes, |_| Ok(Some(Arc::clone(tokenizer))))?;
+    match tokenize {
+        Some(tokenize) => Ok(prepared.with_tokens(tokenize.run()?)),
+        None => Ok(prepared),
+    }
+}
+
 fn chat(extra: Value) -> Value {
     let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]});
     for (k, v) in extra.as_object().unwrap() {
@@ -184,6 +194,45 @@ fn a_batch_names_a_salt_a_prompt_and_the_first_is_routed_on() {
     );
 }
 
+#[tokio::test]
+async fn a_chat_whose_large_tool_set_was_seen_before_is_tokenized_in_preparation() {
+    let files = Templated::new("seen-tools");
+    let tokenizer = files.tokenizer();
+    let described = |name: &str| {
+        let mut tool = tool(name);
+        tool["function"]["description"] = json!("x".repeat(INLINE_BODY_BYTES));
+        tool
+    };
+    let body =
+        Bytes::from(serde_json::to_vec(&chat(json!({"tools": [described("again")]}))).unwrap());
+    assert!(body.len() > INLINE_BODY_BYTES);
+    let first = prepare(&CHAT, &body, |_| Ok(Some(Arc::clone(&tokenizer)))).unwrap();
+    let counted = first
+        .1
+        .expect("a tool set seen for the first time is tokenized off the request thread")
+        .off_thread(&TokenizePool::new(1))
+        .await
+        .unwrap();
+    let (again, tokenize) = prepare(&CHAT, &body, |_| Ok(Some(Arc::clone(&tokenizer)))).unwrap();
+    assert!(
+        tokenize.is_none(),
+        "the same tool set again costs little: tokenized in preparation"
+    );
+    assert_eq!(again.token_ids, Some(counted.ids));
+    // Another tool set, or the same with another `tool_choice`, is new again.
+    let other = Bytes::from(
+        serde_json::to_vec(&chat(
+            json!({"tools": [described("again")], "tool_choice": "none"}),
+        ))
+        .unwrap(),
+    );
+    let (_, tokenize) = prepare(&CHAT, &other, |_| Ok(Some(Arc::clone(&tokenizer)))).unwrap();
+    assert!(
+        tokenize.is_some(),
+        "a tool_choice not seen with these tools"
+    );
+}
+
 #[test]
 fn every_invalid_template_field_gets_a_precise_400() {
     let files = Templated::new("invalid");
@@ -234,7 +283,7 @@ fn every_invalid_template_field_gets_a_precise_400() {
         ),
     ];
     for (extra, param, message) in cases {
-        let err = prepared(&tokenizer, &chat(extra.clone())).unwrap_err();
+        let err = tokenized(&tokenizer, &chat(extra.clone())).unwrap_err();
         assert_eq!(
             (err.status().as_u16(), err.param(), err.message()),
             (400, Some(param), message),
