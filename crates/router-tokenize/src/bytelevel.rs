@@ -14,19 +14,19 @@ mod pieces;
 mod spec;
 #[cfg(test)]
 mod tests;
+mod vocab;
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use rustc_hash::FxHashMap;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::{NormalizedString, Normalizer};
 use unicode_normalization_alignments::IsNormalized;
 
 use merges::Merges;
 use pieces::Pieces;
-use spec::TokenizerFile;
+use spec::{TokenizerFile, bytes_of};
+use vocab::Vocab;
 
 /// A stretch of text that is not ASCII and not already normalized is normalized in
 /// parts of about this size, each ending before an ASCII character (where
@@ -52,7 +52,7 @@ pub(crate) struct ByteLevelBpe {
     /// How normalized text is cut into pieces.
     pieces: Pieces,
     /// The vocabulary, by the bytes of each token.
-    vocab: FxHashMap<Box<[u8]>, u32>,
+    vocab: Vocab,
     /// By id: whether merging the token's bytes gives the token itself, so a piece
     /// that is such a token needs no merging.
     whole: Vec<bool>,
@@ -111,49 +111,39 @@ impl ByteLevelBpe {
         let around = file.around();
         let ignore_merges = file.model.ignore_merges;
         let (names, listed) = (file.model.vocab, file.model.merges);
-        let byte_of = byte_of_char();
-        let bytes_of = |token: &str| {
-            token
-                .chars()
-                .map(|c| *byte_of.get(c as usize)?)
-                .collect::<Option<Vec<u8>>>()
-        };
-        // The vocabulary by bytes, its names freed as they are read; a token no bytes
-        // stand for can never be a piece's symbol.
-        let mut vocab = FxHashMap::default();
-        vocab.reserve(names.len());
-        let mut unmapped = HashSet::new();
-        for (token, id) in names {
-            match bytes_of(&token) {
-                Some(bytes) => drop(vocab.insert(bytes.into_boxed_slice(), id)),
-                None => drop(unmapped.insert(token)),
-            }
-        }
+        let vocab = names.by_bytes;
         let mut byte_ids = [0; 256];
         for (byte, id) in byte_ids.iter_mut().enumerate() {
-            *id = *vocab.get(&[byte as u8][..])?;
+            *id = vocab.get(&[byte as u8])?;
         }
         let mut merges = Merges::with_capacity(vocab.len());
         spec::each_merge(&listed, |rank, left, right| {
             if let (Some(mut joined), Some(right_bytes)) = (bytes_of(left), bytes_of(right)) {
-                let left_id = *vocab.get(&joined[..])?;
-                let right_id = *vocab.get(&right_bytes[..])?;
+                let left_id = vocab.get(&joined)?;
+                let right_id = vocab.get(&right_bytes)?;
                 joined.extend_from_slice(&right_bytes);
-                merges.insert(left_id, right_id, rank, *vocab.get(&joined[..])?);
+                merges.insert(left_id, right_id, rank, vocab.get(&joined)?);
                 return Some(());
             }
             // A rule with a token no bytes stand for never applies, but `tokenizers`
             // refuses one whose tokens are not all in the vocabulary.
             let known = |token: &str| match bytes_of(token) {
-                Some(bytes) => vocab.contains_key(&bytes[..]),
-                None => unmapped.contains(token),
+                Some(bytes) => vocab.get(&bytes).is_some(),
+                None => names.unmapped.contains_key(token),
             };
             (known(left) && known(right) && known(&format!("{left}{right}"))).then_some(())
         })?;
         drop(listed);
-        let mut whole = vec![false; vocab.values().max().map_or(0, |&m| m as usize + 1)];
+        let mut whole = vec![
+            false;
+            vocab
+                .iter()
+                .map(|(_, id)| id)
+                .max()
+                .map_or(0, |m| m as usize + 1)
+        ];
         let (mut symbols, mut merged) = (Vec::new(), Vec::new());
-        for (bytes, &id) in &vocab {
+        for (bytes, id) in vocab.iter() {
             symbols.clear();
             symbols.extend(bytes.iter().map(|&b| byte_ids[usize::from(b)]));
             merged.clear();
@@ -275,7 +265,7 @@ impl ByteLevelBpe {
         if piece.is_empty() {
             return;
         }
-        if let Some(&id) = self.vocab.get(piece)
+        if let Some(id) = self.vocab.get(piece)
             && (self.ignore_merges || self.whole.get(id as usize).is_some_and(|w| *w))
         {
             ids.push(id);
@@ -322,7 +312,7 @@ fn added_matcher(file: &TokenizerFile) -> Option<Option<(AhoCorasick, Vec<u32>)>
     let ids: Vec<u32> = tokens
         .iter()
         .map(|t| match file.model.vocab.get(&t.content) {
-            Some(&id) => id,
+            Some(id) => id,
             None => {
                 next += 1;
                 next - 1
@@ -348,18 +338,22 @@ fn added_matcher(file: &TokenizerFile) -> Option<Option<(AhoCorasick, Vec<u32>)>
 /// The byte each character of a byte-level vocabulary stands for, by the character's
 /// code (all below U+0200): printable characters of Latin-1 stand for their own code,
 /// and the other bytes, in order, for the characters from U+0100 on.
-fn byte_of_char() -> [Option<u8>; 0x200] {
-    let own = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+const BYTE_OF_CHAR: [Option<u8>; 0x200] = {
+    const fn own(b: u8) -> bool {
+        matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF)
+    }
     let mut table = [None; 0x200];
     let mut shifted = 0;
-    for b in 0..=255u8 {
-        let code = if own(b) {
-            usize::from(b)
+    let mut b = 0;
+    while b <= 255 {
+        let code = if own(b as u8) {
+            b
         } else {
             shifted += 1;
             255 + shifted
         };
-        table[code] = Some(b);
+        table[code] = Some(b as u8);
+        b += 1;
     }
     table
-}
+};

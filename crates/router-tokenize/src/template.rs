@@ -112,22 +112,24 @@ impl ChatTemplate {
     /// A render past [`MAX_PROMPT_BYTES`] is stopped there and refused.
     pub(crate) fn render(&self, rendering: &Rendering) -> Result<String, minijinja::Error> {
         let template = self.env.get_template("chat")?;
-        let mut context: std::collections::HashMap<&str, Value> = self
-            .specials
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        for (key, value) in &rendering.kwargs {
-            context.insert(key.as_str(), value.clone());
-        }
-        for (key, value) in &rendering.context {
-            context.insert(key, value.clone());
-        }
+        // A later entry of a name takes the place of an earlier one.
+        let context = Value::from_iter(
+            self.specials
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .chain(
+                    rendering
+                        .kwargs
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.clone())),
+                )
+                .chain(rendering.context.iter().map(|(k, v)| (*k, v.clone()))),
+        );
         let mut out = Bounded {
             bytes: Vec::new(),
             over: false,
         };
-        let rendered = template.render_captured_to(Value::from_iter(context), &mut out);
+        let rendered = template.render_captured_to(context, &mut out);
         if out.over {
             return Err(minijinja::Error::new(
                 ErrorKind::InvalidOperation,

@@ -9,14 +9,15 @@
 //! read with `tokenizers`' own types.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
-use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::Form;
+use super::vocab::Vocab;
+use super::{BYTE_OF_CHAR, Form};
 
 /// The regex the byte-level pre-tokenizer splits with when `use_regex` is on (GPT-2's).
 const GPT2_PATTERN: &str =
@@ -73,9 +74,87 @@ pub(super) struct Model {
     byte_fallback: bool,
     #[serde(default)]
     pub(super) ignore_merges: bool,
-    pub(super) vocab: HashMap<String, u32>,
+    pub(super) vocab: Names,
     /// Read by [`each_merge`], a merge at a time.
     pub(super) merges: Box<RawValue>,
+}
+
+/// The vocabulary as `tokenizer.json` names it, read into the encoder's form as it is
+/// read: each token by the bytes its characters stand for, and the few names no bytes
+/// stand for apart (they can never be a piece's symbol, but merges and added tokens
+/// may name them).
+#[derive(Debug, Default)]
+pub(super) struct Names {
+    pub(super) by_bytes: Vocab,
+    pub(super) unmapped: HashMap<String, u32>,
+    /// Whether no two tokens share an id or a name (the encoder skips merges of
+    /// tokens no bytes stand for, exact only when no such token shares its id with
+    /// one it encodes; a name given twice is left to `tokenizers`).
+    pub(super) unique: bool,
+}
+
+impl Names {
+    /// The number of tokens.
+    pub(super) fn len(&self) -> usize {
+        self.by_bytes.len() + self.unmapped.len()
+    }
+
+    /// The id of the token named `name`.
+    pub(super) fn get(&self, name: &str) -> Option<u32> {
+        match bytes_of(name) {
+            Some(bytes) => self.by_bytes.get(&bytes),
+            None => self.unmapped.get(name).copied(),
+        }
+    }
+}
+
+/// The bytes a byte-level token's name stands for; `None` when a character stands
+/// for no byte.
+pub(super) fn bytes_of(name: &str) -> Option<Vec<u8>> {
+    name.chars()
+        .map(|c| *BYTE_OF_CHAR.get(c as usize)?)
+        .collect()
+}
+
+impl<'de> Deserialize<'de> for Names {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Reader;
+
+        impl<'de> Visitor<'de> for Reader {
+            type Value = Names;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of token names to ids")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Names, A::Error> {
+                let mut names = Names {
+                    by_bytes: Vocab::with_capacity(map.size_hint().unwrap_or(0)),
+                    unique: true,
+                    ..Names::default()
+                };
+                let mut ids = HashSet::new();
+                let mut bytes = Vec::new();
+                while let Some((name, id)) = map.next_entry::<Cow<'_, str>, u32>()? {
+                    names.unique &= ids.insert(id);
+                    bytes.clear();
+                    let mapped = name.chars().try_for_each(|c| {
+                        bytes.push((*BYTE_OF_CHAR.get(c as usize)?)?);
+                        Some(())
+                    });
+                    let added = match mapped {
+                        Some(()) => names.by_bytes.insert(&bytes, id).is_some(),
+                        None => names.unmapped.insert(name.into_owned(), id).is_none(),
+                    };
+                    names.unique &= added;
+                }
+                names.by_bytes.shrink_to_fit();
+                Ok(names)
+            }
+        }
+
+        deserializer.deserialize_map(Reader)
+    }
 }
 
 /// One merge, in either of the forms `tokenizer.json` has had: `["a", "b"]` or
@@ -155,12 +234,9 @@ impl TokenizerFile {
             && self.split().is_some()
     }
 
-    /// Whether no two tokens of the vocabulary share an id (the encoder skips merges
-    /// of tokens no bytes stand for, exact only when no such token shares its id
-    /// with one it encodes).
+    /// Whether no two tokens of the vocabulary share an id or a name ([`Names`]).
     fn unique_ids(&self) -> bool {
-        let ids: std::collections::HashSet<u32> = self.model.vocab.values().copied().collect();
-        ids.len() == self.model.vocab.len()
+        self.model.vocab.unique
     }
 
     /// Whether the parts the encoder does not use would load in `tokenizers`.

@@ -209,3 +209,23 @@ fn tools_seen_before_render_as_the_first_time() {
     assert_eq!(t.encode_chat(&request(Some("\"none\""))).unwrap().ids, [4]);
     assert_eq!(t.encode_chat(&request(None)).unwrap().ids, first);
 }
+
+#[test]
+fn template_arguments_take_the_special_tokens_place_and_the_requests_fields_theirs() {
+    let files = Files::new(
+        "precedence",
+        "{{ bos_token }} {% for m in messages %}{{ m.content }} {% endfor %}{{ documents[0].text }}",
+    );
+    let t = files.tokenizer(Dialect::Vllm);
+    let messages = user("hello");
+    let kwargs = json!({"bos_token": "again", "documents": [{"text": "again"}]}).to_string();
+    let documents = json!([{"text": "world"}]).to_string();
+    let request = ChatRequest {
+        messages: &messages,
+        chat_template_kwargs: Some(&kwargs),
+        documents: Some(&documents),
+        ..ChatRequest::default()
+    };
+    // again (the argument, not `<s>`) hello world (the request's documents)
+    assert_eq!(t.encode_chat(&request).unwrap().ids, [6, 4, 5]);
+}
