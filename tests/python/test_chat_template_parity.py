@@ -32,9 +32,10 @@ WRITES_TOOLS = {"qwen3", "llama3"}
 class Prompter:
     """A `switchyard prompt` process: one request body in, one line of ids out."""
 
-    def __init__(self, tokenizer_dir, engine):
+    def __init__(self, tokenizer_dir, engine, endpoint="/v1/chat/completions"):
         self.process = subprocess.Popen(
-            [str(BINARY), "prompt", "--tokenizer", str(tokenizer_dir / "tokenizer.json"), "--served-by", engine],
+            [str(BINARY), "prompt", "--tokenizer", str(tokenizer_dir / "tokenizer.json"), "--served-by", engine,
+             "--endpoint", endpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -268,3 +269,29 @@ def test_router_prompt_ids_equal_transformers(family, engine):
     assert len(compared) >= 40, "many generated requests render"
     if family in WRITES_TOOLS:
         assert max(compared) > 500, "tool-carrying requests were among them"
+
+
+@pytest.mark.parametrize("bos,eos", [(None, None), (True, True), (False, False), (True, False)])
+def test_completion_prompt_ids_equal_transformers_with_the_configs_bos_and_eos_settings(family, bos, eos, tmp_path):
+    """A completion's prompt is tokenized with the special tokens the tokenizer adds
+    around a sequence (`add_special_tokens`, true unless the request says otherwise),
+    as transformers does given the model's `tokenizer_config.json`, whatever its
+    `add_bos_token` and `add_eos_token` say."""
+    source = FAMILIES[family]
+    (tmp_path / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    for key, value in (("add_bos_token", bos), ("add_eos_token", eos)):
+        config.pop(key, None)
+        if value is not None:
+            config[key] = value
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    prompter = Prompter(tmp_path, "vllm", endpoint="/v1/completions")
+    try:
+        for prompt in ["hello world", " leading space", "naïve café 你好", "<|endoftext|> twice <|endoftext|>"]:
+            for special in (True, False):
+                answer = prompter.ids({"model": "m", "prompt": prompt, "add_special_tokens": special})
+                expected = tokenizer(prompt, add_special_tokens=special)["input_ids"]
+                assert answer.get("ids") == expected, (family, bos, eos, prompt, special, answer)
+    finally:
+        prompter.stop()

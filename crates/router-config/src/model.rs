@@ -46,6 +46,12 @@ pub struct ModelConfig {
     /// absent = the engine `pd_protocol` names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_by: Option<ServingEngine>,
+    /// The tokens each image, audio or video part of a chat is counted as: at least
+    /// what the model's processor makes of one, so a bucket never counts a
+    /// multimodal prompt short; absent = the bound the `preprocessor_config.json`
+    /// beside the tokenizer gives (Qwen2-VL's kind), else 16,384.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_part_tokens: Option<u32>,
 }
 
 /// An engine whose request handling the router reproduces.
@@ -96,6 +102,7 @@ impl ModelConfig {
             policies: RolePolicies::default(),
             pd_protocol: PdProtocol::default(),
             served_by: None,
+            media_part_tokens: None,
         }
     }
 }
@@ -269,6 +276,7 @@ impl ModelConfig {
             policies,
             pd_protocol: _,
             served_by: _,
+            media_part_tokens,
         } = self;
         let at = |field: &str| format!("models[{m}].{field}");
         for (b, bucket) in buckets.iter().flatten().enumerate() {
@@ -282,6 +290,12 @@ impl ModelConfig {
         }
         if *block_size == 0 {
             errors.push(ConfigError::at(at("block_size"), "must be at least 1"));
+        }
+        if *media_part_tokens == Some(0) {
+            errors.push(ConfigError::at(
+                at("media_part_tokens"),
+                "must be at least 1",
+            ));
         }
         if *prefix_index_pages < MIN_PREFIX_INDEX_PAGES {
             errors.push(ConfigError::at(

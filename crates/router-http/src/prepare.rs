@@ -146,7 +146,9 @@ pub(crate) struct Counted {
 impl Counted {
     fn of(tokens: PromptTokens) -> Self {
         Self {
-            tokens: tokens.ids.len() as u64 + estimate(tokens.untokenized_bytes),
+            tokens: tokens.ids.len() as u64
+                + tokens.counted_tokens
+                + estimate(tokens.untokenized_bytes),
             ids: tokens.ids,
         }
     }

@@ -64,8 +64,8 @@ pub(crate) struct Rendering {
     /// vLLM's `continue_final_message`: the rendered prompt ends with this text, the
     /// final message's (what follows it is cut).
     pub(crate) cut_after: Option<String>,
-    /// Whether the messages hold media (see [`Media`]).
-    pub(crate) media: bool,
+    /// The media parts the messages hold (see [`Media`]).
+    pub(crate) media: usize,
 }
 
 impl Rendering {
@@ -231,16 +231,15 @@ fn media_text(media: Media) -> &'static str {
     }
 }
 
-/// Whether a chat's messages hold a media part.
-fn holds_media(messages: &[Value]) -> bool {
-    messages.iter().any(|message| {
-        get(message, "content").is_some_and(|content| {
-            content.as_str().is_none()
-                && content
-                    .try_iter()
-                    .is_ok_and(|mut parts| parts.any(|part| is_media(&part)))
-        })
-    })
+/// The media parts a chat's messages hold.
+fn media_parts(messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .filter_map(|message| get(message, "content"))
+        .filter(|content| content.as_str().is_none())
+        .filter_map(|content| content.try_iter().ok())
+        .map(|parts| parts.filter(is_media).count())
+        .sum()
 }
 
 /// Whether a part is an image, audio or video the engine's processor turns into
@@ -266,7 +265,7 @@ pub(crate) fn rendering(
 ) -> Result<Rendering, EncodeError> {
     let messages: Vec<Value> = parse(request.messages, "messages")?;
     check_arguments(&messages)?;
-    let holds_media = holds_media(&messages);
+    let media_parts = media_parts(&messages);
     let choice = request.tool_choice.unwrap_or_default();
     let kept = request.tools.and_then(|t| known.get(t, choice));
     let tools: Option<Vec<Value>> = match kept {
@@ -339,7 +338,7 @@ pub(crate) fn rendering(
         };
     }
     Ok(Rendering {
-        media: holds_media,
+        media: media_parts,
         ..rendering
     })
 }

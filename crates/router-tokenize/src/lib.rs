@@ -72,6 +72,7 @@ impl TokenizerError {
 
 mod bytelevel;
 mod chat;
+mod media;
 mod pool;
 mod prefixes;
 #[cfg(test)]
@@ -82,6 +83,7 @@ mod window;
 
 pub use chat::{ChatRequest, Dialect, MAX_TEMPLATE_KWARGS, MAX_TOOL_ARGUMENT_VALUES};
 use chat::{Media, Rendering};
+pub use media::DEFAULT_MEDIA_PART_TOKENS;
 pub use pool::TokenizePool;
 use prefixes::PrefixCache;
 pub use prefixes::PrefixCacheStats;
@@ -95,9 +97,12 @@ pub struct PromptTokens {
     /// `untokenized_bytes` is not 0).
     pub ids: Vec<u32>,
     /// Bytes at the end of the prompt left untokenized: a stretch of more than
-    /// 2 MiB without a point where tokenization may be split, or a chat's messages
-    /// from its first media part on (counted by its messages' whole size).
+    /// 2 MiB without a point where tokenization may be split.
     pub untokenized_bytes: usize,
+    /// Tokens of the prompt past `ids` counted, not given: a chat's text from its
+    /// first media part on, and each media part at the model's bound
+    /// ([`ChatTokenizer::with_media_part_tokens`]).
+    pub counted_tokens: u64,
 }
 
 /// A model's tokenizer and chat template, loaded once at startup.
@@ -112,6 +117,9 @@ pub struct ChatTokenizer {
     dialect: Dialect,
     /// The tool sets seen, ready for the template.
     known_tools: KnownTools,
+    /// The tokens each media part of a chat is counted as: as given, else the
+    /// bound the model's processor configuration gives.
+    media_part_tokens: (Option<u32>, u32),
 }
 
 /// How a rendered prompt becomes ids.
@@ -221,7 +229,17 @@ impl ChatTokenizer {
             template,
             dialect: Dialect::default(),
             known_tools: KnownTools::default(),
+            media_part_tokens: (None, media::part_tokens(path)),
         })
+    }
+
+    /// Counts each image, audio or video part of a chat as `tokens` (by default, the
+    /// bound the model's `preprocessor_config.json` gives, else
+    /// [`DEFAULT_MEDIA_PART_TOKENS`]).
+    #[must_use]
+    pub fn with_media_part_tokens(mut self, tokens: u32) -> Self {
+        self.media_part_tokens.0 = Some(tokens);
+        self
     }
 
     /// Keeps at most `bytes` of long prompts' prefixes' token ids (0: none), so the
@@ -243,6 +261,13 @@ impl ChatTokenizer {
     /// The engine whose way of rendering a chat request is followed.
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// The tokens each media part of a chat was given to count as
+    /// ([`with_media_part_tokens`](Self::with_media_part_tokens)); `None`: the bound
+    /// of the model's processor configuration, or the default.
+    pub fn media_part_tokens(&self) -> Option<u32> {
+        self.media_part_tokens.0
     }
 
     /// What the prefix cache has done and holds.
@@ -268,6 +293,7 @@ impl ChatTokenizer {
                 let body = PromptTokens {
                     ids,
                     untokenized_bytes,
+                    counted_tokens: 0,
                 };
                 (encoder.around(), body)
             }
@@ -289,6 +315,7 @@ impl ChatTokenizer {
         Ok(PromptTokens {
             ids,
             untokenized_bytes: body.untokenized_bytes,
+            counted_tokens: 0,
         })
     }
 
@@ -319,8 +346,8 @@ impl ChatTokenizer {
             &self.known_tools,
         )?;
         let mut prompt = self.render(template, &rendering)?;
-        if rendering.media {
-            return self.encode_before_media(template, request, &prompt);
+        if rendering.media > 0 {
+            return self.encode_before_media(template, request, &prompt, rendering.media);
         }
         if let Some(text) = &rendering.cut_after {
             // transformers' `continue_final_message`: the prompt ends where the final
@@ -351,16 +378,19 @@ impl ChatTokenizer {
         Ok(tokens)
     }
 
-    /// A chat holding media: the ids of its prompt up to the first media part (the
-    /// text `prompt`, its render, shares with a render giving each media part as a
-    /// text of its own, cut after its last added token there), with the messages'
-    /// size counted as untokenized bytes, so the prompt's length is estimated past
-    /// what the engine's processor makes of its media.
+    /// A chat holding `parts` media parts: the ids of its prompt up to the first
+    /// media part (the text `prompt`, its render, shares with a render giving each
+    /// media part as a text of its own, cut after its last added token there). The
+    /// rest of `prompt` (which holds the template's marks for each part, not the
+    /// media) is tokenized to be counted, and each part counted at the model's
+    /// bound: the prompt's length is never below what the engine's processor makes
+    /// of it while each part is within the bound.
     fn encode_before_media(
         &self,
         template: &ChatTemplate,
         request: &ChatRequest<'_>,
         prompt: &str,
+        parts: usize,
     ) -> Result<PromptTokens, EncodeError> {
         let other = chat::rendering(
             self.dialect,
@@ -377,7 +407,12 @@ impl ChatTokenizer {
             .map_or(prompt.len().min(other.len()), |((at, _), _)| at);
         let cut = self.encoder.last_split(&prompt[..shared]);
         let mut tokens = self.encode_rendered(&prompt[..cut])?;
-        tokens.untokenized_bytes += request.messages.len();
+        let rest = self.encode_rendered(&prompt[cut..])?;
+        tokens.untokenized_bytes += rest.untokenized_bytes;
+        tokens.counted_tokens = rest.ids.len() as u64
+            + rest.counted_tokens
+            + parts as u64
+                * u64::from(self.media_part_tokens.0.unwrap_or(self.media_part_tokens.1));
         Ok(tokens)
     }
 
@@ -409,6 +444,7 @@ impl ChatTokenizer {
                 Ok(PromptTokens {
                     ids,
                     untokenized_bytes,
+                    counted_tokens: 0,
                 })
             }
             Encoder::General(general) => {

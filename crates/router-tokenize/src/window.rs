@@ -54,6 +54,7 @@ pub(super) fn encode(
             return Ok(PromptTokens {
                 ids,
                 untokenized_bytes: 0,
+                counted_tokens: 0,
             });
         }
         // A window never ends inside an added token: the whole prompt has the token
@@ -78,6 +79,7 @@ pub(super) fn encode(
                     return Ok(PromptTokens {
                         ids,
                         untokenized_bytes: rest.len(),
+                        counted_tokens: 0,
                     });
                 }
             }
@@ -90,6 +92,7 @@ pub(super) fn encode(
                 return Ok(PromptTokens {
                     ids,
                     untokenized_bytes: rest.len(),
+                    counted_tokens: 0,
                 });
             }
         }

@@ -143,14 +143,20 @@ impl Resources for Serving {
             ServingEngine::Vllm => Dialect::Vllm,
         };
         let key = (model.id.clone(), path.to_path_buf());
-        if let Some(kept) = self.kept.get(&key).filter(|t| t.dialect() == dialect) {
+        if let Some(kept) = self
+            .kept
+            .get(&key)
+            .filter(|t| t.dialect() == dialect && t.media_part_tokens() == model.media_part_tokens)
+        {
             return Ok(Arc::clone(kept));
         }
-        Ok(Arc::new(
-            ChatTokenizer::load(path)?
-                .with_prefix_cache(self.prefix_cache_bytes)
-                .with_dialect(dialect),
-        ))
+        let mut tokenizer = ChatTokenizer::load(path)?
+            .with_prefix_cache(self.prefix_cache_bytes)
+            .with_dialect(dialect);
+        if let Some(tokens) = model.media_part_tokens {
+            tokenizer = tokenizer.with_media_part_tokens(tokens);
+        }
+        Ok(Arc::new(tokenizer))
     }
 
     fn shared_prefix_source(

@@ -95,7 +95,7 @@ pub(super) fn sglang(
         kwargs: all,
         suffix,
         cut_after: None,
-        media: false,
+        media: 0,
     })
 }
 

@@ -93,7 +93,7 @@ pub(super) fn vllm(
         kwargs,
         suffix: None,
         cut_after,
-        media: false,
+        media: 0,
     })
 }
 

@@ -84,6 +84,18 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// Python's defaults with `indent` spaces of indent.
+    #[cfg(test)]
+    pub(crate) fn indented(indent: usize) -> Self {
+        Self {
+            indent: Some(" ".repeat(indent)),
+            item: ",".to_owned(),
+            key: ": ".to_owned(),
+            ensure_ascii: false,
+            sort_keys: false,
+        }
+    }
+
     /// `value`'s text.
     fn dumps(&self, value: &Value) -> Result<String, Error> {
         let mut dumps = Dumps {

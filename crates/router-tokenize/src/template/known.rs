@@ -3,6 +3,7 @@
 //! text written once (per set of `tojson` arguments) for every request that sends it.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use minijinja::Value;
@@ -13,6 +14,10 @@ use super::json::Settings;
 
 /// The most tool sets kept; past it the cache is emptied and filled again.
 const MAX_SETS: usize = 64;
+
+/// The most `tojson` texts kept of one tool: a template writes tools with one set of
+/// arguments, but one taking them from a request's arguments could be given many.
+const MAX_SETTINGS: usize = 4;
 
 /// The longest `tools` text (with its `tool_choice`) kept.
 pub const MAX_KEPT_TOOLS_BYTES: usize = 64 << 10;
@@ -44,7 +49,10 @@ impl KnownTool {
             return Ok(text.clone());
         }
         let text = write(&self.tool)?;
-        self.json.lock().push((settings.clone(), text.clone()));
+        let mut kept = self.json.lock();
+        if kept.len() < MAX_SETTINGS {
+            kept.push((settings.clone(), text.clone()));
+        }
         Ok(text)
     }
 }
@@ -71,7 +79,11 @@ impl Object for KnownTool {
 /// The tool sets seen, by their `tools` and `tool_choice` texts: each the list the
 /// template is given.
 #[derive(Debug, Default)]
-pub(crate) struct KnownTools(Mutex<HashMap<u64, Vec<KnownSet>>>);
+pub(crate) struct KnownTools {
+    sets: Mutex<HashMap<u64, Vec<KnownSet>>>,
+    /// Keys drawn per process, so a client cannot make its sets share one.
+    hasher: RandomState,
+}
 
 /// One tool set kept: its texts and its list.
 #[derive(Debug)]
@@ -81,17 +93,16 @@ struct KnownSet {
     list: Value,
 }
 
-/// The key a set is kept under: a hash of its texts, so a lookup copies nothing.
-fn key(tools: &str, choice: &str) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    BuildHasherDefault::<DefaultHasher>::default().hash_one((tools, choice))
-}
-
 impl KnownTools {
+    /// The key a set is kept under: a hash of its texts, so a lookup copies nothing.
+    fn key(&self, tools: &str, choice: &str) -> u64 {
+        self.hasher.hash_one((tools, choice))
+    }
+
     /// The list kept for these texts.
     pub(crate) fn get(&self, tools: &str, choice: &str) -> Option<Value> {
-        let sets = self.0.lock();
-        sets.get(&key(tools, choice))?
+        let sets = self.sets.lock();
+        sets.get(&self.key(tools, choice))?
             .iter()
             .find(|set| set.tools == tools && set.choice == choice)
             .map(|set| set.list.clone())
@@ -99,8 +110,8 @@ impl KnownTools {
 
     /// Whether a list is kept for these texts.
     pub(crate) fn contains(&self, tools: &str, choice: &str) -> bool {
-        let sets = self.0.lock();
-        sets.get(&key(tools, choice)).is_some_and(|kept| {
+        let sets = self.sets.lock();
+        sets.get(&self.key(tools, choice)).is_some_and(|kept| {
             kept.iter()
                 .any(|set| set.tools == tools && set.choice == choice)
         })
@@ -112,11 +123,11 @@ impl KnownTools {
         if tools.len() + choice.len() > MAX_KEPT_TOOLS_BYTES {
             return list;
         }
-        let mut sets = self.0.lock();
+        let mut sets = self.sets.lock();
         if sets.values().map(Vec::len).sum::<usize>() >= MAX_SETS {
             sets.clear();
         }
-        let kept = sets.entry(key(tools, choice)).or_default();
+        let kept = sets.entry(self.key(tools, choice)).or_default();
         // Another request may have kept the same set meanwhile.
         if let Some(set) = kept
             .iter()
@@ -130,5 +141,28 @@ impl KnownTools {
             list: list.clone(),
         });
         list
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_keeps_a_few_of_its_tojson_texts_however_many_settings_it_is_written_with() {
+        let tool = KnownTool::wrap(Value::from_serialize(serde_json::json!({"name": "f"})));
+        let tool = tool.downcast_object_ref::<KnownTool>().unwrap();
+        for indent in 0..10 {
+            let settings = Settings::indented(indent);
+            let text = tool
+                .json(&settings, |_| Ok(Value::from(format!("{indent}"))))
+                .unwrap();
+            assert_eq!(text.as_str(), Some(format!("{indent}").as_str()));
+        }
+        assert_eq!(tool.json.lock().len(), MAX_SETTINGS);
+        let again = tool
+            .json(&Settings::indented(1), |_| unreachable!("kept"))
+            .unwrap();
+        assert_eq!(again.as_str(), Some("1"), "a kept text is given back");
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use router_tokenize::ChatTokenizer;
+use router_tokenize::{ChatTokenizer, DEFAULT_MEDIA_PART_TOKENS};
 use serde_json::{Value, json};
 
 use super::super::*;
@@ -133,19 +133,50 @@ fn what_the_template_refuses_is_a_400_with_its_message() {
 fn a_chat_with_media_routes_on_its_prompt_up_to_the_first_media_part() {
     let files = Templated::new("media");
     let tokenizer = files.tokenizer();
-    let messages = json!([{"role": "user", "content": [
-        {"type": "text", "text": "hello"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-    ]}]);
-    let body = json!({"model": "m", "messages": messages});
-    let prepared = prepared(&tokenizer, &body).unwrap();
+    let with_images = |urls: &[&str]| {
+        let mut parts = vec![json!({"type": "text", "text": "hello"})];
+        parts.extend(
+            urls.iter()
+                .map(|url| json!({"type": "image_url", "image_url": {"url": url}})),
+        );
+        json!({"model": "m", "messages": [{"role": "user", "content": parts}]})
+    };
+    let one = prepared(&tokenizer, &with_images(&["https://example.com/a.png"])).unwrap();
     // <s> <|user|>: the prompt up to the last added token before the image.
-    assert_eq!(prepared.token_ids.as_deref(), Some(&[1, 2][..]));
-    let size = messages.to_string().len() as u64;
+    assert_eq!(one.token_ids.as_deref(), Some(&[1, 2][..]));
+    let text_only = prepared(&tokenizer, &with_images(&[])).unwrap();
+    assert!(
+        one.input_tokens >= text_only.input_tokens + u64::from(DEFAULT_MEDIA_PART_TOKENS),
+        "the image counts at the default bound beside the text: {} against {}",
+        one.input_tokens,
+        text_only.input_tokens
+    );
+    let payload = format!("data:image/png;base64,{}", "A".repeat(100_000));
+    let inline = tokenized(&tokenizer, &with_images(&[&payload])).unwrap();
     assert_eq!(
-        prepared.input_tokens,
-        2 + size / 4,
-        "the rest estimated from the messages' size"
+        inline.input_tokens, one.input_tokens,
+        "an image's bytes do not count: its bound does"
+    );
+    let two = prepared(
+        &tokenizer,
+        &with_images(&["https://example.com/a.png", "https://example.com/b.png"]),
+    )
+    .unwrap();
+    assert_eq!(
+        two.input_tokens - one.input_tokens,
+        u64::from(DEFAULT_MEDIA_PART_TOKENS),
+        "each part counts its bound"
+    );
+    let small = Arc::new(
+        ChatTokenizer::load(&files.0.join("tokenizer.json"))
+            .unwrap()
+            .with_media_part_tokens(256),
+    );
+    let counted = prepared(&small, &with_images(&["https://example.com/a.png"])).unwrap();
+    assert_eq!(
+        one.input_tokens - counted.input_tokens,
+        u64::from(DEFAULT_MEDIA_PART_TOKENS - 256),
+        "a model's own bound"
     );
 }
 
