@@ -335,7 +335,8 @@ impl ChatTokenizer {
     /// # Errors
     /// A part of the request is not what it must be, or the template or the
     /// tokenizer failed. A chat holding media (an image, audio, video) gives the ids
-    /// of its prompt up to the first media part, the rest counted as untokenized.
+    /// of its prompt up to the first media part, the rest counted
+    /// ([`PromptTokens::counted_tokens`]).
     pub fn encode_chat(&self, request: &ChatRequest<'_>) -> Result<PromptTokens, EncodeError> {
         let template = self.template.as_ref().ok_or(EncodeError::NoChatTemplate)?;
         let rendering = chat::rendering(
@@ -347,7 +348,15 @@ impl ChatTokenizer {
         )?;
         let mut prompt = self.render(template, &rendering)?;
         if rendering.media > 0 {
-            return self.encode_before_media(template, request, &prompt, rendering.media);
+            let mut tokens =
+                self.encode_before_media(template, request, &prompt, rendering.media)?;
+            if let Some(suffix) = &rendering.suffix {
+                // SGLang's continued final message, after the media: counted.
+                let more = self.encode_rendered(suffix)?;
+                tokens.counted_tokens += more.ids.len() as u64 + more.counted_tokens;
+                tokens.untokenized_bytes += more.untokenized_bytes;
+            }
+            return Ok(tokens);
         }
         if let Some(text) = &rendering.cut_after {
             // transformers' `continue_final_message`: the prompt ends where the final

@@ -229,3 +229,27 @@ fn template_arguments_take_the_special_tokens_place_and_the_requests_fields_thei
     // again (the argument, not `<s>`) hello world (the request's documents)
     assert_eq!(t.encode_chat(&request).unwrap().ids, [6, 4, 5]);
 }
+
+#[test]
+fn a_chat_with_media_counts_sglangs_continued_final_message() {
+    let files = Files::new(
+        "media-continued",
+        "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{{ p.text or '' }} {% endfor %}{% endif %} {% endfor %}",
+    );
+    let t = files.tokenizer(Dialect::Sglang);
+    let image = json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}});
+    let count = |messages: &serde_json::Value| {
+        let messages = messages.to_string();
+        let request = ChatRequest {
+            messages: &messages,
+            continue_final_message: Some(true),
+            ..ChatRequest::default()
+        };
+        let tokens = t.encode_chat(&request).unwrap();
+        tokens.ids.len() as u64 + tokens.counted_tokens
+    };
+    let user = json!({"role": "user", "content": [{"type": "text", "text": "hello"}, image]});
+    let alone = count(&json!([user]));
+    let continued = count(&json!([user, {"role": "assistant", "content": "world again"}]));
+    assert_eq!(continued, alone + 2, "world again: counted after the media");
+}
