@@ -51,6 +51,7 @@ pub struct ModelConfig {
     /// multimodal prompt short; absent = the bound the `preprocessor_config.json`
     /// beside the tokenizer gives (Qwen2-VL's kind), else 16,384.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub media_part_tokens: Option<u32>,
 }
 

@@ -359,7 +359,8 @@ const PROMPT_ENDPOINTS: [&Endpoint; 3] = [&CHAT, &COMPLETIONS, &GENERATE];
 
 /// The token ids the router routes a body sent to `path` on
 /// (`/v1/chat/completions`, `/v1/completions` or `/generate`), for a model tokenized
-/// by `tokenizer`: the ids of its (first) prompt, empty for a chat with media.
+/// by `tokenizer`: the ids of its (first) prompt (for a chat with media, up to its
+/// first media part).
 ///
 /// # Errors
 /// `path` is not one of those, or the body is refused as the router refuses it.

@@ -66,6 +66,8 @@ pub(crate) struct Rendering {
     pub(crate) cut_after: Option<String>,
     /// The media parts the messages hold (see [`Media`]).
     pub(crate) media: usize,
+    /// Whether the tools were a set kept from an earlier request.
+    pub(crate) kept_tools: bool,
 }
 
 impl Rendering {
@@ -319,6 +321,7 @@ pub(crate) fn rendering(
         Dialect::Vllm => vllm::vllm(template, request, inputs),
         Dialect::Sglang => sglang::sglang(template, request, inputs),
     }?;
+    let kept_tools = kept.is_some();
     // The tools the template is given: kept from an earlier request that sent the
     // same, or kept now.
     if let (Some(text), Some((_, tools))) = (
@@ -331,7 +334,7 @@ pub(crate) fn rendering(
             None => {
                 let list: Vec<Value> = tools
                     .try_iter()
-                    .map(|items| items.map(KnownTool::wrap).collect())
+                    .map(KnownTool::wrap_all)
                     .unwrap_or_default();
                 known.keep(text, choice, Value::from(list))
             }
@@ -339,6 +342,7 @@ pub(crate) fn rendering(
     }
     Ok(Rendering {
         media: media_parts,
+        kept_tools,
         ..rendering
     })
 }

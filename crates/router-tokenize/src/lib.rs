@@ -129,6 +129,10 @@ enum Encoder {
     General(General),
 }
 
+/// The most bytes a chat sending a kept tool set may tokenize anew for the set to
+/// stay cheap ([`ChatTokenizer::knows_tools`]): twice what a small chat's rest is.
+pub const COSTLY_FRESH_BYTES: usize = 4 << 10;
+
 /// The text a chat's media parts are given in the second render of
 /// [`ChatTokenizer::encode_chat`]: a control character no template writes.
 const MEDIA_MARK: &str = "\u{2}";
@@ -319,12 +323,14 @@ impl ChatTokenizer {
         })
     }
 
-    /// Whether the tool set `tools` with `tool_choice` was seen before and is kept
-    /// ready for the template: a chat sending it renders it from what is kept, so
-    /// its size costs little again.
+    /// Whether the tool set `tools` with `tool_choice` was seen before, is kept
+    /// ready for the template, and chats sending it again tokenized little anew (at
+    /// most [`COSTLY_FRESH_BYTES`]: the prefix cache gave the ids of the part of the
+    /// prompt holding the tools): its size costs little again. A kept set whose
+    /// chats did tokenize more is not.
     pub fn knows_tools(&self, tools: &str, tool_choice: Option<&str>) -> bool {
         self.known_tools
-            .contains(tools, tool_choice.unwrap_or_default())
+            .cheap(tools, tool_choice.unwrap_or_default())
     }
 
     /// Renders a chat request as the engine serving the model renders it (its
@@ -348,8 +354,9 @@ impl ChatTokenizer {
         )?;
         let mut prompt = self.render(template, &rendering)?;
         if rendering.media > 0 {
-            let mut tokens =
+            let (mut tokens, reused) =
                 self.encode_before_media(template, request, &prompt, rendering.media)?;
+            self.learn_tools_cost(request, &rendering, prompt.len() - reused);
             if let Some(suffix) = &rendering.suffix {
                 // SGLang's continued final message, after the media: counted.
                 let more = self.encode_rendered(suffix)?;
@@ -375,7 +382,8 @@ impl ChatTokenizer {
                 }
             }
         }
-        let mut tokens = self.encode_rendered(&prompt)?;
+        let (mut tokens, reused) = self.encode_rendered_reusing(&prompt)?;
+        self.learn_tools_cost(request, &rendering, prompt.len() - reused);
         if let Some(suffix) = &rendering.suffix {
             // SGLang tokenizes a continued final message apart, without a BOS.
             let mut more = self.encode_rendered(suffix)?;
@@ -393,14 +401,15 @@ impl ChatTokenizer {
     /// rest of `prompt` (which holds the template's marks for each part, not the
     /// media) is tokenized to be counted, and each part counted at the model's
     /// bound: the prompt's length is never below what the engine's processor makes
-    /// of it while each part is within the bound.
+    /// of it while each part is within the bound. Also gives the bytes of `prompt`
+    /// whose ids the prefix cache gave.
     fn encode_before_media(
         &self,
         template: &ChatTemplate,
         request: &ChatRequest<'_>,
         prompt: &str,
         parts: usize,
-    ) -> Result<PromptTokens, EncodeError> {
+    ) -> Result<(PromptTokens, usize), EncodeError> {
         let other = chat::rendering(
             self.dialect,
             template,
@@ -415,14 +424,14 @@ impl ChatTokenizer {
             .find(|((_, a), b)| a != b)
             .map_or(prompt.len().min(other.len()), |((at, _), _)| at);
         let cut = self.encoder.last_split(&prompt[..shared]);
-        let mut tokens = self.encode_rendered(&prompt[..cut])?;
+        let (mut tokens, reused) = self.encode_rendered_reusing(&prompt[..cut])?;
         let rest = self.encode_rendered(&prompt[cut..])?;
         tokens.untokenized_bytes += rest.untokenized_bytes;
         tokens.counted_tokens = rest.ids.len() as u64
             + rest.counted_tokens
             + parts as u64
                 * u64::from(self.media_part_tokens.0.unwrap_or(self.media_part_tokens.1));
-        Ok(tokens)
+        Ok((tokens, reused))
     }
 
     /// Renders `rendering`; for SGLang, a render failing with tools is tried once
@@ -442,6 +451,36 @@ impl ChatTokenizer {
                 }
             }
             rendered => rendered.map_err(EncodeError::Template),
+        }
+    }
+
+    /// Marks a kept tool set costly when a chat sending it again tokenized more than
+    /// [`COSTLY_FRESH_BYTES`] anew (`fresh`): its tools' part of the prompt was not
+    /// in the prefix cache.
+    fn learn_tools_cost(&self, request: &ChatRequest<'_>, rendering: &Rendering, fresh: usize) {
+        if let Some(tools) = request.tools
+            && rendering.kept_tools
+            && fresh > COSTLY_FRESH_BYTES
+        {
+            self.known_tools
+                .mark_costly(tools, request.tool_choice.unwrap_or_default());
+        }
+    }
+
+    /// A rendered prompt's ids, and how many of its bytes the prefix cache gave.
+    fn encode_rendered_reusing(&self, prompt: &str) -> Result<(PromptTokens, usize), EncodeError> {
+        match &self.encoder {
+            Encoder::ByteLevel(encoder) => {
+                let (ids, untokenized_bytes, reused) =
+                    self.prefixes.encode_reusing(encoder, prompt);
+                let tokens = PromptTokens {
+                    ids,
+                    untokenized_bytes,
+                    counted_tokens: 0,
+                };
+                Ok((tokens, reused))
+            }
+            Encoder::General(_) => Ok((self.encode_rendered(prompt)?, 0)),
         }
     }
 

@@ -152,12 +152,24 @@ impl PrefixCache {
     /// The ids of `text` (see [`ByteLevelBpe::encode`]), starting from the longest
     /// prefix of it the cache holds, and keeping its own longest prefix.
     pub(super) fn encode(&self, encoder: &ByteLevelBpe, text: &str) -> (Vec<u32>, usize) {
+        let (ids, untokenized, _) = self.encode_reusing(encoder, text);
+        (ids, untokenized)
+    }
+
+    /// [`encode`](Self::encode), with the bytes of `text` whose ids a kept prefix gave.
+    pub(super) fn encode_reusing(
+        &self,
+        encoder: &ByteLevelBpe,
+        text: &str,
+    ) -> (Vec<u32>, usize, usize) {
         if text.len() < self.min_prompt_bytes || self.budget == 0 {
-            return encoder.encode(text);
+            let (ids, untokenized) = encoder.encode(text);
+            return (ids, untokenized, 0);
         }
         let points = self.split_points(encoder, text);
         let Some(&last) = points.last() else {
-            return encoder.encode(text);
+            let (ids, untokenized) = encoder.encode(text);
+            return (ids, untokenized, 0);
         };
         // Only the points where some kept prefix ends are hashed and looked up, and
         // the first: a shared start is kept on its own.
@@ -172,6 +184,7 @@ impl PrefixCache {
         let start_key = keys.iter().copied().find(|key| key.0 == first);
         let mut ids = Vec::with_capacity(text.len() / 3);
         let mut start = 0;
+        let mut reused = 0;
         let found = self.longest(&keys, own);
         match &found {
             Some((key, prefix)) => {
@@ -180,6 +193,7 @@ impl PrefixCache {
                     .fetch_add(prefix.len() as u64, Ordering::Relaxed);
                 ids.extend_from_slice(prefix);
                 start = key.0;
+                reused = key.0;
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -193,7 +207,7 @@ impl PrefixCache {
             // conversation opens with), kept apart from the conversation's prefix.
             let left = encoder.encode_into(&text[start..key.0], &mut ids);
             if left > 0 {
-                return (ids, left + (text.len() - key.0));
+                return (ids, left + (text.len() - key.0), reused);
             }
             self.insert(key, &ids, None);
             start = key.0;
@@ -201,13 +215,13 @@ impl PrefixCache {
         if own.0 > start {
             let left = encoder.encode_into(&text[start..own.0], &mut ids);
             if left > 0 {
-                return (ids, left + (text.len() - own.0));
+                return (ids, left + (text.len() - own.0), reused);
             }
             self.insert(own, &ids, found.map(|(key, _)| key));
             start = own.0;
         }
         let left = encoder.encode_into(&text[start..], &mut ids);
-        (ids, left)
+        (ids, left, reused)
     }
 
     /// Where `text` may be split and the prefix before is long enough to keep: the

@@ -96,6 +96,7 @@ pub(super) fn sglang(
         suffix,
         cut_after: None,
         media: 0,
+        kept_tools: false,
     })
 }
 

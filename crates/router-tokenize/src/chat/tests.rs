@@ -253,3 +253,66 @@ fn a_chat_with_media_counts_sglangs_continued_final_message() {
     let continued = count(&json!([user, {"role": "assistant", "content": "world again"}]));
     assert_eq!(continued, alone + 2, "world again: counted after the media");
 }
+
+/// `n` tools whose descriptions are `size` bytes of words.
+fn described_tools(n: usize, size: usize) -> String {
+    let tools: Vec<_> = (0..n)
+        .map(|i| {
+            json!({"type": "function", "function": {
+                "name": format!("tool{i}"),
+                "description": "hello world ".repeat(size / 12),
+                "parameters": {"type": "object"}
+            }})
+        })
+        .collect();
+    serde_json::Value::Array(tools).to_string()
+}
+
+#[test]
+fn a_kept_tool_set_whose_chats_still_tokenize_much_anew_is_not_cheap() {
+    // No prefix cache (the tiny tokenizer is not byte-level): the descriptions the
+    // template writes are tokenized again on every request.
+    let files = Files::new(
+        "costly-tools",
+        "{% for t in tools %}{{ t.function.description }} {% endfor %}{% for m in messages %}{{ m.content }} {% endfor %}",
+    );
+    let t = files.tokenizer(Dialect::Vllm);
+    let tools = described_tools(1, 8 << 10);
+    let messages = user("hello");
+    let request = ChatRequest {
+        messages: &messages,
+        tools: Some(&tools),
+        ..ChatRequest::default()
+    };
+    assert!(!t.knows_tools(&tools, None), "not seen yet");
+    let first = t.encode_chat(&request).unwrap();
+    assert!(t.knows_tools(&tools, None), "kept by the first chat");
+    let again = t.encode_chat(&request).unwrap();
+    assert_eq!(again, first);
+    assert!(
+        !t.knows_tools(&tools, None),
+        "the second chat tokenized its tools' text anew: not cheap"
+    );
+}
+
+#[test]
+fn a_kept_tool_set_the_prefix_cache_covers_stays_cheap() {
+    let qwen3 = crate::python_env::ensure().join("qwen3/tokenizer.json");
+    let t = ChatTokenizer::load(&qwen3)
+        .unwrap()
+        .with_prefix_cache(1 << 20)
+        .with_dialect(Dialect::Sglang);
+    // Qwen3's template writes the tools into the system turn, which the prefix cache
+    // keeps; each request's own message is small.
+    let tools = described_tools(5, 2 << 10);
+    for turn in 0..4 {
+        let messages = user(&format!("hello {turn}"));
+        let request = ChatRequest {
+            messages: &messages,
+            tools: Some(&tools),
+            ..ChatRequest::default()
+        };
+        t.encode_chat(&request).unwrap();
+        assert!(t.knows_tools(&tools, None), "turn {turn}");
+    }
+}

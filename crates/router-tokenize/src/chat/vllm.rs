@@ -94,6 +94,7 @@ pub(super) fn vllm(
         suffix: None,
         cut_after,
         media: 0,
+        kept_tools: false,
     })
 }
 

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use minijinja::Value;
 use minijinja::value::{Enumerator, Object, ObjectRepr};
@@ -22,21 +23,35 @@ const MAX_SETTINGS: usize = 4;
 /// The longest `tools` text (with its `tool_choice`) kept.
 pub const MAX_KEPT_TOOLS_BYTES: usize = 64 << 10;
 
+/// The most bytes of `tojson` texts one tool set keeps: `tojson` with an indent can
+/// write a deeply nested schema many times the size of its JSON, and a text past
+/// what is left is written for each render instead of kept.
+const MAX_KEPT_JSON_BYTES: usize = 4 * MAX_KEPT_TOOLS_BYTES;
+
 /// One tool as the template is given it, with its `tojson` texts.
 #[derive(Debug)]
 pub(crate) struct KnownTool {
     tool: Value,
     /// `tojson`'s text of the tool, by the filter's arguments.
     json: Mutex<Vec<(Settings, Value)>>,
+    /// The bytes its set may still keep of `tojson` texts.
+    budget: Arc<AtomicUsize>,
 }
 
 impl KnownTool {
-    /// `tool` (a map) made a known tool.
-    pub(crate) fn wrap(tool: Value) -> Value {
-        Value::from_object(Self {
-            tool,
-            json: Mutex::new(Vec::new()),
-        })
+    /// Each of `tools` (maps) made a known tool, sharing one budget of `tojson`
+    /// texts.
+    pub(crate) fn wrap_all(tools: impl Iterator<Item = Value>) -> Vec<Value> {
+        let budget = Arc::new(AtomicUsize::new(MAX_KEPT_JSON_BYTES));
+        tools
+            .map(|tool| {
+                Value::from_object(Self {
+                    tool,
+                    json: Mutex::new(Vec::new()),
+                    budget: Arc::clone(&budget),
+                })
+            })
+            .collect()
     }
 
     /// The `tojson` text for `settings`, written by `write` the first time.
@@ -49,8 +64,16 @@ impl KnownTool {
             return Ok(text.clone());
         }
         let text = write(&self.tool)?;
+        let size = text.as_str().map_or(0, str::len);
         let mut kept = self.json.lock();
-        if kept.len() < MAX_SETTINGS {
+        if kept.len() < MAX_SETTINGS
+            && self
+                .budget
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    left.checked_sub(size)
+                })
+                .is_ok()
+        {
             kept.push((settings.clone(), text.clone()));
         }
         Ok(text)
@@ -91,6 +114,10 @@ struct KnownSet {
     tools: String,
     choice: String,
     list: Value,
+    /// Whether chats sending it still tokenize much anew (the template writes the
+    /// tools where the prefix cache does not reach, or their `tojson` texts are
+    /// large): such chats are not cheap, kept set or not.
+    costly: AtomicBool,
 }
 
 impl KnownTools {
@@ -99,22 +126,36 @@ impl KnownTools {
         self.hasher.hash_one((tools, choice))
     }
 
-    /// The list kept for these texts.
-    pub(crate) fn get(&self, tools: &str, choice: &str) -> Option<Value> {
+    /// Calls `with` on the set kept for these texts, if any; a text too long to be
+    /// kept is not hashed.
+    fn find<T>(&self, tools: &str, choice: &str, with: impl FnOnce(&KnownSet) -> T) -> Option<T> {
+        if tools.len() + choice.len() > MAX_KEPT_TOOLS_BYTES {
+            return None;
+        }
+        let key = self.key(tools, choice);
         let sets = self.sets.lock();
-        sets.get(&self.key(tools, choice))?
+        sets.get(&key)?
             .iter()
             .find(|set| set.tools == tools && set.choice == choice)
-            .map(|set| set.list.clone())
+            .map(with)
     }
 
-    /// Whether a list is kept for these texts.
-    pub(crate) fn contains(&self, tools: &str, choice: &str) -> bool {
-        let sets = self.sets.lock();
-        sets.get(&self.key(tools, choice)).is_some_and(|kept| {
-            kept.iter()
-                .any(|set| set.tools == tools && set.choice == choice)
-        })
+    /// The list kept for these texts.
+    pub(crate) fn get(&self, tools: &str, choice: &str) -> Option<Value> {
+        self.find(tools, choice, |set| set.list.clone())
+    }
+
+    /// Whether a list is kept for these texts and chats sending it were cheap.
+    pub(crate) fn cheap(&self, tools: &str, choice: &str) -> bool {
+        self.find(tools, choice, |set| !set.costly.load(Ordering::Relaxed))
+            .unwrap_or(false)
+    }
+
+    /// Marks the set kept for these texts costly ([`KnownSet::costly`]).
+    pub(crate) fn mark_costly(&self, tools: &str, choice: &str) {
+        self.find(tools, choice, |set| {
+            set.costly.store(true, Ordering::Relaxed)
+        });
     }
 
     /// Keeps `list` (a list of tools, each made a [`KnownTool`]) for these texts;
@@ -123,11 +164,12 @@ impl KnownTools {
         if tools.len() + choice.len() > MAX_KEPT_TOOLS_BYTES {
             return list;
         }
+        let key = self.key(tools, choice);
         let mut sets = self.sets.lock();
         if sets.values().map(Vec::len).sum::<usize>() >= MAX_SETS {
             sets.clear();
         }
-        let kept = sets.entry(self.key(tools, choice)).or_default();
+        let kept = sets.entry(key).or_default();
         // Another request may have kept the same set meanwhile.
         if let Some(set) = kept
             .iter()
@@ -139,6 +181,7 @@ impl KnownTools {
             tools: tools.to_owned(),
             choice: choice.to_owned(),
             list: list.clone(),
+            costly: AtomicBool::new(false),
         });
         list
     }
@@ -150,8 +193,10 @@ mod tests {
 
     #[test]
     fn a_tool_keeps_a_few_of_its_tojson_texts_however_many_settings_it_is_written_with() {
-        let tool = KnownTool::wrap(Value::from_serialize(serde_json::json!({"name": "f"})));
-        let tool = tool.downcast_object_ref::<KnownTool>().unwrap();
+        let tools = KnownTool::wrap_all(std::iter::once(Value::from_serialize(
+            serde_json::json!({"name": "f"}),
+        )));
+        let tool = tools[0].downcast_object_ref::<KnownTool>().unwrap();
         for indent in 0..10 {
             let settings = Settings::indented(indent);
             let text = tool
