@@ -374,6 +374,32 @@ fn a_vocabulary_with_shared_ids_is_left_to_tokenizers() {
 }
 
 #[test]
+fn a_vocabulary_naming_a_token_twice_is_left_to_tokenizers_and_escaped_names_are_read() {
+    let mut file = gpt2_shaped(false);
+    file["model"]["vocab"]["qxzz"] = json!(257);
+    // The same name again, written with an escape: the JSON map holds it twice.
+    let text = file
+        .to_string()
+        .replacen(r#""qxzz":257"#, r#""qxzz":257,"q\u0078zz":258"#, 1);
+    assert!(text.contains(r#""q\u0078zz":258"#));
+    let dir = std::env::temp_dir().join(format!("switchyard-twice-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, &text).unwrap();
+    assert!(ByteLevelBpe::load(&path).is_none(), "a name given twice");
+    // An escaped name alone is the token it names.
+    let text = file
+        .to_string()
+        .replacen(r#""qxzz":257"#, r#""q\u0078zz":257"#, 1);
+    std::fs::write(&path, &text).unwrap();
+    let fast = ByteLevelBpe::load(&path).expect("covered");
+    let reference = tokenizers::Tokenizer::from_file(&path).unwrap();
+    let expected = reference.encode("qxzz ab", false).unwrap();
+    assert_eq!(fast.encode("qxzz ab").0, expected.get_ids());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_file_tokenizers_panics_on_is_a_load_error() {
     // A merge whose joined token is missing and longer than any in the vocabulary.
     let mut file = gpt2_shaped(false);
