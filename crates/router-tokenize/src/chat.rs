@@ -201,9 +201,27 @@ pub(crate) enum Media {
     Text(&'static str),
 }
 
+/// A part's kind: its `type`, or for a part without one the media field it holds
+/// (vLLM takes `{"image_url": ...}` as an image part).
+fn kind_of(part: &Value) -> Option<String> {
+    if let Some(kind) = get(part, "type") {
+        return kind.as_str().map(str::to_owned);
+    }
+    [
+        "image_url",
+        "audio_url",
+        "video_url",
+        "input_audio",
+        "image_embeds",
+    ]
+    .into_iter()
+    .find(|field| get(part, field).is_some())
+    .map(str::to_owned)
+}
+
 /// The modality vLLM and SGLang name a media part by (`image_url` is an image).
 fn modality(part: &Value) -> &'static str {
-    let kind = get(part, "type").map(|k| k.to_string()).unwrap_or_default();
+    let kind = kind_of(part).unwrap_or_default();
     if kind.contains("audio") {
         "audio"
     } else if kind.contains("video") {
@@ -247,14 +265,12 @@ fn media_parts(messages: &[Value]) -> usize {
 /// Whether a part is an image, audio or video the engine's processor turns into
 /// tokens the router cannot reproduce.
 fn is_media(part: &Value) -> bool {
-    get(part, "type")
-        .and_then(|kind| kind.as_str().map(str::to_owned))
-        .is_some_and(|kind| {
-            !matches!(
-                kind.as_str(),
-                "text" | "input_text" | "output_text" | "refusal" | "thinking" | "tool_reference"
-            )
-        })
+    kind_of(part).is_some_and(|kind| {
+        !matches!(
+            kind.as_str(),
+            "text" | "input_text" | "output_text" | "refusal" | "thinking" | "tool_reference"
+        )
+    })
 }
 
 /// Builds the template's arguments for `request` as `dialect`'s engine does.

@@ -316,3 +316,28 @@ fn a_kept_tool_set_the_prefix_cache_covers_stays_cheap() {
         assert!(t.knows_tools(&tools, None), "turn {turn}");
     }
 }
+
+#[test]
+fn a_media_part_without_a_type_counts_as_one() {
+    let files = Files::new(
+        "typeless-media",
+        "{% for m in messages %}{% for p in m.content %}{{ p.text or '' }} {% endfor %}{% endfor %}",
+    );
+    let t = files.tokenizer(Dialect::Vllm).with_media_part_tokens(100);
+    let count = |part: serde_json::Value| {
+        let messages =
+            json!([{"role": "user", "content": [{"type": "text", "text": "hello"}, part]}])
+                .to_string();
+        let request = ChatRequest {
+            messages: &messages,
+            ..ChatRequest::default()
+        };
+        let tokens = t.encode_chat(&request).unwrap();
+        tokens.ids.len() as u64 + tokens.counted_tokens
+    };
+    let url = json!({"url": "https://example.com/a.png"});
+    let typed = count(json!({"type": "image_url", "image_url": url}));
+    let typeless = count(json!({"image_url": url}));
+    assert!(typed >= 100, "{typed}");
+    assert_eq!(typeless, typed, "vLLM takes it as an image part");
+}
