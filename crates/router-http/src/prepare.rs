@@ -116,9 +116,23 @@ struct ChatPrompt<'b> {
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
     reasoning_effort: Option<&'b RawValue>,
+    /// Whether the tokenizer keeps `tools` as a cheap set
+    /// ([`ChatTokenizer::knows_tools`]), once looked up.
+    cheap_tools: std::cell::Cell<Option<bool>>,
 }
 
 impl ChatPrompt<'_> {
+    /// Whether `tokenizer` keeps the chat's tools as a cheap set: looked up once a
+    /// request (the lookup hashes the whole `tools` text).
+    fn cheap_tools(&self, tokenizer: &ChatTokenizer) -> bool {
+        let Some(tools) = self.tools else {
+            return false;
+        };
+        *self.cheap_tools.get().get_or_insert_with(|| {
+            tokenizer.knows_tools(tools.get(), self.tool_choice.map(RawValue::get))
+        })
+    }
+
     fn request(&self) -> ChatRequest<'_> {
         ChatRequest {
             messages: self.messages.get(),
@@ -183,13 +197,11 @@ impl Prompt<'_> {
     /// its start's ids come from the prefix cache, so it does not count.
     fn costly_bytes(&self, body: usize, tokenizer: &ChatTokenizer) -> usize {
         match self {
-            Prompt::Chat(ChatPrompt {
-                tools: Some(tools),
-                tool_choice,
-                ..
-            }) if tokenizer.knows_tools(tools.get(), tool_choice.map(RawValue::get)) => {
-                body.saturating_sub(tools.get().len())
-            }
+            Prompt::Chat(
+                chat @ ChatPrompt {
+                    tools: Some(tools), ..
+                },
+            ) if chat.cheap_tools(tokenizer) => body.saturating_sub(tools.get().len()),
             Prompt::Chat(_) | Prompt::Completion(_) => body,
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{config, router, url};
 use engine_sim::{RunningEngine, SimConfig, StartError};
-use router_config::{EngineConfig, EngineRole, ModelConfig};
+use router_config::{EngineRole, ModelConfig};
 use router_http::RunningRouter;
 use router_policy::PolicyConfig;
 use serde_json::{Value, json};
@@ -83,10 +83,7 @@ impl Harness {
         let members = engines
             .iter()
             .enumerate()
-            .map(|(i, e)| EngineConfig {
-                role: Some(EngineRole::Plain),
-                ..EngineConfig::new(format!("E{i}"), e.url())
-            })
+            .map(|(i, e)| common::engine(&format!("E{i}"), e, EngineRole::Plain))
             .collect();
         let mut model = ModelConfig::new(MODEL, members);
         model.tokenizer = Some(tokenizer());

@@ -158,6 +158,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
             add_generation_prompt: flag(&probe.add_generation_prompt, "add_generation_prompt")?,
             continue_final_message: flag(&probe.continue_final_message, "continue_final_message")?,
             reasoning_effort: present(probe.reasoning_effort),
+            cheap_tools: std::cell::Cell::new(None),
         }),
         max_output_tokens: max_completion_tokens.or(max_tokens),
     })
@@ -224,9 +225,7 @@ impl ChatPrompt<'_> {
     /// is rendered from what is kept, at most [`router_tokenize::MAX_KEPT_TOOLS_BYTES`]
     /// of text.
     pub(super) fn check_values(&self, tokenizer: &ChatTokenizer) -> Result<(), ApiError> {
-        let known = self.tools.is_some_and(|tools| {
-            tokenizer.knows_tools(tools.get(), self.tool_choice.map(RawValue::get))
-        });
+        let known = self.cheap_tools(tokenizer);
         let fields = [
             ("tools", if known { None } else { self.tools }),
             ("documents", self.documents),
