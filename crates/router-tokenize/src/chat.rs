@@ -4,9 +4,11 @@
 //! SGLang and vLLM differ here, so each step follows the [`Dialect`].
 
 use minijinja::Value;
-use serde::{Deserialize, Deserializer as _};
+use serde::Deserialize;
 
 mod counting;
+
+pub use counting::count_json_values;
 mod sglang;
 mod vllm;
 
@@ -127,8 +129,7 @@ fn check_arguments(messages: &[Value]) -> Result<(), EncodeError> {
             if !text.trim_start().starts_with('{') {
                 continue;
             }
-            let counted = serde_json::Deserializer::from_str(text)
-                .deserialize_any(counting::Count(&mut budget));
+            let counted = counting::count_json_values(text, &mut budget);
             if counted.is_err() && budget == 0 {
                 return Err(invalid(
                     "messages",

@@ -81,7 +81,9 @@ mod python_env;
 mod template;
 mod window;
 
-pub use chat::{ChatRequest, Dialect, MAX_TEMPLATE_KWARGS, MAX_TOOL_ARGUMENT_VALUES};
+pub use chat::{
+    ChatRequest, Dialect, MAX_TEMPLATE_KWARGS, MAX_TOOL_ARGUMENT_VALUES, count_json_values,
+};
 use chat::{Media, Rendering};
 pub use media::DEFAULT_MEDIA_PART_TOKENS;
 pub use pool::TokenizePool;

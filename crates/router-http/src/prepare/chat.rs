@@ -1,10 +1,8 @@
 //! `POST /v1/chat/completions`: the OpenAI chat body, validated with precise 400s;
 //! the prompt is the `messages` array, rendered with the model's chat template.
 
-use std::fmt;
-
 use serde::Deserialize;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::IgnoredAny;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -14,7 +12,7 @@ use super::checks::{
 use super::owned::present as sent;
 use super::{ChatPrompt, Parsed, Prompt};
 use crate::error::ApiError;
-use router_tokenize::ChatTokenizer;
+use router_tokenize::{ChatTokenizer, count_json_values};
 
 /// The most messages a chat may hold: far past any conversation an agent keeps, and
 /// a bound on what rendering its template builds.
@@ -235,9 +233,7 @@ impl ChatPrompt<'_> {
         let mut values = MAX_TEMPLATE_VALUES;
         for (param, raw) in fields {
             let Some(raw) = raw else { continue };
-            serde_json::Deserializer::from_str(raw.get())
-                .deserialize_any(Count(&mut values))
-                .map_err(|_| {
+            count_json_values(raw.get(), &mut values).map_err(|_| {
                     ApiError::invalid(
                         "invalid_request",
                         param,
@@ -270,15 +266,13 @@ fn check_messages(messages: &RawValue) -> Result<usize, ApiError> {
         let message: MessageProbe<'_> =
             serde_json::from_str(raw.get()).map_err(|_| not_object())?;
         check_role(i, message.role)?;
-        serde_json::Deserializer::from_str(raw.get())
-            .deserialize_any(Count(&mut values))
-            .map_err(|_| {
-                ApiError::invalid(
-                    "invalid_messages",
-                    "messages",
-                    format!("messages must hold at most {MAX_MESSAGE_VALUES} JSON values in all"),
-                )
-            })
+        count_json_values(raw.get(), &mut values).map_err(|_| {
+            ApiError::invalid(
+                "invalid_messages",
+                "messages",
+                format!("messages must hold at most {MAX_MESSAGE_VALUES} JSON values in all"),
+            )
+        })
     })?;
     checked.ok_or_else(|| {
         ApiError::invalid(
@@ -307,74 +301,5 @@ fn check_role(i: usize, role: Option<&RawValue>) -> Result<(), ApiError> {
             param.clone(),
             format!("{param} must be one of {}", ROLES.join(", ")),
         ))
-    }
-}
-
-/// Counts the JSON values it visits (an object's entries count once more, for their
-/// keys) against its budget, keeping none; fails once the budget is spent.
-struct Count<'b>(&'b mut usize);
-
-impl Count<'_> {
-    fn spend<E: serde::de::Error>(&mut self) -> Result<(), E> {
-        *self.0 = self
-            .0
-            .checked_sub(1)
-            .ok_or_else(|| E::custom("too many values"))?;
-        Ok(())
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Count<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Count<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_unit<E: serde::de::Error>(mut self) -> Result<(), E> {
-        self.spend()
-    }
-
-    fn visit_bool<E: serde::de::Error>(mut self, _: bool) -> Result<(), E> {
-        self.spend()
-    }
-
-    fn visit_u64<E: serde::de::Error>(mut self, _: u64) -> Result<(), E> {
-        self.spend()
-    }
-
-    fn visit_i64<E: serde::de::Error>(mut self, _: i64) -> Result<(), E> {
-        self.spend()
-    }
-
-    fn visit_f64<E: serde::de::Error>(mut self, _: f64) -> Result<(), E> {
-        self.spend()
-    }
-
-    fn visit_str<E: serde::de::Error>(mut self, _: &str) -> Result<(), E> {
-        self.spend()
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        self.spend()?;
-        while seq.next_element_seed(Count(self.0))?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-        self.spend()?;
-        while map.next_key::<IgnoredAny>()?.is_some() {
-            Count(self.0).spend()?;
-            map.next_value_seed(Count(self.0))?;
-        }
-        Ok(())
     }
 }

@@ -5,8 +5,17 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
 
+/// Counts the JSON values of `text` against `budget` (an object's entries count once
+/// more, for their keys), keeping none, before a caller parses it into a tree.
+///
+/// # Errors
+/// The budget ran out (then it is 0), or `text` is not JSON.
+pub fn count_json_values(text: &str, budget: &mut usize) -> Result<(), serde_json::Error> {
+    serde_json::Deserializer::from_str(text).deserialize_any(Count(budget))
+}
+
 /// Counts the values it visits against its budget; fails once the budget is spent.
-pub(super) struct Count<'b>(pub(super) &'b mut usize);
+struct Count<'b>(&'b mut usize);
 
 impl Count<'_> {
     fn spend<E: Error>(&mut self) -> Result<(), E> {
