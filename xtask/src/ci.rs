@@ -8,6 +8,21 @@ use anyhow::Context;
 
 use crate::step;
 
+/// `cargo package` as CI runs it. `--no-verify`: verifying builds each package from the
+/// registry's copies of its dependencies, and the crates' dependencies on each other
+/// and on `switchyard-zeromq` are not published yet (the downstream example in
+/// `examples/embedded-gateway` builds them from outside the workspace instead).
+/// Libraries are packaged without a lockfile (`--exclude-lockfile`), which would need
+/// those same unpublished crates resolved. `--allow-dirty`: what is checked is the
+/// package, not whether the tree is committed.
+const PACKAGE_ARGS: &[&str] = &[
+    "package",
+    "--no-verify",
+    "--exclude-lockfile",
+    "--allow-dirty",
+    "--quiet",
+];
+
 /// cargo-deny is built from crates.io into this cache on first use.
 const DENY_VERSION: &str = "0.20.2";
 
@@ -16,7 +31,8 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     step("clippy", &mut clippy(&["--workspace"]))?;
     // Each of these resolves its features alone, as a crate built in another workspace
     // would: the engine model without its server, the configuration without Redis, the
-    // replay with neither.
+    // state without its feeds and Redis (what the selection core embeds), the replay
+    // with neither.
     step(
         "clippy on crates built alone",
         &mut clippy(&[
@@ -24,6 +40,8 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             "engine-sim",
             "-p",
             "router-config",
+            "-p",
+            "router-state",
             "--no-default-features",
         ]),
     )?;
@@ -53,6 +71,33 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "fuzz targets compile (fuzz/, run with cargo +nightly fuzz)",
         cargo().args(["check", "--manifest-path", "fuzz/Cargo.toml"]),
     )?;
+    // The downstream example is a workspace of its own that depends on the crates as
+    // another project would (no `[patch]`); it starts from the main lockfile, and its
+    // doc tests compile the README's embedding example.
+    let example = root.join("examples/embedded-gateway");
+    std::fs::copy(root.join("Cargo.lock"), example.join("Cargo.lock"))
+        .context("seeding examples/embedded-gateway/Cargo.lock from Cargo.lock")?;
+    // It builds into the main target directory, reusing the dependencies built there.
+    let in_example = |args: &[&str]| {
+        let mut command = cargo();
+        command
+            .args(args)
+            .args(["--manifest-path", "examples/embedded-gateway/Cargo.toml"])
+            .env("CARGO_TARGET_DIR", root.join("target"));
+        command
+    };
+    step(
+        "format of the downstream example",
+        in_example(&["fmt"]).args(["--", "--check"]),
+    )?;
+    step(
+        "clippy on the downstream example",
+        in_example(&["clippy", "--all-targets"]).args(["--", "-D", "warnings"]),
+    )?;
+    step(
+        "the downstream example's tests, property tests and README doc test",
+        &mut in_example(&["test"]),
+    )?;
     step(
         "doc tests",
         cargo().args(["test", "--locked", "--workspace", "--doc"]),
@@ -62,6 +107,24 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         cargo().args(["build", "--locked", "-p", "switchyard"]),
     )?;
     crate::python::test(root, &python)?;
+    step(
+        "package the library crates (cargo package)",
+        cargo().args(PACKAGE_ARGS).args([
+            "--workspace",
+            "--exclude",
+            "switchyard",
+            "--exclude",
+            "xtask",
+            "--exclude",
+            "switchyard-benches",
+        ]),
+    )?;
+    step(
+        "package switchyard-zeromq (cargo package)",
+        cargo()
+            .args(PACKAGE_ARGS)
+            .args(["--manifest-path", "third_party/zeromq/Cargo.toml"]),
+    )?;
     eprintln!("==> tidy");
     crate::tidy::run(root)?;
     let deny = ensure_cargo_deny(root)?;

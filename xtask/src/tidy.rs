@@ -79,6 +79,21 @@ const WITHOUT_SERVER_STACK: &[&str] = &[
     "router-replay",
 ];
 
+/// The selection core as an embedder builds it, without its default features: it
+/// reaches no networking at all, so a gateway can take policies and buckets alone.
+const WITHOUT_NETWORK: &[&str] = &["router-state", "router-policy", "router-buckets"];
+
+/// What [`WITHOUT_NETWORK`] crates never reach besides [`HTTP_STACK`]: sockets, and
+/// the clients of feeds, stores and clusters.
+const NETWORK: &[&str] = &[
+    "switchyard-zeromq",
+    "redis",
+    "kube",
+    "k8s-openapi",
+    "socket2",
+    "mio",
+];
+
 /// What [`WITHOUT_SERVER_STACK`] crates never reach besides [`HTTP_STACK`]: the span
 /// exporter and its SDK.
 const OTLP_EXPORTER: &[&str] = &["opentelemetry-otlp", "opentelemetry_sdk"];
@@ -140,7 +155,11 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         serde_json::from_slice(&cargo_metadata()?).context("parsing cargo metadata")?;
     let mut problems = check_dependencies(&metadata.packages);
     for krate in WITHOUT_SERVER_STACK {
-        problems.extend(check_reach(krate, &reached(krate)?));
+        problems.extend(check_reach(krate, &reached(krate, &[])?));
+    }
+    for krate in WITHOUT_NETWORK {
+        let reached = reached(krate, &["--no-default-features"])?;
+        problems.extend(check_network(krate, &reached));
     }
     for package in &metadata.packages {
         let manifest = fs::read_to_string(&package.manifest_path)?;
@@ -151,7 +170,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
             ));
         }
     }
-    for dir in ["crates", "bins", "xtask", "benches", "tests"] {
+    for dir in ["crates", "bins", "xtask", "benches", "tests", "examples"] {
         for file in rust_files(&root.join(dir))? {
             let text = fs::read_to_string(&file)?;
             let relative = file
@@ -237,11 +256,12 @@ fn check_dependencies(packages: &[Package]) -> Vec<String> {
 }
 
 /// Every package `krate` reaches through normal dependencies, resolved with its own
-/// features only.
-fn reached(krate: &str) -> anyhow::Result<Vec<String>> {
+/// features only (and the feature flags in `features`).
+fn reached(krate: &str, features: &[&str]) -> anyhow::Result<Vec<String>> {
     let output = crate::cargo()
         .args(["tree", "--locked", "-e", "normal", "--prefix", "none"])
         .args(["--format", "{p}", "-p", krate])
+        .args(features)
         .output()
         .context("running cargo tree")?;
     if !output.status.success() {
@@ -267,6 +287,23 @@ fn check_reach(krate: &str, reached: &[String]) -> Vec<String> {
             format!(
                 "{krate} reaches {stack}: it must build without a server stack \
                  (`cargo tree -p {krate} -e normal -i {stack}` shows through which crate)"
+            )
+        })
+        .collect()
+}
+
+/// One problem for each networking crate `krate`, built without its default
+/// features, reaches.
+fn check_network(krate: &str, reached: &[String]) -> Vec<String> {
+    NETWORK
+        .iter()
+        .chain(HTTP_STACK)
+        .filter(|net| reached.iter().any(|name| name == *net))
+        .map(|net| {
+            format!(
+                "{krate} without default features reaches {net}: the selection core \
+                 builds with no networking (`cargo tree -p {krate} --no-default-features \
+                 -e normal -i {net}` shows through which crate)"
             )
         })
         .collect()
@@ -472,9 +509,24 @@ mod tests {
     #[test]
     fn the_real_crates_reach_no_server_stack() {
         for krate in WITHOUT_SERVER_STACK {
-            let reached = reached(krate).expect("cargo tree runs");
+            let reached = reached(krate, &[]).expect("cargo tree runs");
             assert!(reached.iter().any(|name| name == krate), "{reached:?}");
             assert_eq!(check_reach(krate, &reached), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn the_selection_core_reaches_no_network_without_its_defaults() {
+        for krate in WITHOUT_NETWORK {
+            let reached = reached(krate, &["--no-default-features"]).expect("cargo tree runs");
+            assert!(reached.iter().any(|name| name == krate), "{reached:?}");
+            assert_eq!(check_network(krate, &reached), Vec::<String>::new());
+        }
+        let with_defaults = reached("router-state", &[]).expect("cargo tree runs");
+        let problems = check_network("router-state", &with_defaults);
+        for net in ["switchyard-zeromq", "redis"] {
+            let says = format!("reaches {net}:");
+            assert!(problems.iter().any(|p| p.contains(&says)), "{problems:?}");
         }
     }
 

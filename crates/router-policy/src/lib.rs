@@ -57,6 +57,9 @@ mod round_robin;
 mod settings;
 mod walk;
 
+#[cfg(feature = "test-kit")]
+pub mod test_kit;
+
 pub use admission::{AdmissionDecision, AdmissionError, AdmissionLimits, EngineAdmission};
 pub use affinity::{
     SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback, StickyPolicy,

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
+use router_policy::test_kit::{Scenario, admission_limits, engine_loads, reference, role};
 use router_policy::{
-    AdmissionDecision, AdmissionLimits, EngineAdmission, LeastLoadPolicy, PickError, Policy,
-    PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy,
+    AdmissionDecision, AdmissionLimits, EngineAdmission, LeastLoadPolicy, Policy, PowerOfTwoPolicy,
+    RandomPolicy, RoundRobinPolicy,
 };
-use router_state::{EngineReportedLoadTable, InflightGuard, Role};
+use router_state::{EngineReportedLoadTable, Role};
 
 fn all_policies(
     load: &Arc<EngineReportedLoadTable>,
@@ -38,80 +39,42 @@ fn all_policies(
     ]
 }
 
-fn stage() -> impl Strategy<Value = Role> {
-    prop_oneof![Just(Role::Plain), Just(Role::Prefill), Just(Role::Decode)]
-}
-
-/// Per engine: in-flight guards to hold, and an optional (native?, waiting, running) report.
-fn engine_state() -> impl Strategy<Value = (usize, Option<(bool, u64, u64)>)> {
-    (
-        0usize..4,
-        proptest::option::of((any::<bool>(), 0u64..8, 0u64..8)),
-    )
-}
-
-fn limits() -> impl Strategy<Value = AdmissionLimits> {
-    (
-        proptest::option::of(1u64..8),
-        proptest::option::of(1u64..8),
-        proptest::option::of(1u64..4),
-    )
-        .prop_map(|(running, waiting, inflight)| AdmissionLimits {
-            max_running_requests: running,
-            max_waiting_requests: waiting,
-            max_inflight_requests: inflight,
-            ..Default::default()
-        })
-}
-
 proptest! {
     #[test]
     fn picks_come_from_the_candidates_and_pass_admission(
-        states in proptest::collection::vec(engine_state(), 1..12),
-        limits in limits(),
-        stage in stage(),
+        loads in engine_loads(1..12),
+        limits in admission_limits(),
+        stage in role(),
         seed: u64,
     ) {
-        let rt = runtime();
-        let fleet = staged(stage, states.len());
-        let load = table(&fleet);
-        let mut guards: Vec<InflightGuard> = Vec::new();
-        for (engine, (in_flight, report)) in fleet.iter().zip(&states) {
-            guards.extend((0..*in_flight).map(|_| load.acquire(engine.id())));
-            match report {
-                Some((true, waiting, running)) => report_native(&load, engine, *waiting, *running),
-                Some((false, waiting, running)) => report_basic(&load, engine, *waiting, *running),
-                None => {}
-            }
-        }
-        let admitted = |engine: &router_state::Engine| {
-            let metrics = load.snapshot().observe(engine.id()).metrics();
-            limits.check(engine, &metrics).expect("limits always run") == AdmissionDecision::Allow
-        };
-        let any_admissible = fleet.iter().any(|e| admitted(e));
-        for policy in all_policies(&load, limits, seed) {
+        let scenario = Scenario::new("m", stage, &loads);
+        for policy in all_policies(&scenario.load, limits, seed) {
+            // Power-of-two stops at its first choice when admission rejects it.
+            let exhaustive = !format!("{policy:?}").starts_with("PowerOfTwo");
             for _ in 0..4 {
-                match pick(&rt, policy.as_ref(), &fleet, stage) {
-                    Ok(p) => {
-                        prop_assert!(
-                            fleet.iter().any(|c| Arc::ptr_eq(c, &p.engine)),
-                            "every pick belongs to the exact candidate set ({policy:?} returned {})", p.engine.id()
-                        );
-                        prop_assert!(admitted(&p.engine), "a rejected engine is never returned ({policy:?} returned {})", p.engine.id());
-                    }
-                    Err(PickError::AdmissionRejected { rejection, .. }) => {
-                        prop_assert!(format!("{policy:?}").starts_with("PowerOfTwo"), "only power-of-two stops at its first choice");
-                        let engine = fleet.iter().find(|e| *e.id() == rejection.engine).expect("a candidate");
-                        prop_assert!(!admitted(engine), "a rejection names an engine admission really rejects");
-                    }
-                    Err(err) => {
-                        prop_assert_eq!(err.code(), "no_admissible_engine");
-                        prop_assert!(!any_admissible, "exhaustive policies fail only when no engine is admissible ({policy:?}: {err})");
-                    }
+                let outcome = scenario.block_on(policy.pick(&scenario.engines, &request(stage)));
+                if let Err(broken) = reference::check_pick(&scenario, &limits, &outcome, exhaustive) {
+                    prop_assert!(false, "{policy:?}: {broken}");
                 }
             }
         }
-        drop(guards);
+    }
+
+    #[test]
+    fn the_reference_admission_agrees_with_the_limits(
+        loads in engine_loads(1..6),
+        limits in admission_limits(),
+    ) {
+        let scenario = Scenario::new("m", Role::Plain, &loads);
+        for engine in &scenario.engines {
+            let metrics = scenario.metrics(engine);
+            let decision = limits.check(engine, &metrics).expect("limits always run");
+            prop_assert_eq!(
+                decision == AdmissionDecision::Allow,
+                reference::admits(&limits, &metrics),
+                "{:?} under {:?}", metrics, limits
+            );
+        }
     }
 
     #[test]

@@ -1,21 +1,24 @@
-//! The ZeroMQ envelope engines publish in, and the load-feed subscriber.
+//! The ZeroMQ envelope engines publish in, and the load-feed subscriber (feature
+//! `zmq`).
 //!
 //! Every live message is three frames: topic, an 8-byte big-endian sequence (0xFF x 8
 //! means "publisher reset"), and one msgpack payload. Anything else is dropped and
 //! counted, never guessed at.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep};
-use zeromq::{CodecError, Socket, SocketOptions, SocketRecv, SubSocket, ZmqError};
 
 use crate::engine::EngineId;
-use crate::load_monitor::{EngineReportedLoadTable, LoadReport};
+
+#[cfg(feature = "zmq")]
+mod subscriber;
+#[cfg(feature = "zmq")]
+pub use subscriber::spawn_load_subscriber;
+#[cfg(feature = "zmq")]
+pub(crate) use subscriber::{bounded_sub, oversized};
 
 /// A message's sequence frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,18 +104,6 @@ pub struct LoadFeedSource {
 /// The largest feed message accepted unless configured otherwise: 16 MiB, far above
 /// any load report or KV-event batch a real engine publishes.
 pub const DEFAULT_MAX_FEED_MESSAGE_BYTES: usize = 16 << 20;
-
-/// A SUB socket that refuses messages over `max_message_bytes`.
-pub(crate) fn bounded_sub(max_message_bytes: usize) -> SubSocket {
-    let mut options = SocketOptions::default();
-    options.max_message_size(max_message_bytes);
-    SubSocket::with_options(options)
-}
-
-/// Whether a receive failed because the peer sent a message over the socket's limit.
-pub(crate) fn oversized(error: &ZmqError) -> bool {
-    matches!(error, ZmqError::Codec(CodecError::MessageTooLarge))
-}
 
 /// Counters of a feed subscriber, shared with metrics.
 #[derive(Debug, Default)]
@@ -203,80 +194,6 @@ impl FeedHandle {
 impl Drop for FeedHandle {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// Subscribes to one rank's load feed and applies every report to `table`. The
-/// subscription reconnects with backoff until the handle is dropped.
-pub fn spawn_load_subscriber(
-    table: Arc<EngineReportedLoadTable>,
-    source: LoadFeedSource,
-    stats: Arc<FeedStats>,
-) -> FeedHandle {
-    FeedHandle::spawn(async move {
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let mut sub = bounded_sub(source.max_message_bytes);
-            let connected = sub.connect(&source.endpoint).await;
-            if let Err(e) = connected.and(sub.subscribe(&source.topic).await) {
-                stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(engine = %source.engine, rank = source.rank, error = %e, "load feed connect failed");
-                sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-            loop {
-                match sub.recv().await {
-                    Ok(message) => {
-                        backoff = Duration::from_millis(50);
-                        apply(&table, &source, &stats, message.into_vec());
-                    }
-                    Err(e) => {
-                        if oversized(&e) {
-                            stats.dropped_oversized.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(engine = %source.engine, rank = source.rank, limit = source.max_message_bytes, "load feed message over the size limit; reconnecting");
-                        }
-                        break;
-                    }
-                }
-            }
-            // The connection broke (or the engine sent what the socket refuses): wait
-            // before the next attempt, longer each time nothing arrives in between.
-            sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-        }
-    })
-}
-
-fn apply(
-    table: &EngineReportedLoadTable,
-    source: &LoadFeedSource,
-    stats: &FeedStats,
-    frames: Vec<Bytes>,
-) {
-    let envelope = match decode_envelope(frames) {
-        Ok(e) if e.sequence != Sequence::Reset => e,
-        _ => {
-            stats.dropped_envelope.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-    };
-    let report = match LoadReport::decode(&envelope.payload) {
-        Ok(report) => report,
-        Err(e) => {
-            stats.dropped_payload.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(engine = %source.engine, reason = e.reason(), "load report dropped");
-            return;
-        }
-    };
-    match table.ingest(&source.engine, source.rank, report, Instant::now()) {
-        Ok(()) => {
-            stats.applied.fetch_add(1, Ordering::Relaxed);
-            stats.applied_changed.notify_waiters();
-        }
-        Err(_) => {
-            stats.dropped_unknown_engine.fetch_add(1, Ordering::Relaxed);
-        }
     }
 }
 

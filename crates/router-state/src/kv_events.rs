@@ -1,8 +1,10 @@
 //! KV-cache events: the wire format engines publish, the router's content hash, and
-//! the prefix index fed from the events.
+//! the prefix index fed from the events, and (feature `zmq`) the subscriber that
+//! feeds it.
 
 mod hash;
 mod index;
+#[cfg(feature = "zmq")]
 mod subscriber;
 mod wire;
 
@@ -10,6 +12,7 @@ pub use hash::{cache_namespace, chain_hashes, namespace_seed};
 pub use index::{
     ApplyOutcome, EngineMatch, IndexConfig, IndexSize, PrefixIndex, PrefixMatch, SkipReason,
 };
+#[cfg(feature = "zmq")]
 pub use subscriber::{KvFeedStats, KvSource, spawn_kv_subscriber};
 pub use wire::{
     BatchError, BlockRemoved, BlockStored, EventError, KvBatch, KvEvent, MAX_FEED_AGE, Tier,

@@ -52,9 +52,11 @@ mod registry;
 pub mod test_util;
 
 pub use engine::{Engine, EngineId, Health, MAX_DP_SIZE, Role};
+#[cfg(feature = "zmq")]
+pub use feed::spawn_load_subscriber;
 pub use feed::{
     DEFAULT_MAX_FEED_MESSAGE_BYTES, Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource,
-    Sequence, decode_envelope, spawn_load_subscriber,
+    Sequence, decode_envelope,
 };
 pub use load_monitor::{
     DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,

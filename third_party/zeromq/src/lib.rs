@@ -196,11 +196,11 @@ pub mod __bench {
     }
 }
 
+/// Switchyard patch: named so a caller can tell a refused oversized message apart.
+pub use crate::codec::CodecError;
 pub use crate::dealer::*;
 pub use crate::endpoint::{Endpoint, Host, Transport, TryIntoEndpoint};
 pub use crate::error::{ZmqError, ZmqResult};
-/// Switchyard patch: named so a caller can tell a refused oversized message apart.
-pub use crate::codec::CodecError;
 pub use crate::message::*;
 pub use crate::pull::*;
 pub use crate::push::*;
