@@ -4,6 +4,7 @@
 mod common;
 
 mod cli;
+mod dashboards;
 mod demo;
 mod kubernetes;
 mod manifests;
