@@ -85,6 +85,22 @@ fn engine_families(
             )
         }),
     )?;
+    if !engines.is_empty() {
+        let mut info = encoder.encode_descriptor(
+            "engine_info",
+            "Always 1: an engine's model and role, to join the engine families on `engine` (every engine of a model down, say)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for engine in engines {
+            let labels = [
+                ("engine", engine.id().as_str()),
+                ("model", engine.model()),
+                ("role", engine.role().as_str()),
+            ];
+            ConstGauge::new(1i64).encode(info.encode_family(&labels)?)?;
+        }
+    }
     family(
         encoder,
         "engine_healthy",

@@ -265,7 +265,6 @@ pub(crate) struct PendingRecord {
     decision: Value,
     started: Instant,
     first_byte: Option<Duration>,
-    cached: CachedTokens,
     /// The engines that failed before the answer, with why and what was picked next.
     retries: Vec<Value>,
 }
@@ -290,7 +289,6 @@ impl PendingRecord {
             decision,
             started,
             first_byte: None,
-            cached: CachedTokens::default(),
             retries: Vec::new(),
         }
     }
@@ -302,18 +300,18 @@ impl PendingRecord {
     }
 
     /// A body frame relayed to the client.
-    pub(crate) fn relayed(&mut self, data: &[u8]) {
+    pub(crate) fn relayed(&mut self) {
         self.first_byte
             .get_or_insert_with(|| self.started.elapsed());
-        self.cached.scan(data);
     }
 
-    /// Completes the record with how the request ended and queues it.
-    pub(crate) fn finish(mut self, status: u16, outcome: &str, code: &str) {
-        self.complete(Some(status), outcome, code);
+    /// Completes the record with how the request ended and the cached tokens its
+    /// answer reported, and queues it.
+    pub(crate) fn finish(mut self, status: u16, outcome: &str, code: &str, cached: Option<u64>) {
+        self.complete(Some(status), outcome, code, cached);
     }
 
-    fn complete(&mut self, status: Option<u16>, outcome: &str, code: &str) {
+    fn complete(&mut self, status: Option<u16>, outcome: &str, code: &str, cached: Option<u64>) {
         let Some(log) = self.log.take() else {
             return;
         };
@@ -324,7 +322,7 @@ impl PendingRecord {
             "code": code,
             "first_byte_ms": self.first_byte.map(ms),
             "duration_ms": ms(self.started.elapsed()),
-            "cached_tokens": self.cached.last,
+            "cached_tokens": cached,
             "retries": std::mem::take(&mut self.retries),
         });
         log.send(self.decision.to_string());
@@ -334,53 +332,7 @@ impl PendingRecord {
 /// A record dropped unfinished: its client left before the answer's head.
 impl Drop for PendingRecord {
     fn drop(&mut self) {
-        self.complete(None, "cancelled", "client_disconnected");
-    }
-}
-
-/// The last `"cached_tokens": N` in a body seen a frame at a time (OpenAI's
-/// `usage.prompt_tokens_details`, SGLang's `meta_info`), also when a frame boundary
-/// splits it.
-#[derive(Debug, Default)]
-struct CachedTokens {
-    last: Option<u64>,
-    /// The end of the previous frame.
-    tail: Vec<u8>,
-}
-
-const KEY: &[u8] = b"\"cached_tokens\":";
-/// What a value may take after its key: spaces and 20 digits.
-const VALUE_BYTES: usize = 24;
-
-impl CachedTokens {
-    /// Scans one frame: the seam with the end of the frames before it, then the rest.
-    fn scan(&mut self, data: &[u8]) {
-        let keep = KEY.len() + VALUE_BYTES;
-        let mut seam = std::mem::take(&mut self.tail);
-        seam.extend_from_slice(&data[..data.len().min(keep)]);
-        self.find(&seam);
-        if data.len() > keep {
-            self.find(data);
-            self.tail = data[data.len() - keep..].to_vec();
-        } else {
-            seam.drain(..seam.len().saturating_sub(keep));
-            self.tail = seam;
-        }
-    }
-
-    fn find(&mut self, data: &[u8]) {
-        let mut at = 0;
-        while let Some(found) = data[at..].windows(KEY.len()).position(|w| w == KEY) {
-            at += found + KEY.len();
-            let value = data[at..].trim_ascii_start();
-            let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
-            if let Some(n) = std::str::from_utf8(&value[..digits])
-                .ok()
-                .and_then(|d| d.parse().ok())
-            {
-                self.last = Some(n);
-            }
-        }
+        self.complete(None, "cancelled", "client_disconnected", None);
     }
 }
 

@@ -138,6 +138,10 @@ pub(crate) struct Metrics {
     pub(crate) predicted_cached_tokens: Family<ModelStageLabels, Counter>,
     /// Prompt tokens of the picks that made such a prediction (the denominator).
     pub(crate) predicted_prompt_tokens: Family<ModelStageLabels, Counter>,
+    /// Prompt tokens the engines' answers reported cached, by model.
+    pub(crate) reported_cached_tokens: Family<ModelLabels, Counter>,
+    /// Prompt tokens of the answers that reported cached tokens (the denominator).
+    pub(crate) reported_prompt_tokens: Family<ModelLabels, Counter>,
     /// Requests sent again to another engine, by why the engine never started them.
     pub(crate) retries: Family<ReasonLabels, Counter>,
     /// Retries the budget refused (the request failed with its first engine's error).
@@ -186,6 +190,8 @@ impl Metrics {
             upstream_latency: Family::new_with_constructor(latency_histogram),
             time_to_first_token: Family::new_with_constructor(latency_histogram),
             predicted_cached_tokens: Family::default(),
+            reported_cached_tokens: Family::default(),
+            reported_prompt_tokens: Family::default(),
             predicted_prompt_tokens: Family::default(),
             retries: Family::default(),
             retries_refused: Counter::default(),
@@ -228,7 +234,8 @@ impl Metrics {
         );
     }
 
-    /// Registers the cache-aware picks' predicted cached tokens and their denominator.
+    /// Registers the cache-aware picks' predicted cached tokens, the cached tokens the
+    /// engines' answers reported, and the denominator of each.
     fn register_predictions(&mut self) {
         self.registry.register(
             "predicted_cached_tokens",
@@ -239,6 +246,16 @@ impl Metrics {
             "predicted_prompt_tokens",
             "Prompt tokens of the picks that predicted cached tokens, by model and stage",
             self.predicted_prompt_tokens.clone(),
+        );
+        self.registry.register(
+            "reported_cached_tokens",
+            "Prompt tokens the engines' answers reported cached, by model",
+            self.reported_cached_tokens.clone(),
+        );
+        self.registry.register(
+            "reported_prompt_tokens",
+            "Prompt tokens of the answers that reported cached tokens, by model",
+            self.reported_prompt_tokens.clone(),
         );
     }
 

@@ -20,8 +20,10 @@ use crate::spans::RequestSpan;
 use router_upstream::{H1Body, H1Error};
 
 mod tpot;
+mod usage;
 
 use tpot::TpotMeter;
+use usage::UsageScan;
 
 /// A leg that must run to completion alongside the relayed body (a PD prefill).
 pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
@@ -69,6 +71,8 @@ pub(crate) struct RelayBody {
     _span: Option<Arc<RequestSpan>>,
     /// Measures the generating engine's time per output token on a streamed answer.
     tpot: Option<TpotMeter>,
+    /// The usage the answer reports.
+    usage: UsageScan,
     guards: Vec<InflightGuard>,
 }
 
@@ -106,6 +110,7 @@ impl RelayBody {
             record: None,
             _span: None,
             tpot: None,
+            usage: UsageScan::default(),
             guards,
         };
         if body.is_end_stream() {
@@ -135,7 +140,7 @@ impl RelayBody {
         if self.ending != Ending::Pending
             && let Some((record, status)) = self.record.take()
         {
-            record.finish(status, "ok", "ok");
+            record.finish(status, "ok", "ok", self.usage.cached_tokens());
         }
         self
     }
@@ -151,7 +156,24 @@ impl RelayBody {
             Ending::Pending => "cancelled",
         };
         if let Some((record, status)) = self.record.take() {
-            record.finish(status, outcome, code);
+            record.finish(status, outcome, code, self.usage.cached_tokens());
+        }
+        if ending == Ending::Done
+            && let Some(cached) = self.usage.cached_tokens()
+        {
+            let labels = ModelLabels {
+                model: Arc::clone(&self.model),
+            };
+            let metrics = &self.ctx.metrics;
+            metrics
+                .reported_cached_tokens
+                .get_or_create(&labels)
+                .inc_by(cached);
+            let prompt = self.usage.prompt_tokens().unwrap_or(0).max(cached);
+            metrics
+                .reported_prompt_tokens
+                .get_or_create(&labels)
+                .inc_by(prompt);
         }
         if ending == Ending::Done
             && let Some(meter) = self.tpot.take()
@@ -217,8 +239,11 @@ impl RelayBody {
                         .get_or_create(&labels)
                         .observe(this.started.elapsed().as_secs_f64());
                 }
-                if let (Some((record, _)), Some(data)) = (this.record.as_mut(), frame.data_ref()) {
-                    record.relayed(data);
+                if let Some(data) = frame.data_ref() {
+                    this.usage.scan(data);
+                    if let Some((record, _)) = this.record.as_mut() {
+                        record.relayed();
+                    }
                 }
                 if let (Some(meter), Some(data)) = (this.tpot.as_mut(), frame.data_ref()) {
                     meter.frame(data, Instant::now());

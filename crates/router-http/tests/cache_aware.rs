@@ -184,6 +184,16 @@ impl Harness {
         common::metric(&self.router, line_prefix).await
     }
 
+    /// The cached and prompt tokens the engines' answers reported, so far.
+    async fn reported(&self) -> (f64, f64) {
+        (
+            self.metric("switchyard_reported_cached_tokens_total{model=\"m\"}")
+                .await,
+            self.metric("switchyard_reported_prompt_tokens_total{model=\"m\"}")
+                .await,
+        )
+    }
+
     async fn predicted(&self) -> f64 {
         self.metric("switchyard_predicted_cached_tokens_total{model=\"m\",stage=\"plain\"}")
             .await
@@ -210,9 +220,20 @@ async fn shared_prefix_chats_converge_on_the_engine_holding_the_prefix() {
     assert_eq!(cold, 0);
     for i in 1..10 {
         let before = h.predicted().await;
+        let reported_before = h.reported().await;
         let (engine, cached) = h
             .chat(&[system_prompt(), user(&format!("question {i}"))])
             .await;
+        let after = h.reported().await;
+        let reported = (after.0 - reported_before.0, after.1 - reported_before.1);
+        assert_eq!(
+            reported.0 as u64, cached,
+            "the reported cached tokens are what the answer said"
+        );
+        assert!(
+            reported.1 > reported.0,
+            "the reported prompt tokens count the whole prompt: {reported:?}"
+        );
         assert_eq!(engine, first, "request {i} follows the prefix");
         assert!(
             cached >= 1_152,

@@ -359,7 +359,12 @@ async fn route(
         Err(e) => {
             let error = ApiError::of_selection(e, &ctx.fleet.load().snapshot());
             if let Some(record) = record {
-                record.finish(error.status().as_u16(), outcome_of(&error), error.code());
+                record.finish(
+                    error.status().as_u16(),
+                    outcome_of(&error),
+                    error.code(),
+                    None,
+                );
             }
             return (model, Err(error));
         }
@@ -369,7 +374,7 @@ async fn route(
     let answer = attempts::run(ctx, &ready.route, &request, selection.pick, &out).await;
     // An answer's relayed body takes the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
-        record.finish(e.status().as_u16(), outcome_of(e), e.code());
+        record.finish(e.status().as_u16(), outcome_of(e), e.code(), None);
     }
     (model, answer)
 }

@@ -6,41 +6,6 @@ fn config(dir: &Path, sample_ratio: f64) -> DecisionsConfig {
     DecisionsConfig::new(dir.join("decisions.jsonl"), sample_ratio)
 }
 
-fn scanned(frames: &[&[u8]]) -> Option<u64> {
-    let mut cached = CachedTokens::default();
-    for frame in frames {
-        cached.scan(frame);
-    }
-    cached.last
-}
-
-#[test]
-fn cached_tokens_are_found_wherever_a_frame_boundary_falls() {
-    let body: &[u8] = br#"{"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens": 1234567},"total_tokens":9}}"#;
-    assert_eq!(scanned(&[body]), Some(1_234_567));
-    for cut in 0..=body.len() {
-        let (a, b) = body.split_at(cut);
-        assert_eq!(scanned(&[a, b]), Some(1_234_567), "cut at {cut}");
-    }
-    for size in 1..8 {
-        let frames: Vec<&[u8]> = body.chunks(size).collect();
-        assert_eq!(scanned(&frames), Some(1_234_567), "frames of {size} bytes");
-    }
-    let stream: &[&[u8]] = &[
-        b"data: {\"choices\":[]}\n\n",
-        b"data: {\"meta_info\":{\"cached_tokens\":16}}\n\n",
-        b"data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n",
-        b"data: [DONE]\n\n",
-    ];
-    assert_eq!(scanned(stream), Some(48), "the last value counts");
-    assert_eq!(scanned(&[b"{\"cached_tokens\":null}"]), None);
-    assert_eq!(
-        scanned(&[b"{\"cached_tokens\":99999999999999999999999}"]),
-        None
-    );
-    assert_eq!(scanned(&[b"{\"usage\":{}}"]), None);
-}
-
 #[test]
 fn exactly_every_nth_request_is_sampled() {
     let dir = tempdir();
@@ -83,8 +48,8 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
             Instant::now(),
         );
         tokio::time::advance(Duration::from_millis(3)).await;
-        record.relayed(b"{\"cached_tokens\":7}");
-        record.finish(200, "ok", "ok");
+        record.relayed();
+        record.finish(200, "ok", "ok", Some(7));
     }
     // Records count as written once flushed.
     let written_all = async {
@@ -166,6 +131,7 @@ fn a_record_dropped_unfinished_is_queued_as_cancelled() {
         503,
         "server_error",
         "x",
+        None,
     );
     let records: Vec<Value> = lines
         .try_iter()
@@ -184,7 +150,7 @@ async fn lines_written(config: &DecisionsConfig, records: &[Value]) -> Vec<Value
     let log = Arc::new(DecisionLog::open(config, family.clone()).unwrap());
     for decision in records {
         PendingRecord::new(Arc::clone(&log), decision.clone(), "id", Instant::now())
-            .finish(200, "ok", "ok");
+            .finish(200, "ok", "ok", None);
     }
     drop(log);
     let all = records.len() as u64;

@@ -1,0 +1,131 @@
+//! The usage an engine's answer reports, read from the body as it is relayed: the
+//! last `"prompt_tokens": N` and `"cached_tokens": N` (OpenAI's `usage` and its
+//! `prompt_tokens_details`, SGLang's `meta_info`), also when a frame boundary splits
+//! them. Nothing is parsed but these digits, and at most a few dozen bytes are kept
+//! between frames.
+
+use memchr::memmem;
+
+/// What every key ends with; the bytes before it tell which key it is.
+const KEY_END: &[u8] = b"_tokens\":";
+/// The longest key, `"cached_tokens":` or `"prompt_tokens":`.
+const KEY_BYTES: usize = 16;
+/// What a value may take after its key: spaces and 20 digits.
+const VALUE_BYTES: usize = 24;
+/// The largest count taken: an engine's answer counts no more tokens than a 32-bit
+/// count holds, so a larger number is not a count (and cannot wrap a counter).
+const MAX_COUNT: u64 = u32::MAX as u64;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct UsageScan {
+    prompt: Option<u64>,
+    cached: Option<u64>,
+    /// The end of the previous frame.
+    tail: Vec<u8>,
+}
+
+impl UsageScan {
+    /// The last prompt-token count the answer reported.
+    pub(crate) fn prompt_tokens(&self) -> Option<u64> {
+        self.prompt
+    }
+
+    /// The last cached-token count the answer reported.
+    pub(crate) fn cached_tokens(&self) -> Option<u64> {
+        self.cached
+    }
+
+    /// Scans one frame: the seam with the end of the frames before it, then the rest.
+    pub(crate) fn scan(&mut self, data: &[u8]) {
+        let keep = KEY_BYTES + VALUE_BYTES;
+        let mut seam = std::mem::take(&mut self.tail);
+        seam.extend_from_slice(&data[..data.len().min(keep)]);
+        self.find(&seam);
+        if data.len() > keep {
+            self.find(data);
+            self.tail.clear();
+            self.tail.extend_from_slice(&data[data.len() - keep..]);
+        } else {
+            seam.drain(..seam.len().saturating_sub(keep));
+            self.tail = seam;
+        }
+    }
+
+    fn find(&mut self, data: &[u8]) {
+        for found in memmem::find_iter(data, KEY_END) {
+            let name = &data[..found];
+            let slot = if name.ends_with(b"\"cached") {
+                &mut self.cached
+            } else if name.ends_with(b"\"prompt") {
+                &mut self.prompt
+            } else {
+                continue;
+            };
+            let value = data[found + KEY_END.len()..].trim_ascii_start();
+            let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+            if let Some(n) = std::str::from_utf8(&value[..digits])
+                .ok()
+                .and_then(|d| d.parse::<u64>().ok())
+                .filter(|n| *n <= MAX_COUNT)
+            {
+                *slot = Some(n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scanned(frames: &[&[u8]]) -> (Option<u64>, Option<u64>) {
+        let mut usage = UsageScan::default();
+        for frame in frames {
+            usage.scan(frame);
+        }
+        (usage.prompt_tokens(), usage.cached_tokens())
+    }
+
+    #[test]
+    fn usage_is_found_wherever_a_frame_boundary_falls() {
+        let body: &[u8] = br#"{"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens": 1234567},"total_tokens":9}}"#;
+        let whole = (Some(40), Some(1_234_567));
+        assert_eq!(scanned(&[body]), whole);
+        for cut in 0..=body.len() {
+            let (a, b) = body.split_at(cut);
+            assert_eq!(scanned(&[a, b]), whole, "cut at {cut}");
+        }
+        for size in 1..8 {
+            let frames: Vec<&[u8]> = body.chunks(size).collect();
+            assert_eq!(scanned(&frames), whole, "frames of {size} bytes");
+        }
+    }
+
+    #[test]
+    fn the_last_value_counts_and_what_is_not_a_count_is_skipped() {
+        let stream: &[&[u8]] = &[
+            b"data: {\"choices\":[]}\n\n",
+            b"data: {\"meta_info\":{\"prompt_tokens\":70,\"cached_tokens\":16}}\n\n",
+            b"data: {\"usage\":{\"prompt_tokens\":80,\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n",
+            b"data: [DONE]\n\n",
+        ];
+        assert_eq!(scanned(stream), (Some(80), Some(48)));
+        assert_eq!(scanned(&[b"{\"cached_tokens\":null}"]), (None, None));
+        assert_eq!(
+            scanned(&[b"{\"cached_tokens\":99999999999999999999999}"]),
+            (None, None)
+        );
+        assert_eq!(
+            scanned(&[b"{\"cached_tokens\":4294967296,\"prompt_tokens\":4294967295}"]),
+            (Some(4_294_967_295), None),
+            "a count over 32 bits is not taken"
+        );
+        assert_eq!(scanned(&[b"{\"usage\":{}}"]), (None, None));
+        assert_eq!(
+            scanned(&[b"{\"completion_tokens\":5,\"text\":\"\\\"cached_tokens\\\":9\"}"]),
+            (None, None),
+            "other keys, and a key quoted inside generated text, are not counts"
+        );
+    }
+}
