@@ -16,13 +16,29 @@ const VALUE_BYTES: usize = 24;
 /// count holds, so a larger number is not a count (and cannot wrap a counter).
 const MAX_COUNT: u64 = u32::MAX as u64;
 
+/// The bytes kept from the end of a frame: a key and its value split by a frame
+/// boundary are found in them and the next frame's start.
+const KEEP: usize = KEY_BYTES + VALUE_BYTES;
+
 /// See the module documentation.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct UsageScan {
     prompt: Option<u64>,
     cached: Option<u64>,
-    /// The end of the previous frame.
-    tail: Vec<u8>,
+    /// The end of the frames so far (its first `tail_len` bytes).
+    tail: [u8; KEEP],
+    tail_len: usize,
+}
+
+impl Default for UsageScan {
+    fn default() -> Self {
+        Self {
+            prompt: None,
+            cached: None,
+            tail: [0; KEEP],
+            tail_len: 0,
+        }
+    }
 }
 
 impl UsageScan {
@@ -38,18 +54,25 @@ impl UsageScan {
 
     /// Scans one frame: the seam with the end of the frames before it, then the rest.
     pub(crate) fn scan(&mut self, data: &[u8]) {
-        let keep = KEY_BYTES + VALUE_BYTES;
-        let mut seam = std::mem::take(&mut self.tail);
-        seam.extend_from_slice(&data[..data.len().min(keep)]);
-        self.find(&seam);
-        if data.len() > keep {
-            self.find(data);
-            self.tail.clear();
-            self.tail.extend_from_slice(&data[data.len() - keep..]);
-        } else {
-            seam.drain(..seam.len().saturating_sub(keep));
-            self.tail = seam;
+        let mut seam = [0u8; 2 * KEEP];
+        let head = &data[..data.len().min(KEEP)];
+        let seam_len = self.tail_len + head.len();
+        seam[..self.tail_len].copy_from_slice(&self.tail[..self.tail_len]);
+        seam[self.tail_len..seam_len].copy_from_slice(head);
+        if self.tail_len > 0 {
+            self.find(&seam[..seam_len]);
         }
+        let last = if data.len() > KEEP {
+            self.find(data);
+            &data[data.len() - KEEP..]
+        } else {
+            if self.tail_len == 0 {
+                self.find(data);
+            }
+            &seam[seam_len.saturating_sub(KEEP)..seam_len]
+        };
+        self.tail[..last.len()].copy_from_slice(last);
+        self.tail_len = last.len();
     }
 
     fn find(&mut self, data: &[u8]) {
