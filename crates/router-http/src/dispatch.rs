@@ -262,7 +262,12 @@ fn relay(
     )
     .with_record(record, status.as_u16())
     .with_span(out.trace.span.clone())
-    .with_tpot(measured);
+    .with_tpot(measured)
+    .with_usage(
+        generating
+            .filter(|_| out.batch.is_none() && status.is_success())
+            .map(|engine| engine.role().as_str()),
+    );
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     for name in [

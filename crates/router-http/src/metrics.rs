@@ -138,10 +138,11 @@ pub(crate) struct Metrics {
     pub(crate) predicted_cached_tokens: Family<ModelStageLabels, Counter>,
     /// Prompt tokens of the picks that made such a prediction (the denominator).
     pub(crate) predicted_prompt_tokens: Family<ModelStageLabels, Counter>,
-    /// Prompt tokens the engines' answers reported cached, by model.
-    pub(crate) reported_cached_tokens: Family<ModelLabels, Counter>,
-    /// Prompt tokens of the answers that reported cached tokens (the denominator).
-    pub(crate) reported_prompt_tokens: Family<ModelLabels, Counter>,
+    /// Prompt tokens the engines' answers reported cached, by model and the stage of
+    /// the engine that answered.
+    pub(crate) reported_cached_tokens: Family<ModelStageLabels, Counter>,
+    /// Prompt tokens the same answers reported (the denominator).
+    pub(crate) reported_prompt_tokens: Family<ModelStageLabels, Counter>,
     /// Requests sent again to another engine, by why the engine never started them.
     pub(crate) retries: Family<ReasonLabels, Counter>,
     /// Retries the budget refused (the request failed with its first engine's error).
@@ -249,12 +250,12 @@ impl Metrics {
         );
         self.registry.register(
             "reported_cached_tokens",
-            "Prompt tokens the engines' answers reported cached, by model",
+            "Prompt tokens the engines' answers reported cached (0 for an answer that reports its prompt tokens but no cached ones), by model and the answering engine's stage",
             self.reported_cached_tokens.clone(),
         );
         self.registry.register(
             "reported_prompt_tokens",
-            "Prompt tokens of the answers that reported cached tokens, by model",
+            "Prompt tokens the engines' answers reported, by model and the answering engine's stage",
             self.reported_prompt_tokens.clone(),
         );
     }

@@ -15,7 +15,7 @@ use tokio::time::{Instant, Sleep, sleep};
 
 use crate::app::AppContext;
 use crate::decisions::PendingRecord;
-use crate::metrics::{ModelLabels, RequestLabels};
+use crate::metrics::{ModelLabels, ModelStageLabels, RequestLabels};
 use crate::spans::RequestSpan;
 use router_upstream::{H1Body, H1Error};
 
@@ -73,6 +73,9 @@ pub(crate) struct RelayBody {
     tpot: Option<TpotMeter>,
     /// The usage the answer reports.
     usage: UsageScan,
+    /// The stage of the engine whose answer's usage is counted; `None` counts none
+    /// (a refusal, or a batch, whose answer holds one usage per prompt).
+    usage_stage: Option<&'static str>,
     guards: Vec<InflightGuard>,
 }
 
@@ -111,6 +114,7 @@ impl RelayBody {
             _span: None,
             tpot: None,
             usage: UsageScan::default(),
+            usage_stage: None,
             guards,
         };
         if body.is_end_stream() {
@@ -130,6 +134,13 @@ impl RelayBody {
     /// folding it into the load table's estimate when the answer completes.
     pub(crate) fn with_tpot(mut self, engine: Option<&router_state::Engine>) -> Self {
         self.tpot = engine.map(|e| TpotMeter::new(e.id().clone()));
+        self
+    }
+
+    /// Counts the prompt and cached tokens the answer reports, under the stage of the
+    /// engine that answered.
+    pub(crate) fn with_usage(mut self, stage: Option<&'static str>) -> Self {
+        self.usage_stage = stage;
         self
     }
 
@@ -159,17 +170,20 @@ impl RelayBody {
             record.finish(status, outcome, code, self.usage.cached_tokens());
         }
         if ending == Ending::Done
-            && let Some(cached) = self.usage.cached_tokens()
+            && let Some(stage) = self.usage_stage
+            && let Some(prompt) = self.usage.prompt_tokens()
         {
-            let labels = ModelLabels {
+            // An engine reports no cached tokens on a miss (vLLM leaves the key out).
+            let cached = self.usage.cached_tokens().unwrap_or(0).min(prompt);
+            let labels = ModelStageLabels {
                 model: Arc::clone(&self.model),
+                stage,
             };
             let metrics = &self.ctx.metrics;
             metrics
                 .reported_cached_tokens
                 .get_or_create(&labels)
                 .inc_by(cached);
-            let prompt = self.usage.prompt_tokens().unwrap_or(0).max(cached);
             metrics
                 .reported_prompt_tokens
                 .get_or_create(&labels)
@@ -240,7 +254,9 @@ impl RelayBody {
                         .observe(this.started.elapsed().as_secs_f64());
                 }
                 if let Some(data) = frame.data_ref() {
-                    this.usage.scan(data);
+                    if this.usage_stage.is_some() || this.record.is_some() {
+                        this.usage.scan(data);
+                    }
                     if let Some((record, _)) = this.record.as_mut() {
                         record.relayed();
                     }

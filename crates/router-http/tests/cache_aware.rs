@@ -187,9 +187,9 @@ impl Harness {
     /// The cached and prompt tokens the engines' answers reported, so far.
     async fn reported(&self) -> (f64, f64) {
         (
-            self.metric("switchyard_reported_cached_tokens_total{model=\"m\"}")
+            self.metric("switchyard_reported_cached_tokens_total{model=\"m\",stage=\"plain\"}")
                 .await,
-            self.metric("switchyard_reported_prompt_tokens_total{model=\"m\"}")
+            self.metric("switchyard_reported_prompt_tokens_total{model=\"m\",stage=\"plain\"}")
                 .await,
         )
     }

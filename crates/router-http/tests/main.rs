@@ -25,4 +25,5 @@ mod spans;
 mod tls;
 mod tool_sessions;
 mod trace;
+mod usage;
 mod vllm;

@@ -23,17 +23,22 @@
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use proptest::prelude::*;
 use router_state::test_util::{basic_report, fleet, with_native};
 use router_state::{
-    Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard, NativeLoad, Role,
+    Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard, LoadTableConfig, NativeLoad,
+    Role,
 };
 use tokio::time::Instant;
 
 use crate::{AdmissionLimits, RequestFacts};
 
 pub mod reference;
+
+/// How long a scenario's load reports count as fresh: longer than any test runs.
+const REPORTS_FRESH_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What one engine reports, as the load feed would carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +136,10 @@ pub fn request_shape() -> impl Strategy<Value = RequestShape> {
 
 /// A fleet of one model and role with its load applied: the engines (`e0`, `e1`, ...),
 /// the load table, and the in-flight guards that hold the generated in-flight counts.
+///
+/// A scenario owns a current-thread runtime to run picks on ([`Scenario::block_on`]),
+/// so it is made and used outside any runtime: in a plain `#[test]` or `proptest!`,
+/// not in a `#[tokio::test]`, where running or dropping a runtime panics.
 #[derive(Debug)]
 pub struct Scenario {
     /// The engines, sorted by id.
@@ -148,7 +157,10 @@ impl Scenario {
     /// If the current-thread runtime the scenario runs picks on cannot be built.
     pub fn new(model: &str, role: Role, loads: &[EngineLoad]) -> Self {
         let engines = fleet(model, role, "e", loads.len());
-        let load = Arc::new(EngineReportedLoadTable::default());
+        // Reports stay fresh for the whole test, however slow the machine running it.
+        let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig {
+            freshness: REPORTS_FRESH_FOR,
+        }));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()

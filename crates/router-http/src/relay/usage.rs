@@ -4,10 +4,14 @@
 //! them. Nothing is parsed but these digits, and at most a few dozen bytes are kept
 //! between frames.
 
-use memchr::memmem;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 /// What every key ends with; the bytes before it tell which key it is.
 const KEY_END: &[u8] = b"_tokens\":";
+/// The searcher for [`KEY_END`], built once.
+static KEY_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY_END));
 /// The longest key, `"cached_tokens":` or `"prompt_tokens":`.
 const KEY_BYTES: usize = 16;
 /// What a value may take after its key: spaces and 20 digits.
@@ -76,7 +80,7 @@ impl UsageScan {
     }
 
     fn find(&mut self, data: &[u8]) {
-        for found in memmem::find_iter(data, KEY_END) {
+        for found in KEY_FINDER.find_iter(data) {
             let name = &data[..found];
             let slot = if name.ends_with(b"\"cached") {
                 &mut self.cached
@@ -87,6 +91,10 @@ impl UsageScan {
             };
             let value = data[found + KEY_END.len()..].trim_ascii_start();
             let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+            if digits == value.len() {
+                // The value may go on in the next frame: the seam with it reads it whole.
+                continue;
+            }
             if let Some(n) = std::str::from_utf8(&value[..digits])
                 .ok()
                 .and_then(|d| d.parse::<u64>().ok())
@@ -145,6 +153,11 @@ mod tests {
             "a count over 32 bits is not taken"
         );
         assert_eq!(scanned(&[b"{\"usage\":{}}"]), (None, None));
+        assert_eq!(
+            scanned(&[b"{\"cached_tokens\":4294", b"9672960}"]),
+            (None, None),
+            "the start of a value too large is not taken either"
+        );
         assert_eq!(
             scanned(&[b"{\"completion_tokens\":5,\"text\":\"\\\"cached_tokens\\\":9\"}"]),
             (None, None),

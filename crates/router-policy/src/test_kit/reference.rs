@@ -30,8 +30,9 @@ pub fn admits(limits: &AdmissionLimits, metrics: &EngineMetrics) -> bool {
 
 /// Checks one pick's outcome over `scenario`'s engines under `limits`: a pick is one
 /// of the candidates and admitted; an `exhaustive` policy (one that tries every
-/// candidate) fails only when no candidate is admitted; a policy that is not may
-/// instead stop at a rejected choice, which must name an engine `limits` reject.
+/// candidate) fails only when no candidate is admitted, with `no_admissible_engine`;
+/// a policy that is not may instead stop at a rejected choice, which must name an
+/// engine `limits` reject.
 ///
 /// # Errors
 /// What the outcome breaks, in words.
@@ -75,6 +76,10 @@ pub fn check_pick(
                 "failed ({}) although {} is admitted",
                 error.code(),
                 engine.id()
+            )),
+            None if exhaustive && error.code() != "no_admissible_engine" => Err(format!(
+                "failed with {} where no candidate is admitted, not no_admissible_engine",
+                error.code()
             )),
             None => Ok(()),
         },
