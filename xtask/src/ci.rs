@@ -31,6 +31,8 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "clippy on router-replay alone",
         &mut clippy(&["-p", "router-replay"]),
     )?;
+    eprintln!("==> the Dockerfile's rules");
+    let image = crate::image::check(root)?;
     let python = crate::python::prepare(root)?;
     ensure_os_packages()?;
     step(
@@ -57,11 +59,17 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "doc tests",
         cargo().args(["test", "--locked", "--workspace", "--doc"]),
     )?;
+    // The Python tests run the binary the image ships, built as the image builds it.
+    let switchyard = crate::image::build(root, &image)?;
+    let discovery = switchyard.with_file_name("discovery.yaml");
+    std::fs::write(&discovery, DISCOVERY_CONFIG).context("writing discovery.yaml")?;
     step(
-        "build switchyard for the python tests",
-        cargo().args(["build", "--locked", "-p", "switchyard"]),
+        "the image's binary has Kubernetes discovery",
+        Command::new(&switchyard)
+            .args(["config", "check"])
+            .arg(&discovery),
     )?;
-    crate::python::test(root, &python)?;
+    crate::python::test(root, &python, &switchyard)?;
     eprintln!("==> tidy");
     crate::tidy::run(root)?;
     let deny = ensure_cargo_deny(root)?;
@@ -96,6 +104,11 @@ fn cargo() -> Command {
     command.env("CARGO_INCREMENTAL", "0");
     command
 }
+
+/// A configuration only a binary with Kubernetes discovery accepts.
+const DISCOVERY_CONFIG: &str = "models: [{id: m, engines: []}]
+discovery: {kubernetes: {namespace: llm, models: [{model: m, selector: {app: m}, role: plain, port: 30000}]}}
+";
 
 /// The programs the tests start, with the Debian package of each.
 const OS_PACKAGES: &[(&str, &str)] = &[("redis-server", "redis-server")];
