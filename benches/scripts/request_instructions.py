@@ -7,6 +7,11 @@ with SIGTERM and prints callgrind's instruction total. The difference between th
 totals of two values of N, over their difference, is the instructions a request.
 
 Usage: python3 request_instructions.py ROUTER_BINARY SIM_BINARY N CALLGRIND_OUT
+
+With TOKENIZER=PATH (a tokenizer.json), the model tokenizes its prompts with it, in
+one bounded bucket (as `cargo xtask bench-e2e` configures it); with BODY=PATH, the
+chat sent is the JSON body in that file (its "model" replaced), such as the body of
+benches/load/chat.lua.
 """
 
 import http.client
@@ -28,9 +33,12 @@ def main() -> None:
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     engine = "http://" + json.loads(sim.stdout.readline())["ports"]["http"]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
-        json.dump({"listen": "127.0.0.1:0",
-                   "models": [{"id": "m", "engines": [{"id": "A", "url": engine, "role": "plain"}]}]},
-                  config)
+        model = {"id": "m", "engines": [{"id": "A", "url": engine, "role": "plain"}]}
+        if os.environ.get("TOKENIZER"):
+            model["tokenizer"] = os.environ["TOKENIZER"]
+            model["buckets"] = [{"id": "bounded", "limits": {"max": 1048576},
+                                 "groups": {"plain": {"policy": {"type": "round_robin"}}}}]
+        json.dump({"listen": "127.0.0.1:0", "models": [model]}, config)
     router = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", router_bin, "serve",
          "--config", config.name],
@@ -46,8 +54,12 @@ def main() -> None:
             if ready.status == 200:
                 break
             time.sleep(0.2)
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}],
-                           "max_tokens": 16})
+        if os.environ.get("BODY"):
+            with open(os.environ["BODY"]) as sent:
+                body = json.dumps({**json.load(sent), "model": "m"})
+        else:
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}],
+                               "max_tokens": 16})
         for _ in range(n):
             conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
             answer = conn.getresponse()
