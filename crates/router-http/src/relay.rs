@@ -169,25 +169,8 @@ impl RelayBody {
         if let Some((record, status)) = self.record.take() {
             record.finish(status, outcome, code, self.usage.cached_tokens());
         }
-        if ending == Ending::Done
-            && let Some(stage) = self.usage_stage
-            && let Some(prompt) = self.usage.prompt_tokens()
-        {
-            // An engine reports no cached tokens on a miss (vLLM leaves the key out).
-            let cached = self.usage.cached_tokens().unwrap_or(0).min(prompt);
-            let labels = ModelStageLabels {
-                model: Arc::clone(&self.model),
-                stage,
-            };
-            let metrics = &self.ctx.metrics;
-            metrics
-                .reported_cached_tokens
-                .get_or_create(&labels)
-                .inc_by(cached);
-            metrics
-                .reported_prompt_tokens
-                .get_or_create(&labels)
-                .inc_by(prompt);
+        if ending == Ending::Done {
+            self.count_usage();
         }
         if ending == Ending::Done
             && let Some(meter) = self.tpot.take()
@@ -204,6 +187,28 @@ impl RelayBody {
             code,
         };
         self.ctx.metrics.requests.get_or_create(&labels).inc();
+    }
+
+    /// Adds the prompt and cached tokens a complete answer reported to their counters.
+    fn count_usage(&self) {
+        let (Some(stage), Some(prompt)) = (self.usage_stage, self.usage.prompt_tokens()) else {
+            return;
+        };
+        // An engine reports no cached tokens on a miss (vLLM leaves the key out).
+        let cached = self.usage.cached_tokens().unwrap_or(0).min(prompt);
+        let labels = ModelStageLabels {
+            model: Arc::clone(&self.model),
+            stage,
+        };
+        let metrics = &self.ctx.metrics;
+        metrics
+            .reported_cached_tokens
+            .get_or_create(&labels)
+            .inc_by(cached);
+        metrics
+            .reported_prompt_tokens
+            .get_or_create(&labels)
+            .inc_by(prompt);
     }
 
     /// Ends the body with `error`, once the server has flushed the data before it: a

@@ -28,8 +28,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use router_state::test_util::{basic_report, fleet, with_native};
 use router_state::{
-    Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard, LoadTableConfig, NativeLoad,
-    Role,
+    Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard, LoadReport, LoadTableConfig,
+    NativeLoad, Role,
 };
 use tokio::time::Instant;
 
@@ -49,6 +49,27 @@ pub struct Reported {
     pub waiting: u64,
     /// Requests running on the engine.
     pub running: u64,
+}
+
+impl Reported {
+    /// The report as the engine's load feed carries it: 100 tokens a request in KV
+    /// (of 100,000) and, with the native extension, in the queue (64 running at most).
+    pub fn load_report(&self) -> LoadReport {
+        let basic = basic_report(self.running, self.waiting, self.running * 100, 100_000);
+        if !self.native {
+            return basic;
+        }
+        with_native(
+            basic,
+            NativeLoad {
+                waiting_uncached_tokens: self.waiting * 100,
+                total_tokens: (self.waiting + self.running) * 100,
+                max_running_requests: 64,
+                prefill_uncached_tokens_total: 0,
+                prefill_busy_us_total: 0,
+            },
+        )
+    }
 }
 
 /// One engine's load: the router's own requests in flight to it, and its report.
@@ -170,28 +191,7 @@ impl Scenario {
             load.register(engine.id(), engine.dp_size());
             guards.extend((0..state.in_flight).map(|_| load.acquire(engine.id())));
             if let Some(reported) = state.report {
-                let basic = basic_report(
-                    reported.running,
-                    reported.waiting,
-                    reported.running * 100,
-                    100_000,
-                );
-                let report = if reported.native {
-                    with_native(
-                        basic,
-                        NativeLoad {
-                            waiting_uncached_tokens: reported.waiting * 100,
-                            total_tokens: (reported.waiting + reported.running) * 100,
-                            max_running_requests: 64,
-                            prefill_uncached_tokens_total: 0,
-                            prefill_busy_us_total: 0,
-                        },
-                    )
-                } else {
-                    basic
-                };
-                let _time = runtime.enter();
-                load.ingest(engine.id(), 0, report, Instant::now())
+                load.ingest(engine.id(), 0, reported.load_report(), Instant::now())
                     .expect("the engine was registered");
             }
         }
@@ -205,7 +205,6 @@ impl Scenario {
 
     /// What a policy sees of `engine` now.
     pub fn metrics(&self, engine: &Engine) -> EngineMetrics {
-        let _time = self.runtime.enter();
         self.load.snapshot().observe(engine.id()).metrics()
     }
 

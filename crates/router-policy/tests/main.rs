@@ -8,7 +8,4 @@ mod cache_aware;
 mod errors;
 mod explain;
 mod policies;
-// The test kit is the crate's own feature, which its dev-dependency on itself turns on
-// here (a published copy of the crate has that only with `--features test-kit`).
-#[cfg(feature = "test-kit")]
 mod properties;

@@ -7,10 +7,10 @@ use minijinja::Value;
 use serde::Deserialize;
 
 mod counting;
-
-pub use counting::count_json_values;
 mod sglang;
 mod vllm;
+
+pub use counting::count_json_values;
 
 use crate::EncodeError;
 use crate::template::{ChatTemplate, ContentFormat, KnownTool, KnownTools};

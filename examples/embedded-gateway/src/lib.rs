@@ -41,6 +41,17 @@ pub enum BuildError {
     Bucket(BucketError),
 }
 
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::Registry(e) => write!(f, "an engine was refused: {e}"),
+            BuildError::Bucket(e) => write!(f, "a bucket was refused: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
 /// The routing core: engines, their load, and the bucket resolver.
 #[derive(Debug)]
 pub struct Gateway {

@@ -13,8 +13,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("l1", "http://10.0.1.1:8000"),
             ("l2", "http://10.0.1.2:8000"),
         ],
-    )
-    .map_err(|e| format!("{e:?}"))?;
+    )?;
     // The gateway's own measurements: s1 is busy, s2 has its queue full.
     gateway.report("s1", 12, 2)?;
     gateway.report("s2", 3, 4)?;

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use router_policy::test_kit::Reported;
 use router_policy::{AdmissionLimits, Pick, PickError, PickRequest, Policy, RequestFacts};
-use router_state::test_util::{basic_report, fleet, with_native};
-use router_state::{Engine, EngineReportedLoadTable, NativeLoad, Role};
+use router_state::test_util::fleet;
+use router_state::{Engine, EngineReportedLoadTable, Role};
 use tokio::time::Instant;
 
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
@@ -41,20 +42,7 @@ pub(crate) fn report_native(
     waiting: u64,
     running: u64,
 ) {
-    let native = NativeLoad {
-        waiting_uncached_tokens: waiting * 100,
-        total_tokens: (waiting + running) * 100,
-        max_running_requests: 64,
-        prefill_uncached_tokens_total: 0,
-        prefill_busy_us_total: 0,
-    };
-    let report = with_native(
-        basic_report(running, waiting, running * 100, 100_000),
-        native,
-    );
-    table
-        .ingest(engine.id(), 0, report, Instant::now())
-        .expect("registered engine");
+    report(table, engine, true, waiting, running);
 }
 
 /// A fresh basic report.
@@ -64,9 +52,23 @@ pub(crate) fn report_basic(
     waiting: u64,
     running: u64,
 ) {
-    let report = basic_report(running, waiting, running * 100, 100_000);
+    report(table, engine, false, waiting, running);
+}
+
+fn report(
+    table: &EngineReportedLoadTable,
+    engine: &Engine,
+    native: bool,
+    waiting: u64,
+    running: u64,
+) {
+    let reported = Reported {
+        native,
+        waiting,
+        running,
+    };
     table
-        .ingest(engine.id(), 0, report, Instant::now())
+        .ingest(engine.id(), 0, reported.load_report(), Instant::now())
         .expect("registered engine");
 }
 
