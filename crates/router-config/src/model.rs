@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use router_buckets::{BucketConfig, DefaultPolicies};
-use router_policy::{ConfigError, PolicyConfig};
+use router_policy::{ConfigError, PolicyConfig, RoutedPagesSettings};
 use router_state::kv_events::IndexConfig;
 use router_state::{MAX_DP_SIZE, ModelMode, Role, check_name};
 use schemars::JsonSchema;
@@ -29,6 +29,11 @@ pub struct ModelConfig {
     /// the least recently matched pages are forgotten. About 117 bytes per page.
     #[serde(default = "default_prefix_index_pages")]
     pub prefix_index_pages: usize,
+    /// How `cache_aware` groups count the pages the router itself routed: pending on
+    /// an engine until its KV events announce them, and an estimate of the caches of
+    /// engines that publish no KV events.
+    #[serde(default)]
+    pub routed_pages: RoutedPagesSettings,
     /// The model's engines.
     #[serde(default)]
     pub engines: Vec<EngineConfig>,
@@ -98,6 +103,7 @@ impl ModelConfig {
             tokenizer: None,
             block_size: default_block_size(),
             prefix_index_pages: default_prefix_index_pages(),
+            routed_pages: RoutedPagesSettings::default(),
             engines,
             buckets: None,
             policies: RolePolicies::default(),
@@ -272,6 +278,7 @@ impl ModelConfig {
             tokenizer: _,
             block_size,
             prefix_index_pages,
+            routed_pages,
             engines,
             buckets,
             policies,
@@ -302,6 +309,12 @@ impl ModelConfig {
             errors.push(ConfigError::at(
                 at("prefix_index_pages"),
                 format!("must be at least {MIN_PREFIX_INDEX_PAGES}"),
+            ));
+        }
+        for (field, problem) in routed_pages.problems() {
+            errors.push(ConfigError::at(
+                at(&format!("routed_pages.{field}")),
+                problem,
             ));
         }
         let mut mode: Option<(ModelMode, usize)> = None;

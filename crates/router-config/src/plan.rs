@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use router_buckets::{BucketConfig, BucketResolver, DefaultPolicies, ModelRoster};
 use router_buckets::{build_resolver, group_policies};
-use router_policy::{AffinityBackend, CacheSource, ConfigError, LocalCacheSource, PolicyHandles};
+use router_policy::{
+    AffinityBackend, CacheSource, ConfigError, EventSource, LocalCacheSource, PolicyHandles,
+    RoutedCacheSource, RoutedPagesMode,
+};
 use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
 
@@ -293,8 +296,26 @@ fn prefix_source<R: Resources>(
     if !cache_aware || !resources.token_ids(model) {
         return (None, None);
     }
+    let routed = |events: EventSource| -> Arc<dyn CacheSource> {
+        match (model.routed_pages.mode, events) {
+            (RoutedPagesMode::Off, EventSource::Local(index)) => {
+                Arc::new(LocalCacheSource::new(index))
+            }
+            (RoutedPagesMode::Off, EventSource::Other(source)) => source,
+            (_, events) => Arc::new(RoutedCacheSource::new(
+                events,
+                model.block_size,
+                Arc::clone(&around.handles.load),
+                model.routed_pages,
+            )),
+        }
+    };
     if let Some(indexer) = around.indexer {
-        return (None, resources.shared_prefix_source(model, indexer));
+        let shared = resources.shared_prefix_source(model, indexer);
+        return (
+            None,
+            shared.map(|source| routed(EventSource::Other(source))),
+        );
     }
     let config = IndexConfig {
         block_size: model.block_size,
@@ -305,7 +326,7 @@ fn prefix_source<R: Resources>(
         .filter(|index| index.config() == config)
         .cloned()
         .unwrap_or_else(|| Arc::new(PrefixIndex::new(config)));
-    let source: Arc<dyn CacheSource> = Arc::new(LocalCacheSource::new(Arc::clone(&index)));
+    let source = routed(EventSource::Local(Arc::clone(&index)));
     (Some(index), Some(source))
 }
 

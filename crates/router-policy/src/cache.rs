@@ -1,7 +1,10 @@
 //! Where cache-aware policies learn which engines hold a prompt's prefix: a
-//! [`CacheSource`] (the local index, or a remote indexer shared by several routers)
-//! and a per-request [`PrefixMemo`] so a request looks its prefix up once however many
-//! buckets it tries.
+//! [`CacheSource`] (the local index, or a remote indexer shared by several routers,
+//! either with the pages the router routed counted too: `routed`) and a per-request
+//! [`PrefixMemo`] so a request looks its prefix up once however many buckets it
+//! tries.
+
+mod routed;
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,6 +14,11 @@ use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
 
 use crate::future::BoxFuture;
+
+pub use routed::{
+    EventSource, MAX_PENDING_MS, MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, RoutedCacheSource,
+    RoutedPagesMode, RoutedPagesSettings,
+};
 
 /// The engines holding a prompt's prefix, and how much of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -108,6 +116,13 @@ pub trait CacheSource: Send + Sync + fmt::Debug {
         token_ids: &'a [u32],
         dry_run: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>>;
+
+    /// Tells the source that the router sent a prompt (`token_ids` in `namespace`)
+    /// to `engine`. Sources that learn from routing record it
+    /// ([`RoutedCacheSource`]); the others ignore it.
+    fn routed(&self, namespace: Option<&str>, token_ids: &[u32], engine: &EngineId) {
+        let _ = (namespace, token_ids, engine);
+    }
 }
 
 /// A [`CacheSource`] over the router's own [`PrefixIndex`], fed by engine KV events.

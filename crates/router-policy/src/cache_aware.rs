@@ -21,6 +21,9 @@
 //!    the pick fails and the bucket loop moves on.
 //! 6. Miss (or source unavailable, or no token ids): power of k over the group's
 //!    engines below the queue limit (all when none is), then admission on the winner.
+//! 7. The winner is told to the source ([`CacheSource::routed`]) unless the pick is a
+//!    dry run, so a source counting routed pages credits the engine with the prompt
+//!    before its KV events announce it.
 
 mod config;
 
@@ -126,7 +129,7 @@ impl CacheAwarePolicy {
                     .await,
             ),
         };
-        match answer.as_ref() {
+        let picked = match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {
                 for engine in engines {
                     let tokens = hits.matched_tokens(engine.id(), request.facts.input_tokens);
@@ -162,7 +165,16 @@ impl CacheAwarePolicy {
                 stage: Some(stage),
                 message: e.to_string(),
             }),
+        };
+        // The engine will hold the prompt's pages: sources that learn from routing
+        // count them from now on.
+        if let Ok(pick) = &picked
+            && !request.is_dry_run()
+        {
+            self.source
+                .routed(request.facts.lookup_namespace(), tokens, pick.engine.id());
         }
+        picked
     }
 
     /// Steps 2-6 over one fresh load snapshot; `hits` is `None` when no lookup was

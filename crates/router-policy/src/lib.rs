@@ -65,7 +65,9 @@ pub use affinity::{
     SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback, StickyPolicy,
 };
 pub use cache::{
-    CacheLookup, CacheQueryError, CacheSource, LocalCacheSource, PrefixHits, PrefixMemo,
+    CacheLookup, CacheQueryError, CacheSource, EventSource, LocalCacheSource, MAX_PENDING_MS,
+    MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, PrefixHits, PrefixMemo, RoutedCacheSource,
+    RoutedPagesMode, RoutedPagesSettings,
 };
 pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy, CandidateBounds, PressureGuard, Real};
 pub use config::PolicyConfig;

@@ -9,3 +9,4 @@ mod errors;
 mod explain;
 mod policies;
 mod properties;
+mod routed_pages;

@@ -1,17 +1,20 @@
-//! KV-cache events: the wire format engines publish, the router's content hash, and
-//! the prefix index fed from the events, and (feature `zmq`) the subscriber that
-//! feeds it.
+//! KV-cache events: the wire format engines publish, the router's content hash, the
+//! prefix index fed from the events, the pages the router routed (pending or
+//! estimated), and (feature `zmq`) the subscriber that feeds the index.
 
 mod hash;
 mod index;
+mod routed;
 #[cfg(feature = "zmq")]
 mod subscriber;
 mod wire;
 
 pub use hash::{cache_namespace, chain_hashes, namespace_seed};
 pub use index::{
-    ApplyOutcome, EngineMatch, IndexConfig, IndexSize, PrefixIndex, PrefixMatch, SkipReason,
+    ApplyOutcome, EngineMatch, IndexConfig, IndexSize, PrefixIndex, PrefixMatch, Publisher,
+    SkipReason,
 };
+pub use routed::{RoutedPages, RoutedPagesConfig};
 #[cfg(feature = "zmq")]
 pub use subscriber::{KvFeedStats, KvSource, spawn_kv_subscriber};
 pub use wire::{

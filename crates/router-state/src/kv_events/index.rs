@@ -27,6 +27,7 @@ use std::time::Duration;
 use parking_lot::{RwLock, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use super::hash::{extend_chain, namespace_seed};
 use super::wire::{BlockRemoved, BlockStored, KvBatch, KvEvent, Tier};
@@ -132,6 +133,14 @@ impl PrefixMatch {
     }
 }
 
+/// An engine whose KV events have reached the index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Publisher {
+    /// The latest restart, flush or gap that cleared one of its sources (`None`:
+    /// none since its first batch). What was known of its cache before is void.
+    pub cleared_at: Option<Instant>,
+}
+
 /// Sizes of the index, for gauges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IndexSize {
@@ -211,6 +220,8 @@ struct Inner {
     nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
     sources: Vec<Option<Source>>,
     slots: FxHashMap<(EngineId, u32), u32>,
+    /// Engines with at least one source (those whose events have reached the index).
+    publishers: FxHashMap<EngineId, Publisher>,
     degraded: Bits,
     entries: usize,
     /// Every leaf's chain hash, once; a leaf's node knows its position.
@@ -306,6 +317,12 @@ impl PrefixIndex {
         }
     }
 
+    /// What the index knows of `engine` as a publisher of KV events: `None` while no
+    /// batch of its has arrived (or after [`remove_engine`](Self::remove_engine)).
+    pub fn publisher(&self, engine: &EngineId) -> Option<Publisher> {
+        self.inner.read().publishers.get(engine).copied()
+    }
+
     /// Drops every entry of `engine` and frees its sources.
     pub fn remove_engine(&self, engine: &EngineId) {
         let mut inner = self.inner.write();
@@ -320,6 +337,7 @@ impl PrefixIndex {
             if let Some(source) = inner.sources[slot as usize].take() {
                 inner.slots.remove(&(source.engine, source.rank));
             }
+            inner.publishers.remove(engine);
             bit_clear(&mut inner.degraded, slot as usize);
         }
     }
@@ -431,6 +449,7 @@ impl Inner {
             blocks: FxHashMap::default(),
         });
         self.slots.insert((engine.clone(), rank), slot as u32);
+        self.publishers.entry(engine.clone()).or_default();
         slot as u32
     }
 
@@ -528,6 +547,14 @@ impl Inner {
     fn clear_slot(&mut self, slot: u32) {
         let source = self.source(slot);
         source.feed_age_us.store(0, Ordering::Relaxed);
+        let engine = source.engine.clone();
+        self.publishers.insert(
+            engine,
+            Publisher {
+                cleared_at: Some(Instant::now()),
+            },
+        );
+        let source = self.source(slot);
         let chains: Vec<u64> = source.blocks.drain().map(|(_, chain)| chain).collect();
         for hash in chains {
             self.disown(slot, hash);

@@ -228,6 +228,11 @@ fn clears_restarts_degradation_and_engine_removal() {
     assert_eq!(index.lookup(&chain).blocks_of(&id("a")), 0);
     index.clear_source(&id("b"), 0);
     assert!(index.lookup(&chain).engines.is_empty());
+    assert!(
+        index.publisher(&id("b")).is_some(),
+        "a cleared source still publishes"
+    );
+    assert!(index.publisher(&id("c")).is_none(), "c never sent a batch");
     index.apply(
         &id("a"),
         0,
@@ -239,6 +244,11 @@ fn clears_restarts_degradation_and_engine_removal() {
         0,
         "removing the engine drops its entries"
     );
+    assert!(
+        index.publisher(&id("a")).is_none(),
+        "a removed engine publishes no more"
+    );
+    assert!(index.publisher(&id("b")).is_some());
 }
 
 #[test]
@@ -685,4 +695,26 @@ proptest! {
             }
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clear_is_the_publishers_latest() {
+    let index = index();
+    let tokens: Vec<u32> = (0..8).collect();
+    let first = batch(vec![stored(&[1, 2], None, tokens.clone(), Tier::Device)]);
+    index.apply(&id("a"), 0, &first);
+    assert_eq!(
+        index.publisher(&id("a")).map(|p| p.cleared_at),
+        Some(None),
+        "publishing, never cleared"
+    );
+    tokio::time::advance(std::time::Duration::from_secs(3)).await;
+    index.clear_source(&id("a"), 0);
+    let cleared = tokio::time::Instant::now();
+    index.apply(&id("a"), 0, &first);
+    assert_eq!(
+        index.publisher(&id("a")).map(|p| p.cleared_at),
+        Some(Some(cleared)),
+        "later batches leave the clear as it was"
+    );
 }

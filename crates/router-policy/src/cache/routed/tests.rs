@@ -1,0 +1,222 @@
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
+use router_state::test_util::basic_report;
+use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig};
+
+use super::{EventSource, RoutedCacheSource, RoutedPagesMode, RoutedPagesSettings};
+use crate::cache::{CacheLookup, CacheSource, PrefixHits};
+
+const BLOCK: u32 = 4;
+
+fn id(name: &str) -> EngineId {
+    EngineId::new(name)
+}
+
+fn prompt(pages: u32) -> Vec<u32> {
+    (0..pages * BLOCK).collect()
+}
+
+struct Fixture {
+    index: Arc<PrefixIndex>,
+    load: Arc<EngineReportedLoadTable>,
+    source: RoutedCacheSource,
+}
+
+fn fixture(settings: RoutedPagesSettings) -> Fixture {
+    let index = Arc::new(PrefixIndex::new(IndexConfig {
+        block_size: BLOCK,
+        max_nodes: 1 << 16,
+    }));
+    let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig::default()));
+    let source = RoutedCacheSource::new(
+        EventSource::Local(Arc::clone(&index)),
+        BLOCK,
+        Arc::clone(&load),
+        settings,
+    );
+    Fixture {
+        index,
+        load,
+        source,
+    }
+}
+
+fn settings(mode: RoutedPagesMode) -> RoutedPagesSettings {
+    RoutedPagesSettings {
+        mode,
+        pending_ms: 1_000,
+        max_age_ms: 60_000,
+        ..RoutedPagesSettings::default()
+    }
+}
+
+/// `engine` announces the first `pages` pages of `tokens`.
+fn announce(index: &PrefixIndex, engine: &str, tokens: &[u32], pages: usize) {
+    let held = pages * BLOCK as usize;
+    let batch = KvBatch {
+        ts: 0.0,
+        events: vec![KvEvent::Stored(BlockStored {
+            block_hashes: (1..=pages as u64).collect(),
+            parent: None,
+            tokens: tokens[..held].to_vec(),
+            block_size: BLOCK,
+            tier: Tier::Device,
+            namespace: None,
+            group_idx: None,
+            group_kind: None,
+        })],
+        dp_rank: None,
+        dropped: vec![],
+    };
+    index.apply(&id(engine), 0, &batch);
+}
+
+async fn hits(source: &RoutedCacheSource, tokens: &[u32], dry_run: bool) -> PrefixHits {
+    match source.lookup(None, tokens, dry_run).await {
+        Ok(CacheLookup::Answered(hits)) => hits,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_routed_prompt_is_pending_on_its_engine_until_the_pending_time_passes() {
+    let f = fixture(settings(RoutedPagesMode::Auto));
+    let tokens = prompt(8);
+    // `a` publishes events (one unrelated page so far).
+    announce(&f.index, "a", &prompt(20)[40..], 1);
+    f.source.routed(None, &tokens, &id("a"));
+    let found = hits(&f.source, &tokens, false).await;
+    assert_eq!(found.engines, vec![(id("a"), 8)]);
+    assert_eq!(found.query_blocks, 8);
+    assert_eq!(found.block_size, BLOCK);
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert_eq!(hits(&f.source, &tokens, false).await.blocks_of(&id("a")), 8);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(
+        hits(&f.source, &tokens, false).await.engines.is_empty(),
+        "past pending_ms a publishing engine's routed pages count no more"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_events_confirm_pending_pages_and_the_rest_stay_pending() {
+    let f = fixture(settings(RoutedPagesMode::Auto));
+    let tokens = prompt(8);
+    f.source.routed(None, &tokens, &id("a"));
+    announce(&f.index, "a", &tokens, 3);
+    let dry = hits(&f.source, &tokens, true).await;
+    assert_eq!(dry.engines, vec![(id("a"), 8)]);
+    assert_eq!(
+        f.source.routed_pages().pages_of(&id("a")),
+        8,
+        "a dry run confirms nothing"
+    );
+    let found = hits(&f.source, &tokens, false).await;
+    assert_eq!(found.engines, vec![(id("a"), 8)], "3 announced, 5 pending");
+    assert_eq!(f.source.routed_pages().pages_of(&id("a")), 5);
+    announce(&f.index, "a", &tokens, 8);
+    hits(&f.source, &tokens, false).await;
+    assert!(f.source.routed_pages().is_empty(), "all confirmed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_without_events_is_estimated_from_routing_in_auto_mode_only() {
+    let tokens = prompt(6);
+    let auto = fixture(settings(RoutedPagesMode::Auto));
+    auto.source.routed(None, &tokens, &id("quiet"));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(
+        hits(&auto.source, &tokens, false).await.engines,
+        vec![(id("quiet"), 6)],
+        "no events from it: its routed pages count up to max_age_ms"
+    );
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert!(hits(&auto.source, &tokens, false).await.engines.is_empty());
+
+    let pending = fixture(settings(RoutedPagesMode::Pending));
+    pending.source.routed(None, &tokens, &id("quiet"));
+    assert!(
+        hits(&pending.source, &tokens, false)
+            .await
+            .engines
+            .is_empty(),
+        "pending mode never estimates an engine without events"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
+    let tokens = prompt(6);
+    let estimate = fixture(settings(RoutedPagesMode::Estimate));
+    announce(&estimate.index, "a", &tokens, 6);
+    estimate.source.routed(None, &tokens[..8], &id("b"));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(
+        hits(&estimate.source, &tokens, false).await.engines,
+        vec![(id("b"), 2)]
+    );
+
+    let off = fixture(settings(RoutedPagesMode::Off));
+    announce(&off.index, "a", &tokens, 6);
+    off.source.routed(None, &tokens, &id("b"));
+    assert!(off.source.routed_pages().is_empty());
+    assert_eq!(
+        hits(&off.source, &tokens, false).await.engines,
+        vec![(id("a"), 6)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn namespaces_keep_routed_pages_apart() {
+    let f = fixture(settings(RoutedPagesMode::Auto));
+    let tokens = prompt(4);
+    f.source.routed(Some("lora-1"), &tokens, &id("a"));
+    assert!(hits(&f.source, &tokens, false).await.engines.is_empty());
+    let Ok(CacheLookup::Answered(found)) = f.source.lookup(Some("lora-1"), &tokens, false).await
+    else {
+        panic!("expected an answer");
+    };
+    assert_eq!(found.engines, vec![(id("a"), 4)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engines_reported_cache_size_bounds_its_estimate() {
+    let f = fixture(settings(RoutedPagesMode::Auto));
+    f.load.register(&id("quiet"), NonZeroU32::MIN);
+    // Room for 3 pages of 4 tokens.
+    f.load
+        .ingest(
+            &id("quiet"),
+            0,
+            basic_report(0, 0, 0, 12),
+            tokio::time::Instant::now(),
+        )
+        .unwrap();
+    let tokens = prompt(6);
+    f.source.routed(None, &tokens, &id("quiet"));
+    assert_eq!(f.source.routed_pages().pages_of(&id("quiet")), 3);
+    assert_eq!(
+        hits(&f.source, &tokens, false).await.engines,
+        vec![(id("quiet"), 3)]
+    );
+}
+
+#[test]
+fn settings_out_of_bounds_are_named() {
+    let bad = RoutedPagesSettings {
+        pending_ms: 0,
+        max_age_ms: u64::MAX,
+        capacity_tokens: 0,
+        max_pages: 0,
+        ..RoutedPagesSettings::default()
+    };
+    let fields: Vec<&str> = bad.problems().into_iter().map(|(f, _)| f).collect();
+    assert_eq!(
+        fields,
+        vec!["pending_ms", "max_age_ms", "capacity_tokens", "max_pages"]
+    );
+    assert!(RoutedPagesSettings::default().problems().is_empty());
+}
