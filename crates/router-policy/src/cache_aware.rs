@@ -26,13 +26,14 @@
 //!    before its KV events announce it.
 
 mod config;
+mod score;
 
 use std::cmp::Ordering;
 use std::sync::Arc;
 
 use router_state::{Engine, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Role};
 
-pub use self::config::{CacheAwareConfig, CandidateBounds, PressureGuard, Real};
+pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
 use crate::admission::EngineAdmission;
 use crate::cache::{CacheLookup, CacheSource, PrefixHits};
 use crate::config_error::PolicyConfigError;
@@ -189,6 +190,11 @@ impl CacheAwarePolicy {
         let Some(hits) = hits else {
             return self.cold(engines, request, &snapshot, PickReason::CacheUnavailable);
         };
+        if self.config.score == CacheScore::Ttft
+            && let Some(scored) = self.scored(engines, request, hits, &snapshot)
+        {
+            return scored;
+        }
         let mut holders = self.holders(engines, request, hits, &snapshot);
         if holders.is_empty() {
             return self.cold(engines, request, &snapshot, PickReason::CacheMiss);
@@ -260,19 +266,25 @@ impl CacheAwarePolicy {
             .iter()
             .enumerate()
             .filter_map(|(index, engine)| {
-                let matched = hits.matched_tokens(engine.id(), input);
-                let credited = self.credited(hits, engine, input);
-                let enough = credited > 0 && credited >= self.config.min_matched_tokens;
-                let share = credited as f64 / input.max(1) as f64;
-                let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.get());
-                (enough && ratio_ok).then(|| Holder {
+                let credited = self.holds(hits, engine, input)?;
+                Some(Holder {
                     index,
-                    matched,
+                    matched: hits.matched_tokens(engine.id(), input),
                     uncached: input - credited,
                     observation: snapshot.observe(engine.id()),
                 })
             })
             .collect()
+    }
+
+    /// The prompt tokens `engine` is credited with when that makes it a holder
+    /// (enough of them, and a large enough share of the prompt).
+    fn holds(&self, hits: &PrefixHits, engine: &Engine, input: u64) -> Option<u64> {
+        let credited = self.credited(hits, engine, input);
+        let enough = credited > 0 && credited >= self.config.min_matched_tokens;
+        let share = credited as f64 / input.max(1) as f64;
+        let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.get());
+        (enough && ratio_ok).then_some(credited)
     }
 
     /// The prompt tokens `engine` is credited with: those on the device, plus

@@ -69,7 +69,9 @@ pub use cache::{
     MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, PrefixHits, PrefixMemo, RoutedCacheSource,
     RoutedPagesMode, RoutedPagesSettings,
 };
-pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy, CandidateBounds, PressureGuard, Real};
+pub use cache_aware::{
+    CacheAwareConfig, CacheAwarePolicy, CacheScore, CandidateBounds, PressureGuard, Real,
+};
 pub use config::PolicyConfig;
 pub use config_error::{ConfigError, PolicyConfigError};
 pub use dropped::{

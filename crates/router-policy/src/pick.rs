@@ -77,6 +77,9 @@ pub enum PickReason {
     /// A prefix holder kept although its queue is over the soft limit, because every
     /// holder (and, with a saturation floor, the whole group) is queued.
     CacheSaturationPin,
+    /// An engine holding less of the prefix than a holder (or none of it), because
+    /// its predicted time to first token was the shortest (`score: ttft`).
+    CacheSpill,
     /// No engine held enough of the prefix: the least pressured of k samples.
     CacheMiss,
     /// No prefix lookup was possible (the source was unavailable, or the request was
@@ -105,6 +108,7 @@ impl PickReason {
             PickReason::CacheHit => "cache_hit",
             PickReason::CacheGuardSwitch => "cache_guard_switch",
             PickReason::CacheSaturationPin => "cache_saturation_pin",
+            PickReason::CacheSpill => "cache_spill",
             PickReason::CacheMiss => "cache_miss",
             PickReason::CacheUnavailable => "cache_unavailable",
             PickReason::AffinityBound => "affinity_bound",

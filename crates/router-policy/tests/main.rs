@@ -10,3 +10,4 @@ mod explain;
 mod policies;
 mod properties;
 mod routed_pages;
+mod score;

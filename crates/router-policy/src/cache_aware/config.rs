@@ -99,10 +99,29 @@ pub struct CacheAwareConfig {
     /// and `min_match_ratio`, on device tokens plus this share of slower ones.
     #[serde(default = "default_slower_tier_weight")]
     pub slower_tier_weight: Real,
+    /// How a holder's cached tokens are weighed against engines' queues.
+    #[serde(default)]
+    pub score: CacheScore,
 
     /// Fixed seed for reproducible sampling; absent = seeded per process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+}
+
+/// How `cache_aware` weighs a holder's cached tokens against engines' queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheScore {
+    /// The admitted holder with the fewest uncached tokens; near ties go to the less
+    /// pressured one (the pressure guard); a miss samples `min_load_choices` engines.
+    #[default]
+    Cached,
+    /// The engine of the group, holder or not, with the shortest predicted time to
+    /// first token: its prefill queue (corrected for dispatches its report has not
+    /// seen) plus this prompt's tokens it does not hold, at its measured prefill
+    /// speed. Used when every engine of the group has a fresh native report with a
+    /// measured speed; otherwise as `cached`.
+    Ttft,
 }
 
 /// Bounds on the number of prefix holders considered: the best
@@ -181,6 +200,7 @@ impl Default for CacheAwareConfig {
             saturation_queue_floor: None,
             min_load_choices: default_load_choices(),
             slower_tier_weight: default_slower_tier_weight(),
+            score: CacheScore::default(),
             seed: None,
         }
     }

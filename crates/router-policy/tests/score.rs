@@ -1,0 +1,118 @@
+//! `cache_aware` with `score: ttft`: a holder's cached tokens weighed against the
+//! queues in front of them, by predicted time to first token.
+
+use crate::common;
+
+use std::sync::Arc;
+
+use common::{engines, no_caps, runtime, table};
+use router_policy::{
+    BoxFuture, CacheAwareConfig, CacheAwarePolicy, CacheLookup, CacheQueryError, CacheScore,
+    CacheSource, PickReason, PickRequest, Policy, PrefixHits, RequestFacts,
+};
+use router_state::test_util::{basic_report, with_native};
+use router_state::{Engine, EngineId, EngineReportedLoadTable, NativeLoad, Role};
+use tokio::time::Instant;
+
+const BLOCK: u32 = 16;
+const PROMPT: u64 = 4096;
+
+/// A source holding the whole prompt on `e0`.
+#[derive(Debug)]
+struct OnFirst;
+
+impl CacheSource for OnFirst {
+    fn lookup<'a>(
+        &'a self,
+        _: Option<&'a str>,
+        _: &'a [u32],
+        _: bool,
+    ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
+        let blocks = (PROMPT / u64::from(BLOCK)) as usize;
+        Box::pin(std::future::ready(Ok(CacheLookup::Answered(PrefixHits {
+            query_blocks: blocks,
+            block_size: BLOCK,
+            engines: vec![(EngineId::new("e0"), blocks)],
+            ..PrefixHits::default()
+        }))))
+    }
+}
+
+/// Two native reports, so the table measures a prefill speed of 20,000 tokens/s,
+/// the second with `waiting_uncached` tokens queued.
+fn report(load: &EngineReportedLoadTable, engine: &Engine, waiting_uncached: u64) {
+    let native = |tokens: u64, busy_us: u64, waiting: u64| {
+        with_native(
+            basic_report(1, waiting / 100, 1000, 100_000),
+            NativeLoad {
+                waiting_uncached_tokens: waiting,
+                total_tokens: 1000 + waiting,
+                max_running_requests: 64,
+                prefill_uncached_tokens_total: tokens,
+                prefill_busy_us_total: busy_us,
+            },
+        )
+    };
+    load.ingest(engine.id(), 0, native(0, 0, 0), Instant::now())
+        .unwrap();
+    load.ingest(
+        engine.id(),
+        0,
+        native(20_000, 1_000_000, waiting_uncached),
+        Instant::now(),
+    )
+    .unwrap();
+}
+
+fn pick(score: CacheScore, queued_on_holder: u64) -> (String, PickReason, Option<u64>) {
+    let engines = engines(3);
+    let load = table(&engines);
+    report(&load, &engines[0], queued_on_holder);
+    report(&load, &engines[1], 0);
+    report(&load, &engines[2], 2_000);
+    let config = CacheAwareConfig {
+        score,
+        seed: Some(7),
+        ..CacheAwareConfig::default()
+    };
+    let policy = CacheAwarePolicy::new(Arc::new(OnFirst), Arc::clone(&load), no_caps(), config)
+        .expect("a valid configuration");
+    let tokens: Vec<u32> = (0..PROMPT as u32).collect();
+    let request = PickRequest::new(
+        RequestFacts::new("m", PROMPT).with_token_ids(Some(&tokens)),
+        Role::Plain,
+        "b",
+    );
+    let pick = runtime()
+        .block_on(policy.pick(&engines, &request))
+        .expect("a pick");
+    (
+        pick.engine.id().to_string(),
+        pick.reason,
+        pick.predicted_cached_tokens,
+    )
+}
+
+#[test]
+fn a_holder_wins_while_its_queue_costs_less_than_the_prompt() {
+    // e0's queue (2,000 tokens: 100 ms) is shorter than prefilling the prompt
+    // elsewhere (4,096 tokens: 205 ms).
+    assert_eq!(
+        pick(CacheScore::Ttft, 2_000),
+        ("e0".into(), PickReason::CacheHit, Some(PROMPT))
+    );
+}
+
+#[test]
+fn a_queue_longer_than_the_prompt_spills_to_the_quickest_engine() {
+    // e0: 10,000 queued tokens, 500 ms; e1: the whole prompt, 205 ms; e2: 305 ms.
+    assert_eq!(
+        pick(CacheScore::Ttft, 10_000),
+        ("e1".into(), PickReason::CacheSpill, Some(0))
+    );
+    // `cached` keeps the holder whatever its queue.
+    assert_eq!(
+        pick(CacheScore::Cached, 10_000),
+        ("e0".into(), PickReason::CacheHit, Some(PROMPT))
+    );
+}
