@@ -118,10 +118,17 @@ pub trait CacheSource: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>>;
 
     /// Tells the source that the router sent a prompt (`token_ids` in `namespace`)
-    /// to `engine`. Sources that learn from routing record it
-    /// ([`RoutedCacheSource`]); the others ignore it.
-    fn routed(&self, namespace: Option<&str>, token_ids: &[u32], engine: &EngineId) {
-        let _ = (namespace, token_ids, engine);
+    /// to `engine`, whose lookup found its first `held_blocks` blocks there. Sources
+    /// that learn from routing record it ([`RoutedCacheSource`]); the others ignore
+    /// it.
+    fn routed(
+        &self,
+        namespace: Option<&str>,
+        token_ids: &[u32],
+        engine: &EngineId,
+        held_blocks: usize,
+    ) {
+        let _ = (namespace, token_ids, engine, held_blocks);
     }
 }
 

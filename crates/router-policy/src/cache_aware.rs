@@ -172,8 +172,16 @@ impl CacheAwarePolicy {
         if let Ok(pick) = &picked
             && !request.is_dry_run()
         {
-            self.source
-                .routed(request.facts.lookup_namespace(), tokens, pick.engine.id());
+            let held = match answer.as_ref() {
+                Ok(CacheLookup::Answered(hits)) => hits.blocks_of(pick.engine.id()),
+                _ => 0,
+            };
+            self.source.routed(
+                request.facts.lookup_namespace(),
+                tokens,
+                pick.engine.id(),
+                held,
+            );
         }
         picked
     }

@@ -284,11 +284,26 @@ impl CacheSource for RoutedCacheSource {
         Box::pin(self.answer(namespace, token_ids, dry_run))
     }
 
-    fn routed(&self, namespace: Option<&str>, token_ids: &[u32], engine: &EngineId) {
+    /// Records the prompt's pages on `engine`: on one that publishes, those past the
+    /// `held_blocks` its lookup found (the rest are announced or pending already); on
+    /// one estimated, all of them, each now its most recently used.
+    fn routed(
+        &self,
+        namespace: Option<&str>,
+        token_ids: &[u32],
+        engine: &EngineId,
+        held_blocks: usize,
+    ) {
         if self.settings.mode == RoutedPagesMode::Off {
             return;
         }
+        let publishes = self.events_for(engine).is_some();
         let chain = self.chain(namespace, token_ids);
+        let new = if publishes {
+            chain.get(held_blocks..).unwrap_or_default()
+        } else {
+            &chain
+        };
         let reported = self
             .load
             .snapshot()
@@ -296,13 +311,13 @@ impl CacheSource for RoutedCacheSource {
             .reported
             .and_then(|r| r.max_kv_tokens);
         let capacity = reported.map(|tokens| pages(tokens, self.block_size));
-        let max_age = if self.events_for(engine).is_some() {
+        let max_age = if publishes {
             self.settings.pending_ms
         } else {
             self.settings.max_age_ms
         };
         self.pages
-            .record(engine, &chain, capacity, Duration::from_millis(max_age));
+            .record(engine, new, capacity, Duration::from_millis(max_age));
     }
 }
 

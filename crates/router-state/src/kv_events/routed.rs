@@ -132,22 +132,20 @@ impl RoutedPages {
     }
 
     /// Drops `engine`'s marks on the pages of `chain`, a prompt's leading pages its
-    /// events announced. Cheap when there is nothing to drop: without a mark on the
-    /// last page, the others are left to age (they are below what the events show, so
-    /// they count for nothing).
+    /// events announced: from the last page back while it has marks there (marks are
+    /// made on a prompt's pages past those already held, a run ending where the
+    /// prompt did), so the cost is the marks dropped. Marks below a page without
+    /// one are left to age; they are under what the events show and count for
+    /// nothing.
     pub fn confirm(&self, engine: &EngineId, chain: &[u64]) {
         let mut inner = self.inner.lock();
         let Some(&slot) = inner.slots.get(engine) else {
             return;
         };
-        if chain
-            .last()
-            .is_none_or(|last| inner.marked_at(slot, *last).is_none())
-        {
-            return;
-        }
-        for page in chain {
-            inner.unmark(slot, *page);
+        for page in chain.iter().rev() {
+            if !inner.unmark(slot, *page) {
+                break;
+            }
         }
         inner.compact(slot);
     }

@@ -87,7 +87,7 @@ async fn a_routed_prompt_is_pending_on_its_engine_until_the_pending_time_passes(
     let tokens = prompt(8);
     // `a` publishes events (one unrelated page so far).
     announce(&f.index, "a", &prompt(20)[40..], 1);
-    f.source.routed(None, &tokens, &id("a"));
+    f.source.routed(None, &tokens, &id("a"), 0);
     let found = hits(&f.source, &tokens, false).await;
     assert_eq!(found.engines, vec![(id("a"), 8)]);
     assert_eq!(found.query_blocks, 8);
@@ -105,7 +105,7 @@ async fn a_routed_prompt_is_pending_on_its_engine_until_the_pending_time_passes(
 async fn the_events_confirm_pending_pages_and_the_rest_stay_pending() {
     let f = fixture(settings(RoutedPagesMode::Auto));
     let tokens = prompt(8);
-    f.source.routed(None, &tokens, &id("a"));
+    f.source.routed(None, &tokens, &id("a"), 0);
     announce(&f.index, "a", &tokens, 3);
     let dry = hits(&f.source, &tokens, true).await;
     assert_eq!(dry.engines, vec![(id("a"), 8)]);
@@ -123,10 +123,29 @@ async fn the_events_confirm_pending_pages_and_the_rest_stay_pending() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn only_pages_past_what_a_publisher_holds_are_recorded_and_an_estimate_refreshes_all() {
+    let f = fixture(settings(RoutedPagesMode::Auto));
+    let tokens = prompt(8);
+    announce(&f.index, "a", &tokens, 3);
+    f.source.routed(None, &tokens, &id("a"), 3);
+    assert_eq!(f.source.routed_pages().pages_of(&id("a")), 5);
+    assert_eq!(
+        hits(&f.source, &tokens, true).await.engines,
+        vec![(id("a"), 8)]
+    );
+    f.source.routed(None, &tokens, &id("quiet"), 8);
+    assert_eq!(
+        f.source.routed_pages().pages_of(&id("quiet")),
+        8,
+        "an estimated engine's pages are all refreshed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_engine_without_events_is_estimated_from_routing_in_auto_mode_only() {
     let tokens = prompt(6);
     let auto = fixture(settings(RoutedPagesMode::Auto));
-    auto.source.routed(None, &tokens, &id("quiet"));
+    auto.source.routed(None, &tokens, &id("quiet"), 0);
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(
         hits(&auto.source, &tokens, false).await.engines,
@@ -137,7 +156,7 @@ async fn an_engine_without_events_is_estimated_from_routing_in_auto_mode_only() 
     assert!(hits(&auto.source, &tokens, false).await.engines.is_empty());
 
     let pending = fixture(settings(RoutedPagesMode::Pending));
-    pending.source.routed(None, &tokens, &id("quiet"));
+    pending.source.routed(None, &tokens, &id("quiet"), 0);
     assert!(
         hits(&pending.source, &tokens, false)
             .await
@@ -152,7 +171,7 @@ async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
     let tokens = prompt(6);
     let estimate = fixture(settings(RoutedPagesMode::Estimate));
     announce(&estimate.index, "a", &tokens, 6);
-    estimate.source.routed(None, &tokens[..8], &id("b"));
+    estimate.source.routed(None, &tokens[..8], &id("b"), 0);
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(
         hits(&estimate.source, &tokens, false).await.engines,
@@ -161,7 +180,7 @@ async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
 
     let off = fixture(settings(RoutedPagesMode::Off));
     announce(&off.index, "a", &tokens, 6);
-    off.source.routed(None, &tokens, &id("b"));
+    off.source.routed(None, &tokens, &id("b"), 0);
     assert!(off.source.routed_pages().is_empty());
     assert_eq!(
         hits(&off.source, &tokens, false).await.engines,
@@ -173,7 +192,7 @@ async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
 async fn namespaces_keep_routed_pages_apart() {
     let f = fixture(settings(RoutedPagesMode::Auto));
     let tokens = prompt(4);
-    f.source.routed(Some("lora-1"), &tokens, &id("a"));
+    f.source.routed(Some("lora-1"), &tokens, &id("a"), 0);
     assert!(hits(&f.source, &tokens, false).await.engines.is_empty());
     let Ok(CacheLookup::Answered(found)) = f.source.lookup(Some("lora-1"), &tokens, false).await
     else {
@@ -196,7 +215,7 @@ async fn an_engines_reported_cache_size_bounds_its_estimate() {
         )
         .unwrap();
     let tokens = prompt(6);
-    f.source.routed(None, &tokens, &id("quiet"));
+    f.source.routed(None, &tokens, &id("quiet"), 0);
     assert_eq!(f.source.routed_pages().pages_of(&id("quiet")), 3);
     assert_eq!(
         hits(&f.source, &tokens, false).await.engines,

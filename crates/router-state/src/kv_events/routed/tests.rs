@@ -80,8 +80,13 @@ async fn confirmed_pages_stop_counting_and_the_rest_stay_pending() {
         2,
         "no mark on the last page: nothing to drop"
     );
+    pages.record(&id("a"), &[1], None, LONG);
     pages.confirm(&id("a"), &[1, 2, 3]);
-    assert_eq!(pages.pages_of(&id("a")), 1);
+    assert_eq!(
+        pages.pages_of(&id("a")),
+        2,
+        "back from page 3 to the first page without a mark: 2 stops it, 1 stays"
+    );
 }
 
 #[tokio::test(start_paused = true)]
