@@ -196,7 +196,13 @@ impl CacheAwarePolicy {
     ) -> Result<Pick, PickError> {
         let snapshot = self.load.snapshot();
         let Some(hits) = hits else {
-            return self.cold(engines, request, &snapshot, PickReason::CacheUnavailable);
+            return self.cold(
+                engines,
+                request,
+                &snapshot,
+                PickReason::CacheUnavailable,
+                None,
+            );
         };
         if self.config.score == CacheScore::Ttft
             && let Some(scored) = self.scored(engines, request, hits, &snapshot)
@@ -205,7 +211,7 @@ impl CacheAwarePolicy {
         }
         let mut holders = self.holders(engines, request, hits, &snapshot);
         if holders.is_empty() {
-            return self.cold(engines, request, &snapshot, PickReason::CacheMiss);
+            return self.cold(engines, request, &snapshot, PickReason::CacheMiss, None);
         }
         holders.sort_by(|a, b| {
             a.uncached
@@ -215,6 +221,13 @@ impl CacheAwarePolicy {
         });
         holders.truncate(self.config.candidates.count(engines.len()));
 
+        let cap = self.load_cap(engines, &snapshot);
+        let (holders, over_bound): (Vec<Holder>, Vec<Holder>) = holders
+            .into_iter()
+            .partition(|h| cap.is_none_or(|cap| requests(&h.observation) <= cap));
+        if holders.is_empty() && !over_bound.is_empty() {
+            return self.cold(engines, request, &snapshot, PickReason::CacheSpill, cap);
+        }
         let (usable, set_aside): (Vec<Holder>, Vec<Holder>) = holders
             .into_iter()
             .partition(|h| !self.queued(&h.observation));
@@ -305,6 +318,17 @@ impl CacheAwarePolicy {
         matched - slower + (credit as u64).min(slower)
     }
 
+    /// The most requests a holder may have under `load_bound`, if one is set.
+    fn load_cap(&self, engines: &[Arc<Engine>], snapshot: &LoadSnapshot) -> Option<u64> {
+        let bound = self.config.load_bound?.get();
+        let total: u64 = engines
+            .iter()
+            .map(|e| requests(&snapshot.observe(e.id())))
+            .sum();
+        let share = bound * (total + 1) as f64 / engines.len().max(1) as f64;
+        Some(share.ceil() as u64)
+    }
+
     /// Whether the soft queue gate sets this engine aside (unknown load passes).
     fn queued(&self, observation: &EngineObservation) -> bool {
         match (self.config.engine_queue_limit, &observation.reported) {
@@ -331,7 +355,7 @@ impl CacheAwarePolicy {
                 .is_some_and(|r| r.waiting_requests < floor)
         });
         if room_elsewhere {
-            return self.cold(engines, request, snapshot, PickReason::CacheMiss);
+            return self.cold(engines, request, snapshot, PickReason::CacheMiss, None);
         }
         set_aside.sort_by(|a, b| {
             pressure_order(a, b).then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
@@ -361,11 +385,13 @@ impl CacheAwarePolicy {
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
         reason: PickReason,
+        cap: Option<u64>,
     ) -> Result<Pick, PickError> {
         let observations: Vec<EngineObservation> =
             engines.iter().map(|e| snapshot.observe(e.id())).collect();
         let mut tier: Vec<usize> = (0..engines.len())
             .filter(|&i| !self.queued(&observations[i]))
+            .filter(|&i| cap.is_none_or(|cap| requests(&observations[i]) <= cap))
             .collect();
         if tier.is_empty() {
             tier = (0..engines.len()).collect();
@@ -421,6 +447,14 @@ impl CacheAwarePolicy {
         let (wa, wb) = (a.1, b.1);
         wa.saturating_sub(wb) > guard.abs_tokens && wa as f64 > rel * wb as f64
     }
+}
+
+/// An engine's requests for the load bound: reported running and waiting plus the
+/// dispatches since the report, else the router's own in flight.
+fn requests(observation: &EngineObservation) -> u64 {
+    observation
+        .corrected_reported_requests()
+        .unwrap_or(observation.in_flight)
 }
 
 /// `(prefill queue ms, waiting uncached tokens)` of a holder's fresh native report,

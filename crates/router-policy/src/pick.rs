@@ -78,7 +78,8 @@ pub enum PickReason {
     /// holder (and, with a saturation floor, the whole group) is queued.
     CacheSaturationPin,
     /// An engine holding less of the prefix than a holder (or none of it), because
-    /// its predicted time to first token was the shortest (`score: ttft`).
+    /// its predicted time to first token was the shortest (`score: ttft`) or every
+    /// holder was over the load bound (`load_bound`).
     CacheSpill,
     /// No engine held enough of the prefix: the least pressured of k samples.
     CacheMiss,

@@ -1,5 +1,5 @@
-//! `cache_aware` with `score: ttft`: a holder's cached tokens weighed against the
-//! queues in front of them, by predicted time to first token.
+//! `cache_aware` weighing a holder's cached tokens against the work in front of them:
+//! `score: ttft` (predicted time to first token) and `load_bound` (bounded load).
 
 use crate::common;
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::{engines, no_caps, runtime, table};
 use router_policy::{
     BoxFuture, CacheAwareConfig, CacheAwarePolicy, CacheLookup, CacheQueryError, CacheScore,
-    CacheSource, PickReason, PickRequest, Policy, PrefixHits, RequestFacts,
+    CacheSource, PickReason, PickRequest, Policy, PrefixHits, Real, RequestFacts,
 };
 use router_state::test_util::{basic_report, with_native};
 use router_state::{Engine, EngineId, EngineReportedLoadTable, NativeLoad, Role};
@@ -65,15 +65,24 @@ fn report(load: &EngineReportedLoadTable, engine: &Engine, waiting_uncached: u64
 }
 
 fn pick(score: CacheScore, queued_on_holder: u64) -> (String, PickReason, Option<u64>) {
+    pick_with(
+        CacheAwareConfig {
+            score,
+            ..CacheAwareConfig::default()
+        },
+        queued_on_holder,
+    )
+}
+
+fn pick_with(config: CacheAwareConfig, queued_on_holder: u64) -> (String, PickReason, Option<u64>) {
     let engines = engines(3);
     let load = table(&engines);
     report(&load, &engines[0], queued_on_holder);
     report(&load, &engines[1], 0);
     report(&load, &engines[2], 2_000);
     let config = CacheAwareConfig {
-        score,
         seed: Some(7),
-        ..CacheAwareConfig::default()
+        ..config
     };
     let policy = CacheAwarePolicy::new(Arc::new(OnFirst), Arc::clone(&load), no_caps(), config)
         .expect("a valid configuration");
@@ -115,4 +124,32 @@ fn a_queue_longer_than_the_prompt_spills_to_the_quickest_engine() {
         pick(CacheScore::Cached, 10_000),
         ("e0".into(), PickReason::CacheHit, Some(PROMPT))
     );
+}
+
+fn bounded(bound: f64) -> CacheAwareConfig {
+    CacheAwareConfig {
+        load_bound: Real::new(bound),
+        ..CacheAwareConfig::default()
+    }
+}
+
+#[test]
+fn a_holder_over_the_load_bound_spills_to_the_least_pressured_engine_under_it() {
+    // e0 holds 101 requests (1 running, 100 waiting), e1 1, e2 21: the bound at
+    // 1.25 is ceil(1.25 x 124 / 3) = 52.
+    assert_eq!(
+        pick_with(bounded(1.25), 10_000),
+        ("e1".into(), PickReason::CacheSpill, Some(0))
+    );
+    // At 3.0 it is 124: e0 is under it and keeps the request.
+    assert_eq!(
+        pick_with(bounded(3.0), 10_000),
+        ("e0".into(), PickReason::CacheHit, Some(PROMPT))
+    );
+}
+
+#[test]
+fn a_load_bound_below_one_is_refused() {
+    assert!(bounded(0.9).validate().is_err());
+    assert!(bounded(1.0).validate().is_ok());
 }

@@ -102,6 +102,13 @@ pub struct CacheAwareConfig {
     /// How a holder's cached tokens are weighed against engines' queues.
     #[serde(default)]
     pub score: CacheScore,
+    /// Bounded load, at least 1: a holder whose requests (reported running and
+    /// waiting plus dispatches since the report, else the router's own in flight)
+    /// exceed `ceil(load_bound x (group's requests + 1) / group's engines)` is set
+    /// aside, and when every holder is, the request goes to the least pressured of
+    /// `min_load_choices` engines under the bound (`cache_spill`); unset = no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_bound: Option<Real>,
 
     /// Fixed seed for reproducible sampling; absent = seeded per process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,6 +208,7 @@ impl Default for CacheAwareConfig {
             min_load_choices: default_load_choices(),
             slower_tier_weight: default_slower_tier_weight(),
             score: CacheScore::default(),
+            load_bound: None,
             seed: None,
         }
     }
@@ -283,6 +291,9 @@ impl CacheAwareConfig {
         }
         if self.min_load_choices == 0 {
             return invalid("min_load_choices", "must be at least 1");
+        }
+        if self.load_bound.is_some_and(|b| b.get() < 1.0) {
+            return invalid("load_bound", "must be at least 1");
         }
         if !(0.0..=1.0).contains(&self.slower_tier_weight.get()) {
             return invalid("slower_tier_weight", "must be in [0, 1]");
