@@ -1,15 +1,16 @@
 //! The regret of cache-aware picks end to end: per engine, the cached prompt tokens
 //! the router predicted beside those the engine's answer reported, as counters and in
 //! decision records. A model whose chat template renders chats as its engine does
-//! predicts what the engine reports; one whose template differs by a single character
-//! predicts nothing while the engine finds the prompts cached.
+//! predicts what the engine reports (a prefill/decode pair: what the prefill engine
+//! found, which the decode engine's answer reports); one whose template differs by a
+//! single character predicts nothing while the engine finds the prompts cached.
 
 use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use engine_sim::RunningEngine;
+use engine_sim::{EngineRole as SimRole, RunningEngine};
 use router_config::{DecisionsConfig, EngineRole, ModelConfig};
 use router_http::RunningRouter;
 use router_policy::PolicyConfig;
@@ -17,8 +18,11 @@ use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.
 const GUARD: Duration = Duration::from_secs(20);
-/// The engine's id in the router.
+/// The plain engine's id in the router.
 const ENGINE: &str = "E0";
+/// A pair's engines' ids in the router.
+const PREFILL: &str = "P";
+const DECODE: &str = "D";
 /// Chats sent: the first finds the engine's cache cold, the others its system prompt.
 const CHATS: u64 = 5;
 /// The system prompt all chats share: 1,160 bytes, so 72 pages of byte tokens.
@@ -67,15 +71,55 @@ async fn start(tokenizer: PathBuf, dir: &Path) -> (RunningRouter, Vec<RunningEng
         "m",
         vec![common::engine(ENGINE, &engines[0], EngineRole::Plain)],
     );
-    model.tokenizer = Some(tokenizer);
-    model.block_size = 16;
-    let policy = json!({"type": "cache_aware", "min_matched_tokens": 64, "seed": 1});
-    model.policies.plain = Some(serde_json::from_value::<PolicyConfig>(policy).unwrap());
-    let mut config = common::config(vec![model]);
-    config.decisions = Some(DecisionsConfig::new(dir.join("decisions.jsonl"), 1.0));
-    let router = common::router(config).await;
+    model.policies.plain = Some(cache_aware());
+    let router = serve(model, tokenizer, dir).await;
     common::kv_caught_up(&router, &engines).await;
     (router, engines)
+}
+
+/// [`start`] with a prefill engine (publishing KV events, picked cache-aware) and a
+/// decode engine, handing requests over as SGLang does.
+async fn start_pd(dir: &Path) -> (RunningRouter, Vec<RunningEngine>) {
+    let sim = |role: SimRole| {
+        common::sim(move |c| {
+            c.model = "m".into();
+            c.role = role;
+            c.tokenizer = Some(common::byte_tokenizer());
+            c.page_size = 16;
+            if role == SimRole::Prefill {
+                c.bootstrap_port = Some(0);
+                c.kv_port = Some(0);
+                c.replay_port = Some(0);
+            }
+        })
+    };
+    let engines = vec![sim(SimRole::Prefill).await, sim(SimRole::Decode).await];
+    let mut model = ModelConfig::new(
+        "m",
+        vec![
+            common::engine(PREFILL, &engines[0], EngineRole::Prefill),
+            common::engine(DECODE, &engines[1], EngineRole::Decode),
+        ],
+    );
+    model.policies.prefill = Some(cache_aware());
+    let router = serve(model, common::byte_tokenizer(), dir).await;
+    common::kv_caught_up(&router, &engines).await;
+    (router, engines)
+}
+
+fn cache_aware() -> PolicyConfig {
+    let policy = json!({"type": "cache_aware", "min_matched_tokens": 64, "seed": 1});
+    serde_json::from_value(policy).unwrap()
+}
+
+/// A router serving `model`, tokenizing with `tokenizer`, recording every request's
+/// decision in `dir`.
+async fn serve(mut model: ModelConfig, tokenizer: PathBuf, dir: &Path) -> RunningRouter {
+    model.tokenizer = Some(tokenizer);
+    model.block_size = 16;
+    let mut config = common::config(vec![model]);
+    config.decisions = Some(DecisionsConfig::new(dir.join("decisions.jsonl"), 1.0));
+    common::router(config).await
 }
 
 /// The prompt and cached tokens an answer reported.
@@ -88,6 +132,7 @@ struct Usage {
 /// Sends [`CHATS`] chats sharing a system prompt, each once the router has applied
 /// the KV events of the one before; returns the usage each answer reported.
 async fn chats(router: &RunningRouter, engines: &[RunningEngine]) -> Vec<Usage> {
+    let pair = engines.len() == 2;
     let system = "You are a careful assistant. ".repeat(40);
     let mut usages = Vec::new();
     for i in 0..CHATS {
@@ -97,7 +142,12 @@ async fn chats(router: &RunningRouter, engines: &[RunningEngine]) -> Vec<Usage> 
         ]});
         let response = common::post(router, &body).await;
         assert_eq!(response.status(), 200);
-        assert_eq!(response.headers()["x-switchyard-engine"], ENGINE);
+        let (header, engine) = if pair {
+            ("x-switchyard-prefill", PREFILL)
+        } else {
+            ("x-switchyard-engine", ENGINE)
+        };
+        assert_eq!(response.headers()[header], engine);
         let answer: Value = response.json().await.unwrap();
         let usage = &answer["usage"];
         usages.push(Usage {
@@ -111,11 +161,11 @@ async fn chats(router: &RunningRouter, engines: &[RunningEngine]) -> Vec<Usage> 
     usages
 }
 
-/// The engine's regret counters: answers compared, their prompt tokens, the cached
-/// tokens predicted, reported, and mispredicted either way.
-async fn regret(router: &RunningRouter) -> [u64; 5] {
+/// `engine`'s regret counters: answers compared, their prompt tokens, the cached
+/// tokens predicted, reported, and mispredicted either way (`None` without them).
+async fn regret_of(router: &RunningRouter, engine: &str) -> Option<[u64; 5]> {
     let metrics = common::metrics(router).await;
-    [
+    let counters = [
         "compared_answers",
         "compared_prompt_tokens",
         "predicted_cached_tokens",
@@ -123,12 +173,22 @@ async fn regret(router: &RunningRouter) -> [u64; 5] {
         "mispredicted_cached_tokens",
     ]
     .map(|family| {
-        let line = format!("switchyard_engine_{family}_total{{engine=\"{ENGINE}\"}} ");
+        let line = format!("switchyard_engine_{family}_total{{engine=\"{engine}\"}} ");
         metrics
             .lines()
             .find_map(|l| l.strip_prefix(&line)?.parse().ok())
-            .unwrap_or_else(|| panic!("{line}in\n{metrics}"))
-    })
+    });
+    if counters.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(counters.map(|n| n.unwrap_or_else(|| panic!("every family of {engine} in\n{metrics}"))))
+}
+
+/// [`regret_of`] the plain engine.
+async fn regret(router: &RunningRouter) -> [u64; 5] {
+    regret_of(router, ENGINE)
+        .await
+        .expect("the engine's counters")
 }
 
 /// Every decision record, once [`CHATS`] are written.
@@ -157,13 +217,14 @@ async fn records(router: &RunningRouter, dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Each record's prediction beside the usage its result reports.
-fn recorded(records: &[Value]) -> Vec<(u64, Usage)> {
+/// Each record's prediction (its `stage` pick's, of `engine`) beside the usage its
+/// result reports.
+fn recorded(records: &[Value], stage: &str, engine: &str) -> Vec<(u64, Usage)> {
     records
         .iter()
         .map(|record| {
-            let pick = &record["pick"]["engines"]["plain"];
-            assert_eq!(pick["engine"], ENGINE);
+            let pick = &record["pick"]["engines"][stage];
+            assert_eq!(pick["engine"], engine);
             let result = &record["result"];
             (
                 pick["predicted_cached_tokens"].as_u64().unwrap(),
@@ -203,7 +264,7 @@ async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_rep
     let records = records(&router, &dir.0).await;
     let predicted: Vec<(u64, Usage)> = usages.iter().map(|u| (u.cached, *u)).collect();
     assert_eq!(
-        recorded(&records),
+        recorded(&records, "plain", ENGINE),
         predicted,
         "each record holds the prediction beside the answer's usage"
     );
@@ -239,10 +300,38 @@ async fn a_wrong_chat_template_makes_predictions_and_reports_diverge() {
     let records = records(&router, &dir.0).await;
     let missed: Vec<(u64, Usage)> = usages.iter().map(|u| (0, *u)).collect();
     assert_eq!(
-        recorded(&records),
+        recorded(&records, "plain", ENGINE),
         missed,
         "each record shows the miss beside the engine's hit"
     );
+    stop(router, engines).await;
+    dir.remove();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pairs_prefill_prediction_is_compared_with_what_its_answer_reports() {
+    let dir = TempDir::new("regret-pd");
+    let (router, engines) = start_pd(&dir.0).await;
+    let usages = chats(&router, &engines).await;
+    assert!(
+        usages[1..].iter().all(|u| u.cached >= SHARED),
+        "the decode engine reports the system prompt the prefill engine found: {usages:?}"
+    );
+    let reported: u64 = usages.iter().map(|u| u.cached).sum();
+    let prompt: u64 = usages.iter().map(|u| u.prompt).sum();
+    assert_eq!(
+        regret_of(&router, PREFILL).await,
+        Some([CHATS, prompt, reported, reported, 0]),
+        "the prefill engine's cache was predicted, and exactly"
+    );
+    assert_eq!(
+        regret_of(&router, DECODE).await,
+        None,
+        "nothing was predicted of the decode engine"
+    );
+    let records = records(&router, &dir.0).await;
+    let predicted: Vec<(u64, Usage)> = usages.iter().map(|u| (u.cached, *u)).collect();
+    assert_eq!(recorded(&records, "prefill", PREFILL), predicted);
     stop(router, engines).await;
     dir.remove();
 }
