@@ -3,7 +3,8 @@
 //! decision records. A model whose chat template renders chats as its engine does
 //! predicts what the engine reports (a prefill/decode pair: what the prefill engine
 //! found, which the decode engine's answer reports); one whose template differs by a
-//! single character predicts nothing while the engine finds the prompts cached.
+//! single character predicts nothing while the engine finds the prompts cached. An
+//! engine's series leave with it.
 
 use crate::common;
 
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use engine_sim::{EngineRole as SimRole, RunningEngine};
-use router_config::{DecisionsConfig, EngineRole, ModelConfig};
+use router_config::{DecisionsConfig, EngineRole, ModelConfig, RouterConfig};
 use router_http::RunningRouter;
 use router_policy::PolicyConfig;
 use serde_json::{Value, json};
@@ -64,17 +65,21 @@ fn wrong_template(dir: &Path) -> PathBuf {
 }
 
 /// A router of model `m` over one engine with KV events, cache-aware, tokenizing
-/// with `tokenizer`, recording every request's decision in `dir`.
-async fn start(tokenizer: PathBuf, dir: &Path) -> (RunningRouter, Vec<RunningEngine>) {
+/// with `tokenizer`, recording every request's decision in `dir`; and its
+/// configuration.
+async fn start(
+    tokenizer: PathBuf,
+    dir: &Path,
+) -> (RunningRouter, Vec<RunningEngine>, RouterConfig) {
     let engines = common::kv_sims(1).await;
     let mut model = ModelConfig::new(
         "m",
         vec![common::engine(ENGINE, &engines[0], EngineRole::Plain)],
     );
     model.policies.plain = Some(cache_aware());
-    let router = serve(model, tokenizer, dir).await;
+    let (router, config) = serve(model, tokenizer, dir).await;
     common::kv_caught_up(&router, &engines).await;
-    (router, engines)
+    (router, engines, config)
 }
 
 /// [`start`] with a prefill engine (publishing KV events, picked cache-aware) and a
@@ -102,7 +107,7 @@ async fn start_pd(dir: &Path) -> (RunningRouter, Vec<RunningEngine>) {
         ],
     );
     model.policies.prefill = Some(cache_aware());
-    let router = serve(model, common::byte_tokenizer(), dir).await;
+    let (router, _) = serve(model, common::byte_tokenizer(), dir).await;
     common::kv_caught_up(&router, &engines).await;
     (router, engines)
 }
@@ -113,13 +118,17 @@ fn cache_aware() -> PolicyConfig {
 }
 
 /// A router serving `model`, tokenizing with `tokenizer`, recording every request's
-/// decision in `dir`.
-async fn serve(mut model: ModelConfig, tokenizer: PathBuf, dir: &Path) -> RunningRouter {
+/// decision in `dir`; and its configuration.
+async fn serve(
+    mut model: ModelConfig,
+    tokenizer: PathBuf,
+    dir: &Path,
+) -> (RunningRouter, RouterConfig) {
     model.tokenizer = Some(tokenizer);
     model.block_size = 16;
     let mut config = common::config(vec![model]);
     config.decisions = Some(DecisionsConfig::new(dir.join("decisions.jsonl"), 1.0));
-    common::router(config).await
+    (common::router(config.clone()).await, config)
 }
 
 /// The prompt and cached tokens an answer reported.
@@ -247,7 +256,7 @@ async fn stop(router: RunningRouter, engines: Vec<RunningEngine>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_reports() {
     let dir = TempDir::new("regret-right");
-    let (router, engines) = start(common::byte_tokenizer(), &dir.0).await;
+    let (router, mut engines, config) = start(common::byte_tokenizer(), &dir.0).await;
     let usages = chats(&router, &engines).await;
     assert_eq!(usages[0].cached, 0, "the first chat finds the cache cold");
     assert!(
@@ -268,6 +277,17 @@ async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_rep
         predicted,
         "each record holds the prediction beside the answer's usage"
     );
+    // A reload replaces the engine: its series leave with it.
+    let other = common::kv_sims(1).await;
+    let mut replaced = config;
+    replaced.models[0].engines = vec![common::engine("E1", &other[0], EngineRole::Plain)];
+    engines.extend(other);
+    router.context().reload(replaced).await.expect("applied");
+    assert_eq!(
+        regret_of(&router, ENGINE).await,
+        None,
+        "a departed engine's series go"
+    );
     stop(router, engines).await;
     dir.remove();
 }
@@ -275,7 +295,7 @@ async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_rep
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_chat_template_makes_predictions_and_reports_diverge() {
     let dir = TempDir::new("regret-wrong");
-    let (router, engines) = start(wrong_template(&dir.0), &dir.0).await;
+    let (router, engines, _) = start(wrong_template(&dir.0), &dir.0).await;
     let usages = chats(&router, &engines).await;
     assert!(
         usages[1..].iter().all(|u| u.cached >= SHARED),
