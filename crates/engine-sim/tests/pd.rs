@@ -48,6 +48,35 @@ async fn decode_generates_once_prefill_has_filled_the_room() {
 }
 
 #[tokio::test]
+async fn the_decode_engine_reports_the_cached_tokens_the_prefill_engine_found() {
+    let prefill = engine(role(EngineRole::Prefill)).await;
+    let decode = engine(role(EngineRole::Decode)).await;
+    let port = prefill.ports().bootstrap.unwrap();
+    let cached = |answer: &Value| answer["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+    for (room, warm) in [(1, false), (2, true)] {
+        let body = pd_body("127.0.0.1", port, room);
+        let (decoded, prefilled) = tokio::join!(chat(&decode, &body), chat(&prefill, &body));
+        assert_eq!(prefilled.0, 200);
+        assert_eq!(decoded.0, 200, "{}", decoded.1);
+        let found = prefilled.1["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(
+            found > 0,
+            warm,
+            "the prompt is cached the second time: {found}"
+        );
+        assert_eq!(
+            cached(&decoded.1),
+            json!(found),
+            "SGLang's decode engine reports what the prefill engine found"
+        );
+    }
+    prefill.shutdown().await;
+    decode.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_decode_engine_refuses_a_room_of_another_page_size_or_transfer_backend() {
     let prefill = engine(role(EngineRole::Prefill)).await;
     let info = get_json(format!("{}/server_info", prefill.url())).await;

@@ -20,7 +20,7 @@ use router_upstream::Upstream;
 use crate::access::AdminAccess;
 use crate::budget::BodyBudget;
 use crate::decisions::DecisionLog;
-use crate::metrics::{Metrics, Picks};
+use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
 use crate::spans::Spans;
@@ -167,7 +167,7 @@ impl AppContext {
             );
         }
         let metrics = Metrics::new(&fleet, affinity.clone(), &routing);
-        observe_fleet(&fleet, &routing, affinity.clone(), metrics.picks.clone());
+        observe_fleet(&fleet, &routing, affinity.clone(), &metrics);
         let decisions = match &config.decisions {
             Some(decisions) => Some(Arc::new(
                 DecisionLog::open(decisions, metrics.decision_records.clone()).map_err(
@@ -240,14 +240,15 @@ impl AppContext {
 
 /// Keeps the routing tables, the bindings and the metrics in step with the fleet: a
 /// model that first appears at runtime gets a catch-all bucket; a removed engine's
-/// bindings and pick series go.
+/// bindings, pick series and regret series go.
 fn observe_fleet(
     fleet: &Fleet,
     routing: &Arc<Routing>,
     affinity: Option<Arc<dyn AffinityStore>>,
-    picks: Picks,
+    metrics: &Metrics,
 ) {
     let routing = Arc::clone(routing);
+    let (picks, regret) = (metrics.picks.clone(), metrics.regret.clone());
     fleet.on_change(move |event| match event {
         FleetEvent::Added(engine) => {
             if let Err(e) = routing.serve_new_model(engine) {
@@ -259,6 +260,7 @@ fn observe_fleet(
                 store.remove_engine(engine.id());
             }
             picks.forget(engine.id().as_str());
+            regret.forget(engine.id().as_str());
         }
         _ => {}
     });

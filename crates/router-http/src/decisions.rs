@@ -255,6 +255,16 @@ impl Writer {
     }
 }
 
+/// The usage an answer reported, as its record shows it: the last counts it carried
+/// (an engine's own, beside the pick's `predicted_cached_tokens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// The answer's last `"prompt_tokens": N`.
+    pub(crate) prompt_tokens: Option<u64>,
+    /// The answer's last `"cached_tokens": N`.
+    pub(crate) cached_tokens: Option<u64>,
+}
+
 /// A sampled request's record, completed by whatever ends the request: its relayed
 /// body, the error it was answered with, or (dropped unfinished) its client leaving.
 #[derive(Debug)]
@@ -305,13 +315,13 @@ impl PendingRecord {
             .get_or_insert_with(|| self.started.elapsed());
     }
 
-    /// Completes the record with how the request ended and the cached tokens its
-    /// answer reported, and queues it.
-    pub(crate) fn finish(mut self, status: u16, outcome: &str, code: &str, cached: Option<u64>) {
-        self.complete(Some(status), outcome, code, cached);
+    /// Completes the record with how the request ended and the usage its answer
+    /// reported, and queues it.
+    pub(crate) fn finish(mut self, status: u16, outcome: &str, code: &str, usage: Usage) {
+        self.complete(Some(status), outcome, code, usage);
     }
 
-    fn complete(&mut self, status: Option<u16>, outcome: &str, code: &str, cached: Option<u64>) {
+    fn complete(&mut self, status: Option<u16>, outcome: &str, code: &str, usage: Usage) {
         let Some(log) = self.log.take() else {
             return;
         };
@@ -322,7 +332,8 @@ impl PendingRecord {
             "code": code,
             "first_byte_ms": self.first_byte.map(ms),
             "duration_ms": ms(self.started.elapsed()),
-            "cached_tokens": cached,
+            "prompt_tokens": usage.prompt_tokens,
+            "cached_tokens": usage.cached_tokens,
             "retries": std::mem::take(&mut self.retries),
         });
         log.send(self.decision.to_string());
@@ -332,7 +343,7 @@ impl PendingRecord {
 /// A record dropped unfinished: its client left before the answer's head.
 impl Drop for PendingRecord {
     fn drop(&mut self) {
-        self.complete(None, "cancelled", "client_disconnected", None);
+        self.complete(None, "cancelled", "client_disconnected", Usage::default());
     }
 }
 

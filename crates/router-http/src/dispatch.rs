@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::app::AppContext;
 use crate::decisions::PendingRecord;
 use crate::error::ApiError;
-use crate::relay::{Companion, RelayBody};
+use crate::relay::{Companion, Predicted, RelayBody};
 use crate::retries::RetryReason;
 use crate::trace::Tracing;
 
@@ -108,7 +108,8 @@ impl Answer {
             Answer::Error(error) => Err(error),
             Answer::Engine(refused) => {
                 let Refused { response, headers } = *refused;
-                Ok(relay(ctx, response, None, headers, out, Vec::new(), None))
+                let nobody = Answering::default();
+                Ok(relay(ctx, response, None, headers, out, Vec::new(), nobody))
             }
         }
     }
@@ -234,9 +235,19 @@ pub(crate) async fn dispatch(
     }
 }
 
-/// Relays an engine's answer; `generating` is the engine that generates its tokens
-/// (the plain or decode engine), whose pace a successful streamed answer of one
-/// prompt measures when the model's buckets have a time-per-token target.
+/// The engines behind an answer: the one generating its tokens (the plain or decode
+/// engine), and the pick whose prediction of the cached prompt tokens the usage the
+/// answer reports is compared with.
+#[derive(Debug, Default)]
+struct Answering<'a> {
+    generating: Option<&'a Engine>,
+    predicted: Option<Predicted>,
+}
+
+/// Relays an engine's answer; the generating engine's pace is measured on a
+/// successful streamed answer of one prompt when the model's buckets have a
+/// time-per-token target, and the usage of a successful answer of one prompt is
+/// counted under its stage and beside the prediction.
 fn relay(
     ctx: &Arc<AppContext>,
     response: Response<H1Body>,
@@ -244,14 +255,15 @@ fn relay(
     mut headers: HeaderMap,
     out: &Outgoing,
     guards: Vec<router_state::InflightGuard>,
-    generating: Option<&Engine>,
+    answering: Answering<'_>,
 ) -> Response {
     let (parts, body) = response.into_parts();
     let status = parts.status;
     let record = out.record.lock().take();
-    let measured = generating.filter(|_| {
-        out.measure_tpot && out.leg.stream && out.batch.is_none() && status.is_success()
-    });
+    let one_answered = answering
+        .generating
+        .filter(|_| out.batch.is_none() && status.is_success());
+    let measured = one_answered.filter(|_| out.measure_tpot && out.leg.stream);
     let body = RelayBody::new(
         body,
         companion,
@@ -264,9 +276,8 @@ fn relay(
     .with_span(out.trace.span.clone())
     .with_tpot(measured)
     .with_usage(
-        generating
-            .filter(|_| out.batch.is_none() && status.is_success())
-            .map(|engine| engine.role().as_str()),
+        one_answered.map(|engine| engine.role().as_str()),
+        answering.predicted,
     );
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;

@@ -5,6 +5,7 @@
 mod affinity;
 mod exposition;
 mod prefix_cache;
+mod regret;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use router_state::affinity::AffinityStore;
 use crate::routing::Routing;
 
 pub(crate) use exposition::Format;
+pub(crate) use regret::{Compared, Regret};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
@@ -143,6 +145,9 @@ pub(crate) struct Metrics {
     pub(crate) reported_cached_tokens: Family<ModelStageLabels, Counter>,
     /// Prompt tokens the same answers reported (the denominator).
     pub(crate) reported_prompt_tokens: Family<ModelStageLabels, Counter>,
+    /// Per engine, the cached tokens picks predicted beside those the same answers
+    /// reported.
+    pub(crate) regret: Regret,
     /// Requests sent again to another engine, by why the engine never started them.
     pub(crate) retries: Family<ReasonLabels, Counter>,
     /// Retries the budget refused (the request failed with its first engine's error).
@@ -194,6 +199,7 @@ impl Metrics {
             predicted_prompt_tokens: Family::default(),
             reported_cached_tokens: Family::default(),
             reported_prompt_tokens: Family::default(),
+            regret: Regret::default(),
             retries: Family::default(),
             retries_refused: Counter::default(),
             config_reloads,
@@ -236,8 +242,11 @@ impl Metrics {
     }
 
     /// Registers the cache-aware picks' predicted cached tokens, the cached tokens the
-    /// engines' answers reported, and the denominator of each.
+    /// engines' answers reported, and the denominator of each; and, per engine, the
+    /// two compared on the same answers.
     fn register_predictions(&mut self) {
+        self.registry
+            .register_collector(Box::new(self.regret.clone()));
         self.registry.register(
             "predicted_cached_tokens",
             "Prompt tokens cache-aware picks expected their engines to find cached, by model and stage",

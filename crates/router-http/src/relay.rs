@@ -14,8 +14,8 @@ use router_state::InflightGuard;
 use tokio::time::{Instant, Sleep, sleep};
 
 use crate::app::AppContext;
-use crate::decisions::PendingRecord;
-use crate::metrics::{ModelLabels, ModelStageLabels, RequestLabels};
+use crate::decisions::{PendingRecord, Usage};
+use crate::metrics::{Compared, ModelLabels, ModelStageLabels, RequestLabels};
 use crate::spans::RequestSpan;
 use router_upstream::{H1Body, H1Error};
 
@@ -27,6 +27,26 @@ use usage::UsageScan;
 
 /// A leg that must run to completion alongside the relayed body (a PD prefill).
 pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// A pick's prediction of the prompt tokens its engine finds cached, which the usage
+/// the answer reports is compared with.
+#[derive(Debug)]
+pub(crate) struct Predicted {
+    /// The engine predicted about (the pick's own id).
+    engine: Arc<str>,
+    /// The cached prompt tokens predicted.
+    cached_tokens: u64,
+}
+
+impl Predicted {
+    /// The prediction `pick` made, if its policy made one.
+    pub(crate) fn of(pick: &router_policy::Pick) -> Option<Self> {
+        pick.predicted_cached_tokens.map(|cached_tokens| Self {
+            engine: Arc::clone(pick.engine.id().as_arc_str()),
+            cached_tokens,
+        })
+    }
+}
 
 /// Why a relayed body stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +96,8 @@ pub(crate) struct RelayBody {
     /// The stage of the engine whose answer's usage is counted; `None` counts none
     /// (a refusal, or a batch, whose answer holds one usage per prompt).
     usage_stage: Option<&'static str>,
+    /// The prediction the counted usage is compared with, per engine.
+    predicted: Option<Predicted>,
     guards: Vec<InflightGuard>,
 }
 
@@ -115,6 +137,7 @@ impl RelayBody {
             tpot: None,
             usage: UsageScan::default(),
             usage_stage: None,
+            predicted: None,
             guards,
         };
         if body.is_end_stream() {
@@ -138,9 +161,14 @@ impl RelayBody {
     }
 
     /// Counts the prompt and cached tokens the answer reports, under the stage of the
-    /// engine that answered.
-    pub(crate) fn with_usage(mut self, stage: Option<&'static str>) -> Self {
+    /// engine that answered, and beside `predicted` under the engine predicted about.
+    pub(crate) fn with_usage(
+        mut self,
+        stage: Option<&'static str>,
+        predicted: Option<Predicted>,
+    ) -> Self {
         self.usage_stage = stage;
+        self.predicted = predicted;
         self
     }
 
@@ -151,7 +179,7 @@ impl RelayBody {
         if self.ending != Ending::Pending
             && let Some((record, status)) = self.record.take()
         {
-            record.finish(status, "ok", "ok", self.usage.cached_tokens());
+            record.finish(status, "ok", "ok", self.reported());
         }
         self
     }
@@ -167,7 +195,7 @@ impl RelayBody {
             Ending::Pending => "cancelled",
         };
         if let Some((record, status)) = self.record.take() {
-            record.finish(status, outcome, code, self.usage.cached_tokens());
+            record.finish(status, outcome, code, self.reported());
         }
         if ending == Ending::Done {
             self.count_usage();
@@ -189,7 +217,16 @@ impl RelayBody {
         self.ctx.metrics.requests.get_or_create(&labels).inc();
     }
 
-    /// Adds the prompt and cached tokens a complete answer reported to their counters.
+    /// The usage the answer reported so far, for its decision record.
+    fn reported(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.usage.prompt_tokens(),
+            cached_tokens: self.usage.cached_tokens(),
+        }
+    }
+
+    /// Adds the prompt and cached tokens a complete answer reported to their counters,
+    /// and to its pick's prediction's engine.
     fn count_usage(&self) {
         let (Some(stage), Some(prompt)) = (self.usage_stage, self.usage.prompt_tokens()) else {
             return;
@@ -209,6 +246,16 @@ impl RelayBody {
             .reported_prompt_tokens
             .get_or_create(&labels)
             .inc_by(prompt);
+        if let Some(predicted) = &self.predicted {
+            let compared = Compared {
+                prompt_tokens: prompt,
+                predicted_cached_tokens: predicted.cached_tokens,
+                reported_cached_tokens: cached,
+            };
+            metrics.regret.count(&predicted.engine, compared, || {
+                self.ctx.fleet.snapshot().get(&predicted.engine).is_some()
+            });
+        }
     }
 
     /// Ends the body with `error`, once the server has flushed the data before it: a

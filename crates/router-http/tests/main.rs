@@ -17,6 +17,7 @@ mod indexer;
 mod lora;
 mod pairing;
 mod ranks;
+mod regret;
 mod reload;
 mod retries;
 mod serving;

@@ -46,6 +46,10 @@ pub(crate) struct RoomInfo {
     pub(crate) page_size: Option<u32>,
     #[serde(default)]
     pub(crate) transfer_backend: Option<String>,
+    /// The prompt tokens the prefill engine found cached, which the decode engine's
+    /// answer reports, as SGLang's does.
+    #[serde(default)]
+    pub(crate) cached_tokens: u64,
 }
 
 impl RoomInfo {
@@ -251,6 +255,7 @@ mod tests {
             dp_size: 1,
             page_size: None,
             transfer_backend: None,
+            cached_tokens: 0,
         });
         assert_eq!(
             waiter.await.unwrap(),
@@ -261,6 +266,7 @@ mod tests {
                 dp_size: 1,
                 page_size: None,
                 transfer_backend: None,
+                cached_tokens: 0,
             })
         );
         assert_eq!(
@@ -280,6 +286,7 @@ mod tests {
             dp_size: 1,
             page_size: None,
             transfer_backend: None,
+            cached_tokens: 0,
         });
         assert_eq!(rooms.wait(2, Duration::from_secs(3)).await, None);
         assert_eq!(rooms.inner.lock().rooms.len(), 1);
@@ -294,6 +301,7 @@ mod tests {
             dp_size: 1,
             page_size: Some(16),
             transfer_backend: Some("mooncake".into()),
+            cached_tokens: 0,
         };
         assert_eq!(room.refusal(16, "mooncake"), None);
         assert!(

@@ -72,11 +72,12 @@ enum Answer {
 }
 
 async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Shape) -> Answer {
-    let (ask, run) = match begin(&app, headers, body, shape).await {
+    let (ask, run, handed_cached) = match begin(&app, headers, body, shape).await {
         Ok(begun) => begun,
         Err(error) => return Answer::Whole(error.into_response()),
     };
-    let generation = Generation::new(Arc::clone(&app), &ask, run, shape);
+    let generation =
+        Generation::new(Arc::clone(&app), &ask, run, shape).with_handed_cached(handed_cached);
     if ask.stream() {
         let include_usage = shape != Shape::Generate && ask.include_usage();
         Answer::Stream(Box::new(generation), include_usage)
@@ -88,20 +89,21 @@ async fn answer(app: Arc<AppState>, headers: &HeaderMap, body: &[u8], shape: Sha
 }
 
 /// Reads and checks a request, remembers it, lets the faults act, and starts it on
-/// the engine.
+/// the engine; with it, the prompt tokens a decode engine's room says the prefill
+/// engine found cached.
 async fn begin(
     app: &AppState,
     headers: &HeaderMap,
     body: &[u8],
     shape: Shape,
-) -> Result<(Ask, Run), ApiError> {
+) -> Result<(Ask, Run, u64), ApiError> {
     let ask = Ask::read(&app.config, headers, body, shape)?;
     app.remember(ask.record(headers));
     poisoned(app, body)?;
     meet_faults(app).await?;
     let tokens = ask.tokens(&app.tokenizer)?;
-    let run = start_after_handover(app, &ask, tokens).await?;
-    Ok((ask, run))
+    let (run, handed_cached) = start_after_handover(app, &ask, tokens).await?;
+    Ok((ask, run, handed_cached))
 }
 
 /// A 500 for a body that holds the `error_on` text.
@@ -138,12 +140,13 @@ async fn meet_faults(app: &AppState) -> Result<(), ApiError> {
 }
 
 /// Starts the request on the engine once its hand-over allows: vLLM's through
-/// `kv_transfer_params`, SGLang's through a bootstrap room (`placement`).
+/// `kv_transfer_params`, SGLang's through a bootstrap room (`placement`), whose
+/// prefill engine's cached tokens come with it.
 async fn start_after_handover(
     app: &AppState,
     ask: &Ask,
     tokens: Vec<u32>,
-) -> Result<Run, ApiError> {
+) -> Result<(Run, u64), ApiError> {
     let adapter = ask.adapter.clone();
     if app.config.pd_protocol != PdProtocol::Vllm {
         return start_run(app, &ask.bootstrap, ask.pinned, adapter, tokens).await;
@@ -160,7 +163,8 @@ async fn start_after_handover(
         EngineRole::Plain => Ok(()),
     };
     handover.map_err(ApiError::bad_request)?;
-    Ok(app
+    let run = app
         .engine
-        .start_for(tokens, ask.pinned.map(u64::from), adapter))
+        .start_for(tokens, ask.pinned.map(u64::from), adapter);
+    Ok((run, 0))
 }

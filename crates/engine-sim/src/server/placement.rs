@@ -90,23 +90,26 @@ pub(crate) struct Rendezvous {
 /// Registers the request on its rank (the pinned one, else: a PD engine's follows
 /// the bootstrap room, a plain engine's rotates); a decode engine first waits for its
 /// room, which must have been prefilled on the rank the room points at (SGLang's
-/// `follow_bootstrap_room`: room mod the prefill engine's ranks).
+/// `follow_bootstrap_room`: room mod the prefill engine's ranks). Returns the run and
+/// the prompt tokens its room says the prefill engine found cached (0 but for a
+/// decode engine).
 pub(crate) async fn start_run(
     app: &AppState,
     bootstrap: &Rendezvous,
     pinned: Option<u32>,
     adapter: Option<Arc<str>>,
     tokens: Vec<u32>,
-) -> Result<Run, ApiError> {
+) -> Result<(Run, u64), ApiError> {
     let bad = ApiError::bad_request;
     let pinned = pinned.map(u64::from);
     match app.config.role {
-        EngineRole::Plain => Ok(app.engine.start_for(tokens, pinned, adapter)),
+        EngineRole::Plain => Ok((app.engine.start_for(tokens, pinned, adapter), 0)),
         EngineRole::Prefill => {
             let room = bootstrap
                 .room
                 .ok_or_else(|| bad("a prefill engine needs bootstrap_room"))?;
-            Ok(app.engine.start_for(tokens, pinned.or(Some(room)), adapter))
+            let run = app.engine.start_for(tokens, pinned.or(Some(room)), adapter);
+            Ok((run, 0))
         }
         EngineRole::Decode => {
             let (Some(host), Some(port), Some(room)) =
@@ -137,7 +140,8 @@ pub(crate) async fn start_run(
                     info.rank
                 )));
             }
-            Ok(app.engine.start_for(tokens, pinned.or(Some(room)), adapter))
+            let run = app.engine.start_for(tokens, pinned.or(Some(room)), adapter);
+            Ok((run, info.cached_tokens))
         }
     }
 }

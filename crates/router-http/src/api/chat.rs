@@ -26,7 +26,7 @@ use super::MAX_BODY_BYTES;
 use crate::app::AppContext;
 use crate::attempts;
 use crate::budget::Charge;
-use crate::decisions::PendingRecord;
+use crate::decisions::{PendingRecord, Usage};
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
 use crate::explanation;
@@ -363,7 +363,7 @@ async fn route(
                     error.status().as_u16(),
                     outcome_of(&error),
                     error.code(),
-                    None,
+                    Usage::default(),
                 );
             }
             return (model, Err(error));
@@ -374,7 +374,12 @@ async fn route(
     let answer = attempts::run(ctx, &ready.route, &request, selection.pick, &out).await;
     // An answer's relayed body takes the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
-        record.finish(e.status().as_u16(), outcome_of(e), e.code(), None);
+        record.finish(
+            e.status().as_u16(),
+            outcome_of(e),
+            e.code(),
+            Usage::default(),
+        );
     }
     (model, answer)
 }

@@ -49,7 +49,15 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
         );
         tokio::time::advance(Duration::from_millis(3)).await;
         record.relayed();
-        record.finish(200, "ok", "ok", Some(7));
+        record.finish(
+            200,
+            "ok",
+            "ok",
+            Usage {
+                prompt_tokens: Some(9),
+                cached_tokens: Some(7),
+            },
+        );
     }
     // Records count as written once flushed.
     let written_all = async {
@@ -71,6 +79,7 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
     assert_eq!(last["n"], 199);
     assert_eq!(last["request_id"], "id");
     assert_eq!(last["result"]["status"], 200);
+    assert_eq!(last["result"]["prompt_tokens"], 9);
     assert_eq!(last["result"]["cached_tokens"], 7);
     assert_eq!(last["result"]["first_byte_ms"], 3.0);
     assert_eq!(last["result"]["retries"], json!([]));
@@ -131,7 +140,7 @@ fn a_record_dropped_unfinished_is_queued_as_cancelled() {
         503,
         "server_error",
         "x",
-        None,
+        Usage::default(),
     );
     let records: Vec<Value> = lines
         .try_iter()
@@ -149,8 +158,12 @@ async fn lines_written(config: &DecisionsConfig, records: &[Value]) -> Vec<Value
     let family = Family::default();
     let log = Arc::new(DecisionLog::open(config, family.clone()).unwrap());
     for decision in records {
-        PendingRecord::new(Arc::clone(&log), decision.clone(), "id", Instant::now())
-            .finish(200, "ok", "ok", None);
+        PendingRecord::new(Arc::clone(&log), decision.clone(), "id", Instant::now()).finish(
+            200,
+            "ok",
+            "ok",
+            Usage::default(),
+        );
     }
     drop(log);
     let all = records.len() as u64;

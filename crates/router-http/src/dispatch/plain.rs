@@ -7,8 +7,9 @@ use http::HeaderValue;
 use router_policy::Pick;
 
 use super::leg::{Target, send};
-use super::{Failed, Outgoing, plain_headers, ranks, relay};
+use super::{Answering, Failed, Outgoing, plain_headers, ranks, relay};
 use crate::app::AppContext;
+use crate::relay::Predicted;
 
 /// Sends the request to `pick`'s engine (its rank named when it has several) and
 /// relays the answer.
@@ -21,6 +22,7 @@ pub(super) async fn dispatch(
     let rank = ranks::rank(ctx, &pick);
     let guards = vec![ranks::guard(ctx, &pick.engine, rank)];
     let headers = plain_headers(ctx.routing_headers, bucket, &pick);
+    let predicted = Predicted::of(&pick);
     let engine = pick.engine;
     let to = Target {
         engine: &engine,
@@ -30,13 +32,9 @@ pub(super) async fn dispatch(
     };
     let body = ranks::with_rank(&out.body, rank);
     let response = send(ctx, to, out.leg, body, &out.request_id, &out.trace).await?;
-    Ok(relay(
-        ctx,
-        response,
-        None,
-        headers,
-        out,
-        guards,
-        Some(&engine),
-    ))
+    let answering = Answering {
+        generating: Some(&engine),
+        predicted,
+    };
+    Ok(relay(ctx, response, None, headers, out, guards, answering))
 }

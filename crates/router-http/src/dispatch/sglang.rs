@@ -16,9 +16,9 @@ use router_state::Engine;
 use router_upstream::H1Body;
 
 use super::leg::{Target, drain, send, with_fields};
-use super::{Failed, Outgoing, Pair, ranks, relay};
+use super::{Answering, Failed, Outgoing, Pair, ranks, relay};
 use crate::app::AppContext;
-use crate::relay::Companion;
+use crate::relay::{Companion, Predicted};
 
 /// A leg in flight, owned so it can outlive the handler as the relay's companion.
 type LegFuture = Pin<Box<dyn Future<Output = Result<Response<H1Body>, Failed>> + Send>>;
@@ -31,6 +31,9 @@ pub(super) async fn dispatch(
     decode: Pick,
     out: &Outgoing,
 ) -> Result<Response, Failed> {
+    // SGLang's decode engine reports the cached tokens the prefill engine found: its
+    // answer's usage is compared with the prefill pick's prediction.
+    let predicted = Predicted::of(&prefill);
     let Pair {
         prefill,
         decode,
@@ -77,6 +80,10 @@ pub(super) async fn dispatch(
         Some(response) => Box::pin(drain(response)),
         None => Box::pin(async move { drain(prefill_leg.await.map_err(|e| e.message())?).await }),
     };
+    let answering = Answering {
+        generating: Some(&decode),
+        predicted,
+    };
     Ok(relay(
         ctx,
         decode_response,
@@ -84,7 +91,7 @@ pub(super) async fn dispatch(
         headers,
         out,
         guards,
-        Some(&decode),
+        answering,
     ))
 }
 

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::leg::{Target, send, with_fields};
-use super::{Failed, Leg, Outgoing, Pair, engine_named, relay};
+use super::{Answering, Failed, Leg, Outgoing, Pair, engine_named, relay};
 use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::prepare::rewrite;
@@ -80,7 +80,8 @@ pub(super) async fn dispatch(
         Prefilled::Answer(answer) => answer,
         // The client's own error (say, a prompt past the model's context).
         Prefilled::Refused(refused) => {
-            return Ok(relay(ctx, *refused, None, headers, out, guards, None));
+            let nobody = Answering::default();
+            return Ok(relay(ctx, *refused, None, headers, out, guards, nobody));
         }
     };
     let params = transfer_params(&answer).map_err(|e| prefill_failed(ctx, &prefill, &e))?;
@@ -103,15 +104,13 @@ pub(super) async fn dispatch(
             retry: None,
             ..failed
         })?;
-    Ok(relay(
-        ctx,
-        response,
-        None,
-        headers,
-        out,
-        guards,
-        Some(&decode),
-    ))
+    // vLLM's decode engine reports the KV it was sent as cached, not what the prefill
+    // engine found: its answer is not compared with the prefill pick's prediction.
+    let answering = Answering {
+        generating: Some(&decode),
+        predicted: None,
+    };
+    Ok(relay(ctx, response, None, headers, out, guards, answering))
 }
 
 /// What the prefill leg gave.

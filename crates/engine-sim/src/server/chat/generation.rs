@@ -77,6 +77,15 @@ impl Generation {
         }
     }
 
+    /// Reports `cached` prompt tokens, those the prefill engine found, when this is a
+    /// decode engine's answer (SGLang's decode engine reports the prefill's count).
+    pub(crate) fn with_handed_cached(mut self, cached: u64) -> Self {
+        if self.app.config.role == EngineRole::Decode {
+            self.cached_tokens = cached;
+        }
+        self
+    }
+
     /// Waits for a slot and computes the prompt (a decode engine received it).
     pub(crate) async fn prefill(&mut self) {
         self.run.admit().await;
@@ -97,6 +106,7 @@ impl Generation {
                 dp_size: self.app.config.dp_size,
                 page_size: Some(self.app.config.page_size),
                 transfer_backend: Some(self.app.config.transfer_backend.clone()),
+                cached_tokens: self.cached_tokens,
             });
         }
     }
