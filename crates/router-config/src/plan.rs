@@ -17,7 +17,7 @@ use router_buckets::{BucketConfig, BucketResolver, DefaultPolicies, ModelRoster}
 use router_buckets::{build_resolver, group_policies};
 use router_policy::{
     AffinityBackend, CacheSource, ConfigError, EventSource, LocalCacheSource, PolicyHandles,
-    RoutedCacheSource, RoutedPagesMode,
+    RoutedCacheSource,
 };
 use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig, Role};
@@ -297,17 +297,15 @@ fn prefix_source<R: Resources>(
         return (None, None);
     }
     let routed = |events: EventSource| -> Arc<dyn CacheSource> {
-        match (model.routed_pages.mode, events) {
-            (RoutedPagesMode::Off, EventSource::Local(index)) => {
-                Arc::new(LocalCacheSource::new(index))
-            }
-            (RoutedPagesMode::Off, EventSource::Other(source)) => source,
-            (_, events) => Arc::new(RoutedCacheSource::new(
+        match events {
+            events if model.routed_pages.counts_routing() => Arc::new(RoutedCacheSource::new(
                 events,
                 model.block_size,
                 Arc::clone(&around.handles.load),
                 model.routed_pages,
             )),
+            EventSource::Local(index) => Arc::new(LocalCacheSource::new(index)),
+            EventSource::Other(source) => source,
         }
     };
     if let Some(indexer) = around.indexer {

@@ -16,8 +16,8 @@ use router_state::kv_events::PrefixIndex;
 use crate::future::BoxFuture;
 
 pub use routed::{
-    EventSource, MAX_PENDING_MS, MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, RoutedCacheSource,
-    RoutedPagesMode, RoutedPagesSettings,
+    Estimated, EventSource, MAX_PENDING_MS, MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, RoutedCacheSource,
+    RoutedPagesSettings,
 };
 
 /// The engines holding a prompt's prefix, and how much of it.

@@ -65,9 +65,9 @@ pub use affinity::{
     SessionAwareConfig, SessionAwarePolicy, StickyConfig, StickyFallback, StickyPolicy,
 };
 pub use cache::{
-    CacheLookup, CacheQueryError, CacheSource, EventSource, LocalCacheSource, MAX_PENDING_MS,
-    MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, PrefixHits, PrefixMemo, RoutedCacheSource,
-    RoutedPagesMode, RoutedPagesSettings,
+    CacheLookup, CacheQueryError, CacheSource, Estimated, EventSource, LocalCacheSource,
+    MAX_PENDING_MS, MAX_ROUTED_AGE_MS, MAX_ROUTED_PAGES, PrefixHits, PrefixMemo, RoutedCacheSource,
+    RoutedPagesSettings,
 };
 pub use cache_aware::{
     CacheAwareConfig, CacheAwarePolicy, CacheScore, CandidateBounds, PressureGuard, Real,

@@ -64,6 +64,15 @@ impl CacheSource for Scripted {
     }
 }
 
+/// The default settings without the load bound: these tests load holders past it on
+/// purpose, to exercise the other rules (`tests/score.rs` tests the bound).
+fn unbounded() -> CacheAwareConfig {
+    CacheAwareConfig {
+        load_bound: None,
+        ..CacheAwareConfig::default()
+    }
+}
+
 /// `tokens` cached tokens, in blocks.
 fn cached(tokens: u64) -> usize {
     (tokens / u64::from(BLOCK)) as usize
@@ -142,7 +151,7 @@ fn the_deepest_holder_wins_and_predicts_its_cached_tokens() {
     let s = Setup::new(4);
     s.idle_all();
     let source = Scripted::hits(&[("e1", cached(1024)), ("e3", cached(3072))]);
-    let policy = s.policy(source, CacheAwareConfig::default());
+    let policy = s.policy(source, unbounded());
     assert_eq!(
         s.pick(&policy).unwrap(),
         ("e3".into(), PickReason::CacheHit, Some(3072))
@@ -154,9 +163,7 @@ fn hits_below_the_minimum_or_the_ratio_gate_are_misses() {
     let s = Setup::new(4);
     s.idle_all();
     let shallow = Scripted::hits(&[("e2", cached(512))]);
-    let (_, reason, predicted) = s
-        .pick(&s.policy(shallow, CacheAwareConfig::default()))
-        .unwrap();
+    let (_, reason, predicted) = s.pick(&s.policy(shallow, unbounded())).unwrap();
     assert_eq!(
         (reason, predicted),
         (PickReason::CacheMiss, Some(0)),
@@ -166,7 +173,7 @@ fn hits_below_the_minimum_or_the_ratio_gate_are_misses() {
     let half = Scripted::hits(&[("e2", cached(2048))]);
     let gated = CacheAwareConfig {
         min_match_ratio: Some(Real::new(0.6).unwrap()),
-        ..CacheAwareConfig::default()
+        ..unbounded()
     };
     assert_eq!(
         s.pick(&s.policy(half.clone(), gated)).unwrap().1,
@@ -174,7 +181,7 @@ fn hits_below_the_minimum_or_the_ratio_gate_are_misses() {
     );
     let lenient = CacheAwareConfig {
         min_match_ratio: Some(Real::new(0.5).unwrap()),
-        ..CacheAwareConfig::default()
+        ..unbounded()
     };
     assert_eq!(s.pick(&s.policy(half, lenient)).unwrap().0, "e2");
 }
@@ -188,11 +195,10 @@ fn the_pressure_guard_switches_near_ties_only() {
     s.busy(0, 1000);
     let near = Scripted::hits(&[("e0", cached(3072)), ("e1", cached(2560))]);
     assert_eq!(
-        s.pick(&s.policy(near.clone(), CacheAwareConfig::default()))
-            .unwrap(),
+        s.pick(&s.policy(near.clone(), unbounded())).unwrap(),
         ("e1".into(), PickReason::CacheGuardSwitch, Some(2560))
     );
-    let mut off = CacheAwareConfig::default();
+    let mut off = unbounded();
     off.pressure_guard.enabled = false;
     assert_eq!(
         s.pick(&s.policy(near, off)).unwrap(),
@@ -200,21 +206,11 @@ fn the_pressure_guard_switches_near_ties_only() {
     );
     // Beyond the margin the deeper prefix wins however loaded.
     let far = Scripted::hits(&[("e0", cached(3072)), ("e1", cached(1024))]);
-    assert_eq!(
-        s.pick(&s.policy(far, CacheAwareConfig::default()))
-            .unwrap()
-            .0,
-        "e0"
-    );
+    assert_eq!(s.pick(&s.policy(far, unbounded())).unwrap().0, "e0");
     // A small queue difference is no reason to give up cached tokens.
     s.busy(0, 5);
     let near = Scripted::hits(&[("e0", cached(3072)), ("e1", cached(2560))]);
-    assert_eq!(
-        s.pick(&s.policy(near, CacheAwareConfig::default()))
-            .unwrap()
-            .0,
-        "e0"
-    );
+    assert_eq!(s.pick(&s.policy(near, unbounded())).unwrap().0, "e0");
 }
 
 #[test]
@@ -225,14 +221,14 @@ fn admission_is_explicit_and_rejections_never_go_cold() {
     let source = Scripted::hits(&[("e1", cached(2048)), ("e3", cached(3072))]);
     // e3 (deepest) is at its in-flight cap: the next admitted holder wins.
     assert_eq!(
-        s.pick(&s.policy_with(source.clone(), CacheAwareConfig::default(), caps(2)))
+        s.pick(&s.policy_with(source.clone(), unbounded(), caps(2)))
             .unwrap()
             .0,
         "e1"
     );
     // Every holder at its cap: the pick fails rather than going to an idle non-holder.
     let _more: Vec<_> = (0..2).map(|_| s.load.acquire(s.engines[1].id())).collect();
-    match s.pick(&s.policy_with(source, CacheAwareConfig::default(), caps(2))) {
+    match s.pick(&s.policy_with(source, unbounded(), caps(2))) {
         Err(PickError::NoAdmissibleEngine { rejections, .. }) => {
             let ids: Vec<&str> = rejections.iter().map(|r| r.engine.as_str()).collect();
             assert_eq!(ids, ["e3", "e1"]);
@@ -243,7 +239,7 @@ fn admission_is_explicit_and_rejections_never_go_cold() {
 
 #[test]
 fn candidate_bounds_limit_the_holders_considered() {
-    let bounds = CacheAwareConfig::default().candidates;
+    let bounds = unbounded().candidates;
     assert_eq!(
         [1, 8, 100, 200, 1000].map(|n| bounds.count(n)),
         [1, 8, 8, 10, 32],
@@ -253,7 +249,7 @@ fn candidate_bounds_limit_the_holders_considered() {
     s.idle_all();
     let _held: Vec<_> = (0..2).map(|_| s.load.acquire(s.engines[3].id())).collect();
     let source = Scripted::hits(&[("e1", cached(2048)), ("e3", cached(3072))]);
-    let mut one = CacheAwareConfig::default();
+    let mut one = unbounded();
     one.candidates.min_engines = 1;
     one.candidates.max_engines = 1;
     assert!(
@@ -271,7 +267,7 @@ fn the_soft_queue_gate_prefers_unqueued_holders_and_pins_when_all_are_queued() {
     s.idle_all();
     let gate = CacheAwareConfig {
         engine_queue_limit: Some(10),
-        ..CacheAwareConfig::default()
+        ..unbounded()
     };
     let source = Scripted::hits(&[("e0", cached(3072)), ("e1", cached(1024))]);
     s.busy(0, 20);
@@ -312,7 +308,7 @@ fn a_miss_takes_the_least_pressured_engine_below_the_queue_limit() {
     let miss = Scripted::hits(&[]);
     let every = CacheAwareConfig {
         min_load_choices: 4,
-        ..CacheAwareConfig::default()
+        ..unbounded()
     };
     assert_eq!(
         s.pick(&s.policy(miss.clone(), every)).unwrap(),
@@ -321,7 +317,7 @@ fn a_miss_takes_the_least_pressured_engine_below_the_queue_limit() {
     // Sampling two of the engines below the limit of 4 (e1, e2) always finds e2.
     let gated = CacheAwareConfig {
         engine_queue_limit: Some(4),
-        ..CacheAwareConfig::default()
+        ..unbounded()
     };
     let policy = s.policy(miss, gated);
     for _ in 0..20 {
@@ -335,22 +331,18 @@ fn an_unavailable_source_falls_back_visibly_and_a_refused_query_is_an_error() {
     s.idle_all();
     let down = Scripted::answering(Ok(CacheLookup::Unavailable("indexer timed out".into())));
     assert_eq!(
-        s.pick(&s.policy(down, CacheAwareConfig::default()))
-            .unwrap()
-            .1,
+        s.pick(&s.policy(down, unbounded())).unwrap().1,
         PickReason::CacheUnavailable
     );
     let refused = Scripted::answering(Err(CacheQueryError("unknown namespace".into())));
-    let err = s
-        .pick(&s.policy(refused, CacheAwareConfig::default()))
-        .unwrap_err();
+    let err = s.pick(&s.policy(refused, unbounded())).unwrap_err();
     assert!(
         matches!(err, PickError::InvalidSignal { .. }) && !err.advances_to_next_bucket(),
         "{err}"
     );
     // Without token ids there is nothing to look up.
     let source = Scripted::hits(&[("e1", cached(4096))]);
-    let policy = s.policy(source.clone(), CacheAwareConfig::default());
+    let policy = s.policy(source.clone(), unbounded());
     let request = PickRequest::new(RequestFacts::new("m", PROMPT), Role::Plain, "b");
     let pick = runtime()
         .block_on(policy.pick(&s.engines, &request))
@@ -365,9 +357,9 @@ fn one_request_looks_its_prefix_up_once_per_source() {
     s.idle_all();
     let source = Scripted::hits(&[("e1", cached(4096))]);
     let other = Scripted::hits(&[("e0", cached(4096))]);
-    let first = s.policy(source.clone(), CacheAwareConfig::default());
-    let second = s.policy(source.clone(), CacheAwareConfig::default());
-    let elsewhere = s.policy(other.clone(), CacheAwareConfig::default());
+    let first = s.policy(source.clone(), unbounded());
+    let second = s.policy(source.clone(), unbounded());
+    let elsewhere = s.policy(other.clone(), unbounded());
     let memo = PrefixMemo::new();
     let request = s.request();
     let request = PickRequest::new(
@@ -415,10 +407,7 @@ fn the_local_source_reads_the_index_fed_by_kv_events() {
     let s = Setup::new(3);
     s.idle_all();
     let index = indexed(&s, &[("e2", 2048, Tier::Device)]);
-    let policy = s.policy(
-        Arc::new(LocalCacheSource::new(index)),
-        CacheAwareConfig::default(),
-    );
+    let policy = s.policy(Arc::new(LocalCacheSource::new(index)), unbounded());
     assert_eq!(
         s.pick(&policy).unwrap(),
         ("e2".into(), PickReason::CacheHit, Some(2048))
@@ -464,7 +453,7 @@ fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
     s.idle_all();
     let index = index_with_two_holders(&s, Tier::Host);
     let source = || -> Arc<dyn CacheSource> { Arc::new(LocalCacheSource::new(Arc::clone(&index))) };
-    let equal = s.policy(source(), CacheAwareConfig::default());
+    let equal = s.policy(source(), unbounded());
     assert_eq!(
         s.pick(&equal).unwrap(),
         ("e1".into(), PickReason::CacheHit, Some(3072)),
@@ -474,7 +463,7 @@ fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
         source(),
         CacheAwareConfig {
             slower_tier_weight: Real::new(0.5).unwrap(),
-            ..CacheAwareConfig::default()
+            ..unbounded()
         },
     );
     assert_eq!(
@@ -484,7 +473,7 @@ fn a_copy_on_a_slower_tier_counts_for_less_than_one_on_the_device() {
     );
     let zero = CacheAwareConfig {
         slower_tier_weight: Real::new(0.0).unwrap(),
-        ..CacheAwareConfig::default()
+        ..unbounded()
     };
     let worthless = s.policy(source(), zero.clone());
     let index_only_host = index_with_two_holders(&s, Tier::Disk);
@@ -503,7 +492,7 @@ fn a_slower_tier_weight_outside_0_to_1_is_refused() {
     for weight in [-0.1, 1.5] {
         let config = CacheAwareConfig {
             slower_tier_weight: Real::new(weight).unwrap(),
-            ..CacheAwareConfig::default()
+            ..unbounded()
         };
         let err = config.validate().unwrap_err();
         assert!(err.to_string().contains("slower_tier_weight"), "{err}");
@@ -558,7 +547,7 @@ fn cache_aware_is_for_plain_and_prefill_groups_and_needs_a_prefix_source() {
 
     // A policy built anyway refuses to pick decode engines.
     let s = Setup::new(2);
-    let policy = s.policy(Scripted::hits(&[]), CacheAwareConfig::default());
+    let policy = s.policy(Scripted::hits(&[]), unbounded());
     let request = PickRequest::new(RequestFacts::new("m", PROMPT), Role::Decode, "b");
     let err = runtime()
         .block_on(policy.pick(&s.engines, &request))

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::{caps, engines, no_caps, report_native, runtime, table};
 use router_policy::{
-    AdmissionLimits, CacheAwareConfig, CacheAwarePolicy, EventSource, Explanation, PickError,
-    PickReason, PickRequest, Policy, RequestFacts, RoutedCacheSource, RoutedPagesMode,
+    AdmissionLimits, CacheAwareConfig, CacheAwarePolicy, Estimated, EventSource, Explanation,
+    PickError, PickReason, PickRequest, Policy, RequestFacts, RoutedCacheSource,
     RoutedPagesSettings,
 };
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
@@ -17,6 +17,8 @@ use router_state::{Engine, EngineReportedLoadTable, Role};
 
 const BLOCK: u32 = 16;
 const PROMPT: u32 = 4096;
+/// Longer than any test: the pages stay pending throughout.
+const PENDING_MS: u64 = 60_000;
 
 struct Fleet {
     engines: Vec<Arc<Engine>>,
@@ -25,8 +27,8 @@ struct Fleet {
 }
 
 /// Four idle engines, each publishing KV events (one page of an unrelated prompt),
-/// and a source counting routed pages in `mode`.
-fn fleet(mode: RoutedPagesMode) -> Fleet {
+/// and a source counting their routed pages as pending for `pending_ms`.
+fn fleet(pending_ms: u64) -> Fleet {
     let engines = engines(4);
     let load = table(&engines);
     let index = Arc::new(PrefixIndex::new(IndexConfig {
@@ -57,9 +59,8 @@ fn fleet(mode: RoutedPagesMode) -> Fleet {
         );
     }
     let settings = RoutedPagesSettings {
-        mode,
-        // Longer than any test: the pages stay pending throughout.
-        pending_ms: 60_000,
+        estimate: Estimated::None,
+        pending_ms,
         ..RoutedPagesSettings::default()
     };
     let source = Arc::new(RoutedCacheSource::new(
@@ -122,7 +123,7 @@ fn sibling(prefix: u32, question: u32) -> Vec<u32> {
 
 #[test]
 fn siblings_of_a_new_prefix_follow_the_first_before_its_events_arrive() {
-    let f = fleet(RoutedPagesMode::Auto);
+    let f = fleet(PENDING_MS);
     let policy = f.policy(no_caps());
     let (first, reason, predicted) = pick(&policy, &f.engines, &sibling(3072, 0), None).unwrap();
     assert_eq!(
@@ -138,8 +139,8 @@ fn siblings_of_a_new_prefix_follow_the_first_before_its_events_arrive() {
         assert_eq!(predicted, Some(3072), "the shared prefix, pending");
     }
 
-    // Without routed pages, the second sibling is a miss like the first.
-    let f = fleet(RoutedPagesMode::Off);
+    // Without pending pages, the second sibling is a miss like the first.
+    let f = fleet(0);
     let policy = f.policy(no_caps());
     pick(&policy, &f.engines, &sibling(3072, 0), None).unwrap();
     let (_, reason, _) = pick(&policy, &f.engines, &sibling(3072, 1), None).unwrap();
@@ -148,7 +149,7 @@ fn siblings_of_a_new_prefix_follow_the_first_before_its_events_arrive() {
 
 #[test]
 fn an_engine_that_refused_the_request_is_credited_with_nothing() {
-    let f = fleet(RoutedPagesMode::Auto);
+    let f = fleet(PENDING_MS);
     let policy = f.policy(caps(1));
     let tokens = sibling(4096, 0);
     let mut guards: Vec<_> = f.engines.iter().map(|e| f.load.acquire(e.id())).collect();
@@ -169,7 +170,7 @@ fn an_engine_that_refused_the_request_is_credited_with_nothing() {
 
 #[test]
 fn a_dry_run_is_credited_with_nothing() {
-    let f = fleet(RoutedPagesMode::Auto);
+    let f = fleet(PENDING_MS);
     let policy = f.policy(no_caps());
     let explanation = Explanation::dry_run();
     pick(&policy, &f.engines, &sibling(4096, 0), Some(&explanation)).unwrap();

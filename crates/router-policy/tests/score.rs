@@ -68,6 +68,7 @@ fn pick(score: CacheScore, queued_on_holder: u64) -> (String, PickReason, Option
     pick_with(
         CacheAwareConfig {
             score,
+            load_bound: None,
             ..CacheAwareConfig::default()
         },
         queued_on_holder,

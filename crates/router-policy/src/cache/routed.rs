@@ -5,9 +5,10 @@
 //! A lookup asks the engines' events (the local index, or a shared indexer), then
 //! carries each engine further along the prompt while it holds marks of pages routed
 //! to it ([`RoutedPages::extend`]): for an engine whose events have reached the index,
-//! marks younger than `pending_ms`; for one whose events never have, marks younger
-//! than `max_age_ms`, at most its cache's pages. A shared indexer's engines are all
-//! taken to publish. Pages the events show are confirmed: their marks go.
+//! marks younger than `pending_ms` (none by default); for one whose events never
+//! have, marks younger than `max_age_ms`, at most its cache's pages. A shared
+//! indexer's engines are all taken to publish. Pages the events show are confirmed:
+//! their marks go.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,36 +21,35 @@ use serde::{Deserialize, Serialize};
 use super::{CacheLookup, CacheQueryError, CacheSource, PrefixHits};
 use crate::future::BoxFuture;
 
-/// Whose caches the router also estimates from its own routing.
+/// Whose caches the router estimates from its own routing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum RoutedPagesMode {
-    /// Pending pages for engines whose KV events reach the router, an estimate from
-    /// routing for engines whose events never have.
+pub enum Estimated {
+    /// Engines whose KV events have never reached the router; the others are known
+    /// from their events.
     #[default]
     Auto,
-    /// Pending pages only: an engine that publishes no events is always a miss.
-    Pending,
-    /// Every engine estimated from routing alone; KV events are not read.
-    Estimate,
-    /// KV events alone, nothing from routing.
-    Off,
+    /// Every engine: KV events are not read (a fleet that publishes none).
+    All,
+    /// None: an engine without events is always a miss.
+    None,
 }
 
 /// How a model's cache-aware groups count the pages the router routed.
 ///
 /// ```yaml
-/// routed_pages: {mode: auto, pending_ms: 2000, max_age_ms: 600000}
+/// routed_pages: {estimate: auto, pending_ms: 0, max_age_ms: 600000}
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RoutedPagesSettings {
     /// Whose caches are estimated from routing.
     #[serde(default)]
-    pub mode: RoutedPagesMode,
+    pub estimate: Estimated,
     /// How long a routed prompt's pages count on an engine that publishes KV events
-    /// before its events announce them, in milliseconds (1 to 60,000).
-    #[serde(default = "default_pending_ms")]
+    /// before its events announce them, in milliseconds (0, the default, to 60,000;
+    /// 0 = not at all).
+    #[serde(default)]
     pub pending_ms: u64,
     /// How long a routed page counts on an engine that publishes no KV events, in
     /// milliseconds (1 to 86,400,000).
@@ -62,10 +62,6 @@ pub struct RoutedPagesSettings {
     /// Routed pages kept for the model, across engines (1 to 16,777,216).
     #[serde(default = "default_max_pages")]
     pub max_pages: usize,
-}
-
-fn default_pending_ms() -> u64 {
-    2_000
 }
 
 fn default_max_age_ms() -> u64 {
@@ -90,8 +86,8 @@ pub const MAX_ROUTED_PAGES: usize = 1 << 24;
 impl Default for RoutedPagesSettings {
     fn default() -> Self {
         Self {
-            mode: RoutedPagesMode::default(),
-            pending_ms: default_pending_ms(),
+            estimate: Estimated::default(),
+            pending_ms: 0,
             max_age_ms: default_max_age_ms(),
             capacity_tokens: default_capacity_tokens(),
             max_pages: default_max_pages(),
@@ -100,13 +96,18 @@ impl Default for RoutedPagesSettings {
 }
 
 impl RoutedPagesSettings {
+    /// Whether routing counts for anything: pending pages or an estimate.
+    pub fn counts_routing(&self) -> bool {
+        self.pending_ms > 0 || self.estimate != Estimated::None
+    }
+
     /// The settings' problems, as `(field, problem)`.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut problems = Vec::new();
-        if !(1..=MAX_PENDING_MS).contains(&self.pending_ms) {
+        if self.pending_ms > MAX_PENDING_MS {
             problems.push((
                 "pending_ms",
-                format!("must be 1 to {MAX_PENDING_MS}, not {}", self.pending_ms),
+                format!("must be 0 to {MAX_PENDING_MS}, not {}", self.pending_ms),
             ));
         }
         if !(1..=MAX_ROUTED_AGE_MS).contains(&self.max_age_ms) {
@@ -188,8 +189,8 @@ impl RoutedCacheSource {
     /// current cache began, as far as its events say (`Duration::MAX` when they
     /// have not been cleared or the source cannot say).
     fn events_for(&self, engine: &EngineId) -> Option<Duration> {
-        match (&self.events, self.settings.mode) {
-            (_, RoutedPagesMode::Estimate) => None,
+        match (&self.events, self.settings.estimate) {
+            (_, Estimated::All) => None,
             (EventSource::Local(index), _) => index.publisher(engine).map(|publisher| {
                 publisher
                     .cleared_at
@@ -199,17 +200,19 @@ impl RoutedCacheSource {
         }
     }
 
-    /// How old a mark of `engine`'s may be and count: for an engine that publishes,
-    /// younger than `pending_ms` and made no earlier than its cache was last cleared
-    /// (a restart or a flush voids what was routed before it).
+    /// How old a mark of `engine`'s may be and count, if its marks count at all: for
+    /// an engine that publishes, younger than `pending_ms` and made no earlier than
+    /// its cache was last cleared (a restart or a flush voids what was routed before
+    /// it); for one estimated, younger than `max_age_ms`.
     fn max_age(&self, engine: &EngineId) -> Option<Duration> {
-        let pending = Duration::from_millis(self.settings.pending_ms);
-        match (self.settings.mode, self.events_for(engine)) {
-            (RoutedPagesMode::Off, _) | (RoutedPagesMode::Pending, None) => None,
-            (_, Some(current)) => {
-                Some(pending.min(current.saturating_add(Duration::from_millis(1))))
-            }
-            (_, None) => Some(Duration::from_millis(self.settings.max_age_ms)),
+        match self.events_for(engine) {
+            Some(_) if self.settings.pending_ms == 0 => None,
+            Some(current) => Some(
+                Duration::from_millis(self.settings.pending_ms)
+                    .min(current.saturating_add(Duration::from_millis(1))),
+            ),
+            None if self.settings.estimate == Estimated::None => None,
+            None => Some(Duration::from_millis(self.settings.max_age_ms)),
         }
     }
 
@@ -220,8 +223,8 @@ impl RoutedCacheSource {
         dry_run: bool,
     ) -> Result<CacheLookup, CacheQueryError> {
         let chain = self.chain(namespace, token_ids);
-        let mut hits = match (&self.events, self.settings.mode) {
-            (_, RoutedPagesMode::Estimate) => PrefixHits {
+        let mut hits = match (&self.events, self.settings.estimate) {
+            (_, Estimated::All) => PrefixHits {
                 query_blocks: chain.len(),
                 block_size: self.block_size,
                 ..PrefixHits::default()
@@ -234,10 +237,7 @@ impl RoutedCacheSource {
                 }
             }
         };
-        if self.settings.mode == RoutedPagesMode::Off {
-            return Ok(CacheLookup::Answered(hits));
-        }
-        if !dry_run {
+        if !dry_run && self.settings.pending_ms > 0 {
             for (engine, blocks) in &hits.engines {
                 self.pages
                     .confirm(engine, &chain[..(*blocks).min(chain.len())]);
@@ -294,10 +294,15 @@ impl CacheSource for RoutedCacheSource {
         engine: &EngineId,
         held_blocks: usize,
     ) {
-        if self.settings.mode == RoutedPagesMode::Off {
+        let publishes = self.events_for(engine).is_some();
+        let counts = if publishes {
+            self.settings.pending_ms > 0
+        } else {
+            self.settings.estimate != Estimated::None
+        };
+        if !counts {
             return;
         }
-        let publishes = self.events_for(engine).is_some();
         let chain = self.chain(namespace, token_ids);
         let new = if publishes {
             chain.get(held_blocks..).unwrap_or_default()

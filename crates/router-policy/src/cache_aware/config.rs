@@ -106,8 +106,9 @@ pub struct CacheAwareConfig {
     /// waiting plus dispatches since the report, else the router's own in flight)
     /// exceed `ceil(load_bound x (group's requests + 1) / group's engines)` is set
     /// aside, and when every holder is, the request goes to the least pressured of
-    /// `min_load_choices` engines under the bound (`cache_spill`); unset = no bound.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `min_load_choices` engines under the bound (`cache_spill`); `null` = no
+    /// bound.
+    #[serde(default = "default_load_bound")]
     pub load_bound: Option<Real>,
 
     /// Fixed seed for reproducible sampling; absent = seeded per process.
@@ -187,6 +188,9 @@ fn default_max_engines() -> usize {
 fn default_slower_tier_weight() -> Real {
     Real(1.0)
 }
+fn default_load_bound() -> Option<Real> {
+    Some(Real(1.25))
+}
 fn default_true() -> bool {
     true
 }
@@ -208,7 +212,7 @@ impl Default for CacheAwareConfig {
             min_load_choices: default_load_choices(),
             slower_tier_weight: default_slower_tier_weight(),
             score: CacheScore::default(),
-            load_bound: None,
+            load_bound: default_load_bound(),
             seed: None,
         }
     }

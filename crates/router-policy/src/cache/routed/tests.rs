@@ -6,7 +6,7 @@ use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, Prefix
 use router_state::test_util::basic_report;
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig};
 
-use super::{EventSource, RoutedCacheSource, RoutedPagesMode, RoutedPagesSettings};
+use super::{Estimated, EventSource, RoutedCacheSource, RoutedPagesSettings};
 use crate::cache::{CacheLookup, CacheSource, PrefixHits};
 
 const BLOCK: u32 = 4;
@@ -44,10 +44,10 @@ fn fixture(settings: RoutedPagesSettings) -> Fixture {
     }
 }
 
-fn settings(mode: RoutedPagesMode) -> RoutedPagesSettings {
+fn settings(estimate: Estimated, pending_ms: u64) -> RoutedPagesSettings {
     RoutedPagesSettings {
-        mode,
-        pending_ms: 1_000,
+        estimate,
+        pending_ms,
         max_age_ms: 60_000,
         ..RoutedPagesSettings::default()
     }
@@ -83,7 +83,7 @@ async fn hits(source: &RoutedCacheSource, tokens: &[u32], dry_run: bool) -> Pref
 
 #[tokio::test(start_paused = true)]
 async fn a_routed_prompt_is_pending_on_its_engine_until_the_pending_time_passes() {
-    let f = fixture(settings(RoutedPagesMode::Auto));
+    let f = fixture(settings(Estimated::Auto, 1_000));
     let tokens = prompt(8);
     // `a` publishes events (one unrelated page so far).
     announce(&f.index, "a", &prompt(20)[40..], 1);
@@ -103,7 +103,7 @@ async fn a_routed_prompt_is_pending_on_its_engine_until_the_pending_time_passes(
 
 #[tokio::test(start_paused = true)]
 async fn the_events_confirm_pending_pages_and_the_rest_stay_pending() {
-    let f = fixture(settings(RoutedPagesMode::Auto));
+    let f = fixture(settings(Estimated::Auto, 1_000));
     let tokens = prompt(8);
     f.source.routed(None, &tokens, &id("a"), 0);
     announce(&f.index, "a", &tokens, 3);
@@ -124,7 +124,7 @@ async fn the_events_confirm_pending_pages_and_the_rest_stay_pending() {
 
 #[tokio::test(start_paused = true)]
 async fn only_pages_past_what_a_publisher_holds_are_recorded_and_an_estimate_refreshes_all() {
-    let f = fixture(settings(RoutedPagesMode::Auto));
+    let f = fixture(settings(Estimated::Auto, 1_000));
     let tokens = prompt(8);
     announce(&f.index, "a", &tokens, 3);
     f.source.routed(None, &tokens, &id("a"), 3);
@@ -142,9 +142,9 @@ async fn only_pages_past_what_a_publisher_holds_are_recorded_and_an_estimate_ref
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_engine_without_events_is_estimated_from_routing_in_auto_mode_only() {
+async fn an_engine_without_events_is_estimated_from_routing_unless_estimate_is_none() {
     let tokens = prompt(6);
-    let auto = fixture(settings(RoutedPagesMode::Auto));
+    let auto = fixture(settings(Estimated::Auto, 1_000));
     auto.source.routed(None, &tokens, &id("quiet"), 0);
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(
@@ -155,21 +155,21 @@ async fn an_engine_without_events_is_estimated_from_routing_in_auto_mode_only() 
     tokio::time::advance(Duration::from_secs(30)).await;
     assert!(hits(&auto.source, &tokens, false).await.engines.is_empty());
 
-    let pending = fixture(settings(RoutedPagesMode::Pending));
+    let pending = fixture(settings(Estimated::None, 1_000));
     pending.source.routed(None, &tokens, &id("quiet"), 0);
     assert!(
         hits(&pending.source, &tokens, false)
             .await
             .engines
             .is_empty(),
-        "pending mode never estimates an engine without events"
+        "estimate: none never estimates an engine without events"
     );
 }
 
 #[tokio::test(start_paused = true)]
-async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
+async fn estimate_all_ignores_the_events_and_nothing_counts_routing_when_off() {
     let tokens = prompt(6);
-    let estimate = fixture(settings(RoutedPagesMode::Estimate));
+    let estimate = fixture(settings(Estimated::All, 1_000));
     announce(&estimate.index, "a", &tokens, 6);
     estimate.source.routed(None, &tokens[..8], &id("b"), 0);
     tokio::time::advance(Duration::from_secs(30)).await;
@@ -178,7 +178,7 @@ async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
         vec![(id("b"), 2)]
     );
 
-    let off = fixture(settings(RoutedPagesMode::Off));
+    let off = fixture(settings(Estimated::None, 0));
     announce(&off.index, "a", &tokens, 6);
     off.source.routed(None, &tokens, &id("b"), 0);
     assert!(off.source.routed_pages().is_empty());
@@ -190,7 +190,7 @@ async fn estimate_mode_ignores_the_events_and_off_mode_ignores_routing() {
 
 #[tokio::test(start_paused = true)]
 async fn namespaces_keep_routed_pages_apart() {
-    let f = fixture(settings(RoutedPagesMode::Auto));
+    let f = fixture(settings(Estimated::Auto, 1_000));
     let tokens = prompt(4);
     f.source.routed(Some("lora-1"), &tokens, &id("a"), 0);
     assert!(hits(&f.source, &tokens, false).await.engines.is_empty());
@@ -203,7 +203,7 @@ async fn namespaces_keep_routed_pages_apart() {
 
 #[tokio::test(start_paused = true)]
 async fn an_engines_reported_cache_size_bounds_its_estimate() {
-    let f = fixture(settings(RoutedPagesMode::Auto));
+    let f = fixture(settings(Estimated::Auto, 1_000));
     f.load.register(&id("quiet"), NonZeroU32::MIN);
     // Room for 3 pages of 4 tokens.
     f.load
@@ -226,7 +226,7 @@ async fn an_engines_reported_cache_size_bounds_its_estimate() {
 #[test]
 fn settings_out_of_bounds_are_named() {
     let bad = RoutedPagesSettings {
-        pending_ms: 0,
+        pending_ms: 60_001,
         max_age_ms: u64::MAX,
         capacity_tokens: 0,
         max_pages: 0,
