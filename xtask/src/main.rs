@@ -58,7 +58,7 @@ fn main() -> anyhow::Result<()> {
         "soak" => soak::run(&root, &rest),
         "routing-quality" => routing_quality::run(&root, &rest),
         _ => bail!(
-            "usage: cargo xtask <ci | tidy | image | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live]>"
+            "usage: cargo xtask <ci | tidy | image | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live] [--matrix]>"
         ),
     }
 }

@@ -10,7 +10,8 @@
 //! simulated-engine processes (`switchyard drive`), one fresh fleet per policy, and
 //! replayed alone for comparison. The report checks the targets, and the
 //! plot (`docs/routing-quality.svg`) shows each run's TTFT distribution. The sharper
-//! signals' experiments (a host tier, lagging KV feeds) replay the same trace.
+//! signals' experiments (a host tier, lagging KV feeds) replay the same trace. With
+//! `--matrix`, the policies are replayed on a matrix of workloads instead (`matrix`).
 
 use std::fs::File;
 use std::path::Path;
@@ -22,6 +23,7 @@ use serde_json::Value;
 use crate::processes::{Target, json_field, release_switchyard, spawn_ready};
 use crate::step;
 
+mod matrix;
 mod plot;
 mod signals;
 
@@ -40,18 +42,24 @@ const TIMING_FLAGS: &[&str] = &[
 /// Their prefix cache.
 const CACHE_FLAGS: &[&str] = &["--kv-capacity-tokens", "65536"];
 const SLOTS: &str = "32";
+/// Requests of the benchmark's trace.
+const DEFAULT_REQUESTS: usize = 100_000;
+/// Requests of each matrix cell's trace.
+const MATRIX_REQUESTS: usize = 10_000;
 
 struct Options {
-    requests: usize,
+    requests: Option<usize>,
     live_requests: usize,
     live: bool,
+    matrix: bool,
 }
 
 fn options(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
-        requests: 100_000,
+        requests: None,
         live_requests: 10_000,
         live: true,
+        matrix: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -62,16 +70,17 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
                 .with_context(|| format!("{name} needs a number"))
         };
         match arg.as_str() {
-            "--requests" => options.requests = number("--requests")?,
+            "--requests" => options.requests = Some(number("--requests")?),
             "--live-requests" => options.live_requests = number("--live-requests")?,
             "--no-live" => options.live = false,
+            "--matrix" => options.matrix = true,
             other => bail!(
-                "unknown option {other}: cargo xtask routing-quality [--requests N] [--live-requests N] [--no-live]"
+                "unknown option {other}: cargo xtask routing-quality [--requests N] [--live-requests N] [--no-live] [--matrix]"
             ),
         }
     }
     anyhow::ensure!(
-        options.live_requests <= options.requests,
+        options.live_requests <= options.requests.unwrap_or(DEFAULT_REQUESTS),
         "--live-requests must not exceed --requests"
     );
     Ok(options)
@@ -80,6 +89,15 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
 pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let options = options(args)?;
     let (binary, dir) = release_switchyard("routing-quality")?;
+    if options.matrix {
+        return matrix::run(
+            &binary,
+            &dir,
+            options.requests.unwrap_or(MATRIX_REQUESTS),
+            &dir.join("matrix.md"),
+            &root.join("docs/routing-quality-matrix.svg"),
+        );
+    }
     let tokenizer = root.join("testdata/tokenizer-bytes/tokenizer.json");
 
     let fleet = dir.join("fleet.yaml");
@@ -88,7 +106,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         .collect();
     std::fs::write(&fleet, router_config(&urls, None, None).to_string())?;
     let trace = dir.join("trace.jsonl");
-    let requests = options.requests.to_string();
+    let requests = options.requests.unwrap_or(DEFAULT_REQUESTS).to_string();
     run_binary(
         "generate the workload at 85% of round robin's capacity",
         Command::new(&binary)
