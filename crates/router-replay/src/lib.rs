@@ -43,7 +43,10 @@ pub use trace::{
     MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
     Segment, TraceError, TraceRequest, read_trace, write_trace,
 };
-pub use workload::{SharedPrefixWorkload, uncached_capacity};
+pub use workload::{
+    AgentWorkload, BurstWorkload, DocumentWorkload, Popularity, SharedPrefixWorkload, Workload,
+    uncached_capacity,
+};
 
 use router_config::RouterConfig;
 

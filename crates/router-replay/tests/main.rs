@@ -4,5 +4,6 @@
 mod common;
 
 mod replay;
+mod shapes;
 mod trace;
 mod workload;
