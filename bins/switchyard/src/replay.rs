@@ -9,8 +9,8 @@ use anyhow::Context as _;
 use engine_sim::EngineSpec;
 use router_config::RouterConfig;
 use router_replay::{
-    HostTier, LaggingFeeds, ReplaySettings, SharedPrefixWorkload, Summary, oracle_cached_tokens,
-    read_trace, replay, table, uncached_capacity, write_trace,
+    Arrivals, HostTier, LaggingFeeds, ReplaySettings, SharedPrefixWorkload, Summary,
+    oracle_cached_tokens, read_trace, replay, table, uncached_capacity, write_trace,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -65,6 +65,8 @@ impl EngineModelArgs {
             },
             kv_delay: feeds.kv_delay,
             lagging_feeds: feeds.lagging,
+            silent_kv_engines: 0,
+            arrivals: Arrivals::Open,
             seed,
         };
         settings.check()?;

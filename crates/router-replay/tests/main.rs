@@ -3,6 +3,7 @@
 
 mod common;
 
+mod closed_loop;
 mod replay;
 mod shapes;
 mod trace;
