@@ -1,6 +1,7 @@
 //! `switchyard drive`: a trace's requests sent to a running router at their arrival
-//! times, each as a streamed SGLang `/generate` of the trace's token ids, measured as
-//! `switchyard replay` measures its own (the same table and JSON).
+//! times, or by a closed loop of clients, each as a streamed SGLang `/generate` of the
+//! trace's token ids, measured as `switchyard replay` measures its own (the same table
+//! and JSON).
 
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
@@ -9,9 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures_util::StreamExt;
-use router_replay::{Outcome, RunReport, TraceRequest, oracle_cached_tokens, read_trace, table};
+use router_replay::{
+    ClosedLoop, Outcome, RunReport, TraceRequest, oracle_cached_tokens, read_trace, table,
+};
 use serde_json::json;
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 /// Options of `switchyard drive`.
@@ -43,6 +47,17 @@ pub(crate) struct DriveArgs {
     /// waits, and its wait counts in its time to first token.
     #[arg(long, default_value_t = 4096)]
     max_in_flight: usize,
+    /// Send the trace's requests from N clients in a closed loop instead of at their
+    /// times: each client sends its next request as soon as its previous one
+    /// completed, the earliest in the trace whose session has nothing in flight
+    /// (1 to 65536); a request's time to first token counts from when it was sent.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=MAX_IN_FLIGHT as u64),
+        conflicts_with = "max_in_flight"
+    )]
+    closed_loop: Option<u64>,
     /// Also write the summary, with TTFT percentiles, as JSON to FILE.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -65,6 +80,12 @@ struct Answer {
     cached_tokens: u64,
 }
 
+/// A request sent: when, microseconds from the run's start, and how it ended.
+struct Sent {
+    at_us: u64,
+    ended: Ended,
+}
+
 /// How a request ended.
 enum Ended {
     Answered(Answer),
@@ -84,10 +105,13 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let answers = runtime.block_on(send_all(args, &trace))?;
-    let mut answered: Vec<&String> = answers
+    let sent = match args.closed_loop {
+        None => runtime.block_on(send_all(args, &trace))?,
+        Some(clients) => runtime.block_on(send_closed(args, &trace, clients as usize))?,
+    };
+    let mut answered: Vec<&String> = sent
         .iter()
-        .filter_map(|a| match a {
+        .filter_map(|s| match &s.ended {
             Ended::Answered(answer) => answer.engine.as_ref(),
             Ended::Failed(_) => None,
         })
@@ -103,10 +127,11 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
     let mut failed: Vec<String> = Vec::new();
     let outcomes: Vec<Outcome> = trace
         .iter()
-        .zip(&answers)
-        .map(|(request, ended)| {
+        .zip(&sent)
+        .map(|(request, sent)| {
             let mut outcome = Outcome::arrived(request);
-            let answer = match ended {
+            outcome.arrived_us = sent.at_us;
+            let answer = match &sent.ended {
                 Ended::Answered(answer) => answer,
                 Ended::Failed(error) => {
                     outcome.failed = true;
@@ -122,8 +147,7 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
                         .and_then(|e| engines.iter().position(|known| known == e));
                     outcome.reason.clone_from(&answer.reason);
                     outcome.ttft_us = answer.first_token.map(|d| d.as_micros() as u64);
-                    outcome.finished_us =
-                        Some(request.at_us + answer.last_token.as_micros() as u64);
+                    outcome.finished_us = Some(sent.at_us + answer.last_token.as_micros() as u64);
                     outcome.cached_tokens = answer.cached_tokens;
                 }
                 (429, _) | (503, Some("at_capacity")) => outcome.rejected = true,
@@ -153,12 +177,50 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Vec<Ended>> {
+/// The client, at most `connections` idle connections kept, and the URL requests go
+/// to.
+fn client(args: &DriveArgs, connections: usize) -> anyhow::Result<(reqwest::Client, String)> {
     let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.max_in_flight)
+        .pool_max_idle_per_host(connections)
         .timeout(Duration::from_secs(600))
         .build()?;
-    let url: Arc<str> = format!("{}/generate", args.url.trim_end_matches('/')).into();
+    Ok((
+        client,
+        format!("{}/generate", args.url.trim_end_matches('/')),
+    ))
+}
+
+/// The streamed `/generate` of `request`'s token ids.
+fn post(
+    args: &DriveArgs,
+    client: &reqwest::Client,
+    url: &str,
+    request: &TraceRequest,
+) -> reqwest::RequestBuilder {
+    let body = json!({
+        "model": request.model.as_deref().unwrap_or(&args.model),
+        "input_ids": request.tokens(),
+        "sampling_params": {"max_new_tokens": request.output_tokens, "ignore_eos": true},
+        "stream": true,
+    });
+    let mut post = client.post(url).json(&body);
+    if let Some(session) = &request.session {
+        post = post.header(args.session_header.as_str(), session.as_str());
+    }
+    post
+}
+
+/// Sends one request due at `due`, its stream read to the end.
+async fn ended(post: reqwest::RequestBuilder, due: Instant) -> Ended {
+    match exchange(post, due).await {
+        Ok(answer) => Ended::Answered(answer),
+        Err(e) => Ended::Failed(format!("{e:#}")),
+    }
+}
+
+/// Sends each request at its arrival time, at most `--max-in-flight` at once.
+async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Vec<Sent>> {
+    let (client, url) = client(args, args.max_in_flight)?;
     let gate = Arc::new(Semaphore::new(args.max_in_flight));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(trace.len());
@@ -176,30 +238,69 @@ async fn send_all(args: &DriveArgs, trace: &[TraceRequest]) -> anyhow::Result<Ve
                 args.max_in_flight - gate.available_permits()
             );
         }
-        let body = json!({
-            "model": request.model.as_deref().unwrap_or(&args.model),
-            "input_ids": request.tokens(),
-            "sampling_params": {"max_new_tokens": request.output_tokens, "ignore_eos": true},
-            "stream": true,
-        });
-        let mut post = client.post(&*url).json(&body);
-        if let Some(session) = &request.session {
-            post = post.header(args.session_header.as_str(), session.as_str());
-        }
+        let post = post(args, &client, &url, request);
+        let at_us = request.at_us;
         tasks.push(tokio::spawn(async move {
-            let ended = match exchange(post, due).await {
-                Ok(answer) => Ended::Answered(answer),
-                Err(e) => Ended::Failed(format!("{e:#}")),
-            };
+            let ended = ended(post, due).await;
             drop(permit);
-            ended
+            Sent { at_us, ended }
         }));
     }
-    let mut answers = Vec::with_capacity(tasks.len());
+    let mut sent = Vec::with_capacity(tasks.len());
     for task in tasks {
-        answers.push(task.await?);
+        sent.push(task.await?);
     }
-    Ok(answers)
+    Ok(sent)
+}
+
+/// Sends the requests from `clients` clients in a closed loop ([`ClosedLoop`]).
+async fn send_closed(
+    args: &DriveArgs,
+    trace: &[TraceRequest],
+    clients: usize,
+) -> anyhow::Result<Vec<Sent>> {
+    let (client, url) = client(args, clients)?;
+    let mut order = ClosedLoop::new(trace, clients);
+    let mut sent: Vec<Option<Sent>> = trace.iter().map(|_| None).collect();
+    let mut tasks = JoinSet::new();
+    let start = Instant::now();
+    let mut reported = start;
+    let mut completed = 0;
+    loop {
+        while let Some(index) = order.send() {
+            let post = post(args, &client, &url, &trace[index]);
+            let due = Instant::now();
+            let at_us = (due - start).as_micros() as u64;
+            tasks.spawn(async move {
+                (
+                    index,
+                    Sent {
+                        at_us,
+                        ended: ended(post, due).await,
+                    },
+                )
+            });
+        }
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
+        let (index, done) = joined?;
+        order.completed(index);
+        sent[index] = Some(done);
+        completed += 1;
+        if reported.elapsed() >= Duration::from_secs(5) {
+            reported = Instant::now();
+            eprintln!(
+                "  {}: {completed} of {} completed, {} in flight",
+                args.label,
+                trace.len(),
+                tasks.len()
+            );
+        }
+    }
+    sent.into_iter()
+        .map(|s| s.context("a request the closed loop never sent"))
+        .collect()
 }
 
 /// Sends one request due at `due` and reads its stream to the end.

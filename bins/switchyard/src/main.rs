@@ -13,6 +13,7 @@ mod prompt;
 mod replay;
 mod serve;
 mod sim_engine;
+mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,9 +51,9 @@ enum Command {
     /// virtual clock, and print per policy: TTFT, throughput, cached share, load
     /// spread. The same inputs print the same bytes.
     Replay(replay::ReplayArgs),
-    /// Write a shared-prefix multi-turn trace for `replay`, at a share of a fleet's
-    /// capacity.
-    Workload(replay::WorkloadArgs),
+    /// Write a trace for `replay` of one of the workload shapes (conversations,
+    /// bursts, agent sessions, long documents), at a share of a fleet's capacity.
+    Workload(workload::WorkloadArgs),
     /// Send a trace's requests to a running router at their arrival times (streamed
     /// `/generate` of the trace's token ids) and print what `replay` prints.
     Drive(drive::DriveArgs),
@@ -94,7 +95,7 @@ fn main() -> ExitCode {
         Command::Config(ConfigCommand::Schema) => serve::schema(),
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(&args),
-        Command::Workload(args) => replay::workload(&args),
+        Command::Workload(args) => workload::run(&args),
         Command::Drive(args) => drive::run(&args),
         Command::Prompt(args) => prompt::run(&args),
         Command::SimEngine(config) => sim_engine::run(*config),

@@ -1,5 +1,5 @@
-//! `switchyard replay` and `switchyard workload`: a trace through the real selection
-//! code on a virtual clock, and the shared-prefix workload that makes one.
+//! `switchyard replay`: a trace through the real selection code on a virtual clock,
+//! and the modelled engines `switchyard workload` measures capacity on too.
 
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
@@ -9,8 +9,8 @@ use anyhow::Context as _;
 use engine_sim::EngineSpec;
 use router_config::RouterConfig;
 use router_replay::{
-    HostTier, LaggingFeeds, ReplaySettings, SharedPrefixWorkload, Summary, oracle_cached_tokens,
-    read_trace, replay, table, uncached_capacity, write_trace,
+    Arrivals, HostTier, LaggingFeeds, MAX_CLIENTS, ReplaySettings, Summary, oracle_cached_tokens,
+    read_trace, replay, table,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -44,14 +44,17 @@ pub(crate) struct EngineModelArgs {
 
 /// How the engines' KV events reach the router.
 #[derive(Debug, Clone, Copy)]
-struct FeedSettings {
-    kv_delay: Duration,
-    lagging: LaggingFeeds,
+pub(crate) struct FeedSettings {
+    /// How long a batch takes.
+    pub(crate) kv_delay: Duration,
+    /// The engines whose batches take longer.
+    pub(crate) lagging: LaggingFeeds,
 }
 
 impl EngineModelArgs {
-    /// The engines' spec and the replay's settings, checked.
-    fn settings(
+    /// The engines' spec and the replay's settings (open loop, every engine
+    /// publishing KV events), checked.
+    pub(crate) fn settings(
         &self,
         page_size: u32,
         feeds: FeedSettings,
@@ -65,6 +68,8 @@ impl EngineModelArgs {
             },
             kv_delay: feeds.kv_delay,
             lagging_feeds: feeds.lagging,
+            silent_kv_engines: 0,
+            arrivals: Arrivals::Open,
             seed,
         };
         settings.check()?;
@@ -108,6 +113,19 @@ pub(crate) struct ReplayArgs {
     /// Time a KV-event batch takes from a lagging engine, milliseconds.
     #[arg(long, default_value_t = 0)]
     lagging_delay_ms: u64,
+    /// How many engines (the first configured) publish no KV events: they cache as
+    /// the others do, but the router's prefix index never hears of it.
+    #[arg(long, default_value_t = 0)]
+    silent_kv_engines: usize,
+    /// No engine publishes KV events (`--silent-kv-engines` with every engine).
+    #[arg(long, conflicts_with = "silent_kv_engines")]
+    no_kv_events: bool,
+    /// Send the trace's requests from N clients in a closed loop instead of at their
+    /// times: each client sends its next request as soon as its previous one
+    /// completed, the earliest in the trace whose session has nothing in flight
+    /// (1 to 65536).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_CLIENTS as u64))]
+    closed_loop: Option<u64>,
     /// Seed of the policies that draw random numbers and name no seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -135,7 +153,17 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening {}", args.trace.display()))?;
     let trace = read_trace(BufReader::new(file))
         .with_context(|| format!("reading {}", args.trace.display()))?;
-    let settings = args.engines.settings(page_size, args.feeds(), args.seed)?;
+    let mut settings = args.engines.settings(page_size, args.feeds(), args.seed)?;
+    settings.silent_kv_engines = if args.no_kv_events {
+        config.models.iter().map(|m| m.engines.len()).sum()
+    } else {
+        args.silent_kv_engines
+    };
+    if let Some(clients) = args.closed_loop {
+        settings.arrivals = Arrivals::Closed {
+            clients: clients as usize,
+        };
+    }
     let oracle = oracle_cached_tokens(&trace, page_size);
     let policies: Vec<Option<&str>> = if args.policies.is_empty() {
         vec![None]
@@ -161,154 +189,8 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Options of `switchyard workload`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct WorkloadArgs {
-    /// Where to write the trace.
-    #[arg(long)]
-    out: PathBuf,
-    /// Requests in the trace.
-    #[arg(long, default_value_t = 10_000)]
-    requests: usize,
-    /// Seed of every draw.
-    #[arg(long, default_value_t = 7)]
-    seed: u64,
-    /// Distinct system prompts (Zipf popularity).
-    #[arg(long, default_value_t = 64)]
-    system_prompts: u32,
-    /// Most turns per conversation (each has 1 to this many).
-    #[arg(long, default_value_t = 6)]
-    max_turns: u32,
-    /// Mean think time between an answer and the next turn, milliseconds.
-    #[arg(long, default_value_t = 2000.0)]
-    think_ms: f64,
-    /// Arrival rate as a share of the fleet's capacity: by default the capacity with
-    /// nothing cached; with `--config`, the throughput `--capacity-policy` reaches
-    /// when the fleet is overloaded.
-    #[arg(long, default_value_t = 0.85)]
-    load: f64,
-    /// Engines the capacity is computed for, without `--config`.
-    #[arg(long, default_value_t = 8)]
-    engines: u32,
-    /// Tokens per page (the model's block size), without `--config`.
-    #[arg(long, default_value_t = 16)]
-    page_size: u32,
-    /// Measure the capacity by replaying the workload, overloaded, through the router
-    /// this configuration describes.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// The policy whose capacity `--load` is a share of, with `--config`.
-    #[arg(long, default_value = "round_robin", requires = "config")]
-    capacity_policy: String,
-    #[command(flatten)]
-    engine: EngineModelArgs,
-}
-
-/// How much faster than the uncached capacity an overloaded replay sends requests.
-const OVERLOAD: f64 = 4.0;
-
-/// The most system prompts a workload draws from.
-const MAX_SYSTEM_PROMPTS: u32 = 100_000;
-/// The most turns a conversation has.
-const MAX_TURNS: u32 = 64;
-/// The longest mean think time, milliseconds (an hour).
-const MAX_THINK_MS: f64 = 3_600_000.0;
-
-pub(crate) fn workload(args: &WorkloadArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.load.is_finite() && args.load > 0.0 && args.load <= 100.0,
-        "--load must be above 0 and at most 100"
-    );
-    anyhow::ensure!(
-        (1..=MAX_TURNS).contains(&args.max_turns),
-        "--max-turns must be 1 to {MAX_TURNS}"
-    );
-    anyhow::ensure!(
-        (1..=MAX_SYSTEM_PROMPTS).contains(&args.system_prompts),
-        "--system-prompts must be 1 to {MAX_SYSTEM_PROMPTS}"
-    );
-    anyhow::ensure!(
-        args.think_ms.is_finite() && (0.0..=MAX_THINK_MS).contains(&args.think_ms),
-        "--think-ms must be 0 to {MAX_THINK_MS}"
-    );
-    anyhow::ensure!(
-        args.requests <= router_replay::MAX_REQUESTS,
-        "--requests must be at most {}",
-        router_replay::MAX_REQUESTS
-    );
-    let config = match &args.config {
-        Some(path) => Some(read_config(path)?),
-        None => None,
-    };
-    let (engines, page_size) = match &config {
-        Some(config) => (
-            config
-                .models
-                .iter()
-                .flat_map(|m| &m.engines)
-                .map(|e| u64::from(e.dp_size.unwrap_or(1).max(1)))
-                .sum::<u64>(),
-            config.models.first().map_or(16, |m| m.block_size),
-        ),
-        None => (u64::from(args.engines), args.page_size),
-    };
-    anyhow::ensure!(engines > 0, "the fleet has no engine");
-    let feeds = FeedSettings {
-        kv_delay: Duration::from_millis(1),
-        lagging: LaggingFeeds::default(),
-    };
-    let settings = args.engine.settings(page_size, feeds, 0)?;
-    let spec = settings.engine;
-    let mut workload = SharedPrefixWorkload {
-        seed: args.seed,
-        requests: args.requests,
-        system_prompts: args.system_prompts,
-        turns: (1, args.max_turns),
-        think_ms: args.think_ms,
-        ..SharedPrefixWorkload::default()
-    };
-    // Sizes do not depend on the rate: draw them once to find the capacity.
-    let uncached = engines as f64 * uncached_capacity(&workload.generate(), &spec);
-    let capacity = match &config {
-        None => {
-            eprintln!("capacity with nothing cached: {uncached:.1} requests/s");
-            uncached
-        }
-        Some(config) => {
-            workload.requests_per_sec = OVERLOAD * uncached;
-            let overloaded = workload.generate();
-            let measured = replay(config, &overloaded, Some(&args.capacity_policy), &settings)?
-                .summary(&args.capacity_policy, 0)
-                .requests_per_sec;
-            eprintln!(
-                "capacity under {}: {measured:.1} requests/s (sent {:.1}/s; {uncached:.1}/s with nothing cached)",
-                args.capacity_policy, workload.requests_per_sec
-            );
-            measured
-        }
-    };
-    workload.requests_per_sec = args.load * capacity;
-    eprintln!(
-        "generating {} requests at {:.1}/s",
-        args.requests, workload.requests_per_sec
-    );
-    let trace = workload.generate();
-    if let Some(last) = trace.last() {
-        anyhow::ensure!(
-            last.at_us <= router_replay::MAX_AT_US,
-            "the trace would run past 30 days at {:.3} requests/s: raise --load",
-            workload.requests_per_sec
-        );
-    }
-    let out = std::fs::File::create(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    write_trace(BufWriter::new(out), &trace)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    Ok(())
-}
-
 /// The configuration in `path`, its fields checked.
-fn read_config(path: &std::path::Path) -> anyhow::Result<RouterConfig> {
+pub(crate) fn read_config(path: &std::path::Path) -> anyhow::Result<RouterConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let config =

@@ -11,3 +11,4 @@ mod manifests;
 mod reload;
 mod replay;
 mod replicas;
+mod workloads;

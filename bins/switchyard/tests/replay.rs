@@ -247,3 +247,48 @@ async fn drive_counts_a_capacity_refusal_as_rejected_not_failed() {
         "{summary}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drive_in_a_closed_loop_sends_each_request_once_the_one_before_completed() {
+    let mut paced = engine_sim::SimConfig::for_tests();
+    paced.decode_tokens_per_sec = 100.0;
+    let engine = engine_sim::start(paced).await.expect("an engine");
+    let config = TempFile::new(
+        &serde_json::json!({
+            "listen": "127.0.0.1:0",
+            "models": [{"id": "m", "engines": [{"id": "E0", "url": engine.url(), "role": "plain"}]}],
+        })
+        .to_string(),
+    );
+    let router = crate::common::Replica::start(&config.0, &[]).await;
+    // Six requests due at once, 50 ms each (five tokens at 100 a second).
+    let trace = TempFile::new(
+        &(0..6)
+            .map(|i| {
+                format!(
+                    "{{\"at_us\": 0, \"session\": \"s{i}\", \"prompt\": [{{\"id\": \"p{i}\", \"tokens\": 20}}], \"output_tokens\": 5}}\n"
+                )
+            })
+            .collect::<String>(),
+    );
+    let json = TempFile::new("");
+    let load = |out: Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary =
+            &serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json.0).unwrap()).unwrap()
+                [0];
+        assert_eq!(summary["requests"], 6, "{summary}");
+        summary["engine_load"][0][1].as_f64().unwrap()
+    };
+    let open = load(drive(&router, &trace, "m", &json, &[]).await);
+    let closed = load(drive(&router, &trace, "m", &json, &["--closed-loop", "1"]).await);
+    assert!(open > 2.0, "sent at once, they overlap: {open}");
+    assert!(
+        (0.5..=1.0).contains(&closed),
+        "one client: one request at a time ({closed})"
+    );
+}

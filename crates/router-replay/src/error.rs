@@ -6,6 +6,7 @@ use router_policy::{ConfigError, PickError};
 use router_state::kv_events::{BatchError, SkipReason};
 use router_state::{EngineId, IngestError, LoadDecodeError};
 
+use crate::closed_loop::MAX_CLIENTS;
 use crate::sim::{MAX_HOST_PAGES, MAX_KV_DELAY, MAX_LOAD_COST, MAX_RATE, MAX_SLOTS, MIN_RATE};
 
 /// Why a replay could not run.
@@ -115,6 +116,12 @@ pub enum SettingsError {
         /// The cost given.
         cost: f64,
     },
+    /// A closed loop's clients.
+    #[error("a closed loop must have 1 to {MAX_CLIENTS} clients, not {clients}")]
+    Clients {
+        /// The clients asked for.
+        clients: usize,
+    },
     /// A model's page size is not the engines'.
     #[error("model {model} has block_size {block_size} but the engines' page size is {page_size}")]
     PageSize {
@@ -130,6 +137,14 @@ pub enum SettingsError {
     LaggingFeeds {
         /// The lagging feeds asked for.
         lagging: usize,
+        /// The engines configured.
+        engines: usize,
+    },
+    /// More engines without KV events than engines.
+    #[error("{silent} engines without KV events, but the configuration has {engines} engines")]
+    SilentEngines {
+        /// The silent engines asked for.
+        silent: usize,
         /// The engines configured.
         engines: usize,
     },

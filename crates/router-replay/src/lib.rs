@@ -24,6 +24,7 @@
 //! # Ok::<(), router_replay::ReplayError>(())
 //! ```
 
+mod closed_loop;
 mod engine;
 mod error;
 mod host;
@@ -34,16 +35,20 @@ mod sim;
 mod trace;
 mod workload;
 
+pub use closed_loop::{ClosedLoop, MAX_CLIENTS};
 pub use error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 pub use policies::{seeded, with_policy};
 pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
 pub use router::selection;
-pub use sim::{HostTier, LaggingFeeds, ReplaySettings};
+pub use sim::{Arrivals, HostTier, LaggingFeeds, ReplaySettings};
 pub use trace::{
     MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
     Segment, TraceError, TraceRequest, read_trace, write_trace,
 };
-pub use workload::{SharedPrefixWorkload, uncached_capacity};
+pub use workload::{
+    AgentWorkload, BurstWorkload, DocumentWorkload, Popularity, SharedPrefixWorkload, Workload,
+    uncached_capacity,
+};
 
 use router_config::RouterConfig;
 

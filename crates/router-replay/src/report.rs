@@ -12,7 +12,8 @@ use crate::trace::{Segment, TraceRequest};
 /// How one request went: what a replay records, and what a live run measures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// Arrival, microseconds from the trace's start.
+    /// Arrival, microseconds from the trace's start: its trace time, or when its
+    /// client sent it in a closed loop.
     pub arrived_us: u64,
     /// Prompt length in tokens.
     pub prompt_tokens: u64,
@@ -115,6 +116,11 @@ impl RunReport {
         Self { outcomes, engines }
     }
 
+    /// Each request's outcome, in trace order.
+    pub fn outcomes(&self) -> &[Outcome] {
+        &self.outcomes
+    }
+
     /// Sums the replay up under `policy`'s name; `oracle_cached` is what the oracle
     /// finds cached over the whole trace ([`oracle_cached_tokens`]).
     pub fn summary(&self, policy: &str, oracle_cached: u64) -> Summary {
@@ -126,7 +132,14 @@ impl RunReport {
         let mut ttft: Vec<u64> = served.iter().filter_map(|o| o.ttft_us).collect();
         ttft.sort_unstable();
         let ms = |p: f64| percentile(&ttft, p) as f64 / 1000.0;
-        let first = self.outcomes.first().map_or(0, |o| o.arrived_us);
+        // In arrival order but for a closed loop's, which may send a request before
+        // one above it in the trace.
+        let first = self
+            .outcomes
+            .iter()
+            .map(|o| o.arrived_us)
+            .min()
+            .unwrap_or(0);
         let last = self
             .outcomes
             .iter()

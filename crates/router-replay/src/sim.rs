@@ -19,124 +19,24 @@ use router_policy::{Pick, PrefixMemo, RequestFacts};
 use router_state::kv_events::decode_batch;
 use router_state::{EngineId, InflightGuard, LoadReport};
 
+use crate::closed_loop::ClosedLoop;
 use crate::engine::{Rank, Run, micros};
 use crate::error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 use crate::report::{Outcome, RunReport};
 use crate::router::{Model, Router};
 use crate::trace::{Segment, TraceRequest};
 
-/// How the modelled engines and their feeds behave.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ReplaySettings {
-    /// Every engine's timing, slots and cache. Its page size must be the model's
-    /// block size, as on a real fleet (the router's index would not match otherwise).
-    pub engine: EngineSpec,
-    /// Every rank's host-memory tier (none by default).
-    pub host_tier: HostTier,
-    /// How long a KV-event batch takes from the engine to the router's index.
-    pub kv_delay: Duration,
-    /// Engines whose KV feed lags behind the others' (none by default).
-    pub lagging_feeds: LaggingFeeds,
-    /// The seed given to policies that draw random numbers and name no seed.
-    pub seed: u64,
-}
+mod settings;
 
-/// A host-memory tier behind each rank's device cache: every page computed is
-/// written through to it; a prompt whose cached prefix continues there loads those
-/// pages back instead of prefilling them.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HostTier {
-    /// Pages it holds per rank; 0 = no host tier.
-    pub pages: usize,
-    /// Time to load a page back, as a share of the time to prefill it.
-    pub load_cost: f64,
-}
-
-impl Default for HostTier {
-    fn default() -> Self {
-        Self {
-            pages: 0,
-            load_cost: 0.1,
-        }
-    }
-}
-
-/// Engines whose KV events reach the router later than the others'.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LaggingFeeds {
-    /// How many engines, the first in the configuration's order.
-    pub engines: usize,
-    /// How long their batches take, instead of `kv_delay`.
-    pub delay: Duration,
-}
-
-/// The most running slots per rank a replay models.
-pub(crate) const MAX_SLOTS: u32 = 1 << 16;
-/// The slowest nonzero rate, tokens per second: a step of at most a second.
-pub(crate) const MIN_RATE: f64 = 1.0;
-/// The fastest rate, tokens per second.
-pub(crate) const MAX_RATE: f64 = 1e9;
-/// The longest KV-event delay.
-pub(crate) const MAX_KV_DELAY: Duration = Duration::from_secs(60);
-/// The most host-tier pages per rank.
-pub(crate) const MAX_HOST_PAGES: usize = 1 << 26;
-/// The costliest host load, as a share of prefilling.
-pub(crate) const MAX_LOAD_COST: f64 = 10.0;
-
-impl ReplaySettings {
-    /// Checks the settings' bounds.
-    ///
-    /// # Errors
-    /// The first setting out of its bounds.
-    pub fn check(&self) -> Result<(), ReplayError> {
-        let spec = &self.engine;
-        if !(1..=MAX_SLOTS).contains(&spec.max_running_requests) {
-            return Err(SettingsError::Slots.into());
-        }
-        for (stage, rate) in [
-            ("prefill", spec.prefill_tokens_per_sec),
-            ("decode", spec.decode_tokens_per_sec),
-        ] {
-            if !(rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(&rate)) {
-                return Err(SettingsError::Rate { stage, rate }.into());
-            }
-        }
-        if spec.page_size == 0 || spec.kv_capacity_tokens < u64::from(spec.page_size) {
-            return Err(SettingsError::KvCapacity.into());
-        }
-        if self.lagging_feeds.engines > 0 && self.lagging_feeds.delay < self.kv_delay {
-            return Err(SettingsError::LaggingDelay.into());
-        }
-        if self.kv_delay.max(self.lagging_feeds.delay) > MAX_KV_DELAY {
-            return Err(SettingsError::KvDelay.into());
-        }
-        if self.host_tier.pages > MAX_HOST_PAGES {
-            return Err(SettingsError::HostPages.into());
-        }
-        let cost = self.host_tier.load_cost;
-        if !(0.0..=MAX_LOAD_COST).contains(&cost) {
-            return Err(SettingsError::HostLoadCost { cost }.into());
-        }
-        Ok(())
-    }
-}
-
-impl Default for ReplaySettings {
-    fn default() -> Self {
-        Self {
-            engine: EngineSpec::default(),
-            host_tier: HostTier::default(),
-            kv_delay: Duration::from_millis(1),
-            lagging_feeds: LaggingFeeds::default(),
-            seed: 0,
-        }
-    }
-}
+pub use settings::{Arrivals, HostTier, LaggingFeeds, ReplaySettings};
+pub(crate) use settings::{
+    MAX_HOST_PAGES, MAX_KV_DELAY, MAX_LOAD_COST, MAX_RATE, MAX_SLOTS, MIN_RATE,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    /// The trace's next request arrives.
-    Arrive,
+    /// The request at this index of the trace arrives.
+    Arrive(usize),
     /// A run's prefill ends.
     Prefilled(usize),
     /// A run's last token is generated.
@@ -164,6 +64,8 @@ struct ModelEngine {
     ranks: Vec<Rank>,
     /// How long its KV-event batches take to reach the router, microseconds.
     kv_delay: u64,
+    /// Whether it publishes no KV events.
+    silent: bool,
     /// Its batches on their way, oldest first: `(rank, payload)`.
     in_flight: VecDeque<(u32, Vec<u8>)>,
 }
@@ -223,7 +125,14 @@ pub(crate) async fn run(
 ) -> Result<RunReport, ReplayError> {
     let mut replay = Replay::new(router, trace, settings)?;
     if let Some(first) = trace.first() {
-        replay.queue.at(first.at_us, Event::Arrive);
+        match &mut replay.clients {
+            None => replay.queue.at(first.at_us, Event::Arrive(0)),
+            Some(clients) => {
+                while let Some(index) = clients.send() {
+                    replay.queue.at(0, Event::Arrive(index));
+                }
+            }
+        }
         replay.queue.at(0, Event::Publish);
     }
     while let Some((at, event)) = replay.queue.next() {
@@ -232,7 +141,7 @@ pub(crate) async fn run(
             replay.now = at;
         }
         match event {
-            Event::Arrive => replay.arrive().await?,
+            Event::Arrive(index) => replay.arrive(index).await?,
             Event::Prefilled(id) => replay.prefilled(id),
             Event::Finish(id) => replay.finish(id),
             Event::Publish => replay.publish()?,
@@ -270,8 +179,10 @@ struct Replay<'a> {
     free: Vec<usize>,
     outcomes: Vec<Outcome>,
     memo: KeyMemo,
-    /// The next request to arrive.
+    /// The next request to arrive, in an open loop.
     next: usize,
+    /// The clients of a closed loop.
+    clients: Option<ClosedLoop<'a>>,
     /// Runs placed and not finished.
     live: usize,
     tick: u64,
@@ -303,6 +214,13 @@ impl<'a> Replay<'a> {
             }
             .into());
         }
+        if settings.silent_kv_engines > router.engines.len() {
+            return Err(SettingsError::SilentEngines {
+                silent: settings.silent_kv_engines,
+                engines: router.engines.len(),
+            }
+            .into());
+        }
         let engines: Vec<ModelEngine> = router
             .engines
             .iter()
@@ -318,6 +236,7 @@ impl<'a> Replay<'a> {
                 } else {
                     settings.kv_delay
                 }),
+                silent: i < settings.silent_kv_engines,
                 in_flight: VecDeque::new(),
             })
             .collect();
@@ -343,32 +262,52 @@ impl<'a> Replay<'a> {
             outcomes: trace.iter().map(Outcome::arrived).collect(),
             memo: KeyMemo::default(),
             next: 0,
+            clients: match settings.arrivals {
+                Arrivals::Open => None,
+                Arrivals::Closed { clients } => Some(ClosedLoop::new(trace, clients)),
+            },
             live: 0,
             tick: micros(engine_sim::LOAD_TICK),
             republish: micros(engine_sim::LOAD_REPUBLISH),
         })
     }
 
-    /// The next request arrives: the router picks its engine, where it queues.
-    async fn arrive(&mut self) -> Result<(), ReplayError> {
-        let index = self.next;
-        self.next += 1;
-        if let Some(following) = self.trace.get(self.next) {
-            self.queue.at(following.at_us, Event::Arrive);
+    /// The request at `index` arrives: the router picks its engine, where it queues.
+    async fn arrive(&mut self, index: usize) -> Result<(), ReplayError> {
+        if self.clients.is_none() {
+            self.next = index + 1;
+            if let Some(following) = self.trace.get(self.next) {
+                self.queue.at(following.at_us, Event::Arrive(self.next));
+            }
         }
+        self.outcomes[index].arrived_us = self.now;
         let trace = self.trace;
         let request = &trace[index];
         let (model_id, model) = self.model_of(index, request)?;
         let tokens = request.tokens();
         let Some(selection) = self.select(index, model_id, model, &tokens).await? else {
+            self.completed(index);
             return Ok(());
         };
         let Some(pick) = selection.pick.engines.iter().next() else {
             self.outcomes[index].failed = true;
+            self.completed(index);
             return Ok(());
         };
         self.place(index, pick, tokens);
         Ok(())
+    }
+
+    /// The request at `index` completed (served, refused or failed): in a closed
+    /// loop, its client sends its next request now, as may a client that waited for
+    /// its session.
+    fn completed(&mut self, index: usize) {
+        if let Some(clients) = &mut self.clients {
+            clients.completed(index);
+            while let Some(next) = clients.send() {
+                self.queue.at(self.now, Event::Arrive(next));
+            }
+        }
     }
 
     /// The id and the model of the request at `index` (the only model when it names
@@ -506,7 +445,7 @@ impl<'a> Replay<'a> {
         let indexed = self.router.models[&self.engines[engine].model]
             .index
             .is_some();
-        if !events.is_empty() && indexed {
+        if !events.is_empty() && indexed && !self.engines[engine].silent {
             let payload = encode_batch(seconds(now), &events, rank as u32, EventForm::Map);
             let model = &mut self.engines[engine];
             model.in_flight.push_back((rank as u32, payload));
@@ -536,6 +475,7 @@ impl<'a> Replay<'a> {
         }
         self.engines[placed.engine].ranks[placed.rank].finish(&placed.run);
         self.start_ready(placed.engine, placed.rank);
+        self.completed(placed.run.request);
     }
 
     /// Starts every run of a rank that can start now, scheduling its prefill's end.
@@ -565,9 +505,14 @@ impl<'a> Replay<'a> {
                     .map_err(ModelDefect::Ingest)?;
             }
         }
-        if self.next < self.trace.len() || self.live > 0 {
+        let to_come = match &self.clients {
+            None => self.next < self.trace.len(),
+            Some(clients) => !clients.done(),
+        };
+        if to_come || self.live > 0 {
             let mut at = self.now + self.tick;
             if self.live == 0
+                && self.clients.is_none()
                 && let Some(next) = self.trace.get(self.next)
             {
                 // Idle, nothing changes until the next arrival: the last tick before

@@ -3,6 +3,8 @@
 
 mod common;
 
+mod closed_loop;
 mod replay;
+mod shapes;
 mod trace;
 mod workload;

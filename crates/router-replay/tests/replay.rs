@@ -1,8 +1,8 @@
 //! Replays through the real selection code: deterministic, policy by policy.
 
 use router_replay::{
-    ReplayError, SettingsError, SharedPrefixWorkload, Summary, oracle_cached_tokens, replay,
-    seeded, table, with_policy,
+    ReplayError, ReplaySettings, SettingsError, SharedPrefixWorkload, Summary,
+    oracle_cached_tokens, replay, seeded, table, with_policy,
 };
 
 use crate::common::{fleet, settings};
@@ -180,4 +180,71 @@ fn an_error_says_what_it_carries_once() {
         slotless,
         ReplayError::Settings(SettingsError::Slots)
     ));
+}
+
+#[test]
+fn engines_without_kv_events_give_cache_aware_no_hits_and_round_robin_no_change() {
+    let trace = SharedPrefixWorkload {
+        requests: 1000,
+        requests_per_sec: 40.0,
+        ..SharedPrefixWorkload::default()
+    }
+    .generate();
+    let config = fleet(4, "");
+    let oracle = oracle_cached_tokens(&trace, 16);
+    let run = |policy: &str, silent: usize| {
+        let settings = ReplaySettings {
+            silent_kv_engines: silent,
+            ..settings()
+        };
+        replay(&config, &trace, Some(policy), &settings).unwrap()
+    };
+    let hits_on = |report: &router_replay::RunReport, engines: std::ops::Range<usize>| {
+        report
+            .outcomes()
+            .iter()
+            .filter(|o| {
+                o.reason.as_deref() == Some("cache_hit")
+                    && o.engine.is_some_and(|e| engines.contains(&e))
+            })
+            .count()
+    };
+    let heard = run("cache_aware", 0);
+    let half = run("cache_aware", 2);
+    let deaf = run("cache_aware", 4);
+    assert!(hits_on(&heard, 0..2) > 0 && hits_on(&heard, 2..4) > 0);
+    assert_eq!(hits_on(&half, 0..2), 0, "no hit on a silent engine");
+    assert!(hits_on(&half, 2..4) > 0);
+    assert_eq!(
+        hits_on(&deaf, 0..4),
+        0,
+        "an index that hears nothing finds nothing"
+    );
+    let share = |report: &router_replay::RunReport| report.summary("", oracle).cached_share;
+    assert!(
+        share(&deaf) + 0.1 < share(&heard),
+        "the engines still cache, but the router cannot aim at them: {} vs {}",
+        share(&deaf),
+        share(&heard)
+    );
+    let round_robin = |silent| table(&[run("round_robin", silent).summary("round_robin", oracle)]);
+    assert_eq!(
+        round_robin(0),
+        round_robin(4),
+        "round robin reads no KV events"
+    );
+    let error = replay(
+        &config,
+        &trace,
+        None,
+        &ReplaySettings {
+            silent_kv_engines: 5,
+            ..settings()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "configuration: 5 engines without KV events, but the configuration has 4 engines"
+    );
 }
