@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures_util::StreamExt;
 use router_replay::{
-    ClosedLoop, Outcome, RunReport, TraceRequest, oracle_cached_tokens, read_trace, table,
+    ClosedLoop, Outcome, RunReport, TraceRequest, oracle_cached_tokens, read_trace,
+    siblings_on_first_engine, table,
 };
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -159,8 +160,9 @@ pub(crate) fn run(args: &DriveArgs) -> anyhow::Result<()> {
             outcome
         })
         .collect();
-    let summary = RunReport::new(outcomes, engines)
-        .summary(&args.label, oracle_cached_tokens(&trace, args.page_size));
+    let report = RunReport::new(outcomes, engines);
+    let mut summary = report.summary(&args.label, oracle_cached_tokens(&trace, args.page_size));
+    summary.siblings_on_first_engine = siblings_on_first_engine(&trace, &report);
     print!("{}", table(std::slice::from_ref(&summary)));
     if let Some(path) = &args.json {
         let out =

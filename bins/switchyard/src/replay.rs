@@ -10,7 +10,7 @@ use engine_sim::EngineSpec;
 use router_config::RouterConfig;
 use router_replay::{
     Arrivals, HostTier, LaggingFeeds, MAX_CLIENTS, ReplaySettings, Summary, oracle_cached_tokens,
-    read_trace, replay, table,
+    read_trace, replay, siblings_on_first_engine, table,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -177,7 +177,9 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         let started = tokio::time::Instant::now();
         let report = replay(&config, &trace, policy, &settings)?;
         eprintln!("  {name}: done in {:.1} s", started.elapsed().as_secs_f64());
-        summaries.push(report.summary(name, oracle));
+        let mut summary = report.summary(name, oracle);
+        summary.siblings_on_first_engine = siblings_on_first_engine(&trace, &report);
+        summaries.push(summary);
     }
     print!("{}", table(&summaries));
     if let Some(path) = &args.json {

@@ -31,6 +31,7 @@ mod host;
 mod policies;
 mod report;
 mod router;
+mod siblings;
 mod sim;
 mod trace;
 mod workload;
@@ -40,6 +41,7 @@ pub use error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 pub use policies::{seeded, with_policy};
 pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
 pub use router::selection;
+pub use siblings::{SIBLING_WINDOW, siblings_on_first_engine};
 pub use sim::{Arrivals, HostTier, LaggingFeeds, ReplaySettings};
 pub use trace::{
     MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,

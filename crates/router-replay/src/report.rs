@@ -108,6 +108,10 @@ pub struct Summary {
     pub load_max_over_min: f64,
     /// Picks by reason.
     pub reasons: Vec<(String, u64)>,
+    /// Of the siblings of new prefixes, the share on the first one's engine
+    /// ([`siblings_on_first_engine`](crate::siblings_on_first_engine)), when the
+    /// caller measured it.
+    pub siblings_on_first_engine: Option<f64>,
 }
 
 impl RunReport {
@@ -189,6 +193,7 @@ impl RunReport {
                 .into_iter()
                 .map(|(r, n)| (r.to_owned(), n))
                 .collect(),
+            siblings_on_first_engine: None,
         }
     }
 }

@@ -6,5 +6,6 @@ mod common;
 mod closed_loop;
 mod replay;
 mod shapes;
+mod siblings;
 mod trace;
 mod workload;

@@ -190,15 +190,17 @@ fn engines_without_kv_events_give_cache_aware_no_hits_and_round_robin_no_change(
         ..SharedPrefixWorkload::default()
     }
     .generate();
-    let config = fleet(4, "");
+    // The router estimates no engine from its routing: it knows only what it hears.
+    let config = fleet(4, "    routed_pages: {estimate: none}\n");
     let oracle = oracle_cached_tokens(&trace, 16);
-    let run = |policy: &str, silent: usize| {
+    let run_with = |config: &router_config::RouterConfig, policy: &str, silent: usize| {
         let settings = ReplaySettings {
             silent_kv_engines: silent,
             ..settings()
         };
-        replay(&config, &trace, Some(policy), &settings).unwrap()
+        replay(config, &trace, Some(policy), &settings).unwrap()
     };
+    let run = |policy: &str, silent: usize| run_with(&config, policy, silent);
     let hits_on = |report: &router_replay::RunReport, engines: std::ops::Range<usize>| {
         report
             .outcomes()
@@ -225,6 +227,15 @@ fn engines_without_kv_events_give_cache_aware_no_hits_and_round_robin_no_change(
         share(&deaf) + 0.1 < share(&heard),
         "the engines still cache, but the router cannot aim at them: {} vs {}",
         share(&deaf),
+        share(&heard)
+    );
+    // By default the silent engines are estimated from what the router sent them.
+    let estimated = run_with(&fleet(4, ""), "cache_aware", 4);
+    assert!(hits_on(&estimated, 0..4) > 0);
+    assert!(
+        share(&estimated) >= 0.8 * share(&heard),
+        "estimated from routing alone, {} of the cached share with events, {}",
+        share(&estimated),
         share(&heard)
     );
     let round_robin = |silent| table(&[run("round_robin", silent).summary("round_robin", oracle)]);

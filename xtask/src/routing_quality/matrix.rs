@@ -5,9 +5,10 @@
 //! engine count, the popularity, or the shape (bursts on new prefixes, agent sessions,
 //! long documents with short questions). Each cell replays round robin, power of two
 //! and `cache_aware` as configured by default, then `cache_aware` with engines that
-//! publish no KV events (its estimate from routing) and with pending pages; the
-//! report checks the issue's targets per cell, writes the tables as Markdown and
-//! plots each policy's TTFT p99 against power of two's.
+//! publish no KV events (its estimate from routing), with pending pages, and with
+//! pending pages and no load bound; the report checks the issue's targets per cell,
+//! writes the tables as Markdown (with the share of a new prefix's siblings sent
+//! where the first went) and plots each policy's TTFT p99 against power of two's.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -117,8 +118,11 @@ const CELLS: &[Cell] = &[
 
 /// Slots per engine.
 const SLOTS: &str = "32";
-/// How long pending pages count in the pending row.
+/// How long pending pages count in the pending rows.
 const PENDING_MS: u64 = 2_000;
+/// The pending rows: `cache_aware` as by default, and without its load bound.
+const PENDING: &str = "cache_aware, pending 2 s";
+const PENDING_UNBOUNDED: &str = "cache_aware, pending 2 s, no load bound";
 
 /// A cell's rows, each a summary labelled with the row's name.
 struct Measured {
@@ -184,6 +188,10 @@ fn replay_cell(
     pending["models"][0]["routed_pages"] = serde_json::json!({"pending_ms": PENDING_MS});
     let pending_fleet = dir.join("fleet-pending.yaml");
     std::fs::write(&pending_fleet, pending.to_string())?;
+    pending["models"][0]["policies"] =
+        serde_json::json!({"plain": {"type": "cache_aware", "load_bound": null}});
+    let unbounded_fleet = dir.join("fleet-pending-unbounded.yaml");
+    std::fs::write(&unbounded_fleet, pending.to_string())?;
 
     let flags = engine_flags(cell);
     let trace = dir.join("trace.jsonl");
@@ -199,15 +207,22 @@ fn replay_cell(
             .args(&flags)
             .stdout(Stdio::null()),
     )?;
-    let runs: [(&str, &Path, &str, &[&str]); 3] = [
-        ("", &fleet, "round_robin,power_of_two,cache_aware", &[]),
+    // The last row keeps its configuration's policy (no load bound): no `--policies`.
+    let runs: [(&str, &Path, Option<&str>, &[&str]); 4] = [
+        (
+            "",
+            &fleet,
+            Some("round_robin,power_of_two,cache_aware"),
+            &[],
+        ),
         (
             "cache_aware, no KV events",
             &fleet,
-            "cache_aware",
+            Some("cache_aware"),
             &["--no-kv-events"],
         ),
-        ("cache_aware, pending 2 s", &pending_fleet, "cache_aware", &[]),
+        (PENDING, &pending_fleet, Some("cache_aware"), &[]),
+        (PENDING_UNBOUNDED, &unbounded_fleet, None, &[]),
     ];
     let mut rows = Vec::new();
     for (n, (label, config, policies, extra)) in runs.into_iter().enumerate() {
@@ -218,7 +233,7 @@ fn replay_cell(
             .arg(&trace)
             .arg("--config")
             .arg(config)
-            .args(["--policies", policies])
+            .args(policies.map(|p| ["--policies", p]).into_iter().flatten())
             .args(&flags)
             .args(extra)
             .arg("--json")
@@ -227,7 +242,11 @@ fn replay_cell(
         if let Some(clients) = cell.clients {
             command.args(["--closed-loop", &clients.to_string()]);
         }
-        run_binary(&format!("replay {}: {policies} {label}", cell.name), &mut command)?;
+        let what = policies.unwrap_or("the configured policy");
+        run_binary(
+            &format!("replay {}: {what} {label}", cell.name),
+            &mut command,
+        )?;
         for mut summary in read_summaries(&json)? {
             if !label.is_empty() {
                 summary["policy"] = label.into();
@@ -241,12 +260,15 @@ fn replay_cell(
 /// A cell's rows as a Markdown table.
 fn table(rows: &[Value]) -> String {
     let mut text = String::from(
-        "| policy | TTFT p50 ms | TTFT p99 ms | req/s | cached | of oracle | load max/min |\n|---|---|---|---|---|---|---|\n",
+        "| policy | TTFT p50 ms | TTFT p99 ms | req/s | cached | of oracle | load max/min | siblings together |\n|---|---|---|---|---|---|---|---|\n",
     );
     for s in rows {
+        let siblings = s["siblings_on_first_engine"]
+            .as_f64()
+            .map_or("-".to_owned(), |share| format!("{:.0}%", 100.0 * share));
         let _ = writeln!(
             text,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.2} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.2} | {siblings} |",
             s["policy"].as_str().unwrap_or("?"),
             number(s, "ttft_p50_ms"),
             number(s, "ttft_p99_ms"),
@@ -327,12 +349,13 @@ fn plot(measured: &[Measured]) -> String {
     const ROW: f64 = 26.0;
     const LEFT: f64 = 400.0;
     const RIGHT: f64 = 40.0;
-    const TOP: f64 = 60.0;
+    const TOP: f64 = 130.0;
     const COLOURS: &[(&str, &str)] = &[
         ("round_robin", "#d62728"),
         ("cache_aware", "#2ca02c"),
         ("cache_aware, no KV events", "#9467bd"),
-        ("cache_aware, pending 2 s", "#ff7f0e"),
+        (PENDING, "#ff7f0e"),
+        (PENDING_UNBOUNDED, "#8c564b"),
     ];
     let height = TOP + ROW * measured.len() as f64 + 50.0;
     // Multiples from 1/16 to 16, log 2.
@@ -348,11 +371,12 @@ fn plot(measured: &[Measured]) -> String {
         r#"<text x="{LEFT}" y="20" font-size="14">TTFT p99 as a multiple of power_of_two's, per workload (replayed)</text>"#
     );
     for (i, (name, colour)) in COLOURS.iter().enumerate() {
-        let lx = LEFT + 150.0 * i as f64;
+        let ly = 40.0 + 16.0 * i as f64;
         let _ = write!(
             svg,
-            r#"<circle cx="{lx}" cy="38" r="5" fill="{colour}"/><text x="{}" y="42">{name}</text>"#,
-            lx + 8.0
+            r#"<circle cx="{LEFT}" cy="{ly}" r="5" fill="{colour}"/><text x="{}" y="{}">{name}</text>"#,
+            LEFT + 10.0,
+            ly + 4.0
         );
     }
     for tick in [-4i32, -2, 0, 2, 4] {
