@@ -46,6 +46,8 @@ const SLOTS: &str = "32";
 const DEFAULT_REQUESTS: usize = 100_000;
 /// Requests of each matrix cell's trace.
 const MATRIX_REQUESTS: usize = 10_000;
+/// The most requests of a matrix cell driven live.
+const MATRIX_LIVE_REQUESTS: usize = 3_000;
 
 struct Options {
     requests: Option<usize>,
@@ -89,16 +91,21 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
 pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     let options = options(args)?;
     let (binary, dir) = release_switchyard("routing-quality")?;
-    if options.matrix {
-        return matrix::run(
-            &binary,
-            &dir,
-            options.requests.unwrap_or(MATRIX_REQUESTS),
-            &dir.join("matrix.md"),
-            &root.join("docs/routing-quality-matrix.svg"),
-        );
-    }
     let tokenizer = root.join("testdata/tokenizer-bytes/tokenizer.json");
+    if options.matrix {
+        let plan = matrix::Plan {
+            requests: options.requests.unwrap_or(MATRIX_REQUESTS),
+            live_requests: if options.live {
+                options.live_requests.min(MATRIX_LIVE_REQUESTS)
+            } else {
+                0
+            },
+            tokenizer: &tokenizer,
+            markdown: &dir.join("matrix.md"),
+            svg: &root.join("docs/routing-quality-matrix.svg"),
+        };
+        return matrix::run(&binary, &dir, &plan);
+    }
 
     let fleet = dir.join("fleet.yaml");
     let urls: Vec<String> = (0..ENGINES)
@@ -208,8 +215,24 @@ fn router_config(urls: &[String], tokenizer: Option<&Path>, policy: Option<&str>
     serde_json::json!({"listen": "127.0.0.1:0", "models": [model]})
 }
 
-/// Starts a fresh fleet of simulated engines and a router running `policy`, drives
-/// `trace` through it, and returns the summary.
+/// A live run's fleet and drive: simulated engines started afresh, the router's
+/// configuration, and how the trace is sent.
+pub(super) struct Live<'a> {
+    /// The run's name, for its files and its summary.
+    pub(super) label: &'a str,
+    /// Engines to start.
+    pub(super) engines: usize,
+    /// Their prefix cache, tokens.
+    pub(super) cache_tokens: u64,
+    /// Every group's policy type.
+    pub(super) policy: &'a str,
+    /// Changes to the router's configuration (`routed_pages`, the policy's settings).
+    pub(super) patch: &'a dyn Fn(&mut Value),
+    /// Clients of a closed loop; `None`: the trace's arrival times.
+    pub(super) clients: Option<u64>,
+}
+
+/// The benchmark's live run of `policy`.
 fn live_run(
     binary: &Path,
     tokenizer: &Path,
@@ -217,10 +240,36 @@ fn live_run(
     trace: &Path,
     policy: &str,
 ) -> anyhow::Result<Vec<Value>> {
-    eprintln!("==> live: {policy}");
+    let live = Live {
+        label: policy,
+        engines: ENGINES,
+        cache_tokens: 65_536,
+        policy,
+        patch: &|_| {},
+        clients: None,
+    };
+    run_live(binary, tokenizer, dir, trace, &live)
+}
+
+/// Starts a fresh fleet of simulated engines and a router as `live` describes,
+/// drives `trace` through it, and returns the summary.
+pub(super) fn run_live(
+    binary: &Path,
+    tokenizer: &Path,
+    dir: &Path,
+    trace: &Path,
+    live: &Live<'_>,
+) -> anyhow::Result<Vec<Value>> {
+    let label = live.label;
+    let tag: String = label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    eprintln!("==> live: {label}");
     let mut processes = Vec::new();
     let mut urls = Vec::new();
-    for i in 0..ENGINES {
+    let cache = live.cache_tokens.to_string();
+    for i in 0..live.engines {
         let mut command = Command::new(binary);
         command
             .args([
@@ -236,9 +285,9 @@ fn live_run(
             .arg(tokenizer)
             .args(["--max-running-requests", SLOTS, "--page-size", "16"])
             .args(TIMING_FLAGS)
-            .args(CACHE_FLAGS)
+            .args(["--kv-capacity-tokens", &cache])
             .env("RUST_LOG", "warn");
-        let log = File::create(dir.join(format!("engine-{policy}-{i}.log")))?;
+        let log = File::create(dir.join(format!("engine-{tag}-{i}.log")))?;
         let (child, ready) = spawn_ready(command, Stdio::from(log))
             .with_context(|| format!("starting engine {i}"))?;
         let url = format!("http://{}", json_field(&ready, &["ports", "http"])?);
@@ -249,45 +298,49 @@ fn live_run(
         });
         urls.push(url);
     }
-    let config = dir.join(format!("router-{policy}.yaml"));
-    std::fs::write(
-        &config,
-        router_config(&urls, Some(tokenizer), Some(policy)).to_string(),
-    )?;
+    let config = dir.join(format!("router-{tag}.yaml"));
+    let mut router_yaml = router_config(&urls, Some(tokenizer), Some(live.policy));
+    (live.patch)(&mut router_yaml);
+    std::fs::write(&config, router_yaml.to_string())?;
     let mut serve = Command::new(binary);
     serve
         .args(["serve", "--config"])
         .arg(&config)
         .env("RUST_LOG", "warn");
-    let log = File::create(dir.join(format!("router-{policy}.log")))?;
+    let log = File::create(dir.join(format!("router-{tag}.log")))?;
     let (child, ready) = spawn_ready(serve, Stdio::from(log)).context("starting the router")?;
     let router = Target {
         name: "router".into(),
         url: format!("http://{}", json_field(&ready, &["addr"])?),
         process: Some(child),
     };
-    let json = dir.join(format!("live-{policy}.json"));
-    let engine_ids: String = (0..ENGINES)
+    let json = dir.join(format!("live-{tag}.json"));
+    let engine_ids: String = (0..live.engines)
         .map(|i| format!("e{i}"))
         .collect::<Vec<_>>()
         .join(",");
+    let mut drive = Command::new(binary);
+    drive
+        .args(["drive", "--trace"])
+        .arg(trace)
+        .args([
+            "--url",
+            &router.url,
+            "--model",
+            MODEL,
+            "--label",
+            label,
+            "--engines",
+            &engine_ids,
+            "--json",
+        ])
+        .arg(&json);
+    if let Some(clients) = live.clients {
+        drive.args(["--closed-loop", &clients.to_string()]);
+    }
     run_binary(
-        &format!("drive {} through {policy}", trace.display()),
-        Command::new(binary)
-            .args(["drive", "--trace"])
-            .arg(trace)
-            .args([
-                "--url",
-                &router.url,
-                "--model",
-                MODEL,
-                "--label",
-                policy,
-                "--engines",
-                &engine_ids,
-                "--json",
-            ])
-            .arg(&json),
+        &format!("drive {} through {label}", trace.display()),
+        &mut drive,
     )?;
     drop(router);
     drop(processes);

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use anyhow::Context as _;
 use serde_json::Value;
 
-use super::{TIMING_FLAGS, number, read_summaries, router_config, run_binary};
+use super::{Live, TIMING_FLAGS, number, read_summaries, router_config, run_binary, run_live};
 
 /// One workload of the matrix.
 struct Cell {
@@ -31,6 +31,8 @@ struct Cell {
     clients: Option<u64>,
     /// `switchyard workload` options besides the fleet's.
     workload: &'static [&'static str],
+    /// Also driven live through the release binary (the first requests of its trace).
+    live: bool,
 }
 
 const BASE: Cell = Cell {
@@ -40,6 +42,7 @@ const BASE: Cell = Cell {
     cache_tokens: 65_536,
     clients: None,
     workload: &[],
+    live: false,
 };
 
 /// The cells, each the base changed in one way (the closed loop in two).
@@ -73,6 +76,7 @@ const CELLS: &[Cell] = &[
         cache_tokens: 32_768,
         clients: Some(256),
         workload: &["--popularity", "uniform"],
+        live: true,
     },
     Cell {
         name: "cache 2k (below the hottest prefix)",
@@ -102,6 +106,7 @@ const CELLS: &[Cell] = &[
     Cell {
         name: "bursts on new prefixes",
         workload: &["--shape", "bursts"],
+        live: true,
         ..BASE
     },
     Cell {
@@ -128,23 +133,41 @@ const PENDING_UNBOUNDED: &str = "cache_aware, pending 2 s, no load bound";
 struct Measured {
     cell: &'static Cell,
     rows: Vec<Value>,
+    /// The rows of its live run, if it had one.
+    live: Vec<Value>,
 }
 
-/// Replays every cell with `requests` requests and writes the report.
-pub(super) fn run(
-    binary: &Path,
-    dir: &Path,
-    requests: usize,
-    markdown: &Path,
-    svg: &Path,
-) -> anyhow::Result<()> {
+/// What the matrix runs.
+pub(super) struct Plan<'a> {
+    /// Requests of each cell's trace.
+    pub(super) requests: usize,
+    /// Requests of a live cell driven live; 0 = none.
+    pub(super) live_requests: usize,
+    /// The tokenizer of the live fleets.
+    pub(super) tokenizer: &'a Path,
+    /// Where the Markdown tables go.
+    pub(super) markdown: &'a Path,
+    /// Where the plot goes.
+    pub(super) svg: &'a Path,
+}
+
+/// Replays every cell (and drives the live ones) as `plan` says and writes the
+/// report.
+pub(super) fn run(binary: &Path, dir: &Path, plan: &Plan<'_>) -> anyhow::Result<()> {
+    let (requests, markdown, svg) = (plan.requests, plan.markdown, plan.svg);
     let dir = dir.join("matrix");
     std::fs::create_dir_all(&dir)?;
     let mut measured = Vec::new();
     for (i, cell) in CELLS.iter().enumerate() {
         eprintln!("==> matrix {}/{}: {}", i + 1, CELLS.len(), cell.name);
-        let rows = replay_cell(binary, &dir.join(format!("cell-{i}")), cell, requests)?;
-        measured.push(Measured { cell, rows });
+        let cell_dir = dir.join(format!("cell-{i}"));
+        let rows = replay_cell(binary, &cell_dir, cell, requests)?;
+        let live = if cell.live && plan.live_requests > 0 {
+            live_cell(binary, plan, &cell_dir, cell)?
+        } else {
+            Vec::new()
+        };
+        measured.push(Measured { cell, rows, live });
     }
     let mut text = String::new();
     for m in &measured {
@@ -152,6 +175,10 @@ pub(super) fn run(
         text.push_str(&table(&m.rows));
         for line in targets(m) {
             writeln!(text, "- {line}")?;
+        }
+        if !m.live.is_empty() {
+            writeln!(text, "\nLive, the first {} requests:\n", plan.live_requests)?;
+            text.push_str(&table(&m.live));
         }
     }
     print!("{text}");
@@ -184,14 +211,13 @@ fn replay_cell(
         .collect();
     let fleet = dir.join("fleet.yaml");
     std::fs::write(&fleet, router_config(&urls, None, None).to_string())?;
-    let mut pending = router_config(&urls, None, None);
-    pending["models"][0]["routed_pages"] = serde_json::json!({"pending_ms": PENDING_MS});
+    let mut config = router_config(&urls, None, Some("cache_aware"));
+    pending(&mut config);
     let pending_fleet = dir.join("fleet-pending.yaml");
-    std::fs::write(&pending_fleet, pending.to_string())?;
-    pending["models"][0]["policies"] =
-        serde_json::json!({"plain": {"type": "cache_aware", "load_bound": null}});
+    std::fs::write(&pending_fleet, config.to_string())?;
+    unbounded(&mut config);
     let unbounded_fleet = dir.join("fleet-pending-unbounded.yaml");
-    std::fs::write(&unbounded_fleet, pending.to_string())?;
+    std::fs::write(&unbounded_fleet, config.to_string())?;
 
     let flags = engine_flags(cell);
     let trace = dir.join("trace.jsonl");
@@ -253,6 +279,59 @@ fn replay_cell(
             }
             rows.push(summary);
         }
+    }
+    Ok(rows)
+}
+
+/// A change to a live router's configuration.
+type Patch = dyn Fn(&mut Value);
+
+/// Pending pages, as in the pending rows.
+fn pending(config: &mut Value) {
+    config["models"][0]["routed_pages"] = serde_json::json!({"pending_ms": PENDING_MS});
+}
+
+/// Pending pages and no load bound.
+fn unbounded(config: &mut Value) {
+    pending(config);
+    config["models"][0]["policies"]["plain"]["load_bound"] = Value::Null;
+}
+
+/// Drives the first `plan.live_requests` of the cell's trace through the release
+/// router to fresh simulated engines: the three policies, then `cache_aware` with
+/// pending pages, bounded and not.
+fn live_cell(
+    binary: &Path,
+    plan: &Plan<'_>,
+    dir: &Path,
+    cell: &Cell,
+) -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(dir.join("trace.jsonl"))?;
+    let head: String = text
+        .lines()
+        .take(plan.live_requests)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let trace = dir.join("trace-live.jsonl");
+    std::fs::write(&trace, head)?;
+    let runs: [(&str, &str, &Patch); 5] = [
+        ("round_robin", "round_robin", &|_| {}),
+        ("power_of_two", "power_of_two", &|_| {}),
+        ("cache_aware", "cache_aware", &|_| {}),
+        (PENDING, "cache_aware", &pending),
+        (PENDING_UNBOUNDED, "cache_aware", &unbounded),
+    ];
+    let mut rows = Vec::new();
+    for (label, policy, patch) in runs {
+        let live = Live {
+            label,
+            engines: cell.engines,
+            cache_tokens: cell.cache_tokens,
+            policy,
+            patch,
+            clients: cell.clients,
+        };
+        rows.extend(run_live(binary, plan.tokenizer, dir, &trace, &live)?);
     }
     Ok(rows)
 }
