@@ -219,15 +219,27 @@ impl CacheAwarePolicy {
                 .then_with(|| pressure_order(a, b))
                 .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
         });
-        holders.truncate(self.config.candidates.count(engines.len()));
-
+        // The bound first, so the best holders under it are the ones considered.
         let cap = self.load_cap(engines, &snapshot);
-        let (holders, over_bound): (Vec<Holder>, Vec<Holder>) = holders
+        let (mut holders, over_bound): (Vec<Holder>, Vec<Holder>) = holders
             .into_iter()
             .partition(|h| cap.is_none_or(|cap| requests(&h.observation) <= cap));
-        if holders.is_empty() && !over_bound.is_empty() {
-            return self.cold(engines, request, &snapshot, PickReason::CacheSpill, cap);
+        if holders.is_empty() {
+            // Every holder is over the bound: spill to an engine under it, crediting
+            // what it holds; if admission refuses that one, the holders are tried
+            // after all, as without a bound.
+            match self.cold(engines, request, &snapshot, PickReason::CacheSpill, cap) {
+                Err(PickError::AdmissionRejected { .. }) => holders = over_bound,
+                spilled => {
+                    return spilled.map(|pick| {
+                        let held =
+                            hits.matched_tokens(pick.engine.id(), request.facts.input_tokens);
+                        pick.with_predicted_cached_tokens(held)
+                    });
+                }
+            }
         }
+        holders.truncate(self.config.candidates.count(engines.len()));
         let (usable, set_aside): (Vec<Holder>, Vec<Holder>) = holders
             .into_iter()
             .partition(|h| !self.queued(&h.observation));
@@ -321,11 +333,12 @@ impl CacheAwarePolicy {
     /// The most requests a holder may have under `load_bound`, if one is set.
     fn load_cap(&self, engines: &[Arc<Engine>], snapshot: &LoadSnapshot) -> Option<u64> {
         let bound = self.config.load_bound?.get();
-        let total: u64 = engines
-            .iter()
-            .map(|e| requests(&snapshot.observe(e.id())))
-            .sum();
-        let share = bound * (total + 1) as f64 / engines.len().max(1) as f64;
+        // Reported counts are the engines' word: summed without overflow.
+        let total = engines.iter().fold(0u64, |sum, e| {
+            sum.saturating_add(requests(&snapshot.observe(e.id())))
+        });
+        let share = bound * (total as f64 + 1.0) / engines.len().max(1) as f64;
+        // A float past u64::MAX converts to u64::MAX.
         Some(share.ceil() as u64)
     }
 

@@ -5,10 +5,10 @@ use crate::common;
 
 use std::sync::Arc;
 
-use common::{engines, no_caps, runtime, table};
+use common::{caps, engines, no_caps, runtime, table};
 use router_policy::{
-    BoxFuture, CacheAwareConfig, CacheAwarePolicy, CacheLookup, CacheQueryError, CacheScore,
-    CacheSource, PickReason, PickRequest, Policy, PrefixHits, Real, RequestFacts,
+    AdmissionLimits, BoxFuture, CacheAwareConfig, CacheAwarePolicy, CacheLookup, CacheQueryError,
+    CacheScore, CacheSource, PickReason, PickRequest, Policy, PrefixHits, Real, RequestFacts,
 };
 use router_state::test_util::{basic_report, with_native};
 use router_state::{Engine, EngineId, EngineReportedLoadTable, NativeLoad, Role};
@@ -17,22 +17,28 @@ use tokio::time::Instant;
 const BLOCK: u32 = 16;
 const PROMPT: u64 = 4096;
 
-/// A source holding the whole prompt on `e0`.
+/// A source answering that each named engine holds so many leading blocks.
 #[derive(Debug)]
-struct OnFirst;
+struct Held(Vec<(EngineId, usize)>);
 
-impl CacheSource for OnFirst {
+/// The whole prompt on `e0`.
+fn on_first() -> Held {
+    Held(vec![(EngineId::new("e0"), BLOCKS)])
+}
+
+const BLOCKS: usize = (PROMPT / BLOCK as u64) as usize;
+
+impl CacheSource for Held {
     fn lookup<'a>(
         &'a self,
         _: Option<&'a str>,
         _: &'a [u32],
         _: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
-        let blocks = (PROMPT / u64::from(BLOCK)) as usize;
         Box::pin(std::future::ready(Ok(CacheLookup::Answered(PrefixHits {
-            query_blocks: blocks,
+            query_blocks: BLOCKS,
             block_size: BLOCK,
-            engines: vec![(EngineId::new("e0"), blocks)],
+            engines: self.0.clone(),
             ..PrefixHits::default()
         }))))
     }
@@ -76,16 +82,33 @@ fn pick(score: CacheScore, queued_on_holder: u64) -> (String, PickReason, Option
 }
 
 fn pick_with(config: CacheAwareConfig, queued_on_holder: u64) -> (String, PickReason, Option<u64>) {
+    pick_in(config, queued_on_holder, on_first(), no_caps(), &[])
+}
+
+/// Three engines: `e0` with `queued_on_holder` tokens queued, `e1` idle, `e2` with
+/// 2,000; the prompt held as `held` says; `guarded` engines with one request of the
+/// router's in flight.
+fn pick_in(
+    config: CacheAwareConfig,
+    queued_on_holder: u64,
+    held: Held,
+    admission: Arc<AdmissionLimits>,
+    guarded: &[usize],
+) -> (String, PickReason, Option<u64>) {
     let engines = engines(3);
     let load = table(&engines);
     report(&load, &engines[0], queued_on_holder);
     report(&load, &engines[1], 0);
     report(&load, &engines[2], 2_000);
+    let _guards: Vec<_> = guarded
+        .iter()
+        .map(|&i| load.acquire(engines[i].id()))
+        .collect();
     let config = CacheAwareConfig {
         seed: Some(7),
         ..config
     };
-    let policy = CacheAwarePolicy::new(Arc::new(OnFirst), Arc::clone(&load), no_caps(), config)
+    let policy = CacheAwarePolicy::new(Arc::new(held), Arc::clone(&load), admission, config)
         .expect("a valid configuration");
     let tokens: Vec<u32> = (0..PROMPT as u32).collect();
     let request = PickRequest::new(
@@ -153,4 +176,27 @@ fn a_holder_over_the_load_bound_spills_to_the_least_pressured_engine_under_it() 
 fn a_load_bound_below_one_is_refused() {
     assert!(bounded(0.9).validate().is_err());
     assert!(bounded(1.0).validate().is_ok());
+}
+
+#[test]
+fn a_spill_credits_what_its_engine_holds() {
+    // e1 holds 512 tokens, too few to be a holder; the spill lands on it and says so.
+    let held = Held(vec![
+        (EngineId::new("e0"), BLOCKS),
+        (EngineId::new("e1"), 32),
+    ]);
+    assert_eq!(
+        pick_in(bounded(1.25), 10_000, held, no_caps(), &[]),
+        ("e1".into(), PickReason::CacheSpill, Some(512))
+    );
+}
+
+#[test]
+fn a_spill_admission_refuses_falls_back_to_the_holders() {
+    // e1 and e2, under the bound, each have a request in flight: at a cap of one,
+    // admission refuses them, and the holder over the bound serves the request.
+    assert_eq!(
+        pick_in(bounded(1.25), 10_000, on_first(), caps(1), &[1, 2]),
+        ("e0".into(), PickReason::CacheHit, Some(PROMPT))
+    );
 }

@@ -243,6 +243,11 @@ impl RoutedCacheSource {
                     .confirm(engine, &chain[..(*blocks).min(chain.len())]);
             }
         }
+        // With nothing routed kept (no pending pages, every engine publishing), the
+        // events' answer stands: no lock of the index is taken per engine.
+        if self.pages.is_empty() {
+            return Ok(CacheLookup::Answered(hits));
+        }
         let extended = self
             .pages
             .extend(&chain, &hits.engines, |engine| self.max_age(engine));
