@@ -6,15 +6,10 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::{router, sim, url};
 use router_config::RouterConfig;
-use router_http::RunningRouter;
 use serde_json::{Value, json};
-
-/// Upper bound on any wait; a healthy run needs milliseconds.
-const GUARD: Duration = Duration::from_secs(20);
 
 fn records_file(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("switchyard-{test}-{}", std::process::id()));
@@ -32,32 +27,6 @@ fn config(file: &Path, sample_ratio: f64, model: Value) -> RouterConfig {
     })
     .to_string();
     RouterConfig::from_yaml(&text).expect("a configuration")
-}
-
-/// The records once `n` are written (the writer thread says so in its counter).
-async fn records(router: &RunningRouter, file: &Path, n: u64) -> Vec<Value> {
-    let line = "switchyard_decision_records_total{outcome=\"written\"} ";
-    let written = async {
-        loop {
-            let metrics = common::metrics(router).await;
-            let count: u64 = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(line)?.parse().ok())
-                .unwrap_or(0);
-            if count >= n {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(GUARD, written)
-        .await
-        .expect("the records are written");
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON record"))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +70,7 @@ async fn sampled_requests_are_recorded_with_their_selection_and_what_came_back()
             .expect("the engine reports cached tokens");
         sent.push((id, cached));
     }
-    let records = records(&router, &file, 2).await;
+    let records = common::decision_records(&router, &file, 2).await;
     assert_eq!(records.len(), 2, "every second request is recorded");
     for (record, (id, cached)) in records.iter().zip([&sent[1], &sent[3]]) {
         assert_eq!(&record["request_id"], id);
@@ -145,7 +114,7 @@ async fn a_request_no_bucket_takes_is_recorded_with_its_error() {
     .await;
     let response = common::post(&router, &common::chat("m", "far more than two tokens")).await;
     assert_eq!(response.status(), 400);
-    let records = records(&router, &file, 1).await;
+    let records = common::decision_records(&router, &file, 1).await;
     assert_eq!(records[0]["error"]["code"], "no_matching_bucket");
     assert_eq!(records[0]["buckets"][0]["outcome"], "skipped");
     assert_eq!(records[0]["result"]["status"], 400);
@@ -186,7 +155,7 @@ async fn a_retried_requests_record_names_the_engine_that_failed_and_the_one_that
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-switchyard-engine"], "B");
     response.bytes().await.unwrap();
-    let records = records(&router, &file, 1).await;
+    let records = common::decision_records(&router, &file, 1).await;
     let record = &records[0];
     assert_eq!(record["pick"]["engines"]["plain"]["engine"], "A");
     assert_eq!(

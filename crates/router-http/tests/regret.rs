@@ -9,7 +9,6 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use engine_sim::{EngineRole as SimRole, RunningEngine};
 use router_config::{DecisionsConfig, EngineRole, ModelConfig, RouterConfig};
@@ -17,8 +16,6 @@ use router_http::RunningRouter;
 use router_policy::PolicyConfig;
 use serde_json::{Value, json};
 
-/// Upper bound on any wait; a healthy run needs milliseconds.
-const GUARD: Duration = Duration::from_secs(20);
 /// The plain engine's id in the router.
 const ENGINE: &str = "E0";
 /// A pair's engines' ids in the router.
@@ -202,28 +199,7 @@ async fn regret(router: &RunningRouter) -> [u64; 5] {
 
 /// Every decision record, once [`CHATS`] are written.
 async fn records(router: &RunningRouter, dir: &Path) -> Vec<Value> {
-    let line = "switchyard_decision_records_total{outcome=\"written\"} ";
-    let written = async {
-        loop {
-            let metrics = common::metrics(router).await;
-            let count: u64 = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(line)?.parse().ok())
-                .unwrap_or(0);
-            if count >= CHATS {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(GUARD, written)
-        .await
-        .expect("the records are written");
-    std::fs::read_to_string(dir.join("decisions.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    common::decision_records(router, &dir.join("decisions.jsonl"), CHATS).await
 }
 
 /// Each record's prediction (its `stage` pick's, of `engine`) beside the usage its

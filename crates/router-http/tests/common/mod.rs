@@ -145,3 +145,34 @@ pub(crate) async fn recent_requests(sim: &RunningEngine) -> Vec<Value> {
         .unwrap();
     body["requests"].as_array().unwrap().clone()
 }
+
+/// The decision records in `file` once `n` are written (the writer thread says so in
+/// its counter), waiting at most 20 s.
+pub(crate) async fn decision_records(
+    router: &RunningRouter,
+    file: &std::path::Path,
+    n: u64,
+) -> Vec<Value> {
+    let line = "switchyard_decision_records_total{outcome=\"written\"} ";
+    let written = async {
+        loop {
+            let count: u64 = metrics(router)
+                .await
+                .lines()
+                .find_map(|l| l.strip_prefix(line)?.parse().ok())
+                .unwrap_or(0);
+            if count >= n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), written)
+        .await
+        .expect("the records are written");
+    std::fs::read_to_string(file)
+        .expect("the records' file")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record"))
+        .collect()
+}
