@@ -12,7 +12,8 @@ use router_policy::{
     PickError, PickReason, PickRequest, Policy, RequestFacts, RoutedCacheSource,
     RoutedPagesSettings,
 };
-use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
+use router_state::kv_events::{IndexConfig, PrefixIndex};
+use router_state::test_util::stored_batch;
 use router_state::{Engine, EngineReportedLoadTable, Role};
 
 const BLOCK: u32 = 16;
@@ -38,25 +39,7 @@ fn fleet(pending_ms: u64) -> Fleet {
     for engine in &engines {
         report_native(&load, engine, 0, 0);
         let other: Vec<u32> = (1_000_000..1_000_000 + BLOCK).collect();
-        index.apply(
-            engine.id(),
-            0,
-            &KvBatch {
-                ts: 0.0,
-                events: vec![KvEvent::Stored(BlockStored {
-                    block_hashes: vec![1],
-                    parent: None,
-                    tokens: other,
-                    block_size: BLOCK,
-                    tier: Tier::Device,
-                    namespace: None,
-                    group_idx: None,
-                    group_kind: None,
-                })],
-                dp_rank: None,
-                dropped: vec![],
-            },
-        );
+        index.apply(engine.id(), 0, &stored_batch(&other, BLOCK));
     }
     let settings = RoutedPagesSettings {
         estimate: Estimated::None,

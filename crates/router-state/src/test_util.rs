@@ -82,3 +82,25 @@ pub fn encode_load_stat(report: &LoadReport) -> Vec<u8> {
     }
     out
 }
+
+/// A KV-event batch storing the full pages of `tokens` on the device, as one block
+/// each (engine hashes 1, 2, ...), without a parent.
+pub fn stored_batch(tokens: &[u32], block_size: u32) -> crate::kv_events::KvBatch {
+    use crate::kv_events::{BlockStored, KvBatch, KvEvent, Tier};
+    let pages = tokens.len() / block_size.max(1) as usize;
+    KvBatch {
+        ts: 0.0,
+        events: vec![KvEvent::Stored(BlockStored {
+            block_hashes: (1..=pages as u64).collect(),
+            parent: None,
+            tokens: tokens[..pages * block_size as usize].to_vec(),
+            block_size,
+            tier: Tier::Device,
+            namespace: None,
+            group_idx: None,
+            group_kind: None,
+        })],
+        dp_rank: None,
+        dropped: vec![],
+    }
+}

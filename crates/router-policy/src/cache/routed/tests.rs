@@ -2,8 +2,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
-use router_state::test_util::basic_report;
+use router_state::kv_events::{IndexConfig, PrefixIndex};
+use router_state::test_util::{basic_report, stored_batch};
 use router_state::{EngineId, EngineReportedLoadTable, LoadTableConfig};
 
 use super::{Estimated, EventSource, RoutedCacheSource, RoutedPagesSettings};
@@ -55,23 +55,8 @@ fn settings(estimate: Estimated, pending_ms: u64) -> RoutedPagesSettings {
 
 /// `engine` announces the first `pages` pages of `tokens`.
 fn announce(index: &PrefixIndex, engine: &str, tokens: &[u32], pages: usize) {
-    let held = pages * BLOCK as usize;
-    let batch = KvBatch {
-        ts: 0.0,
-        events: vec![KvEvent::Stored(BlockStored {
-            block_hashes: (1..=pages as u64).collect(),
-            parent: None,
-            tokens: tokens[..held].to_vec(),
-            block_size: BLOCK,
-            tier: Tier::Device,
-            namespace: None,
-            group_idx: None,
-            group_kind: None,
-        })],
-        dp_rank: None,
-        dropped: vec![],
-    };
-    index.apply(&id(engine), 0, &batch);
+    let held = &tokens[..pages * BLOCK as usize];
+    index.apply(&id(engine), 0, &stored_batch(held, BLOCK));
 }
 
 async fn hits(source: &RoutedCacheSource, tokens: &[u32], dry_run: bool) -> PrefixHits {
