@@ -297,13 +297,16 @@ fn prefix_source<R: Resources>(
         return (None, None);
     }
     let routed = |events: EventSource| -> Arc<dyn CacheSource> {
+        let knows_publishers = matches!(events, EventSource::Local(_));
         match events {
-            events if model.routed_pages.counts_routing() => Arc::new(RoutedCacheSource::new(
-                events,
-                model.block_size,
-                Arc::clone(&around.handles.load),
-                model.routed_pages,
-            )),
+            events if model.routed_pages.counts_routing(knows_publishers) => {
+                Arc::new(RoutedCacheSource::new(
+                    events,
+                    model.block_size,
+                    Arc::clone(&around.handles.load),
+                    model.routed_pages,
+                ))
+            }
             EventSource::Local(index) => Arc::new(LocalCacheSource::new(index)),
             EventSource::Other(source) => source,
         }

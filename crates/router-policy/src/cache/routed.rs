@@ -96,9 +96,16 @@ impl Default for RoutedPagesSettings {
 }
 
 impl RoutedPagesSettings {
-    /// Whether routing counts for anything: pending pages or an estimate.
-    pub fn counts_routing(&self) -> bool {
-        self.pending_ms > 0 || self.estimate != Estimated::None
+    /// Whether routing counts for anything, pending pages or an estimate, over a
+    /// source of events that `knows_publishers` (the router's own index) or takes
+    /// every engine to publish (a shared indexer: `auto` then estimates none).
+    pub fn counts_routing(&self, knows_publishers: bool) -> bool {
+        self.pending_ms > 0
+            || match self.estimate {
+                Estimated::All => true,
+                Estimated::Auto => knows_publishers,
+                Estimated::None => false,
+            }
     }
 
     /// The settings' problems, as `(field, problem)`.

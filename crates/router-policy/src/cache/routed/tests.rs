@@ -224,3 +224,26 @@ fn settings_out_of_bounds_are_named() {
     );
     assert!(RoutedPagesSettings::default().problems().is_empty());
 }
+
+#[test]
+fn a_shared_indexer_counts_routing_only_for_pending_pages_or_an_estimate_of_all() {
+    let counts = |estimate, pending_ms, knows_publishers| {
+        RoutedPagesSettings {
+            estimate,
+            pending_ms,
+            ..RoutedPagesSettings::default()
+        }
+        .counts_routing(knows_publishers)
+    };
+    assert!(
+        counts(Estimated::Auto, 0, true),
+        "the local index names silent engines"
+    );
+    assert!(
+        !counts(Estimated::Auto, 0, false),
+        "a shared indexer's engines all publish"
+    );
+    assert!(counts(Estimated::All, 0, false));
+    assert!(counts(Estimated::None, 1, false));
+    assert!(!counts(Estimated::None, 0, true));
+}
