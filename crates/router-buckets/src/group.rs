@@ -6,6 +6,11 @@ use std::sync::Arc;
 use router_policy::{Observation, Pick, PickError, PickRequest, Policy};
 use router_state::{Engine, EngineId, RegistrySnapshot, Role};
 
+/// How many times a group's policy picks for one request when concurrent picks keep
+/// taking the chosen engine's last slot first; after that the pick fails with the
+/// engine's cap, as if the policy had seen it full.
+pub const RESERVE_TRIES: usize = 4;
+
 /// Which engines of the model and stage a group may pick from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Membership {
@@ -151,19 +156,41 @@ impl EngineGroup {
         candidates
     }
 
+    /// Runs the policy and, unless the request is a dry run, reserves the engine it
+    /// returned ([`Policy::reserve`]). A concurrent pick may take an engine's last
+    /// slot between the policy's check and the reservation: the policy then picks
+    /// again, seeing that engine full, up to [`RESERVE_TRIES`] times in all.
     async fn pick_among(
         &self,
         candidates: &[Arc<Engine>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let pick = self.policy.pick(candidates, request).await?;
-        if candidates.iter().any(|c| Arc::ptr_eq(c, &pick.engine)) {
-            Ok(pick)
-        } else {
-            Err(PickError::OutsideCandidates {
-                stage: request.stage,
-                engine: pick.engine.id().clone(),
-            })
+        let mut tries = 0;
+        loop {
+            let mut pick = self.policy.pick(candidates, request).await?;
+            if !candidates.iter().any(|c| Arc::ptr_eq(c, &pick.engine)) {
+                return Err(PickError::OutsideCandidates {
+                    stage: request.stage,
+                    engine: pick.engine.id().clone(),
+                });
+            }
+            if request.is_dry_run() {
+                return Ok(pick);
+            }
+            tries += 1;
+            match self.policy.reserve(&pick) {
+                Ok(reservation) => {
+                    pick.reservation = reservation;
+                    return Ok(pick);
+                }
+                Err(rejection) if tries >= RESERVE_TRIES => {
+                    return Err(PickError::AdmissionRejected {
+                        stage: request.stage,
+                        rejection,
+                    });
+                }
+                Err(_) => {}
+            }
         }
     }
 }

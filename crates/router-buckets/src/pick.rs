@@ -5,7 +5,7 @@ use std::sync::Arc;
 use router_policy::Pick;
 
 /// A complete engine selection from one bucket.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct BucketPick {
     /// The bucket both picks came from.
     pub bucket: Arc<str>,
@@ -14,7 +14,7 @@ pub struct BucketPick {
 }
 
 /// One plain engine, or a prefill and a decode engine.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum EnginePicks {
     /// A plain bucket's pick.
     Plain(Pick),

@@ -31,7 +31,7 @@ impl fmt::Display for BucketAttempt {
 }
 
 /// A complete selection and the buckets passed over before it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Selection {
     /// The engines to dispatch to.
     pub pick: BucketPick,

@@ -5,6 +5,7 @@ mod common;
 
 mod config;
 mod pairing;
+mod reservation;
 mod resolver;
 mod selection;
 mod slo;

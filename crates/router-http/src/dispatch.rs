@@ -177,11 +177,11 @@ struct Pair {
 }
 
 impl Pair {
-    fn new(ctx: &AppContext, bucket: HeaderValue, prefill: Pick, decode: Pick) -> Self {
+    fn new(ctx: &AppContext, bucket: HeaderValue, mut prefill: Pick, mut decode: Pick) -> Self {
         let (prefill_rank, decode_rank) = (ranks::rank(ctx, &prefill), ranks::rank(ctx, &decode));
         let guards = vec![
-            ranks::guard(ctx, &prefill.engine, prefill_rank),
-            ranks::guard(ctx, &decode.engine, decode_rank),
+            ranks::guard(ctx, &mut prefill, prefill_rank),
+            ranks::guard(ctx, &mut decode, decode_rank),
         ];
         let shown = ctx.routing_headers;
         let mut headers = answer_headers(shown, bucket);

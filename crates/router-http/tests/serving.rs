@@ -286,13 +286,15 @@ async fn a_stream_cut_right_after_its_head_still_gives_the_client_the_head() {
     cut_streams_reach_the_client_whole(0).await;
 }
 
-// One thread: admission reads the in-flight count without reserving (as the design
-// has it) and nothing awaits between a pick and its guard, so the cap holds exactly
-// while picks cannot run in parallel; on two threads two picks may both see room.
-#[tokio::test(flavor = "current_thread")]
+// Admission reserves the engine's slot in the step that checks its cap, so parallel
+// picks on every worker thread cannot both take the last one. Without the reservation
+// the engine held five requests at once in every run of this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admission_never_lets_more_than_its_cap_reach_the_engine() {
     const CAP: u64 = 4;
-    let a = sim(|c| c.decode_tokens_per_sec = 200.0).await;
+    const ROUNDS: usize = 50;
+    const STREAMS: usize = 256;
+    let a = sim(|c| c.decode_tokens_per_sec = 2000.0).await;
     let mut model = ModelConfig::new("m", vec![engine("A", &a, EngineRole::Plain)]);
     model.policies.plain = Some(
         serde_json::from_value::<router_policy::PolicyConfig>(serde_json::json!({
@@ -302,36 +304,45 @@ async fn admission_never_lets_more_than_its_cap_reach_the_engine() {
         .unwrap(),
     );
     let router = router(config(vec![model])).await;
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(STREAMS)
+        .build()
+        .unwrap();
     let mut body = chat("m", "at once");
     body["stream"] = true.into();
     body["max_tokens"] = 20.into();
-    let streams = (0..48).map(|_| {
-        let request = client
-            .post(url(&router, "/v1/chat/completions"))
-            .json(&body);
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            response.bytes().await.unwrap();
-            status
-        }
-    });
-    let statuses = futures_util::future::join_all(streams).await;
-    let served = statuses.iter().filter(|s| **s == 200).count() as u64;
-    assert!(
-        statuses.iter().all(|s| *s == 200 || *s == 503),
-        "{statuses:?}"
-    );
-    assert!(
-        served >= CAP,
-        "at least the cap's worth is served: {statuses:?}"
-    );
-    let peak = a.engine().peak_requests();
-    assert!(
-        (1..=CAP).contains(&peak),
-        "the engine held {peak} requests at once"
-    );
+    for round in 0..ROUNDS {
+        let streams = (0..STREAMS).map(|_| {
+            let request = client
+                .post(url(&router, "/v1/chat/completions"))
+                .json(&body);
+            tokio::spawn(async move {
+                let response = request.send().await.unwrap();
+                let status = response.status().as_u16();
+                response.bytes().await.unwrap();
+                status
+            })
+        });
+        let statuses: Vec<u16> = futures_util::future::join_all(streams)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let served = statuses.iter().filter(|s| **s == 200).count() as u64;
+        assert!(
+            statuses.iter().all(|s| *s == 200 || *s == 503),
+            "round {round}: {statuses:?}"
+        );
+        assert!(
+            served >= CAP,
+            "round {round}: at least the cap's worth is served"
+        );
+        let peak = a.engine().peak_requests();
+        assert!(
+            (1..=CAP).contains(&peak),
+            "round {round}: the engine held {peak} requests at once"
+        );
+    }
     router.shutdown().await;
 }
 

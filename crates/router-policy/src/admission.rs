@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use router_state::{Engine, EngineMetrics};
+use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -11,9 +11,11 @@ use crate::error::LimitExceeded;
 
 /// Decides whether one engine may take one more request.
 ///
-/// Admission observes; it does not rank engines, choose replacements, change buckets
-/// or reserve capacity. Policies hold it as `Arc<dyn EngineAdmission>` and call it
-/// where their selection algorithm needs it.
+/// Admission observes; it does not rank engines, choose replacements or change
+/// buckets. Policies hold it as `Arc<dyn EngineAdmission>` and call it where their
+/// selection algorithm needs it. Caps on counts the router keeps itself can also be
+/// held exactly: once a policy has chosen, [`reserve`](Self::reserve) takes the
+/// chosen engine's slot in one atomic step, and the dispatch holds that slot.
 pub trait EngineAdmission: Send + Sync + fmt::Debug {
     /// Checks `engine` against `metrics`, the observation the policy selected on.
     ///
@@ -29,6 +31,23 @@ pub trait EngineAdmission: Send + Sync + fmt::Debug {
     /// The caps checked, for explanations, when the admission is a set of caps.
     fn limits(&self) -> Option<AdmissionLimits> {
         None
+    }
+
+    /// Reserves one request on the chosen `engine` against the caps on counts this
+    /// router keeps (`load`'s in-flight requests), in one atomic step with their check,
+    /// so concurrent picks never take an engine past such a cap. `Ok(None)` when no
+    /// such cap applies (the dispatch counts the request itself); by default none does.
+    ///
+    /// # Errors
+    /// The cap the engine reached since it was checked (a concurrent pick took the
+    /// last slot).
+    fn reserve(
+        &self,
+        engine: &Engine,
+        load: &EngineReportedLoadTable,
+    ) -> Result<Option<InflightGuard>, LimitExceeded> {
+        let _ = (engine, load);
+        Ok(None)
     }
 }
 
@@ -135,6 +154,24 @@ impl EngineAdmission for AdmissionLimits {
 
     fn limits(&self) -> Option<AdmissionLimits> {
         Some(*self)
+    }
+
+    fn reserve(
+        &self,
+        engine: &Engine,
+        load: &EngineReportedLoadTable,
+    ) -> Result<Option<InflightGuard>, LimitExceeded> {
+        let Some(cap) = self.max_inflight_requests else {
+            return Ok(None);
+        };
+        match load.try_acquire(engine.id(), cap) {
+            Ok(guard) => Ok(Some(guard)),
+            Err(observed) => Err(LimitExceeded {
+                limit: "max_inflight_requests",
+                observed,
+                cap,
+            }),
+        }
     }
 }
 

@@ -21,14 +21,14 @@
 use std::sync::Arc;
 
 use router_state::affinity::{AffinityScope, rendezvous};
-use router_state::{Engine, EngineId, EngineReportedLoadTable};
+use router_state::{Engine, EngineId, EngineReportedLoadTable, InflightGuard};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
 use crate::config_error::PolicyConfigError;
-use crate::error::PickError;
+use crate::error::{PickError, Rejection};
 use crate::future::BoxFuture;
 use crate::least_load::LeastLoadPolicy;
 use crate::pick::{Pick, PickReason};
@@ -37,7 +37,7 @@ use crate::power_of_two::PowerOfTwoPolicy;
 use crate::random::RandomPolicy;
 use crate::round_robin::RoundRobinPolicy;
 use crate::settings::{AffinityBackend, PolicyHandles, PolicySettings, admission_field};
-use crate::walk::admit;
+use crate::walk::{admit, reserve};
 
 /// How often a conflicting concurrent binding is reconciled before the request is
 /// served unbound.
@@ -119,6 +119,9 @@ impl Policy for SessionAwarePolicy {
     fn reads_prompt(&self) -> bool {
         self.0.fallback.reads_prompt()
     }
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        reserve(&self.0.load, self.0.admission.as_ref(), pick)
+    }
 }
 
 impl Policy for StickyPolicy {
@@ -132,6 +135,9 @@ impl Policy for StickyPolicy {
 
     fn reads_prompt(&self) -> bool {
         self.0.fallback.reads_prompt()
+    }
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        reserve(&self.0.load, self.0.admission.as_ref(), pick)
     }
 }
 

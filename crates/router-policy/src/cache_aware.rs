@@ -31,7 +31,9 @@ mod score;
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use router_state::{Engine, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Role};
+use router_state::{
+    Engine, EngineObservation, EngineReportedLoadTable, InflightGuard, LoadSnapshot, Role,
+};
 
 pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
 use crate::admission::EngineAdmission;
@@ -44,7 +46,7 @@ use crate::pick::{Pick, PickReason};
 use crate::policy::{PickRequest, Policy};
 use crate::pressure::compare;
 use crate::rng::SharedRng;
-use crate::walk::admit;
+use crate::walk::{admit, reserve};
 
 /// Prefers engines holding the prompt's prefix; see the module documentation for the
 /// algorithm. Never used for decode groups.
@@ -525,5 +527,9 @@ impl Policy for CacheAwarePolicy {
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
         Box::pin(self.pick_async(engines, request))
+    }
+
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        reserve(&self.load, self.admission.as_ref(), pick)
     }
 }

@@ -4,10 +4,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use router_state::Engine;
+use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
 
 /// A successful pick: an engine from the candidate set that passed admission.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Pick {
     /// The chosen engine (the candidate's own `Arc`).
     pub engine: Arc<Engine>,
@@ -20,6 +20,10 @@ pub struct Pick {
     /// (a cache-aware pick: the rank holding the prefix); otherwise the dispatcher
     /// chooses the engine's least-loaded rank.
     pub rank: Option<u32>,
+    /// The request's slot on the engine, when admission reserved one
+    /// ([`EngineAdmission::reserve`](crate::EngineAdmission::reserve)): the dispatch
+    /// holds it in place of counting the request itself. `None` for a dry run.
+    pub reservation: Option<InflightGuard>,
 }
 
 impl Pick {
@@ -30,6 +34,7 @@ impl Pick {
             reason,
             predicted_cached_tokens: None,
             rank: None,
+            reservation: None,
         }
     }
 
@@ -37,6 +42,19 @@ impl Pick {
     pub fn with_rank(mut self, rank: Option<u32>) -> Self {
         self.rank = rank;
         self
+    }
+
+    /// The guard that counts the request on the engine (and on `rank` of it) while it
+    /// is dispatched: the reservation admission took, or else a new count in `load`.
+    pub fn guard(&mut self, load: &EngineReportedLoadTable, rank: Option<u32>) -> InflightGuard {
+        let guard = self
+            .reservation
+            .take()
+            .unwrap_or_else(|| load.acquire(self.engine.id()));
+        match rank {
+            Some(rank) => guard.with_rank(rank),
+            None => guard,
+        }
     }
 
     /// Sets the predicted cached prompt tokens.

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use router_state::{Engine, Role};
+use router_state::{Engine, InflightGuard, Role};
 
-use crate::error::PickError;
+use crate::error::{PickError, Rejection};
 use crate::explain::Observation;
 use crate::facts::RequestFacts;
 use crate::future::BoxFuture;
@@ -33,6 +33,19 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// does not.
     fn reads_prompt(&self) -> bool {
         true
+    }
+
+    /// Reserves `pick`'s engine against the policy's caps on counts the router keeps
+    /// ([`EngineAdmission::reserve`](crate::EngineAdmission::reserve)); the caller
+    /// does so once a non-dry-run pick returns, and picks again when a concurrent pick
+    /// took the last slot first. `Ok(None)` when no such cap applies; by default none
+    /// does.
+    ///
+    /// # Errors
+    /// The engine reached such a cap since the pick checked it.
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        let _ = pick;
+        Ok(None)
     }
 }
 

@@ -3,21 +3,21 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use router_state::{Engine, EngineReportedLoadTable};
+use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
 use crate::config_error::PolicyConfigError;
-use crate::error::PickError;
+use crate::error::{PickError, Rejection};
 use crate::future::BoxFuture;
 use crate::pick::{Pick, PickReason};
 use crate::policy::{PickRequest, Policy};
 use crate::pressure::{Basis, compare};
 use crate::rng::SharedRng;
 use crate::settings::{PolicyHandles, PolicySettings, admission_field};
-use crate::walk::admit;
+use crate::walk::{admit, reserve};
 
 /// Samples two distinct candidates uniformly and keeps the one under lower stage
 /// pressure (a complete tie keeps the first sampled); a single candidate is taken
@@ -111,6 +111,9 @@ impl Policy for PowerOfTwoPolicy {
 
     fn reads_prompt(&self) -> bool {
         false
+    }
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        reserve(&self.load, self.admission.as_ref(), pick)
     }
 }
 

@@ -2,20 +2,20 @@
 
 use std::sync::Arc;
 
-use router_state::{Engine, EngineReportedLoadTable};
+use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
 use crate::config_error::PolicyConfigError;
-use crate::error::PickError;
+use crate::error::{PickError, Rejection};
 use crate::future::BoxFuture;
 use crate::pick::{Pick, PickReason};
 use crate::policy::{PickRequest, Policy};
 use crate::rng::SharedRng;
 use crate::settings::{PolicyHandles, PolicySettings, admission_field};
-use crate::walk::admit;
+use crate::walk::{admit, reserve};
 
 /// Chooses a candidate uniformly at random. When admission rejects it, the choice is
 /// made again uniformly among the admitted candidates; when all are rejected the pick
@@ -108,6 +108,9 @@ impl Policy for RandomPolicy {
 
     fn reads_prompt(&self) -> bool {
         false
+    }
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        reserve(&self.load, self.admission.as_ref(), pick)
     }
 }
 

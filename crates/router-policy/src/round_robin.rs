@@ -3,19 +3,19 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use router_state::{Engine, EngineReportedLoadTable};
+use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmissionLimits, EngineAdmission};
 use crate::config_error::PolicyConfigError;
-use crate::error::PickError;
+use crate::error::{PickError, Rejection};
 use crate::future::BoxFuture;
 use crate::pick::{Pick, PickReason};
 use crate::policy::{PickRequest, Policy};
 use crate::settings::{PolicyHandles, PolicySettings, admission_field};
-use crate::walk::first_admitted;
+use crate::walk::{first_admitted, reserve};
 
 /// Takes the candidates in turn. Each instance (one per engine group) has its own
 /// cursor, so `n` consecutive picks over an unchanged set of `n` candidates visit each
@@ -83,6 +83,9 @@ impl Policy for RoundRobinPolicy {
 
     fn reads_prompt(&self) -> bool {
         false
+    }
+    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+        reserve(&self.load, self.admission.as_ref(), pick)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use router_state::{Engine, EngineMetrics, LoadSnapshot};
+use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard, LoadSnapshot};
 
 use crate::admission::{AdmissionDecision, EngineAdmission};
 use crate::error::{PickError, Rejection};
@@ -83,4 +83,19 @@ pub(crate) fn first_admitted(
             rejections,
         }
     })
+}
+
+/// Reserves `pick`'s engine with `admission` ([`EngineAdmission::reserve`]), for a
+/// policy's [`Policy::reserve`](crate::Policy::reserve).
+pub(crate) fn reserve(
+    load: &EngineReportedLoadTable,
+    admission: &dyn EngineAdmission,
+    pick: &Pick,
+) -> Result<Option<InflightGuard>, Rejection> {
+    admission
+        .reserve(&pick.engine, load)
+        .map_err(|exceeded| Rejection {
+            engine: pick.engine.id().clone(),
+            exceeded,
+        })
 }

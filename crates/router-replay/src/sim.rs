@@ -14,7 +14,7 @@ use std::time::Duration;
 use engine_sim::{
     EngineSpec, EventForm, PageKey, encode_batch, encode_load_stat, extend_page_keys,
 };
-use router_buckets::{SelectError, Selection};
+use router_buckets::{EnginePicks, SelectError, Selection};
 use router_policy::{Pick, PrefixMemo, RequestFacts};
 use router_state::kv_events::decode_batch;
 use router_state::{EngineId, InflightGuard, LoadReport};
@@ -289,12 +289,12 @@ impl<'a> Replay<'a> {
             self.completed(index);
             return Ok(());
         };
-        let Some(pick) = selection.pick.engines.iter().next() else {
-            self.outcomes[index].failed = true;
-            self.completed(index);
-            return Ok(());
-        };
-        self.place(index, pick, tokens);
+        // Replay refuses prefill/decode fleets: a selection is one plain pick.
+        let (EnginePicks::Plain(mut pick)
+        | EnginePicks::Pd {
+            prefill: mut pick, ..
+        }) = selection.pick.engines;
+        self.place(index, &mut pick, tokens);
         Ok(())
     }
 
@@ -372,7 +372,7 @@ impl<'a> Replay<'a> {
 
     /// Places the request at `index` on the engine `pick` chose, where it queues on
     /// the rank the router's dispatch chooses.
-    fn place(&mut self, index: usize, pick: &Pick, tokens: Vec<u32>) {
+    fn place(&mut self, index: usize, pick: &mut Pick, tokens: Vec<u32>) {
         let request = &self.trace[index];
         let engine = self.engine_index[pick.engine.id()];
         let (rank, guard) = self.rank_and_guard(pick, engine);
@@ -414,7 +414,7 @@ impl<'a> Replay<'a> {
 
     /// The rank a pick's request goes to, as the router's dispatch chooses it, and
     /// the router's in-flight count for it.
-    fn rank_and_guard(&self, pick: &Pick, engine: usize) -> (usize, InflightGuard) {
+    fn rank_and_guard(&self, pick: &mut Pick, engine: usize) -> (usize, InflightGuard) {
         let load = &self.router.load;
         let ranks = self.engines[engine].ranks.len() as u32;
         let rank = (ranks > 1)
@@ -424,10 +424,7 @@ impl<'a> Replay<'a> {
                     .or_else(|| load.least_loaded_rank(pick.engine.id()))
             })
             .flatten();
-        let guard = match rank {
-            Some(r) => load.acquire_rank(pick.engine.id(), r),
-            None => load.acquire(pick.engine.id()),
-        };
+        let guard = pick.guard(load, rank);
         (rank.unwrap_or(0) as usize, guard)
     }
 

@@ -59,9 +59,9 @@ pub use feed::{
     Sequence, decode_envelope,
 };
 pub use load_monitor::{
-    DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable, InflightGuard,
-    IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot, LoadTableConfig,
-    NativeAggregate, NativeLoad, ReportedLoad, TPOT_FRESHNESS,
+    CapacityListener, DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable,
+    InflightGuard, IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot,
+    LoadTableConfig, NativeAggregate, NativeLoad, ReportedLoad, TPOT_FRESHNESS,
 };
 pub use names::{MAX_NAME_BYTES, NameError, check_name};
 pub use pd::{PdMismatch, PdProfile};

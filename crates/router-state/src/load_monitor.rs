@@ -15,8 +15,8 @@ mod tpot;
 pub use load_stat::{LOAD_STAT_TAG, LoadDecodeError, LoadReport, NativeLoad};
 pub use observation::{EngineMetrics, EngineObservation, NativeAggregate, ReportedLoad};
 pub use table::{
-    DEFAULT_FRESHNESS, EngineReportedLoadTable, InflightGuard, IngestError, LoadSnapshot,
-    LoadTableConfig,
+    CapacityListener, DEFAULT_FRESHNESS, EngineReportedLoadTable, InflightGuard, IngestError,
+    LoadSnapshot, LoadTableConfig,
 };
 pub use tpot::TPOT_FRESHNESS;
 

@@ -16,11 +16,11 @@ use crate::relay::Predicted;
 pub(super) async fn dispatch(
     ctx: &Arc<AppContext>,
     bucket: HeaderValue,
-    pick: Pick,
+    mut pick: Pick,
     out: &Outgoing,
 ) -> Result<Response, Failed> {
     let rank = ranks::rank(ctx, &pick);
-    let guards = vec![ranks::guard(ctx, &pick.engine, rank)];
+    let guards = vec![ranks::guard(ctx, &mut pick, rank)];
     let headers = plain_headers(ctx.routing_headers, bucket, &pick);
     let predicted = Predicted::of(&pick);
     let engine = pick.engine;

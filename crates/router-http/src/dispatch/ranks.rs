@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use router_policy::Pick;
-use router_state::{Engine, InflightGuard};
+use router_state::InflightGuard;
 
 use super::leg::with_fields;
 use crate::app::AppContext;
@@ -32,12 +32,10 @@ pub(super) fn rank(ctx: &AppContext, pick: &Pick) -> Option<u32> {
         .or_else(|| ctx.fleet.load().least_loaded_rank(pick.engine.id()))
 }
 
-/// Counts a leg in flight to `engine` (and its rank) until the guard drops.
-pub(super) fn guard(ctx: &AppContext, engine: &Engine, rank: Option<u32>) -> InflightGuard {
-    match rank {
-        Some(rank) => ctx.fleet.load().acquire_rank(engine.id(), rank),
-        None => ctx.fleet.load().acquire(engine.id()),
-    }
+/// Counts a leg in flight to `pick`'s engine (and its rank) until the guard drops:
+/// the slot admission reserved, or a new count.
+pub(super) fn guard(ctx: &AppContext, pick: &mut Pick, rank: Option<u32>) -> InflightGuard {
+    pick.guard(ctx.fleet.load(), rank)
 }
 
 /// The body naming `rank` (unchanged without one).

@@ -66,12 +66,16 @@ impl EngineObservation {
         dispatched_since_report: 0,
     };
 
-    /// The metrics admission checks read.
+    /// The metrics admission checks read. The reported request counts are corrected
+    /// by the dispatches the report has not seen yet, each counted as running and as
+    /// waiting (it is one or the other by the next report), so a cap on them holds
+    /// between reports as well as an observation can.
     pub fn metrics(&self) -> EngineMetrics {
         let reported = self.reported.as_ref();
+        let unseen = self.dispatched_since_report;
         EngineMetrics {
-            running_requests: reported.map(|r| r.running_requests),
-            waiting_requests: reported.map(|r| r.waiting_requests),
+            running_requests: reported.map(|r| r.running_requests.saturating_add(unseen)),
+            waiting_requests: reported.map(|r| r.waiting_requests.saturating_add(unseen)),
             kv_tokens: reported.map(|r| r.native.map_or(r.used_kv_tokens, |n| n.total_tokens)),
             pending_prefill_tokens: reported
                 .and_then(|r| r.native)
@@ -112,9 +116,9 @@ impl EngineObservation {
 /// an unknown metric admits. The router-local in-flight count is always known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineMetrics {
-    /// Reported running requests.
+    /// Reported running requests, plus the dispatches since the report.
     pub running_requests: Option<u64>,
-    /// Reported waiting requests.
+    /// Reported waiting requests, plus the dispatches since the report.
     pub waiting_requests: Option<u64>,
     /// Reported total KV tokens: the native `num_total_tokens` (in use plus queued),
     /// or the KV tokens in use for a basic report.

@@ -63,11 +63,40 @@ pub struct EngineReportedLoadTable {
     config: LoadTableConfig,
     engines: ArcSwap<FxHashMap<EngineId, Arc<EngineSlot>>>,
     write: Mutex<()>,
+    signal: Arc<CapacitySignal>,
+}
+
+/// Called whenever capacity may have freed: a request released, a report applied,
+/// an engine registered. It must be cheap, it runs on every release.
+pub type CapacityListener = Box<dyn Fn() + Send + Sync>;
+
+/// Where the table tells its listener that capacity may have freed; every slot holds
+/// it, so a guard's release reaches the listener.
+#[derive(Default)]
+struct CapacitySignal {
+    listener: ArcSwapOption<CapacityListener>,
+}
+
+impl CapacitySignal {
+    fn fire(&self) {
+        if let Some(listener) = self.listener.load().as_deref() {
+            listener();
+        }
+    }
+}
+
+impl std::fmt::Debug for CapacitySignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapacitySignal")
+            .field("listening", &self.listener.load().is_some())
+            .finish()
+    }
 }
 
 #[derive(Debug)]
 struct EngineSlot {
     in_flight: AtomicU64,
+    signal: Arc<CapacitySignal>,
     /// Total dispatches ever made to the engine; the dispatch correction is the
     /// difference between now and the value recorded with a report.
     dispatched: AtomicU64,
@@ -93,9 +122,10 @@ struct Published {
 }
 
 impl EngineSlot {
-    fn new(dp_size: NonZeroU32) -> Self {
+    fn new(dp_size: NonZeroU32, signal: &Arc<CapacitySignal>) -> Self {
         Self {
             in_flight: AtomicU64::new(0),
+            signal: Arc::clone(signal),
             dispatched: AtomicU64::new(0),
             ranks: Mutex::new(vec![None; dp_size.get() as usize]),
             rank_in_flight: Mutex::new(vec![0; dp_size.get() as usize]),
@@ -137,8 +167,16 @@ impl EngineReportedLoadTable {
             return;
         }
         let mut next = FxHashMap::clone(&engines);
-        next.insert(id.clone(), Arc::new(EngineSlot::new(dp_size)));
+        next.insert(id.clone(), Arc::new(EngineSlot::new(dp_size, &self.signal)));
         self.engines.store(Arc::new(next));
+        drop(_write);
+        self.signal.fire();
+    }
+
+    /// Sets (or with `None`, clears) the one listener told whenever capacity may have
+    /// freed: a guard released, a report applied, an engine registered.
+    pub fn on_capacity(&self, listener: Option<CapacityListener>) {
+        self.signal.listener.store(listener.map(Arc::new));
     }
 
     /// Stops tracking an engine; its reports are dropped. Guards still held for it
@@ -189,6 +227,8 @@ impl EngineReportedLoadTable {
             prefill_tokens_per_sec,
         });
         slot.published.store(aggregate(&ranks).map(Arc::new));
+        drop(ranks);
+        self.signal.fire();
         Ok(())
     }
 
@@ -204,27 +244,40 @@ impl EngineReportedLoadTable {
     /// Counts a request dispatched to `id` until the returned guard drops. Unregistered
     /// engines are tracked from their first guard on.
     pub fn acquire(&self, id: &EngineId) -> InflightGuard {
-        let slot = match self.engines.load().get(id) {
-            Some(slot) => Arc::clone(slot),
-            None => self.slot_for_guard(id),
-        };
+        let slot = self.slot(id);
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
         slot.dispatched.fetch_add(1, Ordering::Relaxed);
         InflightGuard { slot, rank: None }
     }
 
+    /// Counts a request dispatched to `id` until the returned guard drops, if this
+    /// router has fewer than `cap` requests in flight to it; otherwise `Err` with the
+    /// count found. The check and the count are one atomic step, so concurrent callers
+    /// never take `id` past `cap` between them.
+    ///
+    /// # Errors
+    /// The requests in flight to `id` when it was at or above `cap`.
+    pub fn try_acquire(&self, id: &EngineId, cap: u64) -> Result<InflightGuard, u64> {
+        let slot = self.slot(id);
+        slot.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            })?;
+        slot.dispatched.fetch_add(1, Ordering::Relaxed);
+        Ok(InflightGuard { slot, rank: None })
+    }
+
     /// Counts a request dispatched to rank `rank` of `id` (and to `id`) until the
     /// returned guard drops.
     pub fn acquire_rank(&self, id: &EngineId, rank: u32) -> InflightGuard {
-        let mut guard = self.acquire(id);
-        let mut ranks = guard.slot.rank_in_flight.lock();
-        if ranks.len() <= rank as usize {
-            ranks.resize(rank as usize + 1, 0);
+        self.acquire(id).with_rank(rank)
+    }
+
+    fn slot(&self, id: &EngineId) -> Arc<EngineSlot> {
+        match self.engines.load().get(id) {
+            Some(slot) => Arc::clone(slot),
+            None => self.slot_for_guard(id),
         }
-        ranks[rank as usize] += 1;
-        drop(ranks);
-        guard.rank = Some(rank);
-        guard
     }
 
     /// The rank of a data-parallel engine a request should go to: the one with the
@@ -279,7 +332,7 @@ impl EngineReportedLoadTable {
         if let Some(slot) = engines.get(id) {
             return Arc::clone(slot);
         }
-        let slot = Arc::new(EngineSlot::new(NonZeroU32::MIN));
+        let slot = Arc::new(EngineSlot::new(NonZeroU32::MIN, &self.signal));
         let mut next = FxHashMap::clone(&engines);
         next.insert(id.clone(), Arc::clone(&slot));
         self.engines.store(Arc::new(next));
@@ -399,13 +452,34 @@ pub struct InflightGuard {
     rank: Option<u32>,
 }
 
+impl InflightGuard {
+    /// The same request, counted on rank `rank` of its engine too until the guard
+    /// drops (replacing a rank it named before).
+    pub fn with_rank(mut self, rank: u32) -> Self {
+        let mut ranks = self.slot.rank_in_flight.lock();
+        if let Some(previous) = self.rank
+            && let Some(count) = ranks.get_mut(previous as usize)
+        {
+            *count = count.saturating_sub(1);
+        }
+        if ranks.len() <= rank as usize {
+            ranks.resize(rank as usize + 1, 0);
+        }
+        ranks[rank as usize] += 1;
+        drop(ranks);
+        self.rank = Some(rank);
+        self
+    }
+}
+
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.slot.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.slot.in_flight.fetch_sub(1, Ordering::AcqRel);
         if let Some(rank) = self.rank
             && let Some(count) = self.slot.rank_in_flight.lock().get_mut(rank as usize)
         {
             *count = count.saturating_sub(1);
         }
+        self.slot.signal.fire();
     }
 }

@@ -406,6 +406,12 @@ async fn dispatches_since_the_report_correct_reported_load() {
     let seen = table.snapshot().observe(&id("a"));
     assert_eq!((seen.in_flight, seen.dispatched_since_report), (4, 3));
     assert_eq!(seen.corrected_reported_requests(), Some(6));
+    let metrics = seen.metrics();
+    assert_eq!(
+        (metrics.running_requests, metrics.waiting_requests),
+        (Some(5), Some(4)),
+        "admission reads the reported counts with the unseen dispatches on each"
+    );
     drop(guards);
     drop(before);
     let seen = table.snapshot().observe(&id("a"));
@@ -458,6 +464,97 @@ fn guards_for_unregistered_engines_still_count() {
     assert_eq!(table.in_flight(&id("new")), 1);
     drop(guard);
     assert_eq!(table.in_flight(&id("new")), 0);
+}
+
+#[test]
+fn a_reservation_counts_only_below_its_cap() {
+    let table = EngineReportedLoadTable::default();
+    let first = table.try_acquire(&id("a"), 2).expect("room for two");
+    let second = table.try_acquire(&id("a"), 2).expect("room for one more");
+    assert_eq!(table.try_acquire(&id("a"), 2).err(), Some(2));
+    assert_eq!(
+        table.in_flight(&id("a")),
+        2,
+        "a refused reservation counts nothing"
+    );
+    drop(first);
+    let third = table
+        .try_acquire(&id("a"), 2)
+        .expect("a released slot is free again");
+    drop((second, third));
+    assert_eq!(table.in_flight(&id("a")), 0);
+}
+
+#[test]
+fn a_guard_given_a_rank_counts_there_until_it_drops() {
+    let table = EngineReportedLoadTable::default();
+    table.register(&id("a"), two(2));
+    let guard = table.try_acquire(&id("a"), 4).unwrap().with_rank(1);
+    assert_eq!(
+        table.least_loaded_rank(&id("a")),
+        Some(0),
+        "rank 1 holds it"
+    );
+    let guard = guard.with_rank(0);
+    assert_eq!(
+        table.least_loaded_rank(&id("a")),
+        Some(1),
+        "moved to rank 0"
+    );
+    drop(guard);
+    assert_eq!(table.least_loaded_rank(&id("a")), Some(0));
+    assert_eq!(table.in_flight(&id("a")), 0);
+}
+
+#[test]
+fn reservations_on_many_threads_never_pass_the_cap() {
+    const CAP: u64 = 3;
+    let table = std::sync::Arc::new(EngineReportedLoadTable::default());
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (table, most) = (std::sync::Arc::clone(&table), std::sync::Arc::clone(&most));
+            std::thread::spawn(move || {
+                for _ in 0..2_000 {
+                    if let Ok(guard) = table.try_acquire(&id("a"), CAP) {
+                        most.fetch_max(
+                            table.in_flight(&id("a")),
+                            std::sync::atomic::Ordering::SeqCst,
+                        );
+                        drop(guard);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((1..=CAP).contains(&most), "{most} in flight at once");
+    assert_eq!(table.in_flight(&id("a")), 0);
+}
+
+#[test]
+fn the_capacity_listener_hears_releases_reports_and_registrations() {
+    let table = EngineReportedLoadTable::default();
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = std::sync::Arc::clone(&heard);
+    table.on_capacity(Some(Box::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    })));
+    let count = || heard.load(std::sync::atomic::Ordering::Relaxed);
+    table.register(&id("a"), two(1));
+    assert_eq!(count(), 1, "an engine joined");
+    let guard = table.acquire(&id("a"));
+    assert_eq!(count(), 1, "taking a slot frees nothing");
+    drop(guard);
+    assert_eq!(count(), 2, "a release");
+    feed(&table, "a", 0, basic_report(1, 0, 0, 100));
+    assert_eq!(count(), 3, "a report");
+    table.on_capacity(None);
+    drop(table.acquire(&id("a")));
+    assert_eq!(count(), 3, "a cleared listener hears nothing");
 }
 
 #[derive(Debug, Clone)]
