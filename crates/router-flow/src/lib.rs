@@ -49,5 +49,7 @@ mod tenants;
 
 pub use discipline::{Discipline, EntryId, Full, MAX_BANDS, MAX_WEIGHT};
 pub use room::{Expired, Refused, Ticket, WaitingRoom};
-pub use settings::{DisciplineSettings, LedgerSettings, RoomSettings, SettingsError};
+pub use settings::{
+    DisciplineSettings, LedgerSettings, MAX_WAIT_LIMIT, RoomSettings, SettingsError,
+};
 pub use tenants::{OVERFLOW_TENANT, OverCap, TenantGuard, TenantLedger};

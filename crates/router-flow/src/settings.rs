@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use crate::discipline::MAX_BANDS;
 
+/// Longest `max_wait` a room accepts: one day.
+pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Settings of a [`Discipline`](crate::Discipline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DisciplineSettings {
@@ -50,7 +53,8 @@ impl DisciplineSettings {
 /// Settings of a [`WaitingRoom`](crate::WaitingRoom).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoomSettings {
-    /// How long an entry waits at most before it expires; positive.
+    /// How long an entry waits at most before it expires; positive and at most
+    /// [`MAX_WAIT_LIMIT`].
     pub max_wait: Duration,
     /// The queue discipline of the room.
     pub discipline: DisciplineSettings,
@@ -76,7 +80,7 @@ impl RoomSettings {
     /// # Errors
     /// The first field out of range.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        if self.max_wait.is_zero() {
+        if self.max_wait.is_zero() || self.max_wait > MAX_WAIT_LIMIT {
             return Err(SettingsError::MaxWait);
         }
         if self.tries_per_pass == 0 {
@@ -113,8 +117,8 @@ pub enum SettingsError {
     /// `capacity` is zero.
     #[error("capacity must be at least 1")]
     Capacity,
-    /// `max_wait` is zero.
-    #[error("max_wait must be positive")]
+    /// `max_wait` is zero or beyond [`MAX_WAIT_LIMIT`].
+    #[error("max_wait must be positive and at most one day")]
     MaxWait,
     /// `tries_per_pass` is zero.
     #[error("tries_per_pass must be at least 1")]

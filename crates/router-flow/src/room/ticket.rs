@@ -1,5 +1,6 @@
 //! A waiter's place in the room.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,8 +25,9 @@ pub struct Expired {
 /// Await [`turn`](Self::turn); then try for capacity and report the outcome with
 /// [`admitted`](Self::admitted) or [`failed`](Self::failed). Dropping the ticket (the
 /// client left, or the caller gave up) removes the entry at once and passes a held
-/// turn on.
-#[derive(Debug)]
+/// turn on. While a ticket holds the turn nobody else tries, so the holder reports
+/// promptly (or is dropped); its own deadline does not take the turn from it until it
+/// awaits [`turn`](Self::turn) again.
 pub struct Ticket {
     room: Arc<WaitingRoom>,
     id: EntryId,
@@ -34,6 +36,17 @@ pub struct Ticket {
     deadline: Instant,
     /// The entry has left the queue (admitted or expired).
     done: bool,
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("id", &self.id)
+            .field("entered", &self.entered)
+            .field("deadline", &self.deadline)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ticket {
@@ -100,6 +113,10 @@ impl Ticket {
     /// The holder got capacity: its tenant is charged, it leaves the queue and a new
     /// pass starts at once if others wait (more capacity may be free). Returns how
     /// long it waited.
+    ///
+    /// A ticket that does not hold the turn (its request found capacity on its own)
+    /// may be admitted too: it is charged if it is its tenant's head, else simply
+    /// removed, and the pass in progress goes on.
     pub fn admitted(mut self) -> Duration {
         let now = Instant::now();
         if !self.done {
