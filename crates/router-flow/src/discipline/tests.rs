@@ -1,0 +1,211 @@
+//! Concrete cases of the discipline: weighted shares, offered load, the starvation
+//! bound, deadlines, capacity and clamping.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Discipline, Full};
+use crate::settings::{DisciplineSettings, SettingsError};
+
+fn weight(w: u32) -> NonZeroU32 {
+    NonZeroU32::new(w).unwrap()
+}
+
+fn discipline<T>(bands: u8, starvation_limit: u32, capacity: usize) -> Discipline<T> {
+    Discipline::new(DisciplineSettings {
+        bands,
+        starvation_limit,
+        capacity,
+    })
+    .unwrap()
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+/// Grants the first candidate `n` times and returns the items in grant order.
+fn drain<T: Copy>(d: &mut Discipline<T>, n: usize) -> Vec<T> {
+    let now = Instant::now();
+    (0..n)
+        .map(|_| {
+            let id = d.candidates(now, 1)[0];
+            d.grant(id, now).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn weights_three_to_one_share_three_quarters() {
+    let mut d = discipline(1, 1, 1000);
+    for _ in 0..400 {
+        d.push(0, "a".into(), weight(3), far(), 'a').unwrap();
+        d.push(0, "b".into(), weight(1), far(), 'b').unwrap();
+    }
+    let granted = drain(&mut d, 400);
+    let a = granted.iter().filter(|&&t| t == 'a').count();
+    assert!((296..=304).contains(&a), "a got {a} of 400");
+}
+
+#[test]
+fn ten_times_the_load_gets_no_more_than_half() {
+    let mut d = discipline(1, 1, 1100);
+    for _ in 0..1000 {
+        d.push(0, "heavy".into(), weight(1), far(), 'h').unwrap();
+    }
+    for _ in 0..100 {
+        d.push(0, "light".into(), weight(1), far(), 'l').unwrap();
+    }
+    let granted = drain(&mut d, 200);
+    let heavy = granted.iter().filter(|&&t| t == 'h').count();
+    assert_eq!(heavy, 100);
+}
+
+#[test]
+fn a_returning_tenant_does_not_catch_up_on_its_idle_time() {
+    let mut d = discipline(1, 1, 100);
+    for _ in 0..10 {
+        d.push(0, "a".into(), weight(1), far(), 'a').unwrap();
+    }
+    drain(&mut d, 5);
+    for _ in 0..4 {
+        d.push(0, "b".into(), weight(1), far(), 'b').unwrap();
+    }
+    // b starts at the virtual clock (a's last start tag), not at zero: one step
+    // ahead of a's next entry, then the two alternate.
+    assert_eq!(drain(&mut d, 7), ['b', 'a', 'b', 'a', 'b', 'a', 'b']);
+    assert_eq!(drain(&mut d, 2), ['a', 'a']);
+}
+
+#[test]
+fn starvation_bound_with_three_bands() {
+    let mut d = discipline(3, 2, 300);
+    for band in 0..3u8 {
+        for _ in 0..100 {
+            d.push(band, "t".into(), weight(1), far(), band).unwrap();
+        }
+    }
+    let granted = drain(&mut d, 40);
+    assert_eq!(granted[..8], [0, 0, 1, 2, 0, 0, 1, 2]);
+    // Band 2 waits at most starvation_limit + 2 grants to higher bands.
+    let mut gap = 0;
+    for band in granted {
+        if band == 2 {
+            gap = 0;
+        } else {
+            gap += 1;
+            assert!(gap <= 2 + 2);
+        }
+    }
+}
+
+#[test]
+fn candidates_list_other_tenants_then_lower_bands() {
+    let mut d = discipline(2, 8, 10);
+    let a1 = d.push(0, "a".into(), weight(1), far(), ()).unwrap();
+    let _a2 = d.push(0, "a".into(), weight(1), far(), ()).unwrap();
+    let b1 = d.push(0, "b".into(), weight(1), far(), ()).unwrap();
+    let c1 = d.push(1, "c".into(), weight(1), far(), ()).unwrap();
+    let now = Instant::now();
+    assert_eq!(d.candidates(now, 10), [a1, b1, c1]);
+    assert_eq!(d.candidates(now, 2), [a1, b1]);
+    // An alternative may be granted: b goes before a.
+    assert_eq!(d.grant(b1, now), Some(()));
+    assert_eq!(d.candidates(now, 10), [a1, c1]);
+}
+
+#[test]
+fn only_a_tenants_live_head_can_be_granted() {
+    let mut d = discipline(1, 1, 10);
+    let now = Instant::now();
+    let soon = now + Duration::from_secs(1);
+    let first = d.push(0, "a".into(), weight(1), soon, 1).unwrap();
+    let second = d.push(0, "a".into(), weight(1), far(), 2).unwrap();
+    assert_eq!(d.grant(second, now), None);
+    assert_eq!(d.candidates(now, 10), [first]);
+    // Past the first entry's deadline, the second counts as the head.
+    let later = soon;
+    assert_eq!(d.candidates(later, 10), [second]);
+    assert_eq!(d.grant(first, later), None);
+    assert_eq!(d.len(), 2);
+    assert_eq!(d.grant(second, later), Some(2));
+    assert_eq!(d.remove(first), Some(1));
+    assert!(d.is_empty());
+}
+
+#[test]
+fn full_gives_the_item_back() {
+    let mut d = discipline(1, 1, 2);
+    d.push(0, "a".into(), weight(1), far(), 1).unwrap();
+    d.push(0, "a".into(), weight(1), far(), 2).unwrap();
+    let Err(Full(back)) = d.push(0, "a".into(), weight(1), far(), 3) else {
+        panic!("a third push into a capacity of 2 must be refused");
+    };
+    assert_eq!(back, 3);
+    assert_eq!(d.len(), 2);
+}
+
+#[test]
+fn out_of_range_band_and_weight_are_clamped() {
+    let mut d = discipline(2, 1, 10);
+    d.push(7, "a".into(), weight(u32::MAX), far(), 'a').unwrap();
+    d.push(1, "b".into(), weight(1000), far(), 'b').unwrap();
+    assert_eq!(d.band_len(1), 2);
+    assert_eq!(d.band_len(7), 0);
+    // Both weights count as 1000: equal share, a first by arrival.
+    d.push(1, "a".into(), weight(u32::MAX), far(), 'a').unwrap();
+    d.push(1, "b".into(), weight(1000), far(), 'b').unwrap();
+    assert_eq!(drain(&mut d, 4), ['a', 'b', 'a', 'b']);
+}
+
+#[test]
+fn settings_out_of_range_are_refused() {
+    let ok = DisciplineSettings {
+        bands: 8,
+        starvation_limit: 1,
+        capacity: 1,
+    };
+    assert!(Discipline::<()>::new(ok).is_ok());
+    let cases = [
+        (
+            DisciplineSettings { bands: 0, ..ok },
+            SettingsError::Bands(0),
+        ),
+        (
+            DisciplineSettings { bands: 9, ..ok },
+            SettingsError::Bands(9),
+        ),
+        (
+            DisciplineSettings {
+                starvation_limit: 0,
+                ..ok
+            },
+            SettingsError::StarvationLimit,
+        ),
+        (
+            DisciplineSettings { capacity: 0, ..ok },
+            SettingsError::Capacity,
+        ),
+    ];
+    for (settings, error) in cases {
+        assert_eq!(Discipline::<()>::new(settings).unwrap_err(), error);
+    }
+}
+
+#[test]
+fn a_band_remembers_at_most_capacity_idle_tenants() {
+    let mut d = discipline(1, 1, 2);
+    let now = Instant::now();
+    for tenant in ["a", "b", "c"] {
+        let id = d.push(0, tenant.into(), weight(1), far(), tenant).unwrap();
+        d.grant(id, now).unwrap();
+    }
+    // Three idle tenants are one step ahead of the clock; the band keeps two, and
+    // forgets a (the least ahead, first by name). b returns one step ahead, a at the
+    // clock, so a goes first although b arrived first.
+    d.push(0, "b".into(), weight(1), far(), "b").unwrap();
+    d.push(0, "a".into(), weight(1), far(), "a").unwrap();
+    assert_eq!(drain(&mut d, 2), ["a", "b"]);
+}
