@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("router-upstream", &[]),
     ("router-fleet", &["router-state", "router-upstream"]),
     ("router-tokenize", &[]),
+    ("router-flow", &[]),
     (
         "router-config",
         &[
@@ -38,6 +39,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router-fleet",
             "router-tokenize",
             "router-config",
+            "router-flow",
         ],
     ),
     (
@@ -61,6 +63,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "router-config",
             "router-http",
             "router-replay",
+            "router-flow",
         ],
     ),
 ];
@@ -77,11 +80,17 @@ const WITHOUT_SERVER_STACK: &[&str] = &[
     "router-tokenize",
     "router-config",
     "router-replay",
+    "router-flow",
 ];
 
 /// The selection core as an embedder builds it, without its default features: it
 /// reaches no networking at all, so a gateway can take policies and buckets alone.
-const WITHOUT_NETWORK: &[&str] = &["router-state", "router-policy", "router-buckets"];
+const WITHOUT_NETWORK: &[&str] = &[
+    "router-state",
+    "router-policy",
+    "router-buckets",
+    "router-flow",
+];
 
 /// What [`WITHOUT_NETWORK`] crates never reach besides [`HTTP_STACK`]: sockets, and
 /// the clients of feeds, stores and clusters.

@@ -25,6 +25,7 @@ mod affinity;
 mod decisions;
 mod discovery;
 mod engine_tls;
+mod flow;
 mod health;
 mod limits;
 mod load;
@@ -43,6 +44,10 @@ pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
 pub use decisions::DecisionsConfig;
 pub use discovery::{DiscoveryConfig, KubernetesConfig, KubernetesModel};
 pub use engine_tls::EngineTlsConfig;
+pub use flow::{
+    FlowConfig, MAX_TENANT_BYTES, PriorityConfig, PriorityOrder, QueueConfig, TenantsConfig,
+    check_tenant,
+};
 pub use health::HealthConfig;
 pub use limits::{DEFAULT_TOKENIZE_CACHE_BYTES, LimitsConfig};
 pub use load::LoadConfig;

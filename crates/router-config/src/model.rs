@@ -11,6 +11,8 @@ use router_state::{MAX_DP_SIZE, ModelMode, Role, check_name};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::flow::FlowConfig;
+
 /// One model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +36,10 @@ pub struct ModelConfig {
     /// engines that publish no KV events.
     #[serde(default)]
     pub routed_pages: RoutedPagesSettings,
+    /// Flow control: a queue for requests that find every fitting engine full,
+    /// priority bands and tenants (`flow`); by default none of it.
+    #[serde(default)]
+    pub flow: FlowConfig,
     /// The model's engines.
     #[serde(default)]
     pub engines: Vec<EngineConfig>,
@@ -104,6 +110,7 @@ impl ModelConfig {
             block_size: default_block_size(),
             prefix_index_pages: default_prefix_index_pages(),
             routed_pages: RoutedPagesSettings::default(),
+            flow: FlowConfig::default(),
             engines,
             buckets: None,
             policies: RolePolicies::default(),
@@ -279,6 +286,7 @@ impl ModelConfig {
             block_size,
             prefix_index_pages,
             routed_pages,
+            flow,
             engines,
             buckets,
             policies,
@@ -310,6 +318,9 @@ impl ModelConfig {
                 at("prefix_index_pages"),
                 format!("must be at least {MIN_PREFIX_INDEX_PAGES}"),
             ));
+        }
+        for (field, problem) in flow.problems() {
+            errors.push(ConfigError::at(at(&format!("flow.{field}")), problem));
         }
         for (field, problem) in routed_pages.problems() {
             errors.push(ConfigError::at(

@@ -158,6 +158,10 @@ impl AppContext {
         }
         let routing = Arc::new(Routing::new(routes, config.defaults, config.handles));
         fleet.set_breaker_groups(routing.listed_groups());
+        let rooms = routing.rooms().clone();
+        fleet
+            .load()
+            .on_capacity(Some(Box::new(move || rooms.capacity_freed())));
         let affinity = config.affinity;
         if let Some(store) = &affinity
             && !store.connect().await
@@ -225,6 +229,12 @@ impl AppContext {
     /// nothing.
     pub fn affinity(&self) -> Option<&Arc<dyn AffinityStore>> {
         self.affinity.as_ref()
+    }
+
+    /// The requests waiting in `model`'s queue, by priority band (the most urgent
+    /// first); `None` for a model without a queue.
+    pub fn queue_depth(&self, model: &str) -> Option<Vec<usize>> {
+        Some(self.routing.get(model)?.flow.as_ref()?.room()?.depth())
     }
 
     /// A fresh bootstrap room in `[0, 2^63)`.
@@ -313,7 +323,8 @@ pub(crate) fn route(
         Ok(resolver) if errors.is_empty() => {
             Ok(
                 ModelRoute::new(&model.selection.id, resolver, model.selection.tokenizer)
-                    .with_pd_protocol(model.pd_protocol),
+                    .with_pd_protocol(model.pd_protocol)
+                    .with_flow(&model.flow),
             )
         }
         Ok(_) => Err(errors),

@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use parking_lot::Mutex;
 use router_buckets::{BucketPick, EnginePicks};
 use router_config::{PdProtocol, RoutingHeaders};
+use router_flow::TenantGuard;
 use router_policy::Pick;
 use router_state::{Engine, EngineId, InflightGuard};
 use router_upstream::H1Body;
@@ -26,6 +27,7 @@ use crate::retries::RetryReason;
 use crate::trace::Tracing;
 
 mod leg;
+pub(crate) use leg::with_fields;
 mod plain;
 mod ranks;
 mod sglang;
@@ -72,6 +74,9 @@ pub(crate) struct Outgoing {
     /// Whether a streamed answer's time per output token is measured: some bucket of
     /// the model has a time-per-token target.
     pub(crate) measure_tpot: bool,
+    /// The request's count against its tenant's cap: taken by the body that relays
+    /// its answer, else released with the error it is answered with.
+    pub(crate) tenant: Mutex<Option<TenantGuard>>,
 }
 
 /// A dispatch that ended before any byte reached the client.
@@ -274,6 +279,7 @@ fn relay(
     )
     .with_record(record, status.as_u16())
     .with_span(out.trace.span.clone())
+    .with_tenant(out.tenant.lock().take())
     .with_tpot(measured)
     .with_usage(
         one_answered.map(|engine| engine.role().as_str()),

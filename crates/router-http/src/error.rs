@@ -1,10 +1,14 @@
 //! The one error type every handler returns: OpenAI-shaped, with a stable code.
 
+use std::time::Duration;
+
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use router_buckets::SelectError;
 use router_policy::PickError;
 use serde_json::json;
+
+use crate::flow::Refusal;
 
 /// An error answered to a client as `{"error": {"message", "type", "param", "code"}}`.
 ///
@@ -159,6 +163,53 @@ impl ApiError {
             api.retry_after = Some(seconds);
         }
         api
+    }
+
+    /// 429 for a request whose tenant has its cap's worth in flight.
+    pub(crate) fn tenant_over_cap(in_flight: u64, cap: u64) -> Self {
+        Self {
+            retry_after: Some(crate::retry_after::MIN_SECONDS),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "tenant_over_cap",
+                format!(
+                    "the request's tenant has {in_flight} requests in flight, its cap is {cap}"
+                ),
+            )
+        }
+    }
+
+    /// The error of a request flow control refused (or whose selection failed),
+    /// asking the client to come back when the queue's drain rate says it may find
+    /// room.
+    pub(crate) fn of_refusal(refusal: Refusal, load: &router_state::LoadSnapshot) -> Self {
+        let seconds = |wait: Duration| wait.as_secs_f64().ceil().max(1.0) as u64;
+        match refusal {
+            Refusal::Select(error) => Self::of_selection(error, load),
+            Refusal::Full { retry_after, .. } => Self {
+                retry_after: Some(seconds(retry_after)),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "queue_full",
+                    "every engine for the request is at its caps and the model's queue is full",
+                )
+            },
+            Refusal::Timeout {
+                retry_after,
+                waited,
+                ..
+            } => Self {
+                retry_after: Some(seconds(retry_after)),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "queue_timeout",
+                    format!(
+                        "no engine for the request had room within {} ms in the model's queue",
+                        waited.as_millis()
+                    ),
+                )
+            },
+        }
     }
 
     /// The stable machine-readable code.

@@ -37,6 +37,7 @@ mod dispatch;
 mod error;
 mod explanation;
 pub mod file;
+mod flow;
 mod indexer;
 mod metrics;
 mod prepare;

@@ -4,6 +4,7 @@
 
 mod affinity;
 mod exposition;
+mod flow;
 mod prefix_cache;
 mod regret;
 
@@ -22,6 +23,7 @@ use router_state::affinity::AffinityStore;
 use crate::routing::Routing;
 
 pub(crate) use exposition::Format;
+pub(crate) use flow::{BandLabels, FlowMetrics, RefusalLabels, TenantLabels, band};
 pub(crate) use regret::{Compared, Regret};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -152,6 +154,8 @@ pub(crate) struct Metrics {
     pub(crate) retries: Family<ReasonLabels, Counter>,
     /// Retries the budget refused (the request failed with its first engine's error).
     pub(crate) retries_refused: Counter,
+    /// Flow control: queue waits and refusals, tenants' requests.
+    pub(crate) flow: FlowMetrics,
     /// Configuration reloads by outcome (`applied`, `invalid`, `failed`), each
     /// present from startup.
     pub(crate) config_reloads: Family<OutcomeLabels, Counter>,
@@ -202,6 +206,7 @@ impl Metrics {
             regret: Regret::default(),
             retries: Family::default(),
             retries_refused: Counter::default(),
+            flow: FlowMetrics::default(),
             config_reloads,
             decision_records: Family::default(),
             spans: Family::default(),
@@ -312,6 +317,7 @@ impl Metrics {
         routing: &Arc<Routing>,
     ) {
         router_fleet::register_metrics(fleet, &mut self.registry);
+        self.flow.register(&mut self.registry, routing);
         if let Some(store) = affinity {
             self.registry
                 .register_collector(Box::new(affinity::AffinityCollector(store)));

@@ -94,6 +94,8 @@ pub(crate) struct Parsed<'b> {
     max_output_tokens: Option<u64>,
     /// The request's `cache_salt`: its pages are in the salt's cache namespace.
     cache_salt: Option<String>,
+    /// The request's `priority`, as the engines read it.
+    priority: Option<i64>,
 }
 
 /// The part of a body that is routed on.
@@ -271,6 +273,8 @@ pub(crate) struct Prepared {
     pub(crate) token_ids: Option<Vec<u32>>,
     /// The request's `cache_salt` (see [`Parsed`]).
     pub(crate) cache_salt: Option<String>,
+    /// The request's `priority` (see [`Parsed`]).
+    pub(crate) priority: Option<i64>,
 }
 
 impl Prepared {
@@ -359,6 +363,7 @@ pub(crate) fn prepare(
         max_output_tokens: parsed.max_output_tokens,
         token_ids: None,
         cache_salt: parsed.cache_salt,
+        priority: parsed.priority,
     };
     match inline {
         Some(tokens) => Ok((prepared.with_tokens(tokens), None)),

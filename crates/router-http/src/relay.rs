@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use router_flow::TenantGuard;
 use router_state::InflightGuard;
 use tokio::time::{Instant, Sleep, sleep};
 
@@ -99,6 +100,8 @@ pub(crate) struct RelayBody {
     /// The prediction the counted usage is compared with, per engine.
     predicted: Option<Predicted>,
     guards: Vec<InflightGuard>,
+    /// The request's count against its tenant's cap, held as long as the guards.
+    _tenant: Option<TenantGuard>,
 }
 
 impl std::fmt::Debug for RelayBody {
@@ -139,12 +142,19 @@ impl RelayBody {
             usage_stage: None,
             predicted: None,
             guards,
+            _tenant: None,
         };
         if body.is_end_stream() {
             // An empty answer is complete before the server ever polls it.
             body.finish(Ending::Done, "ok");
         }
         body
+    }
+
+    /// Holds the request's count against its tenant's cap until the body ends.
+    pub(crate) fn with_tenant(mut self, tenant: Option<TenantGuard>) -> Self {
+        self._tenant = tenant;
+        self
     }
 
     /// Holds the request's span until the body ends.

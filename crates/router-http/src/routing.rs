@@ -12,8 +12,11 @@ use router_buckets::{
 use router_policy::{ConfigError, PolicyHandles};
 use router_state::{Engine, EngineId, RegistrySnapshot};
 
-use router_config::PdProtocol;
+use router_config::{FlowConfig, PdProtocol};
+use router_flow::WaitingRoom;
 use router_tokenize::ChatTokenizer;
+
+use crate::flow::ModelFlow;
 
 /// A model's routing: its buckets and, when configured, its tokenizer.
 #[derive(Debug)]
@@ -27,6 +30,8 @@ pub(crate) struct ModelRoute {
     /// Whether a bucket has a time-per-output-token target, which streamed answers'
     /// measured pace is then kept for.
     pub(crate) measures_tpot: bool,
+    /// Its flow control; `None` when its `flow` section is the default.
+    pub(crate) flow: Option<Arc<ModelFlow>>,
 }
 
 impl ModelRoute {
@@ -58,7 +63,14 @@ impl ModelRoute {
             tokenizer,
             pd_protocol: PdProtocol::default(),
             measures_tpot,
+            flow: None,
         }
+    }
+
+    /// With the flow control `config` describes.
+    pub(crate) fn with_flow(mut self, config: &FlowConfig) -> Self {
+        self.flow = ModelFlow::new(config);
+        self
     }
 
     /// With `protocol` for its prefill/decode hand-over.
@@ -77,6 +89,40 @@ pub(crate) struct Routing {
     handles: PolicyHandles,
     /// Models a reload is bringing: their engines joining get no catch-all route.
     pending: Mutex<HashSet<String>>,
+    /// The models' queues, told whenever capacity may have freed.
+    rooms: Rooms,
+}
+
+/// The queues capacity events reach: those of the routes served, and those of routes
+/// a reload replaced while requests still waited in them (until they empty).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Rooms(Arc<ArcSwap<Vec<Arc<WaitingRoom>>>>);
+
+impl Rooms {
+    /// Tells every queue that capacity may have freed: one atomic load for each empty
+    /// one.
+    pub(crate) fn capacity_freed(&self) {
+        for room in self.0.load().iter() {
+            room.capacity_freed();
+        }
+    }
+
+    /// The queues of `models`, keeping those of `current` still holding requests.
+    fn refresh(&self, models: &HashMap<String, Arc<ModelRoute>>) {
+        let served: Vec<Arc<WaitingRoom>> = models
+            .values()
+            .filter_map(|route| route.flow.as_ref()?.room().cloned())
+            .collect();
+        self.0.rcu(|current| {
+            let mut next = served.clone();
+            for room in current.iter() {
+                if !room.is_empty() && !next.iter().any(|r| Arc::ptr_eq(r, room)) {
+                    next.push(Arc::clone(room));
+                }
+            }
+            next
+        });
+    }
 }
 
 impl Routing {
@@ -85,12 +131,32 @@ impl Routing {
         defaults: DefaultPolicies,
         handles: PolicyHandles,
     ) -> Self {
+        let rooms = Rooms::default();
+        rooms.refresh(&models);
         Self {
             models: ArcSwap::from_pointee(models),
             defaults: ArcSwap::from_pointee(defaults),
             handles,
             pending: Mutex::default(),
+            rooms,
         }
+    }
+
+    /// Each queued model's queue depth by band, in model order.
+    pub(crate) fn queue_depths(&self) -> Vec<(Arc<str>, Vec<usize>)> {
+        let mut depths: Vec<(Arc<str>, Vec<usize>)> = self
+            .models
+            .load()
+            .values()
+            .filter_map(|route| Some((Arc::clone(&route.id), route.flow.as_ref()?.room()?.depth())))
+            .collect();
+        depths.sort_by(|a, b| a.0.cmp(&b.0));
+        depths
+    }
+
+    /// The models' queues, for the load table's capacity events.
+    pub(crate) fn rooms(&self) -> &Rooms {
+        &self.rooms
     }
 
     /// Marks `models` as coming with a reload (or none, when it ends): an engine of
@@ -125,6 +191,7 @@ impl Routing {
             }
             next
         });
+        self.rooms.refresh(&self.models.load());
         self.pending.lock().clear();
     }
 

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use router_buckets::DefaultPolicies;
 use router_config::{
-    DecisionsConfig, EngineConfig, HealthConfig, ModelConfig, ModelSelection, PdProtocol,
-    RetryConfig, RouterConfig, RoutingHeaders, SelectionPlan, TracesConfig,
+    DecisionsConfig, EngineConfig, FlowConfig, HealthConfig, ModelConfig, ModelSelection,
+    PdProtocol, RetryConfig, RouterConfig, RoutingHeaders, SelectionPlan, TracesConfig,
 };
 use router_fleet::{EngineSpec, HealthPolicy};
 use router_policy::{ConfigError, PolicyHandles};
@@ -113,6 +113,8 @@ pub(crate) struct ModelPlan {
     pub(crate) tokenizer_path: Option<PathBuf>,
     pub(crate) engines: Vec<EngineSpec>,
     pub(crate) pd_protocol: PdProtocol,
+    /// Its flow control (`flow`).
+    pub(crate) flow: FlowConfig,
 }
 
 impl ModelPlan {
@@ -126,6 +128,7 @@ impl ModelPlan {
                 .map(|e| engine_spec(e, &config.id))
                 .collect(),
             pd_protocol: config.pd_protocol,
+            flow: config.flow.clone(),
         }
     }
 }

@@ -13,6 +13,7 @@ mod decisions;
 mod endpoints;
 mod explain;
 mod failures;
+mod flow;
 mod indexer;
 mod lora;
 mod pairing;

@@ -6,7 +6,7 @@
 //! single character predicts nothing while the engine finds the prompts cached. An
 //! engine's series leave with it.
 
-use crate::common;
+use crate::common::{self, TempDir};
 
 use std::path::{Path, PathBuf};
 
@@ -25,22 +25,6 @@ const DECODE: &str = "D";
 const CHATS: u64 = 5;
 /// The system prompt all chats share: 1,160 bytes, so 72 pages of byte tokens.
 const SHARED: u64 = 72 * 16;
-
-/// A directory of the test's own, gone once the test has passed.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("switchyard-{test}-{}", std::process::id()));
-        drop(std::fs::remove_dir_all(&dir));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn remove(self) {
-        std::fs::remove_dir_all(&self.0).unwrap();
-    }
-}
 
 /// The byte tokenizer with the engines' chat template made different by one
 /// character: a newline after each role's marker instead of a space.
@@ -232,7 +216,7 @@ async fn stop(router: RunningRouter, engines: Vec<RunningEngine>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_reports() {
     let dir = TempDir::new("regret-right");
-    let (router, mut engines, config) = start(common::byte_tokenizer(), &dir.0).await;
+    let (router, mut engines, config) = start(common::byte_tokenizer(), dir.path()).await;
     let usages = chats(&router, &engines).await;
     assert_eq!(usages[0].cached, 0, "the first chat finds the cache cold");
     assert!(
@@ -246,7 +230,7 @@ async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_rep
         [CHATS, prompt, reported, reported, 0],
         "every answer compared; the router predicted exactly what the engine reported"
     );
-    let records = records(&router, &dir.0).await;
+    let records = records(&router, dir.path()).await;
     let predicted: Vec<(u64, Usage)> = usages.iter().map(|u| (u.cached, *u)).collect();
     assert_eq!(
         recorded(&records, "plain", ENGINE),
@@ -271,7 +255,7 @@ async fn a_model_rendering_chats_as_its_engine_does_predicts_what_the_engine_rep
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_chat_template_makes_predictions_and_reports_diverge() {
     let dir = TempDir::new("regret-wrong");
-    let (router, engines, _) = start(wrong_template(&dir.0), &dir.0).await;
+    let (router, engines, _) = start(wrong_template(dir.path()), dir.path()).await;
     let usages = chats(&router, &engines).await;
     assert!(
         usages[1..].iter().all(|u| u.cached >= SHARED),
@@ -293,7 +277,7 @@ async fn a_wrong_chat_template_makes_predictions_and_reports_diverge() {
         mispredicted * 2 > compared_prompt,
         "over half the prompt tokens mispredicted, far past the alert's 20%: {mispredicted} of {compared_prompt}"
     );
-    let records = records(&router, &dir.0).await;
+    let records = records(&router, dir.path()).await;
     let missed: Vec<(u64, Usage)> = usages.iter().map(|u| (0, *u)).collect();
     assert_eq!(
         recorded(&records, "plain", ENGINE),
@@ -307,7 +291,7 @@ async fn a_wrong_chat_template_makes_predictions_and_reports_diverge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pairs_prefill_prediction_is_compared_with_what_its_answer_reports() {
     let dir = TempDir::new("regret-pd");
-    let (router, engines) = start_pd(&dir.0).await;
+    let (router, engines) = start_pd(dir.path()).await;
     let usages = chats(&router, &engines).await;
     assert!(
         usages[1..].iter().all(|u| u.cached >= SHARED),
@@ -325,7 +309,7 @@ async fn a_pairs_prefill_prediction_is_compared_with_what_its_answer_reports() {
         None,
         "nothing was predicted of the decode engine"
     );
-    let records = records(&router, &dir.0).await;
+    let records = records(&router, dir.path()).await;
     let predicted: Vec<(u64, Usage)> = usages.iter().map(|u| (u.cached, *u)).collect();
     assert_eq!(recorded(&records, "prefill", PREFILL), predicted);
     stop(router, engines).await;

@@ -166,6 +166,12 @@ impl Explanation {
         self.observations.lock().push(observation);
     }
 
+    /// Forgets the observations so far: a selection made again (a request that
+    /// waited for capacity) is recorded as it is made the last time.
+    pub fn clear(&self) {
+        self.observations.lock().clear();
+    }
+
     /// The observations so far, in order.
     pub fn observations(&self) -> Vec<Observation> {
         self.observations.lock().clone()

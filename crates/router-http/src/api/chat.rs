@@ -1,6 +1,7 @@
 //! The routed endpoints: read the body, prepare the request as its endpoint reads
 //! it, run the model's bucket loop, count the picks and dispatch.
 
+mod flowed;
 mod ready;
 
 use std::future::Future;
@@ -18,6 +19,7 @@ use http_body_util::BodyExt;
 use opentelemetry::KeyValue;
 use parking_lot::Mutex;
 use router_buckets::{SelectError, Selection};
+use router_flow::TenantGuard;
 use router_policy::{Explanation, PrefixMemo, RequestFacts};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
@@ -339,7 +341,24 @@ async fn route(
         Ok(sent) => sent,
         Err(e) => return (model, Err(e)),
     };
-    let selected = select(ctx, &ready.route, &request, arrival.tracing).await;
+    let flowed = flowed::flowed(
+        ctx,
+        &ready,
+        &request,
+        arrival.headers,
+        arrival.tracing,
+        recording.as_ref().map(|(_, e)| e),
+    )
+    .await;
+    let flowed = match flowed {
+        Ok(flowed) => flowed,
+        Err(e) => return (model, Err(e)),
+    };
+    let sent = match flowed.class.as_ref().and_then(|c| c.forward_priority) {
+        Some(priority) => crate::dispatch::with_fields(&sent, &format!(r#""priority":{priority}"#)),
+        None => sent,
+    };
+    let selected = &flowed.selected;
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
             endpoint: endpoint.path,
@@ -347,17 +366,27 @@ async fn route(
             resolver: &ready.route.resolver,
             prepared: &ready.prepared,
             request: &request,
-            selected: &selected,
+            selected,
             seen: &explanation.observations(),
             load: &ctx.fleet.load().snapshot(),
         };
         let id = arrival.request_id.to_str().unwrap_or_default();
-        PendingRecord::new(Arc::clone(log), report.to_json(), id, arrival.started)
+        let mut json = report.to_json();
+        if let Some(queue) = flowed.record() {
+            json["flow"] = queue;
+        }
+        PendingRecord::new(Arc::clone(log), json, id, arrival.started)
     });
+    let flowed::Flowed {
+        selected,
+        refused,
+        tenant,
+        ..
+    } = flowed;
     let selection = match selected {
         Ok(selection) => selection,
         Err(e) => {
-            let error = ApiError::of_selection(e, &ctx.fleet.load().snapshot());
+            let error = flowed::Flowed::error(refused, e, &ctx.fleet.load().snapshot());
             if let Some(record) = record {
                 record.finish(
                     error.status().as_u16(),
@@ -370,7 +399,7 @@ async fn route(
         }
     };
     count_demotions(ctx, &model, &selection.demoted);
-    let out = outgoing(endpoint, &ready, sent, arrival, record);
+    let out = outgoing(endpoint, &ready, sent, arrival, record, tenant);
     let answer = attempts::run(ctx, &ready.route, &request, selection.pick, &out).await;
     // An answer's relayed body takes the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
@@ -418,6 +447,7 @@ fn outgoing(
     body: Bytes,
     arrival: Arrival<'_>,
     record: Option<PendingRecord>,
+    tenant: Option<TenantGuard>,
 ) -> Outgoing {
     Outgoing {
         leg: Leg {
@@ -435,5 +465,6 @@ fn outgoing(
         trace: arrival.tracing.clone(),
         record: Mutex::new(record),
         measure_tpot: ready.route.measures_tpot,
+        tenant: Mutex::new(tenant),
     }
 }

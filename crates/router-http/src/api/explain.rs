@@ -44,6 +44,13 @@ async fn explain(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Req
         Ok(request) => request.with_explanation(Some(&explanation)),
         Err(e) => return e.into_response(),
     };
+    let class = match ready.route.flow.as_deref() {
+        Some(flow) => match flow.classify(&parts.headers, ready.prepared.priority) {
+            Ok(class) => Some((flow, class)),
+            Err(e) => return e.into_response(),
+        },
+        None => None,
+    };
     let selected = ready
         .route
         .resolver
@@ -59,5 +66,9 @@ async fn explain(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Req
         seen: &explanation.observations(),
         load: &ctx.fleet.load().snapshot(),
     };
-    Json(report.to_json()).into_response()
+    let mut answer = report.to_json();
+    if let Some((flow, class)) = class {
+        answer["flow"] = flow.explain(&class, &selected);
+    }
+    Json(answer).into_response()
 }

@@ -174,7 +174,7 @@ pub(super) async fn drain(response: Response<H1Body>) -> Result<(), String> {
 
 /// The body (a JSON object, as validated) with `fields` (`"key":value` pairs) appended
 /// to its top level: later keys win over any the client sent.
-pub(super) fn with_fields(body: &Bytes, fields: &str) -> Bytes {
+pub(crate) fn with_fields(body: &Bytes, fields: &str) -> Bytes {
     let trimmed = body.trim_ascii_end();
     let object = trimmed.strip_suffix(b"}").unwrap_or(trimmed);
     let empty = object.trim_ascii_end().ends_with(b"{");

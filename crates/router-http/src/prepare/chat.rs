@@ -85,6 +85,8 @@ struct Probe<'a> {
     reasoning_effort: Option<&'a RawValue>,
     #[serde(default, deserialize_with = "scalar")]
     cache_salt: Option<Value>,
+    #[serde(default, deserialize_with = "scalar")]
+    priority: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -147,6 +149,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
         batch: None,
         adapter: None,
         cache_salt: cache_salt(probe.cache_salt.as_ref())?,
+        priority: super::checks::priority(&probe.priority)?,
         prompt: Prompt::Chat(ChatPrompt {
             messages,
             tools: present(probe.tools),

@@ -194,6 +194,19 @@ pub(crate) fn check_integer(
     }
 }
 
+/// The body's `priority`, which SGLang and vLLM read: an integer, or none.
+pub(crate) fn priority(value: &Option<Value>) -> Result<Option<i64>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_i64().is_some() => Ok(n.as_i64()),
+        Some(_) => Err(ApiError::invalid(
+            "invalid_parameter",
+            "priority",
+            "priority must be an integer",
+        )),
+    }
+}
+
 /// The streaming and sampling fields the chat and completion bodies share, as sent.
 pub(crate) struct Sampling<'a> {
     pub(crate) stream: &'a Option<Value>,

@@ -73,6 +73,8 @@ struct Probe<'a> {
     add_special_tokens: Option<Value>,
     #[serde(default, borrow)]
     cache_salt: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "scalar")]
+    priority: Option<Value>,
 }
 
 /// A completion's prompts, each text or token ids; at least one is not empty.
@@ -118,6 +120,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     };
     Ok(Parsed {
         cache_salt: batch_cache_salt(probe.cache_salt)?,
+        priority: super::checks::priority(&probe.priority)?,
         owned: [
             &probe.bootstrap_host,
             &probe.bootstrap_port,

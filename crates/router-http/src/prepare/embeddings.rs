@@ -75,6 +75,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     }
     Ok(Parsed {
         cache_salt: None,
+        priority: None,
         owned: [
             &probe.bootstrap_host,
             &probe.bootstrap_port,

@@ -55,6 +55,8 @@ struct Probe<'a> {
     lora_path: Option<&'a RawValue>,
     #[serde(default, borrow)]
     cache_salt: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "scalar")]
+    priority: Option<Value>,
 }
 
 /// One prompt's `sampling_params` as read: only `max_new_tokens`.
@@ -129,6 +131,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     check_names(probe.rid, "rid")?;
     Ok(Parsed {
         cache_salt: batch_cache_salt(probe.cache_salt)?,
+        priority: super::checks::priority(&probe.priority)?,
         owned: [
             &probe.bootstrap_host,
             &probe.bootstrap_port,

@@ -176,3 +176,24 @@ pub(crate) async fn decision_records(
         .map(|l| serde_json::from_str(l).expect("a JSON record"))
         .collect()
 }
+
+/// A directory of the test's own, gone once the test has passed.
+pub(crate) struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("switchyard-{test}-{}", std::process::id()));
+        drop(std::fs::remove_dir_all(&dir));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    /// The directory.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    pub(crate) fn remove(self) {
+        std::fs::remove_dir_all(&self.0).unwrap();
+    }
+}

@@ -89,6 +89,7 @@ impl Ask {
             "bootstrap_room": self.bootstrap.room,
             "batch": self.batch,
             "kv_transfer_params": self.request.kv_transfer_params,
+            "priority": self.request.priority,
             "request_id": header("x-request-id"),
             "traceparent": header("traceparent"),
         })
@@ -206,6 +207,10 @@ struct ChatRequest {
     /// `/generate`'s LoRA adapter.
     #[serde(default)]
     lora_path: Option<Value>,
+    /// The request's priority, as SGLang and vLLM read it (the simulator schedules
+    /// first come, first served, and only remembers it).
+    #[serde(default)]
+    priority: Option<i64>,
 }
 
 impl ChatRequest {

@@ -1,0 +1,272 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::{HeaderMap, HeaderValue};
+use router_config::FlowConfig;
+
+use super::*;
+
+fn flow(json: serde_json::Value) -> Arc<ModelFlow> {
+    let config: FlowConfig = serde_json::from_value(json).unwrap();
+    ModelFlow::new(&config).expect("a section that is not the default")
+}
+
+fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        headers.insert(*name, HeaderValue::from_str(value).unwrap());
+    }
+    headers
+}
+
+fn full() -> SelectError {
+    SelectError::AtCapacity {
+        attempts: Vec::new(),
+    }
+}
+
+#[test]
+fn the_default_section_builds_nothing() {
+    assert!(ModelFlow::new(&FlowConfig::default()).is_none());
+}
+
+#[test]
+fn the_header_priority_wins_and_is_forwarded_only_to_a_body_without_one() {
+    let flow = flow(
+        serde_json::json!({"priority": {"header": "x-priority", "bands": [10, 1], "forward": true}}),
+    );
+    let class = flow
+        .classify(&headers(&[("x-priority", "12")]), Some(0))
+        .unwrap();
+    assert_eq!((class.band, class.forward_priority), (0, None));
+    let class = flow
+        .classify(&headers(&[("x-priority", "5")]), None)
+        .unwrap();
+    assert_eq!((class.band, class.forward_priority), (1, Some(5)));
+    let class = flow.classify(&HeaderMap::new(), Some(3)).unwrap();
+    assert_eq!((class.band, class.forward_priority), (1, None));
+    assert_eq!(flow.classify(&HeaderMap::new(), None).unwrap().band, 2);
+    let bad = flow
+        .classify(&headers(&[("x-priority", "high")]), None)
+        .unwrap_err();
+    assert_eq!(
+        (bad.status().as_u16(), bad.code()),
+        (400, "invalid_priority")
+    );
+}
+
+#[test]
+fn a_tenant_comes_from_its_header_or_a_digest_of_its_key() {
+    let by_header = flow(serde_json::json!({"tenants": {"header": "x-tenant"}}));
+    let class = by_header
+        .classify(&headers(&[("x-tenant", "team-a")]), None)
+        .unwrap();
+    assert_eq!(&*class.tenant, "team-a");
+    assert_eq!(
+        &*by_header.classify(&HeaderMap::new(), None).unwrap().tenant,
+        ANONYMOUS
+    );
+    let long = "x".repeat(MAX_TENANT_BYTES + 1);
+    for bad in ["a b", "a,b", long.as_str()] {
+        let error = by_header
+            .classify(&headers(&[("x-tenant", bad)]), None)
+            .unwrap_err();
+        assert_eq!(error.code(), "invalid_tenant", "{bad:?}");
+    }
+    let by_key = flow(serde_json::json!({"tenants": {"api_key": true}}));
+    let one = by_key
+        .classify(&headers(&[("authorization", "Bearer sk-1")]), None)
+        .unwrap();
+    let again = by_key
+        .classify(&headers(&[("authorization", "Bearer sk-1")]), None)
+        .unwrap();
+    let other = by_key
+        .classify(&headers(&[("authorization", "Bearer sk-2")]), None)
+        .unwrap();
+    assert_eq!(one.tenant, again.tenant);
+    assert_ne!(one.tenant, other.tenant);
+    assert!(
+        one.tenant.starts_with("key-") && one.tenant.len() == 20,
+        "{}",
+        one.tenant
+    );
+    assert!(!one.tenant.contains("sk-1"));
+}
+
+#[test]
+fn metrics_name_only_configured_tenants() {
+    let flow = flow(
+        serde_json::json!({"tenants": {"header": "x-tenant", "weights": {"a": 2}, "max_inflight": {"b": 1}}}),
+    );
+    for (tenant, label) in [
+        ("a", "a"),
+        ("b", "b"),
+        (ANONYMOUS, ANONYMOUS),
+        ("zed", "other"),
+    ] {
+        assert_eq!(&*flow.tenant_label(&Arc::from(tenant)), label);
+    }
+}
+
+#[test]
+fn a_tenant_at_its_cap_is_refused_with_429_while_others_pass() {
+    let flow =
+        flow(serde_json::json!({"tenants": {"header": "x-tenant", "max_inflight": {"a": 1}}}));
+    let class = |t: &str| flow.classify(&headers(&[("x-tenant", t)]), None).unwrap();
+    let held = flow.hold_tenant(&class("a")).unwrap();
+    let refused = flow.hold_tenant(&class("a")).unwrap_err();
+    assert_eq!(
+        (refused.status().as_u16(), refused.code()),
+        (429, "tenant_over_cap")
+    );
+    assert!(flow.hold_tenant(&class("b")).unwrap().is_some());
+    drop(held);
+    assert!(flow.hold_tenant(&class("a")).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_queue_a_full_fleet_is_refused_at_once() {
+    let flow = flow(serde_json::json!({"tenants": {"header": "x-tenant"}}));
+    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let tries = AtomicUsize::new(0);
+    let refused = flow
+        .select(&class, || async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(full())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        refused,
+        Refusal::Select(SelectError::AtCapacity { .. })
+    ));
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_tries_again_on_each_capacity_event_until_its_deadline() {
+    let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000}}));
+    let room = Arc::clone(flow.room().unwrap());
+    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let tries = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn({
+        let (flow, tries) = (Arc::clone(&flow), Arc::clone(&tries));
+        async move {
+            flow.select(&class, || {
+                tries.fetch_add(1, Ordering::SeqCst);
+                async { Err::<Selection, _>(full()) }
+            })
+            .await
+        }
+    });
+    while tries.load(Ordering::SeqCst) < 2 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        room.depth().iter().sum::<usize>(),
+        1,
+        "it waits in the queue"
+    );
+    room.capacity_freed();
+    while tries.load(Ordering::SeqCst) < 3 {
+        tokio::task::yield_now().await;
+    }
+    let Err(Refusal::Timeout { waited, .. }) = task.await.unwrap() else {
+        panic!("the deadline passes");
+    };
+    assert_eq!(waited, Duration::from_millis(1000));
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        3,
+        "one at once, one on entering, one per event"
+    );
+    assert!(room.is_empty(), "a request past its deadline leaves");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_refuses_at_once() {
+    let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000, "max_queued": 1}}));
+    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let waiting = tokio::spawn({
+        let (flow, class) = (Arc::clone(&flow), class.clone());
+        async move {
+            flow.select(&class, || async { Err::<Selection, _>(full()) })
+                .await
+        }
+    });
+    while flow.room().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let tries = AtomicUsize::new(0);
+    let refused = flow
+        .select(&class, || async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err::<Selection, _>(full())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, Refusal::Full { .. }), "{refused:?}");
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        0,
+        "others wait: it does not try first"
+    );
+    waiting.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_other_than_capacity_is_not_waited_out() {
+    let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000}}));
+    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let tries = AtomicUsize::new(0);
+    let started = tokio::time::Instant::now();
+    let refused = flow
+        .select(&class, || {
+            let first = tries.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                Err::<Selection, _>(if first {
+                    full()
+                } else {
+                    SelectError::Unavailable {
+                        stage: router_state::Role::Plain,
+                        attempts: Vec::new(),
+                    }
+                })
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, Refusal::Select(SelectError::Unavailable { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(flow.room().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_explanation_says_where_the_request_would_wait_and_why() {
+    let flow = flow(serde_json::json!({
+        "queue": {"max_wait_ms": 1000, "max_queued": 1},
+        "tenants": {"header": "x-tenant", "max_inflight": {"a": 1}},
+    }));
+    let class = |t: &str| flow.classify(&headers(&[("x-tenant", t)]), None).unwrap();
+    let explained = |t: &str, selected: Result<Selection, SelectError>| {
+        let answer = flow.explain(&class(t), &selected);
+        answer["outcome"].as_str().unwrap().to_owned() + ": " + answer["why"].as_str().unwrap()
+    };
+    assert!(explained("b", Err(full())).starts_with("queued: every fitting bucket"));
+    let held = flow.hold_tenant(&class("a")).unwrap();
+    assert!(explained("a", Err(full())).starts_with("refused: the tenant"));
+    drop(held);
+    let waiting = tokio::spawn({
+        let (flow, class) = (Arc::clone(&flow), class("b"));
+        async move { flow.select(&class, || async { Err::<Selection, _>(full()) }).await }
+    });
+    while flow.room().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let answer = flow.explain(&class("b"), &Err(full()));
+    assert_eq!(answer["outcome"], "refused", "{answer}");
+    assert_eq!(answer["queue_depth"], serde_json::json!([0, 1]), "band 1: no priority");
+    waiting.abort();
+}
