@@ -429,6 +429,18 @@ fn model(id: &str, engines: &[(&str, &RunningEngine)], policy: &str) -> Value {
     json!({"id": id, "tokenizer": tokenizer(), "block_size": 16, "engines": engines, "policies": {"plain": {"type": policy}}})
 }
 
+/// A model of one engine capped at one request in flight, with a queue of one and
+/// tenants.
+fn queued_model(id: &str, engine: &RunningEngine) -> Value {
+    let mut model = model(id, &[("Q0", engine)], "round_robin");
+    model["policies"]["plain"]["admission"] = json!({"max_inflight_requests": 1});
+    model["flow"] = json!({
+        "queue": {"max_wait_ms": 10000, "max_queued": 1},
+        "tenants": {"header": "x-tenant", "weights": {"t": 1}},
+    });
+    model
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_and_label_the_dashboard_and_the_rules_read_is_served() {
     let uses = all_uses();
@@ -454,6 +466,9 @@ async fn every_metric_and_label_the_dashboard_and_the_rules_read_is_served() {
     })
     .await;
     let r1 = engine("r", |_| {}).await;
+    // Model q: one engine taking one request at a time, each answer held 200 ms, and a
+    // queue of one: of three requests at once one is served, one waits, one is refused.
+    let q = engine("q", |c| c.faults.slow_start_ms = 200).await;
     let config = TempFile::new(
         &json!({
             "listen": "127.0.0.1:0",
@@ -461,6 +476,7 @@ async fn every_metric_and_label_the_dashboard_and_the_rules_read_is_served() {
                 model("m", &[("A0", &a0), ("A1", &a1)], "cache_aware"),
                 model("b", &[("B0", &b)], "cache_aware"),
                 model("r", &[("R0", &refusing), ("R1", &r1)], "round_robin"),
+                queued_model("q", &q),
             ],
             "health": {"interval_ms": 50, "timeout_ms": 5000},
         })
@@ -479,6 +495,19 @@ async fn every_metric_and_label_the_dashboard_and_the_rules_read_is_served() {
         assert_eq!(response.status(), 200, "model {model}");
         response.bytes().await.expect("the answer");
     }
+    let queued = (0..3).map(|_| {
+        client
+            .post(router.url("/v1/chat/completions"))
+            .header("x-tenant", "t")
+            .json(&json!({"model": "q", "messages": [{"role": "user", "content": "q"}], "max_tokens": 4}))
+            .send()
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(queued)
+        .await
+        .into_iter()
+        .map(|r| r.expect("the router answers").status().as_u16())
+        .collect();
+    assert!(statuses.contains(&503), "the queue refuses one: {statuses:?}");
 
     // The feeds' families appear as reports and batches arrive. Past the guard the
     // check below says which are missing.
@@ -502,7 +531,7 @@ async fn every_metric_and_label_the_dashboard_and_the_rules_read_is_served() {
         Err(_) => Served::parse(&router.scrape(&client).await),
     };
     router.kill();
-    for engine in [a0, a1, b, refusing, r1] {
+    for engine in [a0, a1, b, refusing, r1, q] {
         engine.shutdown().await;
     }
     let problems = check(&uses, &served);
