@@ -13,8 +13,9 @@
 //!
 //! Options: `--rounds N` (3), `--duration SECONDS` (5), `--concurrency 1,32,128`,
 //! `--no-peers`, `--baseline PATH` (another switchyard binary, say the previous
-//! commit's, measured beside this one in the same rounds), `--tokenizer PATH`,
-//! `--no-tokenizer`.
+//! commit's, measured beside this one in the same rounds), `--flow` (also this
+//! binary with a flow section: a queue, which stays empty, and a priority header),
+//! `--tokenizer PATH`, `--no-tokenizer`.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -40,12 +41,22 @@ struct Options {
     concurrency: Vec<u32>,
     peers: bool,
     baseline: Option<PathBuf>,
+    /// Also measure this binary with a `flow` section.
+    flow: bool,
     /// `None`: no tokenizer; `Some(None)`: the Qwen3 one from the test cache.
     tokenizer: Option<Option<PathBuf>>,
 }
 
 /// The name the baseline binary is reported under.
 const BASELINE: &str = "switchyard (baseline)";
+
+/// The name this binary with a flow section is reported under.
+const FLOW: &str = "switchyard (flow)";
+
+/// The flow section of [`FLOW`]: a queue (empty while the engine has room: the bench
+/// sets no caps) and a priority header read on every request.
+const FLOW_SECTION: &str =
+    "    flow: {queue: {max_wait_ms: 2000}, priority: {header: x-priority}}\n";
 
 fn options(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
@@ -54,6 +65,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
         concurrency: vec![1, 32, 128],
         peers: true,
         baseline: None,
+        flow: false,
         tokenizer: Some(None),
     };
     let mut args = args.iter();
@@ -70,6 +82,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
             }
             "--no-peers" => options.peers = false,
             "--baseline" => options.baseline = Some(value()?.into()),
+            "--flow" => options.flow = true,
             "--tokenizer" => options.tokenizer = Some(Some(value()?.into())),
             "--no-tokenizer" => options.tokenizer = None,
             other => bail!("unknown option {other}"),
@@ -150,15 +163,22 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
     passthrough.args([format!("127.0.0.1:{port}"), engine_url.clone()]);
     targets.push(start(passthrough, "pass-through", port)?);
     let config = match &tokenizer {
-        Some(path) => Some(bounded_config(path, &engine_url)?),
+        Some(path) => Some(bounded_config(path, &engine_url, "")?),
         None => None,
     };
-    let serve = |binary: &Path, port: u16| {
+    let flow_config = match (&tokenizer, options.flow) {
+        (Some(path), true) => Some(bounded_config(path, &engine_url, FLOW_SECTION)?),
+        (None, true) => {
+            bail!("--flow needs the tokenizer (the flow section is in the bounded configuration)")
+        }
+        (_, false) => None,
+    };
+    let serve_with = |binary: &Path, port: u16, config: &Option<PathBuf>| {
         let mut command = Command::new(binary);
         command
             .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .env("RUST_LOG", "warn");
-        match &config {
+        match config {
             Some(file) => command.arg("--config").arg(file),
             None => command
                 .args(["--model", "sim-model", "--policy", "round_robin"])
@@ -166,12 +186,21 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         };
         command
     };
+    let serve = |binary: &Path, port: u16| serve_with(binary, port, &config);
     let port = free_port()?;
     targets.push(start(
         serve(&release.join("switchyard"), port),
         "switchyard",
         port,
     )?);
+    if flow_config.is_some() {
+        let port = free_port()?;
+        targets.push(start(
+            serve_with(&release.join("switchyard"), port, &flow_config),
+            FLOW,
+            port,
+        )?);
+    }
     if let Some(baseline) = &options.baseline {
         let port = free_port()?;
         targets.push(start(serve(baseline, port), BASELINE, port)?);
@@ -252,7 +281,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         }
     }
     print_report(&targets, &results, &options);
-    if let Some(file) = &config {
+    for file in config.iter().chain(&flow_config) {
         std::fs::remove_file(file)?;
     }
     Ok(())
@@ -463,7 +492,8 @@ fn print_report(
             let best_peer = targets
                 .iter()
                 .filter(|t| {
-                    !["direct", "pass-through", "switchyard", BASELINE].contains(&t.name.as_str())
+                    !["direct", "pass-through", "switchyard", BASELINE, FLOW]
+                        .contains(&t.name.as_str())
                 })
                 .filter_map(|t| stat(&t.name, |s| Some(s.requests_per_sec)))
                 .fold(f64::NAN, f64::max);
@@ -508,10 +538,14 @@ fn print_report(
 
 /// A configuration file for the router with `tokenizer`: one round-robin bucket
 /// bounded by prompt length, so every prompt is tokenized.
-fn bounded_config(tokenizer: &Path, engine_url: &str) -> anyhow::Result<PathBuf> {
-    let file = std::env::temp_dir().join(format!("switchyard-bench-{}.yaml", std::process::id()));
+fn bounded_config(tokenizer: &Path, engine_url: &str, extra: &str) -> anyhow::Result<PathBuf> {
+    let file = std::env::temp_dir().join(format!(
+        "switchyard-bench-{}{}.yaml",
+        std::process::id(),
+        if extra.is_empty() { "" } else { "-flow" }
+    ));
     let config = format!(
-        "models:\n  - id: sim-model\n    tokenizer: {}\n    engines: [{{id: E1, url: '{engine_url}', role: plain}}]\n    buckets:\n      - id: bounded\n        limits: {{max: 1048576}}\n        groups: {{plain: {{policy: {{type: round_robin}}}}}}\n",
+        "models:\n  - id: sim-model\n    tokenizer: {}\n    engines: [{{id: E1, url: '{engine_url}', role: plain}}]\n    buckets:\n      - id: bounded\n        limits: {{max: 1048576}}\n        groups: {{plain: {{policy: {{type: round_robin}}}}}}\n{extra}",
         serde_json::to_string(&tokenizer.display().to_string())?
     );
     std::fs::write(&file, config)?;

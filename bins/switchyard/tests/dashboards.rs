@@ -507,7 +507,10 @@ async fn every_metric_and_label_the_dashboard_and_the_rules_read_is_served() {
         .into_iter()
         .map(|r| r.expect("the router answers").status().as_u16())
         .collect();
-    assert!(statuses.contains(&503), "the queue refuses one: {statuses:?}");
+    assert!(
+        statuses.contains(&503),
+        "the queue refuses one: {statuses:?}"
+    );
 
     // The feeds' families appear as reports and batches arrive. Past the guard the
     // check below says which are missing.

@@ -260,13 +260,20 @@ async fn an_explanation_says_where_the_request_would_wait_and_why() {
     drop(held);
     let waiting = tokio::spawn({
         let (flow, class) = (Arc::clone(&flow), class("b"));
-        async move { flow.select(&class, || async { Err::<Selection, _>(full()) }).await }
+        async move {
+            flow.select(&class, || async { Err::<Selection, _>(full()) })
+                .await
+        }
     });
     while flow.room().unwrap().is_empty() {
         tokio::task::yield_now().await;
     }
     let answer = flow.explain(&class("b"), &Err(full()));
     assert_eq!(answer["outcome"], "refused", "{answer}");
-    assert_eq!(answer["queue_depth"], serde_json::json!([0, 1]), "band 1: no priority");
+    assert_eq!(
+        answer["queue_depth"],
+        serde_json::json!([0, 1]),
+        "band 1: no priority"
+    );
     waiting.abort();
 }
