@@ -20,6 +20,7 @@ use router_upstream::Upstream;
 use crate::access::AdminAccess;
 use crate::budget::BodyBudget;
 use crate::decisions::DecisionLog;
+use crate::flow::ModelFlow;
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
@@ -145,7 +146,7 @@ impl AppContext {
         for (m, model) in config.models.into_iter().enumerate() {
             let id = model.selection.id.clone();
             let discovered = register(&fleet, &model).await;
-            match route(model, &discovered) {
+            match route(model, &discovered, None) {
                 Ok(route) => drop(routes.insert(id, Arc::new(route))),
                 Err(problems) => {
                     let at = format!("models[{m}]");
@@ -301,11 +302,13 @@ pub(crate) async fn register(fleet: &Fleet, model: &ModelPlan) -> Registered {
     .collect()
 }
 
-/// The model's route, its buckets built with the roles `registered` found. Errors
+/// The model's route, its buckets built with the roles `registered` found; `previous`
+/// is its flow control before a reload, kept when its section is unchanged. Errors
 /// carry paths within the model.
 pub(crate) fn route(
     model: ModelPlan,
     registered: &Registered,
+    previous: Option<Arc<ModelFlow>>,
 ) -> Result<ModelRoute, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut discovered = HashMap::new();
@@ -324,7 +327,7 @@ pub(crate) fn route(
             Ok(
                 ModelRoute::new(&model.selection.id, resolver, model.selection.tokenizer)
                     .with_pd_protocol(model.pd_protocol)
-                    .with_flow(&model.flow),
+                    .with_flow(&model.flow, previous),
             )
         }
         Ok(_) => Err(errors),

@@ -270,7 +270,8 @@ impl AppContext {
             let roles = self.roles(&model.engines, before).await;
             let id = model.selection.id.clone();
             let (engines, index) = (model.engines.clone(), model.selection.prefix_index.clone());
-            match route(model, &roles) {
+            let previous = self.routing.get(&id).and_then(|r| r.flow.clone());
+            match route(model, &roles, previous) {
                 Ok(route) => drop(routes.insert(id.clone(), Arc::new(route))),
                 Err(problems) => {
                     let at = format!("models[{m}]");

@@ -67,9 +67,18 @@ impl ModelRoute {
         }
     }
 
-    /// With the flow control `config` describes.
-    pub(crate) fn with_flow(mut self, config: &FlowConfig) -> Self {
-        self.flow = ModelFlow::new(config);
+    /// With the flow control `config` describes: `previous` (the model's flow control
+    /// before a reload) when it was built from the same section, so requests waiting
+    /// in its queue keep their places and tenants their counts; else a new one.
+    pub(crate) fn with_flow(
+        mut self,
+        config: &FlowConfig,
+        previous: Option<Arc<ModelFlow>>,
+    ) -> Self {
+        self.flow = match previous {
+            Some(flow) if flow.config() == config => Some(flow),
+            _ => ModelFlow::new(config),
+        };
         self
     }
 

@@ -447,3 +447,41 @@ async fn refusals_say_when_to_come_back_and_a_client_that_leaves_is_gone() {
     router.shutdown().await;
     a.shutdown().await;
 }
+
+// A reload that leaves a model's flow section as it was keeps its queue: a request
+// waiting in it keeps its place, and is served once the engine has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_queue_of_an_unchanged_flow_section() {
+    let a = sim(|c| c.decode_tokens_per_sec = 100.0).await;
+    faults(&a, json!({"hold_after_chunks": 0})).await;
+    let flow = json!({"queue": {"max_wait_ms": 60000}});
+    let config = config(vec![model(&[&a], 1, flow.clone())]);
+    let router = router(config.clone()).await;
+    let client = reqwest::Client::new();
+    let held = tokio::spawn(send_owned(
+        client.clone(),
+        url(&router, "/v1/chat/completions"),
+    ));
+    tokio::time::timeout(GUARD, a.visits_until(|v| v.open == 1))
+        .await
+        .expect("the engine holds the first request");
+    let waiting = tokio::spawn(send_owned(client, url(&router, "/v1/chat/completions")));
+    queued(&router, 1).await;
+    let mut changed = config.clone();
+    changed.models[0].block_size = 32;
+    router.context().reload(changed).await.expect("applied");
+    queued(&router, 1).await;
+    faults(&a, json!({})).await;
+    assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(waiting.await.unwrap(), 200, "the waiting request is served");
+    queued(&router, 0).await;
+    router.shutdown().await;
+    a.shutdown().await;
+}
+
+async fn send_owned(client: reqwest::Client, target: String) -> u16 {
+    let response = client.post(target).json(&short(2)).send().await.unwrap();
+    let status = response.status().as_u16();
+    response.bytes().await.unwrap();
+    status
+}
