@@ -12,7 +12,7 @@ use router_policy::{
     AdmissionLimits, BoxFuture, EngineAdmission, Explanation, Pick, PickError, PickReason,
     PickRequest, Policy, Rejection, RequestFacts,
 };
-use router_state::{Engine, EngineReportedLoadTable, InflightGuard, Role};
+use router_state::{Engine, EngineReportedLoadTable, Reservation, Role};
 
 /// Picks the candidates in turn without checking them (as if every check had raced
 /// a concurrent pick), reserving against a cap of one.
@@ -45,7 +45,7 @@ impl Policy for Racing {
         ))))
     }
 
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         let cap = AdmissionLimits {
             max_inflight_requests: Some(1),
             ..Default::default()

@@ -78,9 +78,11 @@ pub struct PriorityConfig {
     pub order: PriorityOrder,
     /// Band boundaries, most urgent first: a request is in the first band whose
     /// boundary its priority reaches (is at least, or at most with `lower_first`),
-    /// else in the last band. `[1]` (the default) makes two bands: priority 1 and
-    /// more first, the rest (a request without one is 0) after.
-    #[serde(default = "default_bands")]
+    /// else in the last band (a request without a priority is 0). `[]` (the default)
+    /// makes one band: a priority orders nothing until the operator sets boundaries,
+    /// so no client can move ahead by sending one. `[1]` makes two bands: priority 1
+    /// and more first, the rest after.
+    #[serde(default)]
     pub bands: Vec<i64>,
     /// Grants a waiting band may see go to more urgent bands in a row before it is
     /// served once: no band starves, whatever arrives above it.
@@ -94,10 +96,6 @@ pub struct PriorityConfig {
     pub forward: bool,
 }
 
-fn default_bands() -> Vec<i64> {
-    vec![1]
-}
-
 fn default_starvation_limit() -> u32 {
     16
 }
@@ -107,7 +105,7 @@ impl Default for PriorityConfig {
         Self {
             header: None,
             order: PriorityOrder::default(),
-            bands: default_bands(),
+            bands: Vec::new(),
             starvation_limit: default_starvation_limit(),
             forward: false,
         }
@@ -337,12 +335,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_has_no_queue_and_two_bands_around_priority_one() {
+    fn the_default_has_no_queue_and_one_band_whatever_the_priority() {
         let flow = FlowConfig::default();
         assert!(flow.queue.is_none() && flow.tenants.is_none());
-        assert_eq!(flow.priority.band_count(), 2);
-        assert_eq!([5, 1, 0, -3].map(|p| flow.priority.band(p)), [0, 0, 1, 1]);
+        assert_eq!(flow.priority.band_count(), 1);
+        assert_eq!([5, 1, 0, -3].map(|p| flow.priority.band(p)), [0, 0, 0, 0]);
         assert!(flow.problems().is_empty());
+        let two = parse("priority: {bands: [1]}");
+        assert_eq!([5, 1, 0, -3].map(|p| two.priority.band(p)), [0, 0, 1, 1]);
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! Entries wait in priority bands (band 0 first). Within a band, tenants share grants
 //! by weight (start-time fair queueing over integer virtual time); within a tenant and
-//! band, entries leave strictly in arrival order. A starvation bound keeps a backlogged
-//! lower band from waiting forever behind busy higher bands.
+//! band, entries are offered in arrival order, a later one going first only when the
+//! earlier ones cannot be served. A starvation bound keeps a backlogged lower band from
+//! waiting forever behind busy higher bands.
 
 mod band;
 #[cfg(test)]
@@ -73,7 +74,9 @@ struct Entry<T> {
 /// entry; the tenant with the smallest start tag goes first, ties to the earliest
 /// arrival of its head. Granting a tenant's head moves the band's virtual clock up to
 /// the tenant's start tag and gives its next head the start tag
-/// `start + 1_000_000_000 / weight`, with the granted entry's weight (saturating). A
+/// `start + 1_000_000_000 / weight`, with the granted entry's weight (saturating);
+/// granting an entry behind the head (an alternative, when the head could not be
+/// served) charges the tenant alike. A
 /// tenant that becomes backlogged starts at `max(virtual clock, its last finish tag)`.
 /// Removing an entry charges nothing. Two continuously backlogged tenants of weights
 /// 3 and 1 thus get 75 % and 25 % of the band's grants, whatever load each offers.
@@ -176,9 +179,12 @@ impl<T> Discipline<T> {
     /// The grant order, at most `limit` entries. Element 0 is the entry that goes next;
     /// the others are alternatives to try when it cannot be served: the heads of the
     /// other tenants of its band in fair order, then the other non-empty bands in
-    /// priority order, each band's tenant heads in fair order. Only each tenant's
-    /// first live entry in a band is listed; entries whose deadline is at or before
-    /// `now` are skipped.
+    /// priority order, each band's tenant heads in fair order; then, when the heads
+    /// leave room, the entries behind each head in the same order of heads, each
+    /// tenant's in arrival order, so that a head no engine can take (its bucket is
+    /// full, others are not) does not hold back the entries queued behind it. A
+    /// tenant's entry is thus never listed before an earlier live one of the same
+    /// tenant and band. Entries whose deadline is at or before `now` are skipped.
     pub fn candidates(&self, now: Instant, limit: usize) -> Vec<EntryId> {
         let mut out = Vec::with_capacity(limit.min(self.entries.len()));
         let live = |seq: u64| self.entries.get(&seq).is_some_and(|e| e.deadline > now);
@@ -193,11 +199,27 @@ impl<T> Discipline<T> {
                 band.heads(limit, live, &mut out);
             }
         }
+        let heads = out.len();
+        for i in 0..heads {
+            if out.len() >= limit {
+                break;
+            }
+            let head = out[i];
+            if let Some(entry) = self.entries.get(&head) {
+                self.bands[usize::from(entry.band)].followers(
+                    &entry.tenant,
+                    head,
+                    limit,
+                    live,
+                    &mut out,
+                );
+            }
+        }
         out.into_iter().map(EntryId).collect()
     }
 
-    /// Grants entry `id`: removes it and charges its tenant and band. The entry must
-    /// be its tenant's first entry in its band whose deadline is after `now`; otherwise
+    /// Grants entry `id`: removes it and charges its tenant and band as for a grant
+    /// of the tenant's head. The entry's deadline must be after `now`; otherwise
     /// nothing changes and the answer is None.
     pub fn grant(&mut self, id: EntryId, now: Instant) -> Option<T> {
         let entry = self.entries.get(&id.0)?;
@@ -205,11 +227,6 @@ impl<T> Discipline<T> {
             return None;
         }
         let g = usize::from(entry.band);
-        let entries = &self.entries;
-        let live = |seq: u64| entries.get(&seq).is_some_and(|e| e.deadline > now);
-        if self.bands[g].live_head(&entry.tenant, live) != Some(id.0) {
-            return None;
-        }
         let entry = self.entries.remove(&id.0)?;
         self.bands[g].grant(&entry.tenant, id.0, entry.weight, self.settings.capacity);
         for band in &mut self.bands[g + 1..] {

@@ -157,9 +157,10 @@ impl WaitingRoom {
         {
             Ok(id) => id,
             Err(Full(_)) => {
-                let retry_after = state
-                    .drain
-                    .retry_after(state.discipline.len(), self.settings.max_wait);
+                let retry_after =
+                    state
+                        .drain
+                        .retry_after(state.discipline.len(), self.settings.max_wait, now);
                 return Err(Refused::Full { retry_after });
             }
         };
@@ -204,14 +205,16 @@ impl WaitingRoom {
 
     /// When a refused or expired request should come back: the time the waiting
     /// entries take to drain at the observed rate (an exponentially weighted moving
-    /// average of the time between grants while the room was non-empty), rounded up to
-    /// whole seconds; before any grant, `max_wait` rounded up. Always within
-    /// [1 s, 60 s].
+    /// average of the time between grants while the room was non-empty, or the time
+    /// since the last grant when that is longer), rounded up to whole seconds; before
+    /// any grant, `max_wait` rounded up. Always within [1 s, 60 s].
     pub fn retry_after(&self) -> Duration {
         let state = self.state.lock();
-        state
-            .drain
-            .retry_after(state.discipline.len(), self.settings.max_wait)
+        state.drain.retry_after(
+            state.discipline.len(),
+            self.settings.max_wait,
+            Instant::now(),
+        )
     }
 
     /// Removes entry `id` (its ticket is gone or expired); a held turn passes on.

@@ -3,7 +3,7 @@
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -42,13 +42,16 @@ struct Counts {
 ///
 /// Checking a cap and counting the request is one step under a lock, so a tenant's
 /// count never exceeds its cap under any concurrency. A tenant with nothing in flight
-/// is forgotten. At most `max_tracked` tenants are counted by name; while that many
-/// are tracked, a new tenant is counted under the shared overflow entry
-/// ([`OVERFLOW_TENANT`]) and its cap is not applied (the overflow entry has no cap), so
-/// memory stays bounded whatever the number of tenants.
+/// is forgotten. At most `max_tracked` tenants are counted by name, besides the ones
+/// the ledger was told to [always name](Self::always_naming) (those with a cap of
+/// their own in the configuration); while that many are tracked, a new tenant is
+/// counted under the shared overflow entry ([`OVERFLOW_TENANT`]) and its cap is not
+/// applied (the overflow entry has no cap), so memory stays bounded whatever the
+/// number of tenants.
 #[derive(Debug, Clone)]
 pub struct TenantLedger {
     settings: LedgerSettings,
+    always: HashSet<Arc<str>>,
     counts: Arc<Mutex<Counts>>,
 }
 
@@ -57,8 +60,16 @@ impl TenantLedger {
     pub fn new(settings: LedgerSettings) -> Self {
         Self {
             settings,
+            always: HashSet::new(),
             counts: Arc::default(),
         }
+    }
+
+    /// The same ledger, counting `tenants` by name (so under their caps) however many
+    /// other tenants are tracked.
+    pub fn always_naming(mut self, tenants: impl IntoIterator<Item = Arc<str>>) -> Self {
+        self.always.extend(tenants);
+        self
     }
 
     /// Counts one more request of `tenant` in flight unless that would exceed `cap`;
@@ -83,7 +94,7 @@ impl TenantLedger {
                 *in_flight += 1;
                 Slot::Named(self.key(&counts, tenant))
             }
-            None if tracked < self.settings.max_tracked => {
+            None if tracked < self.settings.max_tracked || self.always.contains(tenant) => {
                 if cap == Some(0) {
                     return Err(OverCap {
                         in_flight: 0,

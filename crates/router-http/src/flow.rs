@@ -112,6 +112,7 @@ impl ModelFlow {
             TenantLedger::new(LedgerSettings {
                 max_tracked: tenants.max_tracked,
             })
+            .always_naming(tenants.max_inflight.keys().map(|t| Arc::from(t.as_str())))
         });
         Some(Arc::new(Self {
             config: config.clone(),

@@ -2,7 +2,7 @@
 //! tokenizer, and what a model that first appears at runtime gets.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -103,33 +103,61 @@ pub(crate) struct Routing {
 }
 
 /// The queues capacity events reach: those of the routes served, and those of routes
-/// a reload replaced while requests still waited in them (until they empty).
+/// a reload replaced, for as long as anything (a request that resolved the old route,
+/// a ticket) still holds them: a request may enter a replaced queue after the reload.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Rooms(Arc<ArcSwap<Vec<Arc<WaitingRoom>>>>);
+pub(crate) struct Rooms(Arc<ArcSwap<RoomList>>);
+
+#[derive(Debug, Default)]
+struct RoomList {
+    served: Vec<Arc<WaitingRoom>>,
+    retired: Vec<Weak<WaitingRoom>>,
+}
 
 impl Rooms {
     /// Tells every queue that capacity may have freed: one atomic load for each empty
-    /// one.
+    /// one served, one more for each replaced one.
     pub(crate) fn capacity_freed(&self) {
-        for room in self.0.load().iter() {
+        let list = self.0.load();
+        for room in &list.served {
             room.capacity_freed();
+        }
+        for room in &list.retired {
+            if let Some(room) = room.upgrade() {
+                room.capacity_freed();
+            }
         }
     }
 
-    /// The queues of `models`, keeping those of `current` still holding requests.
+    /// The queues of `models`; the others of the current list stay, as replaced
+    /// queues, while anything holds them.
     fn refresh(&self, models: &HashMap<String, Arc<ModelRoute>>) {
-        let served: Vec<Arc<WaitingRoom>> = models
-            .values()
-            .filter_map(|route| route.flow.as_ref()?.room().cloned())
-            .collect();
+        self.serve(
+            models
+                .values()
+                .filter_map(|route| route.flow.as_ref()?.room().cloned())
+                .collect(),
+        );
+    }
+
+    /// Serves `served`; the queues served until now and not among them are replaced.
+    fn serve(&self, served: Vec<Arc<WaitingRoom>>) {
         self.0.rcu(|current| {
-            let mut next = served.clone();
-            for room in current.iter() {
-                if !room.is_empty() && !next.iter().any(|r| Arc::ptr_eq(r, room)) {
-                    next.push(Arc::clone(room));
+            let is_served = |room: &WaitingRoom| served.iter().any(|r| std::ptr::eq(&**r, room));
+            let mut retired: Vec<Weak<WaitingRoom>> = Vec::new();
+            let previous = current.served.iter().map(Arc::downgrade);
+            for room in previous.chain(current.retired.iter().cloned()) {
+                if let Some(live) = room.upgrade()
+                    && !is_served(&live)
+                    && !retired.iter().any(|r| r.ptr_eq(&room))
+                {
+                    retired.push(room);
                 }
             }
-            next
+            RoomList {
+                served: served.clone(),
+                retired,
+            }
         });
     }
 }
@@ -304,3 +332,6 @@ impl Routing {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

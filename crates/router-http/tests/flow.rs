@@ -168,6 +168,77 @@ async fn a_burst_of_four_times_the_slots_waits_its_turn_and_none_is_refused() {
     a.shutdown().await;
 }
 
+// One tenant: a long prompt waits for the one engine of the `long` bucket, held by
+// another long prompt. A short prompt queued behind it goes to the idle `short` engine
+// at once: the head of a tenant's queue that no engine can take does not hold back
+// the requests behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_engine_can_take_does_not_hold_back_those_behind_it() {
+    let (s, l) = (sim(|_| {}).await, sim(|_| {}).await);
+    faults(&l, json!({"hold_after_chunks": 0})).await;
+    let capped = json!({"type": "round_robin", "admission": {"max_inflight_requests": 1}});
+    let model: ModelConfig = serde_json::from_value(json!({
+        "id": "m",
+        "engines": [
+            {"id": "S", "url": s.url(), "role": "plain"},
+            {"id": "L", "url": l.url(), "role": "plain"},
+        ],
+        "buckets": [
+            {"id": "short", "limits": {"max": 64}, "groups": {"plain": {"engine_ids": ["S"], "policy": capped}}},
+            {"id": "long", "groups": {"plain": {"engine_ids": ["L"], "policy": capped}}},
+        ],
+        "flow": {"queue": {"max_wait_ms": 60000}},
+    }))
+    .unwrap();
+    let router = router(config(vec![model])).await;
+    let client = reqwest::Client::new();
+    let long = chat("m", &"a long question ".repeat(100));
+    let held = tokio::spawn({
+        let (client, target, body) = (
+            client.clone(),
+            url(&router, "/v1/chat/completions"),
+            long.clone(),
+        );
+        async move {
+            client
+                .post(target)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    tokio::time::timeout(GUARD, l.visits_until(|v| v.open == 1))
+        .await
+        .expect("the long engine holds the first long request");
+    let waiting = tokio::spawn({
+        let (client, target) = (client.clone(), url(&router, "/v1/chat/completions"));
+        async move {
+            client
+                .post(target)
+                .json(&long)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    queued(&router, 1).await;
+    let (status, _) = tokio::time::timeout(GUARD, send(&client, &router, &chat("m", "hi"), &[]))
+        .await
+        .expect("the short request is not held back");
+    assert_eq!(status, 200);
+    assert_eq!(s.visits().answered, 1, "the short engine answered it");
+    queued(&router, 1).await;
+    faults(&l, json!({})).await;
+    assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(waiting.await.unwrap(), 200);
+    router.shutdown().await;
+    s.shutdown().await;
+    l.shutdown().await;
+}
+
 /// Runs `clients[t]` closed-loop clients for each tenant of `tenants` (each sends its
 /// next request as soon as its last is answered) until `count` requests are answered
 /// after the first `skip`, and returns how many of those each tenant had.
@@ -418,8 +489,8 @@ async fn refusals_say_when_to_come_back_and_a_client_that_leaves_is_gone() {
     assert!(retry.is_some_and(|s| s.parse::<u64>().unwrap() >= 1));
     let scraped = common::metrics(&router).await;
     for line in [
-        "switchyard_queue_refusals_total{model=\"m\",band=\"1\",reason=\"full\"} 1",
-        "switchyard_queue_refusals_total{model=\"m\",band=\"1\",reason=\"timeout\"} 1",
+        "switchyard_queue_refusals_total{model=\"m\",band=\"0\",reason=\"full\"} 1",
+        "switchyard_queue_refusals_total{model=\"m\",band=\"0\",reason=\"timeout\"} 1",
         "switchyard_tenant_requests_total{model=\"m\",tenant=\"capped\",outcome=\"refused\"} 1",
         "switchyard_queue_depth{model=\"m\",band=\"0\"} 0",
     ] {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard};
+use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, Reservation};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ pub trait EngineAdmission: Send + Sync + fmt::Debug {
         &self,
         engine: &Engine,
         load: &EngineReportedLoadTable,
-    ) -> Result<Option<InflightGuard>, LimitExceeded> {
+    ) -> Result<Option<Reservation>, LimitExceeded> {
         let _ = (engine, load);
         Ok(None)
     }
@@ -160,12 +160,12 @@ impl EngineAdmission for AdmissionLimits {
         &self,
         engine: &Engine,
         load: &EngineReportedLoadTable,
-    ) -> Result<Option<InflightGuard>, LimitExceeded> {
+    ) -> Result<Option<Reservation>, LimitExceeded> {
         let Some(cap) = self.max_inflight_requests else {
             return Ok(None);
         };
-        match load.try_acquire(engine.id(), cap) {
-            Ok(guard) => Ok(Some(guard)),
+        match load.try_reserve(engine.id(), cap) {
+            Ok(reservation) => Ok(Some(reservation)),
             Err(observed) => Err(LimitExceeded {
                 limit: "max_inflight_requests",
                 observed,

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use router_state::affinity::{AffinityScope, rendezvous};
-use router_state::{Engine, EngineId, EngineReportedLoadTable, InflightGuard};
+use router_state::{Engine, EngineId, EngineReportedLoadTable, Reservation};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -119,7 +119,7 @@ impl Policy for SessionAwarePolicy {
     fn reads_prompt(&self) -> bool {
         self.0.fallback.reads_prompt()
     }
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.0.load, self.0.admission.as_ref(), pick)
     }
 }
@@ -136,7 +136,7 @@ impl Policy for StickyPolicy {
     fn reads_prompt(&self) -> bool {
         self.0.fallback.reads_prompt()
     }
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.0.load, self.0.admission.as_ref(), pick)
     }
 }

@@ -32,7 +32,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use router_state::{
-    Engine, EngineObservation, EngineReportedLoadTable, InflightGuard, LoadSnapshot, Role,
+    Engine, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Reservation, Role,
 };
 
 pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
@@ -529,7 +529,7 @@ impl Policy for CacheAwarePolicy {
         Box::pin(self.pick_async(engines, request))
     }
 
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.load, self.admission.as_ref(), pick)
     }
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
+use router_state::{Engine, EngineReportedLoadTable, InflightGuard, Reservation};
 
 /// A successful pick: an engine from the candidate set that passed admission.
 #[derive(Debug)]
@@ -23,7 +23,7 @@ pub struct Pick {
     /// The request's slot on the engine, when admission reserved one
     /// ([`EngineAdmission::reserve`](crate::EngineAdmission::reserve)): the dispatch
     /// holds it in place of counting the request itself. `None` for a dry run.
-    pub reservation: Option<InflightGuard>,
+    pub reservation: Option<Reservation>,
 }
 
 impl Pick {
@@ -45,12 +45,13 @@ impl Pick {
     }
 
     /// The guard that counts the request on the engine (and on `rank` of it) while it
-    /// is dispatched: the reservation admission took, or else a new count in `load`.
+    /// is dispatched: the reservation admission took, dispatched, or else a new count
+    /// in `load`.
     pub fn guard(&mut self, load: &EngineReportedLoadTable, rank: Option<u32>) -> InflightGuard {
-        let guard = self
-            .reservation
-            .take()
-            .unwrap_or_else(|| load.acquire(self.engine.id()));
+        let guard = match self.reservation.take() {
+            Some(reservation) => reservation.dispatch(),
+            None => load.acquire(self.engine.id()),
+        };
         match rank {
             Some(rank) => guard.with_rank(rank),
             None => guard,

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use router_state::{Engine, InflightGuard, Role};
+use router_state::{Engine, Reservation, Role};
 
 use crate::error::{PickError, Rejection};
 use crate::explain::Observation;
@@ -43,7 +43,7 @@ pub trait Policy: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// The engine reached such a cap since the pick checked it.
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         let _ = pick;
         Ok(None)
     }

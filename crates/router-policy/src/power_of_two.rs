@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
+use router_state::{Engine, EngineReportedLoadTable, Reservation};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -112,7 +112,7 @@ impl Policy for PowerOfTwoPolicy {
     fn reads_prompt(&self) -> bool {
         false
     }
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.load, self.admission.as_ref(), pick)
     }
 }

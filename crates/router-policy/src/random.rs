@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
+use router_state::{Engine, EngineReportedLoadTable, Reservation};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -109,7 +109,7 @@ impl Policy for RandomPolicy {
     fn reads_prompt(&self) -> bool {
         false
     }
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.load, self.admission.as_ref(), pick)
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use router_state::{Engine, EngineReportedLoadTable, InflightGuard};
+use router_state::{Engine, EngineReportedLoadTable, Reservation};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -84,7 +84,7 @@ impl Policy for RoundRobinPolicy {
     fn reads_prompt(&self) -> bool {
         false
     }
-    fn reserve(&self, pick: &Pick) -> Result<Option<InflightGuard>, Rejection> {
+    fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.load, self.admission.as_ref(), pick)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, InflightGuard, LoadSnapshot};
+use router_state::{Engine, EngineMetrics, EngineReportedLoadTable, LoadSnapshot, Reservation};
 
 use crate::admission::{AdmissionDecision, EngineAdmission};
 use crate::error::{PickError, Rejection};
@@ -91,7 +91,7 @@ pub(crate) fn reserve(
     load: &EngineReportedLoadTable,
     admission: &dyn EngineAdmission,
     pick: &Pick,
-) -> Result<Option<InflightGuard>, Rejection> {
+) -> Result<Option<Reservation>, Rejection> {
     admission
         .reserve(&pick.engine, load)
         .map_err(|exceeded| Rejection {

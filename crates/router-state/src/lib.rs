@@ -61,7 +61,7 @@ pub use feed::{
 pub use load_monitor::{
     CapacityListener, DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable,
     InflightGuard, IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot,
-    LoadTableConfig, NativeAggregate, NativeLoad, ReportedLoad, TPOT_FRESHNESS,
+    LoadTableConfig, NativeAggregate, NativeLoad, ReportedLoad, Reservation, TPOT_FRESHNESS,
 };
 pub use names::{MAX_NAME_BYTES, NameError, check_name};
 pub use pd::{PdMismatch, PdProfile};

@@ -16,7 +16,7 @@ pub use load_stat::{LOAD_STAT_TAG, LoadDecodeError, LoadReport, NativeLoad};
 pub use observation::{EngineMetrics, EngineObservation, NativeAggregate, ReportedLoad};
 pub use table::{
     CapacityListener, DEFAULT_FRESHNESS, EngineReportedLoadTable, InflightGuard, IngestError,
-    LoadSnapshot, LoadTableConfig,
+    LoadSnapshot, LoadTableConfig, Reservation,
 };
 pub use tpot::TPOT_FRESHNESS;
 

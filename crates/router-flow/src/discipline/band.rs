@@ -93,8 +93,7 @@ impl Band {
         true
     }
 
-    /// Grants entry `seq` of `tenant`, which the caller checked is the tenant's first
-    /// live entry: the virtual clock moves to the tenant's start tag (never back) and
+    /// Grants entry `seq` of `tenant` (its head, or an entry behind it): the virtual clock moves to the tenant's start tag (never back) and
     /// the tenant's next head starts `SCALE / weight` later.
     pub(super) fn grant(&mut self, tenant: &Arc<str>, seq: u64, weight: u32, idle_cap: usize) {
         let Some(queue) = self.tenants.get_mut(tenant) else {
@@ -170,6 +169,30 @@ impl Band {
             };
             out.push(seq);
         }
+    }
+
+    /// Appends `tenant`'s live entries after `head` in arrival order to `out`, until
+    /// `out` holds `limit` entries.
+    pub(super) fn followers(
+        &self,
+        tenant: &str,
+        head: u64,
+        limit: usize,
+        live: impl Fn(u64) -> bool,
+        out: &mut Vec<u64>,
+    ) {
+        let Some(queue) = self.tenants.get(tenant) else {
+            return;
+        };
+        let room = limit.saturating_sub(out.len());
+        out.extend(
+            queue
+                .seqs
+                .range(head.saturating_add(1)..)
+                .copied()
+                .filter(|&seq| live(seq))
+                .take(room),
+        );
     }
 
     /// Takes `tenant`'s remembered finish tag, if any.

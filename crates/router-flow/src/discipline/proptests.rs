@@ -83,8 +83,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
 
     /// Random pushes, removals, grants and time: the discipline lists and grants
-    /// exactly what the plain rules say, loses nothing and never serves an expired
-    /// entry or one out of order within its tenant and band.
+    /// exactly what the plain rules say, loses nothing, never serves an expired entry,
+    /// and never offers an entry before an earlier live one of its tenant and band.
     #[test]
     fn agrees_with_the_plain_rules(settings in settings(), ops in proptest::collection::vec(op(), 1..120)) {
         let base = Instant::now();
@@ -132,9 +132,14 @@ proptest! {
                     let Some(&id) = list.get(k) else { continue; };
                     let p = queued.iter().position(|p| p.id == id).unwrap();
                     let p = queued.remove(p);
-                    // FIFO within tenant and band: nothing earlier of the same tenant
-                    // and band is still live.
-                    prop_assert!(!queued.iter().any(|q| q.band == p.band && q.tenant == p.tenant && q.id < p.id && q.deadline > now));
+                    // Arrival order within tenant and band: every earlier live entry
+                    // of the same tenant and band was offered before this one.
+                    for q in queued.iter().filter(|q| q.band == p.band && q.tenant == p.tenant && q.id < p.id && q.deadline > now) {
+                        prop_assert!(list[..k].contains(&q.id), "{:?} offered before {:?}", id, q.id);
+                    }
+                    if k == 0 {
+                        prop_assert!(!queued.iter().any(|q| q.band == p.band && q.tenant == p.tenant && q.id < p.id && q.deadline > now));
+                    }
                     prop_assert!(p.deadline > now);
                     prop_assert!(r.grant(id.0, now));
                     prop_assert_eq!(d.grant(id, now), Some(by_seq[&id]));
@@ -147,6 +152,7 @@ proptest! {
                     let theirs = r.grant(id.0, now);
                     let ours = d.grant(id, now);
                     prop_assert_eq!(ours.is_some(), theirs);
+                    prop_assert_eq!(theirs, queued[i].deadline > now, "any live entry can be granted");
                     if theirs {
                         prop_assert!(queued[i].deadline > now);
                         fates[by_seq[&id]] = Fate::Granted;

@@ -126,15 +126,26 @@ impl Reference {
             .find(|&b| self.bands[b].skipped >= self.starvation_limit);
         let mut order: Vec<usize> = starved.into_iter().collect();
         order.extend(nonempty.iter().copied().filter(|&b| Some(b) != starved));
-        let mut out = Vec::new();
+        let mut heads = Vec::new();
         for b in order {
-            let mut heads: Vec<(u64, u64)> = self.bands[b]
+            let mut band: Vec<(u64, u64, String)> = self.bands[b]
                 .start
                 .iter()
-                .filter_map(|(t, &s)| self.live_head(b, t, now).map(|h| (s, h)))
+                .filter_map(|(t, &s)| self.live_head(b, t, now).map(|h| (s, h, t.clone())))
                 .collect();
-            heads.sort_unstable();
-            out.extend(heads.into_iter().map(|(_, h)| h));
+            band.sort_unstable();
+            heads.extend(band.into_iter().map(|(_, h, t)| (b, h, t)));
+        }
+        let mut out: Vec<u64> = heads.iter().map(|(_, h, _)| *h).collect();
+        for (b, head, tenant) in &heads {
+            out.extend(
+                self.entries
+                    .iter()
+                    .filter(|e| {
+                        e.band == *b && &e.tenant == tenant && e.seq > *head && e.deadline > now
+                    })
+                    .map(|e| e.seq),
+            );
         }
         out.truncate(limit);
         out
@@ -145,7 +156,7 @@ impl Reference {
             return false;
         };
         let e = self.entries[i].clone();
-        if e.deadline <= now || self.live_head(e.band, &e.tenant, now) != Some(seq) {
+        if e.deadline <= now {
             return false;
         }
         self.entries.remove(i);

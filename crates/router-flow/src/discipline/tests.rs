@@ -102,29 +102,51 @@ fn starvation_bound_with_three_bands() {
 }
 
 #[test]
-fn candidates_list_other_tenants_then_lower_bands() {
+fn candidates_list_other_tenants_then_lower_bands_then_the_entries_behind_heads() {
     let mut d = discipline(2, 8, 10);
     let a1 = d.push(0, "a".into(), weight(1), far(), ()).unwrap();
-    let _a2 = d.push(0, "a".into(), weight(1), far(), ()).unwrap();
+    let a2 = d.push(0, "a".into(), weight(1), far(), ()).unwrap();
     let b1 = d.push(0, "b".into(), weight(1), far(), ()).unwrap();
     let c1 = d.push(1, "c".into(), weight(1), far(), ()).unwrap();
+    let c2 = d.push(1, "c".into(), weight(1), far(), ()).unwrap();
     let now = Instant::now();
-    assert_eq!(d.candidates(now, 10), [a1, b1, c1]);
+    assert_eq!(d.candidates(now, 10), [a1, b1, c1, a2, c2]);
     assert_eq!(d.candidates(now, 2), [a1, b1]);
+    assert_eq!(d.candidates(now, 4), [a1, b1, c1, a2]);
     // An alternative may be granted: b goes before a.
     assert_eq!(d.grant(b1, now), Some(()));
-    assert_eq!(d.candidates(now, 10), [a1, c1]);
+    assert_eq!(d.candidates(now, 10), [a1, c1, a2, c2]);
 }
 
 #[test]
-fn only_a_tenants_live_head_can_be_granted() {
+fn a_head_that_cannot_be_served_does_not_hold_back_its_tenant() {
+    let mut d = discipline(1, 1, 10);
+    let now = Instant::now();
+    let stuck = d.push(0, "a".into(), weight(1), far(), 1).unwrap();
+    let behind = d.push(0, "a".into(), weight(1), far(), 2).unwrap();
+    let last = d.push(0, "a".into(), weight(1), far(), 3).unwrap();
+    assert_eq!(d.candidates(now, 8), [stuck, behind, last]);
+    assert_eq!(
+        d.grant(behind, now),
+        Some(2),
+        "the entry behind the head is served"
+    );
+    assert_eq!(
+        d.candidates(now, 8),
+        [stuck, last],
+        "the head keeps its place"
+    );
+}
+
+#[test]
+fn only_live_entries_are_listed_or_granted() {
     let mut d = discipline(1, 1, 10);
     let now = Instant::now();
     let soon = now + Duration::from_secs(1);
     let first = d.push(0, "a".into(), weight(1), soon, 1).unwrap();
     let second = d.push(0, "a".into(), weight(1), far(), 2).unwrap();
-    assert_eq!(d.grant(second, now), None);
-    assert_eq!(d.candidates(now, 10), [first]);
+    assert_eq!(d.candidates(now, 1), [first]);
+    assert_eq!(d.candidates(now, 10), [first, second]);
     // Past the first entry's deadline, the second counts as the head.
     let later = soon;
     assert_eq!(d.candidates(later, 10), [second]);

@@ -45,7 +45,8 @@ async fn the_turn_follows_the_discipline() {
     // The pass held only a1 and no capacity event came: the room waits.
     assert!(!a1.holds_turn() && !b1.holds_turn() && !c1.holds_turn());
 
-    // A pass offers the turn to tenant heads: band 0 in fair order, then band 1.
+    // A pass offers the turn to tenant heads: band 0 in fair order, then band 1;
+    // then to the entries behind the heads.
     room.capacity_freed();
     b1.turn().await.unwrap();
     b1.failed();
@@ -54,7 +55,9 @@ async fn the_turn_follows_the_discipline() {
     c1.failed();
     a1.turn().await.unwrap();
     a1.failed();
-    assert!(!b1.holds_turn() && !c1.holds_turn() && !a1.holds_turn());
+    b2.turn().await.unwrap();
+    b2.failed();
+    assert!(!b1.holds_turn() && !c1.holds_turn() && !a1.holds_turn() && !b2.holds_turn());
 
     room.capacity_freed();
     b1.turn().await.unwrap();

@@ -67,6 +67,24 @@ fn tenants_beyond_max_tracked_share_the_overflow_entry_without_caps() {
     assert_eq!(ledger.tracked(), 0);
 }
 
+#[test]
+fn a_tenant_always_named_keeps_its_cap_however_many_others_are_tracked() {
+    let ledger = TenantLedger::new(LedgerSettings { max_tracked: 1 }).always_naming(["vip".into()]);
+    let other = ledger.try_acquire("other-team", Some(1)).unwrap();
+    let vip = ledger.try_acquire("vip", Some(1)).unwrap();
+    assert!(!vip.is_overflow(), "counted by name beyond max_tracked");
+    assert_eq!(
+        ledger.try_acquire("vip", Some(1)).unwrap_err(),
+        OverCap {
+            in_flight: 1,
+            cap: 1
+        }
+    );
+    assert!(ledger.try_acquire("third", Some(1)).unwrap().is_overflow());
+    drop((other, vip));
+    assert_eq!(ledger.tracked(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cap_holds_under_contention() {
     const CAP: u64 = 4;

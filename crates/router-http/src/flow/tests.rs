@@ -182,6 +182,48 @@ async fn a_queued_request_tries_again_on_each_capacity_event_until_its_deadline(
     assert!(room.is_empty(), "a request past its deadline leaves");
 }
 
+// A prefill/decode attempt that reserves the prefill engine and then finds no decode
+// slot drops its reservation undispatched: that must not count as capacity freed, or
+// every failed attempt would start the next one at once, forever.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_that_drops_its_own_reservation_does_not_wake_the_queue() {
+    let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000}}));
+    let room = Arc::clone(flow.room().unwrap());
+    let table = Arc::new(router_state::EngineReportedLoadTable::default());
+    table.on_capacity(Some(Box::new({
+        let room = Arc::clone(&room);
+        move || room.capacity_freed()
+    })));
+    let prefill = router_state::EngineId::new("P");
+    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let tries = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn({
+        let (flow, tries, table) = (Arc::clone(&flow), Arc::clone(&tries), Arc::clone(&table));
+        async move {
+            flow.select(&class, || {
+                let n = tries.fetch_add(1, Ordering::SeqCst);
+                assert!(n < 50, "failed attempts wake the queue again and again");
+                drop(
+                    table
+                        .try_reserve(&prefill, 8)
+                        .expect("the prefill engine is free"),
+                );
+                async { Err::<Selection, _>(full()) }
+            })
+            .await
+        }
+    });
+    let Err(Refusal::Timeout { .. }) = task.await.unwrap() else {
+        panic!("the deadline passes");
+    };
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        2,
+        "one at once, one on entering, none after"
+    );
+    table.on_capacity(None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_refuses_at_once() {
     let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000, "max_queued": 1}}));
@@ -272,8 +314,8 @@ async fn an_explanation_says_where_the_request_would_wait_and_why() {
     assert_eq!(answer["outcome"], "refused", "{answer}");
     assert_eq!(
         answer["queue_depth"],
-        serde_json::json!([0, 1]),
-        "band 1: no priority"
+        serde_json::json!([1]),
+        "one band: no boundaries configured"
     );
     waiting.abort();
 }

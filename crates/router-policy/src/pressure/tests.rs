@@ -229,6 +229,7 @@ fn dispatches_the_report_has_not_seen_count_as_queued_prefill_work() {
             native.prefill_tokens_per_sec = Some(10_000.0);
         }
         o.dispatched_since_report = dispatched;
+        o.in_flight = dispatched;
         o
     };
     // 20 ms queued and nothing sent since, against 5 ms queued and two requests of

@@ -66,13 +66,21 @@ impl EngineObservation {
         dispatched_since_report: 0,
     };
 
+    /// The dispatches the report has not seen yet that may still be on the engine: at
+    /// most the requests this router has in flight to it, since one that has ended
+    /// is on the engine no more.
+    pub fn unseen_dispatches(&self) -> u64 {
+        self.dispatched_since_report.min(self.in_flight)
+    }
+
     /// The metrics admission checks read. The reported request counts are corrected
-    /// by the dispatches the report has not seen yet, each counted as running and as
-    /// waiting (it is one or the other by the next report), so a cap on them holds
-    /// between reports as well as an observation can.
+    /// by the [unseen dispatches](Self::unseen_dispatches), each counted as running
+    /// and as waiting (it is one or the other by the next report), so a cap on them
+    /// holds between reports as well as an observation can, and an engine whose
+    /// reports stop while it idles is not held at its caps by requests long ended.
     pub fn metrics(&self) -> EngineMetrics {
         let reported = self.reported.as_ref();
-        let unseen = self.dispatched_since_report;
+        let unseen = self.unseen_dispatches();
         EngineMetrics {
             running_requests: reported.map(|r| r.running_requests.saturating_add(unseen)),
             waiting_requests: reported.map(|r| r.waiting_requests.saturating_add(unseen)),
@@ -84,28 +92,28 @@ impl EngineObservation {
         }
     }
 
-    /// The reported prefill queue time, corrected by the dispatches the report has
-    /// not seen yet, each taken to bring `tokens_per_dispatch` uncached tokens at the
+    /// The reported prefill queue time, corrected by the
+    /// [unseen dispatches](Self::unseen_dispatches), each taken to bring `tokens_per_dispatch` uncached tokens at the
     /// measured prefill speed; `None` without a fresh native estimate.
     pub fn corrected_prefill_queue_ms(&self, tokens_per_dispatch: u64) -> Option<f64> {
         let native = self.reported?.native?;
         let queue = native.prefill_queue_ms?;
         let unseen = match native.prefill_tokens_per_sec {
             Some(speed) if speed > 0.0 => {
-                self.dispatched_since_report as f64 * tokens_per_dispatch as f64 * 1000.0 / speed
+                self.unseen_dispatches() as f64 * tokens_per_dispatch as f64 * 1000.0 / speed
             }
             _ => 0.0,
         };
         Some(queue + unseen)
     }
 
-    /// Reported running plus waiting requests, corrected by the dispatches the report
-    /// has not seen yet; `None` without a fresh report.
+    /// Reported running plus waiting requests, corrected by the
+    /// [unseen dispatches](Self::unseen_dispatches); `None` without a fresh report.
     pub fn corrected_reported_requests(&self) -> Option<u64> {
         self.reported.map(|r| {
             r.running_requests
                 .saturating_add(r.waiting_requests)
-                .saturating_add(self.dispatched_since_report)
+                .saturating_add(self.unseen_dispatches())
         })
     }
 }

@@ -250,21 +250,21 @@ impl EngineReportedLoadTable {
         InflightGuard { slot, rank: None }
     }
 
-    /// Counts a request dispatched to `id` until the returned guard drops, if this
-    /// router has fewer than `cap` requests in flight to it; otherwise `Err` with the
-    /// count found. The check and the count are one atomic step, so concurrent callers
-    /// never take `id` past `cap` between them.
+    /// Reserves a slot for a request to `id`, if this router has fewer than `cap`
+    /// requests in flight to it (reservations included); otherwise `Err` with the count
+    /// found. The check and the count are one atomic step, so concurrent callers never
+    /// take `id` past `cap` between them. The reservation becomes the request's guard
+    /// when it is dispatched ([`Reservation::dispatch`]).
     ///
     /// # Errors
     /// The requests in flight to `id` when it was at or above `cap`.
-    pub fn try_acquire(&self, id: &EngineId, cap: u64) -> Result<InflightGuard, u64> {
+    pub fn try_reserve(&self, id: &EngineId, cap: u64) -> Result<Reservation, u64> {
         let slot = self.slot(id);
         slot.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < cap).then_some(n + 1)
             })?;
-        slot.dispatched.fetch_add(1, Ordering::Relaxed);
-        Ok(InflightGuard { slot, rank: None })
+        Ok(Reservation { slot: Some(slot) })
     }
 
     /// Counts a request dispatched to rank `rank` of `id` (and to `id`) until the
@@ -469,6 +469,38 @@ impl InflightGuard {
         drop(ranks);
         self.rank = Some(rank);
         self
+    }
+}
+
+/// A slot on one engine held for a request that is not dispatched yet; it counts as
+/// in flight. [`Reservation::dispatch`] turns it into the request's [`InflightGuard`].
+///
+/// Dropped undispatched (the other leg of a pair was refused, the client left), it
+/// frees the slot without telling the capacity listener: the slot was only ever
+/// taken by the attempt that drops it, and telling would start another pass of a
+/// waiting room for every such attempt, forever if the attempt keeps failing.
+#[derive(Debug)]
+#[must_use = "the slot is held only while the reservation lives"]
+pub struct Reservation {
+    /// `None` once dispatched.
+    slot: Option<Arc<EngineSlot>>,
+}
+
+impl Reservation {
+    /// The request is dispatched: from now on it counts as dispatched to the engine
+    /// (the correction of reported load) and its release tells the capacity listener.
+    pub fn dispatch(mut self) -> InflightGuard {
+        let slot = self.slot.take().expect("a reservation is dispatched once");
+        slot.dispatched.fetch_add(1, Ordering::Relaxed);
+        InflightGuard { slot, rank: None }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

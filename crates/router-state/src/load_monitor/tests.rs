@@ -420,6 +420,13 @@ async fn dispatches_since_the_report_correct_reported_load() {
         (0, 3),
         "completions do not undo dispatches"
     );
+    let metrics = seen.metrics();
+    assert_eq!(
+        (metrics.running_requests, metrics.waiting_requests),
+        (Some(2), Some(1)),
+        "but a request that ended is on the engine no more: nothing is added"
+    );
+    assert_eq!(seen.corrected_reported_requests(), Some(3));
     feed(&table, "a", 0, basic_report(2, 1, 10, 100));
     assert_eq!(
         table.snapshot().observe(&id("a")).dispatched_since_report,
@@ -469,9 +476,9 @@ fn guards_for_unregistered_engines_still_count() {
 #[test]
 fn a_reservation_counts_only_below_its_cap() {
     let table = EngineReportedLoadTable::default();
-    let first = table.try_acquire(&id("a"), 2).expect("room for two");
-    let second = table.try_acquire(&id("a"), 2).expect("room for one more");
-    assert_eq!(table.try_acquire(&id("a"), 2).err(), Some(2));
+    let first = table.try_reserve(&id("a"), 2).expect("room for two");
+    let second = table.try_reserve(&id("a"), 2).expect("room for one more");
+    assert_eq!(table.try_reserve(&id("a"), 2).err(), Some(2));
     assert_eq!(
         table.in_flight(&id("a")),
         2,
@@ -479,7 +486,7 @@ fn a_reservation_counts_only_below_its_cap() {
     );
     drop(first);
     let third = table
-        .try_acquire(&id("a"), 2)
+        .try_reserve(&id("a"), 2)
         .expect("a released slot is free again");
     drop((second, third));
     assert_eq!(table.in_flight(&id("a")), 0);
@@ -489,7 +496,11 @@ fn a_reservation_counts_only_below_its_cap() {
 fn a_guard_given_a_rank_counts_there_until_it_drops() {
     let table = EngineReportedLoadTable::default();
     table.register(&id("a"), two(2));
-    let guard = table.try_acquire(&id("a"), 4).unwrap().with_rank(1);
+    let guard = table
+        .try_reserve(&id("a"), 4)
+        .unwrap()
+        .dispatch()
+        .with_rank(1);
     assert_eq!(
         table.least_loaded_rank(&id("a")),
         Some(0),
@@ -516,12 +527,12 @@ fn reservations_on_many_threads_never_pass_the_cap() {
             let (table, most) = (std::sync::Arc::clone(&table), std::sync::Arc::clone(&most));
             std::thread::spawn(move || {
                 for _ in 0..2_000 {
-                    if let Ok(guard) = table.try_acquire(&id("a"), CAP) {
+                    if let Ok(reservation) = table.try_reserve(&id("a"), CAP) {
                         most.fetch_max(
                             table.in_flight(&id("a")),
                             std::sync::atomic::Ordering::SeqCst,
                         );
-                        drop(guard);
+                        drop(reservation.dispatch());
                     }
                 }
             })
@@ -552,9 +563,38 @@ fn the_capacity_listener_hears_releases_reports_and_registrations() {
     assert_eq!(count(), 2, "a release");
     feed(&table, "a", 0, basic_report(1, 0, 0, 100));
     assert_eq!(count(), 3, "a report");
+    drop(table.try_reserve(&id("a"), 1).unwrap());
+    assert_eq!(
+        count(),
+        3,
+        "a reservation never dispatched is not a release"
+    );
+    drop(table.try_reserve(&id("a"), 1).unwrap().dispatch());
+    assert_eq!(count(), 4, "a dispatched one is");
     table.on_capacity(None);
     drop(table.acquire(&id("a")));
-    assert_eq!(count(), 3, "a cleared listener hears nothing");
+    assert_eq!(count(), 4, "a cleared listener hears nothing");
+}
+
+#[test]
+fn only_a_dispatched_reservation_counts_as_dispatched_since_the_report() {
+    let table = EngineReportedLoadTable::default();
+    table.register(&id("a"), two(1));
+    feed(&table, "a", 0, basic_report(1, 0, 0, 100));
+    let undispatched = table.try_reserve(&id("a"), 8).unwrap();
+    let observed = table.snapshot().observe(&id("a"));
+    assert_eq!(
+        (observed.in_flight, observed.dispatched_since_report),
+        (1, 0)
+    );
+    drop(undispatched);
+    let guard = table.try_reserve(&id("a"), 8).unwrap().dispatch();
+    let observed = table.snapshot().observe(&id("a"));
+    assert_eq!(
+        (observed.in_flight, observed.dispatched_since_report),
+        (1, 1)
+    );
+    drop(guard);
 }
 
 #[derive(Debug, Clone)]
@@ -636,6 +676,7 @@ fn snapshots_and_guards_can_cross_await_points_in_send_futures() {
     fn send<T: Send + Sync>() {}
     send::<LoadSnapshot>();
     send::<InflightGuard>();
+    send::<Reservation>();
     send::<EngineReportedLoadTable>();
 }
 
