@@ -11,7 +11,9 @@ Usage: python3 request_instructions.py ROUTER_BINARY SIM_BINARY N CALLGRIND_OUT
 With TOKENIZER=PATH (a tokenizer.json), the model tokenizes its prompts with it, in
 one bounded bucket (as `cargo xtask bench-e2e` configures it); with BODY=PATH, the
 chat sent is the JSON body in that file (its "model" replaced), such as the body of
-benches/load/chat.lua.
+benches/load/chat.lua; with FLOW=JSON, the model has that flow section (such as
+'{"queue": {"max_wait_ms": 2000}, "priority": {"header": "x-priority"}}', the section
+of `cargo xtask bench-e2e --flow`).
 """
 
 import http.client
@@ -38,6 +40,8 @@ def main() -> None:
             model["tokenizer"] = os.environ["TOKENIZER"]
             model["buckets"] = [{"id": "bounded", "limits": {"max": 1048576},
                                  "groups": {"plain": {"policy": {"type": "round_robin"}}}}]
+        if os.environ.get("FLOW"):
+            model["flow"] = json.loads(os.environ["FLOW"])
         json.dump({"listen": "127.0.0.1:0", "models": [model]}, config)
     router = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", router_bin, "serve",

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use self::band::Band;
+use self::band::{Band, Grant};
 use crate::settings::{DisciplineSettings, SettingsError};
 
 /// Most priority bands a discipline has.
@@ -45,12 +45,17 @@ impl<T> fmt::Debug for Full<T> {
     }
 }
 
+/// Most tenant heads [`Discipline::candidates`] looks at in one band while it looks
+/// for kinds it has not listed yet.
+const SCAN_HEADS: usize = 256;
+
 /// One waiting entry.
 #[derive(Debug)]
 struct Entry<T> {
     band: u8,
     tenant: Arc<str>,
     weight: u32,
+    kind: u64,
     deadline: Instant,
     item: T,
 }
@@ -61,14 +66,16 @@ struct Entry<T> {
 ///
 /// **Bands.** Band 0 is served before band 1, and so on, with a starvation bound: each
 /// band counts the grants made to higher-priority bands while it was non-empty since
-/// its own last grant. The next band is the highest-priority non-empty band whose count
-/// reached `starvation_limit`, if any, else the highest-priority non-empty band. A grant
-/// to band `g` resets `g`'s count and adds one to every non-empty band below `g`; a band
-/// that empties resets its count. So while band `b` stays non-empty and every grant
-/// takes the first candidate, at most `starvation_limit + b` grants to higher-priority
-/// bands separate two grants to `b` (or `b`'s first entry from its first grant):
-/// `starvation_limit` of them make it starved, and then each band above it can be
-/// served at most once ahead of it, as the highest starved band only moves down.
+/// its own last grant; a band whose count reached `starvation_limit` is starved.
+/// Starved bands go first, in priority order, then the other non-empty bands in
+/// priority order. A grant to band `g` resets `g`'s count and adds one to every
+/// non-empty band below `g`; a band that empties resets its count. So while band `b`
+/// stays non-empty and every grant takes the first candidate that can be served, at
+/// most `starvation_limit + b` grants to higher-priority bands separate two grants to
+/// `b` while `b` holds an entry that can be served among the candidates (or `b`'s
+/// first entry from its first grant): `starvation_limit` of them make it starved, and
+/// then only starved bands above it go before it, each at most once, as a grant
+/// leaves a band unstarved.
 ///
 /// **Tenants.** Within a band each backlogged tenant carries a start tag for its head
 /// entry; the tenant with the smallest start tag goes first, ties to the earliest
@@ -80,6 +87,11 @@ struct Entry<T> {
 /// tenant that becomes backlogged starts at `max(virtual clock, its last finish tag)`.
 /// Removing an entry charges nothing. Two continuously backlogged tenants of weights
 /// 3 and 1 thus get 75 % and 25 % of the band's grants, whatever load each offers.
+///
+/// **Kinds.** Each entry has a kind: entries of one kind are served by the same
+/// capacity. Candidates list one entry of each kind, so a head whose kind cannot be
+/// served does not hold back entries of other kinds behind it; within a tenant, band
+/// and kind, entries are offered strictly in arrival order.
 ///
 /// **Deadlines.** An entry whose deadline is at or before `now` is never listed or
 /// granted; the tenant's next entry counts as its head. Expired entries stay queued
@@ -97,6 +109,8 @@ pub struct Discipline<T> {
     settings: DisciplineSettings,
     entries: HashMap<u64, Entry<T>>,
     bands: Vec<Band>,
+    /// Entries queued per kind.
+    kinds: HashMap<u64, usize>,
     next_seq: u64,
 }
 
@@ -121,6 +135,7 @@ impl<T> Discipline<T> {
             settings,
             entries: HashMap::new(),
             bands: (0..settings.bands).map(|_| Band::default()).collect(),
+            kinds: HashMap::new(),
             next_seq: 0,
         })
     }
@@ -130,9 +145,11 @@ impl<T> Discipline<T> {
         &self.settings
     }
 
-    /// Queues `item` at the back of `tenant`'s entries in `band`. A band at or beyond
-    /// the configured number of bands is clamped to the lowest-priority band; a weight
-    /// above [`MAX_WEIGHT`] is clamped to it.
+    /// Queues `item` of `kind` at the back of `tenant`'s entries in `band`. A band at
+    /// or beyond the configured number of bands is clamped to the lowest-priority band;
+    /// a weight above [`MAX_WEIGHT`] is clamped to it. Entries of one kind are ones the
+    /// same capacity would serve (the same buckets): when one cannot be served now,
+    /// neither can the others.
     ///
     /// # Errors
     /// [`Full`], with the item, when `capacity` entries already wait.
@@ -141,6 +158,7 @@ impl<T> Discipline<T> {
         band: u8,
         tenant: Arc<str>,
         weight: NonZeroU32,
+        kind: u64,
         deadline: Instant,
         item: T,
     ) -> Result<EntryId, Full<T>> {
@@ -150,13 +168,15 @@ impl<T> Discipline<T> {
         let band = band.min(self.settings.bands - 1);
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
-        self.bands[usize::from(band)].push(&tenant, seq);
+        self.bands[usize::from(band)].push(&tenant, seq, kind);
+        *self.kinds.entry(kind).or_default() += 1;
         self.entries.insert(
             seq,
             Entry {
                 band,
                 tenant,
                 weight: weight.get().min(MAX_WEIGHT),
+                kind,
                 deadline,
                 item,
             },
@@ -168,51 +188,87 @@ impl<T> Discipline<T> {
     /// passed). None when it is not queued.
     pub fn remove(&mut self, id: EntryId) -> Option<T> {
         let entry = self.entries.remove(&id.0)?;
+        self.forget_kind(entry.kind);
         let band = &mut self.bands[usize::from(entry.band)];
-        band.remove(&entry.tenant, id.0, self.settings.capacity);
+        band.remove(&entry.tenant, id.0, entry.kind, self.settings.capacity);
         if band.len() == 0 {
             band.skipped = 0;
         }
         Some(entry.item)
     }
 
-    /// The grant order, at most `limit` entries. Element 0 is the entry that goes next;
-    /// the others are alternatives to try when it cannot be served: the heads of the
-    /// other tenants of its band in fair order, then the other non-empty bands in
-    /// priority order, each band's tenant heads in fair order; then, when the heads
-    /// leave room, the entries behind each head in the same order of heads, each
-    /// tenant's in arrival order, so that a head no engine can take (its bucket is
-    /// full, others are not) does not hold back the entries queued behind it. A
-    /// tenant's entry is thus never listed before an earlier live one of the same
-    /// tenant and band. Entries whose deadline is at or before `now` are skipped.
+    /// Entries of `kind` queued, expired ones included.
+    pub fn kind_len(&self, kind: u64) -> usize {
+        self.kinds.get(&kind).copied().unwrap_or(0)
+    }
+
+    fn forget_kind(&mut self, kind: u64) {
+        if let Some(n) = self.kinds.get_mut(&kind) {
+            *n -= 1;
+            if *n == 0 {
+                self.kinds.remove(&kind);
+            }
+        }
+    }
+
+    /// The entries to offer capacity to, in order, at most `limit`, one of each kind:
+    /// element 0 goes next; the others are alternatives to try when it cannot be
+    /// served, each of a kind no earlier one has (an entry of a kind that could not be
+    /// served would not be either). The order walks the bands, starved ones first (in
+    /// priority order), then the others in priority order; within a band, the tenants'
+    /// heads in fair order, then for each of those tenants, in the same order, its
+    /// first entry of each other kind, in arrival order. So an entry whose bucket has
+    /// room is not held back by a head whose bucket is full, and a tenant's entry is
+    /// never listed before an earlier live one of the same kind, tenant and band. The
+    /// walk looks at most at [`SCAN_HEADS`] heads in a band; entries whose deadline is
+    /// at or before `now` are skipped.
     pub fn candidates(&self, now: Instant, limit: usize) -> Vec<EntryId> {
-        let mut out = Vec::with_capacity(limit.min(self.entries.len()));
+        let mut out: Vec<u64> = Vec::with_capacity(limit.min(self.kinds.len()));
+        let mut listed: Vec<u64> = Vec::new();
+        let all = self.kinds.len();
         let live = |seq: u64| self.entries.get(&seq).is_some_and(|e| e.deadline > now);
-        let starved = self.starved_band();
-        let rest = (0..self.bands.len()).filter(|&b| Some(b) != starved);
-        for b in starved.into_iter().chain(rest) {
-            if out.len() >= limit {
+        // Lists `seq` unless its kind is listed; whether to go on looking.
+        let offer = |seq: u64, out: &mut Vec<u64>, listed: &mut Vec<u64>| {
+            if let Some(entry) = self.entries.get(&seq)
+                && out.len() < limit
+                && !listed.contains(&entry.kind)
+            {
+                listed.push(entry.kind);
+                out.push(seq);
+            }
+            out.len() < limit && listed.len() < all
+        };
+        let starved = |b: usize| {
+            let band = &self.bands[b];
+            band.len() > 0 && band.skipped >= self.settings.starvation_limit
+        };
+        let bands = self.bands.len();
+        let order = (0..bands)
+            .filter(|&b| starved(b))
+            .chain((0..bands).filter(|&b| !starved(b) && self.bands[b].len() > 0));
+        let mut more = limit > 0 && all > 0;
+        for b in order {
+            if !more {
                 break;
             }
             let band = &self.bands[b];
-            if band.len() > 0 {
-                band.heads(limit, live, &mut out);
-            }
-        }
-        let heads = out.len();
-        for i in 0..heads {
-            if out.len() >= limit {
-                break;
-            }
-            let head = out[i];
-            if let Some(entry) = self.entries.get(&head) {
-                self.bands[usize::from(entry.band)].followers(
-                    &entry.tenant,
-                    head,
-                    limit,
-                    live,
-                    &mut out,
-                );
+            let mut heads = Vec::new();
+            band.heads(live, |seq| {
+                heads.push(seq);
+                more = offer(seq, &mut out, &mut listed);
+                more && heads.len() < SCAN_HEADS
+            });
+            for head in heads {
+                if !more {
+                    break;
+                }
+                let tenant = &self.entries[&head].tenant;
+                for seq in band.kind_heads(tenant, live) {
+                    more = offer(seq, &mut out, &mut listed);
+                    if !more {
+                        break;
+                    }
+                }
             }
         }
         out.into_iter().map(EntryId).collect()
@@ -228,7 +284,13 @@ impl<T> Discipline<T> {
         }
         let g = usize::from(entry.band);
         let entry = self.entries.remove(&id.0)?;
-        self.bands[g].grant(&entry.tenant, id.0, entry.weight, self.settings.capacity);
+        self.forget_kind(entry.kind);
+        let grant = Grant {
+            seq: id.0,
+            kind: entry.kind,
+            weight: entry.weight,
+        };
+        self.bands[g].grant(&entry.tenant, grant, self.settings.capacity);
         for band in &mut self.bands[g + 1..] {
             if band.len() > 0 {
                 band.skipped = band.skipped.saturating_add(1);
@@ -261,12 +323,5 @@ impl<T> Discipline<T> {
     /// configured ones.
     pub fn band_len(&self, band: u8) -> usize {
         self.bands.get(usize::from(band)).map_or(0, Band::len)
-    }
-
-    /// The highest-priority non-empty band whose starvation count reached the limit.
-    fn starved_band(&self) -> Option<usize> {
-        self.bands
-            .iter()
-            .position(|b| b.len() > 0 && b.skipped >= self.settings.starvation_limit)
     }
 }

@@ -4,7 +4,9 @@
 //! model's [`WaitingRoom`] and waits, up to a deadline, for capacity to free. Waiting
 //! requests are served in order of priority band (band 0 first, with a starvation
 //! bound for lower bands), then weighted fair share across tenants within a band, then
-//! arrival order within a tenant.
+//! arrival order within a tenant; a request of a kind (the buckets that could serve
+//! it) other than those ahead of it is offered capacity too, so a request whose
+//! buckets are full does not hold back one whose buckets have room.
 //!
 //! - [`Discipline`] is the queue discipline: a bounded, synchronous data structure that
 //!   says which waiting entry goes next and which ones to try instead when the first
@@ -30,7 +32,7 @@
 //!     discipline: DisciplineSettings { bands: 2, starvation_limit: 4, capacity: 64 },
 //!     tries_per_pass: 8,
 //! })?;
-//! let mut ticket = room.enter(0, "tenant-a".into(), NonZeroU32::MIN)?;
+//! let mut ticket = room.enter(0, "tenant-a".into(), NonZeroU32::MIN, 0)?;
 //! // Entering an idle room starts a pass: the only waiter holds the turn at once.
 //! ticket.turn().await?;
 //! // ... try the engines again; on success:

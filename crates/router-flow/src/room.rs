@@ -2,9 +2,9 @@
 //!
 //! Many request tasks wait in a model's room; one at a time holds the turn, the right
 //! to try the engines again. A pass offers the turn to the discipline's first
-//! `tries_per_pass` candidates in order; a capacity event starts a pass, or marks that
-//! another one must follow the pass in progress. Only the waiter given the turn is
-//! woken.
+//! `tries_per_pass` candidates in order (one of each kind); a capacity event starts a
+//! pass, or marks that another one must follow the pass in progress. Only the waiter
+//! given the turn is woken.
 
 mod drain;
 #[cfg(test)]
@@ -134,9 +134,13 @@ impl WaitingRoom {
     }
 
     /// Queues a request of `tenant` in priority `band` (clamped to the lowest band)
-    /// with fair-share `weight` (clamped to [`MAX_WEIGHT`](crate::MAX_WEIGHT)); it
-    /// expires `max_wait` from now. When no pass is in progress one starts at once: a
-    /// release may have raced the caller's failed attempt just before it entered.
+    /// with fair-share `weight` (clamped to [`MAX_WEIGHT`](crate::MAX_WEIGHT)) and of
+    /// `kind` (requests the same capacity serves, see
+    /// [`Discipline::push`](crate::Discipline::push)); it expires `max_wait` from now.
+    /// When no pass is in progress one starts at once: a release may have raced the
+    /// caller's failed attempt just before it entered. When one is, and nothing of
+    /// `kind` waits, another pass follows it: the pass may have tried only kinds that
+    /// cannot be served.
     ///
     /// # Errors
     /// [`Refused::Full`] when the room holds its capacity.
@@ -145,30 +149,36 @@ impl WaitingRoom {
         band: u8,
         tenant: Arc<str>,
         weight: NonZeroU32,
+        kind: u64,
     ) -> Result<Ticket, Refused> {
         let now = Instant::now();
         let deadline = now + self.settings.max_wait;
         let notify = Arc::new(Notify::new());
         let mut state = self.state.lock();
         let was_empty = state.discipline.is_empty();
-        let id = match state
-            .discipline
-            .push(band, tenant, weight, deadline, Arc::clone(&notify))
-        {
-            Ok(id) => id,
-            Err(Full(_)) => {
-                let retry_after =
-                    state
-                        .drain
-                        .retry_after(state.discipline.len(), self.settings.max_wait, now);
-                return Err(Refused::Full { retry_after });
-            }
-        };
+        let new_kind = state.discipline.kind_len(kind) == 0;
+        let id =
+            match state
+                .discipline
+                .push(band, tenant, weight, kind, deadline, Arc::clone(&notify))
+            {
+                Ok(id) => id,
+                Err(Full(_)) => {
+                    let retry_after = state.drain.retry_after(
+                        state.discipline.len(),
+                        self.settings.max_wait,
+                        now,
+                    );
+                    return Err(Refused::Full { retry_after });
+                }
+            };
         if was_empty {
             state.drain.backlogged(now);
         }
         if state.turn.is_none() {
             state.start_pass(now, self.settings.tries_per_pass);
+        } else if new_kind {
+            state.event = true;
         }
         self.len.store(state.discipline.len(), Ordering::Release);
         drop(state);

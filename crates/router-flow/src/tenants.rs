@@ -42,9 +42,10 @@ struct Counts {
 ///
 /// Checking a cap and counting the request is one step under a lock, so a tenant's
 /// count never exceeds its cap under any concurrency. A tenant with nothing in flight
-/// is forgotten. At most `max_tracked` tenants are counted by name, besides the ones
-/// the ledger was told to [always name](Self::always_naming) (those with a cap of
-/// their own in the configuration); while that many are tracked, a new tenant is
+/// is forgotten. At most `max_tracked` tenants are counted by name, the ones the
+/// ledger was told to [always name](Self::always_naming) (those with a cap of their
+/// own in the configuration) among them and counted even beyond it; while that many
+/// are tracked, a new tenant is
 /// counted under the shared overflow entry ([`OVERFLOW_TENANT`]) and its cap is not
 /// applied (the overflow entry has no cap), so memory stays bounded whatever the
 /// number of tenants.
@@ -127,7 +128,8 @@ impl TenantLedger {
         self.counts.lock().overflow
     }
 
-    /// Tenants counted by name; at most `max_tracked`.
+    /// Tenants counted by name; at most `max_tracked`, or more with tenants the ledger
+    /// always names.
     pub fn tracked(&self) -> usize {
         self.counts.lock().named.len()
     }

@@ -14,12 +14,15 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_buckets::{SelectError, Selection};
+use std::hash::{Hash, Hasher};
+
+use router_buckets::{BucketResolver, SelectError, Selection};
 use router_config::{FlowConfig, MAX_TENANT_BYTES};
 use router_flow::{
     DisciplineSettings, Expired, LedgerSettings, Refused, RoomSettings, TenantGuard, TenantLedger,
     WaitingRoom,
 };
+use router_policy::RequestFacts;
 
 use crate::error::ApiError;
 pub(crate) use class::Class;
@@ -149,7 +152,14 @@ impl ModelFlow {
     /// queue is empty, and again in the queue whenever its turn comes while every
     /// fitting bucket is full, until it gets a selection, fails otherwise, or waits
     /// past its deadline. A request dropped while it waits leaves the queue at once.
-    pub(crate) async fn select<F, Fut>(&self, class: &Class, select: F) -> Result<Admitted, Refusal>
+    /// `kind` says, when it enters the queue, which requests the same capacity would
+    /// serve ([`kind`]).
+    pub(crate) async fn select<F, Fut>(
+        &self,
+        class: &Class,
+        kind: impl FnOnce() -> u64,
+        select: F,
+    ) -> Result<Admitted, Refusal>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Selection, SelectError>>,
@@ -167,7 +177,7 @@ impl ModelFlow {
             }
         }
         let weight = self.weight(&class.tenant);
-        let mut ticket = match room.enter(class.band, Arc::clone(&class.tenant), weight) {
+        let mut ticket = match room.enter(class.band, Arc::clone(&class.tenant), weight, kind()) {
             Ok(ticket) => ticket,
             Err(Refused::Full { retry_after }) => return Err(Refusal::Full { retry_after, last }),
         };
@@ -278,6 +288,21 @@ fn direct(selected: Result<Selection, SelectError>) -> Result<Admitted, Refusal>
             waited: None,
         })
         .map_err(Refusal::Select)
+}
+
+/// A request's kind in the queue: the buckets it fits, in order, and the adapter it
+/// needs, hashed. Requests of one kind find the same engines full; the queue offers
+/// capacity to one of each kind per pass, so a request whose buckets are full does not
+/// hold back one whose buckets have room.
+pub(crate) fn kind(resolver: &BucketResolver, request: &RequestFacts<'_>) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    if let Ok(buckets) = resolver.resolve(request.input_tokens, request.expected_peak_tokens) {
+        for bucket in buckets {
+            bucket.id().hash(&mut hasher);
+        }
+    }
+    request.adapter.hash(&mut hasher);
+    hasher.finish()
 }
 
 #[cfg(test)]

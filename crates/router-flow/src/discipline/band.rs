@@ -10,12 +10,34 @@ use std::sync::Arc;
 /// six significant digits.
 pub(super) const SCALE: u64 = 1_000_000_000;
 
-/// The entries of one tenant in one band, in arrival order (sequence numbers).
+/// The entries of one tenant in one band, in arrival order (sequence numbers), and
+/// by kind.
 #[derive(Debug)]
 struct TenantQueue {
     /// Start tag of the tenant's head entry.
     start: u64,
     seqs: BTreeSet<u64>,
+    kinds: HashMap<u64, BTreeSet<u64>>,
+}
+
+impl TenantQueue {
+    fn insert(&mut self, seq: u64, kind: u64) {
+        self.seqs.insert(seq);
+        self.kinds.entry(kind).or_default().insert(seq);
+    }
+
+    fn remove(&mut self, seq: u64, kind: u64) -> bool {
+        if !self.seqs.remove(&seq) {
+            return false;
+        }
+        if let Some(of_kind) = self.kinds.get_mut(&kind) {
+            of_kind.remove(&seq);
+            if of_kind.is_empty() {
+                self.kinds.remove(&kind);
+            }
+        }
+        true
+    }
 }
 
 /// The waiting entries of one priority band, by tenant, in fair order.
@@ -38,42 +60,57 @@ pub(super) struct Band {
     idle_order: BTreeSet<(u64, Arc<str>)>,
 }
 
+/// One grant, as the band charges it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grant {
+    pub(super) seq: u64,
+    pub(super) kind: u64,
+    pub(super) weight: u32,
+}
+
 impl Band {
     /// Entries waiting in the band.
     pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    /// Adds entry `seq` at the back of `tenant`'s queue. A tenant that becomes
-    /// backlogged starts at `max(vclock, its remembered finish tag)`.
-    pub(super) fn push(&mut self, tenant: &Arc<str>, seq: u64) {
+    /// Adds entry `seq` of `kind` at the back of `tenant`'s queue. A tenant that
+    /// becomes backlogged starts at `max(vclock, its remembered finish tag)`.
+    pub(super) fn push(&mut self, tenant: &Arc<str>, seq: u64, kind: u64) {
         self.len += 1;
         if let Some(queue) = self.tenants.get_mut(tenant) {
-            queue.seqs.insert(seq);
+            queue.insert(seq, kind);
             return;
         }
         let finish = self.forget_idle(tenant).unwrap_or(0);
         let start = self.vclock.max(finish);
         self.order.insert((start, seq, Arc::clone(tenant)));
-        self.tenants.insert(
-            Arc::clone(tenant),
-            TenantQueue {
-                start,
-                seqs: BTreeSet::from([seq]),
-            },
-        );
+        let mut queue = TenantQueue {
+            start,
+            seqs: BTreeSet::new(),
+            kinds: HashMap::new(),
+        };
+        queue.insert(seq, kind);
+        self.tenants.insert(Arc::clone(tenant), queue);
     }
 
-    /// Removes entry `seq` of `tenant` without charging anything. A tenant left idle
-    /// remembers its start tag as its finish tag. False when the entry is not here.
-    pub(super) fn remove(&mut self, tenant: &Arc<str>, seq: u64, idle_cap: usize) -> bool {
+    /// Removes entry `seq` (of `kind`) of `tenant` without charging anything. A tenant
+    /// left idle remembers its start tag as its finish tag. False when the entry is not
+    /// here.
+    pub(super) fn remove(
+        &mut self,
+        tenant: &Arc<str>,
+        seq: u64,
+        kind: u64,
+        idle_cap: usize,
+    ) -> bool {
         let Some(queue) = self.tenants.get_mut(tenant) else {
             return false;
         };
         let Some(&head) = queue.seqs.first() else {
             return false;
         };
-        if !queue.seqs.remove(&seq) {
+        if !queue.remove(seq, kind) {
             return false;
         }
         self.len -= 1;
@@ -93,16 +130,18 @@ impl Band {
         true
     }
 
-    /// Grants entry `seq` of `tenant` (its head, or an entry behind it): the virtual clock moves to the tenant's start tag (never back) and
+    /// Grants entry `grant.seq` of `tenant` (its head, or an entry of another kind
+    /// behind it): the virtual clock moves to the tenant's start tag (never back) and
     /// the tenant's next head starts `SCALE / weight` later.
-    pub(super) fn grant(&mut self, tenant: &Arc<str>, seq: u64, weight: u32, idle_cap: usize) {
+    pub(super) fn grant(&mut self, tenant: &Arc<str>, grant: Grant, idle_cap: usize) {
+        let Grant { seq, kind, weight } = grant;
         let Some(queue) = self.tenants.get_mut(tenant) else {
             return;
         };
         let Some(&head) = queue.seqs.first() else {
             return;
         };
-        if !queue.seqs.remove(&seq) {
+        if !queue.remove(seq, kind) {
             return;
         }
         self.len -= 1;
@@ -135,16 +174,13 @@ impl Band {
             .find(|&seq| live(seq))
     }
 
-    /// Appends the live heads of the band's tenants in fair order (smallest start tag,
-    /// then earliest live head) to `out`, until `out` holds `limit` entries.
-    pub(super) fn heads(&self, limit: usize, live: impl Fn(u64) -> bool, out: &mut Vec<u64>) {
+    /// Visits the live heads of the band's tenants in fair order (smallest start tag,
+    /// then earliest live head) until `visit` returns false.
+    pub(super) fn heads(&self, live: impl Fn(u64) -> bool, mut visit: impl FnMut(u64) -> bool) {
         // Tenants whose stored head is dead, keyed by their live head: their key only
         // grows, so merging them into the ordered walk keeps the order exact.
         let mut displaced = BinaryHeap::new();
         for (start, head, tenant) in &self.order {
-            if out.len() >= limit {
-                return;
-            }
             let Some(live_head) = self.live_head(tenant, &live) else {
                 continue;
             };
@@ -153,46 +189,37 @@ impl Band {
                 continue;
             }
             while let Some(&Reverse(key)) = displaced.peek() {
-                if key >= (*start, *head) || out.len() >= limit {
+                if key >= (*start, *head) {
                     break;
                 }
                 displaced.pop();
-                out.push(key.1);
+                if !visit(key.1) {
+                    return;
+                }
             }
-            if out.len() < limit {
-                out.push(live_head);
+            if !visit(live_head) {
+                return;
             }
         }
-        while out.len() < limit {
-            let Some(Reverse((_, seq))) = displaced.pop() else {
+        while let Some(Reverse((_, seq))) = displaced.pop() {
+            if !visit(seq) {
                 return;
-            };
-            out.push(seq);
+            }
         }
     }
 
-    /// Appends `tenant`'s live entries after `head` in arrival order to `out`, until
-    /// `out` holds `limit` entries.
-    pub(super) fn followers(
-        &self,
-        tenant: &str,
-        head: u64,
-        limit: usize,
-        live: impl Fn(u64) -> bool,
-        out: &mut Vec<u64>,
-    ) {
+    /// The first live entry of each kind of `tenant`'s, in arrival order.
+    pub(super) fn kind_heads(&self, tenant: &str, live: impl Fn(u64) -> bool) -> Vec<u64> {
         let Some(queue) = self.tenants.get(tenant) else {
-            return;
+            return Vec::new();
         };
-        let room = limit.saturating_sub(out.len());
-        out.extend(
-            queue
-                .seqs
-                .range(head.saturating_add(1)..)
-                .copied()
-                .filter(|&seq| live(seq))
-                .take(room),
-        );
+        let mut heads: Vec<u64> = queue
+            .kinds
+            .values()
+            .filter_map(|of_kind| of_kind.iter().copied().find(|&seq| live(seq)))
+            .collect();
+        heads.sort_unstable();
+        heads
     }
 
     /// Takes `tenant`'s remembered finish tag, if any.

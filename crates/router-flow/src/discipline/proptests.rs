@@ -21,6 +21,7 @@ enum Op {
         band: u8,
         tenant: usize,
         weight: u32,
+        kind: u64,
         ttl: u64,
     },
     Remove {
@@ -39,8 +40,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..4u8, 0..TENANTS.len(), 1..=4u32, 1..40u64)
-            .prop_map(|(band, tenant, weight, ttl)| Op::Push { band, tenant, weight, ttl }),
+        4 => (0..4u8, 0..TENANTS.len(), 1..=4u32, 0..3u64, 1..40u64)
+            .prop_map(|(band, tenant, weight, kind, ttl)| Op::Push { band, tenant, weight, kind, ttl }),
         1 => any::<usize>().prop_map(|pick| Op::Remove { pick }),
         3 => (0..4usize).prop_map(|k| Op::Grant { k }),
         1 => any::<usize>().prop_map(|pick| Op::GrantAny { pick }),
@@ -62,6 +63,7 @@ struct Pushed {
     id: EntryId,
     band: u8,
     tenant: usize,
+    kind: u64,
     deadline: Instant,
 }
 
@@ -84,7 +86,8 @@ proptest! {
 
     /// Random pushes, removals, grants and time: the discipline lists and grants
     /// exactly what the plain rules say, loses nothing, never serves an expired entry,
-    /// and never offers an entry before an earlier live one of its tenant and band.
+    /// never offers an entry before an earlier live one of its tenant, band and kind,
+    /// and offers one entry of each kind.
     #[test]
     fn agrees_with_the_plain_rules(settings in settings(), ops in proptest::collection::vec(op(), 1..120)) {
         let base = Instant::now();
@@ -97,19 +100,19 @@ proptest! {
 
         for op in ops {
             match op {
-                Op::Push { band, tenant, weight, ttl } => {
+                Op::Push { band, tenant, weight, kind, ttl } => {
                     let item = fates.len();
                     let deadline = tick(now, ttl);
                     let w = NonZeroU32::new(weight).unwrap();
-                    let ours = d.push(band, TENANTS[tenant].into(), w, deadline, item);
-                    let theirs = r.push(band, TENANTS[tenant], weight, deadline);
+                    let ours = d.push(band, TENANTS[tenant].into(), w, kind, deadline, item);
+                    let theirs = r.push(band, TENANTS[tenant], weight, kind, deadline);
                     match (ours, theirs) {
                         (Ok(id), Some(seq)) => {
                             prop_assert_eq!(id, EntryId(seq));
                             fates.push(Fate::Queued);
                             by_seq.insert(id, item);
                             let band = band.min(settings.bands - 1);
-                            queued.push(Pushed { id, band, tenant, deadline });
+                            queued.push(Pushed { id, band, tenant, kind, deadline });
                         }
                         (Err(Full(back)), None) => {
                             prop_assert_eq!(back, item);
@@ -132,14 +135,12 @@ proptest! {
                     let Some(&id) = list.get(k) else { continue; };
                     let p = queued.iter().position(|p| p.id == id).unwrap();
                     let p = queued.remove(p);
-                    // Arrival order within tenant and band: every earlier live entry
-                    // of the same tenant and band was offered before this one.
-                    for q in queued.iter().filter(|q| q.band == p.band && q.tenant == p.tenant && q.id < p.id && q.deadline > now) {
-                        prop_assert!(list[..k].contains(&q.id), "{:?} offered before {:?}", id, q.id);
-                    }
-                    if k == 0 {
-                        prop_assert!(!queued.iter().any(|q| q.band == p.band && q.tenant == p.tenant && q.id < p.id && q.deadline > now));
-                    }
+                    // Arrival order within tenant, band and kind: nothing earlier of
+                    // the same tenant, band and kind is still live.
+                    prop_assert!(!queued.iter().any(|q| q.band == p.band && q.tenant == p.tenant && q.kind == p.kind && q.id < p.id && q.deadline > now));
+                    // One entry of each kind is offered.
+                    let kinds: Vec<u64> = list.iter().map(|c| queued.iter().chain([&p]).find(|q| q.id == *c).unwrap().kind).collect();
+                    prop_assert!(kinds.iter().enumerate().all(|(i, k)| !kinds[..i].contains(k)));
                     prop_assert!(p.deadline > now);
                     prop_assert!(r.grant(id.0, now));
                     prop_assert_eq!(d.grant(id, now), Some(by_seq[&id]));
@@ -198,7 +199,7 @@ proptest! {
         let mut d: Discipline<usize> = Discipline::new(settings).unwrap();
         for (t, &w) in weights.iter().enumerate() {
             for _ in 0..backlog[t] {
-                d.push(0, TENANTS[t].into(), NonZeroU32::new(w).unwrap(), far, t).unwrap();
+                d.push(0, TENANTS[t].into(), NonZeroU32::new(w).unwrap(), 0, far, t).unwrap();
             }
         }
         let quantum: Vec<u64> = weights.iter().map(|&w| SCALE / u64::from(w)).collect();
@@ -208,7 +209,7 @@ proptest! {
             let id = d.candidates(now, 1)[0];
             let t = d.grant(id, now).unwrap();
             served[t] += 1;
-            d.push(0, TENANTS[t].into(), NonZeroU32::new(weights[t]).unwrap(), far, t).unwrap();
+            d.push(0, TENANTS[t].into(), NonZeroU32::new(weights[t]).unwrap(), 0, far, t).unwrap();
             for a in 0..weights.len() {
                 for b in 0..weights.len() {
                     let gap = (served[a] * quantum[a]).abs_diff(served[b] * quantum[b]);
@@ -235,7 +236,7 @@ proptest! {
         for (push, band) in ops {
             let band = band.min(bands - 1);
             if push {
-                let _ = d.push(band, "t".into(), NonZeroU32::MIN, far, band);
+                let _ = d.push(band, "t".into(), NonZeroU32::MIN, 0, far, band);
                 continue;
             }
             let Some(&id) = d.candidates(now, 1).first() else { continue; };
@@ -247,6 +248,51 @@ proptest! {
                     prop_assert!(waited[usize::from(b)] <= limit + u32::from(b));
                 } else {
                     waited[usize::from(b)] = 0;
+                }
+            }
+        }
+    }
+
+    /// Entries of two kinds in several bands; at each grant only some kinds can be
+    /// served, and the grant takes the first candidate of a kind that can. While a
+    /// band holds an entry of a kind that can be served, at most
+    /// `starvation_limit + band` grants in a row go to more urgent bands.
+    #[test]
+    fn starvation_is_bounded_when_some_kinds_cannot_be_served(
+        bands in 2..=4u8,
+        limit in 1..=3u32,
+        ops in proptest::collection::vec((any::<bool>(), 0..4u8, 0..2u64, 0..3u8), 1..300),
+    ) {
+        let far = Instant::now() + Duration::from_secs(3600);
+        let settings = DisciplineSettings { bands, starvation_limit: limit, capacity: 32 };
+        let mut d: Discipline<(u8, u64)> = Discipline::new(settings).unwrap();
+        let mut queued: Vec<(EntryId, u8, u64)> = Vec::new();
+        let mut streak = vec![0u32; usize::from(bands)];
+        let now = Instant::now();
+        for (push, band, kind, servable) in ops {
+            let band = band.min(bands - 1);
+            if push {
+                if let Ok(id) = d.push(band, "t".into(), NonZeroU32::MIN, kind, far, (band, kind)) {
+                    queued.push((id, band, kind));
+                }
+                continue;
+            }
+            // 0: only kind 0 can be served, 1: only kind 1, 2: both.
+            let can = |k: u64| servable == 2 || u64::from(servable) == k;
+            let list = d.candidates(now, usize::MAX);
+            let Some(&id) = list.iter().find(|id| can(d.get(**id).unwrap().1)) else { continue; };
+            let (g, _) = d.grant(id, now).unwrap();
+            let waiting: Vec<bool> = (0..bands)
+                .map(|b| queued.iter().any(|&(q, qb, qk)| q != id && qb == b && can(qk)))
+                .collect();
+            queued.retain(|&(q, _, _)| q != id);
+            streak[usize::from(g)] = 0;
+            for b in g + 1..bands {
+                if waiting[usize::from(b)] {
+                    streak[usize::from(b)] += 1;
+                    prop_assert!(streak[usize::from(b)] <= limit + u32::from(b), "band {} waited {}", b, streak[usize::from(b)]);
+                } else {
+                    streak[usize::from(b)] = 0;
                 }
             }
         }

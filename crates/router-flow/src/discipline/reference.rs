@@ -14,6 +14,7 @@ pub(super) struct RefEntry {
     pub(super) band: usize,
     pub(super) tenant: String,
     pub(super) weight: u32,
+    pub(super) kind: u64,
     pub(super) deadline: Instant,
 }
 
@@ -65,6 +66,7 @@ impl Reference {
         band: u8,
         tenant: &str,
         weight: u32,
+        kind: u64,
         deadline: Instant,
     ) -> Option<u64> {
         if self.entries.len() >= self.capacity {
@@ -83,6 +85,7 @@ impl Reference {
             band,
             tenant: tenant.to_owned(),
             weight: weight.min(super::MAX_WEIGHT),
+            kind,
             deadline,
         });
         Some(seq)
@@ -120,32 +123,35 @@ impl Reference {
         let nonempty: Vec<usize> = (0..self.bands.len())
             .filter(|&b| self.band_len(b) > 0)
             .collect();
-        let starved = nonempty
-            .iter()
-            .copied()
-            .find(|&b| self.bands[b].skipped >= self.starvation_limit);
-        let mut order: Vec<usize> = starved.into_iter().collect();
-        order.extend(nonempty.iter().copied().filter(|&b| Some(b) != starved));
-        let mut heads = Vec::new();
+        let starved = |b: &usize| self.bands[*b].skipped >= self.starvation_limit;
+        let mut order: Vec<usize> = nonempty.iter().copied().filter(starved).collect();
+        order.extend(nonempty.iter().copied().filter(|b| !starved(b)));
+        let mut walk = Vec::new();
         for b in order {
-            let mut band: Vec<(u64, u64, String)> = self.bands[b]
+            let mut heads: Vec<(u64, u64, String)> = self.bands[b]
                 .start
                 .iter()
                 .filter_map(|(t, &s)| self.live_head(b, t, now).map(|h| (s, h, t.clone())))
                 .collect();
-            band.sort_unstable();
-            heads.extend(band.into_iter().map(|(_, h, t)| (b, h, t)));
+            heads.sort_unstable();
+            walk.extend(heads.iter().map(|(_, h, _)| *h));
+            for (_, _, tenant) in &heads {
+                walk.extend(
+                    self.entries
+                        .iter()
+                        .filter(|e| e.band == b && &e.tenant == tenant && e.deadline > now)
+                        .map(|e| e.seq),
+                );
+            }
         }
-        let mut out: Vec<u64> = heads.iter().map(|(_, h, _)| *h).collect();
-        for (b, head, tenant) in &heads {
-            out.extend(
-                self.entries
-                    .iter()
-                    .filter(|e| {
-                        e.band == *b && &e.tenant == tenant && e.seq > *head && e.deadline > now
-                    })
-                    .map(|e| e.seq),
-            );
+        let mut kinds = Vec::new();
+        let mut out = Vec::new();
+        for seq in walk {
+            let kind = self.entries.iter().find(|e| e.seq == seq).unwrap().kind;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+                out.push(seq);
+            }
         }
         out.truncate(limit);
         out

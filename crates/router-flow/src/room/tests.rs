@@ -34,19 +34,27 @@ const MINUTE: Duration = Duration::from_secs(60);
 #[tokio::test(start_paused = true)]
 async fn the_turn_follows_the_discipline() {
     let room = room(2, 16, MINUTE, 8);
-    let mut a1 = room.enter(1, "a".into(), one()).unwrap();
+    let mut a1 = room.enter(1, "a".into(), one(), 1).unwrap();
     // Entering an idle room starts a pass: a1 holds the turn at once.
     a1.turn().await.unwrap();
-    let mut b1 = room.enter(0, "b".into(), one()).unwrap();
-    let mut b2 = room.enter(0, "b".into(), one()).unwrap();
-    let mut c1 = room.enter(0, "c".into(), one()).unwrap();
+    let mut b1 = room.enter(0, "b".into(), one(), 2).unwrap();
+    let mut b2 = room.enter(0, "b".into(), one(), 2).unwrap();
+    let mut c1 = room.enter(0, "c".into(), one(), 3).unwrap();
     assert!(!b1.holds_turn());
     a1.failed();
-    // The pass held only a1 and no capacity event came: the room waits.
+    // b and c came during the pass, of kinds nothing waiting had: a pass follows, in
+    // the discipline's order (band 0 in fair order, then band 1).
+    b1.turn().await.unwrap();
+    b1.failed();
+    c1.turn().await.unwrap();
+    c1.failed();
+    a1.turn().await.unwrap();
+    a1.failed();
+    // No capacity event came since: the room waits.
     assert!(!a1.holds_turn() && !b1.holds_turn() && !c1.holds_turn());
 
-    // A pass offers the turn to tenant heads: band 0 in fair order, then band 1;
-    // then to the entries behind the heads.
+    // A pass offers the turn to one entry of each kind (here, each tenant's): band 0
+    // in fair order, then band 1.
     room.capacity_freed();
     b1.turn().await.unwrap();
     b1.failed();
@@ -55,8 +63,6 @@ async fn the_turn_follows_the_discipline() {
     c1.failed();
     a1.turn().await.unwrap();
     a1.failed();
-    b2.turn().await.unwrap();
-    b2.failed();
     assert!(!b1.holds_turn() && !c1.holds_turn() && !a1.holds_turn() && !b2.holds_turn());
 
     room.capacity_freed();
@@ -74,26 +80,58 @@ async fn the_turn_follows_the_discipline() {
     assert!(room.is_empty());
 }
 
+// A request of a kind nothing else waiting has, entering while a pass is in progress,
+// gets a pass of its own after it: the pass may have tried only kinds that cannot be
+// served. One of a kind already waiting does not.
+#[tokio::test(start_paused = true)]
+async fn a_new_kind_arriving_during_a_pass_gets_a_pass() {
+    let room = room(1, 16, MINUTE, 8);
+    let mut stuck = room.enter(0, "t".into(), one(), 1).unwrap();
+    stuck.turn().await.unwrap();
+    let same = room.enter(0, "t".into(), one(), 1).unwrap();
+    let mut other = room.enter(0, "t".into(), one(), 2).unwrap();
+    stuck.failed();
+    // The pass that follows offers the head of each kind: stuck first, then other.
+    stuck.turn().await.unwrap();
+    stuck.failed();
+    other.turn().await.unwrap();
+    other.failed();
+    assert!(!stuck.holds_turn() && !same.holds_turn() && !other.holds_turn());
+    let mut again = room.enter(0, "t".into(), one(), 2).unwrap();
+    assert!(!again.holds_turn(), "a kind already waiting starts no pass");
+    room.capacity_freed();
+    stuck.turn().await.unwrap();
+    stuck.failed();
+    other.turn().await.unwrap();
+    other.admitted();
+    stuck.turn().await.unwrap();
+    stuck.failed();
+    again.turn().await.unwrap();
+    again.admitted();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pass_tries_at_most_tries_per_pass_waiters() {
     let room = room(1, 16, MINUTE, 2);
-    let mut a = room.enter(0, "a".into(), one()).unwrap();
+    let mut a = room.enter(0, "a".into(), one(), 1).unwrap();
     a.turn().await.unwrap();
     a.failed();
-    let mut b = room.enter(0, "b".into(), one()).unwrap();
-    let c = room.enter(0, "c".into(), one()).unwrap();
-    // b's entry started a pass of [a, b].
-    a.turn().await.unwrap();
-    a.failed();
-    b.turn().await.unwrap();
-    b.failed();
-    assert!(!c.holds_turn() && !a.holds_turn());
+    let mut b = room.enter(0, "b".into(), one(), 2).unwrap();
+    // b's entry started a pass of [a, b]; c's, of a third kind, one more after it.
+    let c = room.enter(0, "c".into(), one(), 3).unwrap();
+    for _ in 0..2 {
+        a.turn().await.unwrap();
+        a.failed();
+        b.turn().await.unwrap();
+        b.failed();
+    }
+    assert!(!c.holds_turn() && !a.holds_turn() && !b.holds_turn());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_capacity_event_wakes_the_head_again() {
     let room = room(1, 16, MINUTE, 8);
-    let mut ticket = room.enter(0, "a".into(), one()).unwrap();
+    let mut ticket = room.enter(0, "a".into(), one(), 1).unwrap();
     ticket.turn().await.unwrap();
     ticket.failed();
     let waiter = tokio::spawn(async move { ticket.turn().await.map(|()| ticket) });
@@ -107,7 +145,7 @@ async fn a_capacity_event_wakes_the_head_again() {
 #[tokio::test(start_paused = true)]
 async fn an_event_during_a_pass_starts_another() {
     let room = room(1, 16, MINUTE, 8);
-    let mut ticket = room.enter(0, "a".into(), one()).unwrap();
+    let mut ticket = room.enter(0, "a".into(), one(), 1).unwrap();
     ticket.turn().await.unwrap();
     room.capacity_freed();
     ticket.failed();
@@ -120,8 +158,8 @@ async fn an_event_during_a_pass_starts_another() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_holder_passes_the_turn_on() {
     let room = room(1, 16, MINUTE, 8);
-    let holder = room.enter(0, "a".into(), one()).unwrap();
-    let mut next = room.enter(0, "b".into(), one()).unwrap();
+    let holder = room.enter(0, "a".into(), one(), 1).unwrap();
+    let mut next = room.enter(0, "b".into(), one(), 2).unwrap();
     room.capacity_freed();
     assert!(holder.holds_turn());
     // A wait given up on (the future dropped) leaves the ticket queued.
@@ -141,8 +179,8 @@ async fn dropping_the_holder_passes_the_turn_on() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_waiter_that_is_not_the_holder_leaves_at_once() {
     let room = room(1, 16, MINUTE, 8);
-    let holder = room.enter(0, "a".into(), one()).unwrap();
-    let waiter = room.enter(0, "a".into(), one()).unwrap();
+    let holder = room.enter(0, "a".into(), one(), 1).unwrap();
+    let waiter = room.enter(0, "a".into(), one(), 1).unwrap();
     assert_eq!(room.depth(), [2]);
     drop(waiter);
     assert_eq!(room.depth(), [1]);
@@ -152,9 +190,9 @@ async fn a_dropped_waiter_that_is_not_the_holder_leaves_at_once() {
 #[tokio::test(start_paused = true)]
 async fn the_deadline_expires_the_entry() {
     let room = room(1, 16, Duration::from_secs(5), 8);
-    let mut holder = room.enter(0, "a".into(), one()).unwrap();
+    let mut holder = room.enter(0, "a".into(), one(), 1).unwrap();
     advance(Duration::from_secs(1)).await;
-    let mut waiter = room.enter(0, "b".into(), one()).unwrap();
+    let mut waiter = room.enter(0, "b".into(), one(), 2).unwrap();
     room.capacity_freed();
     // The holder's deadline passes while it holds the turn: it expires and the
     // capacity event that came meanwhile gives the turn to the waiter.
@@ -191,7 +229,7 @@ async fn capacity_freed_on_an_empty_room_takes_no_lock() {
     }
     assert!(room.is_empty());
     assert_eq!(room.depth(), [0, 0]);
-    let ticket = room.enter(1, "a".into(), one()).unwrap();
+    let ticket = room.enter(1, "a".into(), one(), 1).unwrap();
     assert!(ticket.holds_turn());
     assert_eq!(room.depth(), [0, 1]);
 }
@@ -199,9 +237,9 @@ async fn capacity_freed_on_an_empty_room_takes_no_lock() {
 #[tokio::test(start_paused = true)]
 async fn a_full_room_refuses_with_a_retry_hint() {
     let room = room(1, 2, Duration::from_millis(2500), 8);
-    let _a = room.enter(0, "a".into(), one()).unwrap();
-    let _b = room.enter(0, "b".into(), one()).unwrap();
-    let refused = room.enter(0, "c".into(), one()).unwrap_err();
+    let _a = room.enter(0, "a".into(), one(), 1).unwrap();
+    let _b = room.enter(0, "b".into(), one(), 2).unwrap();
+    let refused = room.enter(0, "c".into(), one(), 3).unwrap_err();
     assert_eq!(
         refused,
         Refused::Full {
@@ -221,7 +259,7 @@ async fn retry_after_follows_the_drain_rate() {
     .unwrap();
     assert_eq!(room.retry_after(), Duration::from_secs(60));
     let mut tickets: Vec<_> = (0..10)
-        .map(|_| room.enter(0, "a".into(), one()).unwrap())
+        .map(|_| room.enter(0, "a".into(), one(), 1).unwrap())
         .collect();
     tickets.reverse();
     for _ in 0..4 {
@@ -233,7 +271,7 @@ async fn retry_after_follows_the_drain_rate() {
     // One grant every 2 s, 6 waiting: 12 s.
     assert_eq!(room.retry_after(), Duration::from_secs(12));
     let more: Vec<_> = (0..30)
-        .map(|_| room.enter(0, "b".into(), one()).unwrap())
+        .map(|_| room.enter(0, "b".into(), one(), 2).unwrap())
         .collect();
     assert_eq!(room.retry_after(), Duration::from_secs(60));
     drop((tickets, more));
@@ -289,7 +327,7 @@ async fn a_burst_drains_in_order_as_slots_free() {
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let (done, mut admissions) = mpsc::unbounded_channel();
     let tickets: Vec<_> = (0..WAITERS)
-        .map(|_| room.enter(0, "t".into(), one()).unwrap())
+        .map(|_| room.enter(0, "t".into(), one(), 0).unwrap())
         .collect();
     for (i, mut ticket) in tickets.into_iter().enumerate() {
         let (pool, order, done) = (Arc::clone(&pool), Arc::clone(&order), done.clone());
@@ -332,7 +370,7 @@ async fn concurrent_waiters_of_many_tenants_are_all_served_once() {
         tokio::spawn(async move {
             let band = u8::try_from(i % 3).unwrap();
             let tenant: Arc<str> = format!("tenant-{}", i % 5).into();
-            let mut ticket = room.enter(band, tenant, one()).unwrap();
+            let mut ticket = room.enter(band, tenant, one(), 0).unwrap();
             loop {
                 ticket.turn().await.unwrap();
                 if let Ok(permit) = pool.try_acquire() {

@@ -115,8 +115,7 @@ impl Ticket {
     /// long it waited.
     ///
     /// A ticket that does not hold the turn (its request found capacity on its own)
-    /// may be admitted too: it is charged if it is its tenant's head, else simply
-    /// removed, and the pass in progress goes on.
+    /// may be admitted too: it is charged alike, and the pass in progress goes on.
     pub fn admitted(mut self) -> Duration {
         let now = Instant::now();
         if !self.done {

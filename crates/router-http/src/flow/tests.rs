@@ -129,10 +129,14 @@ async fn without_a_queue_a_full_fleet_is_refused_at_once() {
     let class = flow.classify(&HeaderMap::new(), None).unwrap();
     let tries = AtomicUsize::new(0);
     let refused = flow
-        .select(&class, || async {
-            tries.fetch_add(1, Ordering::SeqCst);
-            Err(full())
-        })
+        .select(
+            &class,
+            || 0,
+            || async {
+                tries.fetch_add(1, Ordering::SeqCst);
+                Err(full())
+            },
+        )
         .await
         .unwrap_err();
     assert!(matches!(
@@ -151,10 +155,14 @@ async fn a_queued_request_tries_again_on_each_capacity_event_until_its_deadline(
     let task = tokio::spawn({
         let (flow, tries) = (Arc::clone(&flow), Arc::clone(&tries));
         async move {
-            flow.select(&class, || {
-                tries.fetch_add(1, Ordering::SeqCst);
-                async { Err::<Selection, _>(full()) }
-            })
+            flow.select(
+                &class,
+                || 0,
+                || {
+                    tries.fetch_add(1, Ordering::SeqCst);
+                    async { Err::<Selection, _>(full()) }
+                },
+            )
             .await
         }
     });
@@ -200,16 +208,20 @@ async fn an_attempt_that_drops_its_own_reservation_does_not_wake_the_queue() {
     let task = tokio::spawn({
         let (flow, tries, table) = (Arc::clone(&flow), Arc::clone(&tries), Arc::clone(&table));
         async move {
-            flow.select(&class, || {
-                let n = tries.fetch_add(1, Ordering::SeqCst);
-                assert!(n < 50, "failed attempts wake the queue again and again");
-                drop(
-                    table
-                        .try_reserve(&prefill, 8)
-                        .expect("the prefill engine is free"),
-                );
-                async { Err::<Selection, _>(full()) }
-            })
+            flow.select(
+                &class,
+                || 0,
+                || {
+                    let n = tries.fetch_add(1, Ordering::SeqCst);
+                    assert!(n < 50, "failed attempts wake the queue again and again");
+                    drop(
+                        table
+                            .try_reserve(&prefill, 8)
+                            .expect("the prefill engine is free"),
+                    );
+                    async { Err::<Selection, _>(full()) }
+                },
+            )
             .await
         }
     });
@@ -231,7 +243,7 @@ async fn a_full_queue_refuses_at_once() {
     let waiting = tokio::spawn({
         let (flow, class) = (Arc::clone(&flow), class.clone());
         async move {
-            flow.select(&class, || async { Err::<Selection, _>(full()) })
+            flow.select(&class, || 0, || async { Err::<Selection, _>(full()) })
                 .await
         }
     });
@@ -240,10 +252,14 @@ async fn a_full_queue_refuses_at_once() {
     }
     let tries = AtomicUsize::new(0);
     let refused = flow
-        .select(&class, || async {
-            tries.fetch_add(1, Ordering::SeqCst);
-            Err::<Selection, _>(full())
-        })
+        .select(
+            &class,
+            || 0,
+            || async {
+                tries.fetch_add(1, Ordering::SeqCst);
+                Err::<Selection, _>(full())
+            },
+        )
         .await
         .unwrap_err();
     assert!(matches!(refused, Refusal::Full { .. }), "{refused:?}");
@@ -262,19 +278,23 @@ async fn a_failure_other_than_capacity_is_not_waited_out() {
     let tries = AtomicUsize::new(0);
     let started = tokio::time::Instant::now();
     let refused = flow
-        .select(&class, || {
-            let first = tries.fetch_add(1, Ordering::SeqCst) == 0;
-            async move {
-                Err::<Selection, _>(if first {
-                    full()
-                } else {
-                    SelectError::Unavailable {
-                        stage: router_state::Role::Plain,
-                        attempts: Vec::new(),
-                    }
-                })
-            }
-        })
+        .select(
+            &class,
+            || 0,
+            || {
+                let first = tries.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    Err::<Selection, _>(if first {
+                        full()
+                    } else {
+                        SelectError::Unavailable {
+                            stage: router_state::Role::Plain,
+                            attempts: Vec::new(),
+                        }
+                    })
+                }
+            },
+        )
         .await
         .unwrap_err();
     assert!(
@@ -303,7 +323,7 @@ async fn an_explanation_says_where_the_request_would_wait_and_why() {
     let waiting = tokio::spawn({
         let (flow, class) = (Arc::clone(&flow), class("b"));
         async move {
-            flow.select(&class, || async { Err::<Selection, _>(full()) })
+            flow.select(&class, || 0, || async { Err::<Selection, _>(full()) })
                 .await
         }
     });

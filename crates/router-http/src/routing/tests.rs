@@ -26,7 +26,7 @@ async fn a_queue_a_reload_replaced_hears_capacity_events_while_it_is_held() {
     let (old, new) = (room(), room());
     rooms.serve(vec![Arc::clone(&old)]);
     rooms.serve(vec![Arc::clone(&new)]);
-    let mut ticket = old.enter(0, "t".into(), NonZeroU32::MIN).unwrap();
+    let mut ticket = old.enter(0, "t".into(), NonZeroU32::MIN, 0).unwrap();
     ticket.turn().await.unwrap();
     ticket.failed();
     assert!(!ticket.holds_turn());

@@ -89,7 +89,8 @@ pub(super) async fn flowed(
         }
         select(ctx, route, request, tracing)
     };
-    let outcome = flow.select(&class, again).await;
+    let kind = || crate::flow::kind(&route.resolver, request);
+    let outcome = flow.select(&class, kind, again).await;
     let labels = BandLabels {
         model: Arc::clone(&route.id),
         band: band(class.band),
