@@ -31,10 +31,19 @@ pub struct PrefixIndexerConfig {
     /// A file whose first line is the token (instead of `token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// Lookups in flight at once (1 to 4096), across every model; one more finds the
+    /// indexer unavailable at once (its pick is `cache_unavailable`) instead of
+    /// queueing behind a slow indexer.
+    #[serde(default = "default_max_lookups_in_flight")]
+    pub max_lookups_in_flight: u32,
 }
 
 fn default_indexer_timeout() -> u64 {
     50
+}
+
+fn default_max_lookups_in_flight() -> u32 {
+    256
 }
 
 impl PrefixIndexerConfig {
@@ -45,18 +54,27 @@ impl PrefixIndexerConfig {
             timeout_ms: default_indexer_timeout(),
             token: None,
             token_file: None,
+            max_lookups_in_flight: default_max_lookups_in_flight(),
         }
     }
 
-    /// The URL is an engine-style base URL; the timeout 1 to 10000 ms. The token is
-    /// checked by whoever reads it (its file is read then).
+    /// The URL is an engine-style base URL; the timeout 1 to 10000 ms; lookups in
+    /// flight 1 to 4096. The token is checked by whoever reads it (its file is read
+    /// then).
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let Self {
             url,
             timeout_ms,
             token: _,
             token_file: _,
+            max_lookups_in_flight,
         } = self;
+        if !(1..=4096).contains(max_lookups_in_flight) {
+            errors.push(ConfigError::at(
+                "prefix_indexer.max_lookups_in_flight",
+                "must be 1 to 4096",
+            ));
+        }
         if let Err(e) = router_upstream::check_engine_url(url) {
             errors.push(ConfigError::at("prefix_indexer.url", e));
         }

@@ -8,10 +8,13 @@
 //! It serves `POST /v1/prefix/lookup`, `GET /health` and `GET /metrics` (the feeds and
 //! the index) on an address of its own (the file's `listen` is the routers'). With a
 //! token in the file's `prefix_indexer` section (the one the routers send), a lookup
-//! without it is a 401, counted and logged. It follows the engines the file names
+//! without it is a 401, counted and logged. Routers bound what it costs them: at
+//! most `max_lookups_in_flight` lookups at once, and a breaker that a failed lookup
+//! opens (the `client` module). It follows the engines the file names
 //! when it starts: engines added later (a reload, the routers' admin API, Kubernetes
 //! discovery) need a restart to be indexed.
 
+mod breaker;
 mod client;
 mod wire;
 
@@ -36,7 +39,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub(crate) use client::RemoteCacheSource;
+pub(crate) use client::{IndexerLink, RemoteCacheSource};
 use wire::{Answer, LOOKUP_PATH, Lookup, MAX_HASHES, MAX_LOOKUP_BYTES};
 
 use crate::access::{TokenDigest, TokenSetting};

@@ -145,24 +145,39 @@ async fn replicas_sharing_an_indexer_agree_on_holders_without_an_index_of_their_
 async fn an_indexer_down_or_silent_costs_a_cache_unavailable_pick_not_a_request() {
     let sims = common::kv_sims(2).await;
     let system = "Answer with care. ".repeat(30);
-    // Accepts connections and never answers.
+    // Accepts connections and never answers, counting them.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent_config = PrefixIndexerConfig {
         timeout_ms: 100,
         ..PrefixIndexerConfig::new(format!("http://{}", silent.local_addr().unwrap()))
     };
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        loop {
-            let (socket, _) = silent.accept().await.expect("accepts");
-            open.push(socket);
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let held = tokio::spawn({
+        let accepted = std::sync::Arc::clone(&accepted);
+        async move {
+            let mut open = Vec::new();
+            loop {
+                let (socket, _) = silent.accept().await.expect("accepts");
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                open.push(socket);
+            }
         }
     });
     let waiting = router(config(&sims, Some(silent_config))).await;
-    for n in 0..3 {
+    let started = tokio::time::Instant::now();
+    for n in 0..10 {
         served(&waiting, &chat(&system, &format!("question {n}"))).await;
     }
-    assert_eq!(picks(&waiting, "cache_unavailable").await, 3);
+    assert_eq!(picks(&waiting, "cache_unavailable").await, 10);
+    // The first lookup's timeout opens the breaker: until its first cooldown (1 s)
+    // has passed no lookup goes out, then one trial a cooldown, so however slow the
+    // machine, at most one lookup a second reached the indexer, not one a request.
+    let seconds = started.elapsed().as_secs() as usize;
+    let reached = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=1 + seconds).contains(&reached),
+        "{reached} lookups reached the silent indexer in {seconds} s"
+    );
     waiting.shutdown().await;
     held.abort();
 

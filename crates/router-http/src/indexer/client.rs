@@ -3,7 +3,13 @@
 //! lookup is unavailable and the cache-aware policy falls back as on a miss (its
 //! pick says `cache_unavailable`), so routing never waits longer than the timeout.
 //! With a token configured, each lookup carries it as a bearer token.
+//!
+//! Every model's lookups share one [`IndexerLink`]: at most `max_lookups_in_flight`
+//! at once (one more is unavailable at once), and one [breaker](super::breaker): after
+//! a failed lookup none is sent for a cooldown, so a silent indexer costs one timeout
+//! per cooldown rather than one per request.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,20 +19,25 @@ use parking_lot::Mutex;
 use router_policy::{BoxFuture, CacheLookup, CacheQueryError, CacheSource, PrefixHits};
 use router_state::kv_events::{chain_hashes, namespace_seed};
 use router_upstream::{Origin, Upstream};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::breaker::{Breaker, Pass};
 use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
 
-/// See the module documentation.
+/// What every model's lookups share about one indexer (see the module
+/// documentation).
 #[derive(Debug)]
-pub(crate) struct RemoteCacheSource {
-    model: String,
-    block_size: u32,
+pub(crate) struct IndexerLink {
     origin: Origin,
     upstream: Upstream,
     timeout: Duration,
     /// `Bearer <token>`, marked sensitive (its `Debug` hides it), when configured.
     authorization: Option<HeaderValue>,
+    /// One permit a lookup in flight.
+    slots: Semaphore,
+    most_in_flight: usize,
+    breaker: Mutex<Breaker>,
     /// When an unavailable lookup was last logged.
     logged: Mutex<Option<Instant>>,
 }
@@ -34,23 +45,23 @@ pub(crate) struct RemoteCacheSource {
 /// How often an unavailable lookup is logged, at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-impl RemoteCacheSource {
-    /// A source asking the indexer at `origin` about `model`, whose
-    /// prompts are hashed in blocks of `block_size` tokens.
+impl IndexerLink {
+    /// Lookups of the indexer at `origin` through `upstream`, each within `timeout`,
+    /// at most `most_in_flight` at once.
     pub(crate) fn new(
-        model: &str,
-        block_size: u32,
         origin: Origin,
         upstream: Upstream,
         timeout: Duration,
+        most_in_flight: usize,
     ) -> Self {
         Self {
-            model: model.to_owned(),
-            block_size,
             origin,
             upstream,
             timeout,
             authorization: None,
+            slots: Semaphore::new(most_in_flight),
+            most_in_flight,
+            breaker: Mutex::new(Breaker::default()),
             logged: Mutex::new(None),
         }
     }
@@ -63,19 +74,70 @@ impl RemoteCacheSource {
 
     /// Logs why lookups fail, at most every [`LOG_INTERVAL`] (each is also a
     /// `cache_unavailable` pick).
-    fn unavailable(&self, reason: String) -> CacheLookup {
+    fn unavailable(&self, model: &str, reason: String) -> CacheLookup {
         let now = Instant::now();
         let mut logged = self.logged.lock();
         if logged.is_none_or(|at| now.saturating_duration_since(at) >= LOG_INTERVAL) {
             *logged = Some(now);
-            tracing::warn!(model = %self.model, %reason, "prefix indexer lookups are unavailable: cache-aware picks fall back");
+            tracing::warn!(%model, %reason, "prefix indexer lookups are unavailable: cache-aware picks fall back");
         }
         CacheLookup::Unavailable(reason)
     }
 
-    async fn ask(&self, hashes: Vec<u64>, dry_run: bool) -> Result<PrefixHits, String> {
+    /// Asks about `hashes` of `model` unless the lookups in flight or the breaker say
+    /// not to; `Err` with why the lookup is unavailable.
+    async fn lookup(
+        &self,
+        model: &str,
+        block_size: u32,
+        hashes: Vec<u64>,
+        dry_run: bool,
+    ) -> Result<PrefixHits, String> {
+        let Ok(_slot) = self.slots.try_acquire() else {
+            return Err(format!(
+                "prefix indexer: {} lookups in flight (max_lookups_in_flight)",
+                self.most_in_flight
+            ));
+        };
+        let Some(pass) = self.breaker.lock().admit(Instant::now()) else {
+            return Err(
+                "prefix indexer: lookups failed; one trial lookup after each cooldown".to_owned(),
+            );
+        };
+        let mut outcome = Outcome {
+            link: self,
+            pass,
+            settled: false,
+        };
+        let sent = hashes.len();
+        let answer =
+            match tokio::time::timeout(self.timeout, self.ask(model, block_size, hashes, dry_run))
+                .await
+            {
+                Ok(Ok(hits)) if hits.query_blocks == sent => Ok(hits),
+                Ok(Ok(hits)) => Err(format!(
+                    "prefix indexer: an answer for {} blocks to a lookup of {sent}",
+                    hits.query_blocks
+                )),
+                Ok(Err(reason)) => Err(format!("prefix indexer: {reason}")),
+                Err(_) => Err(format!(
+                    "prefix indexer: no answer within {} ms",
+                    self.timeout.as_millis()
+                )),
+            };
+        outcome.settle(answer.is_ok());
+        answer
+    }
+
+    async fn ask(
+        &self,
+        model: &str,
+        block_size: u32,
+        hashes: Vec<u64>,
+        dry_run: bool,
+    ) -> Result<PrefixHits, String> {
         let body = serde_json::to_vec(&Lookup {
-            model: self.model.as_str().into(),
+            model: model.into(),
             hashes,
             dry_run,
         })
@@ -107,13 +169,66 @@ impl RemoteCacheSource {
         let answer: Answer =
             serde_json::from_slice(&bytes).map_err(|e| format!("an unreadable answer: {e}"))?;
         let hits = answer.into_hits()?;
-        if hits.block_size != self.block_size {
+        if hits.block_size != block_size {
             return Err(format!(
-                "the indexer hashes blocks of {} tokens, this router {}",
-                hits.block_size, self.block_size
+                "the indexer hashes blocks of {} tokens, this router {block_size}",
+                hits.block_size
             ));
         }
         Ok(hits)
+    }
+}
+
+/// A lookup the breaker let out, told its outcome once; dropped untold (its request
+/// went away), it gives up a trial's place.
+struct Outcome<'a> {
+    link: &'a IndexerLink,
+    pass: Pass,
+    settled: bool,
+}
+
+impl Outcome<'_> {
+    fn settle(&mut self, answered: bool) {
+        self.settled = true;
+        let mut breaker = self.link.breaker.lock();
+        if answered {
+            if breaker.answered() {
+                tracing::info!(indexer = %self.link.origin, "prefix indexer lookups answered again");
+            }
+        } else if let Some(cooldown) = breaker.failed(self.pass, Instant::now()) {
+            tracing::warn!(indexer = %self.link.origin, cooldown_ms = cooldown.as_millis() as u64, "prefix indexer lookups failed: none sent until a trial after the cooldown");
+        }
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.link
+                .breaker
+                .lock()
+                .abandoned(self.pass, Instant::now());
+        }
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct RemoteCacheSource {
+    model: String,
+    block_size: u32,
+    link: Arc<IndexerLink>,
+}
+
+impl RemoteCacheSource {
+    /// A source asking the indexer `link` reaches about `model`, whose prompts are
+    /// hashed in blocks of `block_size` tokens.
+    pub(crate) fn new(model: &str, block_size: u32, link: Arc<IndexerLink>) -> Self {
+        Self {
+            model: model.to_owned(),
+            block_size,
+            link,
+        }
     }
 }
 
@@ -138,20 +253,90 @@ impl CacheSource for RemoteCacheSource {
                     ..PrefixHits::default()
                 }));
             }
-            let sent = hashes.len();
-            let answer = match tokio::time::timeout(self.timeout, self.ask(hashes, dry_run)).await {
-                Ok(Ok(hits)) if hits.query_blocks == sent => CacheLookup::Answered(hits),
-                Ok(Ok(hits)) => self.unavailable(format!(
-                    "prefix indexer: an answer for {} blocks to a lookup of {sent}",
-                    hits.query_blocks
-                )),
-                Ok(Err(reason)) => self.unavailable(format!("prefix indexer: {reason}")),
-                Err(_) => self.unavailable(format!(
-                    "prefix indexer: no answer within {} ms",
-                    self.timeout.as_millis()
-                )),
-            };
-            Ok(answer)
+            let answer = self
+                .link
+                .lookup(&self.model, self.block_size, hashes, dry_run)
+                .await;
+            Ok(match answer {
+                Ok(hits) => CacheLookup::Answered(hits),
+                Err(reason) => self.link.unavailable(&self.model, reason),
+            })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use router_upstream::UpstreamTimeouts;
+
+    use super::*;
+
+    /// A listener that accepts connections and never answers, counting them.
+    async fn silent() -> (Origin, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = Origin::of(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                open.push(socket);
+            }
+        });
+        (origin, accepted, task)
+    }
+
+    fn link(origin: Origin, most_in_flight: usize) -> Arc<IndexerLink> {
+        let timeout = Duration::from_millis(100);
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: timeout,
+            first_byte: timeout,
+            pool_idle: Duration::from_secs(4),
+        });
+        Arc::new(IndexerLink::new(origin, upstream, timeout, most_in_flight))
+    }
+
+    // Two lookups wait on a silent indexer: a third is unavailable at once rather than
+    // waiting too; once the two time out, the breaker keeps the next from going out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lookups_past_the_cap_or_behind_an_open_breaker_are_unavailable_at_once() {
+        let (origin, accepted, server) = silent().await;
+        let link = link(origin, 2);
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let link = Arc::clone(&link);
+                tokio::spawn(async move { link.lookup("m", 16, vec![1, 2], false).await })
+            })
+            .collect();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("both lookups reach the indexer");
+        let third = link.lookup("m", 16, vec![1, 2], false).await.unwrap_err();
+        assert!(third.contains("2 lookups in flight"), "{third}");
+        for lookup in waiting {
+            let failed = lookup.await.unwrap().unwrap_err();
+            assert!(
+                failed.contains("no answer within 100 ms") || failed.contains("first-byte timeout"),
+                "{failed}"
+            );
+        }
+        let behind = link.lookup("m", 16, vec![1, 2], false).await.unwrap_err();
+        assert!(
+            behind.contains("one trial lookup after each cooldown"),
+            "{behind}"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "nothing more reached the indexer"
+        );
+        server.abort();
     }
 }

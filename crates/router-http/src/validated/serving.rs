@@ -18,7 +18,7 @@ use router_tokenize::{ChatTokenizer, Dialect, TokenizerError};
 use router_upstream::{EngineTls, Origin, Upstream, UpstreamTimeouts};
 
 use crate::access::TokenSetting;
-use crate::indexer::RemoteCacheSource;
+use crate::indexer::{IndexerLink, RemoteCacheSource};
 
 /// The state a configuration's policies are built around: made anew for a router
 /// that starts, the running router's own for a reload, so load reports, bindings,
@@ -91,6 +91,8 @@ pub(super) struct Serving {
     engine_tls: Option<EngineTls>,
     /// What lookups of the shared indexer carry: `Bearer <token>`.
     indexer_authorization: Option<HeaderValue>,
+    /// Every model's lookups of the shared indexer, once one asks.
+    indexer: Option<Arc<IndexerLink>>,
 }
 
 impl Serving {
@@ -105,6 +107,7 @@ impl Serving {
             prefix_cache_bytes,
             engine_tls,
             indexer_authorization: None,
+            indexer: None,
         }
     }
 
@@ -164,20 +167,29 @@ impl Resources for Serving {
         model: &ModelConfig,
         indexer: &PrefixIndexerConfig,
     ) -> Option<Arc<dyn CacheSource>> {
-        let origin = Origin::of(&indexer.url)?;
-        let timeout = Duration::from_millis(indexer.timeout_ms);
-        let mut upstream = Upstream::new(UpstreamTimeouts {
-            connect: timeout,
-            first_byte: timeout,
-            pool_idle: Duration::from_secs(4),
-        });
-        if let Some(tls) = &self.engine_tls {
-            upstream = upstream.with_tls(tls.clone());
+        if self.indexer.is_none() {
+            let origin = Origin::of(&indexer.url)?;
+            let timeout = Duration::from_millis(indexer.timeout_ms);
+            let mut upstream = Upstream::new(UpstreamTimeouts {
+                connect: timeout,
+                first_byte: timeout,
+                pool_idle: Duration::from_secs(4),
+            });
+            if let Some(tls) = &self.engine_tls {
+                upstream = upstream.with_tls(tls.clone());
+            }
+            let most = usize::try_from(indexer.max_lookups_in_flight).unwrap_or(usize::MAX);
+            self.indexer = Some(Arc::new(
+                IndexerLink::new(origin, upstream, timeout, most)
+                    .with_authorization(self.indexer_authorization.clone()),
+            ));
         }
-        Some(Arc::new(
-            RemoteCacheSource::new(&model.id, model.block_size, origin, upstream, timeout)
-                .with_authorization(self.indexer_authorization.clone()),
-        ))
+        let link = Arc::clone(self.indexer.as_ref()?);
+        Some(Arc::new(RemoteCacheSource::new(
+            &model.id,
+            model.block_size,
+            link,
+        )))
     }
 }
 
