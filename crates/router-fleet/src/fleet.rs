@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use futures_util::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
 use router_state::{
@@ -22,6 +23,9 @@ use crate::health::{Breaker, Dispatched, HealthBook, HealthPolicy};
 use crate::role::{pd_profile_of, role_of};
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, Source};
+
+/// Most engine probes (with the reads a passing probe brings) out at once.
+pub const MOST_PROBES_AT_ONCE: usize = 32;
 
 /// What changed in the fleet, as observers see it.
 #[derive(Debug, Clone)]
@@ -490,19 +494,41 @@ impl Fleet {
         }
     }
 
-    /// Probes every engine once, all at once. An engine that fails a probe is
-    /// introspected again once it answers, so an engine that never answered gets
-    /// its feeds, and one that came back on other feed ports is subscribed there;
-    /// an engine that passes otherwise has its adapters read again
-    /// ([`Fleet::refresh_adapters`]).
+    /// Probes every engine once, now, at most [`MOST_PROBES_AT_ONCE`] at a time. An
+    /// engine that fails a probe is introspected again once it answers, so an engine
+    /// that never answered gets its feeds, and one that came back on other feed ports
+    /// is subscribed there; an engine that passes otherwise has its adapters read
+    /// again ([`Fleet::refresh_adapters`]).
     pub async fn probe_all(&self) {
+        self.probe_spread(Duration::ZERO).await;
+    }
+
+    /// Probes every engine once as [`probe_all`](Self::probe_all) does, spread over
+    /// `over`: of `n` engines in id order, the `i`-th is probed `i * over / n` from
+    /// now (later when [`MOST_PROBES_AT_ONCE`] probes are still out), so a fleet's
+    /// probes and the reads they bring arrive evenly rather than all at once.
+    pub async fn probe_spread(&self, over: Duration) {
         let snapshot = self.registry.snapshot();
+        let mut engines: Vec<&Arc<Engine>> = snapshot.engines().collect();
+        engines.sort_by(|a, b| a.id().cmp(b.id()));
         let timeout = self.health.policy().probe_timeout;
-        let checks = snapshot.engines().map(|engine| async move {
-            let passed = self.upstream.probe(engine.url(), timeout).await;
-            self.after_probe(engine, passed).await;
-        });
-        futures_util::future::join_all(checks).await;
+        let start = Instant::now();
+        let n = u32::try_from(engines.len()).unwrap_or(u32::MAX).max(1);
+        let checks: Vec<_> = engines
+            .into_iter()
+            .enumerate()
+            .map(|(i, engine)| {
+                let share = f64::from(u32::try_from(i).unwrap_or(u32::MAX)) / f64::from(n);
+                let at = start + over.mul_f64(share);
+                async move {
+                    tokio::time::sleep_until(at).await;
+                    let passed = self.upstream.probe(engine.url(), timeout).await;
+                    self.after_probe(engine, passed).await;
+                }
+            })
+            .collect();
+        let mut checks = futures_util::stream::iter(checks).buffer_unordered(MOST_PROBES_AT_ONCE);
+        while checks.next().await.is_some() {}
     }
 
     /// Records a probe's outcome, and reads what the engine says of itself again
@@ -628,8 +654,9 @@ impl Fleet {
         }
     }
 
-    /// Starts probing every engine at the health policy's interval (closing idle
-    /// engine connections on the same tick); stops when the handle is dropped.
+    /// Starts probing every engine at the health policy's interval, each round spread
+    /// over the interval ([`probe_spread`](Self::probe_spread)), closing idle engine
+    /// connections on the same tick; stops when the handle is dropped.
     pub fn spawn_health_checks(self: &Arc<Self>) -> HealthChecks {
         let fleet = Arc::clone(self);
         HealthChecks(tokio::spawn(async move {
@@ -638,7 +665,7 @@ impl Fleet {
             loop {
                 tick.tick().await;
                 fleet.upstream.prune_idle();
-                fleet.probe_all().await;
+                fleet.probe_spread(fleet.health.policy().interval).await;
             }
         }))
     }

@@ -1,0 +1,116 @@
+//! Health probes of a large fleet: spread over the interval, a bounded number out at
+//! once, against one local engine standing in for many (each engine id its own
+//! member, all at one URL).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use router_fleet::{Change, EngineSpec, Fleet, HealthPolicy, MOST_PROBES_AT_ONCE};
+use router_upstream::{Upstream, UpstreamTimeouts};
+use tokio::time::Instant;
+
+/// What the engine saw of its probes.
+#[derive(Default)]
+struct Probes {
+    arrivals: Mutex<Vec<Instant>>,
+    out: AtomicUsize,
+    most_out: AtomicUsize,
+}
+
+/// A plain engine that answers each probe after `hold`, recording it, until dropped.
+async fn engine(probes: Arc<Probes>, hold: Duration) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::get;
+    let health = move || {
+        let probes = Arc::clone(&probes);
+        async move {
+            probes.arrivals.lock().push(Instant::now());
+            let out = probes.out.fetch_add(1, Ordering::SeqCst) + 1;
+            probes.most_out.fetch_max(out, Ordering::SeqCst);
+            tokio::time::sleep(hold).await;
+            probes.out.fetch_sub(1, Ordering::SeqCst);
+            "ok"
+        }
+    };
+    let app = axum::Router::new()
+        .route("/health", get(health))
+        .route(
+            "/server_info",
+            get(|| async { axum::Json(serde_json::json!({"disaggregation_mode": "null"})) }),
+        )
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(serde_json::json!({"data": [{"id": "m"}]})) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (url, server)
+}
+
+/// A fleet of `n` engines at `url`.
+async fn fleet(n: usize, url: &str) -> Fleet {
+    let upstream = Upstream::new(UpstreamTimeouts {
+        connect: Duration::from_secs(5),
+        first_byte: Duration::from_secs(20),
+        pool_idle: Duration::from_secs(4),
+    });
+    let fleet = Fleet::new(upstream, Arc::default(), HealthPolicy::default());
+    for i in 0..n {
+        fleet
+            .apply(Change::Upsert(EngineSpec::new(
+                format!("E{i:03}"),
+                url,
+                "m",
+            )))
+            .await
+            .unwrap();
+    }
+    fleet
+}
+
+// Eight engines probed over 400 ms: the k-th probe arrives no sooner than k * 50 ms
+// after the round starts (all at once, every one would arrive at its start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_of_probes_is_spread_over_its_interval() {
+    let probes = Arc::new(Probes::default());
+    let (url, server) = engine(Arc::clone(&probes), Duration::ZERO).await;
+    let fleet = fleet(8, &url).await;
+    probes.arrivals.lock().clear();
+    let start = Instant::now();
+    fleet.probe_spread(Duration::from_millis(400)).await;
+    let mut arrivals = probes.arrivals.lock().clone();
+    arrivals.sort();
+    assert_eq!(arrivals.len(), 8, "every engine probed once");
+    for (k, at) in arrivals.iter().enumerate() {
+        let offset = Duration::from_millis(50) * u32::try_from(k).unwrap();
+        assert!(
+            *at >= start + offset,
+            "probe {k} arrived {:?} after the start, before its {offset:?}",
+            at.duration_since(start)
+        );
+    }
+    server.abort();
+}
+
+// Forty engines that each hold their probe: no more than the bound are out at once,
+// and every engine is still probed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_the_bound_of_probes_is_out_at_once() {
+    let probes = Arc::new(Probes::default());
+    let (url, server) = engine(Arc::clone(&probes), Duration::from_millis(200)).await;
+    let fleet = fleet(MOST_PROBES_AT_ONCE + 8, &url).await;
+    probes.arrivals.lock().clear();
+    probes.most_out.store(0, Ordering::SeqCst);
+    fleet.probe_all().await;
+    assert_eq!(probes.arrivals.lock().len(), MOST_PROBES_AT_ONCE + 8);
+    let most = probes.most_out.load(Ordering::SeqCst);
+    assert!(
+        (1..=MOST_PROBES_AT_ONCE).contains(&most),
+        "{most} probes out at once"
+    );
+    server.abort();
+}
