@@ -4,7 +4,7 @@
 //! verdicts, and the pick or why there is none. `/explain/...` answers it; decision
 //! records carry it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use router_buckets::{Bucket, BucketGroups, BucketResolver, EnginePicks, SelectError, Selection};
 use router_policy::{Observation, Pick, RequestFacts};
@@ -236,8 +236,10 @@ fn explain_stage(
         _ => None,
     })?;
     let mut of = candidates_seen(seen, &here);
-    let candidates: Vec<Value> = candidates
-        .iter()
+    let listed = listed(candidates, &of);
+    let omitted = candidates.len() - listed.len();
+    let candidates: Vec<Value> = listed
+        .into_iter()
         .map(|engine| {
             let seen = of.remove(engine).unwrap_or_default();
             // Engines admission never read show the load table as it is now.
@@ -246,12 +248,36 @@ fn explain_stage(
         })
         .collect();
     let mut entry = json!({ "stage": stage.as_str(), "candidates": candidates });
+    if omitted > 0 {
+        entry["candidates_omitted"] = json!(omitted);
+    }
     let unpaired = unpaired(seen, &here);
     if !unpaired.is_empty() {
         entry["unpaired"] = json!(unpaired);
     }
     stage_outcome(&mut entry, seen, &here);
     Some(entry)
+}
+
+/// Most candidates a stage lists; past it, the explanation says how many it left out
+/// (`candidates_omitted`), so its size does not grow with the fleet.
+pub(crate) const MAX_LISTED_CANDIDATES: usize = 64;
+
+/// The candidates a stage lists, in their order: all of them up to
+/// [`MAX_LISTED_CANDIDATES`]; past it, first those the pick looked at (admission read
+/// them, or they hold some of the prompt, the picked engine among them), then the
+/// others in order.
+fn listed<'a>(candidates: &'a [EngineId], of: &HashMap<&EngineId, Candidate>) -> Vec<&'a EngineId> {
+    if candidates.len() <= MAX_LISTED_CANDIDATES {
+        return candidates.iter().collect();
+    }
+    let looked_at = candidates.iter().filter(|e| of.contains_key(e));
+    let others = candidates.iter().filter(|e| !of.contains_key(e));
+    let kept: HashSet<&EngineId> = looked_at
+        .chain(others)
+        .take(MAX_LISTED_CANDIDATES)
+        .collect();
+    candidates.iter().filter(|e| kept.contains(e)).collect()
 }
 
 /// The engines the stage `here` names left out of its candidates because they cannot

@@ -43,3 +43,62 @@ fn a_candidates_slower_tier_tokens_and_feed_age_show_when_not_zero() {
     assert_eq!(fields(1), (Some(4096), Some(1024), Some(2500)));
     assert_eq!(fields(2), (None, None, None), "no match");
 }
+
+fn admitted(engine: &str) -> Observation {
+    Observation::Admission {
+        bucket: "b".into(),
+        stage: Role::Plain,
+        engine: EngineId::from(engine),
+        metrics: router_state::EngineMetrics::default(),
+        caps: None,
+        rejected: None,
+    }
+}
+
+#[test]
+fn a_stage_of_many_candidates_lists_a_bounded_number_those_looked_at_first() {
+    let engines: Vec<EngineId> = (0..1024)
+        .map(|i| EngineId::from(format!("E{i:04}")))
+        .collect();
+    let mut seen = vec![Observation::Candidates {
+        bucket: "b".into(),
+        stage: Role::Plain,
+        engines,
+    }];
+    seen.push(cached("E0900", 512, 0, 0));
+    seen.push(admitted("E1000"));
+    let load = EngineReportedLoadTable::default().snapshot();
+    let stage = explain_stage("b", Role::Plain, &seen, &load).expect("the stage was reached");
+    let listed: Vec<&str> = stage["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["engine"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), MAX_LISTED_CANDIDATES);
+    assert_eq!(stage["candidates_omitted"], 1024 - MAX_LISTED_CANDIDATES);
+    assert!(
+        listed.contains(&"E0900") && listed.contains(&"E1000"),
+        "looked at: listed"
+    );
+    assert_eq!(listed[0], "E0000", "the others fill in, in order");
+    assert_eq!(
+        listed[MAX_LISTED_CANDIDATES - 1],
+        "E1000",
+        "candidates keep their order"
+    );
+    assert!(listed.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn a_stage_within_the_bound_lists_every_candidate_and_omits_nothing() {
+    let seen = [Observation::Candidates {
+        bucket: "b".into(),
+        stage: Role::Plain,
+        engines: vec![EngineId::from("A"), EngineId::from("B")],
+    }];
+    let load = EngineReportedLoadTable::default().snapshot();
+    let stage = explain_stage("b", Role::Plain, &seen, &load).unwrap();
+    assert_eq!(stage["candidates"].as_array().unwrap().len(), 2);
+    assert!(stage.get("candidates_omitted").is_none());
+}
