@@ -20,7 +20,7 @@ mod support;
 
 fn policies(c: &mut Criterion) {
     let mut group = c.benchmark_group("policy_pick");
-    for n in [4usize, 64, 256] {
+    for n in [4usize, 64, 256, 1024] {
         let engines = fleet("m", Role::Prefill, "e", n);
         let load = support::loaded_table(&engines);
         let admission: Arc<dyn EngineAdmission> = Arc::new(AdmissionLimits {

@@ -17,14 +17,21 @@ use crate::policy::{PickRequest, Policy};
 use crate::settings::{PolicyHandles, PolicySettings, admission_field};
 use crate::walk::{admit, first_admitted, reserve};
 
-/// Chooses the least loaded candidate.
+/// Most candidates one pick compares: of more, it compares the [`LEAST_LOAD_WINDOW`]
+/// consecutive candidates from its rotating start, so a pick costs the same at 1,024
+/// candidates as at 32, and successive picks' windows slide over every candidate.
+pub const LEAST_LOAD_WINDOW: usize = 32;
+
+/// Chooses the least loaded candidate (of a window of [`LEAST_LOAD_WINDOW`] when
+/// there are more).
 ///
 /// Load is the engine's reported running plus waiting requests, corrected by the
-/// requests this router dispatched since the report, when every candidate has a fresh
-/// report; otherwise it is the router-local in-flight count for all candidates, so the
-/// two scales are never mixed. Ties are broken by a rotating start position, so equal
-/// engines share traffic instead of the first one taking it all. A rejected engine is
-/// passed over for the next least loaded admissible one.
+/// requests this router dispatched since the report, when every compared candidate
+/// has a fresh report; otherwise it is the router-local in-flight count for all of
+/// them, so the two scales are never mixed. Ties are broken by a rotating start
+/// position, so equal engines share traffic instead of the first one taking it all.
+/// A rejected engine is passed over for the next least loaded admissible one of the
+/// window, then for the first admissible one after the window.
 #[derive(Debug)]
 pub struct LeastLoadPolicy {
     load: Arc<EngineReportedLoadTable>,
@@ -54,7 +61,18 @@ impl LeastLoadPolicy {
             });
         }
         let snapshot = self.load.snapshot();
-        let observations: Vec<_> = engines.iter().map(|e| snapshot.observe(e.id())).collect();
+        // A dry run reads the rotor without turning it.
+        let start = if request.is_dry_run() {
+            self.rotor.load(Ordering::Relaxed)
+        } else {
+            self.rotor.fetch_add(1, Ordering::Relaxed)
+        } % n;
+        let rotated = |k: usize| (start + k) % n;
+        let window: Vec<usize> = (0..n.min(LEAST_LOAD_WINDOW)).map(rotated).collect();
+        let observations: Vec<_> = window
+            .iter()
+            .map(|&i| snapshot.observe(engines[i].id()))
+            .collect();
         let reported: Option<Vec<u64>> = observations
             .iter()
             .map(|o| o.corrected_reported_requests())
@@ -71,18 +89,10 @@ impl LeastLoadPolicy {
         } else {
             reason
         };
-        // A dry run reads the rotor without turning it.
-        let start = if request.is_dry_run() {
-            self.rotor.load(Ordering::Relaxed)
-        } else {
-            self.rotor.fetch_add(1, Ordering::Relaxed)
-        } % n;
-        let rotated = |k: usize| (start + k) % n;
-        let best = (0..n)
-            .map(rotated)
-            .min_by_key(|&i| scores[i])
+        let best = (0..window.len())
+            .min_by_key(|&k| scores[k])
             .expect("at least one candidate");
-        let engine = &engines[best];
+        let engine = &engines[window[best]];
         let Some(rejection) = admit(
             self.admission.as_ref(),
             engine,
@@ -92,8 +102,12 @@ impl LeastLoadPolicy {
         else {
             return Ok(Pick::new(Arc::clone(engine), reason));
         };
-        let mut order: Vec<usize> = (0..n).map(rotated).filter(|&i| i != best).collect();
-        order.sort_by_key(|&i| scores[i]);
+        let mut order: Vec<usize> = (0..window.len()).filter(|&k| k != best).collect();
+        order.sort_by_key(|&k| scores[k]);
+        let order = order
+            .into_iter()
+            .map(|k| window[k])
+            .chain((window.len()..n).map(rotated));
         first_admitted(
             engines,
             order,

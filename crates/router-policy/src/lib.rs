@@ -81,7 +81,7 @@ pub use error::{LimitExceeded, MAX_UNPAIRED_NAMED, PickError, Rejection, Unpaire
 pub use explain::{Explanation, Observation};
 pub use facts::{RequestFacts, expected_peak};
 pub use future::BoxFuture;
-pub use least_load::{LeastLoadPolicy, LoadBasedConfig};
+pub use least_load::{LEAST_LOAD_WINDOW, LeastLoadPolicy, LoadBasedConfig};
 pub use pick::{Pick, PickReason};
 pub use policy::{PickRequest, Policy};
 pub use power_of_two::{PowerOfTwoConfig, PowerOfTwoPolicy};

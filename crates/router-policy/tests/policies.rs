@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use common::*;
 use router_policy::{
-    LeastLoadPolicy, PickError, PickReason, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy,
+    LEAST_LOAD_WINDOW, LeastLoadPolicy, PickError, PickReason, PowerOfTwoPolicy, RandomPolicy,
+    RoundRobinPolicy,
 };
 use router_state::Role;
 
@@ -244,6 +245,56 @@ fn least_load_passes_over_a_rejected_engine_in_load_order() {
     assert_eq!(
         (p.engine.id().as_str(), p.reason),
         ("e2", PickReason::NextAdmitted)
+    );
+}
+
+// Of 100 candidates, a pick compares the 32 from its rotating start: the least loaded
+// engine (e50) is chosen once the sliding window reaches it, the best of the window
+// before.
+#[test]
+fn least_load_of_many_candidates_compares_a_sliding_window() {
+    assert_eq!(LEAST_LOAD_WINDOW, 32);
+    let rt = runtime();
+    let fleet = engines(100);
+    let load = table(&fleet);
+    for (i, engine) in fleet.iter().enumerate() {
+        let waiting = match i {
+            50 => 0,
+            5 => 5,
+            _ => 10,
+        };
+        report_basic(&load, engine, waiting, 0);
+    }
+    let policy = LeastLoadPolicy::new(Arc::clone(&load), no_caps());
+    let picks: Vec<_> = (0..60)
+        .map(|_| pick(&rt, &policy, &fleet, Role::Plain).unwrap())
+        .collect();
+    let chosen = ids(&picks);
+    assert_eq!(chosen[0], "e05", "e50 is outside the first window");
+    assert_eq!(chosen[5], "e05");
+    assert_eq!(chosen[6], "e06", "a window of ties takes its first");
+    assert_eq!(chosen[18], "e18", "the window starting at e18 ends at e49");
+    assert_eq!(chosen[19], "e50", "the window starting at e19 reaches e50");
+    assert_eq!(chosen[50], "e50");
+    assert_eq!(chosen[51], "e51", "past e50 the ties rotate");
+}
+
+// Every engine of the window at its cap: the pick goes on past the window, to the
+// first admissible engine after it.
+#[test]
+fn least_load_goes_past_a_full_window() {
+    let rt = runtime();
+    let fleet = engines(40);
+    let load = table(&fleet);
+    let _busy: Vec<_> = fleet[..LEAST_LOAD_WINDOW]
+        .iter()
+        .map(|e| load.acquire(e.id()))
+        .collect();
+    let policy = LeastLoadPolicy::new(Arc::clone(&load), caps(1));
+    let p = pick(&rt, &policy, &fleet, Role::Plain).unwrap();
+    assert_eq!(
+        (p.engine.id().as_str(), p.reason),
+        ("e32", PickReason::NextAdmitted)
     );
 }
 
