@@ -35,6 +35,7 @@ pub struct PrefixIndexerConfig {
     /// indexer unavailable at once (its pick is `cache_unavailable`) instead of
     /// queueing behind a slow indexer.
     #[serde(default = "default_max_lookups_in_flight")]
+    #[schemars(range(min = 1, max = 4096))]
     pub max_lookups_in_flight: u32,
 }
 

@@ -655,7 +655,7 @@ impl Fleet {
     }
 
     /// Starts probing every engine at the health policy's interval, each round spread
-    /// over the interval ([`probe_spread`](Self::probe_spread)), closing idle engine
+    /// over half the interval ([`probe_spread`](Self::probe_spread)), closing idle engine
     /// connections on the same tick; stops when the handle is dropped.
     pub fn spawn_health_checks(self: &Arc<Self>) -> HealthChecks {
         let fleet = Arc::clone(self);
@@ -665,7 +665,9 @@ impl Fleet {
             loop {
                 tick.tick().await;
                 fleet.upstream.prune_idle();
-                fleet.probe_spread(fleet.health.policy().interval).await;
+                // Over half the interval: a round whose last probes are slow still
+                // ends within the interval, so each engine is probed every interval.
+                fleet.probe_spread(fleet.health.policy().interval / 2).await;
             }
         }))
     }

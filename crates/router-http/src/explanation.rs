@@ -236,7 +236,16 @@ fn explain_stage(
         _ => None,
     })?;
     let mut of = candidates_seen(seen, &here);
-    let listed = listed(candidates, &of);
+    let picked = seen.iter().find_map(|o| match o {
+        Observation::Picked {
+            bucket: b,
+            stage: s,
+            engine,
+            ..
+        } if here(b, *s) => Some(engine),
+        _ => None,
+    });
+    let listed = listed(candidates, picked, &of);
     let omitted = candidates.len() - listed.len();
     let candidates: Vec<Value> = listed
         .into_iter()
@@ -264,16 +273,27 @@ fn explain_stage(
 pub(crate) const MAX_LISTED_CANDIDATES: usize = 64;
 
 /// The candidates a stage lists, in their order: all of them up to
-/// [`MAX_LISTED_CANDIDATES`]; past it, first those the pick looked at (admission read
-/// them, or they hold some of the prompt, the picked engine among them), then the
-/// others in order.
-fn listed<'a>(candidates: &'a [EngineId], of: &HashMap<&EngineId, Candidate>) -> Vec<&'a EngineId> {
+/// [`MAX_LISTED_CANDIDATES`]; past it, first the picked engine, then those the pick
+/// looked at (admission read them, or they hold some of the prompt), then the others
+/// in order.
+fn listed<'a>(
+    candidates: &'a [EngineId],
+    picked: Option<&EngineId>,
+    of: &HashMap<&EngineId, Candidate>,
+) -> Vec<&'a EngineId> {
     if candidates.len() <= MAX_LISTED_CANDIDATES {
         return candidates.iter().collect();
     }
-    let looked_at = candidates.iter().filter(|e| of.contains_key(e));
-    let others = candidates.iter().filter(|e| !of.contains_key(e));
-    let kept: HashSet<&EngineId> = looked_at
+    let is_picked = |e: &&EngineId| Some(*e) == picked;
+    let first = candidates.iter().filter(is_picked);
+    let looked_at = candidates
+        .iter()
+        .filter(|e| !is_picked(e) && of.contains_key(e));
+    let others = candidates
+        .iter()
+        .filter(|e| !is_picked(e) && !of.contains_key(e));
+    let kept: HashSet<&EngineId> = first
+        .chain(looked_at)
         .chain(others)
         .take(MAX_LISTED_CANDIDATES)
         .collect();

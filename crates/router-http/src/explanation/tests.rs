@@ -90,6 +90,41 @@ fn a_stage_of_many_candidates_lists_a_bounded_number_those_looked_at_first() {
     assert!(listed.windows(2).all(|w| w[0] < w[1]));
 }
 
+// More engines looked at than the bound (a prefix every engine holds): the picked one
+// is listed all the same.
+#[test]
+fn the_picked_engine_is_listed_however_many_were_looked_at() {
+    let engines: Vec<EngineId> = (0..200)
+        .map(|i| EngineId::from(format!("E{i:04}")))
+        .collect();
+    let mut seen = vec![Observation::Candidates {
+        bucket: "b".into(),
+        stage: Role::Plain,
+        engines,
+    }];
+    for i in 0..200 {
+        seen.push(cached(&format!("E{i:04}"), 64, 0, 0));
+    }
+    seen.push(Observation::Picked {
+        bucket: "b".into(),
+        stage: Role::Plain,
+        engine: EngineId::from("E0150"),
+        reason: router_policy::PickReason::CacheHit,
+        predicted_cached_tokens: Some(64),
+    });
+    let load = EngineReportedLoadTable::default().snapshot();
+    let stage = explain_stage("b", Role::Plain, &seen, &load).unwrap();
+    let listed: Vec<&str> = stage["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["engine"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), MAX_LISTED_CANDIDATES);
+    assert!(listed.contains(&"E0150"), "the pick is listed");
+    assert_eq!(stage["pick"]["engine"], "E0150");
+}
+
 #[test]
 fn a_stage_within_the_bound_lists_every_candidate_and_omits_nothing() {
     let seen = [Observation::Candidates {

@@ -115,18 +115,18 @@ impl IndexerLink {
                 .await
             {
                 Ok(Ok(hits)) if hits.query_blocks == sent => Ok(hits),
-                Ok(Ok(hits)) => Err(format!(
-                    "prefix indexer: an answer for {} blocks to a lookup of {sent}",
+                Ok(Ok(hits)) => Err(Failed::answered(format!(
+                    "an answer for {} blocks to a lookup of {sent}",
                     hits.query_blocks
-                )),
-                Ok(Err(reason)) => Err(format!("prefix indexer: {reason}")),
-                Err(_) => Err(format!(
-                    "prefix indexer: no answer within {} ms",
+                ))),
+                Ok(Err(failed)) => Err(failed),
+                Err(_) => Err(Failed::down(format!(
+                    "no answer within {} ms",
                     self.timeout.as_millis()
-                )),
+                ))),
             };
-        outcome.settle(answer.is_ok());
-        answer
+        outcome.settle(answer.as_ref().map_or_else(|f| f.answered, |_| true));
+        answer.map_err(|failed| format!("prefix indexer: {}", failed.reason))
     }
 
     async fn ask(
@@ -135,13 +135,13 @@ impl IndexerLink {
         block_size: u32,
         hashes: Vec<u64>,
         dry_run: bool,
-    ) -> Result<PrefixHits, String> {
+    ) -> Result<PrefixHits, Failed> {
         let body = serde_json::to_vec(&Lookup {
             model: model.into(),
             hashes,
             dry_run,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failed::down(e.to_string()))?;
         let json = HeaderValue::from_static("application/json");
         let mut headers = vec![(header::CONTENT_TYPE, &json)];
         if let Some(authorization) = &self.authorization {
@@ -151,31 +151,61 @@ impl IndexerLink {
             .upstream
             .post(&self.origin, LOOKUP_PATH, &headers, &Bytes::from(body))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Failed::down(e.to_string()))?;
         let status = response.status();
         let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("reading the answer: {e}"))?
+            .map_err(|e| Failed::down(format!("reading the answer: {e}")))?
             .to_bytes();
         if status == StatusCode::UNAUTHORIZED {
-            return Err(format!(
+            return Err(Failed::down(format!(
                 "the indexer answered {status}: prefix_indexer.token (or token_file) is not the indexer's"
-            ));
+            )));
+        }
+        if status.is_client_error() {
+            // About this model (one the indexer does not index, say): the indexer is up.
+            return Err(Failed::answered(format!("the indexer answered {status}")));
         }
         if status != StatusCode::OK {
-            return Err(format!("the indexer answered {status}"));
+            return Err(Failed::down(format!("the indexer answered {status}")));
         }
-        let answer: Answer =
-            serde_json::from_slice(&bytes).map_err(|e| format!("an unreadable answer: {e}"))?;
-        let hits = answer.into_hits()?;
+        let answer: Answer = serde_json::from_slice(&bytes)
+            .map_err(|e| Failed::down(format!("an unreadable answer: {e}")))?;
+        let hits = answer.into_hits().map_err(|e| Failed::down(e.to_owned()))?;
         if hits.block_size != block_size {
-            return Err(format!(
+            return Err(Failed::answered(format!(
                 "the indexer hashes blocks of {} tokens, this router {block_size}",
                 hits.block_size
-            ));
+            )));
         }
         Ok(hits)
+    }
+}
+
+/// Why a lookup failed, and whether the indexer answered it: an answer that does not
+/// fit one model (a model the indexer does not index, another block size) says the
+/// indexer is up, and leaves the breaker, which every model shares, closed.
+struct Failed {
+    reason: String,
+    answered: bool,
+}
+
+impl Failed {
+    /// No usable answer: the indexer is down, slow or broken.
+    fn down(reason: String) -> Self {
+        Self {
+            reason,
+            answered: false,
+        }
+    }
+
+    /// An answer that does not fit the lookup's model.
+    fn answered(reason: String) -> Self {
+        Self {
+            reason,
+            answered: true,
+        }
     }
 }
 
@@ -289,8 +319,7 @@ mod tests {
         (origin, accepted, task)
     }
 
-    fn link(origin: Origin, most_in_flight: usize) -> Arc<IndexerLink> {
-        let timeout = Duration::from_millis(100);
+    fn link(origin: Origin, most_in_flight: usize, timeout: Duration) -> Arc<IndexerLink> {
         let upstream = Upstream::new(UpstreamTimeouts {
             connect: timeout,
             first_byte: timeout,
@@ -304,7 +333,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn lookups_past_the_cap_or_behind_an_open_breaker_are_unavailable_at_once() {
         let (origin, accepted, server) = silent().await;
-        let link = link(origin, 2);
+        // Long enough that both lookups are still out when the third comes.
+        let link = link(origin, 2, Duration::from_secs(2));
         let waiting: Vec<_> = (0..2)
             .map(|_| {
                 let link = Arc::clone(&link);
@@ -323,7 +353,8 @@ mod tests {
         for lookup in waiting {
             let failed = lookup.await.unwrap().unwrap_err();
             assert!(
-                failed.contains("no answer within 100 ms") || failed.contains("first-byte timeout"),
+                failed.contains("no answer within 2000 ms")
+                    || failed.contains("first-byte timeout"),
                 "{failed}"
             );
         }
@@ -336,6 +367,35 @@ mod tests {
             accepted.load(Ordering::SeqCst),
             2,
             "nothing more reached the indexer"
+        );
+        server.abort();
+    }
+
+    // An indexer that answers 404 for a model it does not index is up: lookups of the
+    // other models (here, the next lookups) still go out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_about_one_model_leaves_the_breaker_closed() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&asked);
+        let app = axum::Router::new().route(
+            LOOKUP_PATH,
+            axum::routing::post(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { StatusCode::NOT_FOUND }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = Origin::of(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let link = link(origin, 4, Duration::from_secs(5));
+        for _ in 0..3 {
+            let failed = link.lookup("m", 16, vec![1], false).await.unwrap_err();
+            assert!(failed.contains("answered 404"), "{failed}");
+        }
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            3,
+            "every lookup reached the indexer"
         );
         server.abort();
     }
