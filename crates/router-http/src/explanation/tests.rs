@@ -55,26 +55,33 @@ fn admitted(engine: &str) -> Observation {
     }
 }
 
-#[test]
-fn a_stage_of_many_candidates_lists_a_bounded_number_those_looked_at_first() {
-    let engines: Vec<EngineId> = (0..1024)
-        .map(|i| EngineId::from(format!("E{i:04}")))
-        .collect();
-    let mut seen = vec![Observation::Candidates {
+/// The stage's candidates `E0000`, `E0001`, ... `n` of them.
+fn candidates(n: usize) -> Observation {
+    Observation::Candidates {
         bucket: "b".into(),
         stage: Role::Plain,
-        engines,
-    }];
-    seen.push(cached("E0900", 512, 0, 0));
-    seen.push(admitted("E1000"));
-    let load = EngineReportedLoadTable::default().snapshot();
-    let stage = explain_stage("b", Role::Plain, &seen, &load).expect("the stage was reached");
-    let listed: Vec<&str> = stage["candidates"]
+        engines: (0..n).map(|i| EngineId::from(format!("E{i:04}"))).collect(),
+    }
+}
+
+/// The engines an explained stage lists, in order.
+fn listed_engines(stage: &Value) -> Vec<&str> {
+    stage["candidates"]
         .as_array()
         .unwrap()
         .iter()
         .map(|c| c["engine"].as_str().unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_stage_of_many_candidates_lists_a_bounded_number_those_looked_at_first() {
+    let mut seen = vec![candidates(1024)];
+    seen.push(cached("E0900", 512, 0, 0));
+    seen.push(admitted("E1000"));
+    let load = EngineReportedLoadTable::default().snapshot();
+    let stage = explain_stage("b", Role::Plain, &seen, &load).expect("the stage was reached");
+    let listed = listed_engines(&stage);
     assert_eq!(listed.len(), MAX_LISTED_CANDIDATES);
     assert_eq!(stage["candidates_omitted"], 1024 - MAX_LISTED_CANDIDATES);
     assert!(
@@ -94,14 +101,7 @@ fn a_stage_of_many_candidates_lists_a_bounded_number_those_looked_at_first() {
 // is listed all the same.
 #[test]
 fn the_picked_engine_is_listed_however_many_were_looked_at() {
-    let engines: Vec<EngineId> = (0..200)
-        .map(|i| EngineId::from(format!("E{i:04}")))
-        .collect();
-    let mut seen = vec![Observation::Candidates {
-        bucket: "b".into(),
-        stage: Role::Plain,
-        engines,
-    }];
+    let mut seen = vec![candidates(200)];
     for i in 0..200 {
         seen.push(cached(&format!("E{i:04}"), 64, 0, 0));
     }
@@ -114,12 +114,7 @@ fn the_picked_engine_is_listed_however_many_were_looked_at() {
     });
     let load = EngineReportedLoadTable::default().snapshot();
     let stage = explain_stage("b", Role::Plain, &seen, &load).unwrap();
-    let listed: Vec<&str> = stage["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["engine"].as_str().unwrap())
-        .collect();
+    let listed = listed_engines(&stage);
     assert_eq!(listed.len(), MAX_LISTED_CANDIDATES);
     assert!(listed.contains(&"E0150"), "the pick is listed");
     assert_eq!(stage["pick"]["engine"], "E0150");
