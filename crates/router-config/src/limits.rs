@@ -43,6 +43,12 @@ pub struct LimitsConfig {
     /// it is read, and the feed reconnects.
     #[serde(default = "default_zmq_max_message_bytes")]
     pub zmq_max_message_bytes: usize,
+    /// Bytes every engine feed together may hold in messages still arriving (each
+    /// frame charged from its header, before anything is allocated for it) and in
+    /// KV-event batches kept while a gap is repaired; a frame past it closes its
+    /// feed's connection, which reconnects. At least `zmq_max_message_bytes`.
+    #[serde(default = "default_zmq_memory_bytes")]
+    pub zmq_memory_bytes: usize,
     /// Prompts tokenized at once, each on a thread of its own (this many threads,
     /// apart from those serving requests); absent = one per core.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,11 +103,19 @@ fn default_zmq_max_message_bytes() -> usize {
     router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES
 }
 
+fn default_zmq_memory_bytes() -> usize {
+    router_state::DEFAULT_FEED_MEMORY_BYTES
+}
+
+/// The most bytes `limits.zmq_memory_bytes` allows.
+const MAX_ZMQ_MEMORY_BYTES: u64 = 64 << 30;
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_connections: default_max_connections(),
             zmq_max_message_bytes: default_zmq_max_message_bytes(),
+            zmq_memory_bytes: default_zmq_memory_bytes(),
             tokenize_concurrency: None,
             tokenize_cache_bytes: default_tokenize_cache_bytes(),
             body_memory_bytes: default_body_memory_bytes(),
@@ -112,17 +126,29 @@ impl Default for LimitsConfig {
 
 impl LimitsConfig {
     /// Every bound is at least 1 and within its most; the prefix cache is off or at
-    /// least 1 MiB; the body budget holds one largest body; the send buffer is the
+    /// least 1 MiB; the body budget holds one largest body, the feeds' one largest
+    /// message; the send buffer is the
     /// kernel's or 4 KiB to 16 MiB.
     pub(crate) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let Self {
             max_connections,
             zmq_max_message_bytes,
+            zmq_memory_bytes,
             tokenize_concurrency,
             tokenize_cache_bytes,
             body_memory_bytes,
             client_send_buffer_bytes,
         } = *self;
+        if !(zmq_max_message_bytes as u64..=MAX_ZMQ_MEMORY_BYTES)
+            .contains(&(zmq_memory_bytes as u64))
+        {
+            errors.push(ConfigError::at(
+                "limits.zmq_memory_bytes",
+                format_args!(
+                    "must be between limits.zmq_max_message_bytes ({zmq_max_message_bytes}: one largest message must fit) and {MAX_ZMQ_MEMORY_BYTES} (64 GiB)"
+                ),
+            ));
+        }
         if !(MIN_BODY_MEMORY_BYTES..=MAX_BODY_MEMORY_BYTES).contains(&(body_memory_bytes as u64)) {
             errors.push(ConfigError::at(
                 "limits.body_memory_bytes",

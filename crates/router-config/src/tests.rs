@@ -222,6 +222,14 @@ fn validation_errors_name_their_path() {
             "limits.tokenize_cache_bytes: must be 0 (no cache) or between 1048576 (1 MiB) and 17179869184 (16 GiB)",
         ),
         (
+            "limits: {zmq_max_message_bytes: 2000000, zmq_memory_bytes: 1999999}\nmodels: [{id: m}]\n",
+            "limits.zmq_memory_bytes: must be between limits.zmq_max_message_bytes (2000000: one largest message must fit) and 68719476736 (64 GiB)",
+        ),
+        (
+            "limits: {zmq_memory_bytes: 68719476737}\nmodels: [{id: m}]\n",
+            "limits.zmq_memory_bytes: must be between limits.zmq_max_message_bytes (16777216: one largest message must fit) and 68719476736 (64 GiB)",
+        ),
+        (
             "models: [{id: m, buckets: [{id: 'b\"} 1', groups: {plain: {}}}]}]\n",
             "models[0].buckets[0].id: may hold only visible ASCII characters other than \" \\ { } , =, not '\"'",
         ),

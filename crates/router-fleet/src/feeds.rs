@@ -7,11 +7,20 @@ use std::sync::Arc;
 
 use router_state::kv_events::{KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber};
 use router_state::{
-    EngineId, EngineReportedLoadTable, FeedHandle, FeedStats, LoadFeedSource, spawn_load_subscriber,
+    EngineId, EngineReportedLoadTable, FeedHandle, FeedMemory, FeedStats, LoadFeedSource,
+    spawn_load_subscriber,
 };
 use router_upstream::{FeedEndpoint, KvFeedEndpoint, ServerInfo, url_host};
 
 use crate::spec::EngineSpec;
+
+/// What every feed of a fleet may receive: messages up to a size, all of them within
+/// one memory budget.
+#[derive(Debug, Clone)]
+pub(crate) struct FeedBounds {
+    pub(crate) max_message_bytes: usize,
+    pub(crate) memory: FeedMemory,
+}
 
 /// Starts the load subscribers of `spec` (with `dp_size` ranks).
 pub(crate) fn load_feeds(
@@ -20,7 +29,7 @@ pub(crate) fn load_feeds(
     advertised: Option<FeedEndpoint>,
     load: &Arc<EngineReportedLoadTable>,
     stats: &Arc<FeedStats>,
-    max_message_bytes: usize,
+    bounds: &FeedBounds,
 ) -> Vec<FeedHandle> {
     let endpoint = match (spec.load_port, advertised) {
         (Some(port_base), advertised) => Some(FeedEndpoint {
@@ -40,7 +49,8 @@ pub(crate) fn load_feeds(
                 rank,
                 endpoint: endpoint.rank_endpoint(rank)?,
                 topic: endpoint.topic.clone(),
-                max_message_bytes,
+                max_message_bytes: bounds.max_message_bytes,
+                memory: bounds.memory.clone(),
             };
             Some(spawn_load_subscriber(
                 Arc::clone(load),
@@ -58,7 +68,7 @@ pub(crate) fn kv_feeds(
     advertised: Option<KvFeedEndpoint>,
     index: &Arc<PrefixIndex>,
     stats: &Arc<KvFeedStats>,
-    max_message_bytes: usize,
+    bounds: &FeedBounds,
 ) -> Vec<FeedHandle> {
     let id: &EngineId = &spec.id;
     let model = spec.model.as_str();
@@ -104,7 +114,8 @@ pub(crate) fn kv_feeds(
                 endpoint: endpoint.feed.rank_endpoint(rank)?,
                 replay_endpoint: endpoint.replay_port_base.and_then(replay),
                 topic: endpoint.feed.topic.clone(),
-                max_message_bytes,
+                max_message_bytes: bounds.max_message_bytes,
+                memory: bounds.memory.clone(),
             };
             Some(spawn_kv_subscriber(
                 Arc::clone(index),

@@ -11,14 +11,14 @@ use parking_lot::{Mutex, RwLock};
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
 use router_state::{
     DEFAULT_MAX_FEED_MESSAGE_BYTES, Engine, EngineId, EngineRegistry, EngineReportedLoadTable,
-    FeedHandle, FeedStats, Health, RegistryError, RegistrySnapshot, Role, check_name,
+    FeedHandle, FeedMemory, FeedStats, Health, RegistryError, RegistrySnapshot, Role, check_name,
 };
 use router_upstream::{Origin, ServerInfo, Upstream, check_engine_url};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::FleetError;
-use crate::feeds::{advertised, kv_feeds, load_feeds};
+use crate::feeds::{FeedBounds, advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, Dispatched, HealthBook, HealthPolicy};
 use crate::role::{pd_profile_of, role_of};
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
@@ -74,8 +74,8 @@ pub struct Fleet {
     origins: ArcSwap<HashMap<EngineId, Origin>>,
     /// Called without any lock held, so an observer may call back into the fleet.
     observers: ArcSwap<Vec<Observer>>,
-    /// The largest message an engine's feeds may send.
-    max_feed_message_bytes: usize,
+    /// The largest message an engine's feeds may send, and the memory all feeds share.
+    feed_bounds: FeedBounds,
     /// How often an engine without a `LoadStat` feed has its `/metrics` read;
     /// `None`: never.
     metrics_interval: Option<Duration>,
@@ -111,7 +111,10 @@ impl Fleet {
             reading_adapters: Mutex::default(),
             origins: ArcSwap::default(),
             observers: ArcSwap::default(),
-            max_feed_message_bytes: DEFAULT_MAX_FEED_MESSAGE_BYTES,
+            feed_bounds: FeedBounds {
+                max_message_bytes: DEFAULT_MAX_FEED_MESSAGE_BYTES,
+                memory: FeedMemory::default(),
+            },
             metrics_interval: Some(DEFAULT_METRICS_INTERVAL),
         }
     }
@@ -130,8 +133,22 @@ impl Fleet {
     /// and the feed reconnects. Defaults to 16 MiB.
     #[must_use]
     pub fn with_max_feed_message_bytes(mut self, bytes: usize) -> Self {
-        self.max_feed_message_bytes = bytes;
+        self.feed_bounds.max_message_bytes = bytes;
         self
+    }
+
+    /// Bounds what all the fleet's feeds hold together in messages still arriving
+    /// and KV-event batches kept while a gap is repaired to `bytes`; a frame past it
+    /// closes its feed's connection, which reconnects. Defaults to 256 MiB.
+    #[must_use]
+    pub fn with_feed_memory_bytes(mut self, bytes: usize) -> Self {
+        self.feed_bounds.memory = FeedMemory::new(bytes);
+        self
+    }
+
+    /// The memory budget every feed of the fleet shares.
+    pub fn feed_memory(&self) -> &FeedMemory {
+        &self.feed_bounds.memory
     }
 
     /// The engines now: what candidate sets are built from.
@@ -398,8 +415,15 @@ impl Fleet {
         info: Option<&ServerInfo>,
     ) -> Vec<FeedHandle> {
         let (load_feed, kv_feed) = advertised(info);
-        let max = self.max_feed_message_bytes;
-        let mut feeds = load_feeds(spec, dp_size, load_feed, &self.load, &self.feed_stats, max);
+        let bounds = &self.feed_bounds;
+        let mut feeds = load_feeds(
+            spec,
+            dp_size,
+            load_feed,
+            &self.load,
+            &self.feed_stats,
+            bounds,
+        );
         let vllm = info.is_some_and(|i| !i.served);
         if let Some(interval) = self.metrics_interval.filter(|_| feeds.is_empty() && vllm) {
             feeds.push(metrics_scraper(
@@ -418,7 +442,7 @@ impl Fleet {
                 kv_feed,
                 &index,
                 &self.kv_stats,
-                max,
+                bounds,
             ));
         }
         feeds

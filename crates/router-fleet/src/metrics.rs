@@ -10,7 +10,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use router_state::kv_events::{KvFeedStats, PrefixIndex};
-use router_state::{Engine, LoadSnapshot, RegistrySnapshot};
+use router_state::{Engine, FeedMemory, LoadSnapshot, RegistrySnapshot};
 
 use crate::fleet::Fleet;
 
@@ -53,6 +53,7 @@ impl Collector for FleetCollector {
         engine_families(&mut encoder, fleet, &engines, &load)?;
         engine_timing_families(&mut encoder, &engines, &load)?;
         load_feed_family(&mut encoder, fleet)?;
+        feed_memory_families(&mut encoder, fleet.feed_memory())?;
         kv_feed_families(&mut encoder, fleet.kv_stats())?;
         let indexes = fleet.prefix_indexes();
         kv_feed_age_family(&mut encoder, &snapshot, &indexes)?;
@@ -173,6 +174,36 @@ fn load_feed_family(encoder: &mut DescriptorEncoder, fleet: &Fleet) -> Result<()
             .into_iter()
             .map(|(outcome, n)| (outcome.to_owned(), ConstCounter::new(n))),
     )
+}
+
+/// Encodes what the feeds hold of their shared memory budget, its size, and the
+/// frames and batches it refused.
+fn feed_memory_families(
+    encoder: &mut DescriptorEncoder,
+    memory: &FeedMemory,
+) -> Result<(), std::fmt::Error> {
+    let gauge = |bytes: usize| ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+    let in_use = gauge(memory.in_use());
+    in_use.encode(encoder.encode_descriptor(
+        "feed_memory_bytes",
+        "Bytes the engine feeds hold of limits.zmq_memory_bytes: messages still arriving, KV-event batches kept while a gap is repaired",
+        None,
+        in_use.metric_type(),
+    )?)?;
+    let limit = gauge(memory.limit());
+    limit.encode(encoder.encode_descriptor(
+        "feed_memory_limit_bytes",
+        "limits.zmq_memory_bytes: what the engine feeds may hold together",
+        None,
+        limit.metric_type(),
+    )?)?;
+    let refused = ConstCounter::new(memory.refused());
+    refused.encode(encoder.encode_descriptor(
+        "feed_memory_refusals",
+        "Feed frames (their connection closed) and KV-event batches (their gap not repaired) refused because the feeds' memory budget was spent",
+        None,
+        refused.metric_type(),
+    )?)
 }
 
 /// Encodes the KV-event subscribers' events, what they dropped and the ranks whose

@@ -139,6 +139,7 @@ impl AppContext {
         let fleet = Arc::new(
             Fleet::new(upstream.clone(), config.load, config.health)
                 .with_max_feed_message_bytes(config.max_feed_message_bytes)
+                .with_feed_memory_bytes(config.feed_memory_bytes)
                 .with_metrics_interval(config.metrics_interval),
         );
         let mut errors = Vec::new();

@@ -154,6 +154,7 @@ pub async fn start_indexer(
     let fleet = Arc::new(
         Fleet::new(validated.upstream(), validated.load, validated.health)
             .with_max_feed_message_bytes(validated.max_feed_message_bytes)
+            .with_feed_memory_bytes(validated.feed_memory_bytes)
             .with_metrics_interval(validated.metrics_interval),
     );
     let mut indexes = HashMap::new();

@@ -57,6 +57,8 @@ pub struct ValidatedConfig {
     pub(crate) routing_headers: RoutingHeaders,
     pub(crate) health: HealthPolicy,
     pub(crate) max_feed_message_bytes: usize,
+    /// What all engine feeds may hold together (`limits.zmq_memory_bytes`).
+    pub(crate) feed_memory_bytes: usize,
     /// How often a vLLM engine's `/metrics` is read; `None`: never.
     pub(crate) metrics_interval: Option<Duration>,
     pub(crate) load: Arc<EngineReportedLoadTable>,
@@ -204,6 +206,7 @@ impl ValidatedConfig {
             routing_headers: config.routing_headers,
             health: health_policy(&config.health),
             max_feed_message_bytes: config.limits.zmq_max_message_bytes,
+            feed_memory_bytes: config.limits.zmq_memory_bytes,
             metrics_interval: (config.load.metrics_interval_ms > 0)
                 .then(|| Duration::from_millis(config.load.metrics_interval_ms)),
             load: state.load,

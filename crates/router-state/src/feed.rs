@@ -13,12 +13,14 @@ use tokio::task::JoinHandle;
 
 use crate::engine::EngineId;
 
+mod memory;
 #[cfg(feature = "zmq")]
 mod subscriber;
+pub use memory::{DEFAULT_FEED_MEMORY_BYTES, FeedMemory};
 #[cfg(feature = "zmq")]
 pub use subscriber::spawn_load_subscriber;
 #[cfg(feature = "zmq")]
-pub(crate) use subscriber::{bounded_sub, oversized};
+pub(crate) use subscriber::{bounded_options, bounded_sub, over_budget, oversized};
 
 /// A message's sequence frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +101,9 @@ pub struct LoadFeedSource {
     /// The largest message accepted; a larger one closes the connection before it
     /// is read (the subscription reconnects).
     pub max_message_bytes: usize,
+    /// The budget the messages being received are charged to, shared with the
+    /// process's other feeds; a frame past it closes the connection.
+    pub memory: FeedMemory,
 }
 
 /// The largest feed message accepted unless configured otherwise: 16 MiB, far above
@@ -114,6 +119,7 @@ pub struct FeedStats {
     dropped_payload: AtomicU64,
     dropped_unknown_engine: AtomicU64,
     dropped_oversized: AtomicU64,
+    dropped_over_budget: AtomicU64,
     connect_failures: AtomicU64,
     scrape_failures: AtomicU64,
 }
@@ -148,7 +154,7 @@ impl FeedStats {
     }
 
     /// `(label, count)` for reports applied and every drop reason.
-    pub fn counts(&self) -> [(&'static str, u64); 7] {
+    pub fn counts(&self) -> [(&'static str, u64); 8] {
         [
             ("applied", self.applied.load(Ordering::Relaxed)),
             (
@@ -166,6 +172,10 @@ impl FeedStats {
             (
                 "dropped_oversized",
                 self.dropped_oversized.load(Ordering::Relaxed),
+            ),
+            (
+                "dropped_over_budget",
+                self.dropped_over_budget.load(Ordering::Relaxed),
             ),
             (
                 "connect_failures",

@@ -56,8 +56,8 @@ pub use engine::{Engine, EngineId, Health, MAX_DP_SIZE, Role};
 #[cfg(feature = "zmq")]
 pub use feed::spawn_load_subscriber;
 pub use feed::{
-    DEFAULT_MAX_FEED_MESSAGE_BYTES, Envelope, EnvelopeError, FeedHandle, FeedStats, LoadFeedSource,
-    Sequence, decode_envelope,
+    DEFAULT_FEED_MEMORY_BYTES, DEFAULT_MAX_FEED_MESSAGE_BYTES, Envelope, EnvelopeError, FeedHandle,
+    FeedMemory, FeedStats, LoadFeedSource, Sequence, decode_envelope,
 };
 pub use load_monitor::{
     CapacityListener, DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable,

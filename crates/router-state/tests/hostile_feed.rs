@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use router_state::{
-    EngineId, EngineReportedLoadTable, FeedStats, LoadFeedSource, spawn_load_subscriber,
+    EngineId, EngineReportedLoadTable, FeedMemory, FeedStats, LoadFeedSource, spawn_load_subscriber,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -52,6 +52,14 @@ async fn announce(mut socket: TcpStream, declared: u64) -> usize {
 /// A load-feed subscriber of `endpoint` that accepts messages of up to 1 MiB, and its
 /// counters.
 fn subscribe(endpoint: String) -> (router_state::FeedHandle, Arc<FeedStats>) {
+    subscribe_within(endpoint, FeedMemory::default())
+}
+
+/// A load-feed subscriber of `endpoint` charging what it receives to `memory`.
+fn subscribe_within(
+    endpoint: String,
+    memory: FeedMemory,
+) -> (router_state::FeedHandle, Arc<FeedStats>) {
     let table = Arc::new(EngineReportedLoadTable::default());
     let id = EngineId::from("E1");
     table.register(&id, NonZeroU32::MIN);
@@ -61,6 +69,7 @@ fn subscribe(endpoint: String) -> (router_state::FeedHandle, Arc<FeedStats>) {
         endpoint,
         topic: "load".into(),
         max_message_bytes: 1 << 20,
+        memory,
     };
     let stats = Arc::new(FeedStats::default());
     (
@@ -165,6 +174,7 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
         replay_endpoint: Some(replay_endpoint),
         topic: "kv".into(),
         max_message_bytes: 1 << 20,
+        memory: router_state::FeedMemory::default(),
     };
     let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
     tokio::time::timeout(Duration::from_secs(60), stats.steps_after(0))
@@ -175,7 +185,7 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
         [("replay_too_large", 1)],
         "the replay was given up at its bound"
     );
-    assert_eq!(index.size().entries, 0, "nothing of it was applied");
+    assert_eq!(index.size().entries, 0, "its batches held no event");
     drop(feed);
     server.abort();
     drop(live);
@@ -227,6 +237,7 @@ async fn an_oversized_kv_event_message_is_counted_and_the_feed_reconnects() {
         replay_endpoint: None,
         topic: "kv".into(),
         max_message_bytes: 1 << 20,
+        memory: router_state::FeedMemory::default(),
     };
     let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
     let feed = spawn_kv_subscriber(index, source, Arc::clone(&stats));
@@ -241,4 +252,60 @@ async fn an_oversized_kv_event_message_is_counted_and_the_feed_reconnects() {
     assert!(oversized >= 1, "{:?}", stats.dropped());
     drop(feed);
     publisher.abort();
+}
+
+/// Waits (yielding) until `memory` holds `bytes`.
+async fn holding(memory: &FeedMemory, bytes: usize) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while memory.in_use() != bytes {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the feeds hold {bytes} bytes, not {}", memory.in_use()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feeds_share_one_memory_budget_and_a_frame_past_it_closes_its_connection() {
+    // Two feeds, each accepting messages of 1 MiB, share 1 MiB.
+    let memory = FeedMemory::new(1 << 20);
+    // The first publisher announces a 768 KiB frame and sends no more of it.
+    let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let first_endpoint = format!("tcp://{}", first.local_addr().unwrap());
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let stalling = tokio::spawn(async move {
+        let (mut socket, _) = first.accept().await.unwrap();
+        socket.write_all(&greeting()).await.unwrap();
+        socket.write_all(&ready()).await.unwrap();
+        let mut theirs = vec![0_u8; 64];
+        socket.read_exact(&mut theirs).await.unwrap();
+        let mut header = vec![0x02];
+        header.extend_from_slice(&(768_u64 << 10).to_be_bytes());
+        socket.write_all(&header).await.unwrap();
+        drop(released.await);
+    });
+    let (first_feed, first_stats) = subscribe_within(first_endpoint, memory.clone());
+    holding(&memory, (768 << 10) + 64).await;
+    // The second announces 512 KiB, within its own limit but past what is left; it
+    // takes one connection only, so the feed's reconnects find nothing.
+    let second = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second_endpoint = format!("tcp://{}", second.local_addr().unwrap());
+    let (closed_tx, mut closures) = mpsc::unbounded_channel();
+    let refused = tokio::spawn(async move {
+        let (socket, _) = second.accept().await.unwrap();
+        drop(second);
+        let _ = closed_tx.send(announce(socket, 512 << 10).await);
+    });
+    let (second_feed, second_stats) = subscribe_within(second_endpoint, memory.clone());
+    closed(&mut closures, 1).await;
+    assert_eq!(count(&second_stats, "dropped_over_budget"), 1);
+    assert_eq!(count(&second_stats, "dropped_oversized"), 0);
+    assert_eq!(memory.refused(), 1);
+    assert_eq!(count(&first_stats, "dropped_over_budget"), 0);
+    // The stalled frame is given back when its connection closes.
+    release.send(()).unwrap();
+    holding(&memory, 0).await;
+    drop((first_feed, second_feed));
+    stalling.await.unwrap();
+    refused.await.unwrap();
 }

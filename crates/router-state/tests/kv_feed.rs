@@ -52,6 +52,7 @@ impl Fixture {
             replay_endpoint: ports.replay.first().map(|p| format!("tcp://127.0.0.1:{p}")),
             topic: String::new(),
             max_message_bytes: router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES,
+            memory: router_state::FeedMemory::default(),
         }
     }
 

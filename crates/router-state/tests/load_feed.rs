@@ -25,6 +25,7 @@ async fn reports_from_a_real_feed_reach_the_table_and_track_the_engine() {
         endpoint: format!("tcp://127.0.0.1:{}", engine.ports().load[0]),
         topic: "load".into(),
         max_message_bytes: router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES,
+        memory: router_state::FeedMemory::default(),
     };
     let feed = spawn_load_subscriber(Arc::clone(&table), source, Arc::clone(&stats));
     let guard = Duration::from_secs(20);

@@ -201,6 +201,7 @@ async fn the_index_follows(engine: Engine) {
         replay_endpoint: Some(replay),
         topic: "kv".into(),
         max_message_bytes: router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES,
+        memory: router_state::FeedMemory::default(),
     };
     let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
     let mut h = Harness {

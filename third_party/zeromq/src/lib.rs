@@ -358,6 +358,20 @@ pub struct SocketOptions {
     // Switchyard patch: the largest message a peer may send, checked on each frame
     // header before the frame is buffered.
     pub(crate) max_message_size: Option<usize>,
+    // Switchyard patch: a byte budget shared with other sockets, charged for every
+    // frame from its header until its message is handed over.
+    pub(crate) buffer_budget: Option<std::sync::Arc<dyn BufferBudget>>,
+}
+
+/// Switchyard patch: bytes that many sockets' partly received messages share. A
+/// frame is charged (its payload plus 64 bytes) when its header arrives, before
+/// anything is allocated for it, and given back when its message is handed over or
+/// its connection closes.
+pub trait BufferBudget: Send + Sync + std::fmt::Debug {
+    /// Takes `bytes` from the budget; `false` (taking nothing) when they do not fit.
+    fn take(&self, bytes: usize) -> bool;
+    /// Gives back `bytes` taken before.
+    fn give_back(&self, bytes: usize);
 }
 
 impl Default for SocketOptions {
@@ -369,6 +383,7 @@ impl Default for SocketOptions {
             read_buffer_max_size: 64 * 1024,
             read_buffer_short_reads: 2,
             max_message_size: None,
+            buffer_budget: None,
         }
     }
 }
@@ -380,6 +395,15 @@ impl SocketOptions {
     /// is allocated for it. Unset, any size is accepted. (Switchyard patch.)
     pub fn max_message_size(&mut self, bytes: usize) -> &mut Self {
         self.max_message_size = Some(bytes);
+        self
+    }
+
+    /// Charges every frame this socket receives to `budget` from its header until its
+    /// message is handed over (or its connection closes); a frame the budget cannot
+    /// take closes the peer's connection before anything is allocated for it
+    /// (`CodecError::OverBudget`). (Switchyard patch.)
+    pub fn buffer_budget(&mut self, budget: std::sync::Arc<dyn BufferBudget>) -> &mut Self {
+        self.buffer_budget = Some(budget);
         self
     }
 

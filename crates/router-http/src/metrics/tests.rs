@@ -14,11 +14,10 @@ fn metrics() -> (Metrics, Arc<Fleet>) {
         first_byte: Duration::from_secs(1),
         pool_idle: Duration::from_secs(4),
     });
-    let fleet = Arc::new(Fleet::new(
-        upstream,
-        Arc::default(),
-        HealthPolicy::default(),
-    ));
+    let fleet = Arc::new(
+        Fleet::new(upstream, Arc::default(), HealthPolicy::default())
+            .with_feed_memory_bytes(64 << 20),
+    );
     let affinity: Arc<dyn AffinityStore> =
         Arc::new(LocalAffinityStore::new(AffinityConfig::default()));
     let routing = Arc::new(Routing::new(
@@ -64,6 +63,9 @@ async fn encodes_counters_histograms_and_the_collectors_families() {
         "switchyard_load_feed_messages_total{outcome=\"applied\"} 0",
         "switchyard_affinity_bindings 0",
         "switchyard_kv_degraded_sources 0",
+        "switchyard_feed_memory_bytes 0",
+        "switchyard_feed_memory_limit_bytes 67108864",
+        "switchyard_feed_memory_refusals_total 0",
     ] {
         assert!(text.contains(expected), "{expected} in:\n{text}");
     }

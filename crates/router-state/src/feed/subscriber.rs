@@ -8,19 +8,33 @@ use bytes::Bytes;
 use tokio::time::{Instant, sleep};
 use zeromq::{CodecError, Socket, SocketOptions, SocketRecv, SubSocket, ZmqError};
 
-use super::{FeedHandle, FeedStats, LoadFeedSource, Sequence, decode_envelope};
+use super::{FeedHandle, FeedMemory, FeedStats, LoadFeedSource, Sequence, decode_envelope};
 use crate::load_monitor::{EngineReportedLoadTable, LoadReport};
 
-/// A SUB socket that refuses messages over `max_message_bytes`.
-pub(crate) fn bounded_sub(max_message_bytes: usize) -> SubSocket {
+/// A SUB socket that refuses messages over `max_message_bytes` and frames `memory`
+/// cannot take.
+pub(crate) fn bounded_sub(max_message_bytes: usize, memory: &FeedMemory) -> SubSocket {
+    SubSocket::with_options(bounded_options(max_message_bytes, memory))
+}
+
+/// Socket options refusing messages over `max_message_bytes` and frames `memory`
+/// cannot take.
+pub(crate) fn bounded_options(max_message_bytes: usize, memory: &FeedMemory) -> SocketOptions {
     let mut options = SocketOptions::default();
-    options.max_message_size(max_message_bytes);
-    SubSocket::with_options(options)
+    options
+        .max_message_size(max_message_bytes)
+        .buffer_budget(memory.for_sockets());
+    options
 }
 
 /// Whether a receive failed because the peer sent a message over the socket's limit.
 pub(crate) fn oversized(error: &ZmqError) -> bool {
     matches!(error, ZmqError::Codec(CodecError::MessageTooLarge))
+}
+
+/// Whether a receive failed because the feeds' memory budget could not take a frame.
+pub(crate) fn over_budget(error: &ZmqError) -> bool {
+    matches!(error, ZmqError::Codec(CodecError::OverBudget))
 }
 
 /// Subscribes to one rank's load feed and applies every report to `table`. The
@@ -33,7 +47,7 @@ pub fn spawn_load_subscriber(
     FeedHandle::spawn(async move {
         let mut backoff = Duration::from_millis(50);
         loop {
-            let mut sub = bounded_sub(source.max_message_bytes);
+            let mut sub = bounded_sub(source.max_message_bytes, &source.memory);
             let connected = sub.connect(&source.endpoint).await;
             if let Err(e) = connected.and(sub.subscribe(&source.topic).await) {
                 stats.connect_failures.fetch_add(1, Ordering::Relaxed);
@@ -52,6 +66,9 @@ pub fn spawn_load_subscriber(
                         if oversized(&e) {
                             stats.dropped_oversized.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(engine = %source.engine, rank = source.rank, limit = source.max_message_bytes, "load feed message over the size limit; reconnecting");
+                        } else if over_budget(&e) {
+                            stats.dropped_over_budget.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(engine = %source.engine, rank = source.rank, budget = source.memory.limit(), "the feeds' memory budget is spent: a load feed message was refused; reconnecting");
                         }
                         break;
                     }

@@ -18,23 +18,22 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::{sleep, timeout};
 use xxhash_rust::xxh3::xxh3_64;
-use zeromq::{
-    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
-};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::index::PrefixIndex;
 use super::wire::{KvBatch, decode_batch};
 use crate::engine::EngineId;
-use crate::feed::{FeedHandle, Sequence, bounded_sub, decode_envelope, oversized};
+use crate::feed::{
+    FeedHandle, FeedMemory, Sequence, bounded_options, bounded_sub, decode_envelope, over_budget,
+    oversized,
+};
 
 /// How long a replay may go quiet before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most batches one replay may bring (SGLang's and vLLM's publishers keep 10,000
-/// by default) and the most payload bytes; a longer replay counts as failed
-/// (`replay_too_large`), as if the history could not be replayed.
+/// by default); the history past them is not replayed (`replay_too_large`).
 const MAX_REPLAY_BATCHES: usize = 16_384;
-const MAX_REPLAY_BYTES: usize = 256 << 20;
 
 /// After (re)connecting, when to ask the replay socket once more for anything
 /// published while the subscription was reaching the engine (ZeroMQ's slow joiner):
@@ -57,6 +56,9 @@ pub struct KvSource {
     /// The largest message accepted, live or replayed; a larger one closes the
     /// connection before it is read.
     pub max_message_bytes: usize,
+    /// The budget the messages being received (and a batch kept while its gap is
+    /// repaired) are charged to, shared with the process's other feeds.
+    pub memory: FeedMemory,
 }
 
 /// Counters of the KV-event subscribers of one index, for metrics.
@@ -154,7 +156,7 @@ pub fn spawn_kv_subscriber(
         };
         let mut backoff = Duration::from_millis(50);
         loop {
-            let mut sub = bounded_sub(source.max_message_bytes);
+            let mut sub = bounded_sub(source.max_message_bytes, &source.memory);
             let mut monitor = sub.monitor();
             let connected = sub.connect(&source.endpoint).await;
             if connected.and(sub.subscribe(&source.topic).await).is_err() {
@@ -184,6 +186,9 @@ pub fn spawn_kv_subscriber(
                             if oversized(&e) {
                                 stats.drop_reason("oversized");
                                 tracing::warn!(engine = %source.engine, rank = source.rank, limit = source.max_message_bytes, "KV-event message over the size limit; reconnecting");
+                            } else if over_budget(&e) {
+                                stats.drop_reason("over_budget");
+                                tracing::warn!(engine = %source.engine, rank = source.rank, budget = source.memory.limit(), "the feeds' memory budget is spent: a KV-event message was refused; reconnecting");
                             }
                             break;
                         }
@@ -214,6 +219,38 @@ enum Arrival {
     Replayed,
 }
 
+/// What a replay does when its first batch is later than the one asked for (the
+/// older ones are gone from the engine's buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    /// Applies from there (a bootstrap: the buffer is all the history there is).
+    Accept,
+    /// Clears the source, then applies from there.
+    StartOver,
+    /// Applies nothing (a repair, which its caller then gives up).
+    GiveUp,
+}
+
+/// How a replay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// With the engine's end marker.
+    Complete,
+    /// Before it: no answer, a timeout, a malformed or refused message, too many
+    /// batches.
+    Broken,
+    /// At its first batch, by [`Gone::GiveUp`].
+    GaveUp,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Copy)]
+struct Replay {
+    end: End,
+    applied: usize,
+    started_over: bool,
+}
+
 struct Stream<'a> {
     index: &'a PrefixIndex,
     source: &'a KvSource,
@@ -232,8 +269,7 @@ impl Stream<'_> {
         if self.source.replay_endpoint.is_none() {
             return;
         }
-        if let Some(batches) = self.replay(0).await {
-            self.apply_all(&batches);
+        if self.replay(0, Gone::Accept).await.end == End::Complete {
             self.next = Some(self.next.unwrap_or(0));
         }
     }
@@ -277,41 +313,33 @@ impl Stream<'_> {
         if self.source.replay_endpoint.is_none() {
             return;
         }
-        let Some(batches) = self.replay(next).await else {
-            return;
-        };
-        match batches.first() {
-            None => {}
-            Some((first, _)) if *first == next => {
-                self.stats.catch_ups.fetch_add(1, Ordering::Relaxed);
-                self.apply_all(&batches);
-            }
-            Some(_) => {
-                // Even the missed batches are gone: start over from what is buffered.
-                self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
-                self.clear();
-                self.apply_all(&batches);
-            }
+        let replay = self.replay(next, Gone::StartOver).await;
+        if replay.applied > 0 && !replay.started_over {
+            self.stats.catch_ups.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Fills `[next, seq)` from the replay socket, then applies `payload` (batch
     /// `seq`) unless the replay already covered it. Lookups ignore the source
-    /// meanwhile.
+    /// meanwhile. The batch is kept, charged to the feeds' memory, until then.
     async fn repair(&mut self, next: u64, seq: u64, payload: &[u8]) {
         self.index
             .set_degraded(&self.source.engine, self.source.rank, true);
         self.stats.degraded.fetch_add(1, Ordering::Relaxed);
-        match self.replay(next).await {
-            Some(batches) if batches.first().is_some_and(|(first, _)| *first == next) => {
-                self.apply_all(&batches);
+        let held = self.source.memory.hold(payload.len());
+        let replayed = match &held {
+            Some(_) => self.replay(next, Gone::GiveUp).await.end != End::GaveUp,
+            None => {
+                self.stats.drop_reason("over_budget");
+                tracing::warn!(engine = %self.source.engine, rank = self.source.rank, budget = self.source.memory.limit(), "the feeds' memory budget is spent: a KV-event gap is not repaired");
+                false
             }
-            _ => {
-                // The missing history is gone: forget this source and start over here.
-                self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
-                self.clear();
-                self.next = None;
-            }
+        };
+        if !replayed || self.next.is_none_or(|after| after < seq) {
+            // The missing history is gone: forget this source and start over here.
+            self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
+            self.clear();
+            self.next = None;
         }
         match self.next {
             Some(after) if after > seq => {
@@ -325,68 +353,93 @@ impl Stream<'_> {
                 self.next = Some(seq + 1);
             }
         }
+        drop(held);
         self.index
             .set_degraded(&self.source.engine, self.source.rank, false);
         self.stats.degraded.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Asks for every buffered batch from `start` on; `None` if the replay failed.
-    async fn replay(&self, start: u64) -> Option<Vec<(u64, Bytes)>> {
-        let endpoint = self.source.replay_endpoint.as_ref()?;
+    /// Asks for every buffered batch from `start` on and applies each as it arrives,
+    /// so a replay holds one batch at a time; `next` follows the last one applied.
+    /// Batches applied before a replay breaks off are the history up to theirs, in
+    /// order: the next live batch finds the rest missing.
+    async fn replay(&mut self, start: u64, gone: Gone) -> Replay {
+        let mut replay = Replay {
+            end: End::Broken,
+            applied: 0,
+            started_over: false,
+        };
+        let Some(endpoint) = &self.source.replay_endpoint else {
+            return replay;
+        };
         self.stats.replays.fetch_add(1, Ordering::Relaxed);
-        let mut options = SocketOptions::default();
-        options.max_message_size(self.source.max_message_bytes);
+        let options = bounded_options(self.source.max_message_bytes, &self.source.memory);
         let mut dealer = DealerSocket::with_options(options);
-        timeout(REPLAY_TIMEOUT, dealer.connect(endpoint))
-            .await
-            .ok()?
-            .ok()?;
+        let connected = timeout(REPLAY_TIMEOUT, dealer.connect(endpoint)).await;
         let request = ZmqMessage::try_from(vec![
             Bytes::new(),
             Bytes::copy_from_slice(&start.to_be_bytes()),
-        ])
-        .ok()?;
-        dealer.send(request).await.ok()?;
-        let mut batches = Vec::new();
-        let mut bytes = 0_usize;
+        ]);
+        let (Ok(Ok(())), Ok(request)) = (connected, request) else {
+            return replay;
+        };
+        if dealer.send(request).await.is_err() {
+            return replay;
+        }
+        let mut last = None;
         loop {
-            if batches.len() >= MAX_REPLAY_BATCHES || bytes > MAX_REPLAY_BYTES {
-                // The engine's history is unknown; the caller clears what it knew.
+            if replay.applied >= MAX_REPLAY_BATCHES {
+                // The rest of the engine's history is unknown.
                 self.stats.drop_reason("replay_too_large");
-                return None;
+                return replay;
             }
-            let frames = match timeout(REPLAY_TIMEOUT, dealer.recv()).await.ok()? {
-                Ok(message) => message.into_vec(),
-                Err(e) => {
+            let frames = match timeout(REPLAY_TIMEOUT, dealer.recv()).await {
+                Ok(Ok(message)) => message.into_vec(),
+                Ok(Err(e)) => {
                     if oversized(&e) {
                         self.stats.drop_reason("oversized");
+                    } else if over_budget(&e) {
+                        self.stats.drop_reason("over_budget");
                     }
-                    return None;
+                    return replay;
                 }
+                Err(_) => return replay,
             };
             // [empty, topic, seq, payload], or [empty, seq, payload] from older builds.
             let (seq, payload) = match frames.as_slice() {
                 [_, _, seq, payload] | [_, seq, payload] => (seq, payload),
-                _ => return None,
+                _ => return replay,
             };
             if seq.is_empty() || seq.as_ref() == [0xFF; 8] {
-                return Some(batches);
+                replay.end = End::Complete;
+                return replay;
             }
-            let seq = u64::from_be_bytes(seq.as_ref().try_into().ok()?);
-            if batches.last().is_some_and(|(last, _)| seq <= *last) {
-                return None;
+            let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes) else {
+                return replay;
+            };
+            match last {
+                Some(last) if seq <= last => return replay,
+                None if seq != start => match gone {
+                    Gone::Accept => {}
+                    Gone::StartOver => {
+                        // Even the batches asked for are gone: start over from what
+                        // is buffered.
+                        self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
+                        self.clear();
+                        replay.started_over = true;
+                    }
+                    Gone::GiveUp => {
+                        replay.end = End::GaveUp;
+                        return replay;
+                    }
+                },
+                _ => {}
             }
-            bytes = bytes.saturating_add(payload.len());
-            batches.push((seq, payload.clone()));
-        }
-    }
-
-    /// Applies replayed batches, leaving `next` after the last.
-    fn apply_all(&mut self, batches: &[(u64, Bytes)]) {
-        for (seq, payload) in batches {
             self.apply(payload, Arrival::Replayed);
             self.next = Some(seq + 1);
-            self.replayed.push_back((*seq, xxh3_64(payload)));
+            self.replayed.push_back((seq, xxh3_64(payload)));
+            last = Some(seq);
+            replay.applied += 1;
         }
     }
 

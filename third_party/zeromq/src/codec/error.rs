@@ -19,6 +19,9 @@ pub enum CodecError {
     /// Switchyard patch: a message over `SocketOptions::max_message_size`.
     #[error("message larger than the maximum size")]
     MessageTooLarge,
+    /// Switchyard patch: a frame `SocketOptions::buffer_budget` could not take.
+    #[error("frame past the shared buffer budget")]
+    OverBudget,
 }
 
 pub(crate) type CodecResult<T> = Result<T, CodecError>;

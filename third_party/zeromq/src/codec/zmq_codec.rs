@@ -2,12 +2,13 @@ use super::command::ZmqCommand;
 use super::error::CodecError;
 use super::greeting::ZmqGreeting;
 use super::Message;
-use crate::{SocketOptions, ZmqMessage};
+use crate::{BufferBudget, SocketOptions, ZmqMessage};
 
 use asynchronous_codec::{Decoder, Encoder};
 use bytes::{Buf, Bytes, BytesMut};
 
 use std::convert::TryFrom;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
 struct Frame {
@@ -40,6 +41,9 @@ pub struct ZmqCodec {
     // Switchyard patch: the message size limit, and the bytes of the buffered frames.
     max_message_size: Option<usize>,
     buffered_bytes: usize,
+    // Switchyard patch: the shared budget, and what this codec holds of it.
+    budget: Option<Arc<dyn BufferBudget>>,
+    charged: usize,
 }
 
 impl ZmqCodec {
@@ -55,12 +59,39 @@ impl ZmqCodec {
             max_read_chunk_size: options.read_buffer_max_size,
             max_message_size: options.max_message_size,
             buffered_bytes: 0,
+            budget: options.buffer_budget.clone(),
+            charged: 0,
+        }
+    }
+
+    /// Switchyard patch: charges `bytes` to the shared budget, if any.
+    fn charge(&mut self, bytes: usize) -> Result<(), CodecError> {
+        if let Some(budget) = &self.budget {
+            if !budget.take(bytes) {
+                return Err(CodecError::OverBudget);
+            }
+            self.charged += bytes;
+        }
+        Ok(())
+    }
+
+    /// Switchyard patch: gives back everything charged (a message handed over).
+    fn discharge(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.give_back(std::mem::take(&mut self.charged));
         }
     }
 
     /// Returns the minimum additional bytes needed before decode can progress.
     pub(crate) fn bytes_needed(&self, buffered_len: usize) -> usize {
         self.waiting_for.saturating_sub(buffered_len)
+    }
+}
+
+/// Switchyard patch: a closed connection gives back what its partial message held.
+impl Drop for ZmqCodec {
+    fn drop(&mut self) {
+        self.discharge();
     }
 }
 
@@ -143,6 +174,7 @@ impl Decoder for ZmqCodec {
                     if self.max_message_size.is_some_and(|max| message_bytes > max) {
                         return Err(CodecError::MessageTooLarge);
                     }
+                    self.charge(charged)?;
                     self.state = DecoderState::Frame(frame);
                     self.waiting_for = frame_len;
                 }
@@ -151,7 +183,12 @@ impl Decoder for ZmqCodec {
                     self.state = DecoderState::FrameHeader;
                     self.waiting_for = 1;
                     if frame.command {
-                        return Ok(Some(Message::Command(ZmqCommand::try_from(data.freeze())?)));
+                        let command = ZmqCommand::try_from(data.freeze());
+                        // Commands come between messages' frames, never inside one.
+                        if self.buffered_message.is_none() {
+                            self.discharge();
+                        }
+                        return Ok(Some(Message::Command(command?)));
                     }
 
                     // process incoming message frame
@@ -165,6 +202,7 @@ impl Decoder for ZmqCodec {
 
                     if !frame.more {
                         self.buffered_bytes = 0;
+                        self.discharge();
                         // Quoth the Raven “Nevermore.”
                         return Ok(Some(Message::Message(
                             self.buffered_message
