@@ -31,6 +31,12 @@ pub struct ModelConfig {
     /// the least recently matched pages are forgotten. About 117 bytes per page.
     #[serde(default = "default_prefix_index_pages")]
     pub prefix_index_pages: usize,
+    /// Most (page, engine rank) entries the model's prefix index keeps, all ranks
+    /// together: a page eight ranks hold is eight entries. Past it the least recently
+    /// matched pages are forgotten, as past `prefix_index_pages`; with many ranks
+    /// sharing prefixes it is the bound that holds first. About 40 bytes per entry.
+    #[serde(default = "default_prefix_index_entries")]
+    pub prefix_index_entries: usize,
     /// How `cache_aware` groups count the pages the router itself routed: pending on
     /// an engine until its KV events announce them, and an estimate of the caches of
     /// engines that publish no KV events.
@@ -109,6 +115,7 @@ impl ModelConfig {
             tokenizer: None,
             block_size: default_block_size(),
             prefix_index_pages: default_prefix_index_pages(),
+            prefix_index_entries: default_prefix_index_entries(),
             routed_pages: RoutedPagesSettings::default(),
             flow: FlowConfig::default(),
             engines,
@@ -130,6 +137,10 @@ const MIN_PREFIX_INDEX_PAGES: usize = 1024;
 
 fn default_prefix_index_pages() -> usize {
     IndexConfig::default().max_nodes
+}
+
+fn default_prefix_index_entries() -> usize {
+    IndexConfig::default().max_entries
 }
 
 /// One engine.
@@ -285,6 +296,7 @@ impl ModelConfig {
             tokenizer: _,
             block_size,
             prefix_index_pages,
+            prefix_index_entries,
             routed_pages,
             flow,
             engines,
@@ -316,6 +328,12 @@ impl ModelConfig {
         if *prefix_index_pages < MIN_PREFIX_INDEX_PAGES {
             errors.push(ConfigError::at(
                 at("prefix_index_pages"),
+                format!("must be at least {MIN_PREFIX_INDEX_PAGES}"),
+            ));
+        }
+        if *prefix_index_entries < MIN_PREFIX_INDEX_PAGES {
+            errors.push(ConfigError::at(
+                at("prefix_index_entries"),
                 format!("must be at least {MIN_PREFIX_INDEX_PAGES}"),
             ));
         }

@@ -321,6 +321,7 @@ fn prefix_source<R: Resources>(
     let config = IndexConfig {
         block_size: model.block_size,
         max_nodes: model.prefix_index_pages,
+        max_entries: model.prefix_index_entries,
     };
     let index = around
         .kept_index

@@ -63,6 +63,7 @@ fn the_minimal_config_takes_every_default() {
     assert_eq!(config.timeouts, TimeoutConfig::default());
     assert_eq!(config.models[0].block_size, 16);
     assert_eq!(config.models[0].prefix_index_pages, 4 << 20);
+    assert_eq!(config.models[0].prefix_index_entries, 16 << 20);
     assert_eq!(config.models[0].buckets, None);
 }
 
@@ -143,14 +144,21 @@ fn routing_headers_are_all_unless_told_otherwise() {
 fn the_prefix_index_budget_is_set_per_model_and_bounded_below() {
     let yaml = MINIMAL.replace(
         "    engines:",
-        "    prefix_index_pages: 65536\n    engines:",
+        "    prefix_index_pages: 65536\n    prefix_index_entries: 1048576\n    engines:",
     );
     let config = RouterConfig::from_yaml(&yaml).unwrap();
     assert_eq!(config.models[0].prefix_index_pages, 65536);
+    assert_eq!(config.models[0].prefix_index_entries, 1 << 20);
     assert!(problems(&config).is_empty());
     assert_eq!(
-        errors(&MINIMAL.replace("    engines:", "    prefix_index_pages: 10\n    engines:")),
-        ["models[0].prefix_index_pages: must be at least 1024"]
+        errors(&MINIMAL.replace(
+            "    engines:",
+            "    prefix_index_pages: 10\n    prefix_index_entries: 10\n    engines:"
+        )),
+        [
+            "models[0].prefix_index_pages: must be at least 1024",
+            "models[0].prefix_index_entries: must be at least 1024"
+        ]
     );
 }
 

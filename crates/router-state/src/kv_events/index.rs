@@ -11,9 +11,10 @@
 //! (`unknown_block`, `unknown_parent`). Tiers are kept per copy: a removal on one tier
 //! leaves a copy on another.
 //!
-//! Memory is bounded by a node budget (`max_nodes`): nodes, the sources' engine hashes
-//! (at most one per node and source) and the pool of leaves (at most one entry per
-//! node) all follow it. Past it, the least recently matched leaf of a random sample
+//! Memory is bounded by a node budget (`max_nodes`) and an entry budget
+//! (`max_entries`, (page, source) ownerships of all sources together): nodes and the
+//! pool of leaves (at most one entry per node) follow the first, the sources' engine
+//! hashes (one per entry) the second. Past it, the least recently matched leaf of a random sample
 //! is evicted with its ancestors no later use reached (see `evict`), a bounded number
 //! of pages per hold of the write lock, so lookups wait for one step, never for a
 //! pass over the index. While a batch's eviction steps run, the index exceeds the
@@ -41,6 +42,10 @@ pub struct IndexConfig {
     /// Most nodes kept; past it the least recently matched leaves are evicted
     /// (approximately: the oldest of a random sample).
     pub max_nodes: usize,
+    /// Most (page, source) entries kept, all sources together; past it leaves are
+    /// evicted as past `max_nodes`. Pages many engine ranks hold take an entry each
+    /// rank, so with many ranks this bounds memory before `max_nodes` does.
+    pub max_entries: usize,
 }
 
 impl Default for IndexConfig {
@@ -48,6 +53,7 @@ impl Default for IndexConfig {
         Self {
             block_size: 16,
             max_nodes: 4 << 20,
+            max_entries: 16 << 20,
         }
     }
 }
@@ -297,10 +303,10 @@ impl PrefixIndex {
         // Eviction runs in steps of a bounded number of pages, letting waiting
         // lookups in between: meanwhile the budget is exceeded by at most the pages
         // of the batches being applied.
-        while inner.nodes.len() > self.config.max_nodes {
-            let evicted = inner.evict(self.config.max_nodes, EVICT_STEP);
+        while inner.over(&self.config) {
+            let evicted = inner.evict(&self.config, EVICT_STEP);
             self.evicted.fetch_add(evicted as u64, Ordering::Relaxed);
-            if evicted == 0 || inner.nodes.len() <= self.config.max_nodes {
+            if evicted == 0 || !inner.over(&self.config) {
                 break;
             }
             RwLockWriteGuard::bump(&mut inner);

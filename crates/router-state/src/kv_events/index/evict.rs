@@ -1,4 +1,4 @@
-//! The node budget: a pool of the index's leaves, sampled to find the least recently
+//! The budgets of pages and entries: a pool of the index's leaves, sampled to find the least recently
 //! matched one, which goes with the ancestors no later use reached.
 //!
 //! Every leaf is in the pool exactly once and knows its position, so pages enter and
@@ -11,7 +11,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Inner, Node};
+use super::{IndexConfig, Inner, Node};
 
 /// Leaves compared per eviction.
 const SAMPLES: usize = 16;
@@ -77,11 +77,17 @@ impl Inner {
         }
     }
 
-    /// Evicts least recently matched pages, at most `limit`, until `target` remain;
-    /// returns how many went.
-    pub(super) fn evict(&mut self, target: usize, limit: usize) -> usize {
+    /// Whether the index holds more pages or (page, source) entries than `config`
+    /// allows.
+    pub(super) fn over(&self, config: &IndexConfig) -> bool {
+        self.nodes.len() > config.max_nodes || self.entries > config.max_entries
+    }
+
+    /// Evicts least recently matched pages, at most `limit`, until the index is
+    /// within `config`'s budgets; returns how many went.
+    pub(super) fn evict(&mut self, config: &IndexConfig, limit: usize) -> usize {
         let mut evicted = 0;
-        while self.nodes.len() > target && evicted < limit {
+        while self.over(config) && evicted < limit {
             let Some(mut hash) = self.oldest_sampled_leaf() else {
                 break;
             };
@@ -97,7 +103,7 @@ impl Inner {
                 let own = parent.last_used.fetch_max(used, Ordering::Relaxed);
                 if parent.leaf_at().is_none()
                     || own > used
-                    || self.nodes.len() <= target
+                    || !self.over(config)
                     || evicted >= limit
                 {
                     break;

@@ -38,6 +38,7 @@ fn index() -> PrefixIndex {
     PrefixIndex::new(IndexConfig {
         block_size: BS,
         max_nodes: 1 << 20,
+        ..IndexConfig::default()
     })
 }
 
@@ -289,6 +290,7 @@ fn the_node_budget_evicts_least_recently_matched_leaves() {
     let index = PrefixIndex::new(IndexConfig {
         block_size: BS,
         max_nodes: 10,
+        ..IndexConfig::default()
     });
     let prefixes: Vec<Vec<u32>> = (0..6).map(|p| (p * 100..p * 100 + 8).collect()).collect();
     for (i, tokens) in prefixes.iter().enumerate() {
@@ -317,10 +319,44 @@ fn the_node_budget_evicts_least_recently_matched_leaves() {
     );
 }
 
+#[test]
+fn the_entry_budget_evicts_pages_many_ranks_hold() {
+    let index = PrefixIndex::new(IndexConfig {
+        block_size: BS,
+        max_nodes: 1 << 20,
+        max_entries: 16,
+    });
+    // Eight ranks each hold one prefix of four pages: 32 entries on 4 pages.
+    let tokens: Vec<u32> = (0..4 * BS).collect();
+    for rank in 0..8 {
+        index.apply(
+            &id("a"),
+            rank,
+            &batch(vec![stored(
+                &[1, 2, 3, 4],
+                None,
+                tokens.clone(),
+                Tier::Device,
+            )]),
+        );
+        let size = index.size();
+        assert!(size.entries <= 16, "after rank {rank}: {size:?}");
+    }
+    let size = index.size();
+    assert!(size.nodes < 4, "the deepest pages went: {size:?}");
+    assert!(index.evicted() > 0);
+    let found = index.lookup(&index.request_hashes(None, &tokens));
+    assert!(
+        (1..4).contains(&found.blocks_of(&id("a"))),
+        "the first pages are still matched: {found:?}"
+    );
+}
+
 fn budget(max_nodes: usize) -> PrefixIndex {
     PrefixIndex::new(IndexConfig {
         block_size: BS,
         max_nodes,
+        ..IndexConfig::default()
     })
 }
 
@@ -670,7 +706,7 @@ proptest! {
 
     #[test]
     fn a_small_budget_holds_and_never_invents_ownership(ops in proptest::collection::vec(op(), 1..60)) {
-        let index = PrefixIndex::new(IndexConfig { block_size: BS, max_nodes: 8 });
+        let index = PrefixIndex::new(IndexConfig { block_size: BS, max_nodes: 8, max_entries: 12 });
         let mut model = Model::default();
         for op in &ops {
             if let Op::Store { source, prefix, from, len, tier } = *op {
@@ -684,6 +720,7 @@ proptest! {
                 model.apply(&key, &event);
             }
             prop_assert!(index.size().nodes <= 8, "the node budget holds");
+            prop_assert!(index.size().entries <= 12, "the entry budget holds");
             prop_assert_eq!(index.engine_hashes(), index.size().entries, "evicted pages' engine hashes go with them");
             prop_assert!(index.pool_is_exact(), "every leaf is pooled once");
             for prefix in 0..4 {
