@@ -45,10 +45,12 @@ pub struct LimitsConfig {
     pub zmq_max_message_bytes: usize,
     /// Bytes every engine feed together may hold in messages still arriving (each
     /// frame charged from its header, before anything is allocated for it) and in
-    /// KV-event batches kept while a gap is repaired; a frame past it closes its
-    /// feed's connection, which reconnects. At least `zmq_max_message_bytes`.
-    #[serde(default = "default_zmq_memory_bytes")]
-    pub zmq_memory_bytes: usize,
+    /// KV-event batches kept while a gap is repaired, past each message's first
+    /// 64 KiB; a frame past it closes its feed's connection, which reconnects. At
+    /// least `zmq_max_message_bytes`; absent = 256 MiB, or `zmq_max_message_bytes`
+    /// when that is larger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zmq_memory_bytes: Option<usize>,
     /// Prompts tokenized at once, each on a thread of its own (this many threads,
     /// apart from those serving requests); absent = one per core.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,11 +105,7 @@ fn default_zmq_max_message_bytes() -> usize {
     router_state::DEFAULT_MAX_FEED_MESSAGE_BYTES
 }
 
-fn default_zmq_memory_bytes() -> usize {
-    router_state::DEFAULT_FEED_MEMORY_BYTES
-}
-
-/// The most bytes `limits.zmq_memory_bytes` allows.
+/// The most bytes `limits.zmq_memory_bytes` and `limits.zmq_max_message_bytes` allow.
 const MAX_ZMQ_MEMORY_BYTES: u64 = 64 << 30;
 
 impl Default for LimitsConfig {
@@ -115,7 +113,7 @@ impl Default for LimitsConfig {
         Self {
             max_connections: default_max_connections(),
             zmq_max_message_bytes: default_zmq_max_message_bytes(),
-            zmq_memory_bytes: default_zmq_memory_bytes(),
+            zmq_memory_bytes: None,
             tokenize_concurrency: None,
             tokenize_cache_bytes: default_tokenize_cache_bytes(),
             body_memory_bytes: default_body_memory_bytes(),
@@ -125,6 +123,14 @@ impl Default for LimitsConfig {
 }
 
 impl LimitsConfig {
+    /// What all engine feeds may hold together: `zmq_memory_bytes`, or by default
+    /// 256 MiB, or one largest message when that is larger.
+    pub fn feed_memory_bytes(&self) -> usize {
+        self.zmq_memory_bytes.unwrap_or_else(|| {
+            router_state::DEFAULT_FEED_MEMORY_BYTES.max(self.zmq_max_message_bytes)
+        })
+    }
+
     /// Every bound is at least 1 and within its most; the prefix cache is off or at
     /// least 1 MiB; the body budget holds one largest body, the feeds' one largest
     /// message; the send buffer is the
@@ -139,8 +145,14 @@ impl LimitsConfig {
             body_memory_bytes,
             client_send_buffer_bytes,
         } = *self;
-        if !(zmq_max_message_bytes as u64..=MAX_ZMQ_MEMORY_BYTES)
-            .contains(&(zmq_memory_bytes as u64))
+        if (zmq_max_message_bytes as u64) > MAX_ZMQ_MEMORY_BYTES {
+            errors.push(ConfigError::at(
+                "limits.zmq_max_message_bytes",
+                format_args!("must be at most {MAX_ZMQ_MEMORY_BYTES} (64 GiB)"),
+            ));
+        } else if let Some(zmq_memory_bytes) = zmq_memory_bytes
+            && !(zmq_max_message_bytes as u64..=MAX_ZMQ_MEMORY_BYTES)
+                .contains(&(zmq_memory_bytes as u64))
         {
             errors.push(ConfigError::at(
                 "limits.zmq_memory_bytes",

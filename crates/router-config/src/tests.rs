@@ -234,6 +234,10 @@ fn validation_errors_name_their_path() {
             "limits.zmq_memory_bytes: must be between limits.zmq_max_message_bytes (2000000: one largest message must fit) and 68719476736 (64 GiB)",
         ),
         (
+            "limits: {zmq_max_message_bytes: 68719476737}\nmodels: [{id: m}]\n",
+            "limits.zmq_max_message_bytes: must be at most 68719476736 (64 GiB)",
+        ),
+        (
             "limits: {zmq_memory_bytes: 68719476737}\nmodels: [{id: m}]\n",
             "limits.zmq_memory_bytes: must be between limits.zmq_max_message_bytes (16777216: one largest message must fit) and 68719476736 (64 GiB)",
         ),
@@ -545,4 +549,21 @@ fn problems_are_listed_section_by_section() {
             "models: must list at least one model",
         ]
     );
+}
+
+#[test]
+fn the_feeds_memory_holds_one_largest_message_by_default() {
+    let config = RouterConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.limits.feed_memory_bytes(), 256 << 20);
+    let large = RouterConfig::from_yaml(&format!(
+        "limits: {{zmq_max_message_bytes: 536870912}}\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert!(problems(&large).is_empty());
+    assert_eq!(large.limits.feed_memory_bytes(), 512 << 20);
+    let set = RouterConfig::from_yaml(&format!(
+        "limits: {{zmq_memory_bytes: 1073741824}}\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(set.limits.feed_memory_bytes(), 1 << 30);
 }

@@ -206,7 +206,7 @@ impl ValidatedConfig {
             routing_headers: config.routing_headers,
             health: health_policy(&config.health),
             max_feed_message_bytes: config.limits.zmq_max_message_bytes,
-            feed_memory_bytes: config.limits.zmq_memory_bytes,
+            feed_memory_bytes: config.limits.feed_memory_bytes(),
             metrics_interval: (config.load.metrics_interval_ms > 0)
                 .then(|| Duration::from_millis(config.load.metrics_interval_ms)),
             load: state.load,

@@ -267,9 +267,11 @@ async fn holding(memory: &FeedMemory, bytes: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feeds_share_one_memory_budget_and_a_frame_past_it_closes_its_connection() {
-    // Two feeds, each accepting messages of 1 MiB, share 1 MiB.
+    // Feeds accepting messages of 1 MiB share 1 MiB; each message's first 64 KiB is
+    // not charged.
     let memory = FeedMemory::new(1 << 20);
-    // The first publisher announces a 768 KiB frame and sends no more of it.
+    let uncharged = 64 << 10;
+    // The first publisher announces a frame of the largest size and sends no more.
     let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let first_endpoint = format!("tcp://{}", first.local_addr().unwrap());
     let (release, released) = tokio::sync::oneshot::channel::<()>();
@@ -280,12 +282,12 @@ async fn feeds_share_one_memory_budget_and_a_frame_past_it_closes_its_connection
         let mut theirs = vec![0_u8; 64];
         socket.read_exact(&mut theirs).await.unwrap();
         let mut header = vec![0x02];
-        header.extend_from_slice(&(768_u64 << 10).to_be_bytes());
+        header.extend_from_slice(&((1_u64 << 20) - 64).to_be_bytes());
         socket.write_all(&header).await.unwrap();
         drop(released.await);
     });
     let (first_feed, first_stats) = subscribe_within(first_endpoint, memory.clone());
-    holding(&memory, (768 << 10) + 64).await;
+    holding(&memory, (1 << 20) - uncharged).await;
     // The second announces 512 KiB, within its own limit but past what is left; it
     // takes one connection only, so the feed's reconnects find nothing.
     let second = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -302,10 +304,95 @@ async fn feeds_share_one_memory_budget_and_a_frame_past_it_closes_its_connection
     assert_eq!(count(&second_stats, "dropped_oversized"), 0);
     assert_eq!(memory.refused(), 1);
     assert_eq!(count(&first_stats, "dropped_over_budget"), 0);
+    // An engine's ordinary reports still get through the spent budget.
+    let mut config = engine_sim::SimConfig::for_tests();
+    config.kv_port = Some(0);
+    config.load_port = Some(0);
+    let engine = engine_sim::start(config).await.expect("the engine starts");
+    let endpoint = format!("tcp://127.0.0.1:{}", engine.ports().load[0]);
+    let (third_feed, third_stats) = subscribe_within(endpoint, memory.clone());
+    tokio::time::timeout(Duration::from_secs(30), third_stats.applied_after(0))
+        .await
+        .expect("a report is applied");
+    assert_eq!(memory.in_use(), (1 << 20) - uncharged);
     // The stalled frame is given back when its connection closes.
     release.send(()).unwrap();
     holding(&memory, 0).await;
-    drop((first_feed, second_feed));
+    drop((first_feed, second_feed, third_feed));
+    engine.shutdown().await;
     stalling.await.unwrap();
     refused.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_inside_a_message_closes_the_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let (closed_tx, mut closures) = mpsc::unbounded_channel();
+    let publisher = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        drop(listener);
+        socket.write_all(&greeting()).await.unwrap();
+        socket.write_all(&ready()).await.unwrap();
+        let mut theirs = vec![0_u8; 64];
+        socket.read_exact(&mut theirs).await.unwrap();
+        // One byte of a message saying more frames follow, then READY commands: each
+        // would stay charged until the message ended.
+        socket.write_all(&[0x01, 1, b'x']).await.unwrap();
+        for _ in 0..4 {
+            if socket.write_all(&ready()).await.is_err() {
+                break;
+            }
+        }
+        let mut rest = Vec::new();
+        drop(socket.read_to_end(&mut rest).await);
+        let _ = closed_tx.send(rest.len());
+    });
+    let memory = FeedMemory::new(1 << 20);
+    let (feed, _stats) = subscribe_within(endpoint, memory.clone());
+    closed(&mut closures, 1).await;
+    holding(&memory, 0).await;
+    drop(feed);
+    publisher.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_message_leaves_the_connections_read_buffer_with_it() {
+    use zeromq::{PubSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+    let mut publisher = PubSocket::new();
+    let endpoint = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    let mut options = zeromq::SocketOptions::default();
+    options.max_message_size(16 << 20);
+    let mut subscriber = SubSocket::with_options(options);
+    subscriber.connect(&endpoint).await.unwrap();
+    subscriber.subscribe("").await.unwrap();
+    let large = bytes::Bytes::from(vec![7_u8; 4 << 20]);
+    // A subscription reaches the publisher after its connection: send until one
+    // message arrives.
+    let received = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            publisher
+                .send(ZmqMessage::from(large.clone()))
+                .await
+                .unwrap();
+            tokio::select! {
+                message = subscriber.recv() => break message.unwrap(),
+                () = tokio::task::yield_now() => {}
+            }
+        }
+    })
+    .await
+    .expect("the message arrives");
+    let frame = received.into_vec().pop().unwrap();
+    assert_eq!(frame.len(), 4 << 20);
+    // Nothing else holds the frame's allocation: the connection reads into another.
+    assert!(
+        frame.is_unique(),
+        "the read buffer still shares the frame's allocation"
+    );
 }

@@ -364,9 +364,11 @@ pub struct SocketOptions {
 }
 
 /// Switchyard patch: bytes that many sockets' partly received messages share. A
-/// frame is charged (its payload plus 64 bytes) when its header arrives, before
-/// anything is allocated for it, and given back when its message is handed over or
-/// its connection closes.
+/// message is charged as its frames' headers arrive (each frame's payload plus 64
+/// bytes), past its first 64 KiB, before anything is allocated for them, and given
+/// back when it is handed over or its connection closes. A frame larger than two
+/// read chunks leaves the connection's read buffer with it, so handing it over frees
+/// it once its receiver drops it.
 pub trait BufferBudget: Send + Sync + std::fmt::Debug {
     /// Takes `bytes` from the budget; `false` (taking nothing) when they do not fit.
     fn take(&self, bytes: usize) -> bool;
@@ -398,10 +400,11 @@ impl SocketOptions {
         self
     }
 
-    /// Charges every frame this socket receives to `budget` from its header until its
-    /// message is handed over (or its connection closes); a frame the budget cannot
-    /// take closes the peer's connection before anything is allocated for it
-    /// (`CodecError::OverBudget`). (Switchyard patch.)
+    /// Charges the messages this socket receives past their first 64 KiB to `budget`,
+    /// each frame from its header until its message is handed over (or its
+    /// connection closes); a frame the budget cannot take closes the peer's
+    /// connection before anything is allocated for it (`CodecError::OverBudget`).
+    /// (Switchyard patch.)
     pub fn buffer_budget(&mut self, budget: std::sync::Arc<dyn BufferBudget>) -> &mut Self {
         self.buffer_budget = Some(budget);
         self

@@ -2,8 +2,9 @@
 //! DEALER for replay, keeping the index in step with the engine's cache.
 //!
 //! The source is *bootstrapping* until its history is replayed, *live* while
-//! sequence numbers arrive in order, and *degraded* while a gap is being repaired
-//! (lookups ignore it meanwhile). A forward gap asks the replay socket for the missing
+//! sequence numbers arrive in order, and *degraded* while any replay runs (a
+//! bootstrap, a catch-up, a gap's repair): lookups ignore it meanwhile, as a replay
+//! applies its batches one at a time as they arrive. A forward gap asks the replay socket for the missing
 //! range; history that cannot be replayed (gone from the buffer, no replay socket, no
 //! end marker in time) clears the source. A sequence that goes backwards is a new
 //! incarnation of the publisher: the source is cleared before the batch is applied.
@@ -314,18 +315,14 @@ impl Stream<'_> {
             return;
         }
         let replay = self.replay(next, Gone::StartOver).await;
-        if replay.applied > 0 && !replay.started_over {
+        if replay.end == End::Complete && replay.applied > 0 && !replay.started_over {
             self.stats.catch_ups.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Fills `[next, seq)` from the replay socket, then applies `payload` (batch
-    /// `seq`) unless the replay already covered it. Lookups ignore the source
-    /// meanwhile. The batch is kept, charged to the feeds' memory, until then.
+    /// `seq`) unless the replay already covered it. The batch is kept, charged to the feeds' memory, until then.
     async fn repair(&mut self, next: u64, seq: u64, payload: &[u8]) {
-        self.index
-            .set_degraded(&self.source.engine, self.source.rank, true);
-        self.stats.degraded.fetch_add(1, Ordering::Relaxed);
         let held = self.source.memory.hold(payload.len());
         let replayed = match &held {
             Some(_) => self.replay(next, Gone::GiveUp).await.end != End::GaveUp,
@@ -354,16 +351,25 @@ impl Stream<'_> {
             }
         }
         drop(held);
-        self.index
-            .set_degraded(&self.source.engine, self.source.rank, false);
-        self.stats.degraded.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Asks for every buffered batch from `start` on and applies each as it arrives,
     /// so a replay holds one batch at a time; `next` follows the last one applied.
     /// Batches applied before a replay breaks off are the history up to theirs, in
-    /// order: the next live batch finds the rest missing.
+    /// order: the next live batch finds the rest missing. Lookups ignore the source
+    /// while it replays, as its state is a past one until the replay ends.
     async fn replay(&mut self, start: u64, gone: Gone) -> Replay {
+        self.index
+            .set_degraded(&self.source.engine, self.source.rank, true);
+        self.stats.degraded.fetch_add(1, Ordering::Relaxed);
+        let replay = self.replay_batches(start, gone).await;
+        self.index
+            .set_degraded(&self.source.engine, self.source.rank, false);
+        self.stats.degraded.fetch_sub(1, Ordering::Relaxed);
+        replay
+    }
+
+    async fn replay_batches(&mut self, start: u64, gone: Gone) -> Replay {
         let mut replay = Replay {
             end: End::Broken,
             applied: 0,

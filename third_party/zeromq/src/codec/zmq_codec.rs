@@ -29,6 +29,11 @@ enum DecoderState {
 /// its payload (its header and its place in the message).
 const FRAME_OVERHEAD: usize = 64;
 
+/// Switchyard patch: the part of each message (or command) not charged to the shared
+/// buffer budget. A connection's reads take as much anyway, so ordinary messages
+/// never wait on the budget, and what goes uncharged is bounded by the connections.
+const UNCHARGED_BYTES: usize = 64 * 1024;
+
 #[derive(Debug)]
 pub struct ZmqCodec {
     state: DecoderState,
@@ -66,6 +71,9 @@ impl ZmqCodec {
 
     /// Switchyard patch: charges `bytes` to the shared budget, if any.
     fn charge(&mut self, bytes: usize) -> Result<(), CodecError> {
+        if bytes == 0 {
+            return Ok(());
+        }
         if let Some(budget) = &self.budget {
             if !budget.take(bytes) {
                 return Err(CodecError::OverBudget);
@@ -174,21 +182,29 @@ impl Decoder for ZmqCodec {
                     if self.max_message_size.is_some_and(|max| message_bytes > max) {
                         return Err(CodecError::MessageTooLarge);
                     }
-                    self.charge(charged)?;
+                    // Switchyard patch: ZMTP sends commands between messages only; one
+                    // inside a message would stay charged until the message ends.
+                    if frame.command && self.buffered_message.is_some() {
+                        return Err(CodecError::Decode("command inside a multipart message"));
+                    }
+                    let owed = message_bytes.saturating_sub(UNCHARGED_BYTES);
+                    self.charge(owed.saturating_sub(self.charged))?;
                     self.state = DecoderState::Frame(frame);
                     self.waiting_for = frame_len;
                 }
                 DecoderState::Frame(frame) => {
                     let data = src.split_to(self.waiting_for);
+                    if data.len() > 2 * self.max_read_chunk_size {
+                        // Switchyard patch: the rest of the buffer moves to an
+                        // allocation of its own, so the large one is freed with the
+                        // frame instead of being kept for this connection's reads.
+                        *src = BytesMut::from(&src[..]);
+                    }
                     self.state = DecoderState::FrameHeader;
                     self.waiting_for = 1;
                     if frame.command {
-                        let command = ZmqCommand::try_from(data.freeze());
-                        // Commands come between messages' frames, never inside one.
-                        if self.buffered_message.is_none() {
-                            self.discharge();
-                        }
-                        return Ok(Some(Message::Command(command?)));
+                        self.discharge();
+                        return Ok(Some(Message::Command(ZmqCommand::try_from(data.freeze())?)));
                     }
 
                     // process incoming message frame
