@@ -120,6 +120,7 @@ pub struct FeedStats {
     dropped_unknown_engine: AtomicU64,
     dropped_oversized: AtomicU64,
     dropped_over_budget: AtomicU64,
+    dropped_stalled: AtomicU64,
     connect_failures: AtomicU64,
     scrape_failures: AtomicU64,
 }
@@ -154,7 +155,7 @@ impl FeedStats {
     }
 
     /// `(label, count)` for reports applied and every drop reason.
-    pub fn counts(&self) -> [(&'static str, u64); 8] {
+    pub fn counts(&self) -> [(&'static str, u64); 9] {
         [
             ("applied", self.applied.load(Ordering::Relaxed)),
             (
@@ -176,6 +177,10 @@ impl FeedStats {
             (
                 "dropped_over_budget",
                 self.dropped_over_budget.load(Ordering::Relaxed),
+            ),
+            (
+                "dropped_stalled",
+                self.dropped_stalled.load(Ordering::Relaxed),
             ),
             (
                 "connect_failures",

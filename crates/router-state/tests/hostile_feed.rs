@@ -396,3 +396,32 @@ async fn a_large_message_leaves_the_connections_read_buffer_with_it() {
         "the read buffer still shares the frame's allocation"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_message_stalled_half_received_gives_its_memory_back_within_two_stall_timeouts() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let (closed_tx, mut closures) = mpsc::unbounded_channel();
+    let publisher = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        drop(listener);
+        // Announces 512 KiB and sends none of it, holding the connection open.
+        let _ = closed_tx.send(announce(socket, 512 << 10).await);
+    });
+    let memory = FeedMemory::new(1 << 20);
+    let (feed, stats) = subscribe_within(endpoint, memory.clone());
+    holding(&memory, (512 << 10) + 64 - (64 << 10)).await;
+    let held_at = tokio::time::Instant::now();
+    closed(&mut closures, 1).await;
+    // Checks run every 10 s from the connection's start: the stall is seen at the
+    // second check that finds it (the closing itself takes a few ms of the clock).
+    let waited = held_at.elapsed();
+    assert!(
+        (Duration::from_secs(10)..=Duration::from_secs(21)).contains(&waited),
+        "closed after {waited:?} of the paused clock"
+    );
+    assert_eq!(count(&stats, "dropped_stalled"), 1);
+    holding(&memory, 0).await;
+    drop(feed);
+    publisher.await.unwrap();
+}

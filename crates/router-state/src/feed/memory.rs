@@ -58,10 +58,13 @@ impl FeedMemory {
         })
     }
 
-    /// The budget as the ZeroMQ decoder charges it.
+    /// A share of the budget for one connection, which knows what it holds.
     #[cfg(feature = "zmq")]
-    pub(crate) fn for_sockets(&self) -> Arc<dyn zeromq::BufferBudget> {
-        Arc::clone(&self.0) as Arc<dyn zeromq::BufferBudget>
+    pub(crate) fn connection(&self) -> Arc<ConnectionMemory> {
+        Arc::new(ConnectionMemory {
+            budget: Arc::clone(&self.0),
+            held: AtomicUsize::new(0),
+        })
     }
 }
 
@@ -101,14 +104,36 @@ impl Budget {
     }
 }
 
+/// One connection's charges to a [`FeedMemory`], as its ZeroMQ decoder makes them.
 #[cfg(feature = "zmq")]
-impl zeromq::BufferBudget for Budget {
+#[derive(Debug)]
+pub(crate) struct ConnectionMemory {
+    budget: Arc<Budget>,
+    held: AtomicUsize,
+}
+
+#[cfg(feature = "zmq")]
+impl ConnectionMemory {
+    /// Bytes this connection holds now: a message past its uncharged part, still
+    /// arriving.
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(feature = "zmq")]
+impl zeromq::BufferBudget for ConnectionMemory {
     fn take(&self, bytes: usize) -> bool {
-        Budget::take(self, bytes)
+        let taken = self.budget.take(bytes);
+        if taken {
+            self.held.fetch_add(bytes, Ordering::Relaxed);
+        }
+        taken
     }
 
     fn give_back(&self, bytes: usize) {
-        Budget::give_back(self, bytes);
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
+        self.budget.give_back(bytes);
     }
 }
 

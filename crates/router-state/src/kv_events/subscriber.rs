@@ -157,7 +157,7 @@ pub fn spawn_kv_subscriber(
         };
         let mut backoff = Duration::from_millis(50);
         loop {
-            let mut sub = bounded_sub(source.max_message_bytes, &source.memory);
+            let (mut sub, mut watch) = bounded_sub(source.max_message_bytes, &source.memory);
             let mut monitor = sub.monitor();
             let connected = sub.connect(&source.endpoint).await;
             if connected.and(sub.subscribe(&source.topic).await).is_err() {
@@ -177,9 +177,15 @@ pub fn spawn_kv_subscriber(
                         stream.catch_up().await;
                         stats.step();
                     }
+                    () = watch.stalled() => {
+                        stats.drop_reason("stalled");
+                        tracing::warn!(engine = %source.engine, rank = source.rank, "a KV-event message stalled half received; reconnecting");
+                        break;
+                    }
                     message = sub.recv() => match message {
                         Ok(message) => {
                             backoff = Duration::from_millis(50);
+                            watch.received();
                             stream.live(message.into_vec()).await;
                             stats.step();
                         }
@@ -379,7 +385,10 @@ impl Stream<'_> {
             return replay;
         };
         self.stats.replays.fetch_add(1, Ordering::Relaxed);
-        let options = bounded_options(self.source.max_message_bytes, &self.source.memory);
+        let options = bounded_options(
+            self.source.max_message_bytes,
+            self.source.memory.connection(),
+        );
         let mut dealer = DealerSocket::with_options(options);
         let connected = timeout(REPLAY_TIMEOUT, dealer.connect(endpoint)).await;
         let request = ZmqMessage::try_from(vec![
