@@ -82,6 +82,7 @@ fn main() {
     let index = PrefixIndex::new(IndexConfig {
         block_size: BLOCK,
         max_nodes,
+        ..IndexConfig::default()
     });
     // The hot prompts first, then the index filled to its budget.
     let budget_conversations = max_nodes as u64 / PAGES;

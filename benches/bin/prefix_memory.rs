@@ -56,6 +56,7 @@ fn measure(layout: &str, entries: u64, engines: u64, shared: bool) {
     let index = PrefixIndex::new(IndexConfig {
         block_size: BLOCK,
         max_nodes: usize::MAX,
+        max_entries: usize::MAX,
     });
     fill(&index, engines, conversations, shared);
     let grown = rss().saturating_sub(before);

@@ -35,6 +35,7 @@ fn fleet(pending_ms: u64) -> Fleet {
     let index = Arc::new(PrefixIndex::new(IndexConfig {
         block_size: BLOCK,
         max_nodes: 1 << 16,
+        ..IndexConfig::default()
     }));
     for engine in &engines {
         report_native(&load, engine, 0, 0);

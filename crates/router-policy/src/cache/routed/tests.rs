@@ -29,6 +29,7 @@ fn fixture(settings: RoutedPagesSettings) -> Fixture {
     let index = Arc::new(PrefixIndex::new(IndexConfig {
         block_size: BLOCK,
         max_nodes: 1 << 16,
+        ..IndexConfig::default()
     }));
     let load = Arc::new(EngineReportedLoadTable::new(LoadTableConfig::default()));
     let source = RoutedCacheSource::new(
