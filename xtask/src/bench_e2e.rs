@@ -383,7 +383,7 @@ fn measure(
 }
 
 /// `123 requests in` gives 123; `Requests/sec: 5.0` gives 5.0.
-fn field_after(text: &str, marker: &str) -> Option<f64> {
+pub(crate) fn field_after(text: &str, marker: &str) -> Option<f64> {
     text.lines().find(|l| l.contains(marker)).and_then(|line| {
         if marker.ends_with(':') {
             line.split(marker).nth(1)?.trim().parse().ok()

@@ -9,6 +9,10 @@
 //!   `SWITCHYARD_CACHE`); the Rust tests that need them run it on first use.
 //! - `bench`: the criterion benches of the routing hot paths.
 //! - `bench-e2e`: the side-by-side load benchmark (wrk) against peer routers.
+//! - `bench-scale`: one release router in front of 8 to 1,024 simulated engine ranks
+//!   publishing KV events, under traffic: CPU per request, selection time, feed lag,
+//!   RSS, `/metrics`, start and reload times, probe load per fleet size (not run in
+//!   CI).
 //! - `soak`: the release router for `--minutes N` (10) under `--connections C` (256)
 //!   mixed JSON, streamed and cancelled chats while faults toggle on simulated
 //!   engines and engines join and leave; fails on unexplained errors, in-flight
@@ -26,6 +30,7 @@
 
 mod bench;
 mod bench_e2e;
+mod bench_scale;
 mod ci;
 mod image;
 mod processes;
@@ -55,10 +60,11 @@ fn main() -> anyhow::Result<()> {
         "python-env" => python::prepare(&root).map(drop),
         "bench" => bench::run(&root, &rest),
         "bench-e2e" => bench_e2e::run(&root, &rest),
+        "bench-scale" => bench_scale::run(&root, &rest),
         "soak" => soak::run(&root, &rest),
         "routing-quality" => routing_quality::run(&root, &rest),
         _ => bail!(
-            "usage: cargo xtask <ci | tidy | image | python-env | bench [criterion args] | bench-e2e [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live] [--matrix]>"
+            "usage: cargo xtask <ci | tidy | image | python-env | bench [criterion args] | bench-e2e [options] | bench-scale [options] | soak [--minutes N] [--connections C] [--no-faults] | routing-quality [--requests N] [--live-requests N] [--no-live] [--matrix]>"
         ),
     }
 }

@@ -32,7 +32,7 @@
 //! without faults or engine changes (to tell a fault's effect from the load's).
 
 mod hostile;
-mod http;
+pub(crate) mod http;
 mod load;
 mod report;
 mod schedule;

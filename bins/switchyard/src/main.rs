@@ -60,9 +60,10 @@ enum Command {
     /// Print the token ids the router routes request bodies on (one JSON body per
     /// line on stdin, one line of ids or of the error per body on stdout).
     Prompt(prompt::PromptArgs),
-    /// Run one simulated SGLang-compatible engine (HTTP, KV events, load feed, PD
-    /// bootstrap, faults). Prints one JSON line with the bound ports once ready.
-    SimEngine(Box<engine_sim::SimConfig>),
+    /// Run simulated SGLang-compatible engines (HTTP, KV events, load feed, PD
+    /// bootstrap, faults): one, or `--engines N` in this process. Prints one JSON line
+    /// with the bound ports once ready.
+    SimEngine(Box<engine_sim::FleetConfig>),
 }
 
 #[derive(Debug, Subcommand)]

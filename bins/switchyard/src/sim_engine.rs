@@ -1,24 +1,29 @@
-//! `switchyard sim-engine`: one simulated engine until SIGINT or SIGTERM.
+//! `switchyard sim-engine`: simulated engines until SIGINT or SIGTERM.
 
 use std::io::Write;
 
 use anyhow::Context;
 
-pub(crate) fn run(config: engine_sim::SimConfig) -> anyhow::Result<()> {
+/// Starts every engine of `config` and prints one JSON line once all serve: the
+/// first engine's ports as `ports`, every engine's as `engines`.
+pub(crate) fn run(config: engine_sim::FleetConfig) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let engine = engine_sim::start(config)
+        let engines = engine_sim::start_fleet(&config)
             .await
-            .context("starting the simulated engine")?;
-        let ready = serde_json::json!({"event": "ready", "ports": engine.ports()});
+            .context("starting the simulated engines")?;
+        let ports: Vec<_> = engines.iter().map(|e| e.ports()).collect();
+        let ready = serde_json::json!({"event": "ready", "ports": ports[0], "engines": ports});
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{ready}")?;
         stdout.flush()?;
         drop(stdout);
         shutdown_signal().await;
-        engine.shutdown().await;
+        for engine in engines {
+            engine.shutdown().await;
+        }
         Ok(())
     })
 }

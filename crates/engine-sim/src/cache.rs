@@ -112,6 +112,11 @@ impl PrefixCache {
         }
     }
 
+    /// The most pages it holds.
+    pub(crate) fn capacity_pages(&self) -> usize {
+        self.capacity_pages
+    }
+
     /// Cached pages.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, sleep};
 
-use crate::cache::{PageKey, PrefixCache, page_keys};
+use crate::cache::{CacheChange, PageKey, PrefixCache, page_keys};
 use crate::events::{KvEvent, Medium};
 use crate::faults::{FaultConfig, FaultSet};
 
@@ -484,26 +484,12 @@ impl Run {
             state.load.prefill_busy_us_total += took.as_micros() as u64;
             let change = state.cache.insert(&self.keys, matched);
             self.held = change.held;
-            let mut events = Vec::new();
-            if !change.removed.is_empty() {
-                events.push(KvEvent::Removed {
-                    hashes: change.removed,
-                    medium: Medium::Gpu,
-                });
-            }
-            if !change.stored.is_empty() {
-                let first = self.held - change.stored.len();
-                let tokens = self.tokens[first * page as usize..self.held * page as usize].to_vec();
-                events.push(KvEvent::Stored {
-                    hashes: change.stored,
-                    parent: change.parent,
-                    tokens,
-                    block_size: self.spec.page_size,
-                    lora_name: self.adapter.clone(),
-                    medium: Medium::Gpu,
-                });
-            }
-            events
+            change_events(
+                change,
+                &self.tokens,
+                self.spec.page_size,
+                self.adapter.clone(),
+            )
         };
         self.rank.emit(events);
         if let Phase::Running { turn, .. } = &mut self.phase {
@@ -531,6 +517,36 @@ impl Drop for Run {
     }
 }
 
+/// The KV events of a cache change: the evictions, then the pages stored (the last
+/// `change.stored.len()` of the `change.held` pages of `tokens`, in `page_size` pages).
+fn change_events(
+    change: CacheChange,
+    tokens: &[u32],
+    page_size: u32,
+    lora_name: Option<Arc<str>>,
+) -> Vec<KvEvent> {
+    let mut events = Vec::new();
+    if !change.removed.is_empty() {
+        events.push(KvEvent::Removed {
+            hashes: change.removed,
+            medium: Medium::Gpu,
+        });
+    }
+    if !change.stored.is_empty() {
+        let page = page_size as usize;
+        let first = change.held - change.stored.len();
+        events.push(KvEvent::Stored {
+            hashes: change.stored,
+            parent: change.parent,
+            tokens: tokens[first * page..change.held * page].to_vec(),
+            block_size: page_size,
+            lora_name,
+            medium: Medium::Gpu,
+        });
+    }
+    events
+}
+
 /// `tokens` at `rate` per second, to the microsecond; zero for an instant (zero) rate.
 fn rate_delay(tokens: u64, rate: f64) -> Duration {
     if rate > 0.0 && tokens > 0 {
@@ -540,5 +556,6 @@ fn rate_delay(tokens: u64, rate: f64) -> Duration {
     }
 }
 
+mod synthetic;
 #[cfg(test)]
 mod tests;

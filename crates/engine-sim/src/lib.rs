@@ -49,6 +49,6 @@ pub use load_stat::{
 };
 #[cfg(feature = "server")]
 pub use server::{
-    BindError, BoundPorts, EngineRole, PdProtocol, RunningEngine, SimConfig, StartError,
-    TokenizerError, Visits, free_port_ranges, start,
+    BindError, BoundPorts, EngineRole, FleetConfig, MAX_ENGINES, PdProtocol, RunningEngine,
+    SimConfig, StartError, TokenizerError, Visits, free_port_ranges, start, start_fleet,
 };

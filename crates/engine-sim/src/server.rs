@@ -2,7 +2,7 @@
 //! publishers, the prefill/decode hand-over, tokenization, the faults it acts on and
 //! the `switchyard sim-engine` settings, around the engine model.
 //!
-//! Imports run one way. `launch` binds the sockets and serves the route table
+//! `fleet` starts several engines in one process. Imports run one way. `launch` binds the sockets and serves the route table
 //! (`routes`), which names the handlers, one module a surface: `chat` (with
 //! `placement` and `nixl`), `embeddings`, `info`, `metrics` and `admin`. Every handler
 //! reads `state`, which imports no handler.
@@ -14,6 +14,7 @@ mod config;
 mod embeddings;
 mod error;
 mod faults;
+mod fleet;
 mod info;
 mod launch;
 mod listener;
@@ -29,6 +30,7 @@ mod tokenizer;
 mod visits;
 
 pub use config::{EngineRole, PdProtocol, SimConfig};
+pub use fleet::{FleetConfig, MAX_ENGINES, start_fleet};
 pub use launch::{StartError, start};
 pub use ports::free_port_ranges;
 pub use publish::BindError;

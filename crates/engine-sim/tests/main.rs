@@ -4,6 +4,7 @@
 mod common;
 
 mod faults;
+mod fleet;
 mod http;
 mod pd;
 mod zmq;

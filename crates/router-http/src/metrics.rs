@@ -122,6 +122,11 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
+fn selection_histogram() -> Histogram {
+    // 1 us to about 0.5 s.
+    Histogram::new(exponential_buckets(0.000_001, 2.0, 20))
+}
+
 /// Every metric family of the router: those recorded on the request path, and the
 /// collectors of the fleet and the affinity store, read at scrape time.
 #[derive(Debug)]
@@ -138,6 +143,8 @@ pub(crate) struct Metrics {
     pub(crate) upstream_latency: Histograms<StageLabels>,
     /// Time from a request's arrival to the first response byte sent to the client.
     pub(crate) time_to_first_token: Histograms<ModelLabels>,
+    /// Time the bucket loop took to select a request's engines, by model.
+    pub(crate) selection: Histograms<ModelLabels>,
     /// Prompt tokens cache-aware picks expected their engines to find cached.
     pub(crate) predicted_cached_tokens: Family<ModelStageLabels, Counter>,
     /// Prompt tokens of the picks that made such a prediction (the denominator).
@@ -199,6 +206,7 @@ impl Metrics {
             slo_demotions: Family::default(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
             time_to_first_token: Family::new_with_constructor(latency_histogram),
+            selection: Family::new_with_constructor(selection_histogram),
             predicted_cached_tokens: Family::default(),
             predicted_prompt_tokens: Family::default(),
             reported_cached_tokens: Family::default(),
@@ -232,8 +240,14 @@ impl Metrics {
         );
     }
 
-    /// Registers the latency histograms: upstream latency and time to first token.
+    /// Registers the latency histograms: upstream latency, time to first token and
+    /// selection time.
     fn register_latency(&mut self) {
+        self.registry.register(
+            "selection_seconds",
+            "Time the bucket loop took to select a request's engines (policy picks, prefix lookups), by model",
+            self.selection.clone(),
+        );
         self.registry.register(
             "upstream_latency_seconds",
             "Time from dispatch to the engine's response head, by stage",

@@ -41,6 +41,10 @@ async fn plain_chat_is_relayed_with_routing_headers_and_counted() {
         "{text}"
     );
     assert!(
+        text.contains(r#"switchyard_selection_seconds_count{model="m"} 2"#),
+        "each selection is timed: {text}"
+    );
+    assert!(
         text.contains("# TYPE switchyard_load_feed_messages_total counter")
             && text.contains(r#"switchyard_load_feed_messages_total{outcome="applied"} "#),
         "a count since start is a counter (Prometheus text names it with _total): {text}"

@@ -1,5 +1,5 @@
 //! The operator's routes: SGLang's `/flush_cache`, and the simulator's `/admin/faults`,
-//! `/admin/restart_publisher` and `/admin/requests`.
+//! `/admin/restart_publisher`, `/admin/requests` and `/admin/visits`.
 
 use std::sync::Arc;
 
@@ -44,6 +44,11 @@ pub(crate) async fn set_faults(State(app): State<Arc<AppState>>, body: Bytes) ->
 /// request counts.
 pub(crate) async fn recent_requests(State(app): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"requests": app.recent(), "visits": app.visits.current()}))
+}
+
+/// `GET /admin/visits`: the request counts and the health probes answered.
+pub(crate) async fn visits(State(app): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"visits": app.visits.current(), "health_probes": app.visits.health_probes()}))
 }
 
 /// `POST /admin/restart_publisher`: restarts every rank's KV-event publisher.

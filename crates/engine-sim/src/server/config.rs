@@ -8,6 +8,9 @@ use crate::events::EventForm;
 use crate::faults::FaultConfig;
 use crate::load_stat::LoadForm;
 
+/// The most synthetic pages a rank caches a second.
+const MAX_SYNTHETIC_BLOCKS_PER_SEC: f64 = 100_000.0;
+
 /// Whether the engine serves whole requests or one side of a PD pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EngineRole {
@@ -132,6 +135,12 @@ pub struct SimConfig {
     /// (SGLang) or `/generate`'s `lora_path`.
     #[arg(long, value_delimiter = ',')]
     pub lora_adapters: Vec<String>,
+    /// Pages each rank caches a second without requests (0 = none), published as
+    /// KV events (stores, and the evictions that keep the cache within
+    /// `--kv-capacity-tokens`) as a request's pages are: a fleet's KV-event load
+    /// without its traffic.
+    #[arg(long, default_value_t = 0.0)]
+    pub synthetic_kv_blocks_per_sec: f64,
     /// Seed of the error-rate fault's random draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -173,6 +182,11 @@ impl SimConfig {
             return Err(
                 "--prefill-tokens-per-sec and --decode-tokens-per-sec must not be negative".into(),
             );
+        }
+        if !(0.0..=MAX_SYNTHETIC_BLOCKS_PER_SEC).contains(&self.synthetic_kv_blocks_per_sec) {
+            return Err(format!(
+                "--synthetic-kv-blocks-per-sec must be 0 to {MAX_SYNTHETIC_BLOCKS_PER_SEC}"
+            ));
         }
         if !(1..=64).contains(&self.transfer_backend.len())
             || !self.transfer_backend.bytes().all(|b| b.is_ascii_graphic())

@@ -14,8 +14,9 @@ use super::error::error_response;
 use super::publish::LOAD_TOPIC;
 use super::state::AppState;
 
-/// `GET /health`: 503 under the failing-health fault.
+/// `GET /health`: 503 under the failing-health fault. Every probe is counted.
 pub(crate) async fn health(State(app): State<Arc<AppState>>) -> StatusCode {
+    app.visits.probed();
     if app.faults.current().fail_health {
         StatusCode::SERVICE_UNAVAILABLE
     } else {

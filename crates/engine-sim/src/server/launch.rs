@@ -63,6 +63,7 @@ pub async fn start(config: SimConfig) -> Result<RunningEngine, StartError> {
     launch.load_feed(&config, &engine).await?;
     let rooms = launch.bootstrap_server(&config).await?;
     let http = launch.http_listener().await?;
+    launch.synthetic_kv(&config, &engine);
     let admin = launch.admin_listener(config.admin_port).await?;
     let visits = Arc::new(VisitLog::default());
     let state = AppState::new(
@@ -124,7 +125,12 @@ impl Launch {
         let settings = KvPublisherSettings {
             topic: Bytes::from(config.kv_topic.clone().into_bytes()),
             form: config.kv_event_form,
-            replay_capacity: config.replay_buffer,
+            // Without a replay socket nobody asks for the history.
+            replay_capacity: if config.replay_port.is_some() {
+                config.replay_buffer
+            } else {
+                0
+            },
         };
         for (rank, ((live, replay), rx)) in sockets.into_iter().zip(receivers).enumerate() {
             self.tasks.spawn(run_kv_publisher(
@@ -189,6 +195,23 @@ impl Launch {
             ));
         }
         Ok(())
+    }
+
+    /// Caches synthetic pages on every rank at the configured rate, if any.
+    fn synthetic_kv(&mut self, config: &SimConfig, engine: &Arc<SimEngine>) {
+        let rate = config.synthetic_kv_blocks_per_sec;
+        if rate == 0.0 {
+            return;
+        }
+        let engine = Arc::clone(engine);
+        let salt = config.seed ^ u64::from(self.ports.http.port());
+        let mut stop = self.stop.subscribe();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = engine.synthetic_kv(rate, salt) => {}
+                _ = stop.changed() => {}
+            }
+        });
     }
 
     /// A prefill engine's rooms, served on its bootstrap port.

@@ -41,4 +41,5 @@ pub(crate) fn admin_routes() -> axum::Router<Arc<AppState>> {
         )
         .route("/admin/restart_publisher", post(admin::restart_publisher))
         .route("/admin/requests", get(admin::recent_requests))
+        .route("/admin/visits", get(admin::visits))
 }

@@ -72,6 +72,11 @@ impl RunningEngine {
         self.visits.current()
     }
 
+    /// The `GET /health` requests answered so far.
+    pub fn health_probes(&self) -> u64 {
+        self.visits.health_probes()
+    }
+
     /// Waits until the chat-request counts satisfy `ok`, and returns them.
     pub async fn visits_until(&self, ok: impl Fn(&Visits) -> bool) -> Visits {
         self.visits.until(ok).await

@@ -1,9 +1,11 @@
 //! Chat, completion and embedding requests counted as they arrive and as they end:
 //! answered to the end by the engine, or abandoned by a client (a router) that went
 //! away first. A test asserts what the engine saw of a failure with these counts, and
-//! waits on them instead of on time.
+//! waits on them instead of on time. Health probes are counted apart: the load a
+//! router's probing puts on an engine.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -25,17 +27,30 @@ pub struct Visits {
 #[derive(Debug)]
 pub(crate) struct VisitLog {
     counts: watch::Sender<Visits>,
+    /// `GET /health` requests answered: the health-probe load a router puts on it.
+    health_probes: AtomicU64,
 }
 
 impl Default for VisitLog {
     fn default() -> Self {
         Self {
             counts: watch::Sender::new(Visits::default()),
+            health_probes: AtomicU64::new(0),
         }
     }
 }
 
 impl VisitLog {
+    /// Counts a `GET /health`.
+    pub(crate) fn probed(&self) {
+        self.health_probes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `GET /health` requests so far.
+    pub(crate) fn health_probes(&self) -> u64 {
+        self.health_probes.load(Ordering::Relaxed)
+    }
+
     /// Counts a request in; it is abandoned unless [`Visit::answered`] is called.
     pub(crate) fn arrive(self: &Arc<Self>) -> Visit {
         self.counts.send_modify(|v| v.open += 1);

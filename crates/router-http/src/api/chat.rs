@@ -32,7 +32,7 @@ use crate::decisions::{PendingRecord, Usage};
 use crate::dispatch::{Leg, Outgoing, REQUEST_ID};
 use crate::error::ApiError;
 use crate::explanation;
-use crate::metrics::{BucketLabels, RequestLabels};
+use crate::metrics::{BucketLabels, ModelLabels, RequestLabels};
 use crate::prepare::Endpoint;
 use crate::routing::ModelRoute;
 use crate::trace::{TraceContext, Tracing};
@@ -413,7 +413,8 @@ async fn route(
     (model, answer)
 }
 
-/// The bucket loop on `route`, timed as the request's `select` span when traced.
+/// The bucket loop on `route`, timed in `switchyard_selection_seconds` and as the
+/// request's `select` span when traced.
 async fn select(
     ctx: &AppContext,
     route: &ModelRoute,
@@ -421,7 +422,14 @@ async fn select(
     tracing: &Tracing,
 ) -> Result<Selection, SelectError> {
     let selecting = tracing.span.as_ref().map(|s| s.child("select", Vec::new()));
+    let started = Instant::now();
     let selected = route.resolver.select(&ctx.fleet.snapshot(), request).await;
+    ctx.metrics
+        .selection
+        .get_or_create(&ModelLabels {
+            model: Arc::clone(&route.id),
+        })
+        .observe(started.elapsed().as_secs_f64());
     if let Some(span) = &selecting {
         crate::spans::record_attempts(span, &selected);
     }
