@@ -203,21 +203,23 @@ impl IndexerContext {
         mut config: RouterConfig,
     ) -> Result<(ValidatedConfig, RestartOnly, Option<TokenDigest>), ReloadError> {
         let restart_only = RestartOnly::of(&config);
-        let mut problems = Vec::new();
-        let lookups = lookup_access(config.prefix_indexer.take().as_ref(), &mut problems);
+        let section = config.prefix_indexer.take();
         let mut shared = SharedState::new(&config);
         shared.selection.load = Arc::clone(self.fleet.load());
         shared.selection.prefix_indexes = self.fleet.prefix_indexes().into_iter().collect();
         shared.tokenizers = configured.tokenizers.clone();
-        // Loading a new tokenizer reads and parses a file: off the serving threads.
-        let validated =
-            tokio::task::spawn_blocking(move || ValidatedConfig::around(config, shared))
-                .await
-                .map_err(|e| ReloadError::Invalid(vec![ConfigError::at("(root)", e)]))?
-                .map_err(|mut errors| {
-                    errors.append(&mut problems);
-                    ReloadError::Invalid(errors)
-                })?;
+        // Reading the token and tokenizer files: off the serving threads.
+        let (validated, lookups, mut problems) = tokio::task::spawn_blocking(move || {
+            let mut problems = Vec::new();
+            let lookups = lookup_access(section.as_ref(), &mut problems);
+            (ValidatedConfig::around(config, shared), lookups, problems)
+        })
+        .await
+        .map_err(|e| ReloadError::Invalid(vec![ConfigError::at("(root)", e)]))?;
+        let validated = validated.map_err(|mut errors| {
+            errors.append(&mut problems);
+            ReloadError::Invalid(errors)
+        })?;
         if !problems.is_empty() {
             return Err(ReloadError::Invalid(problems));
         }
