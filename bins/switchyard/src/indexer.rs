@@ -1,47 +1,83 @@
 //! `switchyard indexer`: the prefix index shared by router replicas, as a process.
+//! It reloads its file as `serve` does (SIGHUP, `--watch-config`) and takes the
+//! admin token from `SWITCHYARD_ADMIN_TOKEN` when the file gives none.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use router_http::file::{MAX_CONFIG_BYTES, Snapshot, read_regular};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
+
+use crate::serve::reload::{self, File};
+use crate::serve::{ADMIN_TOKEN_ENV, admin_token_from_env};
 
 /// Options of `switchyard indexer`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct IndexerArgs {
     /// The routers' YAML configuration file: its cache-aware models' engines are
-    /// followed (those it names at startup), and lookups must carry the token of its
-    /// `prefix_indexer` section when it names one.
+    /// followed (SIGHUP reloads it, as it reloads a router), and lookups must carry
+    /// the token of its `prefix_indexer` section when it names one.
     #[arg(long)]
     config: PathBuf,
-    /// Address to serve lookups on: one only the routers reach (without a token,
-    /// anyone who reaches it learns which prompts' prefixes the engines hold).
+    /// Reload the configuration file when its content changes (read every second),
+    /// as on SIGHUP.
+    #[arg(long)]
+    watch_config: bool,
+    /// A reload takes the file once two reads this many milliseconds apart agree
+    /// (10 to 60000; it gives up after ten rereads); a file that does more than add
+    /// models or engines must then stay unchanged ten times as long.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    config_settle_ms: u64,
+    /// Address to serve lookups (and the admin API, when a token is configured)
+    /// on: one only the routers reach (without a token, anyone who reaches it
+    /// learns which prompts' prefixes the engines hold).
     #[arg(long, default_value = "127.0.0.1:30100")]
     listen: SocketAddr,
 }
 
 pub(crate) fn run(args: &IndexerArgs) -> anyhow::Result<()> {
-    let config = crate::serve::load(&args.config)?;
+    let env_token = std::env::var(ADMIN_TOKEN_ENV).ok();
+    // Read before the configuration is, so `--watch-config` sees any change after.
+    let started_from = read_regular(&args.config, MAX_CONFIG_BYTES)
+        .ok()
+        .map(Snapshot::into_text);
+    let config = admin_token_from_env(crate::serve::load(&args.config)?, env_token.clone());
+    let running = config.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        // SIGHUP reloads a router; the indexer says it does not instead of ending.
-        let mut hangup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+    let served = runtime.block_on(async {
+        // Listening for SIGHUP before startup, so no signal sent meanwhile ends the
+        // process; one received during startup reloads the file once it is done.
+        let hangup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
         let indexer = router_http::start_indexer(config, args.listen)
             .await
             .context("starting the indexer")?;
+        let file = File {
+            path: Some(args.config.clone()),
+            watch: args.watch_config,
+            settle: Duration::from_millis(args.config_settle_ms),
+        };
+        let reloads = tokio::spawn(reload::run(
+            Arc::clone(indexer.context()),
+            hangup,
+            running,
+            started_from,
+            file,
+            move |config| admin_token_from_env(config, env_token.clone()),
+        ));
         println!("{}", json!({"event": "ready", "addr": indexer.addr()}));
-        let shutdown = crate::sim_engine::shutdown_signal();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                _ = hangup.recv() => tracing::warn!("SIGHUP: the indexer does not reload its file; restart it to follow engines added since it started"),
-            }
-        }
+        crate::sim_engine::shutdown_signal().await;
+        reloads.abort();
         indexer.shutdown().await;
         anyhow::Ok(())
-    })
+    });
+    // What still runs on a blocking thread is a reload's read or check, which no one
+    // waits for: the process does not either.
+    runtime.shutdown_background();
+    served
 }

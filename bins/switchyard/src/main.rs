@@ -39,7 +39,9 @@ enum Command {
     /// Run the router.
     Serve(Box<serve::ServeArgs>),
     /// Run a prefix indexer shared by router replicas: it follows the KV events of
-    /// the cache-aware models' engines in FILE and answers the routers' lookups.
+    /// the cache-aware models' engines (those of FILE, reloaded as a router reloads
+    /// it, of Kubernetes discovery and of its `/workers`) and answers the routers'
+    /// lookups.
     Indexer(indexer::IndexerArgs),
     /// Check a configuration file, or print the configuration's JSON Schema.
     #[command(subcommand)]

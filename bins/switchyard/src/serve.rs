@@ -1,11 +1,12 @@
 //! `switchyard serve` and `switchyard config`: run the router from a YAML file or
 //! from flags for simple fleets, check a configuration, print its schema.
 
-mod reload;
+pub(crate) mod reload;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use router_buckets::DefaultPolicies;
@@ -86,7 +87,7 @@ enum Filter {
 }
 
 /// The environment variable an admin token may come from.
-const ADMIN_TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
+pub(crate) const ADMIN_TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let env_token = std::env::var(ADMIN_TOKEN_ENV).ok();
@@ -107,13 +108,18 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("listening for SIGHUP")?;
         let router = router_http::start(config).await?;
+        let file = reload::File {
+            path: args.config.clone(),
+            watch: args.watch_config,
+            settle: Duration::from_millis(args.config_settle_ms),
+        };
         let reloads = tokio::spawn(reload::run(
             Arc::clone(router.context()),
             hangup,
             running,
             started_from,
-            args,
-            env_token,
+            file,
+            move |config| overridden(config, &args, env_token.clone()),
         ));
         println!("{}", json!({"event": "ready", "addr": router.addr()}));
         crate::sim_engine::shutdown_signal().await;
@@ -168,6 +174,15 @@ fn overridden(
         config.admin.token = Some(token.clone());
         config.admin.token_file = None;
     }
+    admin_token_from_env(config, env_token)
+}
+
+/// `config` with the admin token from the environment (`env_token`) when the file
+/// gives none.
+pub(crate) fn admin_token_from_env(
+    mut config: RouterConfig,
+    env_token: Option<String>,
+) -> RouterConfig {
     if config.admin.token.is_none() && config.admin.token_file.is_none() {
         config.admin.token = env_token.filter(|t| !t.trim().is_empty()).map(Secret::from);
     }

@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 /// Upper bound on any wait; a healthy run needs a few seconds (one relist).
 const GUARD: Duration = Duration::from_secs(30);
 
-type Pods = Arc<Mutex<Vec<Value>>>;
+pub(crate) type Pods = Arc<Mutex<Vec<Value>>>;
 
-fn pod(name: &str, label: &str) -> Value {
+pub(crate) fn pod(name: &str, label: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "llm", "resourceVersion": "7", "labels": {"n": label}},
@@ -31,7 +31,7 @@ fn pod(name: &str, label: &str) -> Value {
 
 /// Lists the pods whose `n` label the selector names; a watch stays open and
 /// silent, so only a relist tells of a change.
-async fn pods(
+pub(crate) async fn pods(
     State(pods): State<Pods>,
     Query(query): Query<std::collections::BTreeMap<String, String>>,
 ) -> Response {

@@ -1,6 +1,6 @@
 //! The router's HTTP surface: one module per surface, each route declared here.
 
-mod admin;
+pub(crate) mod admin;
 mod chat;
 mod explain;
 mod health;

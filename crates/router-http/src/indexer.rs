@@ -5,20 +5,27 @@
 //! prompt's block hashes and is told which engines hold how much of it, so every
 //! replica routes on one view and only the indexer holds the index.
 //!
-//! It serves `POST /v1/prefix/lookup`, `GET /health` and `GET /metrics` (the feeds and
-//! the index) on an address of its own (the file's `listen` is the routers'). With a
-//! token in the file's `prefix_indexer` section (the one the routers send), a lookup
-//! without it is a 401, counted and logged. Routers bound what it costs them: at
-//! most `max_lookups_in_flight` lookups at once, and a breaker that a failed lookup
-//! opens (the `client` module). It follows the engines the file names
-//! when it starts: engines added later (a reload, the routers' admin API, Kubernetes
-//! discovery) need a restart to be indexed.
+//! It serves `POST /v1/prefix/lookup`, `GET /health`, `GET /metrics` (the feeds, the
+//! index and `config_reloads`) and the routers' engine admin API (`/workers`) on an
+//! address of its own (the file's `listen` is the routers'). With a token in the
+//! file's `prefix_indexer` section (the one the routers send), a lookup without it is
+//! a 401, counted and logged. Routers bound what it costs them: at most
+//! `max_lookups_in_flight` lookups at once, and a breaker that a failed lookup opens
+//! (the `client` module).
+//!
+//! It follows the engines the routers follow, from the same three sources: the file
+//! (reloaded as a router reloads it, `follow`), Kubernetes discovery when the file
+//! has `discovery.kubernetes` (the router's own discovery, into the indexer's
+//! fleet), and the admin API, which each replica and the indexer serve alike
+//! (`admin`). An engine that leaves is forgotten: its pages leave the index and its
+//! metric series go.
 
+mod admin;
 mod breaker;
 mod client;
+mod follow;
 mod wire;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -31,29 +38,29 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use router_fleet::{Fleet, HealthChecks};
+use router_fleet::Fleet;
 use router_policy::{ConfigError, PrefixHits};
-use router_state::kv_events::PrefixIndex;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub(crate) use client::{IndexerLink, RemoteCacheSource};
+pub use follow::IndexerContext;
 use wire::{Answer, LOOKUP_PATH, Lookup, MAX_HASHES, MAX_LOOKUP_BYTES};
 
-use crate::access::{TokenDigest, TokenSetting};
+use crate::access::{AdminAccess, TokenDigest, TokenSetting};
 use crate::app::{StartError, register};
 use router_config::{PrefixIndexerConfig, RouterConfig};
 
 use crate::metrics::{Format, encode_registry};
-use crate::validated::ValidatedConfig;
+use crate::validated::{RestartOnly, ValidatedConfig};
 
 /// A running indexer.
 #[derive(Debug)]
 pub struct RunningIndexer {
     addr: SocketAddr,
-    fleet: Arc<Fleet>,
+    ctx: Arc<IndexerContext>,
     stop: watch::Sender<bool>,
     server: JoinHandle<()>,
 }
@@ -66,7 +73,12 @@ impl RunningIndexer {
 
     /// The engines it follows and the indexes it keeps.
     pub fn fleet(&self) -> &Arc<Fleet> {
-        &self.fleet
+        &self.ctx.fleet
+    }
+
+    /// What it follows, and reloading it.
+    pub fn context(&self) -> &Arc<IndexerContext> {
+        &self.ctx
     }
 
     /// Stops serving, letting lookups under way finish.
@@ -78,17 +90,12 @@ impl RunningIndexer {
 
 #[derive(Debug)]
 struct Indexer {
-    indexes: HashMap<String, Arc<PrefixIndex>>,
+    ctx: Arc<IndexerContext>,
     registry: Registry,
-    /// How long a lookup's body may take to arrive.
-    body_timeout: std::time::Duration,
-    /// Who may look up: a caller with this token; anyone when `None`.
-    access: Option<TokenDigest>,
     /// Lookups refused for a missing or wrong token.
     unauthorized: Counter,
     /// When a refused lookup was last logged.
     logged: Mutex<Option<Instant>>,
-    _health: HealthChecks,
 }
 
 /// How often a refused lookup is logged, at most.
@@ -131,19 +138,21 @@ fn lookup_access(
 
 /// Starts an indexer on `listen` for the cache-aware models of `config`. Of its own
 /// `prefix_indexer` section only the token is read, which lookups must then carry:
-/// the indexer keeps the indexes itself.
+/// the indexer keeps the indexes itself. With `discovery.kubernetes`, it discovers
+/// pods as a router does.
 ///
 /// # Errors
 /// The configuration is invalid (the token file included), no model has a
-/// cache-aware group with a tokenizer, an engine cannot join, or the address cannot
-/// be bound.
+/// cache-aware group with a tokenizer, an engine cannot join, discovery cannot
+/// start, or the address cannot be bound.
 pub async fn start_indexer(
     mut config: RouterConfig,
     listen: SocketAddr,
 ) -> Result<RunningIndexer, StartError> {
     let mut problems = Vec::new();
+    let restart_only = RestartOnly::of(&config);
     let access = lookup_access(config.prefix_indexer.take().as_ref(), &mut problems);
-    let validated = match ValidatedConfig::validate(config) {
+    let mut validated = match ValidatedConfig::validate(config) {
         Ok(validated) if problems.is_empty() => validated,
         Ok(_) => return Err(StartError::Config(problems)),
         Err(mut errors) => {
@@ -152,61 +161,79 @@ pub async fn start_indexer(
         }
     };
     let fleet = Arc::new(
-        Fleet::new(validated.upstream(), validated.load, validated.health)
-            .with_max_feed_message_bytes(validated.max_feed_message_bytes)
-            .with_feed_memory_bytes(validated.feed_memory_bytes)
-            .with_metrics_interval(validated.metrics_interval),
+        Fleet::new(
+            validated.upstream(),
+            Arc::clone(&validated.load),
+            validated.health,
+        )
+        .with_max_feed_message_bytes(validated.max_feed_message_bytes)
+        .with_feed_memory_bytes(validated.feed_memory_bytes)
+        .with_metrics_interval(validated.metrics_interval),
     );
-    let mut indexes = HashMap::new();
+    let mut indexed = false;
     let mut errors = Vec::new();
     for (m, model) in validated.models.iter().enumerate() {
-        let Some(index) = &model.selection.prefix_index else {
+        if model.selection.prefix_index.is_none() {
             continue;
-        };
+        }
+        indexed = true;
         let at = format!("models[{m}]");
         for joined in register(&fleet, model).await {
             if let Err(e) = joined {
                 errors.push(e.within(&at));
             }
         }
-        indexes.insert(model.selection.id.clone(), Arc::clone(index));
     }
-    if indexes.is_empty() {
-        errors.push(ConfigError::at(
-            "models",
-            "no model has a cache-aware group and a tokenizer: the indexer would index nothing",
-        ));
+    if !indexed {
+        errors.push(follow::nothing_indexed());
     }
     if !errors.is_empty() {
         return Err(StartError::Config(errors));
     }
+    let admin = std::mem::replace(&mut validated.admin, AdminAccess::Off);
+    let ctx = Arc::new(IndexerContext::new(
+        Arc::clone(&fleet),
+        &validated,
+        restart_only,
+        admin,
+        access,
+    ));
     let mut registry = Registry::with_prefix("switchyard");
     router_fleet::register_metrics(&fleet, &mut registry);
+    crate::metrics::register_config_reloads(&mut registry, &ctx.config_reloads);
     let unauthorized = Counter::default();
     registry.register(
         "indexer_lookups_unauthorized",
         "Prefix lookups refused with 401: without the token prefix_indexer configures",
         unauthorized.clone(),
     );
-    if access.is_none() {
+    if ctx.lookups.load().is_none() {
         tracing::warn!(
             "prefix lookups are not authenticated: anyone who reaches the indexer can tell which prompts' prefixes the engines hold (set prefix_indexer.token or token_file)"
         );
     }
+    let health = fleet.spawn_health_checks();
+    #[cfg(feature = "kubernetes")]
+    let discovery = match validated.kubernetes.clone() {
+        Some(settings) => Some(
+            router_fleet::kubernetes::spawn_discovery(Arc::clone(&fleet), settings).map_err(
+                |e| StartError::Config(vec![ConfigError::at("discovery.kubernetes", e)]),
+            )?,
+        ),
+        None => None,
+    };
     let indexer = Arc::new(Indexer {
-        indexes,
+        ctx: Arc::clone(&ctx),
         registry,
-        body_timeout: validated.client.body,
-        access,
         unauthorized,
         logged: Mutex::new(None),
-        _health: fleet.spawn_health_checks(),
     });
     let app = axum::Router::new()
         .route(LOOKUP_PATH, post(lookup))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
-        .with_state(indexer);
+        .with_state(indexer)
+        .merge(admin::routes(Arc::clone(&ctx)));
     let bind = |problem| StartError::Listen {
         addr: listen,
         problem,
@@ -214,7 +241,7 @@ pub async fn start_indexer(
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind)?;
     let addr = listener.local_addr().map_err(bind)?;
     let (stop, stopped) = watch::channel(false);
-    let server = tokio::spawn(crate::connections::serve(
+    let serving = crate::connections::serve(
         listener,
         crate::connections::Apps {
             full: app,
@@ -223,11 +250,17 @@ pub async fn start_indexer(
         validated.client,
         stopped,
         validated.shutdown_grace,
-    ));
+    );
+    let server = tokio::spawn(async move {
+        serving.await;
+        drop(health);
+        #[cfg(feature = "kubernetes")]
+        drop(discovery);
+    });
     tracing::info!(%addr, "prefix indexer listening");
     Ok(RunningIndexer {
         addr,
-        fleet,
+        ctx,
         stop,
         server,
     })
@@ -242,7 +275,7 @@ fn refused(status: StatusCode, message: impl std::fmt::Display) -> Response {
 }
 
 async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Request) -> Response {
-    if let Some(access) = &indexer.access
+    if let Some(access) = indexer.ctx.lookups.load().as_ref()
         && !access.admits_request(request.headers())
     {
         return indexer.unauthorized();
@@ -261,7 +294,7 @@ async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Req
         return too_large();
     }
     let read = tokio::time::timeout(
-        indexer.body_timeout,
+        indexer.ctx.body_timeout,
         Limited::new(request.into_body(), MAX_LOOKUP_BYTES).collect(),
     )
     .await;
@@ -274,7 +307,7 @@ async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Req
                 StatusCode::REQUEST_TIMEOUT,
                 format_args!(
                     "the lookup did not arrive within {} ms",
-                    indexer.body_timeout.as_millis()
+                    indexer.ctx.body_timeout.as_millis()
                 ),
             );
         }
@@ -289,14 +322,14 @@ async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Req
             format_args!("at most {MAX_HASHES} block hashes a lookup"),
         );
     }
-    let Some(index) = indexer.indexes.get(lookup.model.as_ref()) else {
+    let Some(index) = indexer.ctx.fleet.prefix_index(&lookup.model) else {
         return refused(
             StatusCode::NOT_FOUND,
             "the indexer keeps no index of that model",
         );
     };
     axum::Json(Answer::from(PrefixHits::of_chain(
-        index,
+        &index,
         &lookup.hashes,
         lookup.dry_run,
     )))

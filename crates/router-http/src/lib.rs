@@ -56,7 +56,7 @@ pub use api::MAX_BODY_BYTES;
 pub use app::{AppContext, StartError};
 pub use connections::PROBE_SLOTS;
 pub use error::ApiError;
-pub use indexer::{RunningIndexer, start_indexer};
+pub use indexer::{IndexerContext, RunningIndexer, start_indexer};
 pub use prepare::prompt_ids;
 pub use reload::{ReloadError, ReloadSummary};
 pub use router_config::ConfigError;

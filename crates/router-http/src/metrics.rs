@@ -195,10 +195,7 @@ impl Metrics {
     /// The request-path families, none of them registered yet; each configuration
     /// reload outcome is present.
     fn unregistered() -> Self {
-        let config_reloads: Family<OutcomeLabels, Counter> = Family::default();
-        for outcome in ["applied", "invalid", "failed", "unreadable"] {
-            drop(config_reloads.get_or_create(&OutcomeLabels { outcome }));
-        }
+        let config_reloads = config_reloads();
         Self {
             registry: Registry::with_prefix("switchyard"),
             requests: Family::default(),
@@ -305,11 +302,7 @@ impl Metrics {
     /// Registers the operational families: configuration reloads, decision records
     /// and spans.
     fn register_operations(&mut self) {
-        self.registry.register(
-            "config_reloads",
-            "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed), unreadable (the file was not read whole: missing, not a regular file, too large or still changing; the old configuration serves)",
-            self.config_reloads.clone(),
-        );
+        register_config_reloads(&mut self.registry, &self.config_reloads);
         self.registry.register(
             "decision_records",
             "Decision records: written, dropped (the writer's queue was full) or failed (the file could not be written)",
@@ -357,6 +350,27 @@ pub(crate) fn encode_registry(registry: &Registry, format: Format) -> String {
         Format::OpenMetrics => text,
         Format::Prometheus => exposition::to_prometheus_text(&text),
     }
+}
+
+/// Configuration reloads by outcome, each outcome present from the start.
+pub(crate) fn config_reloads() -> Family<OutcomeLabels, Counter> {
+    let reloads: Family<OutcomeLabels, Counter> = Family::default();
+    for outcome in ["applied", "invalid", "failed", "unreadable"] {
+        drop(reloads.get_or_create(&OutcomeLabels { outcome }));
+    }
+    reloads
+}
+
+/// Registers `reloads` as `config_reloads` (a router's and an indexer's alike).
+pub(crate) fn register_config_reloads(
+    registry: &mut Registry,
+    reloads: &Family<OutcomeLabels, Counter>,
+) {
+    registry.register(
+        "config_reloads",
+        "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed), unreadable (the file was not read whole: missing, not a regular file, too large or still changing; the old configuration serves)",
+        reloads.clone(),
+    );
 }
 
 #[cfg(test)]

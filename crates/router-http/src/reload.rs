@@ -29,6 +29,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use router_config::{RouterConfig, SelectionState};
 use router_fleet::{Change, EngineSpec, FleetError, Source};
 use router_policy::ConfigError;
@@ -143,6 +145,26 @@ impl Changes {
     }
 }
 
+/// Counts a reload's outcome in `reloads` and logs it.
+pub(crate) fn record(
+    reloads: &Family<OutcomeLabels, Counter>,
+    outcome: Result<&ReloadSummary, &ReloadError>,
+) {
+    let label = match outcome {
+        Ok(_) => "applied",
+        Err(ReloadError::Invalid(_)) => "invalid",
+        Err(ReloadError::Failed(_)) => "failed",
+        Err(ReloadError::Unreadable(_)) => "unreadable",
+    };
+    reloads
+        .get_or_create(&OutcomeLabels { outcome: label })
+        .inc();
+    match outcome {
+        Ok(summary) => tracing::info!(%summary, "configuration reloaded"),
+        Err(error) => tracing::warn!(%error, "configuration reload"),
+    }
+}
+
 impl AppContext {
     /// Replaces the models, engines, buckets and policies the configuration file
     /// brought with those of `config`. Reloads run one at a time. See the module
@@ -166,20 +188,7 @@ impl AppContext {
     }
 
     fn record(&self, outcome: Result<&ReloadSummary, &ReloadError>) {
-        let label = match outcome {
-            Ok(_) => "applied",
-            Err(ReloadError::Invalid(_)) => "invalid",
-            Err(ReloadError::Failed(_)) => "failed",
-            Err(ReloadError::Unreadable(_)) => "unreadable",
-        };
-        self.metrics
-            .config_reloads
-            .get_or_create(&OutcomeLabels { outcome: label })
-            .inc();
-        match outcome {
-            Ok(summary) => tracing::info!(%summary, "configuration reloaded"),
-            Err(error) => tracing::warn!(%error, "configuration reload"),
-        }
+        record(&self.metrics.config_reloads, outcome);
     }
 
     async fn apply(

@@ -15,6 +15,7 @@ mod explain;
 mod failures;
 mod flow;
 mod indexer;
+mod indexer_follows;
 mod lora;
 mod pairing;
 mod ranks;

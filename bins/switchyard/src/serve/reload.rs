@@ -1,4 +1,4 @@
-//! Reloading `serve --config FILE`: on SIGHUP, and with `--watch-config` whenever the
+//! Reloading `serve --config FILE` (and `indexer --config FILE`): on SIGHUP, and with `--watch-config` whenever the
 //! file differs from what was last read (read every second; a Kubernetes ConfigMap
 //! volume swaps the file under its path, which reading it again sees).
 //!
@@ -23,10 +23,8 @@ use router_config::RouterConfig;
 use router_http::file::{
     self, MAX_CONFIG_BYTES, ReadError, Settle, SettleError, Snapshot, settled, unchanged,
 };
-use router_http::{AppContext, ConfigError, ReloadError};
+use router_http::{AppContext, ConfigError, IndexerContext, ReloadError, ReloadSummary};
 use tokio::signal::unix::Signal;
-
-use super::{ServeArgs, overridden};
 
 /// How often `--watch-config` reads the file.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
@@ -41,25 +39,75 @@ const HOLD_TRIES: u32 = 3;
 /// could not be read.
 type Seen = Result<String, String>;
 
-/// Reloads the configuration file on each `hangup` (and with `--watch-config`, when
-/// what it holds differs from `started_from`, the text startup read, or from what the
+/// What a reload is applied to: a router, or an indexer.
+pub(crate) trait Reloadable: Send + Sync + 'static {
+    /// Applies `config` in place of the running one.
+    fn reload(
+        &self,
+        config: RouterConfig,
+    ) -> impl Future<Output = Result<ReloadSummary, ReloadError>> + Send;
+
+    /// Counts and logs a reload refused before it reached the target.
+    fn refuse_reload(&self, refused: ReloadError) -> ReloadError;
+}
+
+impl Reloadable for AppContext {
+    fn reload(
+        &self,
+        config: RouterConfig,
+    ) -> impl Future<Output = Result<ReloadSummary, ReloadError>> + Send {
+        AppContext::reload(self, config)
+    }
+
+    fn refuse_reload(&self, refused: ReloadError) -> ReloadError {
+        AppContext::refuse_reload(self, refused)
+    }
+}
+
+impl Reloadable for IndexerContext {
+    fn reload(
+        &self,
+        config: RouterConfig,
+    ) -> impl Future<Output = Result<ReloadSummary, ReloadError>> + Send {
+        IndexerContext::reload(self, config)
+    }
+
+    fn refuse_reload(&self, refused: ReloadError) -> ReloadError {
+        IndexerContext::refuse_reload(self, refused)
+    }
+}
+
+/// The configuration file and how it is reloaded.
+#[derive(Debug, Clone)]
+pub(crate) struct File {
+    /// The file; `None` for a router started from fleet flags.
+    pub(crate) path: Option<PathBuf>,
+    /// Whether a change of its content reloads it (`--watch-config`).
+    pub(crate) watch: bool,
+    /// The interval two reads that agree must be apart (`--config-settle-ms`).
+    pub(crate) settle: Duration,
+}
+
+/// Reloads `file` into `target` on each `hangup` (and with `file.watch`, when what
+/// it holds differs from `started_from`, the text startup read, or from what the
 /// last reload read) until the task is aborted. `running` is the configuration
-/// startup applied.
-pub(super) async fn run(
-    ctx: Arc<AppContext>,
+/// startup applied; `overridden` applies the command line and environment to each
+/// configuration read.
+pub(crate) async fn run<T: Reloadable>(
+    target: Arc<T>,
     mut hangup: Signal,
     mut running: RouterConfig,
     started_from: Option<String>,
-    args: ServeArgs,
-    env_token: Option<String>,
+    file: File,
+    overridden: impl Fn(RouterConfig) -> RouterConfig + Send,
 ) {
-    let Some(path) = args.config.clone() else {
+    let Some(path) = file.path else {
         while hangup.recv().await.is_some() {
             tracing::warn!("SIGHUP: nothing to reload (the router was started from fleet flags)");
         }
         return;
     };
-    let settle = Settle::every(Duration::from_millis(args.config_settle_ms));
+    let settle = Settle::every(file.settle);
     // `None`: not known, so the watcher reads the file through at its next tick.
     let mut last: Option<Seen> = started_from.map(Ok);
     let mut tick = tokio::time::interval(WATCH_INTERVAL);
@@ -72,7 +120,7 @@ pub(super) async fn run(
                 }
                 tracing::info!(file = %path.display(), "SIGHUP: reloading the configuration");
             }
-            _ = tick.tick(), if args.watch_config => {
+            _ = tick.tick(), if file.watch => {
                 let now = seen(read(path.clone()).await);
                 if last.as_ref() == Some(&now) {
                     continue;
@@ -85,17 +133,17 @@ pub(super) async fn run(
             settle,
             || read(path.clone()),
             |next: &RouterConfig| only_adds(&running, next),
-            |config| overridden(config, &args, env_token.clone()),
+            &overridden,
         )
         .await;
         last = seen;
         match taken {
             Ok(config) => {
-                if ctx.reload(config.clone()).await.is_ok() {
+                if target.reload(config.clone()).await.is_ok() {
                     running = config;
                 }
             }
-            Err(refused) => drop(ctx.refuse_reload(refused)),
+            Err(refused) => drop(target.refuse_reload(refused)),
         }
     }
 }

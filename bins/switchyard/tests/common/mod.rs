@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// A `switchyard serve` process, killed by its pid when dropped.
+/// A `switchyard serve` (or `indexer`) process, killed by its pid when dropped.
 pub(crate) struct Replica {
     child: Option<Child>,
     pub(crate) addr: SocketAddr,
@@ -18,8 +18,20 @@ pub(crate) struct Replica {
 impl Replica {
     /// Starts a router on `config` (with `extra` flags) and waits for its ready line.
     pub(crate) async fn start(config: &std::path::Path, extra: &[&str]) -> Self {
+        Self::run("serve", config, extra).await
+    }
+
+    /// Starts `switchyard indexer` on `config` (with `extra` flags) on a free
+    /// loopback port and waits for its ready line.
+    pub(crate) async fn indexer(config: &std::path::Path, extra: &[&str]) -> Self {
+        let mut flags = vec!["--listen", "127.0.0.1:0"];
+        flags.extend(extra);
+        Self::run("indexer", config, &flags).await
+    }
+
+    async fn run(command: &str, config: &std::path::Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["serve", "--config"])
+            .args([command, "--config"])
             .arg(config)
             .args(extra)
             .env("RUST_LOG", "warn")

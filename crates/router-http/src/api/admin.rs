@@ -1,9 +1,11 @@
 //! The engine admin API under `/workers` (the path peer routers and their users
 //! know): list, add and remove engines; it removes only engines it added. Off unless
 //! a token is configured; every request is authorized before its body is read, and
-//! bodies are capped at 64 KiB.
+//! bodies are capped at 64 KiB. The shared prefix indexer serves the same handlers
+//! over its own fleet (`indexer/admin`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, Request, State};
@@ -12,7 +14,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_config::{EngineConfig, EngineRole};
-use router_fleet::{Change, FleetError, Source};
+use router_fleet::{Change, Fleet, FleetError, Source};
+use router_state::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -33,24 +36,37 @@ pub(super) async fn authorize(
     next: Next,
 ) -> Response {
     // The token in force when the request arrived (a reload may replace it).
-    let access = ctx.admin.load_full();
+    match admitted(&ctx.admin.load_full(), &request) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// Whether `access` lets `request` through: 403 `admin_disabled` when the API is
+/// off, 401 without the token.
+pub(crate) fn admitted(access: &AdminAccess, request: &Request) -> Result<(), ApiError> {
     if *access == AdminAccess::Off {
-        return ApiError::admin_disabled().into_response();
+        return Err(ApiError::admin_disabled());
     }
     if access.admits(request.headers()) {
-        next.run(request).await
+        Ok(())
     } else {
-        ApiError::unauthorized().into_response()
+        Err(ApiError::unauthorized())
     }
 }
 
 pub(super) async fn list(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
-    let snapshot = ctx.fleet.snapshot();
-    let load = ctx.fleet.load().snapshot();
+    listed(&ctx.fleet)
+}
+
+/// Every engine of `fleet`, with its source, health and load.
+pub(crate) fn listed(fleet: &Fleet) -> Json<Value> {
+    let snapshot = fleet.snapshot();
+    let load = fleet.load().snapshot();
     let workers: Vec<Value> = snapshot
         .engines()
         .map(|w| {
-            let source = ctx.fleet.spec(w.id()).map(|spec| spec.source.as_str());
+            let source = fleet.spec(w.id()).map(|spec| spec.source.as_str());
             json!({
                 "id": w.id().as_str(), "url": w.url(), "model": w.model(), "role": w.role().as_str(),
                 "source": source,
@@ -86,7 +102,31 @@ pub(super) async fn add(
     State(ctx): State<Arc<AppContext>>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let limit = ctx.client_body_timeout;
+    let engine = added(&ctx.fleet, request, ctx.client_body_timeout).await?;
+    // The fleet's observer gave a new model its catch-all bucket (this call is then
+    // a lookup); when the default policies cannot serve one, the engine does not
+    // stay.
+    if let Err(e) = ctx.routing.serve_new_model(&engine) {
+        let added = Change::Remove(engine.id().clone(), Source::Admin);
+        drop(ctx.fleet.apply(added).await);
+        return Err(ApiError::admin(StatusCode::BAD_REQUEST, e.to_string()));
+    }
+    Ok(created(&engine))
+}
+
+/// The answer to an engine added.
+pub(crate) fn created(engine: &Engine) -> Response {
+    let body = json!({"id": engine.id().as_str(), "model": engine.model(), "role": engine.role().as_str(), "healthy": engine.is_healthy()});
+    (StatusCode::CREATED, Json(body)).into_response()
+}
+
+/// Adds to `fleet` the engine `request` describes (its body read within `limit`), as
+/// the admin API's.
+pub(crate) async fn added(
+    fleet: &Fleet,
+    request: Request,
+    limit: Duration,
+) -> Result<Arc<Engine>, ApiError> {
     let body = tokio::time::timeout(
         limit,
         Limited::new(request.into_body(), MAX_ADMIN_BODY_BYTES).collect(),
@@ -115,8 +155,7 @@ pub(super) async fn add(
     };
     let invalid =
         |e: &dyn std::fmt::Display| ApiError::admin(StatusCode::BAD_REQUEST, e.to_string());
-    let engine = ctx
-        .fleet
+    fleet
         .apply(Change::Add(
             engine_spec(&config, &add.model).with_source(Source::Admin),
         ))
@@ -130,24 +169,19 @@ pub(super) async fn add(
                 ..
             } => ApiError::invalid("invalid_parameter", "dp_size", e.to_string()),
             e => invalid(&e),
-        })?;
-    // The fleet's observer gave a new model its catch-all bucket (this call is then
-    // a lookup); when the default policies cannot serve one, the engine does not
-    // stay.
-    if let Err(e) = ctx.routing.serve_new_model(&engine) {
-        let added = Change::Remove(engine.id().clone(), Source::Admin);
-        drop(ctx.fleet.apply(added).await);
-        return Err(invalid(&e));
-    }
-    let body = json!({"id": engine.id().as_str(), "model": engine.model(), "role": engine.role().as_str(), "healthy": engine.is_healthy()});
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+        })
 }
 
 pub(super) async fn remove(
     State(ctx): State<Arc<AppContext>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    ctx.fleet
+    removed(&ctx.fleet, id).await
+}
+
+/// Removes engine `id` from `fleet`, when the admin API added it.
+pub(crate) async fn removed(fleet: &Fleet, id: String) -> Result<StatusCode, ApiError> {
+    fleet
         .apply(Change::Remove(id.into(), Source::Admin))
         .await
         .map_err(|e| match e {
