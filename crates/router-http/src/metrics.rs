@@ -5,6 +5,7 @@
 mod affinity;
 mod exposition;
 mod flow;
+mod indexers;
 mod prefix_cache;
 mod regret;
 
@@ -24,6 +25,7 @@ use crate::routing::Routing;
 
 pub(crate) use exposition::Format;
 pub(crate) use flow::{BandLabels, FlowMetrics, RefusalLabels, TenantLabels, band};
+pub(crate) use indexers::{IndexerCounts, IndexerMetrics};
 pub(crate) use regret::{Compared, Regret};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -165,17 +167,22 @@ pub(crate) struct Metrics {
     /// The router's spans by outcome (`ended`, `exported`, `failed`), present when
     /// traces are configured.
     pub(crate) spans: Family<OutcomeLabels, Counter>,
+    /// Lookups of the shared prefix indexers, per indexer (series present when
+    /// `prefix_indexer` is configured).
+    pub(crate) indexers: IndexerMetrics,
 }
 
 impl Metrics {
     /// The request-path families, with the fleet's, the affinity store's and the
-    /// tokenizers' prefix caches' collectors beside them.
+    /// tokenizers' prefix caches' collectors beside them, and `indexers`, which the
+    /// links to the shared prefix indexers count in.
     pub(crate) fn new(
         fleet: &Arc<Fleet>,
         affinity: Option<Arc<dyn AffinityStore>>,
         routing: &Arc<Routing>,
+        indexers: IndexerMetrics,
     ) -> Self {
-        let mut metrics = Self::unregistered();
+        let mut metrics = Self::unregistered(indexers);
         metrics.register_routing();
         metrics.register_latency();
         metrics.register_predictions();
@@ -187,7 +194,7 @@ impl Metrics {
 
     /// The request-path families, none of them registered yet; each configuration
     /// reload outcome is present.
-    fn unregistered() -> Self {
+    fn unregistered(indexers: IndexerMetrics) -> Self {
         let config_reloads: Family<OutcomeLabels, Counter> = Family::default();
         for outcome in ["applied", "invalid", "failed", "unreadable"] {
             drop(config_reloads.get_or_create(&OutcomeLabels { outcome }));
@@ -210,6 +217,7 @@ impl Metrics {
             config_reloads,
             decision_records: Family::default(),
             spans: Family::default(),
+            indexers,
         }
     }
 
@@ -288,9 +296,10 @@ impl Metrics {
         );
     }
 
-    /// Registers the operational families: configuration reloads, decision records
-    /// and spans.
+    /// Registers the operational families: configuration reloads, decision records,
+    /// spans and the shared indexers' lookups.
     fn register_operations(&mut self) {
+        self.indexers.register(&mut self.registry);
         self.registry.register(
             "config_reloads",
             "Configuration reloads: applied, invalid (the file was refused; the old configuration serves), failed (the fleet could not serve it; nothing stays changed), unreadable (the file was not read whole: missing, not a regular file, too large or still changing; the old configuration serves)",
