@@ -6,6 +6,7 @@ mod common;
 mod cli;
 mod dashboards;
 mod demo;
+mod indexer_failover;
 mod kubernetes;
 mod manifests;
 mod reload;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// A `switchyard serve` process, killed by its pid when dropped.
+/// A `switchyard serve` (or `switchyard indexer`) process, killed by its pid when
+/// dropped.
 pub(crate) struct Replica {
     child: Option<Child>,
     pub(crate) addr: SocketAddr,
@@ -18,8 +19,18 @@ pub(crate) struct Replica {
 impl Replica {
     /// Starts a router on `config` (with `extra` flags) and waits for its ready line.
     pub(crate) async fn start(config: &std::path::Path, extra: &[&str]) -> Self {
+        Self::spawn("serve", config, extra).await
+    }
+
+    /// Starts a `switchyard indexer` on `config`, on a port of its own choosing, and
+    /// waits for its ready line.
+    pub(crate) async fn indexer(config: &std::path::Path) -> Self {
+        Self::spawn("indexer", config, &["--listen", "127.0.0.1:0"]).await
+    }
+
+    async fn spawn(command: &str, config: &std::path::Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["serve", "--config"])
+            .args([command, "--config"])
             .arg(config)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -27,7 +38,7 @@ impl Replica {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("the router starts");
+            .expect("the process starts");
         let stdout = child.stdout.take().expect("piped stdout");
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();
