@@ -570,4 +570,54 @@ mod tests {
         first_server.abort();
         second_server.abort();
     }
+
+    // A silent first indexer spends the whole lookup's timeout: that lookup is
+    // unavailable, and its breaker sends the next ones to the second indexer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_first_indexer_costs_its_lookups_timeout_then_the_second_answers() {
+        use std::sync::atomic::AtomicBool;
+
+        let (first, accepted, first_server) = silent().await;
+        let (second, second_answered, second_server) =
+            answering(Arc::new(AtomicBool::new(false))).await;
+        let timeout = Duration::from_millis(300);
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: timeout,
+            first_byte: timeout,
+            pool_idle: Duration::from_secs(4),
+        });
+        let metrics = IndexerMetrics::default();
+        let link = IndexerLink::new(vec![first, second], upstream, timeout, 8, &metrics);
+        let failed = link.lookup("m", 16, vec![1, 2], false).await.unwrap_err();
+        assert!(
+            failed.contains("no answer within 300 ms") || failed.contains("first-byte timeout"),
+            "{failed}"
+        );
+        assert_eq!(
+            second_answered.load(Ordering::SeqCst),
+            0,
+            "no time was left for the second"
+        );
+        assert_eq!(metrics.of(0).breaker_open.get(), 1);
+        // Past a cooldown the first's trial may take another lookup's timeout.
+        let hits = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(hits) = link.lookup("m", 16, vec![1, 2], false).await {
+                    return hits;
+                }
+            }
+        })
+        .await
+        .expect("the second indexer answers");
+        assert_eq!(hits.query_blocks, 2);
+        assert_eq!(second_answered.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            metrics.of(1).lookups.get(),
+            1,
+            "the second is asked only once the first's breaker is open"
+        );
+        assert!(accepted.load(Ordering::SeqCst) >= 1);
+        first_server.abort();
+        second_server.abort();
+    }
 }
