@@ -7,6 +7,7 @@ mod cli;
 mod dashboards;
 mod demo;
 mod indexer;
+mod indexer_failover;
 mod kubernetes;
 mod manifests;
 mod reload;

@@ -1,9 +1,12 @@
 //! Several router processes behind a load balancer: three `switchyard serve`
 //! replicas in front of eight simulated engines, a client that spreads each
 //! conversation's turns over the replicas the way a round-robin balancer does, and
-//! a replica or the Redis server killed mid-run.
+//! a replica or the Redis server killed mid-run (`under_load`: killed and restarted,
+//! with a shared prefix indexer).
 
 use crate::common;
+
+mod under_load;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -18,15 +21,15 @@ use router_state::test_util::RedisServer;
 use serde_json::{Value, json};
 
 /// Upper bound on any wait; a healthy run needs milliseconds.
-const GUARD: Duration = Duration::from_secs(30);
+pub(crate) const GUARD: Duration = Duration::from_secs(30);
 const SESSIONS: usize = 16;
-const PAGE: u32 = 16;
+pub(crate) const PAGE: u32 = 16;
 
-fn tokenizer() -> PathBuf {
+pub(crate) fn tokenizer() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizer-bytes/tokenizer.json")
 }
 
-async fn engines(n: usize) -> Vec<RunningEngine> {
+pub(crate) async fn engines(n: usize) -> Vec<RunningEngine> {
     let mut engines = Vec::new();
     for _ in 0..n {
         let mut config = SimConfig::for_tests();
@@ -276,8 +279,13 @@ async fn with_rendezvous_replicas_agree_with_nothing_shared_through_a_replica_lo
     }
 }
 
-/// Waits until every replica has applied every KV batch the engines published.
-async fn caught_up(client: &reqwest::Client, replicas: &[Replica], sims: &[RunningEngine]) {
+/// Waits until every replica (or indexer) has applied every KV batch the engines
+/// published.
+pub(crate) async fn caught_up(
+    client: &reqwest::Client,
+    replicas: &[Replica],
+    sims: &[RunningEngine],
+) {
     let published: u64 = sims.iter().map(|e| e.engine().published_batches()).sum();
     let wait = async {
         for replica in replicas {

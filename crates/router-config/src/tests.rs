@@ -567,3 +567,43 @@ fn the_feeds_memory_holds_one_largest_message_by_default() {
     .unwrap();
     assert_eq!(set.limits.feed_memory_bytes(), 1 << 30);
 }
+
+#[test]
+fn the_prefix_indexer_section_names_one_indexer_or_a_few_in_order() {
+    let with = |section: &str| errors(&format!("{MINIMAL}prefix_indexer: {section}\n"));
+    assert!(with("{url: 'http://10.0.0.5:30100'}").is_empty());
+    assert!(with("{urls: ['http://10.0.0.5:30100', 'https://indexer-b:30100']}").is_empty());
+    assert_eq!(
+        with("{url: 'http://a:1', urls: ['http://b:1']}"),
+        ["prefix_indexer.urls: set url or urls, not both"]
+    );
+    assert_eq!(
+        with("{timeout_ms: 50}"),
+        ["prefix_indexer.url: one indexer's url (or urls) is required"]
+    );
+    assert_eq!(
+        with("{urls: ['http://a:1', 'ftp://b', 'http://a:1']}"),
+        [
+            "prefix_indexer.urls[1]: must start with http:// or https://",
+            "prefix_indexer.urls[2]: named twice",
+        ]
+    );
+    assert_eq!(
+        with("{urls: ['http://a:1', 'http://b:1', 'http://c:1', 'http://d:1', 'http://e:1']}"),
+        ["prefix_indexer.urls: at most 4 indexers"]
+    );
+    let config = RouterConfig::from_yaml(&format!(
+        "{MINIMAL}prefix_indexer: {{urls: ['http://b:1', 'http://a:1']}}\n"
+    ))
+    .unwrap();
+    let section = config.prefix_indexer.unwrap();
+    assert_eq!(
+        section.indexer_urls(),
+        ["http://b:1", "http://a:1"],
+        "in the file's order"
+    );
+    assert_eq!(
+        PrefixIndexerConfig::new("http://a:1").indexer_urls(),
+        ["http://a:1"]
+    );
+}

@@ -172,7 +172,12 @@ impl AppContext {
                 "the affinity store's backend did not answer at startup: bindings are local until it does"
             );
         }
-        let metrics = Metrics::new(&fleet, affinity.clone(), &routing);
+        let metrics = Metrics::new(
+            &fleet,
+            affinity.clone(),
+            &routing,
+            config.indexer_metrics.clone(),
+        );
         observe_fleet(&fleet, &routing, affinity.clone(), &metrics);
         let decisions = match &config.decisions {
             Some(decisions) => Some(Arc::new(

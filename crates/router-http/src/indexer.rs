@@ -10,8 +10,9 @@
 //! address of its own (the file's `listen` is the routers'). With a token in the
 //! file's `prefix_indexer` section (the one the routers send), a lookup without it is
 //! a 401, counted and logged. Routers bound what it costs them: at most
-//! `max_lookups_in_flight` lookups at once, and a breaker that a failed lookup opens
-//! (the `client` module).
+//! `max_lookups_in_flight` lookups at once, and a breaker per indexer that a failed
+//! lookup opens; a router naming several indexers (`urls`) asks the next one when
+//! one fails (the `client` module).
 //!
 //! It follows the engines the routers follow, from the same three sources: the file
 //! (reloaded as a router reloads it, `follow`), Kubernetes discovery when the file

@@ -5,6 +5,7 @@
 mod affinity;
 mod exposition;
 mod flow;
+mod indexers;
 mod prefix_cache;
 mod regret;
 
@@ -24,6 +25,7 @@ use crate::routing::Routing;
 
 pub(crate) use exposition::Format;
 pub(crate) use flow::{BandLabels, FlowMetrics, RefusalLabels, TenantLabels, band};
+pub(crate) use indexers::{IndexerCounts, IndexerMetrics};
 pub(crate) use regret::{Compared, Regret};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -172,17 +174,22 @@ pub(crate) struct Metrics {
     /// The router's spans by outcome (`ended`, `exported`, `failed`), present when
     /// traces are configured.
     pub(crate) spans: Family<OutcomeLabels, Counter>,
+    /// Lookups of the shared prefix indexers, per indexer (series present when
+    /// `prefix_indexer` is configured).
+    pub(crate) indexers: IndexerMetrics,
 }
 
 impl Metrics {
     /// The request-path families, with the fleet's, the affinity store's and the
-    /// tokenizers' prefix caches' collectors beside them.
+    /// tokenizers' prefix caches' collectors beside them, and `indexers`, which the
+    /// links to the shared prefix indexers count in.
     pub(crate) fn new(
         fleet: &Arc<Fleet>,
         affinity: Option<Arc<dyn AffinityStore>>,
         routing: &Arc<Routing>,
+        indexers: IndexerMetrics,
     ) -> Self {
-        let mut metrics = Self::unregistered();
+        let mut metrics = Self::unregistered(indexers);
         metrics.register_routing();
         metrics.register_latency();
         metrics.register_predictions();
@@ -194,7 +201,7 @@ impl Metrics {
 
     /// The request-path families, none of them registered yet; each configuration
     /// reload outcome is present.
-    fn unregistered() -> Self {
+    fn unregistered(indexers: IndexerMetrics) -> Self {
         let config_reloads = config_reloads();
         Self {
             registry: Registry::with_prefix("switchyard"),
@@ -215,6 +222,7 @@ impl Metrics {
             config_reloads,
             decision_records: Family::default(),
             spans: Family::default(),
+            indexers,
         }
     }
 
@@ -299,9 +307,10 @@ impl Metrics {
         );
     }
 
-    /// Registers the operational families: configuration reloads, decision records
-    /// and spans.
+    /// Registers the operational families: configuration reloads, decision records,
+    /// spans and the shared indexers' lookups.
     fn register_operations(&mut self) {
+        self.indexers.register(&mut self.registry);
         register_config_reloads(&mut self.registry, &self.config_reloads);
         self.registry.register(
             "decision_records",

@@ -251,6 +251,7 @@ impl AppContext {
             },
             affinity: self.affinity.clone(),
             tokenizers: configured.tokenizers.clone(),
+            indexer_metrics: self.metrics.indexers.clone(),
         };
         // Loading a new tokenizer reads and parses a file: off the serving threads.
         let validated =

@@ -29,6 +29,7 @@ use router_tokenize::ChatTokenizer;
 use router_upstream::{EngineTls, Upstream, UpstreamTimeouts};
 
 use crate::access::AdminAccess;
+use crate::metrics::IndexerMetrics;
 pub(crate) use restart_only::RestartOnly;
 use serving::Serving;
 pub(crate) use serving::{ModelTokenizer, SharedState};
@@ -64,6 +65,8 @@ pub struct ValidatedConfig {
     pub(crate) load: Arc<EngineReportedLoadTable>,
     /// The bindings the router holds; `None` for rendezvous, which binds nothing.
     pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
+    /// What the links to the shared prefix indexers count in.
+    pub(crate) indexer_metrics: IndexerMetrics,
     pub(crate) sweep_interval: Duration,
     pub(crate) affinity_headers: AffinityHeaders,
     pub(crate) admin: AdminAccess,
@@ -160,11 +163,13 @@ impl ValidatedConfig {
             selection: state,
             affinity,
             tokenizers,
+            indexer_metrics,
         } = shared;
         let mut serving = Serving::new(
             tokenizers,
             config.limits.tokenize_cache_bytes,
             engine_tls.clone(),
+            indexer_metrics.clone(),
         )
         .with_indexer_token(&config, &mut errors);
         let (plan, engine_tls) = match (
@@ -211,6 +216,7 @@ impl ValidatedConfig {
                 .then(|| Duration::from_millis(config.load.metrics_interval_ms)),
             load: state.load,
             affinity,
+            indexer_metrics,
             sweep_interval: Duration::from_millis(affinity_settings.sweep_interval_ms),
             affinity_headers: AffinityHeaders {
                 session: affinity_settings.session_header.clone(),

@@ -39,7 +39,7 @@ impl Replica {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("the router starts");
+            .expect("the process starts");
         let stdout = child.stdout.take().expect("piped stdout");
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();

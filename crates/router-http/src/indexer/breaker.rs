@@ -53,6 +53,11 @@ impl Breaker {
         }
     }
 
+    /// Whether lookups go out (neither open nor trying).
+    pub(super) fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
     /// A lookup was answered: the breaker closes. True when it was not closed.
     pub(super) fn answered(&mut self) -> bool {
         let was_closed = self.state == State::Closed;

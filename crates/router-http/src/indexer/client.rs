@@ -1,13 +1,19 @@
-//! A model's prefix-ownership source when a shared indexer keeps the index: each
-//! lookup is one HTTP exchange with the indexer, within a timeout after which the
+//! A model's prefix-ownership source when shared indexers keep the index: each
+//! lookup is an HTTP exchange with an indexer, within a timeout after which the
 //! lookup is unavailable and the cache-aware policy falls back as on a miss (its
 //! pick says `cache_unavailable`), so routing never waits longer than the timeout.
 //! With a token configured, each lookup carries it as a bearer token.
 //!
 //! Every model's lookups share one [`IndexerLink`]: at most `max_lookups_in_flight`
-//! at once (one more is unavailable at once), and one [breaker](super::breaker): after
-//! a failed lookup none is sent for a cooldown, so a silent indexer costs one timeout
-//! per cooldown rather than one per request.
+//! at once (one more is unavailable at once), and one [breaker](super::breaker) per
+//! indexer: after a failed lookup none is sent to that indexer for a cooldown, so a
+//! silent indexer costs one timeout per cooldown rather than one per request.
+//!
+//! With several indexers (of the same fleet, in order of preference) a lookup goes
+//! to the first whose breaker lets it, and when that one fails (no answer, refused,
+//! 5xx, an answer that does not check), the same lookup goes to the next within what
+//! remains of its timeout. An indexer that dies so costs no lookup beyond those it
+//! leaves silent; once its breaker's trial is answered, lookups go back to it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +30,14 @@ use tokio::time::Instant;
 
 use super::breaker::{Breaker, Pass};
 use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
+use crate::metrics::{IndexerCounts, IndexerMetrics};
 
-/// What every model's lookups share about one indexer (see the module
+/// What every model's lookups share about the indexers (see the module
 /// documentation).
 #[derive(Debug)]
 pub(crate) struct IndexerLink {
-    origin: Origin,
+    /// The indexers, in order of preference.
+    peers: Vec<Peer>,
     upstream: Upstream,
     timeout: Duration,
     /// `Bearer <token>`, marked sensitive (its `Debug` hides it), when configured.
@@ -37,31 +45,53 @@ pub(crate) struct IndexerLink {
     /// One permit a lookup in flight.
     slots: Semaphore,
     most_in_flight: usize,
-    breaker: Mutex<Breaker>,
     /// When an unavailable lookup was last logged.
     logged: Mutex<Option<Instant>>,
+}
+
+/// One indexer: where it is, its breaker and its series.
+#[derive(Debug)]
+struct Peer {
+    origin: Origin,
+    breaker: Mutex<Breaker>,
+    counts: IndexerCounts,
 }
 
 /// How often an unavailable lookup is logged, at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl IndexerLink {
-    /// Lookups of the indexer at `origin` through `upstream`, each within `timeout`,
-    /// at most `most_in_flight` at once.
+    /// Lookups of the indexers at `origins` (in order of preference) through
+    /// `upstream`, each within `timeout` whichever indexers it tries, at most
+    /// `most_in_flight` at once, counted in `metrics` by the indexer's position.
     pub(crate) fn new(
-        origin: Origin,
+        origins: Vec<Origin>,
         upstream: Upstream,
         timeout: Duration,
         most_in_flight: usize,
+        metrics: &IndexerMetrics,
     ) -> Self {
+        let peers = origins
+            .into_iter()
+            .enumerate()
+            .map(|(position, origin)| {
+                let counts = metrics.of(position);
+                // A new link's breakers are closed (a reload builds one).
+                counts.breaker_open.set(0);
+                Peer {
+                    origin,
+                    breaker: Mutex::new(Breaker::default()),
+                    counts,
+                }
+            })
+            .collect();
         Self {
-            origin,
+            peers,
             upstream,
             timeout,
             authorization: None,
             slots: Semaphore::new(most_in_flight),
             most_in_flight,
-            breaker: Mutex::new(Breaker::default()),
             logged: Mutex::new(None),
         }
     }
@@ -84,8 +114,9 @@ impl IndexerLink {
         CacheLookup::Unavailable(reason)
     }
 
-    /// Asks about `hashes` of `model` unless the lookups in flight or the breaker say
-    /// not to; `Err` with why the lookup is unavailable.
+    /// Asks about `hashes` of `model` unless the lookups in flight or the breakers
+    /// say not to: the first indexer whose breaker lets it, then the next while they
+    /// fail, all within the timeout; `Err` with why the lookup is unavailable.
     async fn lookup(
         &self,
         model: &str,
@@ -99,49 +130,76 @@ impl IndexerLink {
                 self.most_in_flight
             ));
         };
-        let Some(pass) = self.breaker.lock().admit(Instant::now()) else {
-            return Err(
-                "prefix indexer: lookups failed; one trial lookup after each cooldown".to_owned(),
-            );
-        };
-        let mut outcome = Outcome {
-            link: self,
-            pass,
-            settled: false,
-        };
         let sent = hashes.len();
-        let answer =
-            match tokio::time::timeout(self.timeout, self.ask(model, block_size, hashes, dry_run))
-                .await
-            {
-                Ok(Ok(hits)) if hits.query_blocks == sent => Ok(hits),
-                Ok(Ok(hits)) => Err(Failed::answered(format!(
-                    "an answer for {} blocks to a lookup of {sent}",
-                    hits.query_blocks
-                ))),
-                Ok(Err(failed)) => Err(failed),
-                Err(_) => Err(Failed::down(format!(
-                    "no answer within {} ms",
-                    self.timeout.as_millis()
-                ))),
-            };
-        outcome.settle(answer.as_ref().map_or_else(|f| f.answered, |_| true));
-        answer.map_err(|failed| format!("prefix indexer: {}", failed.reason))
-    }
-
-    async fn ask(
-        &self,
-        model: &str,
-        block_size: u32,
-        hashes: Vec<u64>,
-        dry_run: bool,
-    ) -> Result<PrefixHits, Failed> {
         let body = serde_json::to_vec(&Lookup {
             model: model.into(),
             hashes,
             dry_run,
         })
-        .map_err(|e| Failed::down(e.to_string()))?;
+        .map(Bytes::from)
+        .map_err(|e| format!("prefix indexer: {e}"))?;
+        let deadline = Instant::now() + self.timeout;
+        let mut failures = Vec::new();
+        for peer in &self.peers {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let Some(pass) = peer.admit(now) else {
+                continue;
+            };
+            let mut outcome = Outcome {
+                peer,
+                pass,
+                settled: false,
+            };
+            let answer =
+                match tokio::time::timeout_at(deadline, self.ask(peer, &body, block_size)).await {
+                    Ok(Ok(hits)) if hits.query_blocks == sent => Ok(hits),
+                    Ok(Ok(hits)) => Err(Failed::answered(format!(
+                        "an answer for {} blocks to a lookup of {sent}",
+                        hits.query_blocks
+                    ))),
+                    Ok(Err(failed)) => Err(failed),
+                    Err(_) => Err(Failed::down(format!(
+                        "no answer within {} ms",
+                        self.timeout.as_millis()
+                    ))),
+                };
+            match answer {
+                Ok(hits) => {
+                    outcome.settle(true);
+                    return Ok(hits);
+                }
+                // About this model: another indexer of the fleet would say the same.
+                Err(failed) if failed.answered => {
+                    outcome.settle(true);
+                    return Err(format!("prefix indexer: {}", failed.reason));
+                }
+                Err(failed) => {
+                    outcome.settle(false);
+                    failures.push(self.named(peer, &failed.reason));
+                }
+            }
+        }
+        if failures.is_empty() {
+            return Err(
+                "prefix indexer: lookups failed; one trial lookup after each cooldown".to_owned(),
+            );
+        }
+        Err(format!("prefix indexer: {}", failures.join("; ")))
+    }
+
+    /// `reason`, naming the indexer when there are several.
+    fn named(&self, peer: &Peer, reason: &str) -> String {
+        if self.peers.len() == 1 {
+            reason.to_owned()
+        } else {
+            format!("{}: {reason}", peer.origin)
+        }
+    }
+
+    async fn ask(&self, peer: &Peer, body: &Bytes, block_size: u32) -> Result<PrefixHits, Failed> {
         let json = HeaderValue::from_static("application/json");
         let mut headers = vec![(header::CONTENT_TYPE, &json)];
         if let Some(authorization) = &self.authorization {
@@ -149,7 +207,7 @@ impl IndexerLink {
         }
         let response = self
             .upstream
-            .post(&self.origin, LOOKUP_PATH, &headers, &Bytes::from(body))
+            .post(&peer.origin, LOOKUP_PATH, &headers, body)
             .await
             .map_err(|e| Failed::down(e.to_string()))?;
         let status = response.status();
@@ -183,6 +241,22 @@ impl IndexerLink {
     }
 }
 
+impl Peer {
+    /// Whether a lookup may go to this indexer at `now`, and as what; counted.
+    fn admit(&self, now: Instant) -> Option<Pass> {
+        let pass = self.breaker.lock().admit(now)?;
+        self.counts.lookups.inc();
+        Some(pass)
+    }
+
+    /// Its breaker's state in its series.
+    fn show(&self, breaker: &Breaker) {
+        self.counts
+            .breaker_open
+            .set(i64::from(!breaker.is_closed()));
+    }
+}
+
 /// Why a lookup failed, and whether the indexer answered it: an answer that does not
 /// fit one model (a model the indexer does not index, another block size) says the
 /// indexer is up, and leaves the breaker, which every model shares, closed.
@@ -212,7 +286,7 @@ impl Failed {
 /// A lookup the breaker let out, told its outcome once; dropped untold (its request
 /// went away), it gives up a trial's place.
 struct Outcome<'a> {
-    link: &'a IndexerLink,
+    peer: &'a Peer,
     pass: Pass,
     settled: bool,
 }
@@ -220,24 +294,28 @@ struct Outcome<'a> {
 impl Outcome<'_> {
     fn settle(&mut self, answered: bool) {
         self.settled = true;
-        let mut breaker = self.link.breaker.lock();
+        let peer = self.peer;
+        let mut breaker = peer.breaker.lock();
         if answered {
             if breaker.answered() {
-                tracing::info!(indexer = %self.link.origin, "prefix indexer lookups answered again");
+                tracing::info!(indexer = %peer.origin, "prefix indexer lookups answered again");
             }
-        } else if let Some(cooldown) = breaker.failed(self.pass, Instant::now()) {
-            tracing::warn!(indexer = %self.link.origin, cooldown_ms = cooldown.as_millis() as u64, "prefix indexer lookups failed: none sent until a trial after the cooldown");
+        } else {
+            peer.counts.failures.inc();
+            if let Some(cooldown) = breaker.failed(self.pass, Instant::now()) {
+                tracing::warn!(indexer = %peer.origin, cooldown_ms = cooldown.as_millis() as u64, "prefix indexer lookups failed: none sent to it until a trial after the cooldown");
+            }
         }
+        peer.show(&breaker);
     }
 }
 
 impl Drop for Outcome<'_> {
     fn drop(&mut self) {
         if !self.settled {
-            self.link
-                .breaker
-                .lock()
-                .abandoned(self.pass, Instant::now());
+            let mut breaker = self.peer.breaker.lock();
+            breaker.abandoned(self.pass, Instant::now());
+            self.peer.show(&breaker);
         }
     }
 }
@@ -299,6 +377,7 @@ impl CacheSource for RemoteCacheSource {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use axum::response::IntoResponse;
     use router_upstream::UpstreamTimeouts;
 
     use super::*;
@@ -325,7 +404,13 @@ mod tests {
             first_byte: timeout,
             pool_idle: Duration::from_secs(4),
         });
-        Arc::new(IndexerLink::new(origin, upstream, timeout, most_in_flight))
+        Arc::new(IndexerLink::new(
+            vec![origin],
+            upstream,
+            timeout,
+            most_in_flight,
+            &IndexerMetrics::default(),
+        ))
     }
 
     // Two lookups wait on a silent indexer: a third is unavailable at once rather than
@@ -398,5 +483,141 @@ mod tests {
             "every lookup reached the indexer"
         );
         server.abort();
+    }
+
+    /// An indexer that answers every lookup with no engine holding anything, or 503
+    /// while `down` is set; counting the lookups it answered.
+    async fn answering(
+        down: Arc<std::sync::atomic::AtomicBool>,
+    ) -> (Origin, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let answered = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&answered);
+        let app = axum::Router::new().route(
+            LOOKUP_PATH,
+            axum::routing::post(move |axum::Json(lookup): axum::Json<serde_json::Value>| {
+                let (down, counter) = (Arc::clone(&down), Arc::clone(&counter));
+                async move {
+                    if down.load(Ordering::SeqCst) {
+                        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+                    }
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let blocks = lookup["hashes"].as_array().map_or(0, Vec::len);
+                    axum::Json(serde_json::json!({
+                        "query_blocks": blocks, "block_size": 16, "engines": [], "ranks": []
+                    }))
+                    .into_response()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = Origin::of(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (origin, answered, server)
+    }
+
+    // The first indexer fails: the same lookup is answered by the second, the first's
+    // breaker opens (its series say so), and once the first answers its trial,
+    // lookups go back to it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_lookup_goes_to_the_next_indexer_and_back_once_the_first_answers_its_trial() {
+        use std::sync::atomic::AtomicBool;
+
+        let first_down = Arc::new(AtomicBool::new(true));
+        let (first, first_answered, first_server) = answering(Arc::clone(&first_down)).await;
+        let (second, second_answered, second_server) =
+            answering(Arc::new(AtomicBool::new(false))).await;
+        let timeout = Duration::from_secs(5);
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: timeout,
+            first_byte: timeout,
+            pool_idle: Duration::from_secs(4),
+        });
+        let metrics = IndexerMetrics::default();
+        let link = IndexerLink::new(vec![first, second], upstream, timeout, 8, &metrics);
+        let (first_counts, second_counts) = (metrics.of(0), metrics.of(1));
+
+        let hits = link.lookup("m", 16, vec![1, 2, 3], false).await.unwrap();
+        assert_eq!(hits.query_blocks, 3, "answered by the second indexer");
+        assert_eq!(second_answered.load(Ordering::SeqCst), 1);
+        assert_eq!(first_counts.lookups.get(), 1);
+        assert_eq!(first_counts.failures.get(), 1);
+        assert_eq!(
+            first_counts.breaker_open.get(),
+            1,
+            "the first's breaker opened"
+        );
+        assert_eq!(second_counts.breaker_open.get(), 0);
+
+        first_down.store(false, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while first_answered.load(Ordering::SeqCst) == 0 {
+                link.lookup("m", 16, vec![1], false)
+                    .await
+                    .expect("every lookup is answered, by one indexer or the other");
+            }
+        })
+        .await
+        .expect("the first indexer's trial comes after its cooldown");
+        assert_eq!(first_counts.breaker_open.get(), 0, "its trial closed it");
+        let by_second = second_answered.load(Ordering::SeqCst);
+        link.lookup("m", 16, vec![1], false).await.unwrap();
+        assert_eq!(
+            first_answered.load(Ordering::SeqCst),
+            2,
+            "back to the first"
+        );
+        assert_eq!(second_answered.load(Ordering::SeqCst), by_second);
+        first_server.abort();
+        second_server.abort();
+    }
+
+    // A silent first indexer spends the whole lookup's timeout: that lookup is
+    // unavailable, and its breaker sends the next ones to the second indexer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_first_indexer_costs_its_lookups_timeout_then_the_second_answers() {
+        use std::sync::atomic::AtomicBool;
+
+        let (first, accepted, first_server) = silent().await;
+        let (second, second_answered, second_server) =
+            answering(Arc::new(AtomicBool::new(false))).await;
+        let timeout = Duration::from_millis(300);
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: timeout,
+            first_byte: timeout,
+            pool_idle: Duration::from_secs(4),
+        });
+        let metrics = IndexerMetrics::default();
+        let link = IndexerLink::new(vec![first, second], upstream, timeout, 8, &metrics);
+        let failed = link.lookup("m", 16, vec![1, 2], false).await.unwrap_err();
+        assert!(
+            failed.contains("no answer within 300 ms") || failed.contains("first-byte timeout"),
+            "{failed}"
+        );
+        assert_eq!(
+            second_answered.load(Ordering::SeqCst),
+            0,
+            "no time was left for the second"
+        );
+        assert_eq!(metrics.of(0).breaker_open.get(), 1);
+        // Past a cooldown the first's trial may take another lookup's timeout.
+        let hits = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(hits) = link.lookup("m", 16, vec![1, 2], false).await {
+                    return hits;
+                }
+            }
+        })
+        .await
+        .expect("the second indexer answers");
+        assert_eq!(hits.query_blocks, 2);
+        assert_eq!(second_answered.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            metrics.of(1).lookups.get(),
+            1,
+            "the second is asked only once the first's breaker is open"
+        );
+        assert!(accepted.load(Ordering::SeqCst) >= 1);
+        first_server.abort();
+        second_server.abort();
     }
 }

@@ -25,7 +25,10 @@ fn metrics() -> (Metrics, Arc<Fleet>) {
         router_buckets::DefaultPolicies::default(),
         router_policy::PolicyHandles::new(Arc::default()),
     ));
-    (Metrics::new(&fleet, Some(affinity), &routing), fleet)
+    (
+        Metrics::new(&fleet, Some(affinity), &routing, IndexerMetrics::default()),
+        fleet,
+    )
 }
 
 #[tokio::test]

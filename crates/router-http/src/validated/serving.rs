@@ -19,6 +19,7 @@ use router_upstream::{EngineTls, Origin, Upstream, UpstreamTimeouts};
 
 use crate::access::TokenSetting;
 use crate::indexer::{IndexerLink, RemoteCacheSource};
+use crate::metrics::IndexerMetrics;
 
 /// The state a configuration's policies are built around: made anew for a router
 /// that starts, the running router's own for a reload, so load reports, bindings,
@@ -33,6 +34,8 @@ pub(crate) struct SharedState {
     /// again keeps its tokenizer (and the prefixes it keeps) instead of loading it
     /// again. Each model has its own, as its prefix cache is the model's.
     pub(crate) tokenizers: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
+    /// What the links to the shared prefix indexers count in.
+    pub(crate) indexer_metrics: IndexerMetrics,
 }
 
 impl SharedState {
@@ -47,6 +50,7 @@ impl SharedState {
             selection: SelectionState::new(config, backend),
             affinity,
             tokenizers: HashMap::new(),
+            indexer_metrics: IndexerMetrics::default(),
         }
     }
 }
@@ -91,16 +95,20 @@ pub(super) struct Serving {
     engine_tls: Option<EngineTls>,
     /// What lookups of the shared indexer carry: `Bearer <token>`.
     indexer_authorization: Option<HeaderValue>,
-    /// Every model's lookups of the shared indexer, once one asks.
+    /// Every model's lookups of the shared indexers, once one asks.
     indexer: Option<Arc<IndexerLink>>,
+    /// What those lookups count in.
+    indexer_metrics: IndexerMetrics,
 }
 
 impl Serving {
-    /// Loading what `kept` does not hold already.
+    /// Loading what `kept` does not hold already; lookups of the shared indexers
+    /// counted in `indexer_metrics`.
     pub(super) fn new(
         kept: HashMap<ModelTokenizer, Arc<ChatTokenizer>>,
         prefix_cache_bytes: usize,
         engine_tls: Option<EngineTls>,
+        indexer_metrics: IndexerMetrics,
     ) -> Self {
         Self {
             kept,
@@ -108,6 +116,7 @@ impl Serving {
             engine_tls,
             indexer_authorization: None,
             indexer: None,
+            indexer_metrics,
         }
     }
 
@@ -168,7 +177,12 @@ impl Resources for Serving {
         indexer: &PrefixIndexerConfig,
     ) -> Option<Arc<dyn CacheSource>> {
         if self.indexer.is_none() {
-            let origin = Origin::of(&indexer.url)?;
+            let origins = indexer
+                .indexer_urls()
+                .into_iter()
+                .map(Origin::of)
+                .collect::<Option<Vec<_>>>()
+                .filter(|origins| !origins.is_empty())?;
             let timeout = Duration::from_millis(indexer.timeout_ms);
             let mut upstream = Upstream::new(UpstreamTimeouts {
                 connect: timeout,
@@ -180,7 +194,7 @@ impl Resources for Serving {
             }
             let most = usize::try_from(indexer.max_lookups_in_flight).unwrap_or(usize::MAX);
             self.indexer = Some(Arc::new(
-                IndexerLink::new(origin, upstream, timeout, most)
+                IndexerLink::new(origins, upstream, timeout, most, &self.indexer_metrics)
                     .with_authorization(self.indexer_authorization.clone()),
             ));
         }

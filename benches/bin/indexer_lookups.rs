@@ -1,0 +1,257 @@
+//! Lookups a second one `switchyard indexer` answers on one core.
+//!
+//! `cargo build --release -p switchyard-benches --bin indexer_lookups &&
+//! taskset -c 1 target/release/indexer_lookups [ENGINES] [PROMPTS] [SECONDS]`
+//! (defaults 64, 16 and 10) starts ENGINES simulated engines in this process, serves
+//! PROMPTS prompts of 256 blocks (4,096 tokens) on each, and starts the indexer as a
+//! child process pinned to core 0 (`taskset -c 0`, one runtime thread). Once the
+//! indexer has applied every KV event, clients on this process's core (one keep-alive
+//! connection each) send lookups of those prompts (each a full match on one engine:
+//! the longest walk) for SECONDS and it prints the lookups answered a second, the
+//! indexer's CPU over the run (from /proc) and the lookups per CPU second of the
+//! indexer.
+
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use engine_sim::{RunningEngine, SimConfig};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use router_config::RouterConfig;
+use router_state::kv_events::{chain_hashes, namespace_seed};
+use serde_json::{Value, json};
+use tokio::time::{Duration, Instant};
+
+const BLOCK: usize = 16;
+const BLOCKS: usize = 256;
+const CLIENTS: usize = 32;
+
+fn tokenizer() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/tokenizer-bytes/tokenizer.json")
+}
+
+fn config(sims: &[RunningEngine]) -> String {
+    let engines: Vec<Value> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| json!({"id": format!("E{i}"), "url": s.url(), "role": "plain"}))
+        .collect();
+    json!({
+        "listen": "127.0.0.1:0",
+        "models": [{"id": "m", "tokenizer": tokenizer(), "block_size": BLOCK, "engines": engines,
+                    "policies": {"plain": {"type": "cache_aware"}}}],
+    })
+    .to_string()
+}
+
+/// The child: the indexer on one runtime thread until its stdin closes.
+fn serve(config: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let text = std::fs::read_to_string(config).expect("the config file");
+        let config = RouterConfig::from_yaml(&text).expect("a configuration");
+        let indexer =
+            router_http::start_indexer(config, "127.0.0.1:0".parse().expect("an address"))
+                .await
+                .expect("the indexer");
+        println!("{}", indexer.addr());
+        std::io::stdout().flush().expect("stdout");
+        tokio::task::spawn_blocking(|| std::io::stdin().lines().count())
+            .await
+            .expect("stdin is read");
+        indexer.shutdown().await;
+    });
+}
+
+/// Utime plus stime of process `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the indexer's stat");
+    let after = &stat[stat.rfind(')').expect("a comm field") + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+fn ticks_per_second() -> f64 {
+    let out = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("getconf");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("CLK_TCK")
+}
+
+async fn applied(client: &reqwest::Client, addr: &str) -> u64 {
+    let text = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .expect("the indexer's metrics")
+        .text()
+        .await
+        .expect("a body");
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("switchyard_kv_feed_events_total{event=\"applied\"} ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0) as u64
+}
+
+fn prompt(seed: usize) -> Vec<u32> {
+    (0..BLOCK * BLOCKS)
+        .map(|i| u32::try_from((seed * 7_919 + i * 31) % 50_000).expect("small"))
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        serve(&args[2]);
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(drive(&args));
+}
+
+/// Starts the engines and the indexer, fills the index, and measures.
+async fn drive(args: &[String]) {
+    let arg = |i: usize, default: usize| {
+        args.get(i)
+            .map_or(default, |n| n.parse().expect("a number"))
+    };
+    let (engines, prompts, seconds) = (arg(1, 64), arg(2, 16), arg(3, 10));
+    let mut sims = Vec::new();
+    for _ in 0..engines {
+        let mut c = SimConfig::for_tests();
+        c.model = "m".into();
+        c.tokenizer = Some(tokenizer());
+        c.page_size = 16;
+        c.kv_port = Some(0);
+        c.replay_port = Some(0);
+        c.kv_capacity_tokens = (2 * prompts * BLOCK * BLOCKS) as u64;
+        sims.push(engine_sim::start(c).await.expect("an engine"));
+    }
+    let file = std::env::temp_dir().join(format!("indexer-lookups-{}.yaml", std::process::id()));
+    std::fs::write(&file, config(&sims)).expect("the config is written");
+    let mut child = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(std::env::current_exe().expect("this program"))
+        .arg("serve")
+        .arg(&file)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("taskset starts the indexer");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the indexer's address");
+    let addr = line.trim().to_owned();
+    let client = reqwest::Client::new();
+
+    let mut bodies = Vec::new();
+    for (e, sim) in sims.iter().enumerate() {
+        for k in 0..prompts {
+            let tokens = prompt(e * prompts + k);
+            let hashes = chain_hashes(&tokens, BLOCK, namespace_seed(None));
+            bodies.push(bytes::Bytes::from(
+                json!({"model": "m", "hashes": hashes}).to_string(),
+            ));
+            sim.engine().serve(tokens, 1).await;
+        }
+    }
+    let published: u64 = sims.iter().map(|s| s.engine().published_batches()).sum();
+    while applied(&client, &addr).await < published {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer: Value = client
+        .post(format!("http://{addr}/v1/prefix/lookup"))
+        .body(bodies[0].clone())
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .expect("a lookup")
+        .json()
+        .await
+        .expect("an answer");
+    assert_eq!(answer["engines"], json!([["E0", BLOCKS]]), "a full match");
+
+    let bodies = Arc::new(bodies);
+    let (count, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (ticks, pid) = (ticks_per_second(), child.id());
+    let cpu_before = cpu_ticks(pid);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (bodies, count, stop, addr) = (
+                Arc::clone(&bodies),
+                Arc::clone(&count),
+                Arc::clone(&stop),
+                addr.clone(),
+            );
+            tokio::spawn(async move {
+                // One keep-alive connection a client, no pool: the cheapest client.
+                let stream = tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .expect("a connection");
+                stream.set_nodelay(true).expect("nodelay");
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .expect("a handshake");
+                tokio::spawn(connection);
+                let mut i = c;
+                while !stop.load(Ordering::Relaxed) {
+                    let request = hyper::Request::post("/v1/prefix/lookup")
+                        .header(hyper::header::HOST, &addr)
+                        .header(hyper::header::CONTENT_TYPE, "application/json")
+                        .body(Full::new(bodies[i % bodies.len()].clone()))
+                        .expect("a request");
+                    let response = sender.send_request(request).await.expect("a lookup");
+                    assert_eq!(response.status(), 200);
+                    response.into_body().collect().await.expect("an answer");
+                    count.fetch_add(1, Ordering::Relaxed);
+                    i += CLIENTS;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(seconds as u64)).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = (cpu_ticks(pid) - cpu_before) as f64 / ticks;
+    for task in tasks {
+        task.await.expect("a client");
+    }
+    let lookups = count.load(Ordering::Relaxed) as f64;
+    println!(
+        "{engines} engines x {prompts} prompts of {BLOCKS} blocks, {CLIENTS} clients, {elapsed:.1} s: {:.0} lookups/s, indexer CPU {:.0}% of a core, {:.0} lookups per indexer CPU second",
+        lookups / elapsed,
+        100.0 * cpu / elapsed,
+        lookups / cpu
+    );
+    drop(child.stdin.take());
+    child.wait().expect("the indexer ends");
+    std::fs::remove_file(&file).expect("the config is removed");
+    for sim in sims {
+        sim.shutdown().await;
+    }
+}
