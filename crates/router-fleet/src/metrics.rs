@@ -232,7 +232,7 @@ fn kv_feed_families(
     let gauge = ConstGauge::new(i64::try_from(degraded).unwrap_or(i64::MAX));
     gauge.encode(encoder.encode_descriptor(
         "kv_degraded_sources",
-        "Engine ranks whose KV history is being replayed: at start, after a reconnect, to repair a gap (their matches are ignored)",
+        "Engine ranks whose KV history is being repaired (their matches are ignored)",
         None,
         gauge.metric_type(),
     )?)

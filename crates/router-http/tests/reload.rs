@@ -195,13 +195,15 @@ async fn a_reload_adds_an_engine_changes_a_cap_and_removes_a_bucket_while_a_stre
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_engine_without_a_role_fails_the_reload_and_changes_nothing() {
-    let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
+    let a = sim(|_| {}).await;
     let before = config(json!([{"id": "m", "engines": [plain("A", &a)]}]));
     let router = router(before).await;
-    // B joins with a new URL for A; an engine without a role that does not answer
-    // cannot join, so nothing of the reload stays.
-    let unreachable = b.url();
-    b.shutdown().await;
+    // Z joins with A's new URL; an engine without a role that does not answer
+    // cannot join, so nothing of the reload stays. Its port is bound and never
+    // listens, so no other test's server can take it meanwhile.
+    let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+    reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let unreachable = format!("http://{}", reserved.local_addr().unwrap());
     let after = config(json!([{"id": "m", "engines": [
         {"id": "A", "url": format!("{}/", a.url()), "role": "plain"},
         {"id": "Z", "url": unreachable},
@@ -223,6 +225,7 @@ async fn an_unreachable_engine_without_a_role_fails_the_reload_and_changes_nothi
     assert_eq!(reloads(&router, "failed").await, 1);
     router.shutdown().await;
     a.shutdown().await;
+    drop(reserved);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -425,3 +425,64 @@ async fn a_message_stalled_half_received_gives_its_memory_back_within_two_stall_
     drop(feed);
     publisher.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_that_trickles_is_given_up_at_its_deadline() {
+    use bytes::Bytes;
+    use router_state::kv_events::{
+        IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
+    };
+    use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+    let mut live = PubSocket::new();
+    let live_endpoint = live.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut replay = RouterSocket::new();
+    let replay_endpoint = replay.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let server = tokio::spawn(async move {
+        let request = replay.recv().await.expect("a replay request");
+        let peer = request.get(0).expect("the requester's identity").clone();
+        // A batch every 1.9 s, each within the 2 s a batch may take, never the end.
+        for seq in 0_u64.. {
+            let frames = vec![
+                peer.clone(),
+                Bytes::new(),
+                Bytes::from_static(b"kv"),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                Bytes::from_static(b"\x93\x00\x90\xc0"),
+            ];
+            if replay
+                .send(ZmqMessage::try_from(frames).unwrap())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1900)).await;
+        }
+    });
+    let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
+    let stats = Arc::new(KvFeedStats::default());
+    let source = KvSource {
+        engine: EngineId::from("E1"),
+        rank: 0,
+        endpoint: live_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: "kv".into(),
+        max_message_bytes: 1 << 20,
+        memory: FeedMemory::default(),
+    };
+    let started = tokio::time::Instant::now();
+    let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
+    tokio::time::timeout(Duration::from_secs(600), stats.steps_after(0))
+        .await
+        .expect("the bootstrap replay ends");
+    let took = started.elapsed();
+    assert_eq!(stats.dropped(), [("replay_too_slow", 1)]);
+    assert!(
+        (Duration::from_secs(30)..Duration::from_secs(32)).contains(&took),
+        "given up after {took:?} of the paused clock"
+    );
+    drop(feed);
+    server.abort();
+    drop(live);
+}

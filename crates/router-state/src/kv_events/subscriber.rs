@@ -2,9 +2,9 @@
 //! DEALER for replay, keeping the index in step with the engine's cache.
 //!
 //! The source is *bootstrapping* until its history is replayed, *live* while
-//! sequence numbers arrive in order, and *degraded* while any replay runs (a
-//! bootstrap, a catch-up, a gap's repair): lookups ignore it meanwhile, as a replay
-//! applies its batches one at a time as they arrive. A forward gap asks the replay socket for the missing
+//! sequence numbers arrive in order, and *degraded* while a gap is being repaired
+//! (lookups ignore it meanwhile). A replay applies its batches one at a time as they
+//! arrive, within a deadline. A forward gap asks the replay socket for the missing
 //! range; history that cannot be replayed (gone from the buffer, no replay socket, no
 //! end marker in time) clears the source. A sequence that goes backwards is a new
 //! incarnation of the publisher: the source is cleared before the batch is applied.
@@ -35,6 +35,10 @@ const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most batches one replay may bring (SGLang's and vLLM's publishers keep 10,000
 /// by default); the history past them is not replayed (`replay_too_large`).
 const MAX_REPLAY_BATCHES: usize = 16_384;
+
+/// The longest a replay may take in all; what it applied by then stays, the rest
+/// is left to the next live batch's repair (`replay_too_slow`).
+const REPLAY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// After (re)connecting, when to ask the replay socket once more for anything
 /// published while the subscription was reaching the engine (ZeroMQ's slow joiner):
@@ -327,8 +331,12 @@ impl Stream<'_> {
     }
 
     /// Fills `[next, seq)` from the replay socket, then applies `payload` (batch
-    /// `seq`) unless the replay already covered it. The batch is kept, charged to the feeds' memory, until then.
+    /// `seq`) unless the replay already covered it. Lookups ignore the source
+    /// meanwhile: its history has a hole. The batch is kept, charged to the feeds' memory, until then.
     async fn repair(&mut self, next: u64, seq: u64, payload: &[u8]) {
+        self.index
+            .set_degraded(&self.source.engine, self.source.rank, true);
+        self.stats.degraded.fetch_add(1, Ordering::Relaxed);
         let held = self.source.memory.hold(payload.len());
         let replayed = match &held {
             Some(_) => self.replay(next, Gone::GiveUp).await.end != End::GaveUp,
@@ -357,22 +365,30 @@ impl Stream<'_> {
             }
         }
         drop(held);
+        self.index
+            .set_degraded(&self.source.engine, self.source.rank, false);
+        self.stats.degraded.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Asks for every buffered batch from `start` on and applies each as it arrives,
     /// so a replay holds one batch at a time; `next` follows the last one applied.
     /// Batches applied before a replay breaks off are the history up to theirs, in
-    /// order: the next live batch finds the rest missing. Lookups ignore the source
-    /// while it replays, as its state is a past one until the replay ends.
+    /// order: the next live batch finds the rest missing. Meanwhile lookups see the
+    /// history applied so far, as they see a feed that lags; a replay ends within
+    /// [`REPLAY_DEADLINE`], so that lasts no longer.
     async fn replay(&mut self, start: u64, gone: Gone) -> Replay {
-        self.index
-            .set_degraded(&self.source.engine, self.source.rank, true);
-        self.stats.degraded.fetch_add(1, Ordering::Relaxed);
-        let replay = self.replay_batches(start, gone).await;
-        self.index
-            .set_degraded(&self.source.engine, self.source.rank, false);
-        self.stats.degraded.fetch_sub(1, Ordering::Relaxed);
-        replay
+        let deadline = tokio::time::Instant::now() + REPLAY_DEADLINE;
+        match tokio::time::timeout_at(deadline, self.replay_batches(start, gone)).await {
+            Ok(replay) => replay,
+            Err(_) => {
+                self.stats.drop_reason("replay_too_slow");
+                Replay {
+                    end: End::Broken,
+                    applied: 0,
+                    started_over: false,
+                }
+            }
+        }
     }
 
     async fn replay_batches(&mut self, start: u64, gone: Gone) -> Replay {
