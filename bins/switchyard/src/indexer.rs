@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use router_config::RouterConfig;
 use router_http::file::{MAX_CONFIG_BYTES, Snapshot, read_regular};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
@@ -32,11 +33,26 @@ pub(crate) struct IndexerArgs {
     /// models or engines must then stay unchanged ten times as long.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     config_settle_ms: u64,
-    /// Address to serve lookups (and the admin API, when a token is configured)
-    /// on: one only the routers reach (without a token, anyone who reaches it
-    /// learns which prompts' prefixes the engines hold).
+    /// Address to serve lookups (and the admin API, with `--admin`) on: one only the
+    /// routers reach (without a token, anyone who reaches it learns which prompts'
+    /// prefixes the engines hold).
     #[arg(long, default_value = "127.0.0.1:30100")]
     listen: SocketAddr,
+    /// Serve the routers' engine admin API (`/workers`) on `--listen`, under the
+    /// file's admin token (or `SWITCHYARD_ADMIN_TOKEN`); without it `/workers` is
+    /// off (403) whatever the file says, as the routers' token is theirs.
+    #[arg(long)]
+    admin: bool,
+}
+
+/// The file as the indexer takes it: the admin token kept only with `--admin`.
+fn admin_of(mut config: RouterConfig, admin: bool, env_token: Option<String>) -> RouterConfig {
+    if admin {
+        return admin_token_from_env(config, env_token);
+    }
+    config.admin.token = None;
+    config.admin.token_file = None;
+    config
 }
 
 pub(crate) fn run(args: &IndexerArgs) -> anyhow::Result<()> {
@@ -45,7 +61,8 @@ pub(crate) fn run(args: &IndexerArgs) -> anyhow::Result<()> {
     let started_from = read_regular(&args.config, MAX_CONFIG_BYTES)
         .ok()
         .map(Snapshot::into_text);
-    let config = admin_token_from_env(crate::serve::load(&args.config)?, env_token.clone());
+    let admin = args.admin;
+    let config = admin_of(crate::serve::load(&args.config)?, admin, env_token.clone());
     let running = config.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -68,7 +85,7 @@ pub(crate) fn run(args: &IndexerArgs) -> anyhow::Result<()> {
             running,
             started_from,
             file,
-            move |config| admin_token_from_env(config, env_token.clone()),
+            move |config| admin_of(config, admin, env_token.clone()),
         ));
         println!("{}", json!({"event": "ready", "addr": indexer.addr()}));
         crate::sim_engine::shutdown_signal().await;

@@ -205,7 +205,15 @@ async fn engines_the_admin_api_adds_are_indexed_until_it_removes_them() {
     let (a, b) = (sim().await, sim().await);
     let client = reqwest::Client::new();
     let file = TempFile::new(&config(&[("E0", &a)], &json!({"admin": {"token": TOKEN}})));
-    let indexer = Replica::indexer(&file.0, &[]).await;
+    // The routers' token does not turn the indexer's admin API on: `--admin` does.
+    let without = Replica::indexer(&file.0, &[]).await;
+    let off = client
+        .get(without.url("/workers"))
+        .bearer_auth(TOKEN)
+        .send();
+    assert_eq!(off.await.unwrap().status(), 403);
+    drop(without);
+    let indexer = Replica::indexer(&file.0, &["--admin"]).await;
     let on_b = prompt("added");
     served_by(&client, &b, &on_b).await;
     let add = json!({"id": "X", "url": b.url(), "model": "m", "role": "plain"});

@@ -97,7 +97,7 @@ fn prompt(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_models_index_comes_and_goes_with_its_cache_aware_group() {
-    let sims = common::kv_sims(2).await;
+    let sims = common::kv_sims(3).await;
     let indexer = router_http::start_indexer(config(&sims, &["m"], &[]), LOCAL)
         .await
         .expect("the indexer starts");
@@ -115,6 +115,22 @@ async fn a_models_index_comes_and_goes_with_its_cache_aware_group() {
     held_by(&indexer, "k", &on_k, &["K0"]).await;
     held_by(&indexer, "m", &on_m, &["E0"]).await;
 
+    // The routers' own sections are theirs to change; one the indexer reads is not.
+    let mut routers_own = config(&sims, &["m", "k"], &[]);
+    routers_own.listen = "127.0.0.1:1".parse().unwrap();
+    routers_own.prefix_indexer = Some(PrefixIndexerConfig::new("http://10.0.0.5:30100"));
+    (indexer.context().reload(routers_own).await).expect("applied");
+    let mut limits = config(&sims, &["m", "k"], &[]);
+    limits.limits.max_connections = 99;
+    let refused = indexer.context().reload(limits).await;
+    let Err(ReloadError::Invalid(problems)) = refused else {
+        panic!("refused: {refused:?}");
+    };
+    assert!(
+        problems[0].to_string().starts_with("limits"),
+        "{problems:?}"
+    );
+
     // Without a cache-aware model the file is refused, and nothing changes.
     let refused = indexer.context().reload(config(&sims, &[], &[])).await;
     let Err(ReloadError::Invalid(problems)) = refused else {
@@ -122,13 +138,22 @@ async fn a_models_index_comes_and_goes_with_its_cache_aware_group() {
     };
     assert!(problems[0].to_string().contains("would index nothing"));
     // An engine that cannot join (no role, nothing answers at its address) fails the
-    // reload, and what joined is undone.
-    let unreachable = json!({"id": "E9", "url": "http://127.0.0.1:9"});
+    // reload, and what joined is undone (E8, which could join).
+    let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+    reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let unreachable =
+        json!({"id": "E9", "url": format!("http://{}", reserved.local_addr().unwrap())});
+    let joins = json!({"id": "E8", "url": sims[2].url(), "role": "plain"});
     let failed = (indexer.context())
-        .reload(config(&sims, &["m", "k"], &[unreachable]))
+        .reload(config(&sims, &["m", "k"], &[joins, unreachable]))
         .await;
     assert!(matches!(failed, Err(ReloadError::Failed(_))), "{failed:?}");
     assert!(indexer.fleet().spec(&"E9".into()).is_none());
+    assert!(
+        indexer.fleet().spec(&"E8".into()).is_none(),
+        "what joined is undone"
+    );
+    drop(reserved);
     held_by(&indexer, "m", &on_m, &["E0"]).await;
 
     let summary = (indexer.context())
@@ -145,7 +170,7 @@ async fn a_models_index_comes_and_goes_with_its_cache_aware_group() {
         .text()
         .await
         .unwrap();
-    for (outcome, n) in [("applied", 2), ("invalid", 1), ("failed", 1)] {
+    for (outcome, n) in [("applied", 3), ("invalid", 2), ("failed", 1)] {
         let line = format!("switchyard_config_reloads_total{{outcome=\"{outcome}\"}} {n}\n");
         assert!(scraped.contains(&line), "{line} in {scraped}");
     }

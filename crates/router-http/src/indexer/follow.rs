@@ -223,7 +223,7 @@ impl IndexerContext {
         if !problems.is_empty() {
             return Err(ReloadError::Invalid(problems));
         }
-        let changes = configured.restart_only.changes(&restart_only);
+        let changes = configured.restart_only.indexer_changes(&restart_only);
         if !changes.is_empty() {
             return Err(ReloadError::Invalid(changes));
         }

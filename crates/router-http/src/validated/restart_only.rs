@@ -84,6 +84,27 @@ impl RestartOnly {
 
     /// One error for each section `next` changes.
     pub(crate) fn changes(&self, next: &Self) -> Vec<ConfigError> {
+        self.changes_among(next, |_| true)
+    }
+
+    /// One error for each section `next` changes that `switchyard indexer` reads:
+    /// the others are the routers' own (their addresses, affinity, retries, their
+    /// indexer client, records, traces, headers), which the indexer's reload leaves
+    /// to them.
+    pub(crate) fn indexer_changes(&self, next: &Self) -> Vec<ConfigError> {
+        const READ: [&str; 7] = [
+            "timeouts",
+            "engine_tls",
+            "health",
+            "load",
+            "limits",
+            "discovery",
+            "shutdown_grace_ms",
+        ];
+        self.changes_among(next, |section| READ.contains(&section))
+    }
+
+    fn changes_among(&self, next: &Self, read: impl Fn(&str) -> bool) -> Vec<ConfigError> {
         let Self {
             listen,
             timeouts,
@@ -123,7 +144,7 @@ impl RestartOnly {
         ];
         changed
             .into_iter()
-            .filter(|(_, changed)| *changed)
+            .filter(|(section, changed)| *changed && read(section))
             .map(|(section, _)| {
                 ConfigError::at(
                     section,
