@@ -141,11 +141,16 @@ fn lookup_fleet(c: &mut Criterion) {
     });
     let before = rss::rss();
     let start = Instant::now();
-    let conversations = fleet_index::fill(&index, FLEET, FLEET_PAGES);
+    // `FLEET_PAGES` may lower the pages per source for a quicker look.
+    let pages = std::env::var("FLEET_PAGES")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(FLEET_PAGES);
+    let conversations = fleet_index::fill(&index, FLEET, pages);
     let grown = rss::rss().saturating_sub(before);
     let size = index.size();
     println!(
-        "fleet index: {FLEET} sources x {FLEET_PAGES} pages stored in {:.1} s; kept {} nodes, {} entries; RSS +{:.1} MiB ({:.1} B per node, {:.1} B per entry); estimate {:.1} MiB ({:.1} B per node)",
+        "fleet index: {FLEET} sources x {pages} pages stored in {:.1} s; kept {} nodes, {} entries; RSS +{:.1} MiB ({:.1} B per node, {:.1} B per entry); estimate {:.1} MiB ({:.1} B per node)",
         start.elapsed().as_secs_f64(),
         size.nodes,
         size.entries,

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Bits, EngineMatch, Inner, PrefixIndex, PrefixMatch};
+use super::{Bits, EngineMatch, Inner, Node, PrefixIndex, PrefixMatch};
 
 /// Per source that matched, how deep: found by slot in constant time, so a page
 /// where a thousand sources stop costs a thousand steps, not a million.
@@ -134,7 +134,8 @@ fn by_depth(mut found: PrefixMatch) -> PrefixMatch {
 /// The walk when every source fits one 64-bit word (up to 64 engine ranks).
 fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let mut depths = Depths::new(inner.sources.len());
-    let Some(first) = chain.first().and_then(|h| inner.nodes.get(h)) else {
+    let mut nodes = nodes(inner, chain);
+    let Some(first) = nodes.next() else {
         return (0, depths);
     };
     let trusted = !inner.degraded.first().copied().unwrap_or(0);
@@ -142,7 +143,7 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let mut device = first.device_word(0) & trusted;
     let mut walked = 1;
     while alive != 0 && walked < chain.len() {
-        let Some(node) = inner.nodes.get(&chain[walked]) else {
+        let Some(node) = nodes.next() else {
             break;
         };
         let owners = node.owner_word(0);
@@ -167,10 +168,7 @@ fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let mut device: Bits = Bits::new();
     let mut depths = Depths::new(inner.sources.len());
     let mut walked = 0;
-    for (i, hash) in chain.iter().enumerate() {
-        let Some(node) = inner.nodes.get(hash) else {
-            break;
-        };
+    for (i, node) in nodes(inner, chain).enumerate() {
         if i == 0 {
             let trusted = |w: usize| !inner.degraded.get(w).copied().unwrap_or(0);
             alive = (0..node.owner_words())
@@ -200,4 +198,24 @@ fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
         depths.record(w, device[w], walked, false);
     }
     (walked, depths)
+}
+
+/// Pages looked up at once by [`nodes`].
+const LOOKAHEAD: usize = 16;
+
+/// The nodes of `chain`'s pages in order, up to the first page the index lacks. They
+/// are looked up [`LOOKAHEAD`] at a time, so the memory reads of neighbouring pages
+/// (each likely a cache miss in a large index) overlap instead of following one
+/// another; a walk ending early wastes at most `LOOKAHEAD - 1` lookups.
+fn nodes<'a>(inner: &'a Inner, chain: &'a [u64]) -> impl Iterator<Item = &'a Node> + 'a {
+    chain
+        .chunks(LOOKAHEAD)
+        .flat_map(move |chunk| {
+            let mut found = [None; LOOKAHEAD];
+            for (slot, hash) in found.iter_mut().zip(chunk) {
+                *slot = inner.nodes.get(hash);
+            }
+            found.into_iter().take(chunk.len())
+        })
+        .map_while(|node| node)
 }
