@@ -71,15 +71,16 @@ pub fn first<'a, T>(
     id: impl Fn(&T) -> &EngineId,
 ) -> Option<&'a T> {
     let hash = key_hash(key);
-    let mut best: Option<(u64, &T)> = None;
-    for item in items {
+    let (mut best, rest) = items.split_first()?;
+    let mut most = mix(hash, seed_of(best));
+    for item in rest {
         let weight = mix(hash, seed_of(item));
-        best = match best {
-            Some((w, b)) if w > weight || (w == weight && id(b) <= id(item)) => Some((w, b)),
-            _ => Some((weight, item)),
-        };
+        // Equal weights go to the lower id, as in `order`.
+        if weight > most || (weight == most && id(item) < id(best)) {
+            (best, most) = (item, weight);
+        }
     }
-    best.map(|(_, item)| item)
+    Some(best)
 }
 
 #[cfg(test)]
