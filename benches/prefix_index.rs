@@ -1,16 +1,28 @@
 //! Prefix-cache hot paths: applying stored blocks from KV events, looking a long
-//! prompt up over many engines, and hashing a long prompt.
+//! prompt up over many engines, looking prompts up in a fleet-sized index, and
+//! hashing a long prompt.
 
 #![allow(
     missing_docs,
     reason = "criterion_group! generates an undocumented public function"
 )]
+#![allow(
+    clippy::print_stdout,
+    clippy::disallowed_methods,
+    reason = "the fleet lookup also prints percentiles of wall-clock lookup times"
+)]
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use router_policy::PrefixHits;
 use router_state::EngineId;
 use router_state::kv_events::{BlockStored, IndexConfig, KvBatch, KvEvent, PrefixIndex, Tier};
+
+mod fleet_index;
+#[path = "bin/rss.rs"]
+mod rss;
 
 const BLOCK: u32 = 16;
 
@@ -110,5 +122,95 @@ fn hash(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply, lookup, hash);
+/// Sources (engine ranks) of the fleet lookup.
+const FLEET: usize = 1024;
+/// Pages each of them stores (64 Mi pages in all; the default budget keeps 4 Mi).
+const FLEET_PAGES: usize = 65_536;
+/// Timed lookups for the percentiles.
+const TIMED: usize = 20_000;
+
+/// 1,024 sources each storing 65,536 pages (see `fleet_index`) into an index with the
+/// default node budget, then lookups of 4,096-token prompts: a system prompt up to
+/// 1,024 sources hold, then one source's recent conversation after it. `lookup` is
+/// the index's walk; `of_chain` adds what the shared indexer and the local source
+/// answer with. Prints p50, p99 and the longest of 20,000 timed lookups of each.
+fn lookup_fleet(c: &mut Criterion) {
+    let index = PrefixIndex::new(IndexConfig {
+        block_size: fleet_index::BLOCK,
+        ..IndexConfig::default()
+    });
+    let before = rss::rss();
+    let start = Instant::now();
+    // `FLEET_PAGES` may lower the pages per source for a quicker look.
+    let pages = std::env::var("FLEET_PAGES")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(FLEET_PAGES);
+    let conversations = fleet_index::fill(&index, FLEET, pages);
+    let grown = rss::rss().saturating_sub(before);
+    let size = index.size();
+    println!(
+        "fleet index: {FLEET} sources x {pages} pages stored in {:.1} s; kept {} nodes, {} entries; RSS +{:.1} MiB ({:.1} B per node, {:.1} B per entry); estimate {:.1} MiB ({:.1} B per node)",
+        start.elapsed().as_secs_f64(),
+        size.nodes,
+        size.entries,
+        grown as f64 / (1 << 20) as f64,
+        grown as f64 / size.nodes.max(1) as f64,
+        grown as f64 / size.entries.max(1) as f64,
+        size.bytes as f64 / (1 << 20) as f64,
+        size.bytes as f64 / size.nodes.max(1) as f64,
+    );
+    // The last eight rounds of conversations are still in the index.
+    let chains: Vec<Vec<u64>> = (0..4096)
+        .map(|k| {
+            let tokens = fleet_index::conversation(k % FLEET, conversations - 1 - (k / FLEET) % 8);
+            index.request_hashes(None, &tokens)
+        })
+        .collect();
+    let holders = index.lookup(&chains[0]).engines.len();
+    println!("fleet index: the first prompt's prefix is held by {holders} sources");
+    let mut group = c.benchmark_group("prefix_index");
+    let mut next = 0;
+    group.bench_function("lookup/fleet_1024_sources", |b| {
+        b.iter(|| {
+            next = (next + 1) % chains.len();
+            black_box(index.lookup(&chains[next]))
+        });
+    });
+    group.bench_function("of_chain/fleet_1024_sources", |b| {
+        b.iter(|| {
+            next = (next + 1) % chains.len();
+            black_box(PrefixHits::of_chain(&index, &chains[next], false))
+        });
+    });
+    group.finish();
+    percentiles("lookup", &chains, |chain| {
+        black_box(index.lookup(chain));
+    });
+    percentiles("of_chain", &chains, |chain| {
+        black_box(PrefixHits::of_chain(&index, chain, false));
+    });
+}
+
+/// Times `TIMED` calls of `f` over `chains` in turn and prints p50, p99 and the
+/// longest.
+fn percentiles(name: &str, chains: &[Vec<u64>], f: impl Fn(&[u64])) {
+    let mut nanos: Vec<u128> = (0..TIMED)
+        .map(|i| {
+            let start = Instant::now();
+            f(&chains[i % chains.len()]);
+            start.elapsed().as_nanos()
+        })
+        .collect();
+    nanos.sort_unstable();
+    let at = |q: f64| nanos[((nanos.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+    println!(
+        "fleet {name}: p50 {:.1} us, p99 {:.1} us, max {:.1} us over {TIMED} lookups",
+        at(0.5),
+        at(0.99),
+        at(1.0),
+    );
+}
+
+criterion_group!(benches, apply, lookup, lookup_fleet, hash);
 criterion_main!(benches);

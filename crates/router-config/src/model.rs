@@ -28,7 +28,8 @@ pub struct ModelConfig {
     #[serde(default = "default_block_size")]
     pub block_size: u32,
     /// Most KV pages the model's prefix index keeps (`cache_aware` groups); past it
-    /// the least recently matched pages are forgotten. About 117 bytes per page.
+    /// the least recently matched pages are forgotten. About 130 bytes per page with
+    /// up to 64 engine ranks, up to about 425 with 1,024 (see docs/configuration.md).
     #[serde(default = "default_prefix_index_pages")]
     pub prefix_index_pages: usize,
     /// Most (page, engine rank) entries the model's prefix index keeps, all ranks

@@ -219,23 +219,33 @@ impl Affinity {
     }
 
     /// The first engine of `key`'s rendezvous order that admission admits; when
-    /// every candidate is rejected, the first one's rejection.
+    /// every candidate is rejected, the first one's rejection. The first engine is
+    /// found in one pass; the rest of the order is computed only when it is refused.
     fn rendezvous(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         key: &str,
     ) -> Result<Pick, PickError> {
-        let mut first_rejection = None;
-        for engine in rendezvous::order(key, engines, |e| e.id()) {
-            match self.checked(engine, request, PickReason::AffinityRendezvous) {
-                Ok(pick) => return Ok(pick),
-                Err(rejected) => drop(first_rejection.get_or_insert(rejected)),
+        let Some(head) = rendezvous::first(key, engines, |e| e.rendezvous_seed(), |e| e.id())
+        else {
+            return Err(PickError::NoCandidates {
+                stage: request.stage,
+            });
+        };
+        let first_rejection = match self.checked(head, request, PickReason::AffinityRendezvous) {
+            Ok(pick) => return Ok(pick),
+            Err(rejected) => rejected,
+        };
+        for engine in rendezvous::order(key, engines, |e| e.id())
+            .into_iter()
+            .skip(1)
+        {
+            if let Ok(pick) = self.checked(engine, request, PickReason::AffinityRendezvous) {
+                return Ok(pick);
             }
         }
-        Err(first_rejection.unwrap_or(PickError::NoCandidates {
-            stage: request.stage,
-        }))
+        Err(first_rejection)
     }
 
     /// The fallback's pick, checked against this policy's admission.
@@ -265,9 +275,13 @@ impl Affinity {
     }
 }
 
-/// The candidate with id `id`, if it is one.
+/// The candidate with id `id`, if it is one: found by halving when the candidates
+/// are in id order, as groups give them, else by a scan.
 fn candidate<'e>(engines: &'e [Arc<Engine>], id: &EngineId) -> Option<&'e Arc<Engine>> {
-    engines.iter().find(|e| e.id() == id)
+    match engines.binary_search_by(|e| e.id().cmp(id)) {
+        Ok(at) => Some(&engines[at]),
+        Err(_) => engines.iter().find(|e| e.id() == id),
+    }
 }
 
 /// Settings of `session_aware`.

@@ -10,8 +10,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use router_state::EngineId;
 use router_state::kv_events::PrefixIndex;
+use router_state::{Engine, EngineId};
 
 use crate::future::BoxFuture;
 
@@ -77,6 +77,73 @@ impl PrefixHits {
             .unwrap_or(u64::MAX)
             .saturating_mul(u64::from(self.block_size))
             .min(input_tokens)
+    }
+}
+
+/// A candidate holding some of a prompt ([`PrefixHits::held_among`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Its index among the candidates.
+    pub(crate) index: usize,
+    /// Leading blocks it holds.
+    pub(crate) blocks: usize,
+    /// Of those, the blocks held only on a slower tier.
+    pub(crate) slower: usize,
+}
+
+impl PrefixHits {
+    /// The candidates among `engines` holding at least one block, in the order of
+    /// `engines`: one merge of the two id-ordered lists when `engines` is in id order
+    /// (as a group gives its candidates), else a search per candidate.
+    pub(crate) fn held_among(&self, engines: &[Arc<Engine>]) -> Vec<Held> {
+        self.merged(engines)
+            .unwrap_or_else(|| self.searched(engines))
+    }
+
+    /// The merge; `None` when `engines` turns out not to be in id order.
+    fn merged(&self, engines: &[Arc<Engine>]) -> Option<Vec<Held>> {
+        let mut held = Vec::with_capacity(self.engines.len().min(engines.len()));
+        let mut slower = self.slower_blocks.iter().peekable();
+        let mut hits = self.engines.iter().peekable();
+        for (index, engine) in engines.iter().enumerate() {
+            if index > 0 && engines[index - 1].id() >= engine.id() {
+                return None;
+            }
+            while hits.next_if(|(id, _)| id < engine.id()).is_some() {}
+            let Some((_, blocks)) = hits.next_if(|(id, _)| id == engine.id()) else {
+                continue;
+            };
+            while slower.next_if(|(id, _)| id < engine.id()).is_some() {}
+            let slower = slower
+                .next_if(|(id, _)| id == engine.id())
+                .map_or(0, |(_, s)| *s);
+            held.push(Held {
+                index,
+                blocks: *blocks,
+                slower,
+            });
+        }
+        Some(held)
+    }
+
+    fn searched(&self, engines: &[Arc<Engine>]) -> Vec<Held> {
+        engines
+            .iter()
+            .enumerate()
+            .filter_map(|(index, engine)| {
+                let blocks = self.blocks_of(engine.id());
+                (blocks > 0).then(|| Held {
+                    index,
+                    blocks,
+                    slower: find(&self.slower_blocks, engine.id()).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    /// Prompt tokens of `blocks` blocks, never more than the prompt.
+    pub(crate) fn tokens_of(&self, blocks: usize, input_tokens: u64) -> u64 {
+        self.tokens(blocks, input_tokens)
     }
 }
 
@@ -158,13 +225,8 @@ impl PrefixHits {
     /// ([`PrefixIndex::request_hashes`]); a `dry_run` leaves the index's recency as
     /// it was ([`PrefixIndex::peek`]).
     pub fn of_chain(index: &PrefixIndex, chain: &[u64], dry_run: bool) -> Self {
-        let found = if dry_run {
-            index.peek(chain)
-        } else {
-            index.lookup(chain)
-        };
-        let mut matches = found.engines;
-        matches.sort_unstable_by(|a, b| a.engine.cmp(&b.engine));
+        let found = index.lookup_by_engine(chain, dry_run);
+        let matches = found.engines;
         Self {
             query_blocks: found.query_blocks,
             block_size: index.config().block_size,
@@ -279,3 +341,56 @@ impl PartialEq for PrefixMemo {
 }
 
 impl Eq for PrefixMemo {}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use router_state::Role;
+
+    use super::*;
+
+    fn engine(i: usize) -> Arc<Engine> {
+        let id = format!("e{i:03}");
+        Arc::new(Engine::new(id.as_str(), "http://e", "m", Role::Plain))
+    }
+
+    proptest! {
+        #[test]
+        fn the_merge_finds_what_a_search_per_candidate_finds(
+            held in proptest::collection::vec((0usize..4, 0usize..3), 1..200),
+            candidates in proptest::collection::vec(any::<bool>(), 1..200),
+            rotate in 0usize..200,
+        ) {
+            // Engine i holds held[i].0 blocks, held[i].1 of them only on a slower
+            // tier; candidate j is engine j when candidates[j].
+            let ids = |f: &dyn Fn(usize, (usize, usize)) -> Option<usize>| -> Vec<(EngineId, usize)> {
+                held.iter()
+                    .enumerate()
+                    .filter_map(|(i, h)| f(i, *h).map(|v| (engine(i).id().clone(), v)))
+                    .collect()
+            };
+            let hits = PrefixHits {
+                query_blocks: 4,
+                block_size: 16,
+                engines: ids(&|_, (b, _)| (b > 0).then_some(b)),
+                slower_blocks: ids(&|_, (b, s)| (b > 0 && s.min(b) > 0).then_some(s.min(b))),
+                ..PrefixHits::default()
+            };
+            let mut engines: Vec<Arc<Engine>> = candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c)
+                .map(|(j, _)| engine(j))
+                .collect();
+            prop_assert_eq!(hits.merged(&engines), Some(hits.searched(&engines)));
+            prop_assert_eq!(hits.held_among(&engines), hits.searched(&engines));
+            // Candidates out of id order: no merge, the same answer.
+            let len = engines.len();
+            engines.rotate_left(rotate % len.max(1));
+            if rotate % len.max(1) != 0 {
+                prop_assert_eq!(hits.merged(&engines), None);
+            }
+            prop_assert_eq!(hits.held_among(&engines), hits.searched(&engines));
+        }
+    }
+}

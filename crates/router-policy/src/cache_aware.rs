@@ -37,7 +37,7 @@ use router_state::{
 
 pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
 use crate::admission::EngineAdmission;
-use crate::cache::{CacheLookup, CacheSource, PrefixHits};
+use crate::cache::{CacheLookup, CacheSource, Held, PrefixHits};
 use crate::config_error::PolicyConfigError;
 use crate::error::{PickError, Rejection};
 use crate::explain::Observation;
@@ -134,28 +134,30 @@ impl CacheAwarePolicy {
         };
         let picked = match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {
-                for engine in engines {
-                    let tokens = hits.matched_tokens(engine.id(), request.facts.input_tokens);
+                let held = hits.held_among(engines);
+                for h in &held {
+                    let engine = engines[h.index].id();
+                    let tokens = hits.tokens_of(h.blocks, request.facts.input_tokens);
                     if tokens > 0 {
                         request.observe(|| Observation::CachedTokens {
                             bucket: request.bucket_id.to_owned(),
                             stage,
-                            engine: engine.id().clone(),
+                            engine: engine.clone(),
                             tokens,
-                            slower_tokens: hits
-                                .slower_tokens(engine.id(), request.facts.input_tokens),
-                            feed_age_ms: hits.feed_age_ms_of(engine.id()),
+                            slower_tokens: hits.slower_tokens(engine, request.facts.input_tokens),
+                            feed_age_ms: hits.feed_age_ms_of(engine),
                         });
                     }
                 }
                 // A holder goes to the rank holding its prefix.
-                self.select(engines, request, Some(hits)).map(|pick| {
-                    let rank = pick
-                        .predicted_cached_tokens
-                        .filter(|cached| *cached > 0)
-                        .and_then(|_| hits.rank_of(pick.engine.id()));
-                    pick.with_rank(rank)
-                })
+                self.select(engines, request, Some((hits, &held)))
+                    .map(|pick| {
+                        let rank = pick
+                            .predicted_cached_tokens
+                            .filter(|cached| *cached > 0)
+                            .and_then(|_| hits.rank_of(pick.engine.id()));
+                        pick.with_rank(rank)
+                    })
             }
             Ok(CacheLookup::Unavailable(_)) => {
                 request.observe(|| Observation::CacheUnavailable {
@@ -188,16 +190,17 @@ impl CacheAwarePolicy {
         picked
     }
 
-    /// Steps 2-6 over one fresh load snapshot; `hits` is `None` when no lookup was
+    /// Steps 2-6 over one fresh load snapshot; `hits` (with the candidates holding
+    /// some of the prompt, [`PrefixHits::held_among`]) is `None` when no lookup was
     /// possible.
     fn select(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
-        hits: Option<&PrefixHits>,
+        hits: Option<(&PrefixHits, &[Held])>,
     ) -> Result<Pick, PickError> {
         let snapshot = self.load.snapshot();
-        let Some(hits) = hits else {
+        let Some((hits, held)) = hits else {
             return self.cold(
                 engines,
                 request,
@@ -207,20 +210,14 @@ impl CacheAwarePolicy {
             );
         };
         if self.config.score == CacheScore::Ttft
-            && let Some(scored) = self.scored(engines, request, hits, &snapshot)
+            && let Some(scored) = self.scored(engines, request, hits, held, &snapshot)
         {
             return scored;
         }
-        let mut holders = self.holders(engines, request, hits, &snapshot);
+        let holders = self.holders(engines, request, hits, held, &snapshot);
         if holders.is_empty() {
             return self.cold(engines, request, &snapshot, PickReason::CacheMiss, None);
         }
-        holders.sort_by(|a, b| {
-            a.uncached
-                .cmp(&b.uncached)
-                .then_with(|| pressure_order(a, b))
-                .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
-        });
         // The bound first, so the best holders under it are the ones considered.
         let cap = self.load_cap(engines, &snapshot);
         let (mut holders, over_bound): (Vec<Holder>, Vec<Holder>) = holders
@@ -241,7 +238,11 @@ impl CacheAwarePolicy {
                 }
             }
         }
-        holders.truncate(self.config.candidates.count(engines.len()));
+        let holders = best(
+            holders,
+            self.config.candidates.count(engines.len()),
+            engines,
+        );
         let (usable, set_aside): (Vec<Holder>, Vec<Holder>) = holders
             .into_iter()
             .partition(|h| !self.queued(&h.observation));
@@ -289,44 +290,45 @@ impl CacheAwarePolicy {
             .with_predicted_cached_tokens(winner.matched))
     }
 
+    /// The candidates `held` names that count as holders, unordered.
     fn holders(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         hits: &PrefixHits,
+        held: &[Held],
         snapshot: &LoadSnapshot,
     ) -> Vec<Holder> {
         let input = request.facts.input_tokens;
-        engines
-            .iter()
-            .enumerate()
-            .filter_map(|(index, engine)| {
-                let credited = self.holds(hits, engine, input)?;
+        held.iter()
+            .filter_map(|h| {
+                let credited = self.holds(hits, h, input)?;
                 Some(Holder {
-                    index,
-                    matched: hits.matched_tokens(engine.id(), input),
+                    index: h.index,
+                    matched: hits.tokens_of(h.blocks, input),
                     uncached: input - credited,
-                    observation: snapshot.observe(engine.id()),
+                    observation: snapshot.observe(engines[h.index].id()),
                 })
             })
             .collect()
     }
 
-    /// The prompt tokens `engine` is credited with when that makes it a holder
-    /// (enough of them, and a large enough share of the prompt).
-    fn holds(&self, hits: &PrefixHits, engine: &Engine, input: u64) -> Option<u64> {
-        let credited = self.credited(hits, engine, input);
+    /// The prompt tokens the candidate `held` describes is credited with when that
+    /// makes it a holder (enough of them, and a large enough share of the prompt).
+    fn holds(&self, hits: &PrefixHits, held: &Held, input: u64) -> Option<u64> {
+        let credited = self.credited(hits, held, input);
         let enough = credited > 0 && credited >= self.config.min_matched_tokens;
         let share = credited as f64 / input.max(1) as f64;
         let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.get());
         (enough && ratio_ok).then_some(credited)
     }
 
-    /// The prompt tokens `engine` is credited with: those on the device, plus
-    /// `slower_tier_weight` of those only on a slower tier (rounded down).
-    fn credited(&self, hits: &PrefixHits, engine: &Engine, input: u64) -> u64 {
-        let matched = hits.matched_tokens(engine.id(), input);
-        let slower = hits.slower_tokens(engine.id(), input);
+    /// The prompt tokens the candidate `held` describes is credited with: those on
+    /// the device, plus `slower_tier_weight` of those only on a slower tier (rounded
+    /// down).
+    fn credited(&self, hits: &PrefixHits, held: &Held, input: u64) -> u64 {
+        let matched = hits.tokens_of(held.blocks, input);
+        let slower = hits.tokens_of(held.slower, input).min(matched);
         let credit = self.config.slower_tier_weight.get() * slower as f64;
         // A weight in [0, 1] keeps the credit within `slower`.
         matched - slower + (credit as u64).min(slower)
@@ -464,6 +466,27 @@ impl CacheAwarePolicy {
     }
 }
 
+/// The best `count` of `holders` in order: least uncached work, then least prefill
+/// pressure, then id. Only those are sorted, so a prefix a thousand candidates hold
+/// costs one selection pass, not a sort of all of them.
+fn best(mut holders: Vec<Holder>, count: usize, engines: &[Arc<Engine>]) -> Vec<Holder> {
+    let order = |a: &Holder, b: &Holder| {
+        a.uncached
+            .cmp(&b.uncached)
+            .then_with(|| pressure_order(a, b))
+            .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
+    };
+    if count == 0 {
+        return Vec::new();
+    }
+    if holders.len() > count {
+        holders.select_nth_unstable_by(count - 1, order);
+        holders.truncate(count);
+    }
+    holders.sort_by(order);
+    holders
+}
+
 /// An engine's requests for the load bound: reported running and waiting plus the
 /// dispatches since the report, else the router's own in flight.
 fn requests(observation: &EngineObservation) -> u64 {
@@ -531,5 +554,49 @@ impl Policy for CacheAwarePolicy {
 
     fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.load, self.admission.as_ref(), pick)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use router_state::test_util::fleet;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn the_best_holders_are_the_head_of_the_whole_order(
+            holders in proptest::collection::vec((0u64..4, 0u64..3), 1..120),
+            count in 0usize..130,
+        ) {
+            let engines = fleet("m", Role::Plain, "e", holders.len());
+            // Few distinct values, so ties on work and pressure fall to the id.
+            let make = || -> Vec<Holder> {
+                holders
+                    .iter()
+                    .enumerate()
+                    .map(|(index, (uncached, in_flight))| Holder {
+                        index,
+                        matched: 0,
+                        uncached: *uncached,
+                        observation: EngineObservation {
+                            in_flight: *in_flight,
+                            ..EngineObservation::UNKNOWN
+                        },
+                    })
+                    .collect()
+            };
+            let mut sorted = make();
+            sorted.sort_by(|a, b| {
+                a.uncached
+                    .cmp(&b.uncached)
+                    .then_with(|| pressure_order(a, b))
+                    .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
+            });
+            sorted.truncate(count);
+            let best: Vec<usize> = best(make(), count, &engines).iter().map(|h| h.index).collect();
+            prop_assert_eq!(best, sorted.iter().map(|h| h.index).collect::<Vec<_>>());
+        }
     }
 }

@@ -9,5 +9,6 @@ mod errors;
 mod explain;
 mod policies;
 mod properties;
+mod rendezvous;
 mod routed_pages;
 mod score;

@@ -115,6 +115,8 @@ pub enum Health {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Engine {
     id: EngineId,
+    /// The rendezvous seed of `id`, hashed once.
+    rendezvous_seed: u64,
     url: Arc<str>,
     model: Arc<str>,
     role: Role,
@@ -135,8 +137,10 @@ impl Engine {
         model: impl Into<Arc<str>>,
         role: Role,
     ) -> Self {
+        let id = id.into();
         Self {
-            id: id.into(),
+            rendezvous_seed: crate::affinity::rendezvous::seed(&id),
+            id,
             url: url.into(),
             model: model.into(),
             role,
@@ -187,6 +191,12 @@ impl Engine {
     /// The engine's stable id.
     pub fn id(&self) -> &EngineId {
         &self.id
+    }
+
+    /// [`rendezvous::seed`](crate::affinity::rendezvous::seed) of its id, computed
+    /// once when the engine was made.
+    pub fn rendezvous_seed(&self) -> u64 {
+        self.rendezvous_seed
     }
 
     /// Base URL the router sends requests to, e.g. `http://10.0.0.7:30000`.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use router_state::{Engine, LoadSnapshot};
 
 use super::{CacheAwarePolicy, no_admissible};
-use crate::cache::PrefixHits;
+use crate::cache::{Held, PrefixHits};
 use crate::error::PickError;
 use crate::pick::{Pick, PickReason};
 use crate::policy::PickRequest;
@@ -36,23 +36,29 @@ impl CacheAwarePolicy {
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         hits: &PrefixHits,
+        held: &[Held],
         snapshot: &LoadSnapshot,
     ) -> Option<Result<Pick, PickError>> {
         let input = request.facts.input_tokens;
         let mut scored = Vec::with_capacity(engines.len());
+        // `held` is in candidate order: read alongside.
+        let mut held = held.iter().peekable();
         for (index, engine) in engines.iter().enumerate() {
+            let holding = held.next_if(|h| h.index == index);
             let observation = snapshot.observe(engine.id());
             let report = observation.reported.as_ref()?;
             let speed = report
                 .native_with_capacity()?
                 .prefill_tokens_per_sec
                 .filter(|s| *s > 0.0)?;
-            let credited = self.holds(hits, engine, input);
+            let credited = holding.and_then(|h| self.holds(hits, h, input));
             let uncached = input - credited.unwrap_or(0);
             let queue_ms = observation.corrected_prefill_queue_ms(uncached)?;
             scored.push(Scored {
                 index,
-                matched: credited.map_or(0, |_| hits.matched_tokens(engine.id(), input)),
+                matched: credited
+                    .and(holding)
+                    .map_or(0, |h| hits.tokens_of(h.blocks, input)),
                 uncached,
                 ttft_ms: queue_ms + uncached as f64 * 1000.0 / speed,
                 queued: self.queued(&observation),

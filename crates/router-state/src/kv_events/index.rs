@@ -226,6 +226,9 @@ struct Inner {
     nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
     sources: Vec<Option<Source>>,
     slots: FxHashMap<(EngineId, u32), u32>,
+    /// Live slots sorted by engine id, then rank: lookups read matches in this order
+    /// to answer each engine once in id order without sorting.
+    by_engine: Vec<u32>,
     /// Engines with at least one source (those whose events have reached the index).
     publishers: FxHashMap<EngineId, Publisher>,
     degraded: Bits,
@@ -342,6 +345,7 @@ impl PrefixIndex {
             inner.clear_slot(slot);
             if let Some(source) = inner.sources[slot as usize].take() {
                 inner.slots.remove(&(source.engine, source.rank));
+                inner.by_engine.retain(|s| *s != slot);
             }
             inner.publishers.remove(engine);
             bit_clear(&mut inner.degraded, slot as usize);
@@ -455,6 +459,13 @@ impl Inner {
             blocks: FxHashMap::default(),
         });
         self.slots.insert((engine.clone(), rank), slot as u32);
+        let sources = &self.sources;
+        let at = self.by_engine.partition_point(|&s| {
+            sources[s as usize]
+                .as_ref()
+                .is_some_and(|s| (&s.engine, s.rank) < (engine, rank))
+        });
+        self.by_engine.insert(at, slot as u32);
         self.publishers.entry(engine.clone()).or_default();
         slot as u32
     }

@@ -4,25 +4,66 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Bits, EngineMatch, Inner, PrefixIndex, PrefixMatch};
+use super::{Bits, EngineMatch, Inner, Node, PrefixIndex, PrefixMatch};
 
-/// `(slot, pages of any tier, pages on the device)` per source that matched.
-type Depths = Vec<(u32, usize, usize)>;
+/// Per source that matched, how deep: found by slot in constant time, so a page
+/// where a thousand sources stop costs a thousand steps, not a million.
+struct Depths {
+    /// `(pages of any tier, pages on the device)` by slot; `None` for no match.
+    by_slot: Vec<Option<(usize, usize)>>,
+    /// Whether any source matched.
+    any: bool,
+}
+
+impl Depths {
+    fn new(slots: usize) -> Self {
+        Self {
+            by_slot: vec![None; slots],
+            any: false,
+        }
+    }
+
+    /// Notes that the slots set in `bits` (of word `word`) matched `depth` pages, of
+    /// any tier or on the device.
+    fn record(&mut self, word: usize, mut bits: u64, depth: usize, any_tier: bool) {
+        while bits != 0 {
+            let slot = word * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if slot >= self.by_slot.len() {
+                self.by_slot.resize(slot + 1, None);
+            }
+            let entry = self.by_slot[slot].get_or_insert((0, 0));
+            if any_tier {
+                entry.0 = depth;
+            } else {
+                entry.1 = depth;
+            }
+            self.any = true;
+        }
+    }
+}
 
 impl PrefixIndex {
     /// Each engine's contiguous matched depth for a request's chain hashes (a
     /// multi-rank engine reports its best rank). Degraded sources are ignored. The
     /// deepest matched page counts as used (eviction keeps recent paths).
     pub fn lookup(&self, chain: &[u64]) -> PrefixMatch {
-        self.matched(chain, true)
+        by_depth(self.matched(chain, true))
     }
 
     /// What [`lookup`](Self::lookup) answers, without counting the path as used: for
     /// dry runs, which must leave eviction order as it was.
     pub fn peek(&self, chain: &[u64]) -> PrefixMatch {
-        self.matched(chain, false)
+        by_depth(self.matched(chain, false))
     }
 
+    /// What [`lookup`](Self::lookup) (or, for a `dry_run`, [`peek`](Self::peek))
+    /// answers, its engines sorted by engine id instead of by depth.
+    pub fn lookup_by_engine(&self, chain: &[u64], dry_run: bool) -> PrefixMatch {
+        self.matched(chain, !dry_run)
+    }
+
+    /// The matches in engine-id order, each engine once (its best rank).
     fn matched(&self, chain: &[u64], used: bool) -> PrefixMatch {
         let inner = self.inner.read();
         let (walked, depths) = if inner.sources.len() <= 64 {
@@ -40,8 +81,19 @@ impl PrefixIndex {
             let now = self.clock.fetch_add(1, Ordering::Relaxed);
             node.last_used.store(now, Ordering::Relaxed);
         }
-        let mut engines: Vec<EngineMatch> = Vec::with_capacity(depths.len());
-        for (slot, blocks, device_blocks) in depths {
+        let mut engines: Vec<EngineMatch> = Vec::new();
+        if !depths.any {
+            return PrefixMatch {
+                query_blocks: chain.len(),
+                engines,
+            };
+        }
+        // Sources in engine order, so each engine's ranks are side by side.
+        for &slot in &inner.by_engine {
+            let Some(Some((blocks, device_blocks))) = depths.by_slot.get(slot as usize).copied()
+            else {
+                continue;
+            };
             let Some(source) = inner.sources.get(slot as usize).and_then(Option::as_ref) else {
                 continue;
             };
@@ -56,17 +108,15 @@ impl PrefixIndex {
             // An engine is its best rank's match, every figure of that one rank: the
             // deepest, then the most on the device, then the lowest rank.
             let better = |m: &EngineMatch| (m.blocks, m.device_blocks, std::cmp::Reverse(m.rank));
-            match engines.iter_mut().find(|m| m.engine == source.engine) {
-                Some(m) if better(&matched) > better(m) => *m = matched,
-                Some(_) => {}
-                None => engines.push(matched),
+            match engines.last_mut() {
+                Some(m) if m.engine == source.engine => {
+                    if better(&matched) > better(m) {
+                        *m = matched;
+                    }
+                }
+                _ => engines.push(matched),
             }
         }
-        engines.sort_by(|a, b| {
-            b.blocks
-                .cmp(&a.blocks)
-                .then_with(|| a.engine.cmp(&b.engine))
-        });
         PrefixMatch {
             query_blocks: chain.len(),
             engines,
@@ -74,10 +124,18 @@ impl PrefixIndex {
     }
 }
 
+/// `found` with its engines by depth, deepest first, then by engine id.
+fn by_depth(mut found: PrefixMatch) -> PrefixMatch {
+    // Stable: engines of one depth stay in id order.
+    found.engines.sort_by_key(|m| std::cmp::Reverse(m.blocks));
+    found
+}
+
 /// The walk when every source fits one 64-bit word (up to 64 engine ranks).
 fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
-    let mut depths = Depths::new();
-    let Some(first) = chain.first().and_then(|h| inner.nodes.get(h)) else {
+    let mut depths = Depths::new(inner.sources.len());
+    let mut nodes = nodes(inner, chain);
+    let Some(first) = nodes.next() else {
         return (0, depths);
     };
     let trusted = !inner.degraded.first().copied().unwrap_or(0);
@@ -85,22 +143,22 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let mut device = first.device_word(0) & trusted;
     let mut walked = 1;
     while alive != 0 && walked < chain.len() {
-        let Some(node) = inner.nodes.get(&chain[walked]) else {
+        let Some(node) = nodes.next() else {
             break;
         };
         let owners = node.owner_word(0);
         let device_owners = node.device_word(0);
         let (left, left_device) = (alive & !owners, device & !device_owners);
         if left | left_device != 0 {
-            record(&mut depths, 0, left, walked, true);
-            record(&mut depths, 0, left_device, walked, false);
+            depths.record(0, left, walked, true);
+            depths.record(0, left_device, walked, false);
             alive &= owners;
             device &= device_owners;
         }
         walked += 1;
     }
-    record(&mut depths, 0, alive, walked, true);
-    record(&mut depths, 0, device, walked, false);
+    depths.record(0, alive, walked, true);
+    depths.record(0, device, walked, false);
     (walked, depths)
 }
 
@@ -108,12 +166,9 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
 fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let mut alive: Bits = Bits::new();
     let mut device: Bits = Bits::new();
-    let mut depths = Depths::new();
+    let mut depths = Depths::new(inner.sources.len());
     let mut walked = 0;
-    for (i, hash) in chain.iter().enumerate() {
-        let Some(node) = inner.nodes.get(hash) else {
-            break;
-        };
+    for (i, node) in nodes(inner, chain).enumerate() {
         if i == 0 {
             let trusted = |w: usize| !inner.degraded.get(w).copied().unwrap_or(0);
             alive = (0..node.owner_words())
@@ -127,8 +182,8 @@ fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
         for w in 0..alive.len() {
             let owners = node.owner_word(w);
             let device_owners = node.device_word(w);
-            record(&mut depths, w, alive[w] & !owners, i, true);
-            record(&mut depths, w, device[w] & !device_owners, i, false);
+            depths.record(w, alive[w] & !owners, i, true);
+            depths.record(w, device[w] & !device_owners, i, false);
             alive[w] &= owners;
             device[w] &= device_owners;
             any |= alive[w];
@@ -139,29 +194,28 @@ fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
         }
     }
     for w in 0..alive.len() {
-        record(&mut depths, w, alive[w], walked, true);
-        record(&mut depths, w, device[w], walked, false);
+        depths.record(w, alive[w], walked, true);
+        depths.record(w, device[w], walked, false);
     }
     (walked, depths)
 }
 
-/// Notes that the slots set in `bits` (of word `word`) matched `depth` pages, of any
-/// tier or on the device.
-fn record(depths: &mut Depths, word: usize, mut bits: u64, depth: usize, any_tier: bool) {
-    while bits != 0 {
-        let slot = (word * 64) as u32 + bits.trailing_zeros();
-        bits &= bits - 1;
-        let at = match depths.iter().position(|(s, _, _)| *s == slot) {
-            Some(at) => at,
-            None => {
-                depths.push((slot, 0, 0));
-                depths.len() - 1
+/// Pages looked up at once by [`nodes`].
+const LOOKAHEAD: usize = 16;
+
+/// The nodes of `chain`'s pages in order, up to the first page the index lacks. They
+/// are looked up [`LOOKAHEAD`] at a time, so the memory reads of neighbouring pages
+/// (each likely a cache miss in a large index) overlap instead of following one
+/// another; a walk ending early wastes at most `LOOKAHEAD - 1` lookups.
+fn nodes<'a>(inner: &'a Inner, chain: &'a [u64]) -> impl Iterator<Item = &'a Node> + 'a {
+    chain
+        .chunks(LOOKAHEAD)
+        .flat_map(move |chunk| {
+            let mut found = [None; LOOKAHEAD];
+            for (slot, hash) in found.iter_mut().zip(chunk) {
+                *slot = inner.nodes.get(hash);
             }
-        };
-        if any_tier {
-            depths[at].1 = depth;
-        } else {
-            depths[at].2 = depth;
-        }
-    }
+            found.into_iter().take(chunk.len())
+        })
+        .map_while(|node| node)
 }

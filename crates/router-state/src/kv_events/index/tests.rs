@@ -286,6 +286,66 @@ fn lookups_over_more_than_64_sources_match_word_by_word() {
 }
 
 #[test]
+fn many_sources_in_any_order_answer_each_engine_once_in_order() {
+    let index = index();
+    let tokens: Vec<u32> = (0..40).collect();
+    let chain = index.request_hashes(None, &tokens);
+    // 200 engines of two ranks, first heard from in reverse id order; rank r of
+    // engine i holds the first (i + r) % 10 + 1 pages.
+    let store = |i: u64, rank: u32| {
+        let pages = ((i + u64::from(rank)) % 10 + 1) as usize;
+        let hashes: Vec<u64> = (0..pages as u64).map(|b| i * 1000 + b).collect();
+        let event = stored(
+            &hashes,
+            None,
+            tokens[..pages * BS as usize].to_vec(),
+            Tier::Device,
+        );
+        index.apply(&id(&format!("e{i:03}")), rank, &batch(vec![event]));
+    };
+    for i in (0..200u64).rev() {
+        store(i, 1);
+        store(i, 0);
+    }
+    // Engines leaving and coming back take free slots out of order.
+    for i in [5u64, 150, 77] {
+        index.remove_engine(&id(&format!("e{i:03}")));
+    }
+    store(150, 0);
+    let expected = |i: u64| -> (usize, u32) {
+        let depth = |r: u64| ((i + r) % 10 + 1) as usize;
+        match i {
+            150 => (depth(0), 0),
+            _ if depth(1) > depth(0) => (depth(1), 1),
+            _ => (depth(0), 0),
+        }
+    };
+    let by_engine = index.lookup_by_engine(&chain, false);
+    let ids: Vec<String> = by_engine
+        .engines
+        .iter()
+        .map(|m| m.engine.as_str().to_owned())
+        .collect();
+    let mut want: Vec<String> = (0..200u64)
+        .filter(|i| ![5, 77].contains(i))
+        .map(|i| format!("e{i:03}"))
+        .collect();
+    assert_eq!(ids, want, "each engine once, in id order");
+    for m in &by_engine.engines {
+        let i: u64 = m.engine.as_str()[1..].parse().expect("an index");
+        assert_eq!((m.blocks, m.rank), expected(i), "engine {i}: its best rank");
+    }
+    let found = index.lookup(&chain);
+    want.sort_by_key(|e| std::cmp::Reverse(expected(e[1..].parse().expect("an index")).0));
+    let ids: Vec<String> = found
+        .engines
+        .iter()
+        .map(|m| m.engine.as_str().to_owned())
+        .collect();
+    assert_eq!(ids, want, "deepest first, then by id");
+}
+
+#[test]
 fn the_node_budget_evicts_least_recently_matched_leaves() {
     let index = PrefixIndex::new(IndexConfig {
         block_size: BS,
