@@ -358,36 +358,33 @@ async fn a_command_inside_a_message_closes_the_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_message_leaves_the_connections_read_buffer_with_it() {
-    use zeromq::{PubSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+    use zeromq::{Socket, SocketRecv, SubSocket};
 
-    let mut publisher = PubSocket::new();
-    let endpoint = publisher
-        .bind("tcp://127.0.0.1:0")
-        .await
-        .unwrap()
-        .to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let publisher = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        socket.write_all(&greeting()).await.unwrap();
+        socket.write_all(&ready()).await.unwrap();
+        let mut theirs = vec![0_u8; 64];
+        socket.read_exact(&mut theirs).await.unwrap();
+        // One message of one 4 MiB frame, then the connection stays open.
+        let mut message = vec![0x02];
+        message.extend_from_slice(&(4_u64 << 20).to_be_bytes());
+        message.resize(9 + (4 << 20), 7);
+        socket.write_all(&message).await.unwrap();
+        drop(released.await);
+    });
     let mut options = zeromq::SocketOptions::default();
     options.max_message_size(16 << 20);
     let mut subscriber = SubSocket::with_options(options);
     subscriber.connect(&endpoint).await.unwrap();
     subscriber.subscribe("").await.unwrap();
-    let large = bytes::Bytes::from(vec![7_u8; 4 << 20]);
-    // A subscription reaches the publisher after its connection: send until one
-    // message arrives.
-    let received = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            publisher
-                .send(ZmqMessage::from(large.clone()))
-                .await
-                .unwrap();
-            tokio::select! {
-                message = subscriber.recv() => break message.unwrap(),
-                () = tokio::task::yield_now() => {}
-            }
-        }
-    })
-    .await
-    .expect("the message arrives");
+    let received = tokio::time::timeout(Duration::from_secs(30), subscriber.recv())
+        .await
+        .expect("the message arrives")
+        .expect("a message");
     let frame = received.into_vec().pop().unwrap();
     assert_eq!(frame.len(), 4 << 20);
     // Nothing else holds the frame's allocation: the connection reads into another.
@@ -395,6 +392,8 @@ async fn a_large_message_leaves_the_connections_read_buffer_with_it() {
         frame.is_unique(),
         "the read buffer still shares the frame's allocation"
     );
+    release.send(()).unwrap();
+    publisher.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
