@@ -300,6 +300,14 @@ async fn feeds_share_one_memory_budget_and_a_frame_past_it_closes_its_connection
     });
     let (second_feed, second_stats) = subscribe_within(second_endpoint, memory.clone());
     closed(&mut closures, 1).await;
+    // The connection closes before the feed's task hears why: wait for its count.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while count(&second_stats, "dropped_over_budget") == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the refusal is counted");
     assert_eq!(count(&second_stats, "dropped_over_budget"), 1);
     assert_eq!(count(&second_stats, "dropped_oversized"), 0);
     assert_eq!(memory.refused(), 1);
