@@ -2,7 +2,7 @@
 //! router replicas naming both (`prefix_indexer.urls`), traffic of prompts that
 //! share prefixes through both replicas, and the first indexer killed mid-run.
 
-use crate::common::{Replica, TempFile};
+use crate::common::{self, Replica, TempFile};
 use crate::replicas::{GUARD, PAGE, caught_up, engines, tokenizer};
 
 use std::sync::Arc;
@@ -22,11 +22,7 @@ const KILL_AFTER: usize = 16;
 /// A configuration file of one model on `engines` with a cache-aware group and,
 /// when given, the `prefix_indexer` section.
 fn config_file(engines: &[RunningEngine], indexer: Option<Value>) -> TempFile {
-    let members: Vec<Value> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| json!({"id": format!("E{i}"), "url": e.url(), "role": "plain"}))
-        .collect();
+    let members = common::plain_members(engines);
     let mut config = json!({
         "listen": "127.0.0.1:0",
         "models": [{

@@ -47,11 +47,7 @@ pub(crate) async fn engines(n: usize) -> Vec<RunningEngine> {
 /// A configuration file of one model on `engines` with the plain group's `policy`
 /// and the `affinity` section given; the file lives as long as the returned guard.
 fn config_file(engines: &[RunningEngine], policy: Value, affinity: Value) -> TempFile {
-    let members: Vec<Value> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| json!({"id": format!("E{i}"), "url": e.url(), "role": "plain"}))
-        .collect();
+    let members = common::plain_members(engines);
     // YAML is a superset of JSON.
     let config = json!({
         "listen": "127.0.0.1:0",

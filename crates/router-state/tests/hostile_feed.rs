@@ -132,8 +132,16 @@ async fn a_message_announced_past_the_limit_closes_the_connection_and_the_feed_r
     publisher.abort();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
+/// A KV feed whose replay socket answers with a batch every `gap` from 0 on and never
+/// the end marker: a subscriber to it, its counters and index, and what to drop.
+async fn endless_replay(
+    gap: Duration,
+) -> (
+    router_state::FeedHandle,
+    Arc<router_state::kv_events::KvFeedStats>,
+    Arc<router_state::kv_events::PrefixIndex>,
+    (tokio::task::JoinHandle<()>, zeromq::PubSocket),
+) {
     use bytes::Bytes;
     use router_state::kv_events::{
         IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
@@ -147,7 +155,6 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
     let server = tokio::spawn(async move {
         let request = replay.recv().await.expect("a replay request");
         let peer = request.get(0).expect("the requester's identity").clone();
-        // Batches from 0 on, never the end marker.
         for seq in 0_u64.. {
             let frames = vec![
                 peer.clone(),
@@ -163,6 +170,9 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
             {
                 return;
             }
+            if !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
         }
     });
     let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
@@ -174,9 +184,15 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
         replay_endpoint: Some(replay_endpoint),
         topic: "kv".into(),
         max_message_bytes: 1 << 20,
-        memory: router_state::FeedMemory::default(),
+        memory: FeedMemory::default(),
     };
     let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
+    (feed, stats, index, (server, live))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
+    let (feed, stats, index, rest) = endless_replay(Duration::ZERO).await;
     tokio::time::timeout(Duration::from_secs(60), stats.steps_after(0))
         .await
         .expect("the bootstrap replay ends");
@@ -187,8 +203,7 @@ async fn a_replay_that_never_ends_is_given_up_at_its_bound() {
     );
     assert_eq!(index.size().entries, 0, "its batches held no event");
     drop(feed);
-    server.abort();
-    drop(live);
+    rest.0.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -435,51 +450,9 @@ async fn a_message_stalled_half_received_gives_its_memory_back_within_two_stall_
 
 #[tokio::test(start_paused = true)]
 async fn a_replay_that_trickles_is_given_up_at_its_deadline() {
-    use bytes::Bytes;
-    use router_state::kv_events::{
-        IndexConfig, KvFeedStats, KvSource, PrefixIndex, spawn_kv_subscriber,
-    };
-    use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
-
-    let mut live = PubSocket::new();
-    let live_endpoint = live.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-    let mut replay = RouterSocket::new();
-    let replay_endpoint = replay.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-    let server = tokio::spawn(async move {
-        let request = replay.recv().await.expect("a replay request");
-        let peer = request.get(0).expect("the requester's identity").clone();
-        // A batch every 1.9 s, each within the 2 s a batch may take, never the end.
-        for seq in 0_u64.. {
-            let frames = vec![
-                peer.clone(),
-                Bytes::new(),
-                Bytes::from_static(b"kv"),
-                Bytes::copy_from_slice(&seq.to_be_bytes()),
-                Bytes::from_static(b"\x93\x00\x90\xc0"),
-            ];
-            if replay
-                .send(ZmqMessage::try_from(frames).unwrap())
-                .await
-                .is_err()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1900)).await;
-        }
-    });
-    let index = Arc::new(PrefixIndex::new(IndexConfig::default()));
-    let stats = Arc::new(KvFeedStats::default());
-    let source = KvSource {
-        engine: EngineId::from("E1"),
-        rank: 0,
-        endpoint: live_endpoint,
-        replay_endpoint: Some(replay_endpoint),
-        topic: "kv".into(),
-        max_message_bytes: 1 << 20,
-        memory: FeedMemory::default(),
-    };
     let started = tokio::time::Instant::now();
-    let feed = spawn_kv_subscriber(Arc::clone(&index), source, Arc::clone(&stats));
+    // A batch every 1.9 s, each within the 2 s a batch may take.
+    let (feed, stats, _index, rest) = endless_replay(Duration::from_millis(1900)).await;
     tokio::time::timeout(Duration::from_secs(600), stats.steps_after(0))
         .await
         .expect("the bootstrap replay ends");
@@ -490,6 +463,5 @@ async fn a_replay_that_trickles_is_given_up_at_its_deadline() {
         "given up after {took:?} of the paused clock"
     );
     drop(feed);
-    server.abort();
-    drop(live);
+    rest.0.abort();
 }

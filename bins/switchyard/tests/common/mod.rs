@@ -161,3 +161,12 @@ impl Drop for TempFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// `engines` as a configuration's plain members `E0`, `E1`, ... in order.
+pub(crate) fn plain_members(engines: &[engine_sim::RunningEngine]) -> Vec<Value> {
+    engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| serde_json::json!({"id": format!("E{i}"), "url": e.url(), "role": "plain"}))
+        .collect()
+}

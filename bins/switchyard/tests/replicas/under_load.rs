@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::{GUARD, PAGE, caught_up, engines, tokenizer};
-use crate::common::{Replica, TempFile};
+use crate::common::{self, Replica, TempFile};
 
 const SESSIONS: usize = 12;
 /// Prompts sharing a long prefix, each sent once a turn by a client of its own.
@@ -26,11 +26,7 @@ const SHORT_PROMPT: u32 = 1500;
 /// The fleet's file (for the indexer), or the routers' when `indexer` is given: a
 /// `session_aware` bucket for short prompts, a `cache_aware` one for long.
 fn config_file(engines: &[RunningEngine], indexer: Option<SocketAddr>) -> TempFile {
-    let members: Vec<Value> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| json!({"id": format!("E{i}"), "url": e.url(), "role": "plain"}))
-        .collect();
+    let members = common::plain_members(engines);
     let mut config = json!({
         "listen": "127.0.0.1:0",
         "models": [{
