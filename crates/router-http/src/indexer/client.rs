@@ -527,13 +527,8 @@ mod tests {
         let (second, second_answered, second_server) =
             answering(Arc::new(AtomicBool::new(false))).await;
         let timeout = Duration::from_secs(5);
-        let upstream = Upstream::new(UpstreamTimeouts {
-            connect: timeout,
-            first_byte: timeout,
-            pool_idle: Duration::from_secs(4),
-        });
         let metrics = IndexerMetrics::default();
-        let link = IndexerLink::new(vec![first, second], upstream, timeout, 8, &metrics);
+        let link = two_indexers([first, second], timeout, &metrics);
         let (first_counts, second_counts) = (metrics.of(0), metrics.of(1));
 
         let hits = link.lookup("m", 16, vec![1, 2, 3], false).await.unwrap();
@@ -571,6 +566,16 @@ mod tests {
         second_server.abort();
     }
 
+    /// A link to `urls`, in order, whose lookups wait at most `timeout`.
+    fn two_indexers(urls: [Origin; 2], timeout: Duration, metrics: &IndexerMetrics) -> IndexerLink {
+        let upstream = Upstream::new(UpstreamTimeouts {
+            connect: timeout,
+            first_byte: timeout,
+            pool_idle: Duration::from_secs(4),
+        });
+        IndexerLink::new(urls.into(), upstream, timeout, 8, metrics)
+    }
+
     // A silent first indexer spends the whole lookup's timeout: that lookup is
     // unavailable, and its breaker sends the next ones to the second indexer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,13 +586,8 @@ mod tests {
         let (second, second_answered, second_server) =
             answering(Arc::new(AtomicBool::new(false))).await;
         let timeout = Duration::from_millis(300);
-        let upstream = Upstream::new(UpstreamTimeouts {
-            connect: timeout,
-            first_byte: timeout,
-            pool_idle: Duration::from_secs(4),
-        });
         let metrics = IndexerMetrics::default();
-        let link = IndexerLink::new(vec![first, second], upstream, timeout, 8, &metrics);
+        let link = two_indexers([first, second], timeout, &metrics);
         let failed = link.lookup("m", 16, vec![1, 2], false).await.unwrap_err();
         assert!(
             failed.contains("no answer within 300 ms") || failed.contains("first-byte timeout"),
