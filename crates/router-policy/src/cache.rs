@@ -100,26 +100,43 @@ impl PrefixHits {
             .unwrap_or_else(|| self.searched(engines))
     }
 
-    /// The merge; `None` when `engines` turns out not to be in id order.
+    /// The merge; `None` when `engines` turns out not to be in id order. Each
+    /// candidate costs one comparison with the one before it and one with the next
+    /// hit.
     fn merged(&self, engines: &[Arc<Engine>]) -> Option<Vec<Held>> {
         let mut held = Vec::with_capacity(self.engines.len().min(engines.len()));
         let mut slower = self.slower_blocks.iter().peekable();
         let mut hits = self.engines.iter().peekable();
+        let mut previous: Option<&EngineId> = None;
         for (index, engine) in engines.iter().enumerate() {
-            if index > 0 && engines[index - 1].id() >= engine.id() {
+            let id = engine.id();
+            if previous.is_some_and(|p| p >= id) {
                 return None;
             }
-            while hits.next_if(|(id, _)| id < engine.id()).is_some() {}
-            let Some((_, blocks)) = hits.next_if(|(id, _)| id == engine.id()) else {
+            previous = Some(id);
+            let blocks = loop {
+                let Some((hit, blocks)) = hits.peek() else {
+                    break None;
+                };
+                match hit.cmp(id) {
+                    std::cmp::Ordering::Less => {
+                        hits.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        hits.next();
+                        break Some(*blocks);
+                    }
+                    std::cmp::Ordering::Greater => break None,
+                }
+            };
+            let Some(blocks) = blocks else {
                 continue;
             };
-            while slower.next_if(|(id, _)| id < engine.id()).is_some() {}
-            let slower = slower
-                .next_if(|(id, _)| id == engine.id())
-                .map_or(0, |(_, s)| *s);
+            while slower.next_if(|(s, _)| s < id).is_some() {}
+            let slower = slower.next_if(|(s, _)| s == id).map_or(0, |(_, s)| *s);
             held.push(Held {
                 index,
-                blocks: *blocks,
+                blocks,
                 slower,
             });
         }

@@ -24,9 +24,15 @@
 //! 7. The winner is told to the source ([`CacheSource::routed`]) unless the pick is a
 //!    dry run, so a source counting routed pages credits the engine with the prompt
 //!    before its KV events announce it.
+//!
+//! Of more than [`CACHE_AWARE_WINDOW`] candidates, steps 3, 5 and 6 read the load of a
+//! window of them (the holders with the least uncached work; a spread sample for the
+//! load bound's mean and for a miss), so a pick's load reads do not grow with the
+//! group; matching the source's answer to the candidates stays one merge of the two.
 
 mod config;
 mod score;
+mod window;
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -36,6 +42,7 @@ use router_state::{
 };
 
 pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
+pub use self::window::CACHE_AWARE_WINDOW;
 use crate::admission::EngineAdmission;
 use crate::cache::{CacheLookup, CacheSource, Held, PrefixHits};
 use crate::config_error::PolicyConfigError;
@@ -45,7 +52,7 @@ use crate::future::BoxFuture;
 use crate::pick::{Pick, PickReason};
 use crate::policy::{PickRequest, Policy};
 use crate::pressure::compare;
-use crate::rng::SharedRng;
+use crate::rng::{Draws, SharedRng};
 use crate::walk::{admit, reserve};
 
 /// Prefers engines holding the prompt's prefix; see the module documentation for the
@@ -200,26 +207,36 @@ impl CacheAwarePolicy {
         hits: Option<(&PrefixHits, &[Held])>,
     ) -> Result<Pick, PickError> {
         let snapshot = self.load.snapshot();
+        // One pick's draws, so a dry run draws what the next real pick will.
+        let mut draws = self.rng.draws(request.is_dry_run());
         let Some((hits, held)) = hits else {
             return self.cold(
                 engines,
                 request,
                 &snapshot,
+                &mut draws,
                 PickReason::CacheUnavailable,
                 None,
             );
         };
+        let holders = self.holders(engines, request, hits, held, &snapshot, &mut draws);
         if self.config.score == CacheScore::Ttft
-            && let Some(scored) = self.scored(engines, request, hits, held, &snapshot)
+            && let Some(scored) = self.scored(engines, request, &holders, &snapshot, &mut draws)
         {
             return scored;
         }
-        let holders = self.holders(engines, request, hits, held, &snapshot);
         if holders.is_empty() {
-            return self.cold(engines, request, &snapshot, PickReason::CacheMiss, None);
+            return self.cold(
+                engines,
+                request,
+                &snapshot,
+                &mut draws,
+                PickReason::CacheMiss,
+                None,
+            );
         }
         // The bound first, so the best holders under it are the ones considered.
-        let cap = self.load_cap(engines, &snapshot);
+        let cap = self.load_cap(engines, &snapshot, &mut draws);
         let (mut holders, over_bound): (Vec<Holder>, Vec<Holder>) = holders
             .into_iter()
             .partition(|h| cap.is_none_or(|cap| requests(&h.observation) <= cap));
@@ -227,7 +244,14 @@ impl CacheAwarePolicy {
             // Every holder is over the bound: spill to an engine under it, crediting
             // what it holds; if admission refuses that one, the holders are tried
             // after all, as without a bound.
-            match self.cold(engines, request, &snapshot, PickReason::CacheSpill, cap) {
+            match self.cold(
+                engines,
+                request,
+                &snapshot,
+                &mut draws,
+                PickReason::CacheSpill,
+                cap,
+            ) {
                 Err(PickError::AdmissionRejected { .. }) => holders = over_bound,
                 spilled => {
                     return spilled.map(|pick| {
@@ -250,7 +274,7 @@ impl CacheAwarePolicy {
             (false, _) => (usable, false),
             (true, None) => (set_aside, true),
             (true, Some(floor)) => {
-                return self.saturated(engines, request, &snapshot, set_aside, floor);
+                return self.saturated(engines, request, &snapshot, &mut draws, set_aside, floor);
             }
         };
 
@@ -290,7 +314,8 @@ impl CacheAwarePolicy {
             .with_predicted_cached_tokens(winner.matched))
     }
 
-    /// The candidates `held` names that count as holders, unordered.
+    /// The candidates `held` names that count as holders, unordered: of more than
+    /// the window, those with the least uncached work ([`window::least_work`]).
     fn holders(
         &self,
         engines: &[Arc<Engine>],
@@ -298,17 +323,25 @@ impl CacheAwarePolicy {
         hits: &PrefixHits,
         held: &[Held],
         snapshot: &LoadSnapshot,
+        draws: &mut Draws<'_>,
     ) -> Vec<Holder> {
         let input = request.facts.input_tokens;
-        held.iter()
-            .filter_map(|h| {
-                let credited = self.holds(hits, h, input)?;
-                Some(Holder {
+        let ranked: Vec<(u64, usize)> = held
+            .iter()
+            .enumerate()
+            .filter_map(|(place, h)| Some((input - self.holds(hits, h, input)?, place)))
+            .collect();
+        let window = CACHE_AWARE_WINDOW.max(self.config.candidates.count(engines.len()));
+        window::least_work(draws, ranked, window)
+            .into_iter()
+            .map(|(uncached, place)| {
+                let h = &held[place];
+                Holder {
                     index: h.index,
                     matched: hits.tokens_of(h.blocks, input),
-                    uncached: input - credited,
+                    uncached,
                     observation: snapshot.observe(engines[h.index].id()),
-                })
+                }
             })
             .collect()
     }
@@ -334,14 +367,24 @@ impl CacheAwarePolicy {
         matched - slower + (credit as u64).min(slower)
     }
 
-    /// The most requests a holder may have under `load_bound`, if one is set.
-    fn load_cap(&self, engines: &[Arc<Engine>], snapshot: &LoadSnapshot) -> Option<u64> {
+    /// The most requests a holder may have under `load_bound`, if one is set; the
+    /// group's mean load estimated from a spread sample of the window's size when the
+    /// group is larger.
+    fn load_cap(
+        &self,
+        engines: &[Arc<Engine>],
+        snapshot: &LoadSnapshot,
+        draws: &mut Draws<'_>,
+    ) -> Option<u64> {
         let bound = self.config.load_bound?.get();
+        let n = engines.len().max(1) as f64;
+        let sample = window::spread(draws, engines.len(), CACHE_AWARE_WINDOW);
         // Reported counts are the engines' word: summed without overflow.
-        let total = engines.iter().fold(0u64, |sum, e| {
-            sum.saturating_add(requests(&snapshot.observe(e.id())))
+        let sampled = sample.iter().fold(0u64, |sum, &i| {
+            sum.saturating_add(requests(&snapshot.observe(engines[i].id())))
         });
-        let share = bound * (total as f64 + 1.0) / engines.len().max(1) as f64;
+        let mean = sampled as f64 / sample.len().max(1) as f64;
+        let share = bound * (mean + 1.0 / n);
         // A float past u64::MAX converts to u64::MAX.
         Some(share.ceil() as u64)
     }
@@ -362,17 +405,26 @@ impl CacheAwarePolicy {
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
+        draws: &mut Draws<'_>,
         mut set_aside: Vec<Holder>,
         floor: u64,
     ) -> Result<Pick, PickError> {
-        let room_elsewhere = engines.iter().any(|engine| {
+        let sample = window::spread(draws, engines.len(), CACHE_AWARE_WINDOW);
+        let room_elsewhere = sample.iter().any(|&i| {
             snapshot
-                .observe(engine.id())
+                .observe(engines[i].id())
                 .reported
                 .is_some_and(|r| r.waiting_requests < floor)
         });
         if room_elsewhere {
-            return self.cold(engines, request, snapshot, PickReason::CacheMiss, None);
+            return self.cold(
+                engines,
+                request,
+                snapshot,
+                draws,
+                PickReason::CacheMiss,
+                None,
+            );
         }
         set_aside.sort_by(|a, b| {
             pressure_order(a, b).then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
@@ -395,49 +447,56 @@ impl CacheAwarePolicy {
     }
 
     /// The miss path: power of k over the engines below the queue limit (all of them
-    /// when none is), comparing stage pressure pairwise; admission on the winner.
+    /// when none is), comparing stage pressure pairwise; admission on the winner. Of a
+    /// group larger than the window, the engines are those of a spread sample.
     fn cold(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
+        draws: &mut Draws<'_>,
         reason: PickReason,
         cap: Option<u64>,
     ) -> Result<Pick, PickError> {
-        let observations: Vec<EngineObservation> =
-            engines.iter().map(|e| snapshot.observe(e.id())).collect();
-        let mut tier: Vec<usize> = (0..engines.len())
-            .filter(|&i| !self.queued(&observations[i]))
-            .filter(|&i| cap.is_none_or(|cap| requests(&observations[i]) <= cap))
+        let read: Vec<(usize, EngineObservation)> =
+            window::spread(draws, engines.len(), CACHE_AWARE_WINDOW)
+                .into_iter()
+                .map(|i| (i, snapshot.observe(engines[i].id())))
+                .collect();
+        let mut tier: Vec<&(usize, EngineObservation)> = read
+            .iter()
+            .filter(|(_, o)| !self.queued(o))
+            .filter(|(_, o)| cap.is_none_or(|cap| requests(o) <= cap))
             .collect();
         if tier.is_empty() {
-            tier = (0..engines.len()).collect();
+            tier = read.iter().collect();
         }
-        let sampled = if self.config.min_load_choices >= tier.len() {
-            tier
-        } else {
-            self.rng
-                .draws(request.is_dry_run())
-                .distinct(tier.len(), self.config.min_load_choices)
-                .into_iter()
-                .map(|i| tier[i])
-                .collect()
-        };
+        let sampled: Vec<&(usize, EngineObservation)> =
+            if self.config.min_load_choices >= tier.len() {
+                tier
+            } else {
+                draws
+                    .distinct(tier.len(), self.config.min_load_choices)
+                    .into_iter()
+                    .map(|i| tier[i])
+                    .collect()
+            };
         let mut best = sampled[0];
-        for &i in &sampled[1..] {
+        for &candidate in &sampled[1..] {
             if compare(
                 request.stage,
-                &observations[i],
-                &observations[best],
+                &candidate.1,
+                &best.1,
                 request.facts.input_tokens,
             )
             .0 == Ordering::Less
             {
-                best = i;
+                best = candidate;
             }
         }
-        let engine = &engines[best];
-        let metrics = observations[best].metrics();
+        let (best, observation) = best;
+        let engine = &engines[*best];
+        let metrics = observation.metrics();
         match admit(self.admission.as_ref(), engine, &metrics, request)? {
             None => Ok(Pick::new(Arc::clone(engine), reason).with_predicted_cached_tokens(0)),
             Some(rejection) => Err(PickError::AdmissionRejected {

@@ -70,7 +70,8 @@ pub use cache::{
     RoutedPagesSettings,
 };
 pub use cache_aware::{
-    CacheAwareConfig, CacheAwarePolicy, CacheScore, CandidateBounds, PressureGuard, Real,
+    CACHE_AWARE_WINDOW, CacheAwareConfig, CacheAwarePolicy, CacheScore, CandidateBounds,
+    PressureGuard, Real,
 };
 pub use config::PolicyConfig;
 pub use config_error::{ConfigError, PolicyConfigError};

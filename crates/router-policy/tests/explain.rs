@@ -55,8 +55,9 @@ const POLICIES: &[&str] = &[
 #[test]
 fn every_policys_explained_pick_is_the_next_real_pick_and_changes_nothing() {
     let tokens: Vec<u32> = (0..100).collect();
-    for json in POLICIES {
-        let engines = engines(6);
+    // 100 candidates: past the windows of `load_based` and `cache_aware`.
+    for (json, size) in POLICIES.iter().flat_map(|json| [(json, 6), (json, 100)]) {
+        let engines = engines(size);
         let load = table(&engines);
         // Ties (equal loads) leave some picks to rotors and random draws.
         for (i, engine) in engines.iter().enumerate() {
@@ -84,19 +85,19 @@ fn every_policys_explained_pick_is_the_next_real_pick_and_changes_nothing() {
             let second = pick(policy.as_ref(), &engines, &explained);
             assert_eq!(
                 first, second,
-                "{json} round {round}: explaining changed state"
+                "{json} at {size} round {round}: explaining changed state"
             );
             let real = pick(policy.as_ref(), &engines, &request);
             assert_eq!(
                 real, first,
-                "{json} round {round}: the real pick is the explained one"
+                "{json} at {size} round {round}: the real pick is the explained one"
             );
             assert!(
                 explanation.observations().iter().any(|o| matches!(
                     o,
                     Observation::Admission { engine, rejected: None, .. } if engine.as_str() == first.0
                 )),
-                "{json} round {round}: the admission of the pick is recorded"
+                "{json} at {size} round {round}: the admission of the pick is recorded"
             );
         }
     }

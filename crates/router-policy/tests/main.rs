@@ -12,3 +12,4 @@ mod properties;
 mod rendezvous;
 mod routed_pages;
 mod score;
+mod window;

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use router_state::{Engine, LoadSnapshot};
 
-use super::{CacheAwarePolicy, no_admissible};
-use crate::cache::{Held, PrefixHits};
+use super::window::{self, CACHE_AWARE_WINDOW};
+use super::{CacheAwarePolicy, Holder, no_admissible};
 use crate::error::PickError;
 use crate::pick::{Pick, PickReason};
 use crate::policy::PickRequest;
+use crate::rng::Draws;
 use crate::walk::admit;
 
 /// One engine's prediction.
@@ -30,35 +31,39 @@ impl CacheAwarePolicy {
     /// The engine with the shortest predicted time to first token that admission
     /// admits, those the soft queue gate sets aside last; `None` when an engine lacks
     /// a fresh native report with a measured prefill speed (the caller then picks as
-    /// `score: cached`).
+    /// `score: cached`). The engines weighed are `holders` (the holders' window) and,
+    /// of a group larger than the window, a spread sample of the others
+    /// ([`window::spread`]); of a smaller group, every engine.
     pub(super) fn scored(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
-        hits: &PrefixHits,
-        held: &[Held],
+        holders: &[Holder],
         snapshot: &LoadSnapshot,
+        draws: &mut Draws<'_>,
     ) -> Option<Result<Pick, PickError>> {
         let input = request.facts.input_tokens;
-        let mut scored = Vec::with_capacity(engines.len());
-        // `held` is in candidate order: read alongside.
-        let mut held = held.iter().peekable();
-        for (index, engine) in engines.iter().enumerate() {
-            let holding = held.next_if(|h| h.index == index);
-            let observation = snapshot.observe(engine.id());
+        let mut held: Vec<usize> = holders.iter().map(|h| h.index).collect();
+        held.sort_unstable();
+        let others = window::spread(draws, engines.len(), CACHE_AWARE_WINDOW)
+            .into_iter()
+            .filter(|i| held.binary_search(i).is_err())
+            .map(|i| (i, 0, input, snapshot.observe(engines[i].id())));
+        let weighed = holders
+            .iter()
+            .map(|h| (h.index, h.matched, h.uncached, h.observation))
+            .chain(others);
+        let mut scored = Vec::with_capacity(holders.len() + CACHE_AWARE_WINDOW);
+        for (index, matched, uncached, observation) in weighed {
             let report = observation.reported.as_ref()?;
             let speed = report
                 .native_with_capacity()?
                 .prefill_tokens_per_sec
                 .filter(|s| *s > 0.0)?;
-            let credited = holding.and_then(|h| self.holds(hits, h, input));
-            let uncached = input - credited.unwrap_or(0);
             let queue_ms = observation.corrected_prefill_queue_ms(uncached)?;
             scored.push(Scored {
                 index,
-                matched: credited
-                    .and(holding)
-                    .map_or(0, |h| hits.tokens_of(h.blocks, input)),
+                matched,
                 uncached,
                 ttft_ms: queue_ms + uncached as f64 * 1000.0 / speed,
                 queued: self.queued(&observation),

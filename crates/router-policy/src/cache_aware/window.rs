@@ -1,0 +1,108 @@
+//! What bounds a `cache_aware` pick in a large group: of more than
+//! [`CACHE_AWARE_WINDOW`] candidates, a pick reads the load of a window of them
+//! rather than of every one, so it costs about the same at 1,024 candidates as at 32.
+//!
+//! - **Holders**: the [`CACHE_AWARE_WINDOW`] holders with the least uncached work
+//!   (the configured holder count when that is larger); holders tied at the cut are
+//!   taken in candidate order from a random start, so the holders of a popular
+//!   prefix share its requests across picks.
+//! - **The load bound's mean** (`load_bound`): estimated from
+//!   [`CACHE_AWARE_WINDOW`] candidates spread evenly over the group from a random
+//!   start, instead of summed over all of them.
+//! - **A miss, a spill, a saturation check**: the engines compared are those of such a
+//!   spread sample.
+//!
+//! Up to [`CACHE_AWARE_WINDOW`] candidates, every one is read, as before the window.
+
+use crate::rng::Draws;
+
+/// Most candidates whose load one `cache_aware` pick reads for each of its steps
+/// (holders, the load bound, a miss); see the module documentation.
+pub const CACHE_AWARE_WINDOW: usize = 32;
+
+/// The candidate positions a step reads among `n`: every one up to `window`, else
+/// `window` of them spread evenly from a random start (one draw).
+pub(super) fn spread(draws: &mut Draws<'_>, n: usize, window: usize) -> Vec<usize> {
+    if n <= window {
+        return (0..n).collect();
+    }
+    let start = draws.index(n);
+    // `i * n / window` strictly increases below `n`, so the positions are distinct.
+    (0..window).map(|i| (start + i * n / window) % n).collect()
+}
+
+/// Of `ranked` (a holder's uncached work and its place among the holders), the
+/// `window` with the least work, ties at the cut taken in place order from a random
+/// start; all of them when there are no more than `window`.
+pub(super) fn least_work(
+    draws: &mut Draws<'_>,
+    mut ranked: Vec<(u64, usize)>,
+    window: usize,
+) -> Vec<(u64, usize)> {
+    let n = ranked.len();
+    if n <= window {
+        return ranked;
+    }
+    let start = draws.index(n);
+    ranked.select_nth_unstable_by_key(window - 1, |&(work, place)| (work, (place + n - start) % n));
+    ranked.truncate(window);
+    ranked
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rng::SharedRng;
+
+    proptest! {
+        #[test]
+        fn a_spread_is_distinct_in_range_and_whole_when_small(
+            seed: u64, n in 1usize..3000, window in 1usize..64,
+        ) {
+            let rng = SharedRng::from_seed(seed);
+            let mut positions = spread(&mut rng.draws(false), n, window);
+            prop_assert_eq!(positions.len(), n.min(window));
+            prop_assert!(positions.iter().all(|&p| p < n));
+            positions.sort_unstable();
+            positions.dedup();
+            prop_assert_eq!(positions.len(), n.min(window));
+        }
+
+        #[test]
+        fn the_least_work_is_kept_whatever_the_start(
+            seed: u64,
+            work in proptest::collection::vec(0u64..4, 1..200),
+            window in 1usize..40,
+        ) {
+            let rng = SharedRng::from_seed(seed);
+            let ranked: Vec<(u64, usize)> = work.iter().copied().zip(0..).collect();
+            let kept = least_work(&mut rng.draws(false), ranked, window);
+            prop_assert_eq!(kept.len(), work.len().min(window));
+            // Nothing left out has less work than something kept.
+            let most_kept = kept.iter().map(|k| k.0).max().unwrap_or(0);
+            let places: Vec<usize> = kept.iter().map(|k| k.1).collect();
+            for (place, w) in work.iter().enumerate() {
+                if !places.contains(&place) {
+                    prop_assert!(*w >= most_kept);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tied_holders_take_turns() {
+        // 1,024 holders with the same work: successive picks' windows start at
+        // random places, so every holder is in some window.
+        let rng = SharedRng::from_seed(7);
+        let mut seen = [false; 1024];
+        for _ in 0..2000 {
+            let ranked: Vec<(u64, usize)> = (0..1024).map(|p| (5, p)).collect();
+            for (_, place) in least_work(&mut rng.draws(false), ranked, CACHE_AWARE_WINDOW) {
+                seen[place] = true;
+            }
+        }
+        assert!(seen.iter().all(|s| *s), "some holder never considered");
+    }
+}
