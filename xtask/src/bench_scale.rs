@@ -13,7 +13,10 @@
 //! process CPU, `switchyard_selection_seconds` quantiles, KV-event batches applied a
 //! second and every engine's `switchyard_engine_kv_feed_age_seconds` sampled at each
 //! scrape, `/metrics` size and scrape time (`--scrapes` scrapes spread over the
-//! window), health probes per engine a second (the engines' own counts). Then: RSS
+//! window), health probes per engine a second (the engines' own counts). Before the
+//! traffic, `--idle` seconds without it (scraped at the same pace) give the router's
+//! idle CPU: the fleet's own cost (feeds, probes, scrapes), reported in cores and
+//! taken off the CPU per request for its figure net of idle. Then: RSS
 //! (VmRSS) and `switchyard_prefix_index_bytes`, the time from the router's start
 //! until every engine was healthy, and a SIGHUP reload of the same file until
 //! `switchyard_config_reloads_total{outcome="applied"}` counts it (the file settles
@@ -21,7 +24,7 @@
 //!
 //! Options: `--ranks 8,64,256,1024`, `--ranks-per-engine 1`, `--kv-blocks-per-sec
 //! 20000`, `--duration 20`, `--concurrency 32`, `--groups 256`, `--kv-pages 4096`,
-//! `--scrapes 10`, `--binary PATH` (this switchyard binary, not built),
+//! `--scrapes 10`, `--idle 10` (0: no idle window), `--binary PATH` (this switchyard binary, not built),
 //! `--tokenizer PATH`. Every process it starts is stopped by pid, also on error.
 
 #![allow(
@@ -53,6 +56,7 @@ pub(crate) struct Options {
     groups: u32,
     kv_pages: u64,
     scrapes: u32,
+    idle: u64,
     binary: Option<PathBuf>,
     tokenizer: PathBuf,
 }
@@ -67,6 +71,7 @@ fn options(root: &Path, args: &[String]) -> anyhow::Result<Options> {
         groups: 256,
         kv_pages: 4096,
         scrapes: 10,
+        idle: 10,
         binary: None,
         tokenizer: root.join("testdata/tokenizer-bytes/tokenizer.json"),
     };
@@ -87,6 +92,7 @@ fn options(root: &Path, args: &[String]) -> anyhow::Result<Options> {
             "--groups" => options.groups = value()?.parse()?,
             "--kv-pages" => options.kv_pages = value()?.parse()?,
             "--scrapes" => options.scrapes = value()?.parse()?,
+            "--idle" => options.idle = value()?.parse()?,
             "--binary" => options.binary = Some(value()?.into()),
             "--tokenizer" => options.tokenizer = value()?.into(),
             other => bail!("unknown option {other}"),
@@ -113,6 +119,10 @@ struct Figures {
     requests_per_sec: f64,
     errors: u64,
     cpu_us_per_request: f64,
+    /// The router's CPU with no traffic, in cores (`None` without an idle window).
+    idle_cores: Option<f64>,
+    /// `cpu_us_per_request` less the idle CPU over the same window.
+    net_us_per_request: Option<f64>,
     engines_cpu_cores: f64,
     selection_p50: Option<f64>,
     selection_p99: Option<f64>,
@@ -177,6 +187,8 @@ async fn measure(
     let engines_pid = engines.pid();
     let url = format!("http://{}/v1/chat/completions", router.addr);
     wrk(script, &url, options.concurrency, 3)?.wait()?;
+    let every = Duration::from_secs(options.duration) / (options.scrapes + 1);
+    let idle_cores = idle_cpu(&router, options.idle, every).await?;
 
     let probes_before = (health_probes(&engines.addrs).await?, Instant::now());
     let before = Scrape::take(&router.addr).await?;
@@ -185,7 +197,6 @@ async fn measure(
     let load = wrk(script, &url, options.concurrency, options.duration)?;
     let mut scrapes = Vec::new();
     let mut ages = Vec::new();
-    let every = Duration::from_secs(options.duration) / (options.scrapes + 1);
     while scrapes.len() < options.scrapes as usize {
         tokio::time::sleep(every).await;
         let scrape = Scrape::take(&router.addr).await?;
@@ -229,12 +240,16 @@ async fn measure(
     let reload_in = reload(&router, &config).await?;
     let mut took: Vec<f64> = scrapes.iter().map(|(_, t)| t.as_secs_f64()).collect();
     took.sort_by(f64::total_cmp);
+    let cpu_us_per_request = (cpu_after.0 - cpu_before.0) as f64 * 10_000.0 / requests;
     let figures = Figures {
         ranks,
         engines: engines.addrs.len(),
         requests_per_sec: field_after(&text, "Requests/sec:").context("wrk throughput")?,
         errors,
-        cpu_us_per_request: (cpu_after.0 - cpu_before.0) as f64 * 10_000.0 / requests,
+        cpu_us_per_request,
+        idle_cores,
+        net_us_per_request: idle_cores
+            .map(|cores| cpu_us_per_request - cores * window * 1e6 / requests),
         engines_cpu_cores: (cpu_after.1 - cpu_before.1) as f64 / 100.0 / window,
         selection_p50: selection(0.5),
         selection_p99: selection(0.99),
@@ -257,6 +272,24 @@ async fn measure(
     drop(router);
     drop(engines);
     Ok(figures)
+}
+
+/// The router's CPU in cores over `seconds` without traffic, scraped every `every` as
+/// during the measured window; `None` for 0 seconds.
+async fn idle_cpu(router: &Router, seconds: u64, every: Duration) -> anyhow::Result<Option<f64>> {
+    if seconds == 0 {
+        return Ok(None);
+    }
+    let window = Duration::from_secs(seconds);
+    let before = cpu_ticks(router.pid())?;
+    let started = Instant::now();
+    while started.elapsed() + every <= window {
+        tokio::time::sleep(every).await;
+        Scrape::take(&router.addr).await?;
+    }
+    tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+    let ticks = cpu_ticks(router.pid())? - before;
+    Ok(Some(ticks as f64 / 100.0 / started.elapsed().as_secs_f64()))
 }
 
 /// Starts wrk against `url` for `seconds`.
@@ -338,10 +371,11 @@ fn us(seconds: Option<f64>) -> String {
 fn print_row(f: &Figures, first: Option<&Figures>) {
     let ratio = first.map_or(1.0, |b| f.cpu_us_per_request / b.cpu_us_per_request);
     eprintln!(
-        "    {} ranks: {:.0} req/s, {:.0} us CPU/request ({ratio:.2}x), selection p50 {} p99 {}, {:.0} batches/s applied, feed age p99 {:.1} ms, RSS {:.0} MiB, /metrics {:.0} KiB in {}, ready in {}, reload {}, {:.2} probes/engine/s",
+        "    {} ranks: {:.0} req/s, {:.0} us CPU/request ({ratio:.2}x; net of idle {}), selection p50 {} p99 {}, {:.0} batches/s applied, feed age p99 {:.1} ms, RSS {:.0} MiB, /metrics {:.0} KiB in {}, ready in {}, reload {}, {:.2} probes/engine/s",
         f.ranks,
         f.requests_per_sec,
         f.cpu_us_per_request,
+        net(f),
         us(f.selection_p50),
         us(f.selection_p99),
         f.applied_per_sec,
@@ -355,6 +389,14 @@ fn print_row(f: &Figures, first: Option<&Figures>) {
     );
 }
 
+/// The CPU per request net of idle, with the idle cores, or `-`.
+fn net(f: &Figures) -> String {
+    match (f.net_us_per_request, f.idle_cores) {
+        (Some(net), Some(idle)) => format!("{net:.0} us, idle {idle:.2} cores"),
+        _ => "-".into(),
+    }
+}
+
 fn print_report(options: &Options, all: &[Figures]) {
     println!(
         "\nOne router, {} s measured per fleet (3 s warm-up), wrk -t1 -c{}, {} prefix groups; {} rank(s) an engine; {:.0} synthetic stored blocks/s across each fleet; caches of {} pages a rank.\n",
@@ -366,19 +408,27 @@ fn print_report(options: &Options, all: &[Figures]) {
         options.kv_pages
     );
     println!(
-        "| ranks (engines) | req/s | errors | router CPU/request | vs first | engines' CPU | selection p50 / p99 | KV batches applied/s | feed age p50 / p99 / max | RSS | index | /metrics | scrape median / max | engines up | router ready | reload | probes/engine/s |"
+        "| ranks (engines) | req/s | errors | router CPU/request | vs first | net of idle (idle cores) | net vs first | engines' CPU | selection p50 / p99 | KV batches applied/s | feed age p50 / p99 / max | RSS | index | /metrics | scrape median / max | engines up | router ready | reload | probes/engine/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let first = all.first().map_or(f64::NAN, |f| f.cpu_us_per_request);
+    let first_net = all
+        .first()
+        .and_then(|f| f.net_us_per_request)
+        .unwrap_or(f64::NAN);
     for f in all {
+        let net_ratio = f
+            .net_us_per_request
+            .map_or("-".into(), |n| format!("{:.2}x", n / first_net));
         println!(
-            "| {} ({}) | {:.0} | {} | {:.0} us | {:.2}x | {:.2} cores | {} / {} | {:.0} | {:.1} / {:.1} / {:.1} ms | {:.0} MiB | {:.1} MiB | {:.0} KiB | {} / {} | {} | {} | {} | {:.2} |",
+            "| {} ({}) | {:.0} | {} | {:.0} us | {:.2}x | {} | {net_ratio} | {:.2} cores | {} / {} | {:.0} | {:.1} / {:.1} / {:.1} ms | {:.0} MiB | {:.1} MiB | {:.0} KiB | {} / {} | {} | {} | {} | {:.2} |",
             f.ranks,
             f.engines,
             f.requests_per_sec,
             f.errors,
             f.cpu_us_per_request,
             f.cpu_us_per_request / first,
+            net(f),
             f.engines_cpu_cores,
             us(f.selection_p50),
             us(f.selection_p99),
