@@ -10,7 +10,7 @@ use crate::{MultiPeerBackend, Socket, SocketBackend, SocketEvent, SocketSend, So
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::SegQueue;
 use futures::channel::{mpsc, oneshot};
 use futures::{select, FutureExt, StreamExt};
 use parking_lot::Mutex;
@@ -73,17 +73,24 @@ pub(crate) struct PubSocketBackend {
     pub(crate) socket_options: Arc<SocketOptions>,
 }
 
+// Switchyard patch: the fan-out queue grows as messages arrive (a `SegQueue` bounded
+// by a count) instead of allocating all its slots when the socket is made; an
+// `ArrayQueue` of `PUB_SEND_QUEUE_CAPACITY` slots cost every PUB socket about 4 MiB.
 struct PubFanoutQueue {
-    queue: Arc<ArrayQueue<ZmqMessage>>,
+    queue: Arc<SegQueue<ZmqMessage>>,
+    queued: Arc<AtomicUsize>,
     wake_sender: mpsc::UnboundedSender<()>,
     wake_pending: Arc<AtomicBool>,
 }
 
 impl PubFanoutQueue {
     fn publish(&self, message: ZmqMessage) -> ZmqResult<()> {
-        if self.queue.push(message).is_err() {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= PUB_SEND_QUEUE_CAPACITY {
+            // Full: the message is dropped, as a full bounded queue would.
+            self.queued.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
         }
+        self.queue.push(message);
 
         if !self.wake_pending.load(Ordering::Acquire)
             && !self.wake_pending.swap(true, Ordering::AcqRel)
@@ -96,16 +103,19 @@ impl PubFanoutQueue {
 }
 
 fn spawn_pub_fanout_queue(backend: Arc<PubSocketBackend>) -> PubFanoutQueue {
-    let queue = Arc::new(ArrayQueue::new(PUB_SEND_QUEUE_CAPACITY));
+    let queue = Arc::new(SegQueue::new());
+    let queued = Arc::new(AtomicUsize::new(0));
     let wake_pending = Arc::new(AtomicBool::new(false));
     let (wake_sender, mut wake_receiver) = mpsc::unbounded();
     let worker_queue = queue.clone();
+    let worker_queued = queued.clone();
     let worker_pending = wake_pending.clone();
 
     async_rt::task::spawn(async move {
         while wake_receiver.next().await.is_some() {
             loop {
                 while let Some(message) = worker_queue.pop() {
+                    worker_queued.fetch_sub(1, Ordering::AcqRel);
                     backend.fanout_message(message).await;
                 }
 
@@ -122,6 +132,7 @@ fn spawn_pub_fanout_queue(backend: Arc<PubSocketBackend>) -> PubFanoutQueue {
 
     PubFanoutQueue {
         queue,
+        queued,
         wake_sender,
         wake_pending,
     }
