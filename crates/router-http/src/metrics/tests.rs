@@ -148,6 +148,8 @@ fn prometheus_text_names_families_as_the_format_does() {
 # HELP a_requests Requests.
 # TYPE a_requests counter
 a_requests_total{x=\"1\"} 2
+a_requests_total{x=\"#2\"} 3
+a_requests_total{x=\"3\"} 4
 # HELP a_size Size.
 # TYPE a_size gauge
 # UNIT a_size bytes
@@ -171,6 +173,8 @@ a_latency_bucket{le=\"+Inf\"} 1
 # HELP a_requests_total Requests.
 # TYPE a_requests_total counter
 a_requests_total{x=\"1\"} 2
+a_requests_total{x=\"#2\"} 3
+a_requests_total{x=\"3\"} 4
 # HELP a_size Size.
 # TYPE a_size gauge
 a_size 3
