@@ -66,7 +66,9 @@ impl Format {
 /// named with `_info`, `unknown` is `untyped`, and there are no `# UNIT` lines and no
 /// `# EOF`. The samples between two descriptor lines are copied in one piece.
 pub(crate) fn to_prometheus_text(openmetrics: &str) -> String {
-    let mut out = String::with_capacity(openmetrics.len());
+    // Room for the counter families' `_total` suffixes too, so the text is not
+    // copied again as it grows.
+    let mut out = String::with_capacity(openmetrics.len() + openmetrics.len() / 8);
     let mut rest = openmetrics;
     while !rest.is_empty() {
         let samples = if rest.starts_with('#') {
