@@ -356,6 +356,17 @@ impl Metrics {
         self.exposition_bytes.store(text.len(), Ordering::Relaxed);
         text
     }
+
+    /// [`encode`](Self::encode) on the blocking pool: in front of a thousand engines
+    /// the exposition takes milliseconds, which the requests of a serving thread
+    /// would wait for.
+    pub(crate) async fn render(self: &Arc<Self>, format: Format) -> String {
+        let metrics = Arc::clone(self);
+        match tokio::task::spawn_blocking(move || metrics.encode(format)).await {
+            Ok(text) => text,
+            Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+        }
+    }
 }
 
 /// The exposition of every family of `registry` in `format`, written to a string of
