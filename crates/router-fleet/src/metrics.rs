@@ -1,6 +1,7 @@
 //! The fleet's metric families, read from its state at scrape time: per-engine
 //! gauges, the feed counters and the prefix indexes' size.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
@@ -24,13 +25,13 @@ struct FleetCollector(Arc<Fleet>);
 
 /// One family of samples, each with one label. Label values are engine ids, model
 /// names (both checked by [`router_state::check_name`]: nothing to escape) and
-/// fixed words.
-fn family<M: EncodeMetric>(
+/// fixed words, borrowed where they are kept.
+fn family<M: EncodeMetric, V: Borrow<str>>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     label: &'static str,
-    samples: impl IntoIterator<Item = (String, M)>,
+    samples: impl IntoIterator<Item = (V, M)>,
 ) -> Result<(), std::fmt::Error> {
     let mut samples = samples.into_iter().peekable();
     let Some((_, first)) = samples.peek() else {
@@ -39,7 +40,7 @@ fn family<M: EncodeMetric>(
     let kind: MetricType = first.metric_type();
     let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
     for (value, sample) in samples {
-        sample.encode(metric.encode_family(&[(label, value.as_str())])?)?;
+        sample.encode(metric.encode_family(&[(label, value.borrow())])?)?;
     }
     Ok(())
 }
@@ -62,8 +63,8 @@ impl Collector for FleetCollector {
 }
 
 /// The engine id as a label value.
-fn id(engine: &Engine) -> String {
-    engine.id().to_string()
+fn id(engine: &Engine) -> &str {
+    engine.id().as_str()
 }
 
 /// Encodes each engine's in-flight requests, health and breaker state.
@@ -172,7 +173,7 @@ fn load_feed_family(encoder: &mut DescriptorEncoder, fleet: &Fleet) -> Result<()
             .feed_stats()
             .counts()
             .into_iter()
-            .map(|(outcome, n)| (outcome.to_owned(), ConstCounter::new(n))),
+            .map(|(outcome, n)| (outcome, ConstCounter::new(n))),
     )
 }
 
@@ -227,7 +228,7 @@ fn kv_feed_families(
         "reason",
         kv.dropped()
             .into_iter()
-            .map(|(reason, n)| (reason.to_owned(), ConstCounter::new(n))),
+            .map(|(reason, n)| (reason, ConstCounter::new(n))),
     )?;
     let gauge = ConstGauge::new(i64::try_from(degraded).unwrap_or(i64::MAX));
     gauge.encode(encoder.encode_descriptor(
@@ -240,14 +241,14 @@ fn kv_feed_families(
 
 /// The KV-event subscribers' event counters by event, and apart from them the
 /// number of degraded sources.
-fn kv_events(kv: &KvFeedStats) -> (Vec<(String, ConstCounter)>, u64) {
-    let mut events = vec![("applied".to_owned(), ConstCounter::new(kv.applied()))];
+fn kv_events(kv: &KvFeedStats) -> (Vec<(&'static str, ConstCounter)>, u64) {
+    let mut events = vec![("applied", ConstCounter::new(kv.applied()))];
     let mut degraded = 0;
     for (name, value) in kv.counters() {
         if name == "degraded_sources" {
             degraded = value;
         } else {
-            events.push((name.to_owned(), ConstCounter::new(value)));
+            events.push((name, ConstCounter::new(value)));
         }
     }
     (events, degraded)
@@ -271,7 +272,7 @@ fn kv_feed_age_family(
                 .feed_ages()
                 .into_iter()
                 .filter(|(engine, _)| snapshot.get(engine.as_str()).is_some())
-                .map(|(engine, age)| (engine.to_string(), ConstGauge::new(age.as_secs_f64())))
+                .map(|(engine, age)| (engine, ConstGauge::new(age.as_secs_f64())))
         }),
     )
 }
@@ -293,7 +294,7 @@ fn prefix_index_families(
         "model",
         sizes
             .iter()
-            .map(|(model, size)| ((*model).clone(), count(size.nodes))),
+            .map(|(model, size)| (model.as_str(), count(size.nodes))),
     )?;
     family(
         encoder,
@@ -302,7 +303,7 @@ fn prefix_index_families(
         "model",
         sizes
             .iter()
-            .map(|(model, size)| ((*model).clone(), count(size.entries))),
+            .map(|(model, size)| (model.as_str(), count(size.entries))),
     )?;
     family(
         encoder,
@@ -311,7 +312,7 @@ fn prefix_index_families(
         "model",
         sizes
             .iter()
-            .map(|(model, size)| ((*model).clone(), count(size.bytes))),
+            .map(|(model, size)| (model.as_str(), count(size.bytes))),
     )?;
     family(
         encoder,
@@ -320,6 +321,6 @@ fn prefix_index_families(
         "model",
         indexes
             .iter()
-            .map(|(model, index)| (model.clone(), ConstCounter::new(index.evicted()))),
+            .map(|(model, index)| (model.as_str(), ConstCounter::new(index.evicted()))),
     )
 }

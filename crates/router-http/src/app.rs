@@ -62,7 +62,7 @@ pub struct AppContext {
     pub(crate) fleet: Arc<Fleet>,
     pub(crate) routing: Arc<Routing>,
     pub(crate) upstream: Upstream,
-    pub(crate) metrics: Metrics,
+    pub(crate) metrics: Arc<Metrics>,
     /// Session and routing-key bindings; `None` for rendezvous, which binds nothing.
     pub(crate) affinity: Option<Arc<dyn AffinityStore>>,
     _sweeper: Option<SweeperHandle>,
@@ -172,12 +172,12 @@ impl AppContext {
                 "the affinity store's backend did not answer at startup: bindings are local until it does"
             );
         }
-        let metrics = Metrics::new(
+        let metrics = Arc::new(Metrics::new(
             &fleet,
             affinity.clone(),
             &routing,
             config.indexer_metrics.clone(),
-        );
+        ));
         observe_fleet(&fleet, &routing, affinity.clone(), &metrics);
         let decisions = match &config.decisions {
             Some(decisions) => Some(Arc::new(

@@ -343,7 +343,7 @@ async fn metrics(State(indexer): State<Arc<Indexer>>) -> Response {
             http::header::CONTENT_TYPE,
             Format::Prometheus.content_type(),
         )],
-        encode_registry(&indexer.registry, Format::Prometheus),
+        encode_registry(&indexer.registry, Format::Prometheus, 0),
     )
         .into_response()
 }

@@ -30,6 +30,8 @@ mod access;
 mod api;
 mod app;
 mod attempts;
+#[cfg(feature = "bench-kit")]
+pub mod bench_kit;
 mod budget;
 mod connections;
 mod decisions;

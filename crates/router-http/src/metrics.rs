@@ -11,6 +11,7 @@ mod regret;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -134,6 +135,8 @@ fn selection_histogram() -> Histogram {
 #[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
+    /// The length of the last exposition, which the next is about as long as.
+    exposition_bytes: AtomicUsize,
     /// Routed requests by model, outcome (`ok`, `client_error`, `server_error`,
     /// `cancelled`) and error code.
     pub(crate) requests: Family<RequestLabels, Counter>,
@@ -205,6 +208,7 @@ impl Metrics {
         let config_reloads = config_reloads();
         Self {
             registry: Registry::with_prefix("switchyard"),
+            exposition_bytes: AtomicUsize::new(0),
             requests: Family::default(),
             picks: Picks::default(),
             slo_demotions: Family::default(),
@@ -344,15 +348,31 @@ impl Metrics {
             ))));
     }
 
-    /// The exposition of every family in `format`.
+    /// The exposition of every family in `format`, written where the last one and an
+    /// eighth more fit, so the text is not copied as it grows.
     pub(crate) fn encode(&self, format: Format) -> String {
-        encode_registry(&self.registry, format)
+        let last = self.exposition_bytes.load(Ordering::Relaxed);
+        let text = encode_registry(&self.registry, format, last + last / 8);
+        self.exposition_bytes.store(text.len(), Ordering::Relaxed);
+        text
+    }
+
+    /// [`encode`](Self::encode) on the blocking pool: in front of a thousand engines
+    /// the exposition takes milliseconds, which the requests of a serving thread
+    /// would wait for.
+    pub(crate) async fn render(self: &Arc<Self>, format: Format) -> String {
+        let metrics = Arc::clone(self);
+        match tokio::task::spawn_blocking(move || metrics.encode(format)).await {
+            Ok(text) => text,
+            Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+        }
     }
 }
 
-/// The exposition of every family of `registry` in `format`.
-pub(crate) fn encode_registry(registry: &Registry, format: Format) -> String {
-    let mut text = String::new();
+/// The exposition of every family of `registry` in `format`, written to a string of
+/// `capacity` bytes to begin with.
+pub(crate) fn encode_registry(registry: &Registry, format: Format, capacity: usize) -> String {
+    let mut text = String::with_capacity(capacity);
     prometheus_client::encoding::text::encode(&mut text, registry)
         .expect("writing to a String cannot fail");
     match format {

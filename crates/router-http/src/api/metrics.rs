@@ -11,7 +11,7 @@ use crate::metrics::Format;
 
 pub(super) async fn scrape(State(ctx): State<Arc<AppContext>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT));
-    let text = ctx.metrics.encode(format);
+    let text = ctx.metrics.render(format).await;
     (
         [
             (header::CONTENT_TYPE, format.content_type()),

@@ -64,47 +64,72 @@ impl Format {
 /// are the same; the formats differ in what a family is called and in the framing:
 /// a counter family is named with its `_total` suffix, an info family is a gauge
 /// named with `_info`, `unknown` is `untyped`, and there are no `# UNIT` lines and no
-/// `# EOF`.
+/// `# EOF`. The samples between two descriptor lines are copied in one piece.
 pub(crate) fn to_prometheus_text(openmetrics: &str) -> String {
-    let lines: Vec<&str> = openmetrics.lines().collect();
-    let mut out = String::with_capacity(openmetrics.len());
-    for (i, line) in lines.iter().enumerate() {
-        if *line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let descriptor = line
-            .strip_prefix("# HELP ")
-            .map(|rest| ("HELP", rest))
-            .or_else(|| line.strip_prefix("# TYPE ").map(|rest| ("TYPE", rest)));
-        let Some((kind, rest)) = descriptor else {
-            out.push_str(line);
-            out.push('\n');
-            continue;
-        };
-        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-        // A family's TYPE line follows its HELP line.
-        let family_type = if kind == "TYPE" {
-            tail
+    // Room for the counter families' `_total` suffixes too, so the text is not
+    // copied again as it grows.
+    let mut out = String::with_capacity(openmetrics.len() + openmetrics.len() / 8);
+    let mut rest = openmetrics;
+    while !rest.is_empty() {
+        let samples = if rest.starts_with('#') {
+            0
         } else {
-            lines
-                .get(i + 1)
-                .and_then(|next| next.strip_prefix("# TYPE "))
-                .and_then(|next| next.strip_prefix(name))
-                .map_or("", str::trim)
+            memchr::memmem::find(rest.as_bytes(), b"\n#").map_or(rest.len(), |at| at + 1)
         };
-        let (suffix, prometheus_type) = match family_type {
-            "counter" => ("_total", "counter"),
-            "info" => ("_info", "gauge"),
-            "unknown" => ("", "untyped"),
-            other => ("", other),
+        out.push_str(&rest[..samples]);
+        rest = &rest[samples..];
+        let Some(comment) = line(rest) else {
+            break;
         };
-        let tail = if kind == "TYPE" {
-            prometheus_type
-        } else {
-            tail
-        };
-        // Writing to a String cannot fail.
-        let _ = writeln!(out, "# {kind} {name}{suffix} {tail}");
+        rest = &rest[comment.len()..];
+        let comment = comment.strip_suffix('\n').unwrap_or(comment);
+        descriptor(&mut out, comment, line(rest));
     }
     out
+}
+
+/// The first line of `text` with its newline, if `text` is not empty.
+fn line(text: &str) -> Option<&str> {
+    let end = memchr::memchr(b'\n', text.as_bytes()).map_or(text.len(), |at| at + 1);
+    (end > 0).then(|| &text[..end])
+}
+
+/// Writes the Prometheus text form of the comment line `line` (without its newline)
+/// to `out`; `next` is the line after it, which names the type of a `# HELP` line's
+/// family.
+fn descriptor(out: &mut String, line: &str, next: Option<&str>) {
+    if line == "# EOF" || line.starts_with("# UNIT ") {
+        return;
+    }
+    let descriptor = line
+        .strip_prefix("# HELP ")
+        .map(|rest| ("HELP", rest))
+        .or_else(|| line.strip_prefix("# TYPE ").map(|rest| ("TYPE", rest)));
+    let Some((kind, rest)) = descriptor else {
+        out.push_str(line);
+        out.push('\n');
+        return;
+    };
+    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+    // A family's TYPE line follows its HELP line.
+    let family_type = if kind == "TYPE" {
+        tail
+    } else {
+        next.and_then(|next| next.strip_prefix("# TYPE "))
+            .and_then(|next| next.strip_prefix(name))
+            .map_or("", str::trim)
+    };
+    let (suffix, prometheus_type) = match family_type {
+        "counter" => ("_total", "counter"),
+        "info" => ("_info", "gauge"),
+        "unknown" => ("", "untyped"),
+        other => ("", other),
+    };
+    let tail = if kind == "TYPE" {
+        prometheus_type
+    } else {
+        tail
+    };
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "# {kind} {name}{suffix} {tail}");
 }

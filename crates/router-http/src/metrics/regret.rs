@@ -157,7 +157,7 @@ mod tests {
     fn exposition(regret: &Regret) -> String {
         let mut registry = Registry::with_prefix("switchyard");
         registry.register_collector(Box::new(regret.clone()));
-        crate::metrics::encode_registry(&registry, crate::metrics::Format::Prometheus)
+        crate::metrics::encode_registry(&registry, crate::metrics::Format::Prometheus, 0)
     }
 
     fn compared(prompt: u64, predicted: u64, reported: u64) -> Compared {

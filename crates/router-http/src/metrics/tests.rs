@@ -85,6 +85,32 @@ async fn encodes_counters_histograms_and_the_collectors_families() {
     );
 }
 
+/// A collector that blocks on the runtime, which only a thread that runs none of its
+/// tasks may do.
+#[derive(Debug)]
+struct BlocksOnTheRuntime;
+
+impl prometheus_client::collector::Collector for BlocksOnTheRuntime {
+    fn encode(
+        &self,
+        _: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        // Panics on a thread of the runtime's tasks.
+        tokio::runtime::Handle::current().block_on(tokio::task::yield_now());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_exposition_is_rendered_off_the_serving_threads() {
+    let (mut metrics, _fleet) = metrics();
+    metrics
+        .registry
+        .register_collector(Box::new(BlocksOnTheRuntime));
+    let text = Arc::new(metrics).render(Format::Prometheus).await;
+    assert!(text.contains("switchyard_affinity_bindings 0\n"), "{text}");
+}
+
 #[test]
 fn openmetrics_is_served_only_to_scrapers_that_ask_for_it() {
     let format = |accept: Option<&str>| {
@@ -148,6 +174,8 @@ fn prometheus_text_names_families_as_the_format_does() {
 # HELP a_requests Requests.
 # TYPE a_requests counter
 a_requests_total{x=\"1\"} 2
+a_requests_total{x=\"#2\"} 3
+a_requests_total{x=\"3\"} 4
 # HELP a_size Size.
 # TYPE a_size gauge
 # UNIT a_size bytes
@@ -171,6 +199,8 @@ a_latency_bucket{le=\"+Inf\"} 1
 # HELP a_requests_total Requests.
 # TYPE a_requests_total counter
 a_requests_total{x=\"1\"} 2
+a_requests_total{x=\"#2\"} 3
+a_requests_total{x=\"3\"} 4
 # HELP a_size Size.
 # TYPE a_size gauge
 a_size 3

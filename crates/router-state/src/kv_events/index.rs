@@ -379,18 +379,23 @@ impl PrefixIndex {
     }
 
     /// Each engine's feed age ([`set_feed_age`](Self::set_feed_age)), its most
-    /// lagging rank's; sorted by engine id.
+    /// lagging rank's; sorted by engine id. One pass over the sources, which
+    /// `by_engine` keeps in engine order: the lock the feeds' batches wait for is held
+    /// for that pass alone.
     pub fn feed_ages(&self) -> Vec<(EngineId, Duration)> {
         let inner = self.inner.read();
-        let mut ages: Vec<(EngineId, Duration)> = Vec::new();
-        for source in inner.sources.iter().flatten() {
+        let mut ages: Vec<(EngineId, Duration)> = Vec::with_capacity(inner.publishers.len());
+        let sources = inner
+            .by_engine
+            .iter()
+            .filter_map(|&slot| inner.sources.get(slot as usize)?.as_ref());
+        for source in sources {
             let age = Duration::from_micros(source.feed_age_us.load(Ordering::Relaxed));
-            match ages.iter_mut().find(|(engine, _)| *engine == source.engine) {
-                Some((_, most)) => *most = (*most).max(age),
-                None => ages.push((source.engine.clone(), age)),
+            match ages.last_mut() {
+                Some((engine, most)) if *engine == source.engine => *most = (*most).max(age),
+                _ => ages.push((source.engine.clone(), age)),
             }
         }
-        ages.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         ages
     }
 

@@ -209,6 +209,38 @@ fn an_engine_is_its_best_ranks_match_every_figure_of_that_rank() {
 }
 
 #[test]
+fn feed_ages_give_each_engine_its_most_lagging_rank_in_id_order() {
+    let index = index();
+    let tokens: Vec<u32> = (0..4).collect();
+    // Sources join out of id order, an engine's ranks apart.
+    for (engine, rank, ms) in [
+        ("c", 1, 3),
+        ("a", 0, 9),
+        ("c", 0, 5),
+        ("b", 0, 1),
+        ("a", 1, 2),
+    ] {
+        index.apply(
+            &id(engine),
+            rank,
+            &batch(vec![stored(&[1], None, tokens.clone(), Tier::Device)]),
+        );
+        index.set_feed_age(&id(engine), rank, Duration::from_millis(ms));
+    }
+    let ms = |ages: Vec<(EngineId, Duration)>| {
+        ages.into_iter()
+            .map(|(engine, age)| (engine.to_string(), age.as_millis()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ms(index.feed_ages()),
+        [("a".into(), 9), ("b".into(), 1), ("c".into(), 5)]
+    );
+    index.remove_engine(&id("a"));
+    assert_eq!(ms(index.feed_ages()), [("b".into(), 1), ("c".into(), 5)]);
+}
+
+#[test]
 fn clears_restarts_degradation_and_engine_removal() {
     let index = index();
     let tokens: Vec<u32> = (0..8).collect();
