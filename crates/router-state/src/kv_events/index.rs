@@ -2,14 +2,16 @@
 //!
 //! Each node is one page position of one prefix, keyed by its chain hash; its owners
 //! are a bitset of sources (an engine rank's incarnation), so a lookup walks a
-//! request's chain hashes and intersects bitsets, one word per 64 sources. Each source
-//! keeps its engine's own hashes only to resolve parents and removals: one per page it
-//! holds, kept in the page's node too, so evicting a page forgets its engine hashes
-//! and a source's map never holds more than the node budget. A page announced again
-//! under another engine hash is known by the latest one; a later removal or
-//! continuation naming an evicted or replaced hash is skipped as unknown
-//! (`unknown_block`, `unknown_parent`). Tiers are kept per copy: a removal on one tier
-//! leaves a copy on another.
+//! request's chain hashes and intersects bitsets, one word per 64 sources. Only the
+//! words with an owner are kept, one of them in the node, so a page one rank holds
+//! costs the same whatever the rank (see `node`). Each source keeps its engine's own
+//! hashes only to resolve parents and removals: one per page it holds, kept in the
+//! page's node too, so evicting a page forgets its engine hashes and a source's map
+//! never holds more than the entry budget. A page announced again under another
+//! engine hash is known by the latest one; a later removal or continuation naming an
+//! evicted or replaced hash is skipped as unknown (`unknown_block`,
+//! `unknown_parent`). Tiers are kept per copy: a removal on one tier leaves a copy on
+//! another.
 //!
 //! Memory is bounded by a node budget (`max_nodes`) and an entry budget
 //! (`max_entries`, (page, source) ownerships of all sources together): nodes and the
@@ -197,6 +199,7 @@ impl Hasher for ChainHasher {
 
 use evict::EVICT_STEP;
 use node::Node;
+use spill::{Spills, allocation};
 
 const DEVICE: u8 = 1;
 
@@ -217,13 +220,34 @@ struct Source {
     feed_age_us: AtomicU64,
     /// Engine hash -> chain hash of the pages this source holds: exactly one entry
     /// per page it owns in the index (the page's node keeps the same engine hash),
-    /// so the map never outgrows the node budget.
+    /// so the map never outgrows the entry budget. It gives back its room once less
+    /// than a third is used (see [`Source::forget`]).
     blocks: FxHashMap<u64, u64>,
+}
+
+impl Source {
+    /// Forgets the engine hash `engine_hash`, returning the chain hash it named.
+    fn forget(&mut self, engine_hash: u64) -> Option<u64> {
+        let chain = self.blocks.remove(&engine_hash);
+        self.fit();
+        chain
+    }
+
+    /// Gives back the map's room once less than a third of it is used: the map then
+    /// takes at most about three times what it holds, and shrinking (a pass over
+    /// the map) comes after at least a third of its entries went.
+    fn fit(&mut self) {
+        if self.blocks.capacity() > 3 * self.blocks.len() + 64 {
+            self.blocks.shrink_to_fit();
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
+    /// What pages keep of their owners beyond their nodes.
+    spills: Spills,
     sources: Vec<Option<Source>>,
     slots: FxHashMap<(EngineId, u32), u32>,
     /// Live slots sorted by engine id, then rank: lookups read matches in this order
@@ -397,20 +421,10 @@ impl PrefixIndex {
     /// Current sizes.
     pub fn size(&self) -> IndexSize {
         let inner = self.inner.read();
-        let map_buckets: usize = inner
-            .sources
-            .iter()
-            .flatten()
-            .map(|s| s.blocks.capacity())
-            .sum();
         IndexSize {
             nodes: inner.nodes.len(),
             entries: inner.entries,
-            // Engine hashes of a page's second and later owners live beside it.
-            bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
-                + map_buckets * 17
-                + inner.entries.saturating_sub(inner.nodes.len()) * 16
-                + inner.leaves.capacity() * 8,
+            bytes: inner.bytes(),
         }
     }
 
@@ -419,6 +433,18 @@ impl PrefixIndex {
     fn engine_hashes(&self) -> usize {
         let inner = self.inner.read();
         inner.sources.iter().flatten().map(|s| s.blocks.len()).sum()
+    }
+
+    /// Room for engine hashes the sources' maps have, all sources together.
+    #[cfg(test)]
+    fn engine_hash_room(&self) -> usize {
+        let inner = self.inner.read();
+        inner
+            .sources
+            .iter()
+            .flatten()
+            .map(|s| s.blocks.capacity())
+            .sum()
     }
 
     /// Nodes evicted for the budget since start.
@@ -436,11 +462,58 @@ impl PrefixIndex {
         inner
             .nodes
             .get(&chain)
-            .is_some_and(|n| n.tiers_of(*slot) != 0)
+            .is_some_and(|n| n.tiers_of(&inner.spills, *slot) != 0)
     }
 }
 
+/// Heap bytes of a hash table (std's, hashbrown's) with room for `capacity` items of
+/// `item` bytes: a bucket per item and one in eight spare (one in four or two below
+/// eight buckets), a control byte a bucket and a group of 16 more.
+fn table_bytes(capacity: usize, item: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        capacity + 1
+    } else {
+        capacity / 7 * 8
+    };
+    allocation(buckets.next_power_of_two() * (item + 1) + 16)
+}
+
 impl Inner {
+    /// Heap bytes the index takes, with the allocator's rounding: what
+    /// [`IndexSize::bytes`] reports.
+    fn bytes(&self) -> usize {
+        let per_source: usize = self
+            .sources
+            .iter()
+            .flatten()
+            .map(|s| {
+                table_bytes(s.blocks.capacity(), 16) + allocation(s.engine.as_str().len() + 16)
+            })
+            .sum();
+        table_bytes(self.nodes.capacity(), std::mem::size_of::<(u64, Node)>())
+            + self.spills.bytes()
+            + allocation(self.leaves.capacity() * 8)
+            + per_source
+            + allocation(self.sources.capacity() * std::mem::size_of::<Option<Source>>())
+            + table_bytes(
+                self.slots.capacity(),
+                std::mem::size_of::<((EngineId, u32), u32)>(),
+            )
+            + allocation(self.by_engine.capacity() * 4)
+            + table_bytes(
+                self.publishers.capacity(),
+                std::mem::size_of::<(EngineId, Publisher)>(),
+            )
+            + if self.degraded.spilled() {
+                allocation(self.degraded.capacity() * 8)
+            } else {
+                0
+            }
+    }
+
     fn slot(&mut self, engine: &EngineId, rank: u32) -> u32 {
         if let Some(slot) = self.slots.get(&(engine.clone(), rank)) {
             return *slot;
@@ -513,20 +586,22 @@ impl Inner {
                 self.insert_leaf(*hash, parent, now);
             }
             let node = self.nodes.get_mut(hash).expect("present or just inserted");
-            let before = node.tiers_of(slot);
-            let renamed = node.engine_hash(slot).filter(|h| h != engine_hash);
+            let before = node.tiers_of(&self.spills, slot);
+            let renamed = node
+                .engine_hash(&self.spills, slot)
+                .filter(|h| h != engine_hash);
             if before == 0 {
                 self.entries += 1;
             }
-            node.own(slot, before | mask, *engine_hash);
+            node.own(&mut self.spills, slot, before | mask, *engine_hash);
             // One engine hash per page and source: a page announced again under
             // another hash is known by the new one only, and a hash that named other
             // content before names this page now (the other page loses the source).
-            let blocks = &mut self.source(slot).blocks;
+            let source = self.source(slot);
             if let Some(old) = renamed {
-                blocks.remove(&old);
+                source.forget(old);
             }
-            if let Some(other) = blocks.insert(*engine_hash, *hash)
+            if let Some(other) = source.blocks.insert(*engine_hash, *hash)
                 && other != *hash
             {
                 self.disown(slot, other);
@@ -549,12 +624,12 @@ impl Inner {
                 .nodes
                 .get_mut(&hash)
                 .expect("a source's engine hashes name pages it holds");
-            let left = node.tiers_of(slot) & !mask;
+            let left = node.tiers_of(&self.spills, slot) & !mask;
             if left == 0 {
-                self.source(slot).blocks.remove(engine_hash);
+                self.source(slot).forget(*engine_hash);
                 self.disown(slot, hash);
             } else {
-                node.set_tiers(slot, left);
+                node.set_tiers(&mut self.spills, slot, left);
             }
             removed += 1;
         }
@@ -573,6 +648,7 @@ impl Inner {
         );
         let source = self.source(slot);
         let chains: Vec<u64> = source.blocks.drain().map(|(_, chain)| chain).collect();
+        source.blocks.shrink_to_fit();
         for hash in chains {
             self.disown(slot, hash);
         }
@@ -582,9 +658,9 @@ impl Inner {
     /// forget) and prunes what that leaves ownerless.
     fn disown(&mut self, slot: u32, hash: u64) {
         if let Some(node) = self.nodes.get_mut(&hash)
-            && node.tiers_of(slot) != 0
+            && node.tiers_of(&self.spills, slot) != 0
         {
-            node.disown(slot);
+            node.disown(&mut self.spills, slot);
             self.entries -= 1;
             self.prune(hash);
         }
@@ -609,5 +685,6 @@ impl Inner {
 mod evict;
 mod lookup;
 mod node;
+mod spill;
 #[cfg(test)]
 mod tests;

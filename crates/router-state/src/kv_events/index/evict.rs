@@ -40,16 +40,20 @@ impl Inner {
     /// Deletes the leaf `hash`: its owners forget their engine hashes of it, and its
     /// parent becomes a leaf when it was the last child.
     pub(super) fn remove_node(&mut self, hash: u64) -> Option<Node> {
-        let node = self.nodes.remove(&hash)?;
+        let mut node = self.nodes.remove(&hash)?;
         if let Some(at) = node.leaf_at() {
             self.unpool(at);
         }
-        self.entries -= node.owner_count();
-        for slot in node.owner_slots() {
-            if let Some(engine_hash) = node.engine_hash(slot) {
-                self.source(slot).blocks.remove(&engine_hash);
+        for slot in node.owner_slots(&self.spills) {
+            self.entries -= 1;
+            let engine_hash = node.engine_hash(&self.spills, slot);
+            if let (Some(engine_hash), Some(source)) =
+                (engine_hash, self.sources[slot as usize].as_mut())
+            {
+                source.forget(engine_hash);
             }
         }
+        node.release(&mut self.spills);
         if let Some(p) = self
             .nodes
             .get_mut(&node.parent)
