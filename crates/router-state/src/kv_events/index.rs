@@ -22,8 +22,6 @@
 //! pass over the index. While a batch's eviction steps run, the index exceeds the
 //! budget by at most the pages of the batches being applied.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -176,30 +174,10 @@ fn bit_clear(bits: &mut Bits, slot: usize) {
     }
 }
 
-/// Chain hashes are xxh3 outputs, already uniform: the node map uses them as they
-/// are.
-#[derive(Default)]
-struct ChainHasher(u64);
-
-impl Hasher for ChainHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 use evict::EVICT_STEP;
 use node::Node;
 use spill::{Spills, allocation};
+use table::Nodes;
 
 const DEVICE: u8 = 1;
 
@@ -245,7 +223,7 @@ impl Source {
 
 #[derive(Debug, Default)]
 struct Inner {
-    nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
+    nodes: Nodes,
     /// What pages keep of their owners beyond their nodes.
     spills: Spills,
     sources: Vec<Option<Source>>,
@@ -338,6 +316,7 @@ impl PrefixIndex {
             }
             RwLockWriteGuard::bump(&mut inner);
         }
+        inner.nodes.fit(self.config.max_nodes);
         outcome
     }
 
@@ -461,7 +440,7 @@ impl PrefixIndex {
         };
         inner
             .nodes
-            .get(&chain)
+            .get(chain)
             .is_some_and(|n| n.tiers_of(&inner.spills, *slot) != 0)
     }
 }
@@ -493,7 +472,7 @@ impl Inner {
                 table_bytes(s.blocks.capacity(), 16) + allocation(s.engine.as_str().len() + 16)
             })
             .sum();
-        table_bytes(self.nodes.capacity(), std::mem::size_of::<(u64, Node)>())
+        allocation(self.nodes.slot_bytes())
             + self.spills.bytes()
             + allocation(self.leaves.capacity() * 8)
             + per_source
@@ -581,11 +560,14 @@ impl Inner {
         extend_chain(&mut chain, &store.tokens, block_size as usize, seed);
         let mask = tier_bit(store.tier);
         let mut parent = if store.parent.is_some() { seed } else { 0 };
-        for (engine_hash, hash) in store.block_hashes.iter().zip(&chain) {
-            if !self.nodes.contains_key(hash) {
+        // 0 is no page (a first page's parent): a chain stops at a page whose hash
+        // is 0, which xxh3 gives one page in 2^64.
+        let pages = chain.iter().take_while(|hash| **hash != 0).count();
+        for (engine_hash, hash) in store.block_hashes.iter().zip(&chain[..pages]) {
+            if !self.nodes.contains(*hash) {
                 self.insert_leaf(*hash, parent, now);
             }
-            let node = self.nodes.get_mut(hash).expect("present or just inserted");
+            let node = self.nodes.get_mut(*hash).expect("present or just inserted");
             let before = node.tiers_of(&self.spills, slot);
             let renamed = node
                 .engine_hash(&self.spills, slot)
@@ -608,7 +590,7 @@ impl Inner {
             }
             parent = *hash;
         }
-        Ok(chain.len())
+        Ok(pages)
     }
 
     /// Returns (pages removed, unknown pages).
@@ -622,7 +604,7 @@ impl Inner {
             };
             let node = self
                 .nodes
-                .get_mut(&hash)
+                .get_mut(hash)
                 .expect("a source's engine hashes name pages it holds");
             let left = node.tiers_of(&self.spills, slot) & !mask;
             if left == 0 {
@@ -657,7 +639,7 @@ impl Inner {
     /// Drops `slot`'s copies of the page `hash` (its engine hash is the caller's to
     /// forget) and prunes what that leaves ownerless.
     fn disown(&mut self, slot: u32, hash: u64) {
-        if let Some(node) = self.nodes.get_mut(&hash)
+        if let Some(node) = self.nodes.get_mut(hash)
             && node.tiers_of(&self.spills, slot) != 0
         {
             node.disown(&mut self.spills, slot);
@@ -668,7 +650,7 @@ impl Inner {
 
     /// Deletes `hash` and its ancestors while they are ownerless leaves.
     fn prune(&mut self, mut hash: u64) {
-        while let Some(node) = self.nodes.get(&hash) {
+        while let Some(node) = self.nodes.get(hash) {
             if node.children() > 0 || node.has_owners() {
                 return;
             }
@@ -686,5 +668,6 @@ mod evict;
 mod lookup;
 mod node;
 mod spill;
+mod table;
 #[cfg(test)]
 mod tests;

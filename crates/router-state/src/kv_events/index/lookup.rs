@@ -76,7 +76,7 @@ impl PrefixIndex {
         if used
             && let Some(node) = walked
                 .checked_sub(1)
-                .and_then(|i| inner.nodes.get(&chain[i]))
+                .and_then(|i| inner.nodes.get(chain[i]))
         {
             let now = self.clock.fetch_add(1, Ordering::Relaxed);
             node.last_used.store(now, Ordering::Relaxed);
@@ -221,7 +221,7 @@ fn nodes<'a>(inner: &'a Inner, chain: &'a [u64]) -> impl Iterator<Item = &'a Nod
         .flat_map(move |chunk| {
             let mut found = [None; LOOKAHEAD];
             for (slot, hash) in found.iter_mut().zip(chunk) {
-                *slot = inner.nodes.get(hash);
+                *slot = inner.nodes.get(*hash);
             }
             found.into_iter().take(chunk.len())
         })
