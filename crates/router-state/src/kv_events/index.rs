@@ -176,7 +176,7 @@ fn bit_clear(bits: &mut Bits, slot: usize) {
 
 use evict::EVICT_STEP;
 use node::Node;
-use spill::{Spills, allocation};
+use spill::Spills;
 use table::Nodes;
 
 const DEVICE: u8 = 1;
@@ -198,27 +198,13 @@ struct Source {
     feed_age_us: AtomicU64,
     /// Engine hash -> chain hash of the pages this source holds: exactly one entry
     /// per page it owns in the index (the page's node keeps the same engine hash),
-    /// so the map never outgrows the entry budget. It gives back its room once less
-    /// than a third is used (see [`Source::forget`]).
+    /// so the map never outgrows the entry budget. Changed only through
+    /// [`Source::remember`], [`Source::forget`] and [`Source::clear`], which keep its
+    /// room within about three times what it holds (see `memory`).
     blocks: FxHashMap<u64, u64>,
-}
-
-impl Source {
-    /// Forgets the engine hash `engine_hash`, returning the chain hash it named.
-    fn forget(&mut self, engine_hash: u64) -> Option<u64> {
-        let chain = self.blocks.remove(&engine_hash);
-        self.fit();
-        chain
-    }
-
-    /// Gives back the map's room once less than a third of it is used: the map then
-    /// takes at most about three times what it holds, and shrinking (a pass over
-    /// the map) comes after at least a third of its entries went.
-    fn fit(&mut self) {
-        if self.blocks.capacity() > 3 * self.blocks.len() + 64 {
-            self.blocks.shrink_to_fit();
-        }
-    }
+    /// The most entries the map had room for since it was last fitted: its real
+    /// room, which `capacity` undercounts by the slots of removed entries.
+    room: usize,
 }
 
 #[derive(Debug, Default)]
@@ -316,7 +302,7 @@ impl PrefixIndex {
             }
             RwLockWriteGuard::bump(&mut inner);
         }
-        inner.nodes.fit(self.config.max_nodes);
+        inner.fit(&self.config);
         outcome
     }
 
@@ -418,12 +404,7 @@ impl PrefixIndex {
     #[cfg(test)]
     fn engine_hash_room(&self) -> usize {
         let inner = self.inner.read();
-        inner
-            .sources
-            .iter()
-            .flatten()
-            .map(|s| s.blocks.capacity())
-            .sum()
+        inner.sources.iter().flatten().map(|s| s.room).sum()
     }
 
     /// Nodes evicted for the budget since start.
@@ -445,54 +426,7 @@ impl PrefixIndex {
     }
 }
 
-/// Heap bytes of a hash table (std's, hashbrown's) with room for `capacity` items of
-/// `item` bytes: a bucket per item and one in eight spare (one in four or two below
-/// eight buckets), a control byte a bucket and a group of 16 more.
-fn table_bytes(capacity: usize, item: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = if capacity < 8 {
-        capacity + 1
-    } else {
-        capacity / 7 * 8
-    };
-    allocation(buckets.next_power_of_two() * (item + 1) + 16)
-}
-
 impl Inner {
-    /// Heap bytes the index takes, with the allocator's rounding: what
-    /// [`IndexSize::bytes`] reports.
-    fn bytes(&self) -> usize {
-        let per_source: usize = self
-            .sources
-            .iter()
-            .flatten()
-            .map(|s| {
-                table_bytes(s.blocks.capacity(), 16) + allocation(s.engine.as_str().len() + 16)
-            })
-            .sum();
-        allocation(self.nodes.slot_bytes())
-            + self.spills.bytes()
-            + allocation(self.leaves.capacity() * 8)
-            + per_source
-            + allocation(self.sources.capacity() * std::mem::size_of::<Option<Source>>())
-            + table_bytes(
-                self.slots.capacity(),
-                std::mem::size_of::<((EngineId, u32), u32)>(),
-            )
-            + allocation(self.by_engine.capacity() * 4)
-            + table_bytes(
-                self.publishers.capacity(),
-                std::mem::size_of::<(EngineId, Publisher)>(),
-            )
-            + if self.degraded.spilled() {
-                allocation(self.degraded.capacity() * 8)
-            } else {
-                0
-            }
-    }
-
     fn slot(&mut self, engine: &EngineId, rank: u32) -> u32 {
         if let Some(slot) = self.slots.get(&(engine.clone(), rank)) {
             return *slot;
@@ -509,6 +443,7 @@ impl Inner {
             rank,
             feed_age_us: AtomicU64::new(0),
             blocks: FxHashMap::default(),
+            room: 0,
         });
         self.slots.insert((engine.clone(), rank), slot as u32);
         let sources = &self.sources;
@@ -583,7 +518,7 @@ impl Inner {
             if let Some(old) = renamed {
                 source.forget(old);
             }
-            if let Some(other) = source.blocks.insert(*engine_hash, *hash)
+            if let Some(other) = source.remember(*engine_hash, *hash)
                 && other != *hash
             {
                 self.disown(slot, other);
@@ -628,10 +563,7 @@ impl Inner {
                 cleared_at: Some(Instant::now()),
             },
         );
-        let source = self.source(slot);
-        let chains: Vec<u64> = source.blocks.drain().map(|(_, chain)| chain).collect();
-        source.blocks.shrink_to_fit();
-        for hash in chains {
+        for hash in self.source(slot).clear() {
             self.disown(slot, hash);
         }
     }
@@ -666,6 +598,7 @@ impl Inner {
 
 mod evict;
 mod lookup;
+mod memory;
 mod node;
 mod spill;
 mod table;

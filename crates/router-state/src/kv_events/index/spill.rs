@@ -3,14 +3,15 @@
 //! keeps, as (slot, tiers, engine hash) records. Only pages shared by several ranks,
 //! or held off the device, have a spill.
 //!
-//! Spills live in one arena ([`Spills`]), a node naming its own by position, and
-//! their lists grow by a quarter and give back room once more than half of it is
-//! empty, so a spill takes at most about twice what it holds. The arena counts the
-//! bytes its lists take, for the index's memory estimate.
+//! Spills live in one arena ([`Spills`]), a node naming its own by position. Their
+//! lists grow by a quarter and give back their room once it is more than half again
+//! their items, so a list takes at most about one and a half times what it holds;
+//! the arena counts the bytes its lists take, for the index's memory estimate.
 
 use smallvec::SmallVec;
 
 use super::DEVICE;
+use super::memory::{ALLOCATION_SLACK, allocation};
 
 /// One page's spill.
 #[derive(Debug, Default)]
@@ -20,7 +21,8 @@ pub(super) struct Spill {
     /// Owners besides the one whose engine hash is the node's, sorted by slot: every
     /// owner whose copies are not exactly one device copy is here.
     owners: Vec<Listed>,
-    /// Listed owners whose copies are not exactly one device copy.
+    /// Listed owners whose copies are not exactly one device copy; in an unused
+    /// spill, the next unused one (see [`Spills`]).
     tiered: u32,
 }
 
@@ -36,19 +38,10 @@ fn growth(len: usize) -> usize {
     len / 4 + 1
 }
 
-/// Whether a list of `len` items with room for `capacity` gives the room back.
+/// Whether a list of `len` items with room for `capacity` gives the room back: when
+/// it has room for more than half again its items and one more.
 fn roomy(len: usize, capacity: usize) -> bool {
-    capacity > 2 * len + 1
-}
-
-/// What the allocator takes for a block of `bytes`: glibc rounds a block and its
-/// 8-byte header up to 16 bytes (mimalloc's size classes take no more).
-pub(super) fn allocation(bytes: usize) -> usize {
-    if bytes == 0 {
-        0
-    } else {
-        (bytes + 8).next_multiple_of(16).max(32)
-    }
+    capacity > len + len / 2 + 1
 }
 
 impl Spill {
@@ -185,12 +178,15 @@ impl Spill {
 }
 
 /// The spills of all pages, by position; a node names its spill by position plus one
-/// (0: none).
+/// (0: none). Unused spills form a list through their `tiered` fields, each naming
+/// the next unused one the same way.
 #[derive(Debug, Default)]
 pub(super) struct Spills {
     spills: Vec<Spill>,
-    /// Positions of unused spills.
-    free: Vec<u32>,
+    /// The first unused spill, named as a node names its spill.
+    free: u32,
+    /// Spills in use.
+    used: usize,
     /// Heap bytes the spills' lists take.
     heap: usize,
 }
@@ -205,24 +201,24 @@ impl Spills {
     /// Runs `edit` on the spill a node names `*at`, taking an unused one first when
     /// it names none, and gives the spill back when `edit` leaves it empty.
     pub(super) fn edit<R>(&mut self, at: &mut u32, edit: impl FnOnce(&mut Spill) -> R) -> R {
-        let i = match at.checked_sub(1) {
-            Some(i) => i as usize,
-            None => {
-                let i = self.take();
-                *at = i as u32 + 1;
-                i
-            }
-        };
+        if *at == 0 {
+            *at = self.take();
+        }
+        let i = *at as usize - 1;
         let spill = &mut self.spills[i];
         let before = spill.heap_bytes();
         let out = edit(spill);
         let emptied = spill.is_empty();
         if emptied {
-            *spill = Spill::default();
+            *spill = Spill {
+                tiered: self.free,
+                ..Spill::default()
+            };
         }
         self.heap = self.heap + spill.heap_bytes() - before;
         if emptied {
-            self.free.push(i as u32);
+            self.free = *at;
+            self.used -= 1;
             *at = 0;
         }
         out
@@ -235,27 +231,40 @@ impl Spills {
         }
     }
 
-    /// An unused position.
-    fn take(&mut self) -> usize {
-        if let Some(free) = self.free.pop() {
-            return free as usize;
+    /// An unused spill, named as a node names its spill.
+    fn take(&mut self) -> u32 {
+        self.used += 1;
+        if self.free != 0 {
+            let taken = self.free;
+            let spill = &mut self.spills[taken as usize - 1];
+            self.free = std::mem::take(&mut spill.tiered);
+            return taken;
         }
         if self.spills.len() == self.spills.capacity() {
             self.spills.reserve_exact(growth(self.spills.len()));
         }
         self.spills.push(Spill::default());
-        assert!(
-            u32::try_from(self.spills.len()).is_ok(),
-            "fewer than 2^32 spilled pages"
-        );
-        self.spills.len() - 1
+        u32::try_from(self.spills.len()).expect("fewer than 2^32 spilled pages")
     }
 
     /// Heap bytes: the arena and the spills' lists.
     pub(super) fn bytes(&self) -> usize {
-        allocation(self.spills.capacity() * std::mem::size_of::<Spill>())
-            + allocation(self.free.capacity() * 4)
-            + self.heap
+        allocation(self.spills.capacity() * std::mem::size_of::<Spill>()) + self.heap
+    }
+
+    /// The most heap bytes spills take between batches once at most `peak` pages
+    /// have been held at once, with at most `pages` pages and `entries` entries
+    /// held now: an arena of at most a quarter more spills than pages ever held,
+    /// and two lists a spilled page, each with room for at most half again its
+    /// items and one more, with the allocator's rounding. A page's listed owners and
+    /// spilled words are at most two an entry (an owner is listed, or has the node's
+    /// engine hash, and at most every owner but one is in a spilled word).
+    pub(super) fn bound(peak: usize, pages: usize, entries: usize) -> usize {
+        let item = std::mem::size_of::<Listed>();
+        debug_assert_eq!(item, std::mem::size_of::<(u32, u64)>());
+        allocation((peak + growth(peak)) * std::mem::size_of::<Spill>())
+            + 2 * entries * (item + item / 2)
+            + 2 * pages * (item + ALLOCATION_SLACK)
     }
 }
 
@@ -263,17 +272,25 @@ impl Spills {
 impl Spills {
     /// Spills in use.
     pub(super) fn len(&self) -> usize {
-        self.spills.len() - self.free.len()
+        self.used
     }
 
-    /// Whether the counted heap bytes are the lists', every list holds at most about
-    /// twice its items and the count of tiered owners is right.
+    /// Whether the counted heap bytes are the lists', every list holds at most half
+    /// again its items and one more, and the count of tiered owners is right.
     pub(super) fn is_exact(&self) -> bool {
-        self.spills.iter().map(Spill::heap_bytes).sum::<usize>() == self.heap
-            && self.spills.iter().all(|s| {
-                s.words.capacity() <= 2 * s.words.len() + 1
-                    && s.owners.capacity() <= 2 * s.owners.len() + 1
-                    && s.tiered as usize == s.owners.iter().filter(|l| l.tiers != DEVICE).count()
+        let mut free = std::collections::HashSet::new();
+        let mut next = self.free;
+        while next != 0 {
+            free.insert(next);
+            next = self.spills[next as usize - 1].tiered;
+        }
+        free.len() + self.used == self.spills.len()
+            && self.spills.iter().map(Spill::heap_bytes).sum::<usize>() == self.heap
+            && self.spills.iter().enumerate().all(|(i, s)| {
+                let tiered = s.owners.iter().filter(|l| l.tiers != DEVICE).count();
+                s.words.capacity() <= s.words.len() + s.words.len() / 2 + 1
+                    && s.owners.capacity() <= s.owners.len() + s.owners.len() / 2 + 1
+                    && (free.contains(&(i as u32 + 1)) || s.tiered as usize == tiered)
             })
     }
 }
