@@ -2,14 +2,16 @@
 //!
 //! Each node is one page position of one prefix, keyed by its chain hash; its owners
 //! are a bitset of sources (an engine rank's incarnation), so a lookup walks a
-//! request's chain hashes and intersects bitsets, one word per 64 sources. Each source
-//! keeps its engine's own hashes only to resolve parents and removals: one per page it
-//! holds, kept in the page's node too, so evicting a page forgets its engine hashes
-//! and a source's map never holds more than the node budget. A page announced again
-//! under another engine hash is known by the latest one; a later removal or
-//! continuation naming an evicted or replaced hash is skipped as unknown
-//! (`unknown_block`, `unknown_parent`). Tiers are kept per copy: a removal on one tier
-//! leaves a copy on another.
+//! request's chain hashes and intersects bitsets, one word per 64 sources. Only the
+//! words with an owner are kept, one of them in the node, so a page one rank holds
+//! costs the same whatever the rank (see `node`). Each source keeps its engine's own
+//! hashes only to resolve parents and removals: one per page it holds, kept in the
+//! page's node too, so evicting a page forgets its engine hashes and a source's map
+//! never holds more than the entry budget. A page announced again under another
+//! engine hash is known by the latest one; a later removal or continuation naming an
+//! evicted or replaced hash is skipped as unknown (`unknown_block`,
+//! `unknown_parent`). Tiers are kept per copy: a removal on one tier leaves a copy on
+//! another.
 //!
 //! Memory is bounded by a node budget (`max_nodes`) and an entry budget
 //! (`max_entries`, (page, source) ownerships of all sources together): nodes and the
@@ -20,8 +22,6 @@
 //! pass over the index. While a batch's eviction steps run, the index exceeds the
 //! budget by at most the pages of the batches being applied.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -174,29 +174,10 @@ fn bit_clear(bits: &mut Bits, slot: usize) {
     }
 }
 
-/// Chain hashes are xxh3 outputs, already uniform: the node map uses them as they
-/// are.
-#[derive(Default)]
-struct ChainHasher(u64);
-
-impl Hasher for ChainHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 use evict::EVICT_STEP;
 use node::Node;
+use spill::Spills;
+use table::Nodes;
 
 const DEVICE: u8 = 1;
 
@@ -217,13 +198,20 @@ struct Source {
     feed_age_us: AtomicU64,
     /// Engine hash -> chain hash of the pages this source holds: exactly one entry
     /// per page it owns in the index (the page's node keeps the same engine hash),
-    /// so the map never outgrows the node budget.
+    /// so the map never outgrows the entry budget. Changed only through
+    /// [`Source::remember`], [`Source::forget`] and [`Source::clear`], which keep its
+    /// room within about three times what it holds (see `memory`).
     blocks: FxHashMap<u64, u64>,
+    /// The most entries the map had room for since it was last fitted: its real
+    /// room, which `capacity` undercounts by the slots of removed entries.
+    room: usize,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    nodes: HashMap<u64, Node, BuildHasherDefault<ChainHasher>>,
+    nodes: Nodes,
+    /// What pages keep of their owners beyond their nodes.
+    spills: Spills,
     sources: Vec<Option<Source>>,
     slots: FxHashMap<(EngineId, u32), u32>,
     /// Live slots sorted by engine id, then rank: lookups read matches in this order
@@ -314,6 +302,7 @@ impl PrefixIndex {
             }
             RwLockWriteGuard::bump(&mut inner);
         }
+        inner.fit(&self.config);
         outcome
     }
 
@@ -402,20 +391,10 @@ impl PrefixIndex {
     /// Current sizes.
     pub fn size(&self) -> IndexSize {
         let inner = self.inner.read();
-        let map_buckets: usize = inner
-            .sources
-            .iter()
-            .flatten()
-            .map(|s| s.blocks.capacity())
-            .sum();
         IndexSize {
             nodes: inner.nodes.len(),
             entries: inner.entries,
-            // Engine hashes of a page's second and later owners live beside it.
-            bytes: inner.nodes.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
-                + map_buckets * 17
-                + inner.entries.saturating_sub(inner.nodes.len()) * 16
-                + inner.leaves.capacity() * 8,
+            bytes: inner.bytes(),
         }
     }
 
@@ -424,6 +403,13 @@ impl PrefixIndex {
     fn engine_hashes(&self) -> usize {
         let inner = self.inner.read();
         inner.sources.iter().flatten().map(|s| s.blocks.len()).sum()
+    }
+
+    /// Room for engine hashes the sources' maps have, all sources together.
+    #[cfg(test)]
+    fn engine_hash_room(&self) -> usize {
+        let inner = self.inner.read();
+        inner.sources.iter().flatten().map(|s| s.room).sum()
     }
 
     /// Nodes evicted for the budget since start.
@@ -440,8 +426,8 @@ impl PrefixIndex {
         };
         inner
             .nodes
-            .get(&chain)
-            .is_some_and(|n| n.tiers_of(*slot) != 0)
+            .get(chain)
+            .is_some_and(|n| n.tiers_of(&inner.spills, *slot) != 0)
     }
 }
 
@@ -462,6 +448,7 @@ impl Inner {
             rank,
             feed_age_us: AtomicU64::new(0),
             blocks: FxHashMap::default(),
+            room: 0,
         });
         self.slots.insert((engine.clone(), rank), slot as u32);
         let sources = &self.sources;
@@ -513,32 +500,37 @@ impl Inner {
         extend_chain(&mut chain, &store.tokens, block_size as usize, seed);
         let mask = tier_bit(store.tier);
         let mut parent = if store.parent.is_some() { seed } else { 0 };
-        for (engine_hash, hash) in store.block_hashes.iter().zip(&chain) {
-            if !self.nodes.contains_key(hash) {
+        // 0 is no page (a first page's parent): a chain stops at a page whose hash
+        // is 0, which xxh3 gives one page in 2^64.
+        let pages = chain.iter().take_while(|hash| **hash != 0).count();
+        for (engine_hash, hash) in store.block_hashes.iter().zip(&chain[..pages]) {
+            if !self.nodes.contains(*hash) {
                 self.insert_leaf(*hash, parent, now);
             }
-            let node = self.nodes.get_mut(hash).expect("present or just inserted");
-            let before = node.tiers_of(slot);
-            let renamed = node.engine_hash(slot).filter(|h| h != engine_hash);
+            let node = self.nodes.get_mut(*hash).expect("present or just inserted");
+            let before = node.tiers_of(&self.spills, slot);
+            let renamed = node
+                .engine_hash(&self.spills, slot)
+                .filter(|h| h != engine_hash);
             if before == 0 {
                 self.entries += 1;
             }
-            node.own(slot, before | mask, *engine_hash);
+            node.own(&mut self.spills, slot, before | mask, *engine_hash);
             // One engine hash per page and source: a page announced again under
             // another hash is known by the new one only, and a hash that named other
             // content before names this page now (the other page loses the source).
-            let blocks = &mut self.source(slot).blocks;
+            let source = self.source(slot);
             if let Some(old) = renamed {
-                blocks.remove(&old);
+                source.forget(old);
             }
-            if let Some(other) = blocks.insert(*engine_hash, *hash)
+            if let Some(other) = source.remember(*engine_hash, *hash)
                 && other != *hash
             {
                 self.disown(slot, other);
             }
             parent = *hash;
         }
-        Ok(chain.len())
+        Ok(pages)
     }
 
     /// Returns (pages removed, unknown pages).
@@ -552,14 +544,14 @@ impl Inner {
             };
             let node = self
                 .nodes
-                .get_mut(&hash)
+                .get_mut(hash)
                 .expect("a source's engine hashes name pages it holds");
-            let left = node.tiers_of(slot) & !mask;
+            let left = node.tiers_of(&self.spills, slot) & !mask;
             if left == 0 {
-                self.source(slot).blocks.remove(engine_hash);
+                self.source(slot).forget(*engine_hash);
                 self.disown(slot, hash);
             } else {
-                node.set_tiers(slot, left);
+                node.set_tiers(&mut self.spills, slot, left);
             }
             removed += 1;
         }
@@ -576,9 +568,7 @@ impl Inner {
                 cleared_at: Some(Instant::now()),
             },
         );
-        let source = self.source(slot);
-        let chains: Vec<u64> = source.blocks.drain().map(|(_, chain)| chain).collect();
-        for hash in chains {
+        for hash in self.source(slot).clear() {
             self.disown(slot, hash);
         }
     }
@@ -586,10 +576,10 @@ impl Inner {
     /// Drops `slot`'s copies of the page `hash` (its engine hash is the caller's to
     /// forget) and prunes what that leaves ownerless.
     fn disown(&mut self, slot: u32, hash: u64) {
-        if let Some(node) = self.nodes.get_mut(&hash)
-            && node.tiers_of(slot) != 0
+        if let Some(node) = self.nodes.get_mut(hash)
+            && node.tiers_of(&self.spills, slot) != 0
         {
-            node.disown(slot);
+            node.disown(&mut self.spills, slot);
             self.entries -= 1;
             self.prune(hash);
         }
@@ -597,7 +587,7 @@ impl Inner {
 
     /// Deletes `hash` and its ancestors while they are ownerless leaves.
     fn prune(&mut self, mut hash: u64) {
-        while let Some(node) = self.nodes.get(&hash) {
+        while let Some(node) = self.nodes.get(hash) {
             if node.children() > 0 || node.has_owners() {
                 return;
             }
@@ -613,6 +603,9 @@ impl Inner {
 
 mod evict;
 mod lookup;
+mod memory;
 mod node;
+mod spill;
+mod table;
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ pub(super) const EVICT_STEP: usize = 256;
 impl Inner {
     /// Adds the page `hash` under `parent` (0 = none) as a leaf.
     pub(super) fn insert_leaf(&mut self, hash: u64, parent: u64, now: u32) {
-        if let Some(p) = self.nodes.get_mut(&parent).filter(|_| parent != 0) {
+        if let Some(p) = self.nodes.get_mut(parent) {
             match p.leaf_at() {
                 Some(at) => {
                     p.set_children(1);
@@ -40,20 +40,24 @@ impl Inner {
     /// Deletes the leaf `hash`: its owners forget their engine hashes of it, and its
     /// parent becomes a leaf when it was the last child.
     pub(super) fn remove_node(&mut self, hash: u64) -> Option<Node> {
-        let node = self.nodes.remove(&hash)?;
+        let mut node = self.nodes.remove(hash)?;
         if let Some(at) = node.leaf_at() {
             self.unpool(at);
         }
-        self.entries -= node.owner_count();
-        for slot in node.owner_slots() {
-            if let Some(engine_hash) = node.engine_hash(slot) {
-                self.source(slot).blocks.remove(&engine_hash);
+        for slot in node.owner_slots(&self.spills) {
+            self.entries -= 1;
+            let engine_hash = node.engine_hash(&self.spills, slot);
+            if let (Some(engine_hash), Some(source)) =
+                (engine_hash, self.sources[slot as usize].as_mut())
+            {
+                source.forget(engine_hash);
             }
         }
+        node.release(&mut self.spills);
         if let Some(p) = self
             .nodes
-            .get_mut(&node.parent)
-            .filter(|p| node.parent != 0 && p.leaf_at().is_none())
+            .get_mut(node.parent)
+            .filter(|p| p.leaf_at().is_none())
         {
             match p.children() {
                 0 | 1 => {
@@ -71,7 +75,7 @@ impl Inner {
         self.leaves.swap_remove(at);
         if let Some(moved) = self.leaves.get(at) {
             self.nodes
-                .get_mut(moved)
+                .get_mut(*moved)
                 .expect("pooled leaves exist")
                 .set_leaf_at(at);
         }
@@ -95,7 +99,7 @@ impl Inner {
                 let node = self.remove_node(hash).expect("pooled leaves exist");
                 evicted += 1;
                 let used = node.last_used.load(Ordering::Relaxed);
-                let Some(parent) = self.nodes.get(&node.parent).filter(|_| node.parent != 0) else {
+                let Some(parent) = self.nodes.get(node.parent) else {
                     break;
                 };
                 // The parent inherits the recency of its deepest use; it goes too
@@ -125,7 +129,12 @@ impl Inner {
                 (self.next_random() % pool as u64) as usize
             };
             let hash = self.leaves[at];
-            let used = self.nodes[&hash].last_used.load(Ordering::Relaxed);
+            let used = self
+                .nodes
+                .get(hash)
+                .expect("pooled leaves exist")
+                .last_used
+                .load(Ordering::Relaxed);
             if oldest.is_none_or(|(u, _)| used < u) {
                 oldest = Some((used, hash));
             }
@@ -150,20 +159,20 @@ impl super::PrefixIndex {
     pub(super) fn pool_is_exact(&self) -> bool {
         let inner = self.inner.read();
         let mut children: std::collections::HashMap<u64, u32> = Default::default();
-        for node in inner.nodes.values().filter(|n| n.parent != 0) {
+        for (_, node) in inner.nodes.iter().filter(|(_, n)| n.parent != 0) {
             *children.entry(node.parent).or_default() += 1;
         }
         let leaves = inner
             .nodes
-            .values()
-            .filter(|n| n.leaf_at().is_some())
+            .iter()
+            .filter(|(_, n)| n.leaf_at().is_some())
             .count();
         leaves == inner.leaves.len()
             && inner.nodes.iter().all(|(hash, node)| {
-                let counted = children.get(hash).copied().unwrap_or(0);
+                let counted = children.get(&hash).copied().unwrap_or(0);
                 node.children() == counted
                     && match node.leaf_at() {
-                        Some(at) => counted == 0 && inner.leaves.get(at) == Some(hash),
+                        Some(at) => counted == 0 && inner.leaves.get(at) == Some(&hash),
                         None => counted > 0,
                     }
             })

@@ -76,7 +76,7 @@ impl PrefixIndex {
         if used
             && let Some(node) = walked
                 .checked_sub(1)
-                .and_then(|i| inner.nodes.get(&chain[i]))
+                .and_then(|i| inner.nodes.get(chain[i]))
         {
             let now = self.clock.fetch_add(1, Ordering::Relaxed);
             node.last_used.store(now, Ordering::Relaxed);
@@ -138,16 +138,17 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let Some(first) = nodes.next() else {
         return (0, depths);
     };
+    let spills = &inner.spills;
     let trusted = !inner.degraded.first().copied().unwrap_or(0);
-    let mut alive = first.owner_word(0) & trusted;
-    let mut device = first.device_word(0) & trusted;
+    let mut alive = first.owner_word(spills, 0) & trusted;
+    let mut device = first.device_word(spills, 0) & trusted;
     let mut walked = 1;
     while alive != 0 && walked < chain.len() {
         let Some(node) = nodes.next() else {
             break;
         };
-        let owners = node.owner_word(0);
-        let device_owners = node.device_word(0);
+        let owners = node.owner_word(spills, 0);
+        let device_owners = node.device_word(spills, 0);
         let (left, left_device) = (alive & !owners, device & !device_owners);
         if left | left_device != 0 {
             depths.record(0, left, walked, true);
@@ -164,24 +165,31 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
 
 /// The walk over any number of sources, one word of 64 slots at a time.
 fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
-    let mut alive: Bits = Bits::new();
-    let mut device: Bits = Bits::new();
+    let spills = &inner.spills;
+    let words = inner.sources.len().div_ceil(64);
+    let mut alive: Bits = smallvec::smallvec![0; words];
+    let mut device: Bits = smallvec::smallvec![0; words];
     let mut depths = Depths::new(inner.sources.len());
     let mut walked = 0;
     for (i, node) in nodes(inner, chain).enumerate() {
         if i == 0 {
             let trusted = |w: usize| !inner.degraded.get(w).copied().unwrap_or(0);
-            alive = (0..node.owner_words())
-                .map(|w| node.owner_word(w) & trusted(w))
-                .collect();
-            device = (0..node.owner_words())
-                .map(|w| node.device_word(w) & trusted(w))
-                .collect();
+            for (w, owners) in node.words(spills) {
+                if let (Some(a), Some(d)) = (alive.get_mut(w), device.get_mut(w)) {
+                    *a = owners & trusted(w);
+                    *d = node.device_word(spills, w) & trusted(w);
+                }
+            }
         }
         let mut any = 0;
         for w in 0..alive.len() {
-            let owners = node.owner_word(w);
-            let device_owners = node.device_word(w);
+            // Device owners are owners: a word without owners left has no device
+            // owners either.
+            if alive[w] == 0 {
+                continue;
+            }
+            let owners = node.owner_word(spills, w);
+            let device_owners = node.device_word(spills, w);
             depths.record(w, alive[w] & !owners, i, true);
             depths.record(w, device[w] & !device_owners, i, false);
             alive[w] &= owners;
@@ -213,7 +221,7 @@ fn nodes<'a>(inner: &'a Inner, chain: &'a [u64]) -> impl Iterator<Item = &'a Nod
         .flat_map(move |chunk| {
             let mut found = [None; LOOKAHEAD];
             for (slot, hash) in found.iter_mut().zip(chunk) {
-                *slot = inner.nodes.get(hash);
+                *slot = inner.nodes.get(*hash);
             }
             found.into_iter().take(chunk.len())
         })

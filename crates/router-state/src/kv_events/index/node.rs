@@ -1,27 +1,32 @@
-//! One page of the index: its parent, its owners (a bit per source slot), each
-//! owner's engine hash for the page and the tiers of copies that are not exactly one
-//! device copy. The first 64 slots and one owner's engine hash live inline, so a node
-//! of a page one engine rank holds is 40 bytes.
+//! One page of the index: its parent, its owners (source slots), each owner's engine
+//! hash for the page and the tiers of copies that are not exactly one device copy.
+//!
+//! Owners are words of 64 slots, and only the words with an owner in them are kept.
+//! One word (whichever 64 slots its owners fall in) and one owner's engine hash live
+//! in the node, so a page one engine rank holds on the device is a 40-byte node
+//! whatever the rank. A page's further words and further owners are its spill, kept
+//! in the index's [`Spills`] (see `spill`).
 
 use std::sync::atomic::AtomicU32;
 
-use rustc_hash::FxHashMap;
-
 use super::DEVICE;
+use super::spill::Spills;
 
 #[derive(Debug)]
 pub(super) struct Node {
     pub(super) parent: u64,
-    /// Owners among slots 0..64.
-    owners: u64,
-    /// The engine hash of the one owner that has none in `extra` (at most one has
-    /// none: the first to arrive while no owner used this field).
+    /// The engine hash of the one owner the spill does not list (at most one is not
+    /// listed: the first to hold exactly a device copy while no other such owner did).
     hash: u64,
-    /// Owners beyond slot 63, non-device tiers and the engine hashes of a page's
-    /// second and later owners, present only for pages shared or kept off the device.
-    extra: Option<Box<Extra>>,
+    /// Owners among slots `64 * word..64 * (word + 1)`; 0 only for a page without
+    /// owners (the spill then has no words either).
+    bits: u64,
+    word: u32,
+    /// Where the page's spill is in [`Spills`] (0: none).
+    spill: u32,
     /// The number of children, or for a leaf [`LEAF`] with its position in the
-    /// index's pool of leaves (a leaf has no children to count); and [`TIERED`].
+    /// index's pool of leaves (a leaf has no children to count); and the flags
+    /// [`TIERED`] and [`WORDS`].
     link: u32,
     pub(super) last_used: AtomicU32,
 }
@@ -29,35 +34,22 @@ pub(super) struct Node {
 /// The bit of [`Node::link`] that marks a leaf.
 const LEAF: u32 = 1 << 31;
 /// The bit of [`Node::link`] set while some owner's copies are not exactly one device
-/// copy, so a lookup reads `extra` for the device tier only then (a shared page keeps
-/// its owners' engine hashes there too).
+/// copy, so a lookup reads the spill for the device tier only then.
 const TIERED: u32 = 1 << 30;
+/// The bit of [`Node::link`] set while the spill holds owner words, so a lookup reads
+/// the spill for a word other than the node's only then.
+const WORDS: u32 = 1 << 29;
 /// The bits of [`Node::link`] holding the count or position.
-const COUNT: u32 = TIERED - 1;
-
-#[derive(Debug, Default)]
-struct Extra {
-    /// Owner words for slots 64.., word `i` covering slots `64 * (i + 1)..`.
-    words: Vec<u64>,
-    /// Tier masks of the owners holding something other than exactly a device copy.
-    tiers: FxHashMap<u32, u8>,
-    /// Engine hashes of the owners but the one in `Node::hash`, sorted by slot.
-    hashes: Vec<(u32, u64)>,
-}
-
-impl Extra {
-    fn is_empty(&self) -> bool {
-        self.tiers.is_empty() && self.hashes.is_empty() && self.words.iter().all(|w| *w == 0)
-    }
-}
+const COUNT: u32 = WORDS - 1;
 
 impl Node {
     pub(super) fn new(parent: u64, now: u32) -> Self {
         Self {
             parent,
-            owners: 0,
             hash: 0,
-            extra: None,
+            bits: 0,
+            word: 0,
+            spill: 0,
             link: 0,
             last_used: AtomicU32::new(now),
         }
@@ -82,48 +74,49 @@ impl Node {
         let at = u32::try_from(at)
             .ok()
             .filter(|at| *at <= COUNT)
-            .expect("fewer than 2^30 leaves (over 40 GiB of pages)");
-        self.link = LEAF | (self.link & TIERED) | at;
+            .expect("fewer than 2^29 leaves (over 20 GiB of pages)");
+        self.link = LEAF | (self.link & (TIERED | WORDS)) | at;
     }
 
     /// Sets how many pages continue this one (at least one: a page without children
     /// is a leaf, placed by [`Node::set_leaf_at`]).
     pub(super) fn set_children(&mut self, children: u32) {
         debug_assert!(children > 0 && children <= COUNT);
-        self.link = (self.link & TIERED) | children;
+        self.link = (self.link & (TIERED | WORDS)) | children;
     }
 
     /// Owners among slots `64 * word..64 * (word + 1)`.
-    pub(super) fn owner_word(&self, word: usize) -> u64 {
-        match word {
-            0 => self.owners,
-            w => self
-                .extra
-                .as_ref()
-                .and_then(|e| e.words.get(w - 1).copied())
-                .unwrap_or(0),
+    pub(super) fn owner_word(&self, spills: &Spills, word: usize) -> u64 {
+        if self.word as usize == word {
+            self.bits
+        } else if self.link & WORDS == 0 {
+            0
+        } else {
+            spills.get(self.spill).map_or(0, |s| s.word(word))
         }
     }
 
-    /// Words of owner bits, at least one.
-    pub(super) fn owner_words(&self) -> usize {
-        1 + self.extra.as_ref().map_or(0, |e| e.words.len())
+    /// The words with owners, as (word, owners): the node's, then the spill's by word.
+    pub(super) fn words<'a>(&self, spills: &'a Spills) -> impl Iterator<Item = (usize, u64)> + 'a {
+        let own = (self.bits != 0).then_some((self.word as usize, self.bits));
+        let spilled = spills.get(self.spill).map_or(&[][..], |s| s.words());
+        own.into_iter()
+            .chain(spilled.iter().map(|&(w, bits)| (w as usize, bits)))
     }
 
     pub(super) fn has_owners(&self) -> bool {
-        (0..self.owner_words()).any(|w| self.owner_word(w) != 0)
+        self.bits != 0
     }
 
-    pub(super) fn owner_count(&self) -> usize {
-        (0..self.owner_words())
-            .map(|w| self.owner_word(w).count_ones() as usize)
+    pub(super) fn owner_count(&self, spills: &Spills) -> usize {
+        self.words(spills)
+            .map(|(_, bits)| bits.count_ones() as usize)
             .sum()
     }
 
-    /// The owner slots, lowest first.
-    pub(super) fn owner_slots(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.owner_words()).flat_map(move |w| {
-            let mut bits = self.owner_word(w);
+    /// The owner slots, the node's word first, then the spill's by word.
+    pub(super) fn owner_slots<'a>(&self, spills: &'a Spills) -> impl Iterator<Item = u32> + 'a {
+        self.words(spills).flat_map(|(w, mut bits)| {
             std::iter::from_fn(move || {
                 if bits == 0 {
                     return None;
@@ -135,112 +128,147 @@ impl Node {
         })
     }
 
+    fn is_owner(&self, spills: &Spills, slot: u32) -> bool {
+        self.owner_word(spills, slot as usize / 64) & (1 << (slot % 64)) != 0
+    }
+
+    /// `slot`'s (tiers, engine hash) when the spill lists it.
+    fn listed(&self, spills: &Spills, slot: u32) -> Option<(u8, u64)> {
+        spills.get(self.spill)?.listed(slot)
+    }
+
     /// The engine hash under which `slot` announced this page, when it holds it.
-    pub(super) fn engine_hash(&self, slot: u32) -> Option<u64> {
-        if self.tiers_of(slot) == 0 {
+    pub(super) fn engine_hash(&self, spills: &Spills, slot: u32) -> Option<u64> {
+        if !self.is_owner(spills, slot) {
             return None;
         }
-        let listed = self.extra.as_ref().and_then(|e| {
-            let at = e.hashes.binary_search_by_key(&slot, |(s, _)| *s).ok()?;
-            Some(e.hashes[at].1)
-        });
-        Some(listed.unwrap_or(self.hash))
+        Some(
+            self.listed(spills, slot)
+                .map_or(self.hash, |(_, hash)| hash),
+        )
+    }
+
+    /// The tier mask of `slot`'s copies (0 = none).
+    pub(super) fn tiers_of(&self, spills: &Spills, slot: u32) -> u8 {
+        if !self.is_owner(spills, slot) {
+            return 0;
+        }
+        self.listed(spills, slot).map_or(DEVICE, |(tiers, _)| tiers)
+    }
+
+    /// Whether an owner is not listed in the spill (its engine hash is the node's).
+    fn has_unlisted(&self, spills: &Spills) -> bool {
+        self.owner_count(spills) > spills.get(self.spill).map_or(0, |s| s.listed_count())
     }
 
     /// Makes `slot` an owner with tiers `mask` (not 0) under `engine_hash`, or
     /// changes the tiers and engine hash it holds the page under.
-    pub(super) fn own(&mut self, slot: u32, mask: u8, engine_hash: u64) {
-        let extra_hashes = self.extra.as_ref().map_or(0, |e| e.hashes.len());
-        let listed = self
-            .extra
-            .as_ref()
-            .and_then(|e| e.hashes.binary_search_by_key(&slot, |(s, _)| *s).ok());
-        let inline_taken = self.owner_count() > extra_hashes;
-        let is_inline = listed.is_none() && self.tiers_of(slot) != 0;
-        if let Some(at) = listed {
-            let extra = self.extra.as_mut().expect("a listed hash lives in extra");
-            extra.hashes[at].1 = engine_hash;
-        } else if is_inline || !inline_taken {
+    pub(super) fn own(&mut self, spills: &mut Spills, slot: u32, mask: u8, engine_hash: u64) {
+        debug_assert!(mask != 0);
+        if !self.is_owner(spills, slot) {
+            let unlisted_free = !self.has_unlisted(spills);
+            self.add_bit(spills, slot);
+            if mask == DEVICE && unlisted_free {
+                self.hash = engine_hash;
+            } else {
+                spills.edit(&mut self.spill, |s| s.list(slot, mask, engine_hash));
+            }
+        } else if self.listed(spills, slot).is_none() && mask == DEVICE {
             self.hash = engine_hash;
         } else {
-            let hashes = &mut self.extra.get_or_insert_with(Default::default).hashes;
-            let at = hashes.partition_point(|(s, _)| *s < slot);
-            hashes.insert(at, (slot, engine_hash));
+            spills.edit(&mut self.spill, |s| s.list(slot, mask, engine_hash));
         }
-        self.set_tiers(slot, mask);
+        self.settle(spills);
+    }
+
+    /// Sets the tier mask of `slot`'s copies (not 0: [`Node::disown`] drops them all),
+    /// keeping its engine hash.
+    pub(super) fn set_tiers(&mut self, spills: &mut Spills, slot: u32, mask: u8) {
+        if let Some(hash) = self.engine_hash(spills, slot) {
+            self.own(spills, slot, mask, hash);
+        }
     }
 
     /// Drops `slot`'s copies and engine hash.
-    pub(super) fn disown(&mut self, slot: u32) {
-        if let Some(extra) = &mut self.extra
-            && let Ok(at) = extra.hashes.binary_search_by_key(&slot, |(s, _)| *s)
-        {
-            extra.hashes.remove(at);
+    pub(super) fn disown(&mut self, spills: &mut Spills, slot: u32) {
+        if !self.is_owner(spills, slot) {
+            return;
         }
-        self.set_tiers(slot, 0);
+        if self.listed(spills, slot).is_some() {
+            spills.edit(&mut self.spill, |s| s.unlist(slot));
+        }
+        self.remove_bit(spills, slot);
+        self.settle(spills);
+    }
+
+    /// Gives the page's spill back to `spills` (the page is leaving the index).
+    pub(super) fn release(&mut self, spills: &mut Spills) {
+        spills.release(&mut self.spill);
+        self.bits = 0;
+        self.link &= !(TIERED | WORDS);
     }
 
     /// The owners of word `word` whose copy includes the device tier.
-    pub(super) fn device_word(&self, word: usize) -> u64 {
-        let owners = self.owner_word(word);
-        match self.extra.as_ref().filter(|_| self.link & TIERED != 0) {
-            None => owners,
-            Some(extra) => extra
-                .tiers
-                .iter()
-                .filter(|(slot, mask)| **slot as usize / 64 == word && **mask & DEVICE == 0)
-                .fold(owners, |bits, (slot, _)| bits & !(1 << (slot % 64))),
+    pub(super) fn device_word(&self, spills: &Spills, word: usize) -> u64 {
+        let owners = self.owner_word(spills, word);
+        if self.link & TIERED == 0 || owners == 0 {
+            return owners;
         }
+        spills
+            .get(self.spill)
+            .map_or(owners, |s| owners & !s.off_device(word))
     }
 
-    /// The tier mask of `slot`'s copies (0 = none).
-    pub(super) fn tiers_of(&self, slot: u32) -> u8 {
-        let word = self.owner_word(slot as usize / 64);
-        if word & (1 << (slot % 64)) == 0 {
-            return 0;
-        }
-        self.extra
-            .as_ref()
-            .and_then(|e| e.tiers.get(&slot).copied())
-            .unwrap_or(DEVICE)
-    }
-
-    /// Sets the tier mask of `slot`'s copies; an owner's engine hash is set by
-    /// [`Node::own`] and dropped by [`Node::disown`].
-    pub(super) fn set_tiers(&mut self, slot: u32, mask: u8) {
-        let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
-        if word == 0 {
-            if mask == 0 {
-                self.owners &= !bit;
-            } else {
-                self.owners |= bit;
-            }
-        } else if mask != 0 {
-            let words = &mut self.extra.get_or_insert_with(Default::default).words;
-            if words.len() < word {
-                words.resize(word, 0);
-            }
-            words[word - 1] |= bit;
-        } else if let Some(w) = self.extra.as_mut().and_then(|e| e.words.get_mut(word - 1)) {
-            *w &= !bit;
-        }
-        if mask == DEVICE || mask == 0 {
-            if let Some(extra) = &mut self.extra {
-                extra.tiers.remove(&slot);
-            }
+    fn add_bit(&mut self, spills: &mut Spills, slot: u32) {
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        if self.bits == 0 {
+            (self.word, self.bits) = (word, bit);
+        } else if self.word == word {
+            self.bits |= bit;
         } else {
-            self.extra
-                .get_or_insert_with(Default::default)
-                .tiers
-                .insert(slot, mask);
+            spills.edit(&mut self.spill, |s| s.add_bit(word, bit));
         }
-        if self.extra.as_ref().is_some_and(|e| e.is_empty()) {
-            self.extra = None;
+        self.sync_flags(spills);
+    }
+
+    fn remove_bit(&mut self, spills: &mut Spills, slot: u32) {
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        if self.word == word && self.bits & bit != 0 {
+            self.bits &= !bit;
+            if self.bits == 0
+                && self.spill != 0
+                && let Some((word, bits)) = spills.edit(&mut self.spill, |s| s.pop_word())
+            {
+                (self.word, self.bits) = (word, bits);
+            }
+        } else if self.spill != 0 {
+            spills.edit(&mut self.spill, |s| s.remove_bit(word, bit));
         }
-        if self.extra.as_ref().is_some_and(|e| !e.tiers.is_empty()) {
+        self.sync_flags(spills);
+    }
+
+    /// Keeps an owner unlisted while one holds exactly a device copy, so a page left
+    /// with one such owner needs no spill; then sets the flags.
+    fn settle(&mut self, spills: &mut Spills) {
+        if let Some(spill) = spills.get(self.spill)
+            && spill.has_device_only()
+            && !self.has_unlisted(spills)
+            && let Some((slot, hash)) = spill.device_only()
+        {
+            spills.edit(&mut self.spill, |s| s.unlist(slot));
+            self.hash = hash;
+        }
+        self.sync_flags(spills);
+    }
+
+    fn sync_flags(&mut self, spills: &Spills) {
+        let spill = spills.get(self.spill);
+        self.link &= !(TIERED | WORDS);
+        if spill.is_some_and(|s| s.tiered()) {
             self.link |= TIERED;
-        } else {
-            self.link &= !TIERED;
+        }
+        if spill.is_some_and(|s| !s.words().is_empty()) {
+            self.link |= WORDS;
         }
     }
 }
