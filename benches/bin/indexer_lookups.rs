@@ -1,19 +1,23 @@
 //! Lookups a second one `switchyard indexer` answers on one core.
 //!
-//! `cargo build --release -p switchyard-benches --bin indexer_lookups &&
-//! taskset -c 1 target/release/indexer_lookups [ENGINES] [PROMPTS] [SECONDS]`
-//! (defaults 64, 16 and 10) starts ENGINES simulated engines in this process, serves
-//! PROMPTS prompts of 256 blocks (4,096 tokens) on each, and starts the indexer as a
-//! child process pinned to core 0 (`taskset -c 0`, one runtime thread). Once the
+//! `cargo build --release -p switchyard -p switchyard-benches --bin switchyard --bin
+//! indexer_lookups && taskset -c 1 target/release/indexer_lookups [ENGINES] [PROMPTS]
+//! [SECONDS] [ENCODING] [MATCH]` (defaults 64, 16, 10, `binary`, `full`) starts
+//! ENGINES simulated engines in this process, serves PROMPTS prompts of 256 blocks
+//! (4,096 tokens) on each, and starts `switchyard indexer` (the binary beside this
+//! one) pinned to core 0 (`taskset -c 0`: its runtime has one worker). Once the
 //! indexer has applied every KV event, clients on this process's core (one keep-alive
-//! connection each) send lookups of those prompts (each a full match on one engine:
-//! the longest walk) for SECONDS and it prints the lookups answered a second, the
-//! indexer's CPU over the run (from /proc) and the lookups per CPU second of the
-//! indexer.
+//! HTTP/1.1 connection each, one lookup at a time, as a router's pooled connections
+//! send them) send lookups of those prompts for SECONDS, in ENCODING (`binary`, what
+//! routers send, or `json`). With MATCH `full` each is a full match on one engine
+//! (the longest walk); with `none` its first block is one no engine holds (the walk
+//! ends there: what remains is the exchange). It prints the lookups answered a
+//! second, the CPU of the indexer and of this process over the run (from /proc), and
+//! the lookups per CPU second of the indexer.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -22,7 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use engine_sim::{RunningEngine, SimConfig};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use router_config::RouterConfig;
 use router_state::kv_events::{chain_hashes, namespace_seed};
 use serde_json::{Value, json};
 use tokio::time::{Duration, Instant};
@@ -30,6 +33,9 @@ use tokio::time::{Duration, Instant};
 const BLOCK: usize = 16;
 const BLOCKS: usize = 256;
 const CLIENTS: usize = 32;
+/// The media type of a binary lookup (docs/operations.md, "The shared prefix
+/// indexer").
+const BINARY_LOOKUP: &str = "application/vnd.switchyard.prefix-lookup";
 
 fn tokenizer() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/tokenizer-bytes/tokenizer.json")
@@ -49,31 +55,9 @@ fn config(sims: &[RunningEngine]) -> String {
     .to_string()
 }
 
-/// The child: the indexer on one runtime thread until its stdin closes.
-fn serve(config: &str) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let text = std::fs::read_to_string(config).expect("the config file");
-        let config = RouterConfig::from_yaml(&text).expect("a configuration");
-        let indexer =
-            router_http::start_indexer(config, "127.0.0.1:0".parse().expect("an address"))
-                .await
-                .expect("the indexer");
-        println!("{}", indexer.addr());
-        std::io::stdout().flush().expect("stdout");
-        tokio::task::spawn_blocking(|| std::io::stdin().lines().count())
-            .await
-            .expect("stdin is read");
-        indexer.shutdown().await;
-    });
-}
-
-/// Utime plus stime of process `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the indexer's stat");
+/// Utime plus stime of process `pid` (`self` for this one), in clock ticks.
+fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a process's stat");
     let after = &stat[stat.rfind(')').expect("a comm field") + 2..];
     let fields: Vec<&str> = after.split(' ').collect();
     fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
@@ -114,12 +98,80 @@ fn prompt(seed: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A lookup of model `m`'s `hashes` in `encoding`, and its media type.
+fn body(encoding: &str, hashes: &[u64]) -> (bytes::Bytes, &'static str) {
+    match encoding {
+        "json" => (
+            json!({"model": "m", "hashes": hashes}).to_string().into(),
+            "application/json",
+        ),
+        "binary" => {
+            // Flags (none), the model name's length, the name, the hashes.
+            let mut body = vec![0, 1, b'm'];
+            for hash in hashes {
+                body.extend_from_slice(&hash.to_le_bytes());
+            }
+            (body.into(), BINARY_LOOKUP)
+        }
+        other => panic!("ENCODING is binary or json, not {other}"),
+    }
+}
+
+/// The indexer's process, stopped when dropped (a failed run included), and its
+/// stdout, kept open until then so it never writes into a closed pipe.
+struct Indexer {
+    child: std::process::Child,
+    stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Drop for Indexer {
+    fn drop(&mut self) {
+        drop(self.child.kill());
+        drop(self.child.wait());
+    }
+}
+
+/// `switchyard indexer` on `file`, pinned to core 0, and its address.
+fn start_indexer(file: &std::path::Path) -> (Indexer, String) {
+    let binary = std::env::current_exe()
+        .expect("this program")
+        .with_file_name("switchyard");
+    assert!(
+        binary.exists(),
+        "{} is missing: cargo build --release -p switchyard",
+        binary.display()
+    );
+    let mut child = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(binary)
+        .args(["indexer", "--listen", "127.0.0.1:0", "--config"])
+        .arg(file)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("taskset starts the indexer");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut indexer = Indexer {
+        child,
+        stdout: BufReader::new(stdout).lines(),
+    };
+    loop {
+        let line = indexer
+            .stdout
+            .next()
+            .expect("the indexer's ready line")
+            .expect("its stdout");
+        if let Ok(ready) = serde_json::from_str::<Value>(&line)
+            && ready["event"] == "ready"
+        {
+            let addr = ready["addr"].as_str().expect("an address").to_owned();
+            return (indexer, addr);
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("serve") {
-        serve(&args[2]);
-        return;
-    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -134,6 +186,12 @@ async fn drive(args: &[String]) {
             .map_or(default, |n| n.parse().expect("a number"))
     };
     let (engines, prompts, seconds) = (arg(1, 64), arg(2, 16), arg(3, 10));
+    let encoding = args.get(4).map_or("binary", String::as_str);
+    let full = match args.get(5).map_or("full", String::as_str) {
+        "full" => true,
+        "none" => false,
+        other => panic!("MATCH is full or none, not {other}"),
+    };
     let mut sims = Vec::new();
     for _ in 0..engines {
         let mut c = SimConfig::for_tests();
@@ -147,31 +205,21 @@ async fn drive(args: &[String]) {
     }
     let file = std::env::temp_dir().join(format!("indexer-lookups-{}.yaml", std::process::id()));
     std::fs::write(&file, config(&sims)).expect("the config is written");
-    let mut child = Command::new("taskset")
-        .args(["-c", "0"])
-        .arg(std::env::current_exe().expect("this program"))
-        .arg("serve")
-        .arg(&file)
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("taskset starts the indexer");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the indexer's address");
-    let addr = line.trim().to_owned();
+    let (indexer, addr) = start_indexer(&file);
     let client = reqwest::Client::new();
 
     let mut bodies = Vec::new();
+    let mut media = "";
     for (e, sim) in sims.iter().enumerate() {
         for k in 0..prompts {
             let tokens = prompt(e * prompts + k);
-            let hashes = chain_hashes(&tokens, BLOCK, namespace_seed(None));
-            bodies.push(bytes::Bytes::from(
-                json!({"model": "m", "hashes": hashes}).to_string(),
-            ));
+            let mut hashes = chain_hashes(&tokens, BLOCK, namespace_seed(None));
+            if !full {
+                hashes[0] ^= 1;
+            }
+            let (lookup, kind) = body(encoding, &hashes);
+            bodies.push(lookup);
+            media = kind;
             sim.engine().serve(tokens, 1).await;
         }
     }
@@ -182,22 +230,27 @@ async fn drive(args: &[String]) {
     let answer: Value = client
         .post(format!("http://{addr}/v1/prefix/lookup"))
         .body(bodies[0].clone())
-        .header("content-type", "application/json")
+        .header("content-type", media)
         .send()
         .await
         .expect("a lookup")
         .json()
         .await
         .expect("an answer");
-    assert_eq!(answer["engines"], json!([["E0", BLOCKS]]), "a full match");
+    let expected = if full {
+        json!([["E0", BLOCKS]])
+    } else {
+        json!([])
+    };
+    assert_eq!(answer["engines"], expected, "the match asked for");
 
     let bodies = Arc::new(bodies);
     let (count, stop) = (
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicBool::new(false)),
     );
-    let (ticks, pid) = (ticks_per_second(), child.id());
-    let cpu_before = cpu_ticks(pid);
+    let (ticks, pid) = (ticks_per_second(), indexer.child.id().to_string());
+    let (cpu_before, own_before) = (cpu_ticks(&pid), cpu_ticks("self"));
     let started = Instant::now();
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| {
@@ -222,7 +275,7 @@ async fn drive(args: &[String]) {
                 while !stop.load(Ordering::Relaxed) {
                     let request = hyper::Request::post("/v1/prefix/lookup")
                         .header(hyper::header::HOST, &addr)
-                        .header(hyper::header::CONTENT_TYPE, "application/json")
+                        .header(hyper::header::CONTENT_TYPE, media)
                         .body(Full::new(bodies[i % bodies.len()].clone()))
                         .expect("a request");
                     let response = sender.send_request(request).await.expect("a lookup");
@@ -237,19 +290,21 @@ async fn drive(args: &[String]) {
     tokio::time::sleep(Duration::from_secs(seconds as u64)).await;
     stop.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu = (cpu_ticks(pid) - cpu_before) as f64 / ticks;
+    let cpu = (cpu_ticks(&pid) - cpu_before) as f64 / ticks;
+    let own = (cpu_ticks("self") - own_before) as f64 / ticks;
     for task in tasks {
         task.await.expect("a client");
     }
     let lookups = count.load(Ordering::Relaxed) as f64;
+    let walk = if full { "full match" } else { "no match" };
     println!(
-        "{engines} engines x {prompts} prompts of {BLOCKS} blocks, {CLIENTS} clients, {elapsed:.1} s: {:.0} lookups/s, indexer CPU {:.0}% of a core, {:.0} lookups per indexer CPU second",
+        "{engines} engines x {prompts} prompts of {BLOCKS} blocks, {encoding} lookups ({walk}), {CLIENTS} clients, {elapsed:.1} s: {:.0} lookups/s, indexer CPU {:.0}% of a core, clients {:.0}%, {:.0} lookups per indexer CPU second",
         lookups / elapsed,
         100.0 * cpu / elapsed,
+        100.0 * own / elapsed,
         lookups / cpu
     );
-    drop(child.stdin.take());
-    child.wait().expect("the indexer ends");
+    drop(indexer);
     std::fs::remove_file(&file).expect("the config is removed");
     for sim in sims {
         sim.shutdown().await;

@@ -48,7 +48,10 @@ use tokio::time::Instant;
 
 pub(crate) use client::{IndexerLink, RemoteCacheSource};
 pub use follow::IndexerContext;
-use wire::{Answer, LOOKUP_PATH, Lookup, MAX_HASHES, MAX_LOOKUP_BYTES};
+use wire::{
+    BINARY_LOOKUP, LOOKUP_PATH, Lookup, MAX_BINARY_LOOKUP_BYTES, MAX_HASHES, MAX_JSON_LOOKUP_BYTES,
+    answer_json,
+};
 
 use crate::access::{AdminAccess, TokenDigest, TokenSetting};
 use crate::app::{StartError, register};
@@ -275,28 +278,44 @@ fn refused(status: StatusCode, message: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
+/// Whether a lookup's `Content-Type` is [`BINARY_LOOKUP`] (parameters aside): any
+/// other is read as JSON.
+fn is_binary(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case(BINARY_LOOKUP))
+}
+
 async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Request) -> Response {
     if let Some(access) = indexer.ctx.lookups.load().as_ref()
         && !access.admits_request(request.headers())
     {
         return indexer.unauthorized();
     }
+    let binary = is_binary(request.headers());
+    let limit = if binary {
+        MAX_BINARY_LOOKUP_BYTES
+    } else {
+        MAX_JSON_LOOKUP_BYTES
+    };
     let too_large = || {
         refused(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format_args!("a lookup is at most {MAX_LOOKUP_BYTES} bytes"),
+            format_args!("a lookup is at most {limit} bytes in this encoding"),
         )
     };
     let announced = request
         .headers()
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > MAX_LOOKUP_BYTES as u64) {
+    if announced.is_some_and(|n| n > limit as u64) {
         return too_large();
     }
     let read = tokio::time::timeout(
         indexer.ctx.body_timeout,
-        Limited::new(request.into_body(), MAX_LOOKUP_BYTES).collect(),
+        Limited::new(request.into_body(), limit).collect(),
     )
     .await;
     let body: Bytes = match read {
@@ -313,9 +332,14 @@ async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Req
             );
         }
     };
-    let lookup: Lookup<'_> = match serde_json::from_slice(&body) {
+    let lookup = if binary {
+        Lookup::from_binary(&body).map_err(|e| format!("not a binary lookup: {e}"))
+    } else {
+        serde_json::from_slice::<Lookup<'_>>(&body).map_err(|e| format!("not a lookup: {e}"))
+    };
+    let lookup = match lookup {
         Ok(lookup) => lookup,
-        Err(e) => return refused(StatusCode::BAD_REQUEST, format_args!("not a lookup: {e}")),
+        Err(e) => return refused(StatusCode::BAD_REQUEST, e),
     };
     if lookup.hashes.len() > MAX_HASHES {
         return refused(
@@ -329,12 +353,21 @@ async fn lookup(State(indexer): State<Arc<Indexer>>, request: axum::extract::Req
             "the indexer keeps no index of that model",
         );
     };
-    axum::Json(Answer::from(PrefixHits::of_chain(
-        &index,
-        &lookup.hashes,
-        lookup.dry_run,
-    )))
-    .into_response()
+    let hits = PrefixHits::of_chain(&index, &lookup.hashes, lookup.dry_run);
+    match answer_json(&hits) {
+        Ok(json) => (
+            [(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            )],
+            Bytes::from(json),
+        )
+            .into_response(),
+        Err(e) => refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format_args!("encoding the answer: {e}"),
+        ),
+    }
 }
 
 async fn metrics(State(indexer): State<Arc<Indexer>>) -> Response {

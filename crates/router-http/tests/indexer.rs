@@ -196,14 +196,13 @@ async fn an_indexer_down_or_silent_costs_a_cache_unavailable_pick_not_a_request(
     }
 }
 
-/// The status line of a lookup whose head announces a body past the bound (the body
-/// is never sent: the answer must not wait for it).
-async fn too_long(addr: std::net::SocketAddr) -> String {
+/// The status line of a lookup of `media` whose head announces a body of `bytes`
+/// (the body is never sent: an answer past the bound must not wait for it).
+async fn too_long(addr: std::net::SocketAddr, media: &str, bytes: usize) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!(
-        "POST /v1/prefix/lookup HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        2 << 20
+        "POST /v1/prefix/lookup HTTP/1.1\r\nhost: x\r\ncontent-type: {media}\r\ncontent-length: {bytes}\r\n\r\n"
     );
     socket.write_all(head.as_bytes()).await.unwrap();
     let mut answer = vec![0; 12];
@@ -257,7 +256,7 @@ async fn the_lookup_api_bounds_what_it_reads() {
     assert_eq!(status(b"not json".to_vec()).await, 400);
     assert_eq!(status(hashes((1 << 16) + 1)).await, 400, "too many hashes");
     assert_eq!(
-        too_long(indexer.addr()).await,
+        too_long(indexer.addr(), "application/json", 2 << 20).await,
         "HTTP/1.1 413",
         "a body past the bound"
     );
@@ -289,6 +288,114 @@ async fn the_lookup_api_bounds_what_it_reads() {
     assert!(
         refused.contains("the indexer would index nothing"),
         "{refused}"
+    );
+    indexer.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+/// The media type of a binary lookup.
+const BINARY: &str = "application/vnd.switchyard.prefix-lookup";
+
+/// A binary lookup of `model`: flags, the name's length, the name, the hashes.
+fn binary(flags: u8, model: &str, hashes: &[u64]) -> Vec<u8> {
+    let mut body = vec![flags, u8::try_from(model.len()).unwrap()];
+    body.extend_from_slice(model.as_bytes());
+    for hash in hashes {
+        body.extend_from_slice(&hash.to_le_bytes());
+    }
+    body
+}
+
+// A lookup in binary (what routers send) is answered as the same lookup in JSON
+// (what earlier routers send) is; what does not fit the binary encoding or its
+// bounds is refused with why, and the JSON one still works beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_and_json_lookups_are_answered_alike_within_their_bounds() {
+    use router_state::kv_events::{chain_hashes, namespace_seed};
+    let sims = common::kv_sims(2).await;
+    let indexer = router_http::start_indexer(config(&sims, None), LOCAL)
+        .await
+        .unwrap();
+    let tokens: Vec<u32> = (0..160).collect();
+    sims[1].engine().serve(tokens.clone(), 1).await;
+    caught_up(&indexer, &sims).await;
+    let hashes = chain_hashes(&tokens, 16, namespace_seed(None));
+    let lookup = format!("http://{}/v1/prefix/lookup", indexer.addr());
+    let client = reqwest::Client::new();
+    let ask = |media: &'static str, body: Vec<u8>| {
+        let request = client
+            .post(&lookup)
+            .header("content-type", media)
+            .body(body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        }
+    };
+    let by_json = json!({"model": "m", "hashes": hashes}).to_string();
+    let (status, answer) = ask("application/json", by_json.into_bytes()).await;
+    assert_eq!(status, 200);
+    let mut read: Value = serde_json::from_str(&answer).unwrap();
+    // How late the engine's batch arrived depends on the machine's load.
+    read.as_object_mut().unwrap().remove("feed_age_ms");
+    assert_eq!(
+        read,
+        json!({"query_blocks": 10, "block_size": 16, "engines": [["E1", 10]], "ranks": [["E1", 0]]})
+    );
+    assert_eq!(
+        ask(BINARY, binary(0, "m", &hashes)).await,
+        (status, answer.clone())
+    );
+    assert_eq!(
+        ask(
+            "Application/Vnd.Switchyard.Prefix-Lookup; version=1",
+            binary(1, "m", &hashes)
+        )
+        .await,
+        (status, answer),
+        "a dry run, the media type's case and parameters aside"
+    );
+    assert_eq!(ask(BINARY, binary(0, "other", &hashes)).await.0, 404);
+
+    let refused = |(status, answer): (u16, String)| {
+        assert_eq!(status, 400, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        answer["error"]["message"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(
+        refused(ask(BINARY, vec![0]).await),
+        "not a binary lookup: shorter than its 2-byte header"
+    );
+    assert_eq!(
+        refused(ask(BINARY, binary(4, "m", &hashes)).await),
+        "not a binary lookup: flags other than bit 0 (a dry run) are set"
+    );
+    let mut ragged = binary(0, "m", &hashes);
+    ragged.pop();
+    assert_eq!(
+        refused(ask(BINARY, ragged).await),
+        "not a binary lookup: the hashes are not whole 8-byte words"
+    );
+    assert_eq!(
+        refused(ask(BINARY, vec![0, 9, b'm']).await),
+        "not a binary lookup: the model name runs past the body"
+    );
+    assert_eq!(
+        refused(ask(BINARY, binary(0, "m", &vec![7; (1 << 16) + 1])).await),
+        "not a binary lookup: more block hashes than a lookup may carry (65,536)"
+    );
+    assert!(
+        refused(ask(BINARY, b"{\"model\": \"m\", \"hashes\": [1]}".to_vec()).await)
+            .starts_with("not a binary lookup: "),
+        "JSON sent as binary is read as binary"
+    );
+    // Past the binary bound (2 + 128 + 8 x 65,536 bytes), below the JSON one.
+    assert_eq!(
+        too_long(indexer.addr(), BINARY, 2 + 128 + (8 << 16) + 1).await,
+        "HTTP/1.1 413"
     );
     indexer.shutdown().await;
     for s in sims {

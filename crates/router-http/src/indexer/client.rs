@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, Pass};
-use super::wire::{Answer, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
+use super::wire::{Answer, BINARY_LOOKUP, LOOKUP_PATH, Lookup, MAX_ANSWER_BYTES, MAX_HASHES};
 use crate::metrics::{IndexerCounts, IndexerMetrics};
 
 /// What every model's lookups share about the indexers (see the module
@@ -131,11 +131,12 @@ impl IndexerLink {
             ));
         };
         let sent = hashes.len();
-        let body = serde_json::to_vec(&Lookup {
+        let body = Lookup {
             model: model.into(),
             hashes,
             dry_run,
-        })
+        }
+        .to_binary()
         .map(Bytes::from)
         .map_err(|e| format!("prefix indexer: {e}"))?;
         let deadline = Instant::now() + self.timeout;
@@ -200,8 +201,8 @@ impl IndexerLink {
     }
 
     async fn ask(&self, peer: &Peer, body: &Bytes, block_size: u32) -> Result<PrefixHits, Failed> {
-        let json = HeaderValue::from_static("application/json");
-        let mut headers = vec![(header::CONTENT_TYPE, &json)];
+        let binary = HeaderValue::from_static(BINARY_LOOKUP);
+        let mut headers = vec![(header::CONTENT_TYPE, &binary)];
         if let Some(authorization) = &self.authorization {
             headers.push((header::AUTHORIZATION, authorization));
         }
@@ -223,7 +224,10 @@ impl IndexerLink {
         }
         if status.is_client_error() {
             // About this model (one the indexer does not index, say): the indexer is up.
-            return Err(Failed::answered(format!("the indexer answered {status}")));
+            return Err(Failed::answered(format!(
+                "the indexer answered {status}{}",
+                why(&bytes)
+            )));
         }
         if status != StatusCode::OK {
             return Err(Failed::down(format!("the indexer answered {status}")));
@@ -239,6 +243,25 @@ impl IndexerLink {
         }
         Ok(hits)
     }
+}
+
+/// The indexer's reason for refusing a lookup (`{"error": {"message"}}`), as `": "`
+/// and its first 200 characters without control characters, or nothing.
+fn why(answer: &[u8]) -> String {
+    let Ok(refusal) = serde_json::from_slice::<serde_json::Value>(answer) else {
+        return String::new();
+    };
+    refusal["error"]["message"]
+        .as_str()
+        .map(|message| {
+            let shown: String = message
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(200)
+                .collect();
+            format!(": {shown}")
+        })
+        .unwrap_or_default()
 }
 
 impl Peer {
@@ -485,6 +508,40 @@ mod tests {
         server.abort();
     }
 
+    // An indexer older than the router reads its binary lookup as JSON and refuses it:
+    // the lookup's reason says what the indexer said, its control characters left
+    // out and cut at 200 characters.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_lookup_says_why_the_indexer_refused_it() {
+        let message = format!(
+            "not a lookup:\nexpected value at line 1 column 1{}",
+            "!".repeat(300)
+        );
+        let app = axum::Router::new().route(
+            LOOKUP_PATH,
+            axum::routing::post(move || async move {
+                let refusal = serde_json::json!({"error": {"message": message}});
+                (StatusCode::BAD_REQUEST, axum::Json(refusal))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = Origin::of(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let failed = link(origin, 4, Duration::from_secs(5))
+            .lookup("m", 16, vec![1], false)
+            .await
+            .unwrap_err();
+        let kept = "not a lookup:expected value at line 1 column 1";
+        assert_eq!(
+            failed,
+            format!(
+                "prefix indexer: the indexer answered 400 Bad Request: {kept}{}",
+                "!".repeat(200 - kept.len())
+            )
+        );
+        server.abort();
+    }
+
     /// An indexer that answers every lookup with no engine holding anything, or 503
     /// while `down` is set; counting the lookups it answered.
     async fn answering(
@@ -494,14 +551,14 @@ mod tests {
         let counter = Arc::clone(&answered);
         let app = axum::Router::new().route(
             LOOKUP_PATH,
-            axum::routing::post(move |axum::Json(lookup): axum::Json<serde_json::Value>| {
+            axum::routing::post(move |body: Bytes| {
                 let (down, counter) = (Arc::clone(&down), Arc::clone(&counter));
                 async move {
                     if down.load(Ordering::SeqCst) {
                         return StatusCode::SERVICE_UNAVAILABLE.into_response();
                     }
                     counter.fetch_add(1, Ordering::SeqCst);
-                    let blocks = lookup["hashes"].as_array().map_or(0, Vec::len);
+                    let blocks = Lookup::from_binary(&body).map_or(0, |l| l.hashes.len());
                     axum::Json(serde_json::json!({
                         "query_blocks": blocks, "block_size": 16, "engines": [], "ranks": []
                     }))
