@@ -2,32 +2,33 @@
 //!
 //! `cargo build --release -p switchyard -p switchyard-benches --bin switchyard --bin
 //! indexer_lookups && taskset -c 1 target/release/indexer_lookups [ENGINES] [PROMPTS]
-//! [SECONDS] [ENCODING] [MATCH]` (defaults 64, 16, 10, `binary`, `full`) starts
-//! ENGINES simulated engines in this process, serves PROMPTS prompts of 256 blocks
-//! (4,096 tokens) on each, and starts `switchyard indexer` (the binary beside this
-//! one) pinned to core 0 (`taskset -c 0`: its runtime has one worker). Once the
-//! indexer has applied every KV event, clients on this process's core (one keep-alive
-//! HTTP/1.1 connection each, one lookup at a time, as a router's pooled connections
-//! send them) send lookups of those prompts for SECONDS, in ENCODING (`binary`, what
-//! routers send, or `json`). With MATCH `full` each is a full match on one engine
-//! (the longest walk); with `none` its first block is one no engine holds (the walk
-//! ends there: what remains is the exchange). It prints the lookups answered a
-//! second, the CPU of the indexer and of this process over the run (from /proc), and
-//! the lookups per CPU second of the indexer.
+//! [SECONDS] [ENCODING] [MATCH] [DEPTH]` (defaults 64, 16, 10, `binary`, `full`, 1)
+//! starts ENGINES simulated engines in this process, serves PROMPTS prompts of 256
+//! blocks (4,096 tokens) on each, and starts `switchyard indexer` (the binary beside
+//! this one) pinned to core 0 (`taskset -c 0`: its runtime has one worker). Once the
+//! indexer has applied every KV event, 32 clients on this process's core, one
+//! keep-alive HTTP/1.1 connection each, send lookups of those prompts for SECONDS, in
+//! ENCODING (`binary`, what routers send, or `json`). With MATCH `full` each is a
+//! full match on one engine (the longest walk); with `none` its first block is one no
+//! engine holds (the walk ends there: what remains is the exchange). A client sends
+//! DEPTH lookups at once, pipelined, and reads their answers before sending more: 1 is
+//! what a router's pooled connections do; more shows what the indexer would answer if
+//! the exchanges' cost were shared by several lookups. It prints the lookups answered
+//! a second, the CPU of the indexer and of this process over the run (from /proc),
+//! and the lookups per CPU second of the indexer.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use engine_sim::{RunningEngine, SimConfig};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use router_state::kv_events::{chain_hashes, namespace_seed};
 use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::time::{Duration, Instant};
 
 const BLOCK: usize = 16;
@@ -121,7 +122,7 @@ fn body(encoding: &str, hashes: &[u64]) -> (bytes::Bytes, &'static str) {
 /// stdout, kept open until then so it never writes into a closed pipe.
 struct Indexer {
     child: std::process::Child,
-    stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    stdout: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
 }
 
 impl Drop for Indexer {
@@ -153,7 +154,7 @@ fn start_indexer(file: &std::path::Path) -> (Indexer, String) {
     let stdout = child.stdout.take().expect("stdout");
     let mut indexer = Indexer {
         child,
-        stdout: BufReader::new(stdout).lines(),
+        stdout: std::io::BufReader::new(stdout).lines(),
     };
     loop {
         let line = indexer
@@ -166,6 +167,73 @@ fn start_indexer(file: &std::path::Path) -> (Indexer, String) {
         {
             let addr = ready["addr"].as_str().expect("an address").to_owned();
             return (indexer, addr);
+        }
+    }
+}
+
+/// A client's keep-alive HTTP/1.1 connection to the indexer, written to and read
+/// from directly: the cheapest client, so that its core is not what bounds the rate.
+struct Connection {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    sent: Vec<u8>,
+    line: String,
+    answer: Vec<u8>,
+}
+
+impl Connection {
+    async fn open(addr: &str) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("a connection");
+        stream.set_nodelay(true).expect("nodelay");
+        let (reader, writer) = stream.into_split();
+        Self {
+            reader: BufReader::new(reader),
+            writer,
+            sent: Vec::new(),
+            line: String::new(),
+            answer: Vec::new(),
+        }
+    }
+
+    /// Sends `requests` (`depth` of them) in one write, then reads as many answers,
+    /// each a 200.
+    async fn exchange(&mut self, requests: impl Iterator<Item = &Vec<u8>>, depth: usize) {
+        self.sent.clear();
+        for request in requests {
+            self.sent.extend_from_slice(request);
+        }
+        self.writer
+            .write_all(&self.sent)
+            .await
+            .expect("a lookup sent");
+        for _ in 0..depth {
+            let mut length = None;
+            let mut status = true;
+            loop {
+                self.line.clear();
+                self.reader
+                    .read_line(&mut self.line)
+                    .await
+                    .expect("an answer's head");
+                let line = self.line.trim_end();
+                if status {
+                    assert!(line.starts_with("HTTP/1.1 200 "), "{line}");
+                    status = false;
+                } else if line.is_empty() {
+                    break;
+                } else if let Some((name, value)) = line.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = Some(value.trim().parse::<usize>().expect("a length"));
+                }
+            }
+            self.answer.resize(length.expect("a content-length"), 0);
+            self.reader
+                .read_exact(&mut self.answer)
+                .await
+                .expect("an answer's body");
         }
     }
 }
@@ -185,7 +253,7 @@ async fn drive(args: &[String]) {
         args.get(i)
             .map_or(default, |n| n.parse().expect("a number"))
     };
-    let (engines, prompts, seconds) = (arg(1, 64), arg(2, 16), arg(3, 10));
+    let (engines, prompts, seconds, depth) = (arg(1, 64), arg(2, 16), arg(3, 10), arg(6, 1));
     let encoding = args.get(4).map_or("binary", String::as_str);
     let full = match args.get(5).map_or("full", String::as_str) {
         "full" => true,
@@ -244,7 +312,20 @@ async fn drive(args: &[String]) {
     };
     assert_eq!(answer["engines"], expected, "the match asked for");
 
-    let bodies = Arc::new(bodies);
+    let requests: Arc<Vec<Vec<u8>>> = Arc::new(
+        bodies
+            .iter()
+            .map(|body| {
+                let mut request = format!(
+                    "POST /v1/prefix/lookup HTTP/1.1\r\nhost: {addr}\r\ncontent-type: {media}\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                request.extend_from_slice(body);
+                request
+            })
+            .collect(),
+    );
     let (count, stop) = (
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicBool::new(false)),
@@ -254,35 +335,20 @@ async fn drive(args: &[String]) {
     let started = Instant::now();
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (bodies, count, stop, addr) = (
-                Arc::clone(&bodies),
+            let (requests, count, stop, addr) = (
+                Arc::clone(&requests),
                 Arc::clone(&count),
                 Arc::clone(&stop),
                 addr.clone(),
             );
             tokio::spawn(async move {
-                // One keep-alive connection a client, no pool: the cheapest client.
-                let stream = tokio::net::TcpStream::connect(&addr)
-                    .await
-                    .expect("a connection");
-                stream.set_nodelay(true).expect("nodelay");
-                let (mut sender, connection) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                        .await
-                        .expect("a handshake");
-                tokio::spawn(connection);
+                let mut connection = Connection::open(&addr).await;
                 let mut i = c;
                 while !stop.load(Ordering::Relaxed) {
-                    let request = hyper::Request::post("/v1/prefix/lookup")
-                        .header(hyper::header::HOST, &addr)
-                        .header(hyper::header::CONTENT_TYPE, media)
-                        .body(Full::new(bodies[i % bodies.len()].clone()))
-                        .expect("a request");
-                    let response = sender.send_request(request).await.expect("a lookup");
-                    assert_eq!(response.status(), 200);
-                    response.into_body().collect().await.expect("an answer");
-                    count.fetch_add(1, Ordering::Relaxed);
-                    i += CLIENTS;
+                    let batch = (0..depth).map(|k| &requests[(i + k * CLIENTS) % requests.len()]);
+                    connection.exchange(batch, depth).await;
+                    count.fetch_add(depth as u64, Ordering::Relaxed);
+                    i += depth * CLIENTS;
                 }
             })
         })
@@ -292,13 +358,13 @@ async fn drive(args: &[String]) {
     let elapsed = started.elapsed().as_secs_f64();
     let cpu = (cpu_ticks(&pid) - cpu_before) as f64 / ticks;
     let own = (cpu_ticks("self") - own_before) as f64 / ticks;
+    let lookups = count.load(Ordering::Relaxed) as f64;
     for task in tasks {
         task.await.expect("a client");
     }
-    let lookups = count.load(Ordering::Relaxed) as f64;
     let walk = if full { "full match" } else { "no match" };
     println!(
-        "{engines} engines x {prompts} prompts of {BLOCKS} blocks, {encoding} lookups ({walk}), {CLIENTS} clients, {elapsed:.1} s: {:.0} lookups/s, indexer CPU {:.0}% of a core, clients {:.0}%, {:.0} lookups per indexer CPU second",
+        "{engines} engines x {prompts} prompts of {BLOCKS} blocks, {encoding} lookups ({walk}), {CLIENTS} clients x {depth} in flight, {elapsed:.1} s: {:.0} lookups/s, indexer CPU {:.0}% of a core, clients {:.0}%, {:.0} lookups per indexer CPU second",
         lookups / elapsed,
         100.0 * cpu / elapsed,
         100.0 * own / elapsed,
