@@ -192,24 +192,49 @@ fn lookup_fleet(c: &mut Criterion) {
     });
 }
 
+/// How many times this thread has been given a CPU (`/proc/thread-self/schedstat`):
+/// a timing across which it changed includes time spent waiting for one.
+fn timeslices() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Timed calls between two looks at whether the thread lost its CPU.
+const BATCH: usize = 16;
+
 /// Times `TIMED` calls of `f` over `chains` in turn and prints p50, p99 and the
-/// longest.
+/// longest; then again, leaving out the batches of [`BATCH`] calls during which the
+/// thread lost its CPU (on a machine shared with other work, those time the wait
+/// for the CPU; the thread looks once a batch, as a look costs a system call).
 fn percentiles(name: &str, chains: &[Vec<u64>], f: impl Fn(&[u64])) {
-    let mut nanos: Vec<u128> = (0..TIMED)
-        .map(|i| {
-            let start = Instant::now();
-            f(&chains[i % chains.len()]);
-            start.elapsed().as_nanos()
-        })
-        .collect();
-    nanos.sort_unstable();
-    let at = |q: f64| nanos[((nanos.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
-    println!(
-        "fleet {name}: p50 {:.1} us, p99 {:.1} us, max {:.1} us over {TIMED} lookups",
-        at(0.5),
-        at(0.99),
-        at(1.0),
-    );
+    let report = |what: &str, mut nanos: Vec<u128>| {
+        nanos.sort_unstable();
+        let at = |q: f64| nanos[((nanos.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+        println!(
+            "fleet {name}{what}: p50 {:.1} us, p99 {:.1} us, max {:.1} us over {} lookups",
+            at(0.5),
+            at(0.99),
+            at(1.0),
+            nanos.len(),
+        );
+    };
+    let time = |i: usize| {
+        let start = Instant::now();
+        f(&chains[i % chains.len()]);
+        start.elapsed().as_nanos()
+    };
+    report("", (0..TIMED).map(time).collect());
+    let mut on_cpu = Vec::with_capacity(TIMED);
+    for batch in 0..TIMED / BATCH {
+        let before = timeslices();
+        let nanos: Vec<u128> = (batch * BATCH..(batch + 1) * BATCH).map(time).collect();
+        if timeslices() == before {
+            on_cpu.extend(nanos);
+        }
+    }
+    report(" (on the CPU throughout)", on_cpu);
 }
 
 criterion_group!(benches, apply, lookup, lookup_fleet, hash);

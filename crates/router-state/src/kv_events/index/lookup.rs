@@ -9,8 +9,9 @@ use super::{Bits, EngineMatch, Inner, Node, PrefixIndex, PrefixMatch};
 /// Per source that matched, how deep: found by slot in constant time, so a page
 /// where a thousand sources stop costs a thousand steps, not a million.
 struct Depths {
-    /// `(pages of any tier, pages on the device)` by slot; `None` for no match.
-    by_slot: Vec<Option<(usize, usize)>>,
+    /// `(pages of any tier, pages on the device)` by slot; 0 pages of any tier for
+    /// no match (a match is of one page at least).
+    by_slot: Vec<(u32, u32)>,
     /// Whether any source matched.
     any: bool,
 }
@@ -18,7 +19,7 @@ struct Depths {
 impl Depths {
     fn new(slots: usize) -> Self {
         Self {
-            by_slot: vec![None; slots],
+            by_slot: vec![(0, 0); slots],
             any: false,
         }
     }
@@ -26,13 +27,14 @@ impl Depths {
     /// Notes that the slots set in `bits` (of word `word`) matched `depth` pages, of
     /// any tier or on the device.
     fn record(&mut self, word: usize, mut bits: u64, depth: usize, any_tier: bool) {
+        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
         while bits != 0 {
             let slot = word * 64 + bits.trailing_zeros() as usize;
             bits &= bits - 1;
             if slot >= self.by_slot.len() {
-                self.by_slot.resize(slot + 1, None);
+                self.by_slot.resize(slot + 1, (0, 0));
             }
-            let entry = self.by_slot[slot].get_or_insert((0, 0));
+            let entry = &mut self.by_slot[slot];
             if any_tier {
                 entry.0 = depth;
             } else {
@@ -40,6 +42,12 @@ impl Depths {
             }
             self.any = true;
         }
+    }
+
+    /// `slot`'s (pages of any tier, pages on the device), when it matched.
+    fn of(&self, slot: u32) -> Option<(usize, usize)> {
+        let (any, device) = self.by_slot.get(slot as usize).copied()?;
+        (any > 0).then_some((any as usize, device as usize))
     }
 }
 
@@ -90,8 +98,7 @@ impl PrefixIndex {
         }
         // Sources in engine order, so each engine's ranks are side by side.
         for &slot in &inner.by_engine {
-            let Some(Some((blocks, device_blocks))) = depths.by_slot.get(slot as usize).copied()
-            else {
+            let Some((blocks, device_blocks)) = depths.of(slot) else {
                 continue;
             };
             let Some(source) = inner.sources.get(slot as usize).and_then(Option::as_ref) else {
@@ -140,15 +147,14 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     };
     let spills = &inner.spills;
     let trusted = !inner.degraded.first().copied().unwrap_or(0);
-    let mut alive = first.owner_word(spills, 0) & trusted;
-    let mut device = first.device_word(spills, 0) & trusted;
+    let (owners, device_owners) = first.owners_in(spills, 0);
+    let (mut alive, mut device) = (owners & trusted, device_owners & trusted);
     let mut walked = 1;
     while alive != 0 && walked < chain.len() {
         let Some(node) = nodes.next() else {
             break;
         };
-        let owners = node.owner_word(spills, 0);
-        let device_owners = node.device_word(spills, 0);
+        let (owners, device_owners) = node.owners_in(spills, 0);
         let (left, left_device) = (alive & !owners, device & !device_owners);
         if left | left_device != 0 {
             depths.record(0, left, walked, true);
@@ -163,45 +169,66 @@ fn walk_narrow(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     (walked, depths)
 }
 
-/// The walk over any number of sources, one word of 64 slots at a time.
+/// The walk over any number of sources, one word of 64 slots at a time. The owners
+/// of a chunk's pages are read first, page by page, and then walked: reading a
+/// page's spill does not wait for the walk of the page before, so the memory reads
+/// of neighbouring pages' spills overlap as their nodes' do (see [`nodes`]).
 fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
     let spills = &inner.spills;
+    // More than 64 sources: at least two words.
     let words = inner.sources.len().div_ceil(64);
     let mut alive: Bits = smallvec::smallvec![0; words];
     let mut device: Bits = smallvec::smallvec![0; words];
+    // The owners of a chunk's pages, and of their device copies: `words` a page.
+    let mut owners = vec![0; LOOKAHEAD * words];
+    let mut device_owners = vec![0; LOOKAHEAD * words];
     let mut depths = Depths::new(inner.sources.len());
     let mut walked = 0;
-    for (i, node) in nodes(inner, chain).enumerate() {
-        if i == 0 {
-            let trusted = |w: usize| !inner.degraded.get(w).copied().unwrap_or(0);
-            for (w, owners) in node.words(spills) {
-                if let (Some(a), Some(d)) = (alive.get_mut(w), device.get_mut(w)) {
-                    *a = owners & trusted(w);
-                    *d = node.device_word(spills, w) & trusted(w);
+    for chunk in chain.chunks(LOOKAHEAD) {
+        let found = chunk_nodes(inner, chunk);
+        let pages = found.iter().take_while(|n| n.is_some()).count();
+        let page_owners = owners.chunks_exact_mut(words);
+        let page_device = device_owners.chunks_exact_mut(words);
+        for ((node, o), d) in found[..pages]
+            .iter()
+            .flatten()
+            .zip(page_owners)
+            .zip(page_device)
+        {
+            node.owners_by_word(spills, o, d);
+        }
+        for p in 0..pages {
+            let (o, d) = (&owners[p * words..], &device_owners[p * words..]);
+            if walked == 0 {
+                for w in 0..words {
+                    let trusted = !inner.degraded.get(w).copied().unwrap_or(0);
+                    alive[w] = o[w] & trusted;
+                    device[w] = d[w] & trusted;
                 }
             }
-        }
-        let mut any = 0;
-        for w in 0..alive.len() {
-            // Device owners are owners: a word without owners left has no device
-            // owners either.
-            if alive[w] == 0 {
-                continue;
+            let mut any = 0;
+            for w in 0..words {
+                // Device owners are owners: a word without owners left has no device
+                // owners either.
+                if alive[w] == 0 {
+                    continue;
+                }
+                depths.record(w, alive[w] & !o[w], walked, true);
+                depths.record(w, device[w] & !d[w], walked, false);
+                alive[w] &= o[w];
+                device[w] &= d[w];
+                any |= alive[w];
             }
-            let owners = node.owner_word(spills, w);
-            let device_owners = node.device_word(spills, w);
-            depths.record(w, alive[w] & !owners, i, true);
-            depths.record(w, device[w] & !device_owners, i, false);
-            alive[w] &= owners;
-            device[w] &= device_owners;
-            any |= alive[w];
+            walked += 1;
+            if any == 0 {
+                return (walked, depths);
+            }
         }
-        walked = i + 1;
-        if any == 0 {
+        if pages < chunk.len() {
             break;
         }
     }
-    for w in 0..alive.len() {
+    for w in 0..words {
         depths.record(w, alive[w], walked, true);
         depths.record(w, device[w], walked, false);
     }
@@ -211,19 +238,23 @@ fn walk_wide(inner: &Inner, chain: &[u64]) -> (usize, Depths) {
 /// Pages looked up at once by [`nodes`].
 const LOOKAHEAD: usize = 16;
 
-/// The nodes of `chain`'s pages in order, up to the first page the index lacks. They
-/// are looked up [`LOOKAHEAD`] at a time, so the memory reads of neighbouring pages
-/// (each likely a cache miss in a large index) overlap instead of following one
-/// another; a walk ending early wastes at most `LOOKAHEAD - 1` lookups.
+/// The nodes of a chunk of at most [`LOOKAHEAD`] pages, looked up together so that
+/// their memory reads (each likely a cache miss in a large index) overlap instead of
+/// following one another.
+fn chunk_nodes<'a>(inner: &'a Inner, chunk: &[u64]) -> [Option<&'a Node>; LOOKAHEAD] {
+    let mut found = [None; LOOKAHEAD];
+    for (slot, hash) in found.iter_mut().zip(chunk) {
+        *slot = inner.nodes.get(*hash);
+    }
+    found
+}
+
+/// The nodes of `chain`'s pages in order, up to the first page the index lacks,
+/// looked up [`LOOKAHEAD`] at a time (see [`chunk_nodes`]); a walk ending early
+/// wastes at most `LOOKAHEAD - 1` lookups.
 fn nodes<'a>(inner: &'a Inner, chain: &'a [u64]) -> impl Iterator<Item = &'a Node> + 'a {
     chain
         .chunks(LOOKAHEAD)
-        .flat_map(move |chunk| {
-            let mut found = [None; LOOKAHEAD];
-            for (slot, hash) in found.iter_mut().zip(chunk) {
-                *slot = inner.nodes.get(*hash);
-            }
-            found.into_iter().take(chunk.len())
-        })
+        .flat_map(move |chunk| chunk_nodes(inner, chunk).into_iter().take(chunk.len()))
         .map_while(|node| node)
 }

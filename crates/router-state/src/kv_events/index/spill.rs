@@ -162,6 +162,14 @@ impl Spill {
             .fold(0, |bits, l| bits | 1 << (l.slot % 64))
     }
 
+    /// The listed owners without a device copy.
+    pub(super) fn off_device_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.owners
+            .iter()
+            .filter(|l| l.tiers & DEVICE == 0)
+            .map(|l| l.slot)
+    }
+
     fn is_empty(&self) -> bool {
         self.words.is_empty() && self.owners.is_empty()
     }

@@ -16,7 +16,9 @@ const SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The fewest slots of a table that has any.
 const MIN_SLOTS: usize = 16;
 
+/// The chain hash first, then the node (see [`Node`]'s layout).
 #[derive(Debug)]
+#[repr(C)]
 struct Slot {
     chain: u64,
     node: Node,

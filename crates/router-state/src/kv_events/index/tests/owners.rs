@@ -65,7 +65,7 @@ fn reads_as(node: &Node, spills: &Spills, owners: &Owners) -> Result<(), TestCas
     for word in 0..=5_002 / 64 {
         let (any, device) = want.get(&word).copied().unwrap_or_default();
         prop_assert_eq!(node.owner_word(spills, word), any, "word {}", word);
-        prop_assert_eq!(node.device_word(spills, word), device, "word {}", word);
+        prop_assert_eq!(node.owners_in(spills, word), (any, device), "word {}", word);
     }
     for slot in SLOTS.iter().cloned().flatten() {
         let held = owners.get(&slot);
