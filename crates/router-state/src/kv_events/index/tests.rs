@@ -286,12 +286,13 @@ fn clears_restarts_degradation_and_engine_removal() {
 #[test]
 fn lookups_over_more_than_64_sources_match_word_by_word() {
     let index = index();
-    let tokens: Vec<u32> = (0..40).collect();
+    let tokens: Vec<u32> = (0..50 * BS).collect();
     let chain = index.request_hashes(None, &tokens);
-    // Engine i holds the first i % 10 + 1 pages; engine 100 only a host copy of
-    // four, engine 70 is being repaired.
+    // Engine i holds the first i % 50 + 1 pages (walks ending on either side of
+    // the lookahead's chunks of 16); engine 100 only a host copy of its one, engine
+    // 70 is being repaired.
     for i in 0..130u64 {
-        let pages = (i % 10 + 1) as usize;
+        let pages = (i % 50 + 1) as usize;
         let tier = if i == 100 { Tier::Host } else { Tier::Device };
         let hashes: Vec<u64> = (0..pages as u64).map(|b| i * 1000 + b).collect();
         let event = stored(&hashes, None, tokens[..pages * BS as usize].to_vec(), tier);
@@ -310,7 +311,7 @@ fn lookups_over_more_than_64_sources_match_word_by_word() {
             .iter()
             .find(|m| m.engine == id(&format!("e{i:03}")))
             .expect("a match");
-        let pages = (i % 10 + 1) as usize;
+        let pages = (i % 50 + 1) as usize;
         let device = if i == 100 { 0 } else { pages };
         assert_eq!((m.blocks, m.device_blocks), (pages, device), "engine {i}");
     }

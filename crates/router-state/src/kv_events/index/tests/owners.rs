@@ -62,10 +62,14 @@ fn reads_as(node: &Node, spills: &Spills, owners: &Owners) -> Result<(), TestCas
     words.sort_unstable();
     let want_words: Vec<(usize, u64)> = want.iter().map(|(w, bits)| (*w, bits.0)).collect();
     prop_assert_eq!(words, want_words, "the words with owners, each once");
-    for word in 0..=5_002 / 64 {
+    let words = 5_002 / 64 + 1;
+    let (mut by_word, mut device_by_word) = (vec![u64::MAX; words], vec![u64::MAX; words]);
+    node.owners_by_word(spills, &mut by_word, &mut device_by_word);
+    for word in 0..words {
         let (any, device) = want.get(&word).copied().unwrap_or_default();
         prop_assert_eq!(node.owner_word(spills, word), any, "word {}", word);
         prop_assert_eq!(node.owners_in(spills, word), (any, device), "word {}", word);
+        prop_assert_eq!((by_word[word], device_by_word[word]), (any, device), "word {}", word);
     }
     for slot in SLOTS.iter().cloned().flatten() {
         let held = owners.get(&slot);
