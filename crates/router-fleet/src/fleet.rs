@@ -24,8 +24,26 @@ use crate::role::{pd_profile_of, role_of};
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, Source};
 
-/// Most engine probes (with the reads a passing probe brings) out at once.
-pub const MOST_PROBES_AT_ONCE: usize = 32;
+/// The fewest engine probes (with the reads a passing probe brings) a round lets out
+/// at once; a spread round lets out more when its engines' timeouts need them
+/// ([`probes_at_once`]).
+pub const MIN_PROBES_AT_ONCE: usize = 32;
+
+/// How many of a round's probes of `engines` engines, spread over `over`, may be out
+/// at once: enough that the probes started within any `timeout` fit, so engines that
+/// never answer (each holding a place for `timeout`) do not hold back the probes of
+/// the others past their turn; at least [`MIN_PROBES_AT_ONCE`], at most one an
+/// engine. A round not spread (`over` zero) lets out [`MIN_PROBES_AT_ONCE`].
+pub fn probes_at_once(engines: usize, timeout: Duration, over: Duration) -> usize {
+    let needed = if over.is_zero() {
+        0
+    } else {
+        // The probes started within one timeout, and the one just starting.
+        let started = engines as f64 * timeout.as_secs_f64() / over.as_secs_f64();
+        (started.ceil() as usize).saturating_add(1)
+    };
+    needed.max(MIN_PROBES_AT_ONCE).min(engines.max(1))
+}
 
 /// What changed in the fleet, as observers see it.
 #[derive(Debug, Clone)]
@@ -518,7 +536,7 @@ impl Fleet {
         }
     }
 
-    /// Probes every engine once, now, at most [`MOST_PROBES_AT_ONCE`] at a time. An
+    /// Probes every engine once, now, at most [`MIN_PROBES_AT_ONCE`] at a time. An
     /// engine that fails a probe is introspected again once it answers, so an engine
     /// that never answered gets its feeds, and one that came back on other feed ports
     /// is subscribed there; an engine that passes otherwise has its adapters read
@@ -529,8 +547,9 @@ impl Fleet {
 
     /// Probes every engine once as [`probe_all`](Self::probe_all) does, spread over
     /// `over`: of `n` engines in id order, the `i`-th is probed `i * over / n` from
-    /// now (later when [`MOST_PROBES_AT_ONCE`] probes are still out), so a fleet's
-    /// probes and the reads they bring arrive evenly rather than all at once.
+    /// now, at most [`probes_at_once`] out at once (which engines that do not answer
+    /// cannot all take), so a fleet's probes and the reads they bring arrive evenly
+    /// rather than all at once, and a rack gone dark does not delay the others'.
     pub async fn probe_spread(&self, over: Duration) {
         let snapshot = self.registry.snapshot();
         let mut engines: Vec<&Arc<Engine>> = snapshot.engines().collect();
@@ -551,7 +570,8 @@ impl Fleet {
                 }
             })
             .collect();
-        let mut checks = futures_util::stream::iter(checks).buffer_unordered(MOST_PROBES_AT_ONCE);
+        let at_once = probes_at_once(checks.len(), timeout, over);
+        let mut checks = futures_util::stream::iter(checks).buffer_unordered(at_once);
         while checks.next().await.is_some() {}
     }
 
@@ -689,8 +709,9 @@ impl Fleet {
             loop {
                 tick.tick().await;
                 fleet.upstream.prune_idle();
-                // Over half the interval: a round whose last probes are slow still
-                // ends within the interval, so each engine is probed every interval.
+                // Over half the interval: a round ends within the interval unless its
+                // last probes wait out a timeout longer than the other half; the next
+                // tick then waits for it (`MissedTickBehavior::Delay`).
                 fleet.probe_spread(fleet.health.policy().interval / 2).await;
             }
         }))

@@ -50,7 +50,7 @@ mod scrape;
 mod spec;
 
 pub use error::FleetError;
-pub use fleet::{Fleet, FleetEvent, HealthChecks, MOST_PROBES_AT_ONCE};
+pub use fleet::{Fleet, FleetEvent, HealthChecks, MIN_PROBES_AT_ONCE, probes_at_once};
 pub use health::{Breaker, Dispatched, HealthPolicy};
 pub use metrics::register_metrics;
 pub use role::{pd_profile_of, role_of};

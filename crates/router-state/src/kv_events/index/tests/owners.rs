@@ -69,7 +69,12 @@ fn reads_as(node: &Node, spills: &Spills, owners: &Owners) -> Result<(), TestCas
         let (any, device) = want.get(&word).copied().unwrap_or_default();
         prop_assert_eq!(node.owner_word(spills, word), any, "word {}", word);
         prop_assert_eq!(node.owners_in(spills, word), (any, device), "word {}", word);
-        prop_assert_eq!((by_word[word], device_by_word[word]), (any, device), "word {}", word);
+        prop_assert_eq!(
+            (by_word[word], device_by_word[word]),
+            (any, device),
+            "word {}",
+            word
+        );
     }
     for slot in SLOTS.iter().cloned().flatten() {
         let held = owners.get(&slot);
