@@ -15,9 +15,12 @@ pub(crate) const TAIL_PAGES: usize = 128;
 /// prompt 0, 64 of 1,024 hold prompt 15).
 pub(crate) const SYSTEMS: usize = 16;
 
-/// Engine `s` of the fleet (`E0000`..).
-pub(crate) fn engine(s: usize) -> EngineId {
-    EngineId::from(format!("E{s:04}").as_str())
+/// The ids of a fleet of `n` engines (`E0000`..): the index and the candidates share
+/// them, as the feeds and the registry of a router share each engine's.
+pub(crate) fn engines(n: usize) -> Vec<EngineId> {
+    (0..n)
+        .map(|s| EngineId::from(format!("E{s:04}").as_str()))
+        .collect()
 }
 
 /// Whether source `s` holds system prompt `p`.
@@ -83,18 +86,19 @@ fn stored(first: u64, pages: usize, parent: Option<u64>, tokens: Vec<u32>) -> Kv
     }
 }
 
-/// Fills `index` with `sources` sources of about `pages` pages each: the system
+/// Fills `index` with the sources `ids` (one engine a source) of about `pages` pages each: the system
 /// prompts each holds, then conversations of [`TAIL_PAGES`] continuing them, stored
 /// round by round across the fleet (conversation `c` of every source, then `c + 1`),
 /// as a fleet serving traffic would. Returns the conversations stored per source.
-pub(crate) fn fill(index: &PrefixIndex, sources: usize, pages: usize) -> usize {
+pub(crate) fn fill(index: &PrefixIndex, ids: &[EngineId], pages: usize) -> usize {
+    let sources = ids.len();
     // Engine hashes: the source in the high bits, a counter below.
     let system_hash = |s: usize, p: usize| ((s as u64) << 40) | (p * SYSTEM_PAGES) as u64;
     let mut held = vec![0usize; sources];
     for (s, held) in held.iter_mut().enumerate() {
         for p in (0..SYSTEMS).filter(|&p| holds_system(s, p)) {
             index.apply(
-                &engine(s),
+                &ids[s],
                 0,
                 &stored(system_hash(s, p), SYSTEM_PAGES, None, system_tokens(p)),
             );
@@ -103,12 +107,12 @@ pub(crate) fn fill(index: &PrefixIndex, sources: usize, pages: usize) -> usize {
     }
     let conversations = pages.saturating_sub(held.iter().copied().min().unwrap_or(0)) / TAIL_PAGES;
     for c in 0..conversations {
-        for s in 0..sources {
+        for (s, id) in ids.iter().enumerate() {
             let p = system_of(s, c);
             let parent = system_hash(s, p) + SYSTEM_PAGES as u64 - 1;
             let first = ((s as u64) << 40) | (1 << 20) | (c * TAIL_PAGES) as u64;
             index.apply(
-                &engine(s),
+                id,
                 0,
                 &stored(first, TAIL_PAGES, Some(parent), tail_tokens(s, c)),
             );

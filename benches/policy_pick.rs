@@ -19,7 +19,7 @@ use router_policy::{
 };
 use router_state::kv_events::{IndexConfig, PrefixIndex};
 use router_state::test_util::fleet;
-use router_state::{Engine, EngineReportedLoadTable, Role};
+use router_state::{Engine, EngineId, EngineReportedLoadTable, Role};
 
 mod fleet_index;
 mod support;
@@ -138,13 +138,14 @@ fn bench_affinity(c: &mut Criterion) {
 fn bench_cache_aware(c: &mut Criterion) {
     let mut group = c.benchmark_group("policy_pick");
     for n in SIZES {
-        let engines = fleet_engines(n);
+        let ids = fleet_index::engines(n);
+        let engines = fleet_engines(&ids);
         let load = support::loaded_table(&engines);
         let index = Arc::new(PrefixIndex::new(IndexConfig {
             block_size: fleet_index::BLOCK,
             ..IndexConfig::default()
         }));
-        let conversations = fleet_index::fill(&index, n, PAGES_PER_SOURCE);
+        let conversations = fleet_index::fill(&index, &ids, PAGES_PER_SOURCE);
         let prompts: Vec<Vec<u32>> = (0..KEYS.min(n * conversations))
             .map(|k| fleet_index::conversation(k % n, (k / n) % conversations))
             .collect();
@@ -196,13 +197,12 @@ fn bench_cache_aware(c: &mut Criterion) {
     group.finish();
 }
 
-/// `n` engines named as the fleet index names its sources.
-fn fleet_engines(n: usize) -> Vec<Arc<Engine>> {
-    (0..n)
-        .map(|s| {
-            let id = fleet_index::engine(s);
+/// Engines of the ids `ids`, sharing them (as a router's registry and its feeds do).
+fn fleet_engines(ids: &[EngineId]) -> Vec<Arc<Engine>> {
+    ids.iter()
+        .map(|id| {
             Arc::new(Engine::new(
-                id.as_str(),
+                id.clone(),
                 format!("http://{}.test", id.as_str()),
                 "m",
                 Role::Prefill,

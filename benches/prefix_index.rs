@@ -146,7 +146,7 @@ fn lookup_fleet(c: &mut Criterion) {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(FLEET_PAGES);
-    let conversations = fleet_index::fill(&index, FLEET, pages);
+    let conversations = fleet_index::fill(&index, &fleet_index::engines(FLEET), pages);
     let grown = rss::rss().saturating_sub(before);
     let size = index.size();
     println!(
