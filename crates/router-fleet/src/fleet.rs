@@ -20,30 +20,10 @@ use tokio::time::Instant;
 use crate::error::FleetError;
 use crate::feeds::{FeedBounds, advertised, kv_feeds, load_feeds};
 use crate::health::{Breaker, Dispatched, HealthBook, HealthPolicy};
+use crate::probes::probes_at_once;
 use crate::role::{pd_profile_of, role_of};
 use crate::scrape::{DEFAULT_METRICS_INTERVAL, metrics_scraper};
 use crate::spec::{Change, EngineSpec, MAX_DP_SIZE, Source};
-
-/// The fewest engine probes (with the reads a passing probe brings) a round lets out
-/// at once; a spread round lets out more when its engines' timeouts need them
-/// ([`probes_at_once`]).
-pub const MIN_PROBES_AT_ONCE: usize = 32;
-
-/// How many of a round's probes of `engines` engines, spread over `over`, may be out
-/// at once: enough that the probes started within any `timeout` fit, so engines that
-/// never answer (each holding a place for `timeout`) do not hold back the probes of
-/// the others past their turn; at least [`MIN_PROBES_AT_ONCE`], at most one an
-/// engine. A round not spread (`over` zero) lets out [`MIN_PROBES_AT_ONCE`].
-pub fn probes_at_once(engines: usize, timeout: Duration, over: Duration) -> usize {
-    let needed = if over.is_zero() {
-        0
-    } else {
-        // The probes started within one timeout, and the one just starting.
-        let started = engines as f64 * timeout.as_secs_f64() / over.as_secs_f64();
-        (started.ceil() as usize).saturating_add(1)
-    };
-    needed.max(MIN_PROBES_AT_ONCE).min(engines.max(1))
-}
 
 /// What changed in the fleet, as observers see it.
 #[derive(Debug, Clone)]
@@ -536,7 +516,7 @@ impl Fleet {
         }
     }
 
-    /// Probes every engine once, now, at most [`MIN_PROBES_AT_ONCE`] at a time. An
+    /// Probes every engine once, now, at most [`MIN_PROBES_AT_ONCE`](crate::MIN_PROBES_AT_ONCE) at a time. An
     /// engine that fails a probe is introspected again once it answers, so an engine
     /// that never answered gets its feeds, and one that came back on other feed ports
     /// is subscribed there; an engine that passes otherwise has its adapters read

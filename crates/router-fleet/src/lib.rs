@@ -45,14 +45,16 @@ mod health;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 mod metrics;
+mod probes;
 mod role;
 mod scrape;
 mod spec;
 
 pub use error::FleetError;
-pub use fleet::{Fleet, FleetEvent, HealthChecks, MIN_PROBES_AT_ONCE, probes_at_once};
+pub use fleet::{Fleet, FleetEvent, HealthChecks};
 pub use health::{Breaker, Dispatched, HealthPolicy};
 pub use metrics::register_metrics;
+pub use probes::{MIN_PROBES_AT_ONCE, probes_at_once};
 pub use role::{pd_profile_of, role_of};
 pub use scrape::DEFAULT_METRICS_INTERVAL;
 pub use spec::{Change, EngineSpec, MAX_DP_SIZE, Source};
