@@ -690,8 +690,9 @@ impl Fleet {
                 tick.tick().await;
                 fleet.upstream.prune_idle();
                 // Over half the interval: a round ends within the interval unless its
-                // last probes wait out a timeout longer than the other half; the next
-                // tick then waits for it (`MissedTickBehavior::Delay`).
+                // last probes (or the reads passing ones bring) take longer than the
+                // other half; the next tick then waits for it
+                // (`MissedTickBehavior::Delay`).
                 fleet.probe_spread(fleet.health.policy().interval / 2).await;
             }
         }))

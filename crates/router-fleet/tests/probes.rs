@@ -194,11 +194,6 @@ async fn engines_that_never_answer_do_not_hold_back_the_probes_of_the_others() {
     tokio::time::timeout(Duration::from_secs(10), healthy_probed)
         .await
         .expect("the answering engines are probed while the dark ones' probes are out");
-    assert_eq!(
-        dark_probes.arrivals.lock().len(),
-        dark,
-        "every dark engine probed"
-    );
     round.abort();
     server.abort();
     dark_server.abort();

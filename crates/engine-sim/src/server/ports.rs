@@ -26,11 +26,17 @@ pub fn free_port_ranges<const N: usize>(sizes: [u16; N]) -> [u16; N] {
     let Some(first) = find_block(&regions, random_below(span.max(1)), total) else {
         panic!("no {total} consecutive free ports outside the ephemeral range");
     };
-    let mut next = first;
+    cut(first, sizes)
+}
+
+/// The block from `first` cut in order into ranges `sizes` long: their first ports.
+/// In u32, as the block may end at 65,536, one past the last port.
+fn cut<const N: usize>(first: u16, sizes: [u16; N]) -> [u16; N] {
+    let mut next = u32::from(first);
     sizes.map(|size| {
         let start = next;
-        next += size;
-        start
+        next += u32::from(size);
+        u16::try_from(start).expect("a range starts at a port of the block")
     })
 }
 
@@ -144,22 +150,37 @@ mod tests {
     }
 
     #[test]
-    fn a_taken_port_is_walked_past() {
+    fn a_block_ending_at_the_last_port_is_cut() {
+        assert_eq!(cut(65_530, [3, 3]), [65_530, 65_533]);
+        assert_eq!(cut(65_535, [1]), [65_535]);
+        assert_eq!(cut(100, [2, 0, 5]), [100, 102, 102]);
+    }
+
+    #[test]
+    fn a_search_starting_on_a_taken_port_hands_out_another() {
         let held = TcpListener::bind("127.0.0.1:0").expect("binds");
         let taken = u32::from(held.local_addr().expect("addr").port());
-        let region = taken..(taken + 64).min(65_536);
-        let first = find_block(std::slice::from_ref(&region), 0, 2).expect("a free pair");
-        assert!(u32::from(first) > taken, "{first} after {taken}");
+        let region = taken.saturating_sub(32)..(taken + 32).min(65_536);
+        let start = taken - region.start;
+        let first = find_block(std::slice::from_ref(&region), start, 1).expect("a free port");
+        assert_ne!(u32::from(first), taken);
+        assert!(region.contains(&u32::from(first)));
         let only_taken = taken..taken + 1;
         assert_eq!(find_block(std::slice::from_ref(&only_taken), 0, 1), None);
     }
 
     #[test]
-    fn a_block_never_straddles_two_regions() {
-        let held = TcpListener::bind("127.0.0.1:0").expect("binds");
-        let taken = u32::from(held.local_addr().expect("addr").port());
-        // Two one-port regions around a taken port: a pair would straddle the gap.
-        let regions = [taken - 1..taken, taken + 1..taken + 2];
-        assert_eq!(find_block(&regions, 0, 2), None);
+    fn a_block_never_runs_past_its_region() {
+        // A free port and the region of it alone: a block of two would take the port
+        // after it, outside the region, were it not refused.
+        let port = u32::from(
+            TcpListener::bind("127.0.0.1:0")
+                .expect("binds")
+                .local_addr()
+                .expect("addr")
+                .port(),
+        );
+        let alone = port..port + 1;
+        assert_eq!(find_block(std::slice::from_ref(&alone), 0, 2), None);
     }
 }

@@ -298,13 +298,31 @@ fn lookups_over_more_than_64_sources_match_word_by_word() {
         let event = stored(&hashes, None, tokens[..pages * BS as usize].to_vec(), tier);
         index.apply(&id(&format!("e{i:03}")), 0, &batch(vec![event]));
     }
+    // Engine 130: the first 20 pages on the device, the next 20 only on the host (its
+    // device copy ends past the first chunk of 16, within the second).
+    let device: Vec<u64> = (0..20).map(|b| 130_000 + b).collect();
+    let host: Vec<u64> = (20..40).map(|b| 130_000 + b).collect();
+    let tokens_of = |pages: std::ops::Range<usize>| {
+        tokens[pages.start * BS as usize..pages.end * BS as usize].to_vec()
+    };
+    let events = vec![
+        stored(&device, None, tokens_of(0..20), Tier::Device),
+        stored(&host, Some(130_019), tokens_of(20..40), Tier::Host),
+    ];
+    index.apply(&id("e130"), 0, &batch(events));
     index.set_degraded(&id("e070"), 0, true);
     let found = index.lookup(&chain);
     assert_eq!(
         found.engines.len(),
-        129,
+        130,
         "every engine but the degraded one"
     );
+    let e130 = found
+        .engines
+        .iter()
+        .find(|m| m.engine == id("e130"))
+        .expect("a match");
+    assert_eq!((e130.blocks, e130.device_blocks), (40, 20));
     for i in (0..130u64).filter(|i| *i != 70) {
         let m = found
             .engines
