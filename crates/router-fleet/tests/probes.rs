@@ -118,36 +118,6 @@ async fn at_most_the_bound_of_probes_is_out_at_once() {
     server.abort();
 }
 
-/// An engine at its own URL whose `/health` never answers (it introspects as the
-/// others do), counting the probes that reach it, until dropped.
-async fn dark_engine(probes: Arc<Probes>) -> (String, tokio::task::JoinHandle<()>) {
-    use axum::routing::get;
-    let health = move || {
-        let probes = Arc::clone(&probes);
-        async move {
-            probes.arrivals.lock().push(Instant::now());
-            probes.arrived.notify_waiters();
-            std::future::pending::<&str>().await
-        }
-    };
-    let app = axum::Router::new()
-        .route("/health", get(health))
-        .route(
-            "/server_info",
-            get(|| async { axum::Json(serde_json::json!({"disaggregation_mode": "null"})) }),
-        )
-        .route(
-            "/v1/models",
-            get(|| async { axum::Json(serde_json::json!({"data": [{"id": "m"}]})) }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    (url, server)
-}
-
 // Twice the floor of engines gone dark (first in id order) and eight that answer, in
 // a round spread over 100 ms with a probe timeout of a minute: the dark engines'
 // probes, each holding its place for the whole timeout, must not hold back the
@@ -155,7 +125,8 @@ async fn dark_engine(probes: Arc<Probes>) -> (String, tokio::task::JoinHandle<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_that_never_answer_do_not_hold_back_the_probes_of_the_others() {
     let (dark_probes, healthy_probes) = (Arc::new(Probes::default()), Arc::new(Probes::default()));
-    let (dark_url, dark_server) = dark_engine(Arc::clone(&dark_probes)).await;
+    // An hour: past the probe timeout, so a dark engine's probe never passes.
+    let (dark_url, dark_server) = engine(Arc::clone(&dark_probes), Duration::from_secs(3600)).await;
     let (url, server) = engine(Arc::clone(&healthy_probes), Duration::ZERO).await;
     let upstream = Upstream::new(UpstreamTimeouts {
         connect: Duration::from_secs(60),
