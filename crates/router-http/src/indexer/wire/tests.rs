@@ -146,3 +146,30 @@ fn a_model_name_that_does_not_fit_one_byte_is_not_sent() {
     let body = lookup(&longest, vec![1], false).to_binary().unwrap();
     assert_eq!(body.len(), MAX_BINARY_LOOKUP_BYTES - 8 * (MAX_HASHES - 1));
 }
+
+proptest::proptest! {
+    // Whatever bytes a router (or anything reaching the indexer's port) sends, the
+    // binary reader answers with a lookup within its bounds or a reason, never a
+    // panic; and what a router writes reads back as it was.
+    #[test]
+    fn any_bytes_read_as_a_bounded_lookup_or_a_reason(
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+    ) {
+        if let Ok(read) = Lookup::from_binary(&body) {
+            proptest::prop_assert!((1..=MAX_NAME_BYTES).contains(&read.model.len()));
+            proptest::prop_assert!(read.hashes.len() <= MAX_HASHES);
+            proptest::prop_assert_eq!(read.to_binary().unwrap(), body);
+        }
+    }
+
+    #[test]
+    fn a_lookup_written_in_binary_reads_back_as_it_was(
+        model in "[a-zA-Z0-9/._-]{1,128}",
+        hashes in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..64),
+        dry_run in proptest::prelude::any::<bool>(),
+    ) {
+        let sent = lookup(&model, hashes, dry_run);
+        let body = sent.to_binary().unwrap();
+        proptest::prop_assert_eq!(Lookup::from_binary(&body).unwrap(), sent);
+    }
+}
