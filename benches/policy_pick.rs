@@ -131,10 +131,12 @@ fn bench_affinity(c: &mut Criterion) {
 }
 
 /// `cache_aware` over an index of as many sources as candidates (see
-/// `fleet_index`), each pick a different 4,096-token prompt: a popular system prompt
-/// many candidates hold and one candidate's own conversation after it. `lookup`
-/// includes hashing the prompt and the index lookup; `memo` is the policy's own
-/// work once the request's lookup is done.
+/// `fleet_index`), 4,096-token prompts: a popular system prompt many candidates hold
+/// and one candidate's own conversation after it. `lookup`: each pick a different
+/// prompt, hashing it and looking it up included. `memo`: each pick a different
+/// prompt whose lookup was done beforehand, so the policy's own work, reading an
+/// answer and load slots out of cache. `again`: one prompt picked again and again,
+/// as a request's next bucket picks on its first one's answer, in cache.
 fn bench_cache_aware(c: &mut Criterion) {
     let mut group = c.benchmark_group("policy_pick");
     for n in SIZES {
@@ -175,12 +177,14 @@ fn bench_cache_aware(c: &mut Criterion) {
                 let request = PickRequest::new(facts, Role::Prefill, "bucket");
                 support::ready(policy.pick(&engines, &request)).expect("admitted");
             }
-            for (variant, memoised) in [("lookup", false), ("memo", true)] {
+            for (variant, memoised, step) in
+                [("lookup", false, 1), ("memo", true, 1), ("again", true, 0)]
+            {
                 let mut next = 0;
                 let id = BenchmarkId::new(format!("{name}/{variant}"), n);
                 group.bench_with_input(id, &engines, |b, engines| {
                     b.iter(|| {
-                        next = (next + 1) % prompts.len();
+                        next = (next + step) % prompts.len();
                         let fresh = PrefixMemo::new();
                         let memo = if memoised { &memos[next] } else { &fresh };
                         let tokens = prompts[next].as_slice();

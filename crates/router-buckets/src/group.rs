@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use router_policy::{Observation, Pick, PickError, PickRequest, Policy};
-use router_state::{Engine, EngineId, RegistrySnapshot, Role};
+use router_state::{Engine, EngineId, EngineListMemo, RegistrySnapshot, Role};
 
 /// How many times a group's policy picks for one request when concurrent picks keep
 /// taking the chosen engine's last slot first; after that the pick fails with the
@@ -34,12 +34,19 @@ impl Membership {
 ///
 /// The group references engines by id and resolves them from the live registry on each
 /// pick, so health and membership changes apply at once; the policy instance (and its
-/// state, e.g. a round-robin cursor) is reused across requests.
+/// state, e.g. a round-robin cursor) is reused across requests. The candidates of a
+/// model's engines are computed once per change of them and kept
+/// ([`EngineListMemo`]), so a request does not filter a large fleet again.
 #[derive(Debug, Clone)]
 pub struct EngineGroup {
     membership: Membership,
     policy: Arc<dyn Policy>,
+    /// Each role's candidates, by the model's engines they were filtered from.
+    candidates: Arc<[EngineListMemo<Vec<Arc<Engine>>>; 3]>,
 }
+
+/// A request's candidates, shared with the group that keeps them.
+pub type Candidates = Arc<Vec<Arc<Engine>>>;
 
 impl EngineGroup {
     /// A catch-all group: every healthy engine of the model in the picked role.
@@ -47,6 +54,7 @@ impl EngineGroup {
         Self {
             membership: Membership::All,
             policy,
+            candidates: Arc::default(),
         }
     }
 
@@ -55,6 +63,7 @@ impl EngineGroup {
         Self {
             membership: Membership::Only(ids.into_iter().collect()),
             policy,
+            candidates: Arc::default(),
         }
     }
 
@@ -69,19 +78,20 @@ impl EngineGroup {
     }
 
     /// The group's candidates for `model` and `stage`: healthy members in the stage's
-    /// role, sorted by id.
-    pub fn candidates(
-        &self,
-        engines: &RegistrySnapshot,
-        model: &str,
-        stage: Role,
-    ) -> Vec<Arc<Engine>> {
-        engines
-            .model_engines(model)
-            .iter()
-            .filter(|w| w.is_healthy() && w.role() == stage && self.membership.contains(w.id()))
-            .cloned()
-            .collect()
+    /// role, sorted by id; filtered from the model's engines once per change of them.
+    pub fn candidates(&self, engines: &RegistrySnapshot, model: &str, stage: Role) -> Candidates {
+        let memo = &self.candidates[match stage {
+            Role::Plain => 0,
+            Role::Prefill => 1,
+            Role::Decode => 2,
+        }];
+        memo.get(engines.model_engines(model), |engines| {
+            engines
+                .iter()
+                .filter(|w| w.is_healthy() && w.role() == stage && self.membership.contains(w.id()))
+                .cloned()
+                .collect()
+        })
     }
 
     /// Resolves the candidates (leaving out the request's excluded engines, and those
@@ -141,19 +151,20 @@ impl EngineGroup {
     /// The candidates a pick for `request` offers the policy: those of
     /// [`candidates`](Self::candidates) less the request's excluded engines and those
     /// that do not serve its adapter.
-    pub fn eligible(
-        &self,
-        engines: &RegistrySnapshot,
-        request: &PickRequest<'_>,
-    ) -> Vec<Arc<Engine>> {
-        let mut candidates = self.candidates(engines, request.facts.model, request.stage);
-        if !request.facts.excluded.is_empty() {
-            candidates.retain(|c| !request.facts.excluded.contains(c.id()));
+    pub fn eligible(&self, engines: &RegistrySnapshot, request: &PickRequest<'_>) -> Candidates {
+        let candidates = self.candidates(engines, request.facts.model, request.stage);
+        let excluded = &request.facts.excluded;
+        if excluded.is_empty() && request.facts.adapter.is_none() {
+            return candidates;
         }
-        if let Some(adapter) = request.facts.adapter {
-            candidates.retain(|c| c.serves_adapter(adapter));
-        }
-        candidates
+        let eligible = |c: &&Arc<Engine>| {
+            !excluded.contains(c.id())
+                && request
+                    .facts
+                    .adapter
+                    .is_none_or(|adapter| c.serves_adapter(adapter))
+        };
+        Arc::new(candidates.iter().filter(eligible).cloned().collect())
     }
 
     /// Runs the policy and, unless the request is a dry run, reserves the engine it
@@ -200,14 +211,14 @@ impl EngineGroup {
 #[derive(Debug)]
 pub(crate) struct Offer {
     /// The engines the policy picks among.
-    pub(crate) candidates: Vec<Arc<Engine>>,
+    pub(crate) candidates: Candidates,
     /// Why there is no engine to pick, when there is none.
     pub(crate) none: PickError,
 }
 
 impl Offer {
     /// `candidates` of `stage`; none of them is [`PickError::NoCandidates`].
-    pub(crate) fn new(candidates: Vec<Arc<Engine>>, stage: Role) -> Self {
+    pub(crate) fn new(candidates: Candidates, stage: Role) -> Self {
         Self {
             candidates,
             none: PickError::NoCandidates { stage },

@@ -59,7 +59,7 @@ pub use config::{
     BucketConfig, CATCH_ALL_BUCKET, DefaultPolicies, GroupConfig, GroupsConfig, ModelRoster,
     PdGroupsConfig, build_resolver, group_policies,
 };
-pub use group::{EngineGroup, Membership, RESERVE_TRIES};
+pub use group::{Candidates, EngineGroup, Membership, RESERVE_TRIES};
 pub use pick::{BucketPick, EnginePicks};
 pub use resolver::BucketResolver;
 pub use select::{BucketAttempt, SelectError, Selection};

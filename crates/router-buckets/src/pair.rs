@@ -25,11 +25,16 @@ pub(crate) fn pairable_prefills(
         return prefills;
     };
     let profiles = distinct_profiles(decodes);
-    let (kept, left_out): (Vec<_>, Vec<_>) = prefills.candidates.into_iter().partition(|prefill| {
+    let pairs = |prefill: &Arc<Engine>| {
         profiles
             .iter()
             .any(|decode| prefill.pd_profile().mismatch(decode).is_none())
-    });
+    };
+    if prefills.candidates.iter().all(pairs) {
+        return prefills;
+    }
+    let (kept, left_out): (Vec<_>, Vec<_>) =
+        prefills.candidates.iter().cloned().partition(|p| pairs(p));
     let mut unpaired = Vec::new();
     for prefill in &left_out {
         if let Some(with_first) = pair(prefill, first) {
@@ -55,10 +60,12 @@ pub(crate) fn pairable_prefills(
 /// recording each with its mismatch; none staying of some is
 /// [`PickError::NoCompatiblePair`].
 pub(crate) fn decodes_for(prefill: &Engine, decodes: Offer, request: &PickRequest<'_>) -> Offer {
-    let (kept, left_out): (Vec<_>, Vec<_>) = decodes
-        .candidates
-        .into_iter()
-        .partition(|decode| prefill.pd_profile().mismatch(decode.pd_profile()).is_none());
+    let pairs = |decode: &Arc<Engine>| prefill.pd_profile().mismatch(decode.pd_profile()).is_none();
+    if decodes.candidates.iter().all(pairs) {
+        return decodes;
+    }
+    let (kept, left_out): (Vec<_>, Vec<_>) =
+        decodes.candidates.iter().cloned().partition(|d| pairs(d));
     let mut unpaired: Vec<Unpaired> = left_out
         .iter()
         .filter_map(|decode| pair(prefill, decode))
@@ -79,7 +86,7 @@ fn offer(kept: Vec<Arc<Engine>>, none: PickError, unpaired: Vec<Unpaired>, pairs
         none
     };
     Offer {
-        candidates: kept,
+        candidates: Arc::new(kept),
         none,
     }
 }

@@ -70,6 +70,43 @@ fn a_group_offers_healthy_members_of_the_stage_in_id_order() {
 }
 
 #[test]
+fn kept_candidates_follow_every_change_of_the_fleet() {
+    // One group asked again and again, as a router's is: the same fleet gives the
+    // same kept list; a health change, an engine added and a role's own list each
+    // give what filtering afresh does.
+    let fleet = plain_fleet();
+    let group = members(Arc::new(RecordingPolicy::default()), &["a", "b", "d", "e"]);
+    let ids = |snapshot: &router_state::RegistrySnapshot, stage: Role| -> Vec<String> {
+        group
+            .candidates(snapshot, "m", stage)
+            .iter()
+            .map(|e| e.id().to_string())
+            .collect()
+    };
+    let before = fleet.snapshot();
+    let first = group.candidates(&before, "m", Role::Plain);
+    assert!(
+        Arc::ptr_eq(&first, &group.candidates(&before, "m", Role::Plain)),
+        "kept"
+    );
+    assert_eq!(ids(&before, Role::Plain), ["a", "b", "d"]);
+    assert!(
+        ids(&before, Role::Decode).is_empty(),
+        "each role its own list"
+    );
+    fleet.set_health("b", Health::Unhealthy).unwrap();
+    assert_eq!(ids(&fleet.snapshot(), Role::Plain), ["a", "d"]);
+    fleet
+        .add(router_state::Engine::new("e", "http://e", "m", Role::Plain))
+        .unwrap();
+    assert_eq!(ids(&fleet.snapshot(), Role::Plain), ["a", "d", "e"]);
+    fleet.set_health("b", Health::Healthy).unwrap();
+    assert_eq!(ids(&fleet.snapshot(), Role::Plain), ["a", "b", "d", "e"]);
+    // The first snapshot still gives what it held.
+    assert_eq!(ids(&before, Role::Plain), ["a", "b", "d"]);
+}
+
+#[test]
 fn excluded_engines_are_left_out_of_every_stages_candidates() {
     let rt = runtime();
     let snapshot = plain_fleet().snapshot();

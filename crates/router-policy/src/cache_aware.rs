@@ -7,16 +7,18 @@
 //! 2. Holders: engines credited with at least `min_matched_tokens` of the prompt (and
 //!    passing the ratio gate), a token held only on a slower tier counting
 //!    `slower_tier_weight`; uncached work = prompt - credited.
-//! 3. Order holders by uncached work, then prefill pressure, then id, and keep the
-//!    best [`CandidateBounds::count`] of them.
+//! 3. Order holders by uncached work, then prefill pressure, then candidate order
+//!    (id order, as a group gives them), and keep the best
+//!    [`CandidateBounds::count`] of them.
 //! 4. Soft queue gate: holders reporting `engine_queue_limit` waiting requests are
 //!    set aside while others are usable. If all are set aside: without a saturation
 //!    floor they are all kept (a saturation pin); with one, the least pressured is
 //!    pinned only when no engine of the group is below the floor, else the request
 //!    goes cold to an engine with room.
-//! 5. Admission is checked on every usable holder; the winner is the admitted holder
-//!    with the least uncached work, except that a holder within `switch_margin_tokens`
-//!    of it wins when the pressure guard finds the current choice clearly worse.
+//! 5. Admission is checked on the usable holders in order; the winner is the first
+//!    admitted holder (the least uncached work), except that an admitted holder within
+//!    `switch_margin_tokens` of it wins when the pressure guard finds the current
+//!    choice clearly worse. Holders past the margin are not checked.
 //!    Rejections never turn into a cold fallback: if every usable holder is rejected,
 //!    the pick fails and the bucket loop moves on.
 //! 6. Miss (or source unavailable, or no token ids): power of k over the group's
@@ -28,9 +30,12 @@
 //! Of more than [`CACHE_AWARE_WINDOW`] candidates, steps 3, 5 and 6 read the load of a
 //! window of them (the holders with the least uncached work; a spread sample for the
 //! load bound's mean and for a miss), so a pick's load reads do not grow with the
-//! group; matching the source's answer to the candidates stays one merge of the two.
+//! group. The holders are read from the source's answer deepest first, each found
+//! among the candidates by its id (the policy keeps the places of the candidate lists
+//! it was given last), so neither do its reads of the answer.
 
 mod config;
+mod places;
 mod score;
 mod window;
 
@@ -38,10 +43,12 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use router_state::{
-    Engine, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Reservation, Role,
+    Engine, EngineListMemo, EngineObservation, EngineReportedLoadTable, LoadSnapshot, Reservation,
+    Role,
 };
 
 pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
+use self::places::Places;
 pub use self::window::CACHE_AWARE_WINDOW;
 use crate::admission::EngineAdmission;
 use crate::cache::{CacheLookup, CacheSource, Held, PrefixHits};
@@ -64,6 +71,7 @@ pub struct CacheAwarePolicy {
     admission: Arc<dyn EngineAdmission>,
     config: CacheAwareConfig,
     rng: SharedRng,
+    places: EngineListMemo<Places>,
 }
 
 /// A prefix holder among the candidates.
@@ -98,6 +106,7 @@ impl CacheAwarePolicy {
             admission,
             config,
             rng,
+            places: EngineListMemo::new(),
         })
     }
 
@@ -139,9 +148,14 @@ impl CacheAwarePolicy {
                     .await,
             ),
         };
-        let picked = match answer.as_ref() {
+        // The pick, and the leading blocks of the prompt its engine holds.
+        let (picked, held_blocks) = match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {
-                let held = hits.held_among(engines);
+                // Every holder among the candidates is named only to an explanation.
+                let held = match request.facts.explain {
+                    Some(_) => hits.held_among(engines),
+                    None => Vec::new(),
+                };
                 for h in &held {
                     let engine = engines[h.index].id();
                     let tokens = hits.tokens_of(h.blocks, request.facts.input_tokens);
@@ -156,60 +170,63 @@ impl CacheAwarePolicy {
                         });
                     }
                 }
-                // A holder goes to the rank holding its prefix.
-                self.select(engines, request, Some((hits, &held)))
-                    .map(|pick| {
+                match self.select(engines, request, Some(hits)) {
+                    Ok(pick) => {
+                        let place = hits.place_of(pick.engine.id());
+                        // A holder goes to the rank holding its prefix.
                         let rank = pick
                             .predicted_cached_tokens
                             .filter(|cached| *cached > 0)
-                            .and_then(|_| hits.rank_of(pick.engine.id()));
-                        pick.with_rank(rank)
-                    })
+                            .and(place)
+                            .and_then(|place| hits.rank_at(place));
+                        let blocks = place.map_or(0, |place| hits.engines()[place].1);
+                        (Ok(pick.with_rank(rank)), blocks)
+                    }
+                    Err(e) => (Err(e), 0),
+                }
             }
             Ok(CacheLookup::Unavailable(_)) => {
                 request.observe(|| Observation::CacheUnavailable {
                     bucket: request.bucket_id.to_owned(),
                     stage,
                 });
-                self.select(engines, request, None)
+                (self.select(engines, request, None), 0)
             }
-            Err(e) => Err(PickError::InvalidSignal {
-                stage: Some(stage),
-                message: e.to_string(),
-            }),
+            Err(e) => (
+                Err(PickError::InvalidSignal {
+                    stage: Some(stage),
+                    message: e.to_string(),
+                }),
+                0,
+            ),
         };
         // The engine will hold the prompt's pages: sources that learn from routing
         // count them from now on.
         if let Ok(pick) = &picked
             && !request.is_dry_run()
         {
-            let held = match answer.as_ref() {
-                Ok(CacheLookup::Answered(hits)) => hits.blocks_of(pick.engine.id()),
-                _ => 0,
-            };
             self.source.routed(
                 request.facts.lookup_namespace(),
                 tokens,
                 pick.engine.id(),
-                held,
+                held_blocks,
             );
         }
         picked
     }
 
-    /// Steps 2-6 over one fresh load snapshot; `hits` (with the candidates holding
-    /// some of the prompt, [`PrefixHits::held_among`]) is `None` when no lookup was
+    /// Steps 2-6 over one fresh load snapshot; `hits` is `None` when no lookup was
     /// possible.
     fn select(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
-        hits: Option<(&PrefixHits, &[Held])>,
+        hits: Option<&PrefixHits>,
     ) -> Result<Pick, PickError> {
         let snapshot = self.load.snapshot();
         // One pick's draws, so a dry run draws what the next real pick will.
         let mut draws = self.rng.draws(request.is_dry_run());
-        let Some((hits, held)) = hits else {
+        let Some(hits) = hits else {
             return self.cold(
                 engines,
                 request,
@@ -219,7 +236,7 @@ impl CacheAwarePolicy {
                 None,
             );
         };
-        let holders = self.holders(engines, request, hits, held, &snapshot, &mut draws);
+        let holders = self.holders(engines, request, hits, &snapshot, &mut draws);
         if self.config.score == CacheScore::Ttft
             && let Some(scored) = self.scored(engines, request, &holders, &snapshot, &mut draws)
         {
@@ -237,10 +254,10 @@ impl CacheAwarePolicy {
         }
         // The bound first, so the best holders under it are the ones considered.
         let cap = self.load_cap(engines, &snapshot, &mut draws);
-        let (mut holders, over_bound): (Vec<Holder>, Vec<Holder>) = holders
-            .into_iter()
-            .partition(|h| cap.is_none_or(|cap| requests(&h.observation) <= cap));
-        if holders.is_empty() {
+        // Holders are named by their place in `holders` from here on.
+        let (mut considered, over_bound): (Vec<usize>, Vec<usize>) = (0..holders.len())
+            .partition(|&h| cap.is_none_or(|cap| requests(&holders[h].observation) <= cap));
+        if considered.is_empty() {
             // Every holder is over the bound: spill to an engine under it, crediting
             // what it holds; if admission refuses that one, the holders are tried
             // after all, as without a bound.
@@ -252,7 +269,7 @@ impl CacheAwarePolicy {
                 PickReason::CacheSpill,
                 cap,
             ) {
-                Err(PickError::AdmissionRejected { .. }) => holders = over_bound,
+                Err(PickError::AdmissionRejected { .. }) => considered = over_bound,
                 spilled => {
                     return spilled.map(|pick| {
                         let held =
@@ -262,13 +279,14 @@ impl CacheAwarePolicy {
                 }
             }
         }
-        let holders = best(
-            holders,
+        let considered = best(
+            &holders,
+            considered,
             self.config.candidates.count(engines.len()),
-            engines,
         );
-        let (usable, set_aside): (Vec<Holder>, Vec<Holder>) = holders
+        let (usable, set_aside): (Vec<&Holder>, Vec<&Holder>) = considered
             .into_iter()
+            .map(|h| &holders[h])
             .partition(|h| !self.queued(&h.observation));
         let (usable, pinned) = match (usable.is_empty(), self.config.saturation_queue_floor) {
             (false, _) => (usable, false),
@@ -278,70 +296,91 @@ impl CacheAwarePolicy {
             }
         };
 
+        // Admission in order, up to the first admitted holder and those within the
+        // switch margin of it: the holders past the margin could not win.
         let mut rejections = Vec::new();
-        let mut admitted = Vec::with_capacity(usable.len());
+        let mut first: Option<&Holder> = None;
+        let mut winner: Option<&Holder> = None;
         for holder in usable {
-            let engine = &engines[holder.index];
-            match admit(
-                self.admission.as_ref(),
-                engine,
-                &holder.observation.metrics(),
-                request,
-            )? {
-                None => admitted.push(holder),
-                Some(rejection) => rejections.push(rejection),
-            }
-        }
-        let Some(first) = admitted.first() else {
-            return Err(no_admissible(request.stage, rejections));
-        };
-        let mut best = 0;
-        for (i, candidate) in admitted.iter().enumerate().skip(1) {
-            if candidate.uncached - first.uncached > self.config.switch_margin_tokens {
+            if first.is_some_and(|first| {
+                holder.uncached - first.uncached > self.config.switch_margin_tokens
+            }) {
                 break;
             }
-            if self.guard_prefers(candidate, &admitted[best]) {
-                best = i;
+            let engine = &engines[holder.index];
+            let metrics = holder.observation.metrics();
+            if let Some(rejection) = admit(self.admission.as_ref(), engine, &metrics, request)? {
+                rejections.push(rejection);
+                continue;
+            }
+            match winner {
+                None => (first, winner) = (Some(holder), Some(holder)),
+                Some(current) if self.guard_prefers(holder, current) => winner = Some(holder),
+                Some(_) => {}
             }
         }
-        let reason = match (pinned, best) {
-            (true, _) => PickReason::CacheSaturationPin,
-            (false, 0) => PickReason::CacheHit,
-            (false, _) => PickReason::CacheGuardSwitch,
+        let (Some(first), Some(winner)) = (first, winner) else {
+            return Err(no_admissible(request.stage, rejections));
         };
-        let winner = &admitted[best];
+        let reason = match (pinned, std::ptr::eq(first, winner)) {
+            (true, _) => PickReason::CacheSaturationPin,
+            (false, true) => PickReason::CacheHit,
+            (false, false) => PickReason::CacheGuardSwitch,
+        };
         Ok(Pick::new(Arc::clone(&engines[winner.index]), reason)
             .with_predicted_cached_tokens(winner.matched))
     }
 
-    /// The candidates `held` names that count as holders, unordered: of more than
-    /// the window, those with the least uncached work ([`window::least_work`]).
+    /// The candidates that count as holders, unordered: of more than the window,
+    /// those with the least uncached work, read deepest first from `hits`
+    /// ([`window::deepest`]) unless a slower tier weighs less than the device and
+    /// some holder has blocks only there: then every holder is ranked
+    /// ([`window::least_work`]).
     fn holders(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         hits: &PrefixHits,
-        held: &[Held],
         snapshot: &LoadSnapshot,
         draws: &mut Draws<'_>,
     ) -> Vec<Holder> {
         let input = request.facts.input_tokens;
-        let ranked: Vec<(u64, usize)> = held
-            .iter()
-            .enumerate()
-            .filter_map(|(place, h)| Some((input - self.holds(hits, h, input)?, place)))
-            .collect();
         let window = CACHE_AWARE_WINDOW.max(self.config.candidates.count(engines.len()));
-        window::least_work(draws, ranked, window)
+        // (candidate index, blocks held, tokens credited)
+        let kept: Vec<(usize, usize, u64)> = if hits.slower_blocks().is_empty()
+            || self.config.slower_tier_weight.get() >= 1.0
+        {
+            // Every held token is credited: depth orders the holders.
+            let places = self.places.get(engines, Places::of);
+            let engine_ids = hits.engines();
+            window::deepest(
+                draws,
+                hits,
+                window,
+                |place| places.place(&engine_ids[place].0),
+                |blocks| self.counts(hits.tokens_of(blocks, input), input),
+            )
             .into_iter()
-            .map(|(uncached, place)| {
-                let h = &held[place];
-                Holder {
-                    index: h.index,
-                    matched: hits.tokens_of(h.blocks, input),
-                    uncached,
-                    observation: snapshot.observe(engines[h.index].id()),
-                }
+            .map(|(index, blocks)| (index, blocks, hits.tokens_of(blocks, input)))
+            .collect()
+        } else {
+            let held = hits.held_among(engines);
+            let ranked: Vec<(u64, usize)> = held
+                .iter()
+                .enumerate()
+                .filter_map(|(place, h)| Some((input - self.holds(hits, h, input)?, place)))
+                .collect();
+            window::least_work(draws, ranked, window)
+                .into_iter()
+                .map(|(uncached, place)| (held[place].index, held[place].blocks, input - uncached))
+                .collect()
+        };
+        kept.into_iter()
+            .map(|(index, blocks, credited)| Holder {
+                index,
+                matched: hits.tokens_of(blocks, input),
+                uncached: input - credited,
+                observation: snapshot.observe(engines[index].id()),
             })
             .collect()
     }
@@ -350,10 +389,15 @@ impl CacheAwarePolicy {
     /// makes it a holder (enough of them, and a large enough share of the prompt).
     fn holds(&self, hits: &PrefixHits, held: &Held, input: u64) -> Option<u64> {
         let credited = self.credited(hits, held, input);
+        self.counts(credited, input).then_some(credited)
+    }
+
+    /// Whether `credited` prompt tokens make a holder: enough of them, and a large
+    /// enough share of the prompt.
+    fn counts(&self, credited: u64, input: u64) -> bool {
         let enough = credited > 0 && credited >= self.config.min_matched_tokens;
         let share = credited as f64 / input.max(1) as f64;
-        let ratio_ok = self.config.min_match_ratio.is_none_or(|r| share >= r.get());
-        (enough && ratio_ok).then_some(credited)
+        enough && self.config.min_match_ratio.is_none_or(|r| share >= r.get())
     }
 
     /// The prompt tokens the candidate `held` describes is credited with: those on
@@ -406,7 +450,7 @@ impl CacheAwarePolicy {
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
         draws: &mut Draws<'_>,
-        mut set_aside: Vec<Holder>,
+        mut set_aside: Vec<&Holder>,
         floor: u64,
     ) -> Result<Pick, PickError> {
         let sample = window::spread(draws, engines.len(), CACHE_AWARE_WINDOW);
@@ -525,25 +569,24 @@ impl CacheAwarePolicy {
     }
 }
 
-/// The best `count` of `holders` in order: least uncached work, then least prefill
-/// pressure, then id. Only those are sorted, so a prefix a thousand candidates hold
-/// costs one selection pass, not a sort of all of them.
-fn best(mut holders: Vec<Holder>, count: usize, engines: &[Arc<Engine>]) -> Vec<Holder> {
-    let order = |a: &Holder, b: &Holder| {
-        a.uncached
-            .cmp(&b.uncached)
-            .then_with(|| pressure_order(a, b))
-            .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
-    };
+/// The best `count` of the holders `considered` (places in `holders`), in order:
+/// least uncached work, then least prefill pressure, then candidate order (id
+/// order, as a group gives its candidates). Only those are sorted, so a prefix a thousand candidates hold costs one selection pass, not a
+/// sort of all of them.
+fn best(holders: &[Holder], mut considered: Vec<usize>, count: usize) -> Vec<usize> {
     if count == 0 {
         return Vec::new();
     }
-    if holders.len() > count {
-        holders.select_nth_unstable_by(count - 1, order);
-        holders.truncate(count);
+    let key = |h: usize| {
+        let holder = &holders[h];
+        (holder.uncached, pressure_key(holder), holder.index)
+    };
+    if considered.len() > count {
+        considered.select_nth_unstable_by_key(count - 1, |&h| key(h));
+        considered.truncate(count);
     }
-    holders.sort_by(order);
-    holders
+    considered.sort_by_cached_key(|&h| key(h));
+    considered
 }
 
 /// An engine's requests for the load bound: reported running and waiting plus the
@@ -573,25 +616,32 @@ fn native(holder: &Holder) -> Option<(Option<f64>, u64)> {
 /// (corrected as in [`native`]), waiting uncached tokens, waiting and running requests
 /// (unknown values last), then router-local in-flight requests.
 fn pressure_order(a: &Holder, b: &Holder) -> Ordering {
-    fn key(h: &Holder) -> (f64, u64, u64, u64, u64) {
-        let o = &h.observation;
-        let report = o.reported.as_ref();
-        let native = report.and_then(|r| r.native);
-        (
-            o.corrected_prefill_queue_ms(h.uncached)
-                .unwrap_or(f64::INFINITY),
-            native.map_or(u64::MAX, |n| n.waiting_uncached_tokens),
-            report.map_or(u64::MAX, |r| r.waiting_requests),
-            report.map_or(u64::MAX, |r| r.running_requests),
-            o.in_flight,
-        )
-    }
-    let (ka, kb) = (key(a), key(b));
-    ka.0.total_cmp(&kb.0)
-        .then(ka.1.cmp(&kb.1))
-        .then(ka.2.cmp(&kb.2))
-        .then(ka.3.cmp(&kb.3))
-        .then(ka.4.cmp(&kb.4))
+    pressure_key(a).cmp(&pressure_key(b))
+}
+
+/// The key [`pressure_order`] compares; the queue time as an integer ordered as
+/// [`f64::total_cmp`] orders the float.
+fn pressure_key(h: &Holder) -> (i64, u64, u64, u64, u64) {
+    let o = &h.observation;
+    let report = o.reported.as_ref();
+    let native = report.and_then(|r| r.native);
+    let queue_ms = o
+        .corrected_prefill_queue_ms(h.uncached)
+        .unwrap_or(f64::INFINITY);
+    (
+        total_order_key(queue_ms),
+        native.map_or(u64::MAX, |n| n.waiting_uncached_tokens),
+        report.map_or(u64::MAX, |r| r.waiting_requests),
+        report.map_or(u64::MAX, |r| r.running_requests),
+        o.in_flight,
+    )
+}
+
+/// An integer ordered as [`f64::total_cmp`] orders `x`: negative floats' magnitude
+/// bits flipped, so they order below the positive ones and by value.
+fn total_order_key(x: f64) -> i64 {
+    let bits = x.to_bits().cast_signed();
+    bits ^ ((bits >> 63).cast_unsigned() >> 1).cast_signed()
 }
 
 fn no_admissible(stage: Role, rejections: Vec<Rejection>) -> PickError {
@@ -625,6 +675,14 @@ mod tests {
 
     proptest! {
         #[test]
+        fn the_queue_key_orders_as_the_float_does(a: f64, b: f64, special in 0usize..6) {
+            let specials = [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0];
+            for (x, y) in [(a, b), (a, specials[special]), (specials[special], b)] {
+                prop_assert_eq!(total_order_key(x).cmp(&total_order_key(y)), x.total_cmp(&y));
+            }
+        }
+
+        #[test]
         fn the_best_holders_are_the_head_of_the_whole_order(
             holders in proptest::collection::vec((0u64..4, 0u64..3), 1..120),
             count in 0usize..130,
@@ -654,7 +712,11 @@ mod tests {
                     .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
             });
             sorted.truncate(count);
-            let best: Vec<usize> = best(make(), count, &engines).iter().map(|h| h.index).collect();
+            let holders = make();
+            let best: Vec<usize> = best(&holders, (0..holders.len()).collect(), count)
+                .iter()
+                .map(|&h| holders[h].index)
+                .collect();
             prop_assert_eq!(best, sorted.iter().map(|h| h.index).collect::<Vec<_>>());
         }
     }

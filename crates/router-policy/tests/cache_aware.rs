@@ -36,12 +36,11 @@ impl Scripted {
             .map(|(id, b)| (EngineId::from(*id), *b))
             .collect();
         engines.sort();
-        Self::answering(Ok(CacheLookup::Answered(PrefixHits {
-            query_blocks: (PROMPT / u64::from(BLOCK)) as usize,
-            block_size: BLOCK,
+        Self::answering(Ok(CacheLookup::Answered(PrefixHits::new(
+            (PROMPT / u64::from(BLOCK)) as usize,
+            BLOCK,
             engines,
-            ..PrefixHits::default()
-        })))
+        ))))
     }
 
     fn answering(answer: Result<CacheLookup, CacheQueryError>) -> Arc<Self> {

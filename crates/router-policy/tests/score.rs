@@ -35,12 +35,9 @@ impl CacheSource for Held {
         _: &'a [u32],
         _: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
-        Box::pin(std::future::ready(Ok(CacheLookup::Answered(PrefixHits {
-            query_blocks: BLOCKS,
-            block_size: BLOCK,
-            engines: self.0.clone(),
-            ..PrefixHits::default()
-        }))))
+        Box::pin(std::future::ready(Ok(CacheLookup::Answered(
+            PrefixHits::new(BLOCKS, BLOCK, self.0.clone()),
+        ))))
     }
 }
 

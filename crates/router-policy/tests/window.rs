@@ -45,12 +45,9 @@ impl CacheSource for Held {
         _: &'a [u32],
         _: bool,
     ) -> BoxFuture<'a, Result<CacheLookup, CacheQueryError>> {
-        Box::pin(std::future::ready(Ok(CacheLookup::Answered(PrefixHits {
-            query_blocks: (PROMPT / u64::from(BLOCK)) as usize,
-            block_size: BLOCK,
-            engines: self.0.clone(),
-            ..PrefixHits::default()
-        }))))
+        Box::pin(std::future::ready(Ok(CacheLookup::Answered(
+            PrefixHits::new((PROMPT / u64::from(BLOCK)) as usize, BLOCK, self.0.clone()),
+        ))))
     }
 }
 

@@ -14,8 +14,41 @@ pub const MAX_DP_SIZE: u32 = 1024;
 ///
 /// Ids are what configuration, metrics, response headers and error messages name; they
 /// never contain the engine's URL unless an operator chose to make them so.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// Ids compare as their strings do; two ids sharing one string (as the registry's,
+/// the load table's and the prefix index's do) compare equal without reading it.
+#[derive(Clone)]
 pub struct EngineId(Arc<str>);
+
+impl PartialEq for EngineId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for EngineId {}
+
+impl PartialOrd for EngineId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for EngineId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
+
+/// Hashes as the string does, so an id and its `&str` find the same map entry.
+impl std::hash::Hash for EngineId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
 
 impl EngineId {
     /// Wraps an id string.
@@ -249,5 +282,29 @@ impl Engine {
     /// Whether the engine may be offered as a candidate.
     pub fn is_healthy(&self) -> bool {
         self.health == Health::Healthy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn ids_compare_and_hash_as_their_strings_shared_or_not(a in "[a-c]{0,3}", b in "[a-c]{0,3}") {
+            let (id_a, id_b) = (EngineId::from(a.as_str()), EngineId::from(b.as_str()));
+            let shared = id_a.clone();
+            let hasher = std::collections::hash_map::RandomState::new();
+            prop_assert_eq!(id_a == id_b, a == b);
+            prop_assert_eq!(id_a.cmp(&id_b), a.cmp(&b));
+            prop_assert_eq!(id_a.partial_cmp(&id_b), Some(a.cmp(&b)));
+            prop_assert!(id_a == shared && id_a.cmp(&shared).is_eq());
+            prop_assert_eq!(hasher.hash_one(&id_a), hasher.hash_one(a.as_str()));
+            prop_assert_eq!(hasher.hash_one(&shared), hasher.hash_one(a.as_str()));
+        }
     }
 }

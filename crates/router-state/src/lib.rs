@@ -45,6 +45,7 @@ pub mod affinity;
 mod engine;
 mod feed;
 pub mod kv_events;
+mod list_memo;
 mod load_monitor;
 mod names;
 mod pd;
@@ -59,6 +60,7 @@ pub use feed::{
     DEFAULT_FEED_MEMORY_BYTES, DEFAULT_MAX_FEED_MESSAGE_BYTES, Envelope, EnvelopeError, FeedHandle,
     FeedMemory, FeedStats, LoadFeedSource, Sequence, decode_envelope,
 };
+pub use list_memo::{EngineListMemo, KEPT_LISTS};
 pub use load_monitor::{
     CapacityListener, DEFAULT_FRESHNESS, EngineMetrics, EngineObservation, EngineReportedLoadTable,
     InflightGuard, IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot,

@@ -156,10 +156,10 @@ impl IndexerLink {
             };
             let answer =
                 match tokio::time::timeout_at(deadline, self.ask(peer, &body, block_size)).await {
-                    Ok(Ok(hits)) if hits.query_blocks == sent => Ok(hits),
+                    Ok(Ok(hits)) if hits.query_blocks() == sent => Ok(hits),
                     Ok(Ok(hits)) => Err(Failed::answered(format!(
                         "an answer for {} blocks to a lookup of {sent}",
-                        hits.query_blocks
+                        hits.query_blocks()
                     ))),
                     Ok(Err(failed)) => Err(failed),
                     Err(_) => Err(Failed::down(format!(
@@ -235,10 +235,10 @@ impl IndexerLink {
         let answer: Answer = serde_json::from_slice(&bytes)
             .map_err(|e| Failed::down(format!("an unreadable answer: {e}")))?;
         let hits = answer.into_hits().map_err(|e| Failed::down(e.to_owned()))?;
-        if hits.block_size != block_size {
+        if hits.block_size() != block_size {
             return Err(Failed::answered(format!(
                 "the indexer hashes blocks of {} tokens, this router {block_size}",
-                hits.block_size
+                hits.block_size()
             )));
         }
         Ok(hits)
@@ -379,10 +379,11 @@ impl CacheSource for RemoteCacheSource {
             // Past the bound, the prompt's first blocks decide (they are what is shared).
             hashes.truncate(MAX_HASHES);
             if hashes.is_empty() {
-                return Ok(CacheLookup::Answered(PrefixHits {
-                    block_size: self.block_size,
-                    ..PrefixHits::default()
-                }));
+                return Ok(CacheLookup::Answered(PrefixHits::new(
+                    0,
+                    self.block_size,
+                    Vec::new(),
+                )));
             }
             let answer = self
                 .link
@@ -589,7 +590,7 @@ mod tests {
         let (first_counts, second_counts) = (metrics.of(0), metrics.of(1));
 
         let hits = link.lookup("m", 16, vec![1, 2, 3], false).await.unwrap();
-        assert_eq!(hits.query_blocks, 3, "answered by the second indexer");
+        assert_eq!(hits.query_blocks(), 3, "answered by the second indexer");
         assert_eq!(second_answered.load(Ordering::SeqCst), 1);
         assert_eq!(first_counts.lookups.get(), 1);
         assert_eq!(first_counts.failures.get(), 1);
@@ -666,7 +667,7 @@ mod tests {
         })
         .await
         .expect("the second indexer answers");
-        assert_eq!(hits.query_blocks, 2);
+        assert_eq!(hits.query_blocks(), 2);
         assert_eq!(second_answered.load(Ordering::SeqCst), 1);
         assert_eq!(
             metrics.of(1).lookups.get(),

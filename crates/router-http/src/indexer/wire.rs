@@ -114,15 +114,15 @@ impl<'a> Lookup<'a> {
 /// signature allows one.
 pub(crate) fn answer_json(hits: &PrefixHits) -> serde_json::Result<Vec<u8>> {
     let answer = AnswerOf {
-        query_blocks: hits.query_blocks,
-        block_size: hits.block_size,
-        engines: Named(&hits.engines),
-        ranks: Named(&hits.ranks),
-        slower_blocks: Named(&hits.slower_blocks),
-        feed_age_ms: Named(&hits.feed_age_ms),
+        query_blocks: hits.query_blocks(),
+        block_size: hits.block_size(),
+        engines: Named(hits.engines()),
+        ranks: Named(hits.ranks()),
+        slower_blocks: Named(hits.slower_blocks()),
+        feed_age_ms: Named(hits.feed_age_ms()),
     };
     // A few dozen bytes a listed engine, beyond the figures of the prompt.
-    let mut json = Vec::with_capacity(64 + 96 * hits.engines.len());
+    let mut json = Vec::with_capacity(64 + 96 * hits.engines().len());
     serde_json::to_writer(&mut json, &answer)?;
     Ok(json)
 }
@@ -217,14 +217,12 @@ impl Answer {
         {
             return Err("an engine holding more blocks than the prompt has");
         }
-        Ok(PrefixHits {
-            query_blocks: self.query_blocks,
-            block_size: self.block_size,
-            engines: ids(self.engines),
-            ranks: ids(self.ranks),
-            slower_blocks: ids(self.slower_blocks),
-            feed_age_ms: ids(self.feed_age_ms),
-        })
+        Ok(
+            PrefixHits::new(self.query_blocks, self.block_size, ids(self.engines))
+                .with_ranks(ids(self.ranks))
+                .with_slower_blocks(ids(self.slower_blocks))
+                .with_feed_age_ms(ids(self.feed_age_ms)),
+        )
     }
 }
 

@@ -231,11 +231,7 @@ impl RoutedCacheSource {
     ) -> Result<CacheLookup, CacheQueryError> {
         let chain = self.chain(namespace, token_ids);
         let mut hits = match (&self.events, self.settings.estimate) {
-            (_, Estimated::All) => PrefixHits {
-                query_blocks: chain.len(),
-                block_size: self.block_size,
-                ..PrefixHits::default()
-            },
+            (_, Estimated::All) => PrefixHits::new(chain.len(), self.block_size, Vec::new()),
             (EventSource::Local(index), _) => PrefixHits::of_chain(index, &chain, dry_run),
             (EventSource::Other(source), _) => {
                 match source.lookup(namespace, token_ids, dry_run).await? {
@@ -245,7 +241,7 @@ impl RoutedCacheSource {
             }
         };
         if !dry_run && self.settings.pending_ms > 0 {
-            for (engine, blocks) in &hits.engines {
+            for (engine, blocks) in hits.engines() {
                 self.pages
                     .confirm(engine, &chain[..(*blocks).min(chain.len())]);
             }
@@ -257,8 +253,8 @@ impl RoutedCacheSource {
         }
         let extended = self
             .pages
-            .extend(&chain, &hits.engines, |engine| self.max_age(engine));
-        hits.merge(extended);
+            .extend(&chain, hits.engines(), |engine| self.max_age(engine));
+        hits.deepen(extended);
         Ok(CacheLookup::Answered(hits))
     }
 }
@@ -268,22 +264,6 @@ fn pages(tokens: u64, block_size: u32) -> usize {
     usize::try_from(tokens / u64::from(block_size.max(1)))
         .unwrap_or(usize::MAX)
         .max(1)
-}
-
-impl PrefixHits {
-    /// Raises each engine's leading blocks to those of `deeper` (sorted by engine
-    /// id), adding the engines it names.
-    fn merge(&mut self, deeper: Vec<(EngineId, usize)>) {
-        if deeper.is_empty() {
-            return;
-        }
-        for (engine, blocks) in deeper {
-            match self.engines.binary_search_by(|(id, _)| id.cmp(&engine)) {
-                Ok(i) => self.engines[i].1 = self.engines[i].1.max(blocks),
-                Err(i) => self.engines.insert(i, (engine, blocks)),
-            }
-        }
-    }
 }
 
 impl CacheSource for RoutedCacheSource {

@@ -4,8 +4,11 @@
 //!
 //! - **Holders**: the [`CACHE_AWARE_WINDOW`] holders with the least uncached work
 //!   (the configured holder count when that is larger); holders tied at the cut are
-//!   taken in candidate order from a random start, so the holders of a popular
-//!   prefix share its requests across picks.
+//!   taken in id order from a random start, so the holders of a popular prefix share
+//!   its requests across picks. They are read from the lookup's answer deepest first
+//!   ([`deepest`]), so a pick reads the holders it keeps and not every one; only
+//!   when some engine holds part of the prompt on a slower tier only, weighed below
+//!   a device's, is every holder ranked ([`least_work`]).
 //! - **The load bound's mean** (`load_bound`): estimated from
 //!   [`CACHE_AWARE_WINDOW`] candidates spread evenly over the group from a random
 //!   start, instead of summed over all of them.
@@ -14,6 +17,7 @@
 //!
 //! Up to [`CACHE_AWARE_WINDOW`] candidates, every one is read, as before the window.
 
+use crate::cache::PrefixHits;
 use crate::rng::Draws;
 
 /// Most candidates whose load one `cache_aware` pick reads for each of its steps
@@ -47,6 +51,43 @@ pub(super) fn least_work(
     ranked.select_nth_unstable_by_key(window - 1, |&(work, place)| (work, (place + n - start) % n));
     ranked.truncate(window);
     ranked
+}
+
+/// Of a lookup's answer, the first `window` engines deepest first that are
+/// candidates (`place` gives a hit's candidate index, from its place in
+/// [`PrefixHits::engines`]) holding enough blocks to count (`holds`, true for a
+/// prefix of depths, deepest first): `(candidate index, blocks)` each. Hits holding
+/// as many blocks are taken whole while they fit; of those at the cut, in id order
+/// from a random start (one draw), wrapping. Only the hits taken, and those at the
+/// cut passed over as not candidates, are read.
+pub(super) fn deepest(
+    draws: &mut Draws<'_>,
+    hits: &PrefixHits,
+    window: usize,
+    place: impl Fn(usize) -> Option<usize>,
+    holds: impl Fn(usize) -> bool,
+) -> Vec<(usize, usize)> {
+    let mut kept = Vec::with_capacity(window.min(hits.engines().len()));
+    for (blocks, run) in hits.by_depth() {
+        if kept.len() == window || !holds(blocks) {
+            break;
+        }
+        let start = if run.len() > window - kept.len() {
+            draws.index(run.len())
+        } else {
+            0
+        };
+        let (wrapped, from_start) = run.split_at(start);
+        for &hit in from_start.iter().chain(wrapped) {
+            if kept.len() == window {
+                break;
+            }
+            if let Some(index) = place(hit) {
+                kept.push((index, blocks));
+            }
+        }
+    }
+    kept
 }
 
 #[cfg(test)]
@@ -89,6 +130,74 @@ mod tests {
                 }
             }
         }
+
+        #[test]
+        fn the_deepest_candidates_are_kept_whatever_the_start(
+            seed: u64,
+            held in proptest::collection::vec((1usize..6, any::<bool>()), 0..200),
+            window in 1usize..40,
+            least in 0usize..4,
+        ) {
+            // Hit p holds held[p].0 blocks and is candidate p when held[p].1; a
+            // holder needs at least `least` blocks.
+            let hits = PrefixHits::new(
+                8,
+                16,
+                held.iter()
+                    .enumerate()
+                    .map(|(p, (blocks, _))| (format!("e{p:03}").as_str().into(), *blocks))
+                    .collect(),
+            );
+            let eligible = |p: usize| held[p].1 && held[p].0 >= least;
+            let rng = SharedRng::from_seed(seed);
+            let kept = deepest(
+                &mut rng.draws(false),
+                &hits,
+                window,
+                |p| held[p].1.then_some(p),
+                |blocks| blocks >= least,
+            );
+            let count = (0..held.len()).filter(|&p| eligible(p)).count();
+            prop_assert_eq!(kept.len(), count.min(window));
+            let mut places: Vec<usize> = kept.iter().map(|k| k.0).collect();
+            prop_assert!(kept.iter().all(|&(p, blocks)| eligible(p) && held[p].0 == blocks));
+            places.sort_unstable();
+            places.dedup();
+            prop_assert_eq!(places.len(), kept.len(), "each candidate once");
+            // Nothing eligible left out holds more than something kept.
+            let least_kept = kept.iter().map(|k| k.1).min().unwrap_or(usize::MAX);
+            for p in (0..held.len()).filter(|&p| eligible(p) && !places.contains(&p)) {
+                prop_assert!(held[p].0 <= least_kept);
+            }
+        }
+    }
+
+    #[test]
+    fn tied_holders_take_turns_by_depth() {
+        // 1,024 hits holding as much, every one a candidate: each pick's window starts
+        // at a random place, so every one is in some window.
+        let hits = PrefixHits::new(
+            8,
+            16,
+            (0..1024)
+                .map(|p| (format!("e{p:04}").as_str().into(), 5))
+                .collect(),
+        );
+        let rng = SharedRng::from_seed(7);
+        let mut seen = [false; 1024];
+        for _ in 0..2000 {
+            let kept = deepest(
+                &mut rng.draws(false),
+                &hits,
+                CACHE_AWARE_WINDOW,
+                Some,
+                |_| true,
+            );
+            for (place, _) in kept {
+                seen[place] = true;
+            }
+        }
+        assert!(seen.iter().all(|s| *s), "some holder never considered");
     }
 
     #[test]

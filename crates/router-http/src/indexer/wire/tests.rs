@@ -1,14 +1,10 @@
 use super::*;
 
 fn hits() -> PrefixHits {
-    PrefixHits {
-        query_blocks: 8,
-        block_size: 16,
-        engines: vec![("a".into(), 8), ("b".into(), 4)],
-        ranks: vec![("a".into(), 1), ("b".into(), 0)],
-        slower_blocks: vec![("b".into(), 3)],
-        feed_age_ms: vec![("a".into(), 2500)],
-    }
+    PrefixHits::new(8, 16, vec![("a".into(), 8), ("b".into(), 4)])
+        .with_ranks(vec![("a".into(), 1), ("b".into(), 0)])
+        .with_slower_blocks(vec![("b".into(), 3)])
+        .with_feed_age_ms(vec![("a".into(), 2500)])
 }
 
 fn read(json: &[u8]) -> PrefixHits {
@@ -25,11 +21,9 @@ fn tiers_and_feed_ages_cross_the_wire() {
 
 #[test]
 fn an_answer_leaves_out_empty_tiers_and_ages() {
-    let hits = PrefixHits {
-        slower_blocks: Vec::new(),
-        feed_age_ms: Vec::new(),
-        ..hits()
-    };
+    let hits = hits()
+        .with_slower_blocks(Vec::new())
+        .with_feed_age_ms(Vec::new());
     let json = answer_json(&hits).unwrap();
     assert_eq!(
         String::from_utf8(json.clone()).unwrap(),

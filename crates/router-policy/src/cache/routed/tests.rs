@@ -75,14 +75,14 @@ async fn a_routed_prompt_is_pending_on_its_engine_until_the_pending_time_passes(
     announce(&f.index, "a", &prompt(20)[40..], 1);
     f.source.routed(None, &tokens, &id("a"), 0);
     let found = hits(&f.source, &tokens, false).await;
-    assert_eq!(found.engines, vec![(id("a"), 8)]);
-    assert_eq!(found.query_blocks, 8);
-    assert_eq!(found.block_size, BLOCK);
+    assert_eq!(found.engines(), vec![(id("a"), 8)]);
+    assert_eq!(found.query_blocks(), 8);
+    assert_eq!(found.block_size(), BLOCK);
     tokio::time::advance(Duration::from_millis(999)).await;
     assert_eq!(hits(&f.source, &tokens, false).await.blocks_of(&id("a")), 8);
     tokio::time::advance(Duration::from_millis(1)).await;
     assert!(
-        hits(&f.source, &tokens, false).await.engines.is_empty(),
+        hits(&f.source, &tokens, false).await.engines().is_empty(),
         "past pending_ms a publishing engine's routed pages count no more"
     );
 }
@@ -94,14 +94,18 @@ async fn the_events_confirm_pending_pages_and_the_rest_stay_pending() {
     f.source.routed(None, &tokens, &id("a"), 0);
     announce(&f.index, "a", &tokens, 3);
     let dry = hits(&f.source, &tokens, true).await;
-    assert_eq!(dry.engines, vec![(id("a"), 8)]);
+    assert_eq!(dry.engines(), vec![(id("a"), 8)]);
     assert_eq!(
         f.source.routed_pages().pages_of(&id("a")),
         8,
         "a dry run confirms nothing"
     );
     let found = hits(&f.source, &tokens, false).await;
-    assert_eq!(found.engines, vec![(id("a"), 8)], "3 announced, 5 pending");
+    assert_eq!(
+        found.engines(),
+        vec![(id("a"), 8)],
+        "3 announced, 5 pending"
+    );
     assert_eq!(f.source.routed_pages().pages_of(&id("a")), 5);
     announce(&f.index, "a", &tokens, 8);
     hits(&f.source, &tokens, false).await;
@@ -116,7 +120,7 @@ async fn only_pages_past_what_a_publisher_holds_are_recorded_and_an_estimate_ref
     f.source.routed(None, &tokens, &id("a"), 3);
     assert_eq!(f.source.routed_pages().pages_of(&id("a")), 5);
     assert_eq!(
-        hits(&f.source, &tokens, true).await.engines,
+        hits(&f.source, &tokens, true).await.engines(),
         vec![(id("a"), 8)]
     );
     f.source.routed(None, &tokens, &id("quiet"), 8);
@@ -134,19 +138,24 @@ async fn an_engine_without_events_is_estimated_from_routing_unless_estimate_is_n
     auto.source.routed(None, &tokens, &id("quiet"), 0);
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(
-        hits(&auto.source, &tokens, false).await.engines,
+        hits(&auto.source, &tokens, false).await.engines(),
         vec![(id("quiet"), 6)],
         "no events from it: its routed pages count up to max_age_ms"
     );
     tokio::time::advance(Duration::from_secs(30)).await;
-    assert!(hits(&auto.source, &tokens, false).await.engines.is_empty());
+    assert!(
+        hits(&auto.source, &tokens, false)
+            .await
+            .engines()
+            .is_empty()
+    );
 
     let pending = fixture(settings(Estimated::None, 1_000));
     pending.source.routed(None, &tokens, &id("quiet"), 0);
     assert!(
         hits(&pending.source, &tokens, false)
             .await
-            .engines
+            .engines()
             .is_empty(),
         "estimate: none never estimates an engine without events"
     );
@@ -160,7 +169,7 @@ async fn estimate_all_ignores_the_events_and_nothing_counts_routing_when_off() {
     estimate.source.routed(None, &tokens[..8], &id("b"), 0);
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(
-        hits(&estimate.source, &tokens, false).await.engines,
+        hits(&estimate.source, &tokens, false).await.engines(),
         vec![(id("b"), 2)]
     );
 
@@ -169,7 +178,7 @@ async fn estimate_all_ignores_the_events_and_nothing_counts_routing_when_off() {
     off.source.routed(None, &tokens, &id("b"), 0);
     assert!(off.source.routed_pages().is_empty());
     assert_eq!(
-        hits(&off.source, &tokens, false).await.engines,
+        hits(&off.source, &tokens, false).await.engines(),
         vec![(id("a"), 6)]
     );
 }
@@ -179,12 +188,12 @@ async fn namespaces_keep_routed_pages_apart() {
     let f = fixture(settings(Estimated::Auto, 1_000));
     let tokens = prompt(4);
     f.source.routed(Some("lora-1"), &tokens, &id("a"), 0);
-    assert!(hits(&f.source, &tokens, false).await.engines.is_empty());
+    assert!(hits(&f.source, &tokens, false).await.engines().is_empty());
     let Ok(CacheLookup::Answered(found)) = f.source.lookup(Some("lora-1"), &tokens, false).await
     else {
         panic!("expected an answer");
     };
-    assert_eq!(found.engines, vec![(id("a"), 4)]);
+    assert_eq!(found.engines(), vec![(id("a"), 4)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -204,7 +213,7 @@ async fn an_engines_reported_cache_size_bounds_its_estimate() {
     f.source.routed(None, &tokens, &id("quiet"), 0);
     assert_eq!(f.source.routed_pages().pages_of(&id("quiet")), 3);
     assert_eq!(
-        hits(&f.source, &tokens, false).await.engines,
+        hits(&f.source, &tokens, false).await.engines(),
         vec![(id("quiet"), 3)]
     );
 }
