@@ -18,7 +18,9 @@
 //! 5. Admission is checked on the usable holders in order; the winner is the first
 //!    admitted holder (the least uncached work), except that an admitted holder within
 //!    `switch_margin_tokens` of it wins when the pressure guard finds the current
-//!    choice clearly worse. Holders past the margin are not checked.
+//!    choice clearly worse. Holders past the margin could not win and are not
+//!    checked: an explanation shows no admission of theirs, and an admission check
+//!    that fails on one of them does not fail the pick.
 //!    Rejections never turn into a cold fallback: if every usable holder is rejected,
 //!    the pick fails and the bucket loop moves on.
 //! 6. Miss (or source unavailable, or no token ids): power of k over the group's

@@ -182,10 +182,13 @@ fn ids<T>(list: Vec<(String, T)>) -> Vec<(EngineId, T)> {
         .collect()
 }
 impl Answer {
-    /// The hits it names, when they are consistent: sorted unique engine ids that
-    /// are names, no engine holding more blocks than the prompt has, a rank only for
-    /// an engine holding blocks.
+    /// The hits it names, when they are consistent: a prompt of no more blocks than a
+    /// lookup sends, sorted unique engine ids that are names, no engine holding more
+    /// blocks than the prompt has, a rank only for an engine holding blocks.
     pub(crate) fn into_hits(self) -> Result<PrefixHits, &'static str> {
+        if self.query_blocks > MAX_HASHES {
+            return Err("a prompt of more blocks than a lookup sends");
+        }
         let sorted = |ids: &mut dyn Iterator<Item = &String>| {
             let ids: Vec<&String> = ids.collect();
             ids.windows(2).all(|w| w[0] < w[1])

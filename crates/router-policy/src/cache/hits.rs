@@ -29,7 +29,7 @@ impl PrefixHits {
     /// that many leading blocks each. `engines` lists every engine holding at least
     /// one block, once, sorted by engine id.
     pub fn new(query_blocks: usize, block_size: u32, engines: Vec<(EngineId, usize)>) -> Self {
-        let (deepest, runs) = deepest_first(&engines, query_blocks);
+        let (deepest, runs) = deepest_first(&engines);
         Self {
             query_blocks,
             block_size,
@@ -197,7 +197,7 @@ impl PrefixHits {
                 Err(i) => self.engines.insert(i, (engine, blocks)),
             }
         }
-        (self.deepest, self.runs) = deepest_first(&self.engines, self.query_blocks);
+        (self.deepest, self.runs) = deepest_first(&self.engines);
     }
 }
 
@@ -289,6 +289,10 @@ impl PrefixHits {
     }
 }
 
+/// Depths a counting sort of the hits counts for each engine at most (see
+/// [`deepest_first`]).
+const COUNTED_DEPTHS: usize = 4;
+
 /// The end of a run of [`PrefixHits::deepest`] holding `blocks` blocks each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Run {
@@ -297,12 +301,12 @@ struct Run {
 }
 
 /// The places of `engines`, the most blocks first, ties in place order, and the runs
-/// of them holding as many: a counting sort when no engine claims more blocks than
-/// the prompt has (as every source's answer is checked to), else a stable comparison
-/// sort.
-fn deepest_first(engines: &[(EngineId, usize)], query_blocks: usize) -> (Vec<usize>, Vec<Run>) {
+/// of them holding as many: a counting sort when the deepest engine holds no more
+/// than [`COUNTED_DEPTHS`] blocks an engine (so its counts cost no more than the
+/// engines do, whatever a source claims), else a stable comparison sort.
+fn deepest_first(engines: &[(EngineId, usize)]) -> (Vec<usize>, Vec<Run>) {
     let most = engines.iter().map(|(_, b)| *b).max().unwrap_or(0);
-    if most > query_blocks {
+    if most / COUNTED_DEPTHS >= engines.len() {
         let mut order: Vec<usize> = (0..engines.len()).collect();
         order.sort_by_key(|&place| Reverse(engines[place].1));
         let mut runs: Vec<Run> = Vec::new();

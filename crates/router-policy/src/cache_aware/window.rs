@@ -58,8 +58,9 @@ pub(super) fn least_work(
 /// [`PrefixHits::engines`]) holding enough blocks to count (`holds`, true for a
 /// prefix of depths, deepest first): `(candidate index, blocks)` each. Hits holding
 /// as many blocks are taken whole while they fit; of those at the cut, in id order
-/// from a random start (one draw), wrapping. Only the hits taken, and those at the
-/// cut passed over as not candidates, are read.
+/// from a candidate drawn evenly among the run's ([`candidate_start`]), wrapping, so
+/// each of them is as likely to be kept. Only the hits taken, those at the cut passed
+/// over as not candidates, and the places a draw tried are read.
 pub(super) fn deepest(
     draws: &mut Draws<'_>,
     hits: &PrefixHits,
@@ -73,7 +74,10 @@ pub(super) fn deepest(
             break;
         }
         let start = if run.len() > window - kept.len() {
-            draws.index(run.len())
+            match candidate_start(draws, run, &place) {
+                Some(start) => start,
+                None => continue,
+            }
         } else {
             0
         };
@@ -88,6 +92,29 @@ pub(super) fn deepest(
         }
     }
     kept
+}
+
+/// Random places of a run tried before its candidates are counted.
+const START_TRIES: usize = 4;
+
+/// The place in `run` of one of its candidates, each as likely as another: the first
+/// candidate of up to [`START_TRIES`] random places, else one drawn among the
+/// candidates counted; `None` when the run has none.
+fn candidate_start(
+    draws: &mut Draws<'_>,
+    run: &[usize],
+    place: &impl Fn(usize) -> Option<usize>,
+) -> Option<usize> {
+    for _ in 0..START_TRIES {
+        let at = draws.index(run.len());
+        if place(run[at]).is_some() {
+            return Some(at);
+        }
+    }
+    let candidates: Vec<usize> = (0..run.len())
+        .filter(|&at| place(run[at]).is_some())
+        .collect();
+    (!candidates.is_empty()).then(|| candidates[draws.index(candidates.len())])
 }
 
 #[cfg(test)]
@@ -198,6 +225,69 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|s| *s), "some holder never considered");
+    }
+
+    #[test]
+    fn tied_candidates_at_the_cut_are_kept_evenly_among_other_hits() {
+        // 40 candidates tied with 1,000 hits that are not candidates (other groups'
+        // engines), before them in id order, and with one in every ten of them: a
+        // window of 32 keeps each candidate in about 32 of 40 picks.
+        let hits = PrefixHits::new(
+            8,
+            16,
+            (0..1040)
+                .map(|p| (format!("e{p:04}").as_str().into(), 5))
+                .collect(),
+        );
+        let before = |p: usize| (p >= 1000).then(|| p - 1000);
+        let spread = |p: usize| p.is_multiple_of(26).then_some(p / 26);
+        let rng = SharedRng::from_seed(7);
+        let picks = 4000;
+        for place in [&before as &dyn Fn(usize) -> Option<usize>, &spread] {
+            let mut kept = [0u32; 40];
+            for _ in 0..picks {
+                let window = deepest(
+                    &mut rng.draws(false),
+                    &hits,
+                    CACHE_AWARE_WINDOW,
+                    place,
+                    |_| true,
+                );
+                assert_eq!(window.len(), CACHE_AWARE_WINDOW);
+                for (index, _) in window {
+                    kept[index] += 1;
+                }
+            }
+            let least = kept.iter().min().copied().unwrap_or(0);
+            assert!(
+                least > picks * 7 / 10,
+                "a candidate kept {least} times of {picks}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lone_candidate_among_tied_hits_is_found() {
+        // One candidate in 1,000 tied hits: the random places miss it, the count
+        // finds it.
+        let hits = PrefixHits::new(
+            8,
+            16,
+            (0..1000)
+                .map(|p| (format!("e{p:04}").as_str().into(), 5))
+                .collect(),
+        );
+        let rng = SharedRng::from_seed(3);
+        for _ in 0..50 {
+            let kept = deepest(
+                &mut rng.draws(false),
+                &hits,
+                4,
+                |p| (p == 617).then_some(0),
+                |_| true,
+            );
+            assert_eq!(kept, [(0, 5)]);
+        }
     }
 
     #[test]

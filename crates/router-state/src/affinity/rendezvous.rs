@@ -168,6 +168,23 @@ mod tests {
         }
 
         #[test]
+        fn first_breaks_equal_weights_by_the_lower_id_in_any_lane(
+            seeds in proptest::collection::vec(0u64..3, 1..40),
+            rotate in 0usize..40,
+            key in "[a-z]{0,8}",
+        ) {
+            // Three seeds among up to 40 engines: many equal weights, in every lane.
+            let mut engines: Vec<(EngineId, u64)> = ids(seeds.len()).into_iter().zip(seeds).collect();
+            let len = engines.len();
+            engines.rotate_left(rotate % len);
+            let hash = key_hash(&key);
+            let expected = engines
+                .iter()
+                .max_by(|a, b| mix(hash, a.1).cmp(&mix(hash, b.1)).then_with(|| b.0.cmp(&a.0)));
+            prop_assert_eq!(first(&key, &engines, |e| e.1, |e| &e.0), expected);
+        }
+
+        #[test]
         fn the_order_does_not_depend_on_the_order_engines_are_given(
             n in 1usize..12,
             key in "[a-z0-9]{1,24}",

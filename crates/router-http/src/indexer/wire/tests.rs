@@ -167,3 +167,17 @@ proptest::proptest! {
         proptest::prop_assert_eq!(Lookup::from_binary(&body).unwrap(), sent);
     }
 }
+
+#[test]
+fn an_answer_claiming_a_longer_prompt_than_a_lookup_sends_is_refused() {
+    for blocks in [MAX_HASHES + 1, 1 << 40, usize::MAX] {
+        let json = format!(
+            r#"{{"query_blocks":{blocks},"block_size":16,"engines":[["a",{blocks}]],"ranks":[]}}"#
+        );
+        let answer = serde_json::from_slice::<Answer>(json.as_bytes()).unwrap();
+        assert_eq!(
+            answer.into_hits(),
+            Err("a prompt of more blocks than a lookup sends")
+        );
+    }
+}

@@ -27,13 +27,8 @@ proptest! {
                 .filter_map(|(i, h)| f(i, *h).map(|v| (id_of(i), v)))
                 .collect()
         };
-        let hits = PrefixHits {
-            query_blocks: 4,
-            block_size: 16,
-            engines: ids(&|_, (b, _)| (b > 0).then_some(b)),
-            slower_blocks: ids(&|_, (b, s)| (b > 0 && s.min(b) > 0).then_some(s.min(b))),
-            ..PrefixHits::default()
-        };
+        let hits = PrefixHits::new(4, 16, ids(&|_, (b, _)| (b > 0).then_some(b)))
+            .with_slower_blocks(ids(&|_, (b, s)| (b > 0 && s.min(b) > 0).then_some(s.min(b))));
         let mut engines: Vec<Arc<Engine>> = candidates
             .iter()
             .enumerate()
@@ -61,8 +56,8 @@ proptest! {
         blocks in proptest::collection::vec(0usize..40, 0..300),
         query_blocks in 0usize..48,
     ) {
-        // Both ways: a counting sort when every depth is within the prompt, a
-        // comparison sort when some engine claims more.
+        // Both ways: a counting sort when there are engines enough for the deepest
+        // depth, a comparison sort when there are not.
         let engines: Vec<(EngineId, usize)> = blocks
             .iter()
             .enumerate()
@@ -126,5 +121,17 @@ proptest! {
         }
         prop_assert_eq!(hits.rank_at(ranked.len()), None);
         prop_assert_eq!(hits.place_of(&id(ranked.len())), None);
+    }
+}
+
+#[test]
+fn a_claimed_depth_does_not_size_an_allocation() {
+    // Claims a source should never make (more blocks than any prompt): ordered by a
+    // comparison sort, not counted.
+    for depth in [1 << 40, 1 << 60, usize::MAX] {
+        let hits = PrefixHits::new(depth, 16, vec![("a".into(), depth), ("b".into(), 3)]);
+        let runs: Vec<(usize, Vec<usize>)> =
+            hits.by_depth().map(|(b, p)| (b, p.to_vec())).collect();
+        assert_eq!(runs, [(depth, vec![0]), (3, vec![1])]);
     }
 }
