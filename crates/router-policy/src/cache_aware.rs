@@ -472,9 +472,7 @@ impl CacheAwarePolicy {
                 None,
             );
         }
-        set_aside.sort_by(|a, b| {
-            pressure_order(a, b).then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
-        });
+        set_aside.sort_by_cached_key(|h| (pressure_key(h), h.index));
         let mut rejections = Vec::new();
         for holder in set_aside {
             let engine = &engines[holder.index];
@@ -614,15 +612,10 @@ fn native(holder: &Holder) -> Option<(Option<f64>, u64)> {
     ))
 }
 
-/// A total order on the holders' prefill pressure for sorting: estimated queue time
+/// The holders' prefill pressure as a key, in increasing order: estimated queue time
 /// (corrected as in [`native`]), waiting uncached tokens, waiting and running requests
-/// (unknown values last), then router-local in-flight requests.
-fn pressure_order(a: &Holder, b: &Holder) -> Ordering {
-    pressure_key(a).cmp(&pressure_key(b))
-}
-
-/// The key [`pressure_order`] compares; the queue time as an integer ordered as
-/// [`f64::total_cmp`] orders the float.
+/// (unknown values last), then router-local in-flight requests; the queue time as an
+/// integer ordered as [`f64::total_cmp`] orders the float.
 fn pressure_key(h: &Holder) -> (i64, u64, u64, u64, u64) {
     let o = &h.observation;
     let report = o.reported.as_ref();
@@ -710,7 +703,7 @@ mod tests {
             sorted.sort_by(|a, b| {
                 a.uncached
                     .cmp(&b.uncached)
-                    .then_with(|| pressure_order(a, b))
+                    .then_with(|| pressure_key(a).cmp(&pressure_key(b)))
                     .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
             });
             sorted.truncate(count);

@@ -1,26 +1,47 @@
-//! A prefix lookup's answer: which engines hold how much of the prompt, kept both in
-//! engine-id order (to find one engine, or merge with a candidate list) and deepest
-//! first (so a pick reads the best holders without reading all of them).
+//! A prefix lookup's answer: which engines hold how much of the prompt, in engine-id
+//! order (to find one engine, or merge with a candidate list) and, once a pick asks,
+//! deepest first (so a pick reads the best holders without reading all of them).
 
 use std::cmp::Reverse;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use router_state::kv_events::PrefixIndex;
 use router_state::{Engine, EngineId};
 
-/// The engines holding a prompt's prefix, and how much of it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The engines holding a prompt's prefix, and how much of it. Two answers are equal
+/// when they say the same; whether one was read deepest first yet does not count.
+#[derive(Debug, Clone, Default)]
 pub struct PrefixHits {
     query_blocks: usize,
     block_size: u32,
     engines: Vec<(EngineId, usize)>,
-    /// Places in `engines`, the most blocks first, ties in `engines`' order.
-    deepest: Vec<usize>,
-    /// Where each run of `deepest` holding as many blocks ends, with those blocks.
-    runs: Vec<Run>,
+    /// `engines` deepest first, built by the first [`PrefixHits::by_depth`] (a
+    /// source answering over the wire never builds it).
+    by_depth: OnceLock<DepthOrder>,
     ranks: Vec<(EngineId, u32)>,
     slower_blocks: Vec<(EngineId, usize)>,
     feed_age_ms: Vec<(EngineId, u64)>,
+}
+
+impl PartialEq for PrefixHits {
+    fn eq(&self, other: &Self) -> bool {
+        self.query_blocks == other.query_blocks
+            && self.block_size == other.block_size
+            && self.engines == other.engines
+            && self.ranks == other.ranks
+            && self.slower_blocks == other.slower_blocks
+            && self.feed_age_ms == other.feed_age_ms
+    }
+}
+
+impl Eq for PrefixHits {}
+
+/// Places in [`PrefixHits::engines`], the most blocks first, ties in their order, and
+/// where each run of places holding as many blocks ends.
+#[derive(Debug, Clone, Default)]
+struct DepthOrder {
+    places: Vec<usize>,
+    runs: Vec<Run>,
 }
 
 impl PrefixHits {
@@ -29,13 +50,10 @@ impl PrefixHits {
     /// that many leading blocks each. `engines` lists every engine holding at least
     /// one block, once, sorted by engine id.
     pub fn new(query_blocks: usize, block_size: u32, engines: Vec<(EngineId, usize)>) -> Self {
-        let (deepest, runs) = deepest_first(&engines);
         Self {
             query_blocks,
             block_size,
             engines,
-            deepest,
-            runs,
             ..Self::default()
         }
     }
@@ -107,9 +125,10 @@ impl PrefixHits {
     /// blocks first, in runs of engines holding as many blocks (each run in
     /// engine-id order): the run's blocks and places.
     pub fn by_depth(&self) -> impl Iterator<Item = (usize, &[usize])> {
+        let order = self.by_depth.get_or_init(|| deepest_first(&self.engines));
         let mut start = 0;
-        self.runs.iter().map(move |run| {
-            let places = &self.deepest[start..run.end];
+        order.runs.iter().map(move |run| {
+            let places = &order.places[start..run.end];
             start = run.end;
             (run.blocks, places)
         })
@@ -197,7 +216,7 @@ impl PrefixHits {
                 Err(i) => self.engines.insert(i, (engine, blocks)),
             }
         }
-        (self.deepest, self.runs) = deepest_first(&self.engines);
+        self.by_depth = OnceLock::new();
     }
 }
 
@@ -293,8 +312,8 @@ impl PrefixHits {
 /// [`deepest_first`]).
 const COUNTED_DEPTHS: usize = 4;
 
-/// The end of a run of [`PrefixHits::deepest`] holding `blocks` blocks each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The end of a run of [`DepthOrder::places`] holding `blocks` blocks each.
+#[derive(Debug, Clone, Copy)]
 struct Run {
     blocks: usize,
     end: usize,
@@ -304,7 +323,7 @@ struct Run {
 /// of them holding as many: a counting sort when the deepest engine holds no more
 /// than [`COUNTED_DEPTHS`] blocks an engine (so its counts cost no more than the
 /// engines do, whatever a source claims), else a stable comparison sort.
-fn deepest_first(engines: &[(EngineId, usize)]) -> (Vec<usize>, Vec<Run>) {
+fn deepest_first(engines: &[(EngineId, usize)]) -> DepthOrder {
     let most = engines.iter().map(|(_, b)| *b).max().unwrap_or(0);
     if most / COUNTED_DEPTHS >= engines.len() {
         let mut order: Vec<usize> = (0..engines.len()).collect();
@@ -320,7 +339,10 @@ fn deepest_first(engines: &[(EngineId, usize)]) -> (Vec<usize>, Vec<Run>) {
                 }),
             }
         }
-        return (order, runs);
+        return DepthOrder {
+            places: order,
+            runs,
+        };
     }
     // `next[most - b]`: where the next engine holding `b` blocks goes.
     let mut next = vec![0usize; most + 1];
@@ -346,7 +368,10 @@ fn deepest_first(engines: &[(EngineId, usize)]) -> (Vec<usize>, Vec<Run>) {
         order[*slot] = place;
         *slot += 1;
     }
-    (order, runs)
+    DepthOrder {
+        places: order,
+        runs,
+    }
 }
 
 /// The value `engine` has in a list sorted by engine id.

@@ -199,17 +199,22 @@ mod tests {
         }
     }
 
+    /// `n` hits holding 5 blocks each.
+    fn tied(n: usize) -> PrefixHits {
+        PrefixHits::new(
+            8,
+            16,
+            (0..n)
+                .map(|p| (format!("e{p:04}").as_str().into(), 5))
+                .collect(),
+        )
+    }
+
     #[test]
     fn tied_holders_take_turns_by_depth() {
         // 1,024 hits holding as much, every one a candidate: each pick's window starts
         // at a random place, so every one is in some window.
-        let hits = PrefixHits::new(
-            8,
-            16,
-            (0..1024)
-                .map(|p| (format!("e{p:04}").as_str().into(), 5))
-                .collect(),
-        );
+        let hits = tied(1024);
         let rng = SharedRng::from_seed(7);
         let mut seen = [false; 1024];
         for _ in 0..2000 {
@@ -230,15 +235,9 @@ mod tests {
     #[test]
     fn tied_candidates_at_the_cut_are_kept_evenly_among_other_hits() {
         // 40 candidates tied with 1,000 hits that are not candidates (other groups'
-        // engines), before them in id order, and with one in every ten of them: a
-        // window of 32 keeps each candidate in about 32 of 40 picks.
-        let hits = PrefixHits::new(
-            8,
-            16,
-            (0..1040)
-                .map(|p| (format!("e{p:04}").as_str().into(), 5))
-                .collect(),
-        );
+        // engines), all before them in id order, or spread among them (one hit in 26
+        // a candidate): a window of 32 keeps each candidate in about 32 of 40 picks.
+        let hits = tied(1040);
         let before = |p: usize| (p >= 1000).then(|| p - 1000);
         let spread = |p: usize| p.is_multiple_of(26).then_some(p / 26);
         let rng = SharedRng::from_seed(7);
@@ -270,13 +269,7 @@ mod tests {
     fn a_lone_candidate_among_tied_hits_is_found() {
         // One candidate in 1,000 tied hits: the random places miss it, the count
         // finds it.
-        let hits = PrefixHits::new(
-            8,
-            16,
-            (0..1000)
-                .map(|p| (format!("e{p:04}").as_str().into(), 5))
-                .collect(),
-        );
+        let hits = tied(1000);
         let rng = SharedRng::from_seed(3);
         for _ in 0..50 {
             let kept = deepest(

@@ -93,9 +93,14 @@ proptest! {
             deeper.into_iter().map(|(i, b)| (id(i), b)).collect();
         deeper.sort();
         deeper.dedup_by(|a, b| a.0 == b.0);
+        let depths = |hits: &PrefixHits| -> Vec<(usize, Vec<usize>)> {
+            hits.by_depth().map(|(b, p)| (b, p.to_vec())).collect()
+        };
+        // Read deepest first before deepening, as a pick of an earlier bucket would.
+        depths(&hits);
         hits.deepen(deeper);
         let rebuilt = PrefixHits::new(16, 16, hits.engines().to_vec());
-        prop_assert_eq!(hits, rebuilt);
+        prop_assert_eq!(depths(&hits), depths(&rebuilt));
     }
 }
 
@@ -134,4 +139,15 @@ fn a_claimed_depth_does_not_size_an_allocation() {
             hits.by_depth().map(|(b, p)| (b, p.to_vec())).collect();
         assert_eq!(runs, [(depth, vec![0]), (3, vec![1])]);
     }
+}
+
+#[test]
+fn an_answer_read_deepest_first_equals_one_not_read() {
+    let hits = PrefixHits::new(4, 16, vec![("a".into(), 1), ("b".into(), 3)]);
+    let read = hits.clone();
+    assert_eq!(
+        read.by_depth().next().map(|(b, p)| (b, p.to_vec())),
+        Some((3, vec![1]))
+    );
+    assert_eq!(read, hits);
 }
