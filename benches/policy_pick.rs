@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use router_policy::{
     AdmissionLimits, AffinityBackend, CacheAwareConfig, CacheAwarePolicy, CacheScore, CacheSource,
     EngineAdmission, LeastLoadPolicy, LocalCacheSource, PickRequest, Policy, PowerOfTwoPolicy,
@@ -136,7 +136,9 @@ fn bench_affinity(c: &mut Criterion) {
 /// prompt, hashing it and looking it up included. `memo`: each pick a different
 /// prompt whose lookup was done beforehand, so the policy's own work, reading an
 /// answer and load slots out of cache. `again`: one prompt picked again and again,
-/// as a request's next bucket picks on its first one's answer, in cache.
+/// as a request's next bucket picks on its first one's answer, in cache. `fresh`:
+/// each pick a different prompt, looked up just before the pick and not timed, as a
+/// request's first pick follows its lookup: the answer in cache, the load slots not.
 fn bench_cache_aware(c: &mut Criterion) {
     let mut group = c.benchmark_group("policy_pick");
     for n in SIZES {
@@ -196,6 +198,30 @@ fn bench_cache_aware(c: &mut Criterion) {
                     });
                 });
             }
+            let mut next = 0;
+            let id = BenchmarkId::new(format!("{name}/fresh"), n);
+            group.bench_with_input(id, &engines, |b, engines| {
+                b.iter_batched(
+                    || {
+                        next = (next + 1) % prompts.len();
+                        let memo = PrefixMemo::new();
+                        support::ready(memo.lookup(&source, None, &prompts[next], false));
+                        (next, memo)
+                    },
+                    |(k, memo)| {
+                        let tokens = prompts[k].as_slice();
+                        let facts = RequestFacts::new("m", tokens.len() as u64)
+                            .with_token_ids(Some(tokens))
+                            .with_prefix_memo(Some(&memo));
+                        let request = PickRequest::new(facts, Role::Prefill, "bucket");
+                        let pick = support::ready(policy.pick(black_box(engines), &request))
+                            .expect("admitted");
+                        // Dropped after the timing.
+                        (pick, memo)
+                    },
+                    BatchSize::PerIteration,
+                );
+            });
         }
     }
     group.finish();

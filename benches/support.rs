@@ -3,16 +3,13 @@
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use router_policy::{BoxFuture, Pick, PickError};
 use router_state::test_util::{basic_report, with_native};
 use router_state::{Engine, EngineReportedLoadTable, NativeLoad};
 
-/// Polls a policy future that completes without waiting (every local policy does).
-pub(crate) fn ready(mut future: BoxFuture<'_, Result<Pick, PickError>>) -> Result<Pick, PickError> {
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
+/// Polls a future that completes without waiting (every local policy's, a local
+/// source's lookup).
+pub(crate) fn ready<T>(future: impl Future<Output = T>) -> T {
+    match std::pin::pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(result) => result,
         Poll::Pending => panic!("a local policy never waits"),
     }

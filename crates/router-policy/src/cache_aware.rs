@@ -20,7 +20,9 @@
 //!    `switch_margin_tokens` of it wins when the pressure guard finds the current
 //!    choice clearly worse. Holders past the margin could not win and are not
 //!    checked: an explanation shows no admission of theirs, and an admission check
-//!    that fails on one of them does not fail the pick.
+//!    that fails on one of them does not fail the pick. Steps 3 to 5 walk the
+//!    holders in order and read a run of holders of equal uncached work when they
+//!    reach it, so the load of holders past the margin is not read either.
 //!    Rejections never turn into a cold fallback: if every usable holder is rejected,
 //!    the pick fails and the bucket loop moves on.
 //! 6. Miss (or source unavailable, or no token ids): power of k over the group's
@@ -37,6 +39,7 @@
 //! it was given last), so neither do its reads of the answer.
 
 mod config;
+mod order;
 mod places;
 mod score;
 mod window;
@@ -50,6 +53,7 @@ use router_state::{
 };
 
 pub use self::config::{CacheAwareConfig, CacheScore, CandidateBounds, PressureGuard, Real};
+use self::order::{Holder, Holding, InOrder, pressure_key};
 use self::places::Places;
 pub use self::window::CACHE_AWARE_WINDOW;
 use crate::admission::EngineAdmission;
@@ -76,14 +80,18 @@ pub struct CacheAwarePolicy {
     places: EngineListMemo<Places>,
 }
 
-/// A prefix holder among the candidates.
-struct Holder {
-    index: usize,
-    /// Prompt tokens it holds, on any tier.
-    matched: u64,
-    /// Prompt tokens less those credited (see [`CacheAwarePolicy::credited`]).
-    uncached: u64,
-    observation: EngineObservation,
+/// Where a walk over the holders in order ended ([`CacheAwarePolicy::walk`]);
+/// holders named by their place in the walk's [`InOrder`].
+enum Walk {
+    /// An admitted holder won; `switched` when the pressure guard preferred it to the
+    /// first admitted one.
+    Won { place: usize, switched: bool },
+    /// Admission refused every holder it checked.
+    Refused(Vec<Rejection>),
+    /// No holder is under the load bound: every one, in order.
+    OverBound(Vec<usize>),
+    /// The soft queue gate set aside every holder considered: those, in order.
+    SetAside(Vec<usize>),
 }
 
 impl CacheAwarePolicy {
@@ -238,13 +246,15 @@ impl CacheAwarePolicy {
                 None,
             );
         };
-        let holders = self.holders(engines, request, hits, &snapshot, &mut draws);
-        if self.config.score == CacheScore::Ttft
-            && let Some(scored) = self.scored(engines, request, &holders, &snapshot, &mut draws)
-        {
-            return scored;
+        let holdings = self.holders(engines, request, hits, &mut draws);
+        let observe = |index: usize| snapshot.observe(engines[index].id());
+        if self.config.score == CacheScore::Ttft {
+            let holders: Vec<Holder> = holdings.iter().map(|h| h.read(observe(h.index))).collect();
+            if let Some(scored) = self.scored(engines, request, &holders, &snapshot, &mut draws) {
+                return scored;
+            }
         }
-        if holders.is_empty() {
+        if holdings.is_empty() {
             return self.cold(
                 engines,
                 request,
@@ -256,84 +266,127 @@ impl CacheAwarePolicy {
         }
         // The bound first, so the best holders under it are the ones considered.
         let cap = self.load_cap(engines, &snapshot, &mut draws);
-        // Holders are named by their place in `holders` from here on.
-        let (mut considered, over_bound): (Vec<usize>, Vec<usize>) = (0..holders.len())
-            .partition(|&h| cap.is_none_or(|cap| requests(&holders[h].observation) <= cap));
-        if considered.is_empty() {
-            // Every holder is over the bound: spill to an engine under it, crediting
-            // what it holds; if admission refuses that one, the holders are tried
-            // after all, as without a bound.
-            match self.cold(
-                engines,
-                request,
-                &snapshot,
-                &mut draws,
-                PickReason::CacheSpill,
-                cap,
-            ) {
-                Err(PickError::AdmissionRejected { .. }) => considered = over_bound,
-                spilled => {
-                    return spilled.map(|pick| {
-                        let held =
-                            hits.matched_tokens(pick.engine.id(), request.facts.input_tokens);
-                        pick.with_predicted_cached_tokens(held)
-                    });
+        let mut holders = InOrder::new(holdings, &observe);
+        let mut walk = self.walk(engines, request, &mut holders, cap, true)?;
+        let mut pinned = false;
+        loop {
+            walk = match walk {
+                Walk::Won { place, switched } => {
+                    let reason = match (pinned, switched) {
+                        (true, _) => PickReason::CacheSaturationPin,
+                        (false, false) => PickReason::CacheHit,
+                        (false, true) => PickReason::CacheGuardSwitch,
+                    };
+                    let winner = holders.get(place);
+                    return Ok(Pick::new(Arc::clone(&engines[winner.index]), reason)
+                        .with_predicted_cached_tokens(winner.matched));
                 }
-            }
+                Walk::Refused(rejections) => return Err(no_admissible(request.stage, rejections)),
+                // Every holder is over the bound: spill to an engine under it, crediting
+                // what it holds; if admission refuses that one, the holders are walked
+                // again, as without a bound.
+                Walk::OverBound(places) => match self.cold(
+                    engines,
+                    request,
+                    &snapshot,
+                    &mut draws,
+                    PickReason::CacheSpill,
+                    cap,
+                ) {
+                    Err(PickError::AdmissionRejected { .. }) => {
+                        holders.again(places);
+                        self.walk(engines, request, &mut holders, None, true)?
+                    }
+                    spilled => {
+                        return spilled.map(|pick| {
+                            let held =
+                                hits.matched_tokens(pick.engine.id(), request.facts.input_tokens);
+                            pick.with_predicted_cached_tokens(held)
+                        });
+                    }
+                },
+                // Every holder considered is set aside: without a saturation floor they
+                // are walked again ungated (a saturation pin).
+                Walk::SetAside(places) => match self.config.saturation_queue_floor {
+                    None => {
+                        pinned = true;
+                        holders.again(places);
+                        self.walk(engines, request, &mut holders, None, false)?
+                    }
+                    Some(floor) => {
+                        let set_aside = places.iter().map(|&place| *holders.get(place)).collect();
+                        return self
+                            .saturated(engines, request, &snapshot, &mut draws, set_aside, floor);
+                    }
+                },
+            };
         }
-        let considered = best(
-            &holders,
-            considered,
-            self.config.candidates.count(engines.len()),
-        );
-        let (usable, set_aside): (Vec<&Holder>, Vec<&Holder>) = considered
-            .into_iter()
-            .map(|h| &holders[h])
-            .partition(|h| !self.queued(&h.observation));
-        let (usable, pinned) = match (usable.is_empty(), self.config.saturation_queue_floor) {
-            (false, _) => (usable, false),
-            (true, None) => (set_aside, true),
-            (true, Some(floor)) => {
-                return self.saturated(engines, request, &snapshot, &mut draws, set_aside, floor);
-            }
-        };
+    }
 
-        // Admission in order, up to the first admitted holder and those within the
-        // switch margin of it: the holders past the margin could not win.
-        let mut rejections = Vec::new();
-        let mut first: Option<&Holder> = None;
-        let mut winner: Option<&Holder> = None;
-        for holder in usable {
-            if first.is_some_and(|first| {
-                holder.uncached - first.uncached > self.config.switch_margin_tokens
-            }) {
+    /// Steps 3 to 5 over `holders` in order: of the best `count` under `cap`, those
+    /// the soft queue gate passes (all of them unless `gate`) are checked for
+    /// admission up to the first admitted and those within the switch margin of it
+    /// (the holders past the margin could not win, and their load is not read); the
+    /// winner is the first admitted unless the pressure guard prefers a later one.
+    fn walk(
+        &self,
+        engines: &[Arc<Engine>],
+        request: &PickRequest<'_>,
+        holders: &mut InOrder<'_>,
+        cap: Option<u64>,
+        gate: bool,
+    ) -> Result<Walk, PickError> {
+        let count = self.config.candidates.count(engines.len());
+        let mut considered = 0;
+        let (mut over_bound, mut set_aside, mut rejections) = (Vec::new(), Vec::new(), Vec::new());
+        let mut usable = false;
+        // The first admitted holder's uncached work, and the winner so far.
+        let mut first: Option<u64> = None;
+        let mut winner: Option<(usize, bool)> = None;
+        while let Some(work) = holders.next_work() {
+            if considered == count
+                || first.is_some_and(|first| work - first > self.config.switch_margin_tokens)
+            {
                 break;
             }
+            let Some(place) = holders.next() else { break };
+            let holder = holders.get(place);
+            if cap.is_some_and(|cap| requests(&holder.observation) > cap) {
+                over_bound.push(place);
+                continue;
+            }
+            considered += 1;
+            if gate && self.queued(&holder.observation) {
+                set_aside.push(place);
+                continue;
+            }
+            usable = true;
             let engine = &engines[holder.index];
             let metrics = holder.observation.metrics();
             if let Some(rejection) = admit(self.admission.as_ref(), engine, &metrics, request)? {
                 rejections.push(rejection);
                 continue;
             }
-            match winner {
-                None => (first, winner) = (Some(holder), Some(holder)),
-                Some(current) if self.guard_prefers(holder, current) => winner = Some(holder),
-                Some(_) => {}
-            }
+            winner = match winner {
+                None => {
+                    first = Some(holder.uncached);
+                    Some((place, false))
+                }
+                Some((current, _)) if self.guard_prefers(holder, holders.get(current)) => {
+                    Some((place, true))
+                }
+                kept => kept,
+            };
         }
-        let (Some(first), Some(winner)) = (first, winner) else {
-            return Err(no_admissible(request.stage, rejections));
-        };
-        let reason = match (pinned, std::ptr::eq(first, winner)) {
-            (true, _) => PickReason::CacheSaturationPin,
-            (false, true) => PickReason::CacheHit,
-            (false, false) => PickReason::CacheGuardSwitch,
-        };
-        Ok(Pick::new(Arc::clone(&engines[winner.index]), reason)
-            .with_predicted_cached_tokens(winner.matched))
+        Ok(match winner {
+            Some((place, switched)) => Walk::Won { place, switched },
+            None if considered == 0 => Walk::OverBound(over_bound),
+            None if !usable => Walk::SetAside(set_aside),
+            None => Walk::Refused(rejections),
+        })
     }
 
-    /// The candidates that count as holders, unordered: of more than the window,
+    /// The candidates that count as holders, unordered and their load not read: of more than the window,
     /// those with the least uncached work, read deepest first from `hits`
     /// ([`window::deepest`]) unless a slower tier weighs less than the device and
     /// some holder has blocks only there: then every holder is ranked
@@ -343,15 +396,16 @@ impl CacheAwarePolicy {
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,
         hits: &PrefixHits,
-        snapshot: &LoadSnapshot,
         draws: &mut Draws<'_>,
-    ) -> Vec<Holder> {
+    ) -> Vec<Holding> {
         let input = request.facts.input_tokens;
         let window = CACHE_AWARE_WINDOW.max(self.config.candidates.count(engines.len()));
-        // (candidate index, blocks held, tokens credited)
-        let kept: Vec<(usize, usize, u64)> = if hits.slower_blocks().is_empty()
-            || self.config.slower_tier_weight.get() >= 1.0
-        {
+        let holding = |index: usize, blocks: usize, credited: u64| Holding {
+            index,
+            matched: hits.tokens_of(blocks, input),
+            uncached: input - credited,
+        };
+        if hits.slower_blocks().is_empty() || self.config.slower_tier_weight.get() >= 1.0 {
             // Every held token is credited: depth orders the holders.
             let places = self.places.get(engines, Places::of);
             let engine_ids = hits.engines();
@@ -363,7 +417,7 @@ impl CacheAwarePolicy {
                 |blocks| self.counts(hits.tokens_of(blocks, input), input),
             )
             .into_iter()
-            .map(|(index, blocks)| (index, blocks, hits.tokens_of(blocks, input)))
+            .map(|(index, blocks)| holding(index, blocks, hits.tokens_of(blocks, input)))
             .collect()
         } else {
             let held = hits.held_among(engines);
@@ -374,17 +428,11 @@ impl CacheAwarePolicy {
                 .collect();
             window::least_work(draws, ranked, window)
                 .into_iter()
-                .map(|(uncached, place)| (held[place].index, held[place].blocks, input - uncached))
+                .map(|(uncached, place)| {
+                    holding(held[place].index, held[place].blocks, input - uncached)
+                })
                 .collect()
-        };
-        kept.into_iter()
-            .map(|(index, blocks, credited)| Holder {
-                index,
-                matched: hits.tokens_of(blocks, input),
-                uncached: input - credited,
-                observation: snapshot.observe(engines[index].id()),
-            })
-            .collect()
+        }
     }
 
     /// The prompt tokens the candidate `held` describes is credited with when that
@@ -452,7 +500,7 @@ impl CacheAwarePolicy {
         request: &PickRequest<'_>,
         snapshot: &LoadSnapshot,
         draws: &mut Draws<'_>,
-        mut set_aside: Vec<&Holder>,
+        mut set_aside: Vec<Holder>,
         floor: u64,
     ) -> Result<Pick, PickError> {
         let sample = window::spread(draws, engines.len(), CACHE_AWARE_WINDOW);
@@ -569,26 +617,6 @@ impl CacheAwarePolicy {
     }
 }
 
-/// The best `count` of the holders `considered` (places in `holders`), in order:
-/// least uncached work, then least prefill pressure, then candidate order (id
-/// order, as a group gives its candidates). Only those are sorted, so a prefix a thousand candidates hold costs one selection pass, not a
-/// sort of all of them.
-fn best(holders: &[Holder], mut considered: Vec<usize>, count: usize) -> Vec<usize> {
-    if count == 0 {
-        return Vec::new();
-    }
-    let key = |h: usize| {
-        let holder = &holders[h];
-        (holder.uncached, pressure_key(holder), holder.index)
-    };
-    if considered.len() > count {
-        considered.select_nth_unstable_by_key(count - 1, |&h| key(h));
-        considered.truncate(count);
-    }
-    considered.sort_by_cached_key(|&h| key(h));
-    considered
-}
-
 /// An engine's requests for the load bound: reported running and waiting plus the
 /// dispatches since the report, else the router's own in flight.
 fn requests(observation: &EngineObservation) -> u64 {
@@ -612,33 +640,6 @@ fn native(holder: &Holder) -> Option<(Option<f64>, u64)> {
     ))
 }
 
-/// The holders' prefill pressure as a key, in increasing order: estimated queue time
-/// (corrected as in [`native`]), waiting uncached tokens, waiting and running requests
-/// (unknown values last), then router-local in-flight requests; the queue time as an
-/// integer ordered as [`f64::total_cmp`] orders the float.
-fn pressure_key(h: &Holder) -> (i64, u64, u64, u64, u64) {
-    let o = &h.observation;
-    let report = o.reported.as_ref();
-    let native = report.and_then(|r| r.native);
-    let queue_ms = o
-        .corrected_prefill_queue_ms(h.uncached)
-        .unwrap_or(f64::INFINITY);
-    (
-        total_order_key(queue_ms),
-        native.map_or(u64::MAX, |n| n.waiting_uncached_tokens),
-        report.map_or(u64::MAX, |r| r.waiting_requests),
-        report.map_or(u64::MAX, |r| r.running_requests),
-        o.in_flight,
-    )
-}
-
-/// An integer ordered as [`f64::total_cmp`] orders `x`: negative floats' magnitude
-/// bits flipped, so they order below the positive ones and by value.
-fn total_order_key(x: f64) -> i64 {
-    let bits = x.to_bits().cast_signed();
-    bits ^ ((bits >> 63).cast_unsigned() >> 1).cast_signed()
-}
-
 fn no_admissible(stage: Role, rejections: Vec<Rejection>) -> PickError {
     if rejections.is_empty() {
         PickError::NoCandidates { stage }
@@ -658,61 +659,5 @@ impl Policy for CacheAwarePolicy {
 
     fn reserve(&self, pick: &Pick) -> Result<Option<Reservation>, Rejection> {
         reserve(&self.load, self.admission.as_ref(), pick)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-    use router_state::test_util::fleet;
-
-    use super::*;
-
-    proptest! {
-        #[test]
-        fn the_queue_key_orders_as_the_float_does(a: f64, b: f64, special in 0usize..6) {
-            let specials = [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0];
-            for (x, y) in [(a, b), (a, specials[special]), (specials[special], b)] {
-                prop_assert_eq!(total_order_key(x).cmp(&total_order_key(y)), x.total_cmp(&y));
-            }
-        }
-
-        #[test]
-        fn the_best_holders_are_the_head_of_the_whole_order(
-            holders in proptest::collection::vec((0u64..4, 0u64..3), 1..120),
-            count in 0usize..130,
-        ) {
-            let engines = fleet("m", Role::Plain, "e", holders.len());
-            // Few distinct values, so ties on work and pressure fall to the id.
-            let make = || -> Vec<Holder> {
-                holders
-                    .iter()
-                    .enumerate()
-                    .map(|(index, (uncached, in_flight))| Holder {
-                        index,
-                        matched: 0,
-                        uncached: *uncached,
-                        observation: EngineObservation {
-                            in_flight: *in_flight,
-                            ..EngineObservation::UNKNOWN
-                        },
-                    })
-                    .collect()
-            };
-            let mut sorted = make();
-            sorted.sort_by(|a, b| {
-                a.uncached
-                    .cmp(&b.uncached)
-                    .then_with(|| pressure_key(a).cmp(&pressure_key(b)))
-                    .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
-            });
-            sorted.truncate(count);
-            let holders = make();
-            let best: Vec<usize> = best(&holders, (0..holders.len()).collect(), count)
-                .iter()
-                .map(|&h| holders[h].index)
-                .collect();
-            prop_assert_eq!(best, sorted.iter().map(|h| h.index).collect::<Vec<_>>());
-        }
     }
 }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use router_state::{Engine, LoadSnapshot};
 
+use super::order::Holder;
 use super::window::{self, CACHE_AWARE_WINDOW};
-use super::{CacheAwarePolicy, Holder, no_admissible};
+use super::{CacheAwarePolicy, no_admissible};
 use crate::error::PickError;
 use crate::pick::{Pick, PickReason};
 use crate::policy::PickRequest;
