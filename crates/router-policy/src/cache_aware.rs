@@ -248,13 +248,19 @@ impl CacheAwarePolicy {
         };
         let holdings = self.holders(engines, request, hits, &mut draws);
         let observe = |index: usize| snapshot.observe(engines[index].id());
-        if self.config.score == CacheScore::Ttft {
-            let holders: Vec<Holder> = holdings.iter().map(|h| h.read(observe(h.index))).collect();
-            if let Some(scored) = self.scored(engines, request, &holders, &snapshot, &mut draws) {
-                return scored;
+        let mut holders = match self.config.score {
+            CacheScore::Ttft => {
+                // Every holder weighed: read once, and that reading decides if the
+                // pick falls back to `cached`.
+                let read: Vec<Holder> = holdings.iter().map(|h| h.read(observe(h.index))).collect();
+                if let Some(scored) = self.scored(engines, request, &read, &snapshot, &mut draws) {
+                    return scored;
+                }
+                InOrder::of_read(read, &observe)
             }
-        }
-        if holdings.is_empty() {
+            CacheScore::Cached => InOrder::new(holdings, &observe),
+        };
+        if holders.next_work().is_none() {
             return self.cold(
                 engines,
                 request,
@@ -266,7 +272,6 @@ impl CacheAwarePolicy {
         }
         // The bound first, so the best holders under it are the ones considered.
         let cap = self.load_cap(engines, &snapshot, &mut draws);
-        let mut holders = InOrder::new(holdings, &observe);
         let mut walk = self.walk(engines, request, &mut holders, cap, true)?;
         let mut pinned = false;
         loop {

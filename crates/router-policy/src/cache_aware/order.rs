@@ -75,6 +75,22 @@ impl<'a> InOrder<'a> {
         }
     }
 
+    /// Holders whose load was read already (every one weighed at once), in order;
+    /// `observe` is never called.
+    pub(super) fn of_read(
+        mut read: Vec<Holder>,
+        observe: &'a dyn Fn(usize) -> EngineObservation,
+    ) -> Self {
+        read.sort_by_cached_key(|h| (h.uncached, pressure_key(h), h.index));
+        Self {
+            unread: Vec::new(),
+            next_unread: 0,
+            queue: (0..read.len()).collect(),
+            read,
+            observe,
+        }
+    }
+
     /// From now on, the holders at `places` (among those read, in order) and no
     /// other: a second pass over some of them.
     pub(super) fn again(&mut self, places: Vec<usize>) {
@@ -218,6 +234,28 @@ mod tests {
         assert_eq!(next(&mut order), Some(0));
         assert_eq!(next(&mut order), None);
         assert_eq!(reads.borrow().len(), 4);
+    }
+
+    #[test]
+    fn holders_read_already_are_taken_in_order_and_not_read_again() {
+        let observe = |_: usize| -> EngineObservation { panic!("read again") };
+        let busy = |in_flight| EngineObservation {
+            in_flight,
+            ..EngineObservation::UNKNOWN
+        };
+        let works = holdings(&[20, 10, 10]);
+        let read = vec![
+            works[0].read(busy(0)),
+            works[1].read(busy(3)),
+            works[2].read(busy(1)),
+        ];
+        let mut order = InOrder::of_read(read, &observe);
+        assert_eq!(order.next_work(), Some(10));
+        let mut indices = Vec::new();
+        while let Some(place) = order.next() {
+            indices.push(order.get(place).index);
+        }
+        assert_eq!(indices, [2, 1, 0], "least work, then least in flight");
     }
 
     #[test]
