@@ -225,8 +225,9 @@ impl CacheAwarePolicy {
         picked
     }
 
-    /// Steps 2-6 over one fresh load snapshot; `hits` is `None` when no lookup was
-    /// possible.
+    /// Steps 2-6 over one fresh load snapshot (its engines and capture time; an
+    /// engine's counts are read when the pick reaches it, as live as the snapshot
+    /// allows); `hits` is `None` when no lookup was possible.
     fn select(
         &self,
         engines: &[Arc<Engine>],
