@@ -11,7 +11,7 @@ use router_state::{Engine, EngineReportedLoadTable, NativeLoad};
 pub(crate) fn ready<T>(future: impl Future<Output = T>) -> T {
     match std::pin::pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(result) => result,
-        Poll::Pending => panic!("a local policy never waits"),
+        Poll::Pending => panic!("a local policy or source never waits"),
     }
 }
 

@@ -247,7 +247,7 @@ impl CacheAwarePolicy {
                 None,
             );
         };
-        let holdings = self.holders(engines, request, hits, &mut draws);
+        let holdings = self.holdings(engines, request, hits, &mut draws);
         let observe = |index: usize| snapshot.observe(engines[index].id());
         let mut holders = match self.config.score {
             CacheScore::Ttft => {
@@ -392,12 +392,12 @@ impl CacheAwarePolicy {
         })
     }
 
-    /// The candidates that count as holders, unordered and their load not read: of more than the window,
-    /// those with the least uncached work, read deepest first from `hits`
+    /// The candidates that count as holders, unordered and their load not read: of
+    /// more than the window, those with the least uncached work, read deepest first from `hits`
     /// ([`window::deepest`]) unless a slower tier weighs less than the device and
     /// some holder has blocks only there: then every holder is ranked
     /// ([`window::least_work`]).
-    fn holders(
+    fn holdings(
         &self,
         engines: &[Arc<Engine>],
         request: &PickRequest<'_>,

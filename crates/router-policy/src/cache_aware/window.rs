@@ -5,11 +5,11 @@
 //! - **Holders**: the [`CACHE_AWARE_WINDOW`] holders with the least uncached work
 //!   (the configured holder count when that is larger); holders tied at the cut are
 //!   taken in id order from a random start, so the holders of a popular prefix share
-//!   its requests across picks. Of those, only the holders the pick reaches in order
-//!   have their load read (see the `order` module). They are read from the lookup's answer deepest first
+//!   its requests across picks. They are read from the lookup's answer deepest first
 //!   ([`deepest`]), so a pick reads the holders it keeps and not every one; only
 //!   when some engine holds part of the prompt on a slower tier only, weighed below
-//!   a device's, is every holder ranked ([`least_work`]).
+//!   a device's, is every holder ranked ([`least_work`]). Of those kept, only the
+//!   holders the pick reaches in order have their load read (the `order` module).
 //! - **The load bound's mean** (`load_bound`): estimated from
 //!   [`CACHE_AWARE_WINDOW`] candidates spread evenly over the group from a random
 //!   start, instead of summed over all of them.
