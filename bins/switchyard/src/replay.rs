@@ -1,5 +1,6 @@
-//! `switchyard replay`: a trace through the real selection code on a virtual clock,
-//! and the modelled engines `switchyard workload` measures capacity on too.
+//! `switchyard replay`: a trace, or replayable decision records, through the real
+//! selection code on a virtual clock, and the modelled engines `switchyard workload`
+//! measures capacity on too.
 
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
@@ -9,8 +10,8 @@ use anyhow::Context as _;
 use engine_sim::EngineSpec;
 use router_config::RouterConfig;
 use router_replay::{
-    Arrivals, HostTier, LaggingFeeds, MAX_CLIENTS, ReplaySettings, Summary, oracle_cached_tokens,
-    read_trace, replay, siblings_on_first_engine, table,
+    Arrivals, HostTier, LaggingFeeds, MAX_CLIENTS, Recorded, ReplaySettings, Summary,
+    oracle_cached_tokens, read_records, read_trace, replay, siblings_on_first_engine, table,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -91,10 +92,16 @@ impl EngineModelArgs {
 
 /// Options of `switchyard replay`.
 #[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("input").required(true).args(["trace", "records"]))]
 pub(crate) struct ReplayArgs {
     /// The trace: JSON lines, one request each, in arrival order.
     #[arg(long)]
-    trace: PathBuf,
+    trace: Option<PathBuf>,
+    /// Replayable decision records (`decisions.replayable`) instead of a trace; give
+    /// a rotated file and the current one as two `--records`. What the records say
+    /// happened is printed above the replays, as `recorded`.
+    #[arg(long)]
+    records: Vec<PathBuf>,
     /// The router configuration (YAML) whose engines, buckets and policies route it.
     #[arg(long)]
     config: PathBuf,
@@ -149,10 +156,20 @@ impl ReplayArgs {
 pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let config = read_config(&args.config)?;
     let page_size = config.models.first().map_or(16, |m| m.block_size);
-    let file = std::fs::File::open(&args.trace)
-        .with_context(|| format!("opening {}", args.trace.display()))?;
-    let trace = read_trace(BufReader::new(file))
-        .with_context(|| format!("reading {}", args.trace.display()))?;
+    let (trace, recorded) = match &args.trace {
+        Some(path) => {
+            let file =
+                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            let trace = read_trace(BufReader::new(file))
+                .with_context(|| format!("reading {}", path.display()))?;
+            (trace, None)
+        }
+        None => {
+            let recorded = records(&args.records)?;
+            check_pages(&config, &recorded)?;
+            (recorded.trace.clone(), Some(recorded))
+        }
+    };
     let mut settings = args.engines.settings(page_size, args.feeds(), args.seed)?;
     settings.silent_kv_engines = if args.no_kv_events {
         config.models.iter().map(|m| m.engines.len()).sum()
@@ -171,6 +188,9 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         args.policies.iter().map(|p| Some(p.as_str())).collect()
     };
     let mut summaries: Vec<Summary> = Vec::new();
+    if let Some(recorded) = &recorded {
+        summaries.push(recorded.happened.summary("recorded", oracle));
+    }
     for policy in policies {
         let name = policy.unwrap_or("config");
         eprintln!("replaying {} requests with {name} ...", trace.len());
@@ -187,6 +207,63 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
         serde_json::to_writer_pretty(BufWriter::new(out), &summaries)
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The replayable decision records in `paths`, read as one trace; what was left out
+/// or stood in for is said on stderr.
+fn records(paths: &[PathBuf]) -> anyhow::Result<Recorded> {
+    let mut sources = Vec::new();
+    for path in paths {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        sources.push(BufReader::new(file));
+    }
+    let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let recorded =
+        read_records(sources).with_context(|| format!("reading {}", names.join(", ")))?;
+    anyhow::ensure!(
+        !recorded.trace.is_empty(),
+        "{} hold no replayable record ({} records without a replay object: turn on decisions.replayable)",
+        names.join(", "),
+        recorded.not_replayable
+    );
+    let notes = [
+        (
+            recorded.not_replayable,
+            "records without a replay object left out",
+        ),
+        (
+            recorded.without_pages,
+            "prompts without page hashes (no tokenizer) replayed as sharing nothing",
+        ),
+        (
+            recorded.without_output,
+            "answers that reported no output tokens replayed with their max_tokens, or 1",
+        ),
+    ];
+    for (count, note) in notes {
+        if count > 0 {
+            eprintln!("{count} {note}");
+        }
+    }
+    Ok(recorded)
+}
+
+/// Refuses a configuration whose models' pages the recorded pages do not make up: a
+/// model's `block_size` must be a multiple of the records' page size.
+fn check_pages(config: &RouterConfig, recorded: &Recorded) -> anyhow::Result<()> {
+    let Some(recorded_size) = recorded.page_tokens else {
+        return Ok(());
+    };
+    for model in &config.models {
+        anyhow::ensure!(
+            model.block_size.is_multiple_of(recorded_size),
+            "model {:?} has pages of {} tokens, which pages of {recorded_size} tokens (the records') do not make up: replay with a block_size that is a multiple of {recorded_size}",
+            model.id,
+            model.block_size
+        );
     }
     Ok(())
 }

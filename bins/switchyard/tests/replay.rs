@@ -292,3 +292,126 @@ async fn drive_in_a_closed_loop_sends_each_request_once_the_one_before_completed
         "one client: one request at a time ({closed})"
     );
 }
+
+/// Waits until `router` has written `n` decision records.
+async fn records_written(router: &crate::common::Replica, n: f64) {
+    let client = reqwest::Client::new();
+    let written = async {
+        while router
+            .metric(
+                &client,
+                "switchyard_decision_records_total{outcome=\"written\"}",
+            )
+            .await
+            < n
+        {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), written)
+        .await
+        .expect("the records are written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drive_recorded_by_the_router_replays_as_it_happened() {
+    let engine = engine_sim::start(engine_sim::SimConfig::for_tests())
+        .await
+        .expect("an engine");
+    let records = TempFile::new("");
+    std::fs::remove_file(&records.0).unwrap();
+    let config = TempFile::new(
+        &serde_json::json!({
+            "listen": "127.0.0.1:0",
+            "decisions": {"path": records.0, "sample_ratio": 1.0, "replayable": true},
+            "models": [{"id": "m", "engines": [{"id": "E0", "url": engine.url(), "role": "plain"}]}],
+        })
+        .to_string(),
+    );
+    let mut router = crate::common::Replica::start(&config.0, &[]).await;
+    let trace = TempFile::new(CONVERSATIONS);
+    let json = TempFile::new("");
+    let out = drive(&router, &trace, "m", &json, &[]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let live =
+        &serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json.0).unwrap()).unwrap()[0];
+    records_written(&router, 4.0).await;
+    router.terminate(std::time::Duration::from_secs(10)).await;
+
+    // The records name the prompts' pages, never their token ids.
+    let text = std::fs::read_to_string(&records.0).unwrap();
+    let first = router_replay::read_trace(CONVERSATIONS.as_bytes()).unwrap()[0].tokens();
+    let ids: Vec<String> = first[..6].iter().map(u32::to_string).collect();
+    assert!(!text.contains(&ids.join(",")), "a record holds token ids");
+
+    let replayed = TempFile::new("");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["replay", "--records"])
+        .arg(&records.0)
+        .arg("--config")
+        .arg(&config.0)
+        .arg("--json")
+        .arg(&replayed.0)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(
+        rows[1].starts_with("recorded ") && rows[2].starts_with("config "),
+        "{table}"
+    );
+    let summaries: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&replayed.0).unwrap()).unwrap();
+    let (recorded, replay) = (&summaries[0], &summaries[1]);
+    for summary in [recorded, replay] {
+        assert_eq!(summary["requests"], 4, "{summary}");
+        assert_eq!(summary["failed"], 0, "{summary}");
+    }
+    // One engine: the second turns find their first turns' pages and the second
+    // conversation the first's system prompt, live, as recorded and as replayed.
+    let share = |s: &serde_json::Value| s["cached_share"].as_f64().unwrap();
+    assert!(
+        (share(recorded) - share(live)).abs() < 1e-9,
+        "{recorded} {live}"
+    );
+    assert!(
+        (share(replay) - share(live)).abs() < 1e-9,
+        "{replay} {live}"
+    );
+    assert_eq!(recorded["of_oracle"], replay["of_oracle"]);
+    assert!(share(live) > 0.5, "{live}");
+}
+
+#[test]
+fn records_in_pages_a_model_cannot_make_up_are_refused() {
+    let records = TempFile::new(
+        r#"{"request_id": "r", "model": "m", "replay": {"arrival_unix_us": 1, "prompt_tokens": 16, "block_size": 16, "pages": "00000000000000aa"}, "result": {"status": 200, "duration_ms": 1.0}}
+"#,
+    );
+    let config = TempFile::new(
+        "models:\n  - id: m\n    block_size: 24\n    engines:\n      - {id: a, url: 'http://127.0.0.1:1', role: plain}\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["replay", "--records"])
+        .arg(&records.0)
+        .arg("--config")
+        .arg(&config.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .contains("pages of 24 tokens, which pages of 16 tokens (the records') do not make up"),
+        "{stderr}"
+    );
+}

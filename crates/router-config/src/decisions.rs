@@ -44,6 +44,14 @@ pub struct DecisionsConfig {
     /// checked against a guessed key.
     #[serde(default)]
     pub hash_keys: bool,
+    /// Make the records replayable (`switchyard replay --records`): each also carries
+    /// its arrival time in microseconds, the prompt's page hashes (the model's
+    /// `block_size` pages, hashed in its cache namespace as the prefix index hashes
+    /// them; never the prompt's text or token ids) and the output tokens the answer
+    /// reported. A model whose routing reads no prompt has only its sampled requests
+    /// tokenized for this, after selection.
+    #[serde(default)]
+    pub replayable: bool,
 }
 
 /// The smallest rotation size accepted: above the longest record, so a file never
@@ -74,6 +82,7 @@ impl DecisionsConfig {
             max_file_bytes: default_max_file_bytes(),
             queue: default_queue(),
             hash_keys: false,
+            replayable: false,
         }
     }
 
@@ -85,6 +94,7 @@ impl DecisionsConfig {
             queue,
             // Either way is valid.
             hash_keys: _,
+            replayable: _,
         } = self;
         let mut fail = |field: &str, message: String| {
             errors.push(ConfigError::at(format!("decisions.{field}"), message));

@@ -109,6 +109,9 @@ pub enum PdProtocol {
 }
 
 impl ModelConfig {
+    /// The page size of a model that names none, in tokens.
+    pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
     /// A model of `engines` with one catch-all bucket and default settings.
     pub fn new(id: impl Into<String>, engines: Vec<EngineConfig>) -> Self {
         Self {
@@ -130,7 +133,7 @@ impl ModelConfig {
 }
 
 fn default_block_size() -> u32 {
-    16
+    ModelConfig::DEFAULT_BLOCK_SIZE
 }
 
 /// The smallest prefix index accepted: below it eviction would run on every batch.

@@ -332,6 +332,7 @@ pub(crate) fn route(
         Ok(resolver) if errors.is_empty() => {
             Ok(
                 ModelRoute::new(&model.selection.id, resolver, model.selection.tokenizer)
+                    .with_block_size(model.block_size)
                     .with_pd_protocol(model.pd_protocol)
                     .with_flow(&model.flow, previous),
             )

@@ -3,7 +3,8 @@
 //! through a bounded queue to a writer thread; a full queue drops the record
 //! (counted), so recording never makes a request wait. The files are created
 //! readable by the router's user alone, and with `hash_keys` a request's session and
-//! routing keys are recorded as keyed hashes.
+//! routing keys are recorded as keyed hashes. With `replayable`, a record also
+//! carries what `switchyard replay --records` needs ([`replay`]).
 
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, RandomState};
@@ -25,6 +26,8 @@ use crate::metrics::OutcomeLabels;
 use crate::share::Share;
 use router_config::DecisionsConfig;
 
+pub(crate) mod replay;
+
 /// How often a dropped or failed record is logged, at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// The longest record written; a longer one (a fleet of thousands of candidates) is
@@ -45,6 +48,8 @@ pub(crate) struct DecisionLog {
     /// With `hash_keys`: the keyed hash (SipHash, keys drawn per process) session and
     /// routing keys are recorded as.
     key_hashing: Option<RandomState>,
+    /// Whether records carry what a replay needs ([`replay`]).
+    replayable: bool,
 }
 
 /// `switchyard_decision_records_total` by outcome, and when a problem was last
@@ -114,6 +119,7 @@ impl DecisionLog {
             queued,
             counts,
             key_hashing: config.hash_keys.then(RandomState::new),
+            replayable: config.replayable,
         })
     }
 
@@ -136,6 +142,11 @@ impl DecisionLog {
     /// Whether this request is recorded: exactly every `1 / sample_ratio`-th one.
     pub(crate) fn sample(&self) -> bool {
         self.sampled.take()
+    }
+
+    /// Whether records carry what a replay needs ([`replay`]).
+    pub(crate) fn replayable(&self) -> bool {
+        self.replayable
     }
 
     fn send(&self, line: String) {
@@ -263,6 +274,8 @@ pub(crate) struct Usage {
     pub(crate) prompt_tokens: Option<u64>,
     /// The answer's last `"cached_tokens": N`.
     pub(crate) cached_tokens: Option<u64>,
+    /// The answer's last `"completion_tokens": N`.
+    pub(crate) completion_tokens: Option<u64>,
 }
 
 /// A sampled request's record, completed by whatever ends the request: its relayed
@@ -334,6 +347,7 @@ impl PendingRecord {
             "duration_ms": ms(self.started.elapsed()),
             "prompt_tokens": usage.prompt_tokens,
             "cached_tokens": usage.cached_tokens,
+            "completion_tokens": usage.completion_tokens,
             "retries": std::mem::take(&mut self.retries),
         });
         log.send(self.decision.to_string());

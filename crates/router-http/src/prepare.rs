@@ -160,6 +160,16 @@ pub(crate) struct Counted {
 }
 
 impl Counted {
+    /// The prompt's length in tokens.
+    pub(crate) fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The token ids routed on.
+    pub(crate) fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     fn of(tokens: PromptTokens) -> Self {
         Self {
             tokens: tokens.ids.len() as u64
@@ -306,6 +316,20 @@ pub(crate) struct Tokenize {
 }
 
 impl Tokenize {
+    /// The tokenization of `body`'s prompt, read as `endpoint` reads it, by
+    /// `tokenizer`.
+    pub(crate) fn new(
+        endpoint: &'static Endpoint,
+        body: Bytes,
+        tokenizer: Arc<ChatTokenizer>,
+    ) -> Self {
+        Self {
+            endpoint,
+            body,
+            tokenizer,
+        }
+    }
+
     /// Tokenizes the prompt on this thread (the body is parsed again, borrowing from
     /// it: the prompt is never copied).
     fn run(self) -> Result<Counted, ApiError> {
@@ -346,11 +370,7 @@ pub(crate) fn prepare(
             inline = Some(parsed.prompt.count(&tokenizer)?);
         }
         Some(tokenizer) => {
-            tokenize = Some(Tokenize {
-                endpoint,
-                body: body.clone(),
-                tokenizer,
-            });
+            tokenize = Some(Tokenize::new(endpoint, body.clone(), tokenizer));
         }
         None => {}
     }

@@ -232,6 +232,7 @@ impl RelayBody {
         Usage {
             prompt_tokens: self.usage.prompt_tokens(),
             cached_tokens: self.usage.cached_tokens(),
+            completion_tokens: self.usage.completion_tokens(),
         }
     }
 

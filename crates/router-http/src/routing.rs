@@ -12,7 +12,7 @@ use router_buckets::{
 use router_policy::{ConfigError, PolicyHandles};
 use router_state::{Engine, EngineId, RegistrySnapshot};
 
-use router_config::{FlowConfig, PdProtocol};
+use router_config::{FlowConfig, ModelConfig, PdProtocol};
 use router_flow::WaitingRoom;
 use router_tokenize::ChatTokenizer;
 
@@ -25,6 +25,12 @@ pub(crate) struct ModelRoute {
     pub(crate) id: Arc<str>,
     pub(crate) resolver: BucketResolver,
     pub(crate) tokenizer: Option<Arc<ChatTokenizer>>,
+    /// The model's tokenizer when routing reads no prompt: only replayable decision
+    /// records tokenize with it, and only the requests they record.
+    pub(crate) record_tokenizer: Option<Arc<ChatTokenizer>>,
+    /// The model's page size, in tokens (`block_size`): what replayable records hash
+    /// prompts in.
+    pub(crate) block_size: u32,
     /// How its prefill and decode engines hand a request over.
     pub(crate) pd_protocol: PdProtocol,
     /// Whether a bucket has a time-per-output-token target, which streamed answers'
@@ -37,22 +43,24 @@ pub(crate) struct ModelRoute {
 impl ModelRoute {
     /// The route of model `id`. Its prompts are tokenized only when the route can
     /// depend on them (a bucket bounds their length or a policy reads them):
-    /// otherwise the tokenizer is left out and prompt lengths are estimated.
+    /// otherwise the tokenizer is kept for decision records alone and prompt lengths
+    /// are estimated. Its page size is the default's until
+    /// [`with_block_size`](Self::with_block_size).
     pub(crate) fn new(
         id: &str,
         resolver: BucketResolver,
         tokenizer: Option<Arc<ChatTokenizer>>,
     ) -> Self {
-        let tokenizer = tokenizer.filter(|_| {
-            let needed = resolver.routes_on_prompt();
-            if !needed {
+        let (tokenizer, record_tokenizer) = match tokenizer {
+            Some(tokenizer) if !resolver.routes_on_prompt() => {
                 tracing::info!(
                     model = id,
                     "prompts are not tokenized: no bucket bounds their length and no policy reads them"
                 );
+                (None, Some(tokenizer))
             }
-            needed
-        });
+            tokenizer => (tokenizer, None),
+        };
         let measures_tpot = resolver
             .buckets()
             .iter()
@@ -61,10 +69,18 @@ impl ModelRoute {
             id: Arc::from(id),
             resolver,
             tokenizer,
+            record_tokenizer,
+            block_size: ModelConfig::DEFAULT_BLOCK_SIZE,
             pd_protocol: PdProtocol::default(),
             measures_tpot,
             flow: None,
         }
+    }
+
+    /// With pages of `block_size` tokens.
+    pub(crate) fn with_block_size(mut self, block_size: u32) -> Self {
+        self.block_size = block_size;
+        self
     }
 
     /// With the flow control `config` describes: `previous` (the model's flow control

@@ -120,6 +120,8 @@ pub(crate) struct ModelPlan {
     pub(crate) pd_protocol: PdProtocol,
     /// Its flow control (`flow`).
     pub(crate) flow: FlowConfig,
+    /// Its page size, in tokens (`block_size`).
+    pub(crate) block_size: u32,
 }
 
 impl ModelPlan {
@@ -134,6 +136,7 @@ impl ModelPlan {
                 .collect(),
             pd_protocol: config.pd_protocol,
             flow: config.flow.clone(),
+            block_size: config.block_size,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use common::{router, sim, url};
 use router_config::RouterConfig;
+use router_state::kv_events::{chain_hashes, namespace_seed};
 use serde_json::{Value, json};
 
 fn records_file(test: &str) -> PathBuf {
@@ -167,6 +168,111 @@ async fn a_retried_requests_record_names_the_engine_that_failed_and_the_one_that
         }])
     );
     assert_eq!(record["result"]["status"], 200);
+    router.shutdown().await;
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}
+
+/// The page hashes of a replayable record, one a page.
+fn pages(record: &Value) -> Vec<String> {
+    let hex = record["replay"]["pages"].as_str().expect("pages");
+    assert_eq!(hex.len() % 16, 0);
+    hex.as_bytes()
+        .chunks(16)
+        .map(|page| String::from_utf8(page.to_vec()).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayable_records_carry_page_hashes_and_never_the_prompt() {
+    let a = sim(|c| {
+        c.model = "m".into();
+        c.tokenizer = Some(common::byte_tokenizer());
+    })
+    .await;
+    let file = records_file("decisions-replayable");
+    // Round robin reads no prompt: only the recorded requests are tokenized, for
+    // their records.
+    let text = json!({
+        "listen": "127.0.0.1:0",
+        "decisions": {"path": file, "sample_ratio": 1.0, "replayable": true},
+        "models": [{
+            "id": "m", "tokenizer": common::byte_tokenizer(), "block_size": 4,
+            "engines": [{"id": "A", "url": a.url(), "role": "plain"}],
+        }],
+    })
+    .to_string();
+    let router = router(RouterConfig::from_yaml(&text).unwrap()).await;
+    let secret = "zebra quartz lantern 7f3q overlooks the harbour at dusk";
+    let ids: Vec<u32> = (1..=40).collect();
+    let prompts = [
+        json!(secret),
+        json!(secret),
+        json!(format!("{secret} and then some")),
+        json!(ids),
+    ];
+    let mut completions = Vec::new();
+    for prompt in &prompts {
+        let body = json!({"model": "m", "prompt": prompt, "max_tokens": 5});
+        let response = reqwest::Client::new()
+            .post(url(&router, "/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let answer: Value = response.json().await.unwrap();
+        completions.push(answer["usage"]["completion_tokens"].clone());
+    }
+    let records = common::decision_records(&router, &file, 4).await;
+    let lines = std::fs::read_to_string(&file).unwrap();
+    for fragment in ["zebra", "quartz", "harbour", "7f3q"] {
+        assert!(!lines.contains(fragment), "a record holds {fragment:?}");
+    }
+    let listed: Vec<String> = ids.iter().map(u32::to_string).collect();
+    assert!(
+        !lines.contains(&listed[..8].join(",")),
+        "a record holds the token ids"
+    );
+    for (record, completion) in records.iter().zip(&completions) {
+        let replay = &record["replay"];
+        assert_eq!(replay["block_size"], 4);
+        let arrival = replay["arrival_unix_us"].as_u64().unwrap();
+        let recorded_ms = record["time_unix_ms"].as_u64().unwrap();
+        assert!(arrival > 0 && arrival / 1000 <= recorded_ms);
+        assert_eq!(&record["result"]["completion_tokens"], completion);
+        assert!(completion.as_u64().unwrap() > 0);
+    }
+    // Equal prompts, equal pages; a longer prompt shares the shorter one's pages.
+    let (first, again, longer) = (pages(&records[0]), pages(&records[1]), pages(&records[2]));
+    let prompt_tokens = records[0]["replay"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first.len() as u64, prompt_tokens / 4);
+    assert!(first.len() >= secret.len() / 4);
+    assert_eq!(first, again);
+    assert!(longer.len() > first.len() && longer.starts_with(&first));
+    // Token ids sent as the prompt are hashed as the prefix index hashes them.
+    let hashes = chain_hashes(&ids, 4, namespace_seed(None));
+    let expected: Vec<String> = hashes.iter().map(|h| format!("{h:016x}")).collect();
+    assert_eq!(pages(&records[3]), expected);
+    assert_eq!(records[3]["replay"]["prompt_tokens"], 40);
+    router.shutdown().await;
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}
+
+#[tokio::test]
+async fn records_carry_no_replay_fields_unless_asked() {
+    let a = sim(|_| {}).await;
+    let file = records_file("decisions-not-replayable");
+    let router = router(config(
+        &file,
+        1.0,
+        json!({"id": "m", "engines": [{"id": "A", "url": a.url(), "role": "plain"}]}),
+    ))
+    .await;
+    let response = common::post(&router, &common::chat("m", "hello")).await;
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let records = common::decision_records(&router, &file, 1).await;
+    assert!(records[0].get("replay").is_none());
     router.shutdown().await;
     std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }

@@ -29,6 +29,7 @@ mod engine;
 mod error;
 mod host;
 mod policies;
+mod records;
 mod report;
 mod router;
 mod siblings;
@@ -39,13 +40,14 @@ mod workload;
 pub use closed_loop::{ClosedLoop, MAX_CLIENTS};
 pub use error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 pub use policies::{seeded, with_policy};
+pub use records::{Recorded, read_records};
 pub use report::{Outcome, PERCENTILES, RunReport, Summary, oracle_cached_tokens, table};
 pub use router::selection;
 pub use siblings::{SIBLING_WINDOW, siblings_on_first_engine};
 pub use sim::{Arrivals, HostTier, LaggingFeeds, ReplaySettings};
 pub use trace::{
     MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
-    Segment, TraceError, TraceRequest, read_trace, write_trace,
+    PageHashes, Segment, TraceError, TraceRequest, read_trace, write_trace,
 };
 pub use workload::{
     AgentWorkload, BurstWorkload, DocumentWorkload, Popularity, SharedPrefixWorkload, Workload,

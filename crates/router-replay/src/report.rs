@@ -213,10 +213,11 @@ fn percentile(values: &[u64], p: f64) -> u64 {
 
 /// The prompt tokens one unbounded cache that has seen every earlier prompt finds: for
 /// each request, the full pages of the longest run of leading segments it shares with
-/// an earlier request. Segments match whole or not at all, so two named segments of
-/// one id and different lengths (which share their leading tokens), or recorded ones
-/// that share a prefix, count as different; with no such pair (the generated
-/// workload has none), no router over caches of any size finds more.
+/// an earlier request. Segments match whole or not at all (the pages of a
+/// [`Segment::Pages`] one by one), so two named segments of one id and different
+/// lengths (which share their leading tokens), or recorded ones that share a prefix,
+/// count as different; with no such pair (the generated workload has none), no router
+/// over caches of any size finds more.
 pub fn oracle_cached_tokens(trace: &[TraceRequest], page_size: u32) -> u64 {
     let page = u64::from(page_size.max(1));
     let mut seen: HashSet<u64> = HashSet::new();
@@ -226,29 +227,38 @@ pub fn oracle_cached_tokens(trace: &[TraceRequest], page_size: u32) -> u64 {
         let mut tokens = 0u64;
         let mut shared = 0u64;
         let mut matching = true;
-        for segment in &request.prompt {
-            chain = xxh3_64_with_seed(&segment_hash(segment).to_le_bytes(), chain);
-            tokens += segment.len();
+        let mut step = |hash: u64, len: u64| {
+            chain = xxh3_64_with_seed(&hash.to_le_bytes(), chain);
+            tokens += len;
             if matching && seen.contains(&chain) {
                 shared = tokens;
             } else {
                 matching = false;
                 seen.insert(chain);
             }
+        };
+        for segment in &request.prompt {
+            match segment {
+                Segment::Named { id, tokens } => {
+                    step(
+                        xxh3_64_with_seed(id.as_bytes(), u64::from(*tokens)),
+                        segment.len(),
+                    );
+                }
+                Segment::Recorded { token_ids } => {
+                    let bytes: Vec<u8> = token_ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+                    step(xxh3_64_with_seed(&bytes, u64::MAX), segment.len());
+                }
+                Segment::Pages { pages, page_tokens } => {
+                    for page in &pages.0 {
+                        step(*page, u64::from(*page_tokens));
+                    }
+                }
+            }
         }
         total += shared / page * page;
     }
     total
-}
-
-fn segment_hash(segment: &Segment) -> u64 {
-    match segment {
-        Segment::Named { id, tokens } => xxh3_64_with_seed(id.as_bytes(), u64::from(*tokens)),
-        Segment::Recorded { token_ids } => {
-            let bytes: Vec<u8> = token_ids.iter().flat_map(|t| t.to_le_bytes()).collect();
-            xxh3_64_with_seed(&bytes, u64::MAX)
-        }
-    }
 }
 
 /// The summaries as a fixed-width table, one policy per line.

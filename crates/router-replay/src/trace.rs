@@ -7,7 +7,8 @@
 //! A prompt is a list of segments. A named segment stands for `tokens` token ids drawn
 //! from its `id` alone, so every prompt naming `system-3` starts with the same tokens,
 //! and a later turn that repeats its conversation's earlier segments extends that
-//! prompt exactly; a recorded prompt gives its ids as `{"token_ids": [...]}`. `model`
+//! prompt exactly; a recorded prompt gives its ids as `{"token_ids": [...]}`, or its
+//! pages' hashes as `{"pages": "<16 hex digits a page>", "page_tokens": 16}`. `model`
 //! is needed only when the configuration serves several models; `session` is the
 //! affinity key a client would send (and the conversation the oracle follows).
 
@@ -66,6 +67,63 @@ pub enum Segment {
         /// The ids.
         token_ids: Vec<u32>,
     },
+    /// Pages named by their chained hashes, as a replayable decision record names
+    /// them (16 hex digits a page): `page_tokens` ids each, drawn from the page's
+    /// hash alone. A page's hash commits to every page before it, so two prompts
+    /// share their leading pages exactly as far as their hashes agree.
+    Pages {
+        /// The pages' hashes.
+        pages: PageHashes,
+        /// Tokens a page.
+        page_tokens: u32,
+    },
+}
+
+/// Page hashes, written as 16 lowercase hex digits each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageHashes(pub Vec<u64>);
+
+impl PageHashes {
+    /// The hashes `hex` spells, 16 hex digits a page.
+    ///
+    /// # Errors
+    /// `hex` is not a whole number of 16-digit hex pages.
+    pub fn from_hex(hex: &str) -> Result<Self, String> {
+        if !hex.len().is_multiple_of(16) {
+            return Err(format!(
+                "pages take 16 hex digits each, not {} in all",
+                hex.len()
+            ));
+        }
+        hex.as_bytes()
+            .chunks(16)
+            .map(|page| {
+                std::str::from_utf8(page)
+                    .ok()
+                    .and_then(|page| u64::from_str_radix(page, 16).ok())
+                    .ok_or_else(|| "pages hold hex digits only".to_owned())
+            })
+            .collect::<Result<Vec<u64>, String>>()
+            .map(Self)
+    }
+
+    /// The hashes as 16 lowercase hex digits each.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|page| format!("{page:016x}")).collect()
+    }
+}
+
+impl Serialize for PageHashes {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for PageHashes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let hex = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Self::from_hex(&hex).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Segment {
@@ -74,6 +132,9 @@ impl Segment {
         match self {
             Segment::Named { tokens, .. } => u64::from(*tokens),
             Segment::Recorded { token_ids } => token_ids.len() as u64,
+            Segment::Pages { pages, page_tokens } => {
+                (pages.0.len() as u64).saturating_mul(u64::from(*page_tokens))
+            }
         }
     }
 
@@ -86,13 +147,23 @@ impl Segment {
     pub fn write_tokens(&self, out: &mut Vec<u32>) {
         match self {
             Segment::Named { id, tokens } => {
-                let mut rng =
-                    Xoshiro256PlusPlus::seed_from_u64(xxhash_rust::xxh3::xxh3_64(id.as_bytes()));
-                out.extend((0..*tokens).map(|_| rng.next_u32() % VOCABULARY));
+                let seed = xxhash_rust::xxh3::xxh3_64(id.as_bytes());
+                drawn(out, seed, *tokens);
             }
             Segment::Recorded { token_ids } => out.extend_from_slice(token_ids),
+            Segment::Pages { pages, page_tokens } => {
+                for page in &pages.0 {
+                    drawn(out, *page, *page_tokens);
+                }
+            }
         }
     }
+}
+
+/// Appends `tokens` token ids drawn from `seed` alone.
+fn drawn(out: &mut Vec<u32>, seed: u64, tokens: u32) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    out.extend((0..tokens).map(|_| rng.next_u32() % VOCABULARY));
 }
 
 impl TraceRequest {

@@ -11,7 +11,7 @@ use router_replay::{
 fn id(segment: &Segment) -> &str {
     match segment {
         Segment::Named { id, .. } => id,
-        Segment::Recorded { .. } => panic!("generated prompts are named"),
+        Segment::Recorded { .. } | Segment::Pages { .. } => panic!("generated prompts are named"),
     }
 }
 

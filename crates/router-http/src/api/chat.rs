@@ -358,6 +358,14 @@ async fn route(
         Some(priority) => crate::dispatch::with_fields(&sent, &format!(r#""priority":{priority}"#)),
         None => sent,
     };
+    let replay = match &recording {
+        Some((log, _)) if log.replayable() => Some(
+            ready
+                .replay_fields(endpoint, ctx, &body, arrival.started.elapsed())
+                .await,
+        ),
+        _ => None,
+    };
     let selected = &flowed.selected;
     let record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
@@ -374,6 +382,9 @@ async fn route(
         let mut json = report.to_json();
         if let Some(queue) = flowed.record() {
             json["flow"] = queue;
+        }
+        if let Some(replay) = replay {
+            json["replay"] = replay;
         }
         PendingRecord::new(Arc::clone(log), json, id, arrival.started)
     });

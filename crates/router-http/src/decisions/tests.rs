@@ -56,6 +56,7 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
             Usage {
                 prompt_tokens: Some(9),
                 cached_tokens: Some(7),
+                completion_tokens: Some(3),
             },
         );
     }
@@ -81,6 +82,7 @@ async fn records_are_written_as_lines_and_the_file_rotates_at_its_bound() {
     assert_eq!(last["result"]["status"], 200);
     assert_eq!(last["result"]["prompt_tokens"], 9);
     assert_eq!(last["result"]["cached_tokens"], 7);
+    assert_eq!(last["result"]["completion_tokens"], 3);
     assert_eq!(last["result"]["first_byte_ms"], 3.0);
     assert_eq!(last["result"]["retries"], json!([]));
     let first_kept: Value = serde_json::from_str(older.lines().next().unwrap()).unwrap();
@@ -107,6 +109,7 @@ fn a_full_queue_or_an_oversized_record_is_dropped_and_counted() {
             logged: Arc::default(),
         },
         key_hashing: None,
+        replayable: false,
     };
     for _ in 0..100 {
         log.send("{}".into());
@@ -129,6 +132,7 @@ fn a_record_dropped_unfinished_is_queued_as_cancelled() {
             logged: Arc::default(),
         },
         key_hashing: None,
+        replayable: false,
     });
     drop(PendingRecord::new(
         Arc::clone(&log),

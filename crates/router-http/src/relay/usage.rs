@@ -1,7 +1,7 @@
 //! The usage an engine's answer reports, read from the body as it is relayed: the
-//! last `"prompt_tokens": N` and `"cached_tokens": N` (OpenAI's `usage` and its
-//! `prompt_tokens_details`, SGLang's `meta_info`), also when a frame boundary splits
-//! them. Nothing is parsed but these digits, and at most a few dozen bytes are kept
+//! last `"prompt_tokens": N`, `"cached_tokens": N` and `"completion_tokens": N`
+//! (OpenAI's `usage` and its `prompt_tokens_details`, SGLang's `meta_info`), also
+//! when a frame boundary splits them. Nothing is parsed but these digits, and at most a few dozen bytes are kept
 //! between frames.
 
 use std::sync::LazyLock;
@@ -12,8 +12,8 @@ use memchr::memmem::Finder;
 const KEY_END: &[u8] = b"_tokens\":";
 /// The searcher for [`KEY_END`], built once.
 static KEY_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY_END));
-/// The longest key, `"cached_tokens":` or `"prompt_tokens":`.
-const KEY_BYTES: usize = 16;
+/// The longest key, `"completion_tokens":`.
+const KEY_BYTES: usize = 20;
 /// What a value may take after its key: spaces and 20 digits.
 const VALUE_BYTES: usize = 24;
 /// The largest count taken: an engine's answer counts no more tokens than a 32-bit
@@ -29,6 +29,7 @@ const KEEP: usize = KEY_BYTES + VALUE_BYTES;
 pub(crate) struct UsageScan {
     prompt: Option<u64>,
     cached: Option<u64>,
+    completion: Option<u64>,
     /// The end of the frames so far (its first `tail_len` bytes).
     tail: [u8; KEEP],
     tail_len: usize,
@@ -39,6 +40,7 @@ impl Default for UsageScan {
         Self {
             prompt: None,
             cached: None,
+            completion: None,
             tail: [0; KEEP],
             tail_len: 0,
         }
@@ -54,6 +56,11 @@ impl UsageScan {
     /// The last cached-token count the answer reported.
     pub(crate) fn cached_tokens(&self) -> Option<u64> {
         self.cached
+    }
+
+    /// The last completion-token count the answer reported.
+    pub(crate) fn completion_tokens(&self) -> Option<u64> {
+        self.completion
     }
 
     /// Scans one frame: the seam with the end of the frames before it, then the rest.
@@ -86,6 +93,8 @@ impl UsageScan {
                 &mut self.cached
             } else if name.ends_with(b"\"prompt") {
                 &mut self.prompt
+            } else if name.ends_with(b"\"completion") {
+                &mut self.completion
             } else {
                 continue;
             };
@@ -111,25 +120,37 @@ mod tests {
     use super::*;
 
     fn scanned(frames: &[&[u8]]) -> (Option<u64>, Option<u64>) {
+        let usage = scan(frames);
+        (usage.prompt_tokens(), usage.cached_tokens())
+    }
+
+    fn scan(frames: &[&[u8]]) -> UsageScan {
         let mut usage = UsageScan::default();
         for frame in frames {
             usage.scan(frame);
         }
-        (usage.prompt_tokens(), usage.cached_tokens())
+        usage
     }
 
     #[test]
     fn usage_is_found_wherever_a_frame_boundary_falls() {
-        let body: &[u8] = br#"{"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens": 1234567},"total_tokens":9}}"#;
-        let whole = (Some(40), Some(1_234_567));
-        assert_eq!(scanned(&[body]), whole);
+        let body: &[u8] = br#"{"usage":{"prompt_tokens":40,"completion_tokens":   123456789,"prompt_tokens_details":{"cached_tokens": 1234567},"total_tokens":9}}"#;
+        let whole = (Some(40), Some(1_234_567), Some(123_456_789));
+        let found = |usage: UsageScan| {
+            (
+                usage.prompt_tokens(),
+                usage.cached_tokens(),
+                usage.completion_tokens(),
+            )
+        };
+        assert_eq!(found(scan(&[body])), whole);
         for cut in 0..=body.len() {
             let (a, b) = body.split_at(cut);
-            assert_eq!(scanned(&[a, b]), whole, "cut at {cut}");
+            assert_eq!(found(scan(&[a, b])), whole, "cut at {cut}");
         }
         for size in 1..8 {
             let frames: Vec<&[u8]> = body.chunks(size).collect();
-            assert_eq!(scanned(&frames), whole, "frames of {size} bytes");
+            assert_eq!(found(scan(&frames)), whole, "frames of {size} bytes");
         }
     }
 
@@ -158,9 +179,14 @@ mod tests {
             (None, None),
             "the start of a value too large is not taken either"
         );
+        let other = scan(&[b"{\"total_tokens\":5,\"text\":\"\\\"cached_tokens\\\":9\"}"]);
         assert_eq!(
-            scanned(&[b"{\"completion_tokens\":5,\"text\":\"\\\"cached_tokens\\\":9\"}"]),
-            (None, None),
+            (
+                other.prompt_tokens(),
+                other.cached_tokens(),
+                other.completion_tokens()
+            ),
+            (None, None, None),
             "other keys, and a key quoted inside generated text, are not counts"
         );
     }

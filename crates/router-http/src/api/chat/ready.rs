@@ -3,17 +3,20 @@
 //! the endpoint), its prompt tokenized where routing needs it, its affinity keys read.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use router_config::PdProtocol;
 use router_policy::{PrefixMemo, RequestFacts};
 use router_state::kv_events::cache_namespace;
+use serde_json::Value;
 
 use super::model_of;
 use crate::app::AppContext;
+use crate::decisions::replay::{self, Prompt};
 use crate::error::ApiError;
-use crate::prepare::{Endpoint, Prepared, prepare};
+use crate::prepare::{Counted, Endpoint, Prepared, Tokenize, prepare};
 use crate::routing::ModelRoute;
 use crate::validated::AffinityHeaders;
 
@@ -73,6 +76,45 @@ impl Ready<'_> {
             .with_prefix_memo(Some(memo))
             .with_session_key(self.session_key)
             .with_routing_key(self.routing_key))
+    }
+}
+
+impl Ready<'_> {
+    /// The `replay` object of this request's replayable decision record
+    /// ([`replay`](crate::decisions::replay)), the request having arrived `waited`
+    /// ago: its prompt's pages hashed from the ids routing read, or, when routing
+    /// reads no prompt, from tokenizing it now, off the request thread (only recorded
+    /// requests pay for it); its length alone when neither is possible.
+    pub(in crate::api) async fn replay_fields(
+        &self,
+        endpoint: &'static Endpoint,
+        ctx: &AppContext,
+        body: &Bytes,
+        waited: Duration,
+    ) -> Value {
+        let mut tokens = self.prepared.input_tokens;
+        let tokenized;
+        let token_ids = match (&self.prepared.token_ids, &self.route.record_tokenizer) {
+            (Some(ids), _) => Some(ids.as_slice()),
+            (None, Some(tokenizer)) => {
+                tokenized = Tokenize::new(endpoint, body.clone(), Arc::clone(tokenizer))
+                    .off_thread(&ctx.tokenizing)
+                    .await
+                    .ok();
+                if let Some(counted) = &tokenized {
+                    tokens = counted.tokens();
+                }
+                tokenized.as_ref().map(Counted::ids)
+            }
+            (None, None) => None,
+        };
+        let prompt = Prompt {
+            token_ids,
+            tokens,
+            block_size: self.route.block_size,
+            namespace: self.salted.as_deref().or(self.adapter()),
+        };
+        replay::fields(prompt, SystemTime::now(), waited)
     }
 }
 

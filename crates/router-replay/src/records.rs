@@ -1,0 +1,322 @@
+//! Replayable decision records (`decisions.replayable`) read as a trace, and what
+//! they say happened, so a replay of them can be set beside the live run they
+//! recorded.
+//!
+//! Each record with a `replay` object becomes one request: arriving at its recorded
+//! time (microseconds from the earliest record's), its prompt the recorded pages
+//! ([`Segment::Pages`]) followed by the tokens after the last full page (drawn for
+//! this request alone, so shared with none), its output the tokens the answer
+//! reported (else the request's `max_tokens`, else 1; at most
+//! [`MAX_OUTPUT_TOKENS`]), its session its session key
+//! (else its routing key), as the record holds them: hashed when the router hashed
+//! keys. Records are written as requests end, so they are sorted by arrival.
+//! Records without a `replay` object (written before it was turned on) are counted
+//! and left out.
+
+use std::io::BufRead;
+
+use serde::Deserialize;
+
+use crate::report::{Outcome, RunReport};
+use crate::trace::{
+    MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
+    PageHashes, Segment, TraceError, TraceRequest,
+};
+
+/// Records read as a trace, with what they say happened.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The requests, in arrival order.
+    pub trace: Vec<TraceRequest>,
+    /// What happened to each request of [`trace`](Self::trace), as recorded: its
+    /// engine, outcome, first byte and end, and the cached tokens its engine
+    /// reported. A streamed answer's first byte is its first token; an answer not
+    /// streamed has its first byte when it is whole.
+    pub happened: RunReport,
+    /// The page size the prompts were hashed in, in tokens (`None` when no record
+    /// has pages).
+    pub page_tokens: Option<u32>,
+    /// Records without a `replay` object, left out.
+    pub not_replayable: usize,
+    /// Requests whose prompt has no pages (their model has no tokenizer): replayed
+    /// as prompts that share nothing.
+    pub without_pages: usize,
+    /// Requests whose answer reported no output tokens: replayed with their
+    /// `max_tokens`, or 1.
+    pub without_output: usize,
+}
+
+/// The fields of a decision record a replay reads.
+#[derive(Debug, Deserialize)]
+struct Record {
+    #[serde(default)]
+    request_id: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    request: RecordedRequest,
+    #[serde(default)]
+    pick: Option<RecordedPick>,
+    replay: Option<ReplayFields>,
+    #[serde(default)]
+    result: Option<RecordedResult>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RecordedRequest {
+    #[serde(default)]
+    session_key: Option<String>,
+    #[serde(default)]
+    routing_key: Option<String>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordedPick {
+    engines: PickedEngines,
+}
+
+/// A plain pick, or a prefill/decode pair (whose prefill engine holds the prompt).
+#[derive(Debug, Deserialize)]
+struct PickedEngines {
+    #[serde(default)]
+    plain: Option<Picked>,
+    #[serde(default)]
+    prefill: Option<Picked>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Picked {
+    engine: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReplayFields {
+    arrival_unix_us: u64,
+    prompt_tokens: u64,
+    block_size: u32,
+    #[serde(default)]
+    pages: Option<PageHashes>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordedResult {
+    #[serde(default)]
+    status: Option<u16>,
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    first_byte_ms: Option<f64>,
+    #[serde(default)]
+    duration_ms: f64,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+/// A record read, before the arrivals are made relative to the first.
+struct Read {
+    arrival_unix_us: u64,
+    request: TraceRequest,
+    happened: Outcome,
+    engine: Option<String>,
+}
+
+/// Reads decision records (JSON lines; blank lines skipped) as a trace, in arrival
+/// order, with what they say happened. `sources` are read in turn (a rotated file and
+/// the current one), under one set of bounds: the trace's (line, total bytes,
+/// requests, prompt and output lengths, 30 days from the first arrival to the last).
+///
+/// # Errors
+/// A line that is not a JSON object or whose `replay` object is malformed, records
+/// whose pages are of different sizes, or a bound broken; a line's error names its
+/// source (by its place in `sources`, from 1) and line.
+pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError> {
+    let mut read: Vec<Read> = Vec::new();
+    let mut total = 0u64;
+    let mut page_tokens: Option<u32> = None;
+    let (mut not_replayable, mut without_pages, mut without_output) = (0, 0, 0);
+    let mut buf = Vec::new();
+    for (source, mut reader) in sources.into_iter().enumerate() {
+        let mut line = 0;
+        loop {
+            buf.clear();
+            line += 1;
+            let n = std::io::Read::take(&mut reader, MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            let at = |message: String| TraceError::Line {
+                line,
+                message: format!("(records {}) {message}", source + 1),
+            };
+            if buf.len() > MAX_LINE_BYTES {
+                return Err(at(format!("longer than {MAX_LINE_BYTES} bytes")));
+            }
+            total += buf.len() as u64;
+            if total > MAX_TRACE_BYTES {
+                return Err(TraceError::TooLarge);
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let mut record: Record = serde_json::from_slice(&buf).map_err(|e| at(e.to_string()))?;
+            let Some(replay) = record.replay.take() else {
+                not_replayable += 1;
+                continue;
+            };
+            if replay.pages.is_some() {
+                match page_tokens {
+                    None => page_tokens = Some(replay.block_size),
+                    Some(size) if size == replay.block_size => {}
+                    Some(size) => {
+                        return Err(at(format!(
+                            "pages of {} tokens after records with pages of {size}: replay one page size at a time",
+                            replay.block_size
+                        )));
+                    }
+                }
+            } else {
+                without_pages += 1;
+            }
+            if record
+                .result
+                .as_ref()
+                .is_none_or(|r| r.completion_tokens.is_none())
+            {
+                without_output += 1;
+            }
+            if read.len() == MAX_REQUESTS {
+                return Err(TraceError::TooLong);
+            }
+            read.push(request_of(record, replay).map_err(at)?);
+        }
+    }
+    read.sort_by_key(|r| r.arrival_unix_us);
+    let first = read.first().map_or(0, |r| r.arrival_unix_us);
+    if let Some(last) = read.last()
+        && last.arrival_unix_us - first > MAX_AT_US
+    {
+        return Err(TraceError::Line {
+            line: 0,
+            message: format!("the records span more than {MAX_AT_US} us (30 days)"),
+        });
+    }
+    let mut engines: Vec<String> = Vec::new();
+    let mut trace = Vec::with_capacity(read.len());
+    let mut outcomes = Vec::with_capacity(read.len());
+    for mut r in read {
+        let at_us = r.arrival_unix_us - first;
+        r.request.at_us = at_us;
+        r.happened.arrived_us = at_us;
+        r.happened.finished_us = r.happened.finished_us.map(|us| us + at_us);
+        r.happened.engine = r
+            .engine
+            .map(|id| match engines.iter().position(|e| *e == id) {
+                Some(place) => place,
+                None => {
+                    engines.push(id);
+                    engines.len() - 1
+                }
+            });
+        trace.push(r.request);
+        outcomes.push(r.happened);
+    }
+    Ok(Recorded {
+        trace,
+        happened: RunReport::new(outcomes, engines),
+        page_tokens,
+        not_replayable,
+        without_pages,
+        without_output,
+    })
+}
+
+/// The request `record` describes (its `replay` object taken out) and what happened
+/// to it, its times still from the request's own arrival.
+fn request_of(record: Record, replay: ReplayFields) -> Result<Read, String> {
+    let Record {
+        request_id,
+        model,
+        request,
+        pick,
+        result,
+        ..
+    } = record;
+    if replay.prompt_tokens > MAX_PROMPT_TOKENS {
+        return Err(format!(
+            "the prompt is longer than {MAX_PROMPT_TOKENS} tokens"
+        ));
+    }
+    let mut prompt = Vec::new();
+    let mut paged = 0u64;
+    if let Some(pages) = replay.pages {
+        if replay.block_size == 0 {
+            return Err("pages of 0 tokens".into());
+        }
+        paged = (pages.0.len() as u64).saturating_mul(u64::from(replay.block_size));
+        if paged > replay.prompt_tokens {
+            return Err(format!(
+                "{} pages of {} tokens are more than the prompt's {} tokens",
+                pages.0.len(),
+                replay.block_size,
+                replay.prompt_tokens
+            ));
+        }
+        prompt.push(Segment::Pages {
+            pages,
+            page_tokens: replay.block_size,
+        });
+    }
+    let rest = replay.prompt_tokens - paged;
+    if rest > 0 {
+        // Drawn for this request alone: the arrival and id make it its own.
+        prompt.push(Segment::Named {
+            id: format!("tail {} {request_id}", replay.arrival_unix_us),
+            tokens: u32::try_from(rest).unwrap_or(u32::MAX),
+        });
+    }
+    let completion = result.as_ref().and_then(|r| r.completion_tokens);
+    let output_tokens = completion
+        .or(request.max_output_tokens)
+        .unwrap_or(1)
+        .clamp(1, u64::from(MAX_OUTPUT_TOKENS));
+    let output_tokens = u32::try_from(output_tokens).unwrap_or(MAX_OUTPUT_TOKENS);
+    let trace_request = TraceRequest {
+        at_us: 0,
+        model,
+        session: request.session_key.or(request.routing_key),
+        prompt,
+        output_tokens,
+    };
+    let mut happened = Outcome::arrived(&trace_request);
+    let picked = pick.and_then(|p| p.engines.plain.or(p.engines.prefill));
+    let engine = picked.as_ref().map(|p| p.engine.clone());
+    happened.reason = picked.and_then(|p| p.reason);
+    let us = |ms: f64| (ms.max(0.0) * 1000.0) as u64;
+    match &result {
+        Some(result) if result.status.is_some_and(|s| (200..300).contains(&s)) => {
+            happened.ttft_us = result.first_byte_ms.map(us);
+            happened.finished_us = Some(us(result.duration_ms));
+            happened.cached_tokens = result.cached_tokens.unwrap_or(0);
+        }
+        Some(result) if result.status == Some(429) || result.code == "at_capacity" => {
+            happened.rejected = true;
+        }
+        _ => happened.failed = true,
+    }
+    Ok(Read {
+        arrival_unix_us: replay.arrival_unix_us,
+        request: trace_request,
+        happened,
+        engine,
+    })
+}
+
+#[cfg(test)]
+mod tests;
