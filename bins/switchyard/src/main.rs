@@ -52,6 +52,7 @@ enum Command {
     /// Replay a trace through the real selection code against modelled engines, on a
     /// virtual clock, and print per policy: TTFT, throughput, cached share, load
     /// spread. The same inputs print the same bytes.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Replay(replay::ReplayArgs),
     /// Write a trace for `replay` of one of the workload shapes (conversations,
     /// bursts, agent sessions, long documents), at a share of a fleet's capacity.

@@ -10,8 +10,9 @@ use anyhow::Context as _;
 use engine_sim::EngineSpec;
 use router_config::RouterConfig;
 use router_replay::{
-    Arrivals, HostTier, LaggingFeeds, MAX_CLIENTS, Recorded, ReplaySettings, Summary,
-    oracle_cached_tokens, read_records, read_trace, replay, siblings_on_first_engine, table,
+    Arrivals, Diff, HostTier, LaggingFeeds, MAX_CLIENTS, Recorded, ReplaySettings, RunReport,
+    Summary, TraceRequest, oracle_cached_tokens, read_records, read_trace, replay,
+    siblings_on_first_engine, table,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -90,10 +91,53 @@ impl EngineModelArgs {
     }
 }
 
-/// Options of `switchyard replay`.
+/// Options of `switchyard replay`, or its `diff`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReplayArgs {
+    #[command(subcommand)]
+    command: Option<ReplayCommand>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Replay once per policy type, every group running it (default: once, as
+    /// configured).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Also write the summaries, with TTFT percentiles, as JSON to FILE.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// What `switchyard replay` does besides a replay.
+#[derive(Debug, clap::Subcommand)]
+enum ReplayCommand {
+    /// Replay one trace, or one set of decision records, with two configurations
+    /// (`--config` and `--against`), and print cell by cell what changed (TTFT
+    /// percentiles, cached share, load spread, refusals) and the requests whose
+    /// decisions differ most.
+    Diff(DiffArgs),
+}
+
+/// Options of `switchyard replay diff`.
+#[derive(Debug, clap::Args)]
+struct DiffArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// The configuration compared with `--config`'s.
+    #[arg(long)]
+    against: PathBuf,
+    /// The requests whose decisions differ most listed, at most.
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Also write the diff (both summaries and the requests listed) as JSON to FILE.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// What a replay reads: its requests, the configuration, the modelled engines and
+/// their feeds.
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["trace", "records"]))]
-pub(crate) struct ReplayArgs {
+struct RunArgs {
     /// The trace: JSON lines, one request each, in arrival order.
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -103,12 +147,9 @@ pub(crate) struct ReplayArgs {
     #[arg(long)]
     records: Vec<PathBuf>,
     /// The router configuration (YAML) whose engines, buckets and policies route it.
-    #[arg(long)]
-    config: PathBuf,
-    /// Replay once per policy type, every group running it (default: once, as
-    /// configured).
-    #[arg(long, value_delimiter = ',')]
-    policies: Vec<String>,
+    /// (Optional to clap only so that `replay diff` parses without `replay`'s own.)
+    #[arg(long, required = true)]
+    config: Option<PathBuf>,
     #[command(flatten)]
     engines: EngineModelArgs,
     /// Time a KV-event batch takes from an engine to the router, milliseconds.
@@ -136,12 +177,16 @@ pub(crate) struct ReplayArgs {
     /// Seed of the policies that draw random numbers and name no seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Also write the summaries, with TTFT percentiles, as JSON to FILE.
-    #[arg(long)]
-    json: Option<PathBuf>,
 }
 
-impl ReplayArgs {
+impl RunArgs {
+    /// `--config`, which clap requires.
+    fn config(&self) -> anyhow::Result<&std::path::Path> {
+        self.config
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--config is required"))
+    }
+
     fn feeds(&self) -> FeedSettings {
         FeedSettings {
             kv_delay: Duration::from_millis(self.kv_delay_ms),
@@ -151,37 +196,64 @@ impl ReplayArgs {
             },
         }
     }
+
+    /// The requests: the trace's, or the records' with what they say happened (their
+    /// pages checked against the models of each of `configs`).
+    fn requests(
+        &self,
+        configs: &[&RouterConfig],
+    ) -> anyhow::Result<(Vec<TraceRequest>, Option<Recorded>)> {
+        match &self.trace {
+            Some(path) => {
+                let file = std::fs::File::open(path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                let trace = read_trace(BufReader::new(file))
+                    .with_context(|| format!("reading {}", path.display()))?;
+                Ok((trace, None))
+            }
+            None => {
+                let mut recorded = records(&self.records)?;
+                for config in configs {
+                    check_pages(config, &recorded)?;
+                }
+                Ok((std::mem::take(&mut recorded.trace), Some(recorded)))
+            }
+        }
+    }
+
+    /// The replay's settings for `config`, checked.
+    fn settings(&self, config: &RouterConfig) -> anyhow::Result<ReplaySettings> {
+        let mut settings = self
+            .engines
+            .settings(page_size(config), self.feeds(), self.seed)?;
+        settings.silent_kv_engines = if self.no_kv_events {
+            config.models.iter().map(|m| m.engines.len()).sum()
+        } else {
+            self.silent_kv_engines
+        };
+        if let Some(clients) = self.closed_loop {
+            settings.arrivals = Arrivals::Closed {
+                clients: clients as usize,
+            };
+        }
+        Ok(settings)
+    }
+}
+
+/// The page size of `config`'s engines: its first model's.
+fn page_size(config: &RouterConfig) -> u32 {
+    config.models.first().map_or(16, |m| m.block_size)
 }
 
 pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    let config = read_config(&args.config)?;
-    let page_size = config.models.first().map_or(16, |m| m.block_size);
-    let (trace, recorded) = match &args.trace {
-        Some(path) => {
-            let file =
-                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-            let trace = read_trace(BufReader::new(file))
-                .with_context(|| format!("reading {}", path.display()))?;
-            (trace, None)
-        }
-        None => {
-            let recorded = records(&args.records)?;
-            check_pages(&config, &recorded)?;
-            (recorded.trace.clone(), Some(recorded))
-        }
-    };
-    let mut settings = args.engines.settings(page_size, args.feeds(), args.seed)?;
-    settings.silent_kv_engines = if args.no_kv_events {
-        config.models.iter().map(|m| m.engines.len()).sum()
-    } else {
-        args.silent_kv_engines
-    };
-    if let Some(clients) = args.closed_loop {
-        settings.arrivals = Arrivals::Closed {
-            clients: clients as usize,
-        };
+    if let Some(ReplayCommand::Diff(diff)) = &args.command {
+        return run_diff(diff);
     }
-    let oracle = oracle_cached_tokens(&trace, page_size);
+    let run = &args.run;
+    let config = read_config(run.config()?)?;
+    let (trace, recorded) = run.requests(&[&config])?;
+    let settings = run.settings(&config)?;
+    let oracle = oracle_cached_tokens(&trace, page_size(&config));
     let policies: Vec<Option<&str>> = if args.policies.is_empty() {
         vec![None]
     } else {
@@ -203,12 +275,43 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     print!("{}", table(&summaries));
     if let Some(path) = &args.json {
-        let out =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        serde_json::to_writer_pretty(BufWriter::new(out), &summaries)
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_json(path, &serde_json::to_value(&summaries)?)?;
     }
     Ok(())
+}
+
+/// `switchyard replay diff`: the same requests through two configurations.
+fn run_diff(args: &DiffArgs) -> anyhow::Result<()> {
+    let run = &args.run;
+    let configs = [read_config(run.config()?)?, read_config(&args.against)?];
+    let (trace, _) = run.requests(&[&configs[0], &configs[1]])?;
+    let mut runs = Vec::new();
+    for (config, path) in configs.iter().zip([run.config()?, args.against.as_path()]) {
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        eprintln!("replaying {} requests with {name} ...", trace.len());
+        let report = replay(config, &trace, None, &run.settings(config)?)?;
+        let summary = report.summary(&name, oracle_cached_tokens(&trace, page_size(config)));
+        runs.push((summary, report));
+    }
+    let [(before, before_run), (after, after_run)]: [(Summary, RunReport); 2] =
+        runs.try_into().map_err(|_| anyhow::anyhow!("two runs"))?;
+    let diff = Diff::of(&trace, (before, after), &before_run, &after_run, args.top);
+    print!("{}", diff.table());
+    if let Some(path) = &args.json {
+        write_json(path, &serde_json::to_value(&diff)?)?;
+    }
+    Ok(())
+}
+
+/// Writes `value` as pretty JSON to `path`.
+fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
+    let out =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    serde_json::to_writer_pretty(BufWriter::new(out), value)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The replayable decision records in `paths`, read as one trace; what was left out
@@ -251,13 +354,20 @@ fn records(paths: &[PathBuf]) -> anyhow::Result<Recorded> {
     Ok(recorded)
 }
 
-/// Refuses a configuration whose models' pages the recorded pages do not make up: a
-/// model's `block_size` must be a multiple of the records' page size.
+/// Refuses a configuration whose models' pages the recorded pages do not make up: the
+/// `block_size` of each model the records name (the only one, for records naming
+/// none) must be a multiple of the records' page size.
 fn check_pages(config: &RouterConfig, recorded: &Recorded) -> anyhow::Result<()> {
     let Some(recorded_size) = recorded.page_tokens else {
         return Ok(());
     };
-    for model in &config.models {
+    let named: std::collections::HashSet<Option<&str>> =
+        recorded.trace.iter().map(|r| r.model.as_deref()).collect();
+    let replayed = config.models.iter().filter(|model| {
+        named.contains(&Some(model.id.as_str()))
+            || (config.models.len() == 1 && named.contains(&None))
+    });
+    for model in replayed {
         anyhow::ensure!(
             model.block_size.is_multiple_of(recorded_size),
             "model {:?} has pages of {} tokens, which pages of {recorded_size} tokens (the records') do not make up: replay with a block_size that is a multiple of {recorded_size}",

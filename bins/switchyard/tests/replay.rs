@@ -389,6 +389,48 @@ async fn a_drive_recorded_by_the_router_replays_as_it_happened() {
     );
     assert_eq!(recorded["of_oracle"], replay["of_oracle"]);
     assert!(share(live) > 0.5, "{live}");
+
+    // The same records through another configuration: every decision as before with
+    // one engine, whatever the policy; cell by cell, nothing moved.
+    let other = TempFile::new(
+        &serde_json::json!({
+            "models": [{"id": "m", "engines": [{"id": "E0", "url": "http://127.0.0.1:1", "role": "plain"}],
+                        "buckets": [{"id": "all", "groups": {"plain": {"policy": {"type": "power_of_two"}}}}]}],
+        })
+        .to_string(),
+    );
+    let diffed = TempFile::new("");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["replay", "diff", "--records"])
+        .arg(&records.0)
+        .arg("--config")
+        .arg(&config.0)
+        .arg("--against")
+        .arg(&other.0)
+        .arg("--json")
+        .arg(&diffed.0)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let diff: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&diffed.0).unwrap()).unwrap();
+    assert_eq!(diff["before"]["cached_share"], replay["cached_share"]);
+    assert_eq!(diff["after"]["cached_share"], replay["cached_share"]);
+    // Only the pick's reason differs: one candidate either way.
+    for moved in diff["requests"].as_array().unwrap() {
+        assert_eq!(
+            moved["before"]["engine"], moved["after"]["engine"],
+            "{moved}"
+        );
+        assert_eq!(
+            moved["before"]["ttft_ms"], moved["after"]["ttft_ms"],
+            "{moved}"
+        );
+    }
 }
 
 #[test]
@@ -413,5 +455,66 @@ fn records_in_pages_a_model_cannot_make_up_are_refused() {
         stderr
             .contains("pages of 24 tokens, which pages of 16 tokens (the records') do not make up"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_diff_sets_two_configurations_side_by_side_and_names_the_requests_that_moved() {
+    let fleet = |policy: &str| {
+        TempFile::new(&format!(
+            "models:\n  - id: m\n    engines:\n      - {{id: a, url: 'http://127.0.0.1:1', role: plain}}\n      - {{id: b, url: 'http://127.0.0.1:2', role: plain}}\n      - {{id: c, url: 'http://127.0.0.1:3', role: plain}}\n    buckets: [{{id: all, groups: {{plain: {{policy: {{type: {policy}}}}}}}}}]\n"
+        ))
+    };
+    let (round_robin, cache_aware) = (fleet("round_robin"), fleet("cache_aware"));
+    let trace = TempFile::new(CONVERSATIONS);
+    let json = TempFile::new("");
+    let diff = |against: &TempFile| {
+        switchyard(&[
+            "replay",
+            "diff",
+            "--trace",
+            trace.0.to_str().unwrap(),
+            "--config",
+            round_robin.0.to_str().unwrap(),
+            "--against",
+            against.0.to_str().unwrap(),
+            "--top",
+            "3",
+            "--json",
+            json.0.to_str().unwrap(),
+        ])
+    };
+    let out = diff(&cache_aware);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("cell"), "{text}");
+    for cell in [
+        "served",
+        "rejected",
+        "ttft_p50_ms",
+        "ttft_p99.9_ms",
+        "cached_%",
+        "load_max/min",
+    ] {
+        assert!(lines.iter().any(|l| l.starts_with(cell)), "{cell}: {text}");
+    }
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json.0).unwrap()).unwrap();
+    assert_eq!(written["before"]["requests"], 4);
+    assert_eq!(written["after"]["requests"], 4);
+    // Round robin over three engines sends the second turns away from their first
+    // turns' engines; cache-aware sends them back: their decisions differ.
+    let moved = written["requests"].as_array().unwrap();
+    assert!(!moved.is_empty() && moved.len() <= 3, "{written}");
+    assert!(
+        written["after"]["cached_share"].as_f64() > written["before"]["cached_share"].as_f64(),
+        "{written}"
+    );
+    // A configuration against itself: nothing moved.
+    let same = diff(&round_robin);
+    assert!(
+        String::from_utf8_lossy(&same.stdout).contains("every request went as before"),
+        "{}",
+        String::from_utf8_lossy(&same.stdout)
     );
 }

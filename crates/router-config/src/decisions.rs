@@ -45,11 +45,12 @@ pub struct DecisionsConfig {
     #[serde(default)]
     pub hash_keys: bool,
     /// Make the records replayable (`switchyard replay --records`): each also carries
-    /// its arrival time in microseconds, the prompt's page hashes (the model's
-    /// `block_size` pages, hashed in its cache namespace as the prefix index hashes
-    /// them; never the prompt's text or token ids) and the output tokens the answer
-    /// reported. A model whose routing reads no prompt has only its sampled requests
-    /// tokenized for this, after selection.
+    /// its arrival time in microseconds and its prompt's pages (the model's
+    /// `block_size` tokens each) as keyed hashes (SipHash under keys drawn per
+    /// process, of each page's chained hash in its cache namespace): equal within one
+    /// router process for equal prefixes, never the prompt's text, token ids or the
+    /// hashes engines publish. A model whose routing reads no prompt has only its
+    /// recorded requests tokenized for this, while they go on.
     #[serde(default)]
     pub replayable: bool,
 }

@@ -1,14 +1,18 @@
-//! A kit for the benches of `GET /metrics` (feature `bench-kit`): the series a
+//! A kit for the benches (feature `bench-kit`): for `GET /metrics`, the series a
 //! router's answered requests leave in its metrics, counted without sending any, and
-//! the exposition as the endpoint renders it.
+//! the exposition as the endpoint renders it; for decision records, what a
+//! replayable record adds ([`replay_fields`]).
 //!
 //! A router whose engines do not answer (they join unhealthy) serves no request, so
 //! its exposition lacks the families its traffic would fill; [`count_answers`] fills
 //! them as answered requests do, on the same families and with the same labels.
 
+use std::hash::RandomState;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use crate::app::AppContext;
+use crate::decisions::replay::{self, Prompt};
 use crate::metrics::{
     Compared, Format, ModelLabels, ModelStageLabels, PickLabels, RequestLabels, StageLabels,
 };
@@ -106,4 +110,17 @@ pub fn exposition(ctx: &AppContext, openmetrics: bool) -> String {
         Format::Prometheus
     };
     ctx.metrics.encode(format)
+}
+
+/// What `decisions.replayable` adds to the record of a request whose prompt is
+/// `token_ids`, in pages of `block_size` under `key`, as the record's text holds it:
+/// the page hashes, keyed, in hex, and the object serialized.
+pub fn replay_fields(token_ids: &[u32], block_size: u32, key: &RandomState) -> String {
+    let prompt = Prompt {
+        token_ids: Some(token_ids),
+        tokens: token_ids.len() as u64,
+        block_size,
+        namespace: None,
+    };
+    replay::fields(prompt, SystemTime::now(), key).to_string()
 }

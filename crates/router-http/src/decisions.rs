@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::metrics::OutcomeLabels;
@@ -48,8 +49,9 @@ pub(crate) struct DecisionLog {
     /// With `hash_keys`: the keyed hash (SipHash, keys drawn per process) session and
     /// routing keys are recorded as.
     key_hashing: Option<RandomState>,
-    /// Whether records carry what a replay needs ([`replay`]).
-    replayable: bool,
+    /// With `replayable`: the keyed hash (SipHash, keys drawn per process) page
+    /// hashes are recorded as ([`replay`]).
+    page_hashing: Option<RandomState>,
 }
 
 /// `switchyard_decision_records_total` by outcome, and when a problem was last
@@ -119,7 +121,7 @@ impl DecisionLog {
             queued,
             counts,
             key_hashing: config.hash_keys.then(RandomState::new),
-            replayable: config.replayable,
+            page_hashing: config.replayable.then(RandomState::new),
         })
     }
 
@@ -144,9 +146,9 @@ impl DecisionLog {
         self.sampled.take()
     }
 
-    /// Whether records carry what a replay needs ([`replay`]).
-    pub(crate) fn replayable(&self) -> bool {
-        self.replayable
+    /// With `replayable`, the keyed hash page hashes are recorded as ([`replay`]).
+    pub(crate) fn page_hashing(&self) -> Option<&RandomState> {
+        self.page_hashing.as_ref()
     }
 
     fn send(&self, line: String) {
@@ -290,6 +292,8 @@ pub(crate) struct PendingRecord {
     first_byte: Option<Duration>,
     /// The engines that failed before the answer, with why and what was picked next.
     retries: Vec<Value>,
+    /// What a replay reads, when the log is replayable.
+    replay: Option<replay::Replay>,
 }
 
 impl PendingRecord {
@@ -313,7 +317,13 @@ impl PendingRecord {
             started,
             first_byte: None,
             retries: Vec::new(),
+            replay: None,
         }
+    }
+
+    /// Adds what a replay reads, made or being made, to the record.
+    pub(crate) fn with_replay(&mut self, replay: replay::Replay) {
+        self.replay = Some(replay);
     }
 
     /// `failed` never started the request (`reason`); `then` was picked instead.
@@ -350,7 +360,32 @@ impl PendingRecord {
             "completion_tokens": usage.completion_tokens,
             "retries": std::mem::take(&mut self.retries),
         });
-        log.send(self.decision.to_string());
+        let mut decision = std::mem::take(&mut self.decision);
+        let pending = match self.replay.take() {
+            None => None,
+            Some(replay::Replay::Ready(fields)) => {
+                decision["replay"] = fields;
+                None
+            }
+            Some(replay::Replay::Pending(mut made)) => match made.try_recv() {
+                Ok(fields) => {
+                    decision["replay"] = fields;
+                    None
+                }
+                Err(oneshot::error::TryRecvError::Closed) => None,
+                Err(oneshot::error::TryRecvError::Empty) => Some(made),
+            },
+        };
+        match (pending, tokio::runtime::Handle::try_current()) {
+            // Still tokenizing: the record is queued once its pages are hashed.
+            (Some(made), Ok(runtime)) => drop(runtime.spawn(async move {
+                if let Ok(fields) = made.await {
+                    decision["replay"] = fields;
+                }
+                log.send(decision.to_string());
+            })),
+            _ => log.send(decision.to_string()),
+        }
     }
 }
 

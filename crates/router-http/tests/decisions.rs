@@ -204,11 +204,13 @@ async fn replayable_records_carry_page_hashes_and_never_the_prompt() {
     let router = router(RouterConfig::from_yaml(&text).unwrap()).await;
     let secret = "zebra quartz lantern 7f3q overlooks the harbour at dusk";
     let ids: Vec<u32> = (1..=40).collect();
+    let forked: Vec<u32> = (1..=32).chain(200..208).collect();
     let prompts = [
         json!(secret),
         json!(secret),
         json!(format!("{secret} and then some")),
         json!(ids),
+        json!(forked),
     ];
     let mut completions = Vec::new();
     for prompt in &prompts {
@@ -223,7 +225,7 @@ async fn replayable_records_carry_page_hashes_and_never_the_prompt() {
         let answer: Value = response.json().await.unwrap();
         completions.push(answer["usage"]["completion_tokens"].clone());
     }
-    let records = common::decision_records(&router, &file, 4).await;
+    let records = common::decision_records(&router, &file, 5).await;
     let lines = std::fs::read_to_string(&file).unwrap();
     for fragment in ["zebra", "quartz", "harbour", "7f3q"] {
         assert!(!lines.contains(fragment), "a record holds {fragment:?}");
@@ -249,10 +251,18 @@ async fn replayable_records_carry_page_hashes_and_never_the_prompt() {
     assert!(first.len() >= secret.len() / 4);
     assert_eq!(first, again);
     assert!(longer.len() > first.len() && longer.starts_with(&first));
-    // Token ids sent as the prompt are hashed as the prefix index hashes them.
-    let hashes = chain_hashes(&ids, 4, namespace_seed(None));
-    let expected: Vec<String> = hashes.iter().map(|h| format!("{h:016x}")).collect();
-    assert_eq!(pages(&records[3]), expected);
+    // Token ids sent as the prompt: pages of them, never the index's own hashes (a
+    // guessed page could be checked against those); prompts forking after 32 tokens
+    // share 8 pages.
+    let (ids_pages, forked_pages) = (pages(&records[3]), pages(&records[4]));
+    let index_hashes: Vec<String> = chain_hashes(&ids, 4, namespace_seed(None))
+        .iter()
+        .map(|h| format!("{h:016x}"))
+        .collect();
+    assert_eq!(ids_pages.len(), 10);
+    assert!(ids_pages.iter().all(|page| !index_hashes.contains(page)));
+    assert_eq!(ids_pages[..8], forked_pages[..8]);
+    assert_ne!(ids_pages[8..], forked_pages[8..]);
     assert_eq!(records[3]["replay"]["prompt_tokens"], 40);
     router.shutdown().await;
     std::fs::remove_dir_all(file.parent().unwrap()).unwrap();

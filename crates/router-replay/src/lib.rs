@@ -25,6 +25,7 @@
 //! ```
 
 mod closed_loop;
+mod diff;
 mod engine;
 mod error;
 mod host;
@@ -38,6 +39,7 @@ mod trace;
 mod workload;
 
 pub use closed_loop::{ClosedLoop, MAX_CLIENTS};
+pub use diff::{Decision, Diff, RequestDiff};
 pub use error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};
 pub use policies::{seeded, with_policy};
 pub use records::{Recorded, read_records};

@@ -16,6 +16,7 @@
 use std::io::BufRead;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::report::{Outcome, RunReport};
 use crate::trace::{
@@ -41,25 +42,54 @@ pub struct Recorded {
     /// Requests whose prompt has no pages (their model has no tokenizer): replayed
     /// as prompts that share nothing.
     pub without_pages: usize,
-    /// Requests whose answer reported no output tokens: replayed with their
+    /// Requests served whose answer reported no output tokens: replayed with their
     /// `max_tokens`, or 1.
     pub without_output: usize,
 }
 
-/// The fields of a decision record a replay reads.
+/// The fields of a decision record a replay reads: `replay` first, the others only
+/// of a record that has it.
 #[derive(Debug, Deserialize)]
 struct Record {
     #[serde(default)]
-    request_id: String,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    request: RecordedRequest,
-    #[serde(default)]
-    pick: Option<RecordedPick>,
     replay: Option<ReplayFields>,
     #[serde(default)]
+    model: Value,
+    #[serde(default)]
+    request: Value,
+    #[serde(default)]
+    pick: Value,
+    #[serde(default)]
+    result: Value,
+}
+
+/// A replayable record's other fields, read.
+#[derive(Debug)]
+struct Replayable {
+    model: Option<String>,
+    request: RecordedRequest,
+    pick: Option<RecordedPick>,
     result: Option<RecordedResult>,
+}
+
+impl Replayable {
+    fn of(record: Record) -> Result<Self, String> {
+        fn read<T: serde::de::DeserializeOwned + Default>(
+            field: &str,
+            value: Value,
+        ) -> Result<T, String> {
+            if value.is_null() {
+                return Ok(T::default());
+            }
+            serde_json::from_value(value).map_err(|e| format!("{field}: {e}"))
+        }
+        Ok(Self {
+            model: read("model", record.model)?,
+            request: read("request", record.request)?,
+            pick: read("pick", record.pick)?,
+            result: read("result", record.result)?,
+        })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -72,13 +102,13 @@ struct RecordedRequest {
     max_output_tokens: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct RecordedPick {
     engines: PickedEngines,
 }
 
 /// A plain pick, or a prefill/decode pair (whose prefill engine holds the prompt).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct PickedEngines {
     #[serde(default)]
     plain: Option<Picked>,
@@ -102,10 +132,12 @@ struct ReplayFields {
     pages: Option<PageHashes>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct RecordedResult {
     #[serde(default)]
     status: Option<u16>,
+    #[serde(default)]
+    outcome: String,
     #[serde(default)]
     code: String,
     #[serde(default)]
@@ -124,7 +156,17 @@ struct Read {
     request: TraceRequest,
     happened: Outcome,
     engine: Option<String>,
+    /// Served, but its answer reported no output tokens.
+    without_output: bool,
 }
+
+/// The `code`s of capacity refusals: the fleet's, a full or slow queue's, a tenant's.
+const REFUSALS: [&str; 4] = [
+    "at_capacity",
+    "queue_full",
+    "queue_timeout",
+    "tenant_over_cap",
+];
 
 /// Reads decision records (JSON lines; blank lines skipped) as a trace, in arrival
 /// order, with what they say happened. `sources` are read in turn (a rotated file and
@@ -170,8 +212,10 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
                 not_replayable += 1;
                 continue;
             };
-            if replay.pages.is_some() {
-                match page_tokens {
+            match &replay.pages {
+                // A prompt shorter than a page says nothing of the page size.
+                Some(pages) if pages.0.is_empty() => {}
+                Some(_) => match page_tokens {
                     None => page_tokens = Some(replay.block_size),
                     Some(size) if size == replay.block_size => {}
                     Some(size) => {
@@ -180,21 +224,18 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
                             replay.block_size
                         )));
                     }
-                }
-            } else {
-                without_pages += 1;
+                },
+                None => without_pages += 1,
             }
-            if record
-                .result
-                .as_ref()
-                .is_none_or(|r| r.completion_tokens.is_none())
-            {
-                without_output += 1;
-            }
+            let record = Replayable::of(record).map_err(at)?;
             if read.len() == MAX_REQUESTS {
                 return Err(TraceError::TooLong);
             }
-            read.push(request_of(record, replay).map_err(at)?);
+            let request = request_of(record, replay, read.len()).map_err(at)?;
+            if request.without_output {
+                without_output += 1;
+            }
+            read.push(request);
         }
     }
     read.sort_by_key(|r| r.arrival_unix_us);
@@ -202,10 +243,7 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
     if let Some(last) = read.last()
         && last.arrival_unix_us - first > MAX_AT_US
     {
-        return Err(TraceError::Line {
-            line: 0,
-            message: format!("the records span more than {MAX_AT_US} us (30 days)"),
-        });
+        return Err(TraceError::Span);
     }
     let mut engines: Vec<String> = Vec::new();
     let mut trace = Vec::with_capacity(read.len());
@@ -214,7 +252,7 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
         let at_us = r.arrival_unix_us - first;
         r.request.at_us = at_us;
         r.happened.arrived_us = at_us;
-        r.happened.finished_us = r.happened.finished_us.map(|us| us + at_us);
+        r.happened.finished_us = r.happened.finished_us.map(|us| us.saturating_add(at_us));
         r.happened.engine = r
             .engine
             .map(|id| match engines.iter().position(|e| *e == id) {
@@ -237,16 +275,14 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
     })
 }
 
-/// The request `record` describes (its `replay` object taken out) and what happened
-/// to it, its times still from the request's own arrival.
-fn request_of(record: Record, replay: ReplayFields) -> Result<Read, String> {
-    let Record {
-        request_id,
+/// The request `record` describes (its `replay` object taken out), the `place`-th
+/// read, and what happened to it, its times still from the request's own arrival.
+fn request_of(record: Replayable, replay: ReplayFields, place: usize) -> Result<Read, String> {
+    let Replayable {
         model,
         request,
         pick,
         result,
-        ..
     } = record;
     if replay.prompt_tokens > MAX_PROMPT_TOKENS {
         return Err(format!(
@@ -275,9 +311,9 @@ fn request_of(record: Record, replay: ReplayFields) -> Result<Read, String> {
     }
     let rest = replay.prompt_tokens - paged;
     if rest > 0 {
-        // Drawn for this request alone: the arrival and id make it its own.
+        // Drawn for this request alone: its place among the records read is its own.
         prompt.push(Segment::Named {
-            id: format!("tail {} {request_id}", replay.arrival_unix_us),
+            id: format!("tail {place}"),
             tokens: u32::try_from(rest).unwrap_or(u32::MAX),
         });
     }
@@ -298,14 +334,22 @@ fn request_of(record: Record, replay: ReplayFields) -> Result<Read, String> {
     let picked = pick.and_then(|p| p.engines.plain.or(p.engines.prefill));
     let engine = picked.as_ref().map(|p| p.engine.clone());
     happened.reason = picked.and_then(|p| p.reason);
-    let us = |ms: f64| (ms.max(0.0) * 1000.0) as u64;
+    // Times past the trace's span are not a request's: held to it.
+    let us = |ms: f64| ((ms.max(0.0) * 1000.0) as u64).min(MAX_AT_US);
+    let mut without_output = false;
     match &result {
-        Some(result) if result.status.is_some_and(|s| (200..300).contains(&s)) => {
+        Some(result)
+            if result.outcome == "ok" && result.status.is_some_and(|s| (200..300).contains(&s)) =>
+        {
             happened.ttft_us = result.first_byte_ms.map(us);
             happened.finished_us = Some(us(result.duration_ms));
-            happened.cached_tokens = result.cached_tokens.unwrap_or(0);
+            happened.cached_tokens = result
+                .cached_tokens
+                .unwrap_or(0)
+                .min(happened.prompt_tokens);
+            without_output = completion.is_none();
         }
-        Some(result) if result.status == Some(429) || result.code == "at_capacity" => {
+        Some(result) if result.status == Some(429) || REFUSALS.contains(&result.code.as_str()) => {
             happened.rejected = true;
         }
         _ => happened.failed = true,
@@ -315,6 +359,7 @@ fn request_of(record: Record, replay: ReplayFields) -> Result<Read, String> {
         request: trace_request,
         happened,
         engine,
+        without_output,
     })
 }
 

@@ -125,6 +125,11 @@ impl RunReport {
         &self.outcomes
     }
 
+    /// The engines the outcomes' `engine` indexes.
+    pub fn engines(&self) -> &[String] {
+        &self.engines
+    }
+
     /// Sums the replay up under `policy`'s name; `oracle_cached` is what the oracle
     /// finds cached over the whole trace ([`oracle_cached_tokens`]).
     pub fn summary(&self, policy: &str, oracle_cached: u64) -> Summary {

@@ -95,13 +95,19 @@ impl PageHashes {
                 hex.len()
             ));
         }
+        if !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err("pages hold lowercase hex digits only".to_owned());
+        }
         hex.as_bytes()
             .chunks(16)
             .map(|page| {
                 std::str::from_utf8(page)
                     .ok()
                     .and_then(|page| u64::from_str_radix(page, 16).ok())
-                    .ok_or_else(|| "pages hold hex digits only".to_owned())
+                    .ok_or_else(|| "pages hold lowercase hex digits only".to_owned())
             })
             .collect::<Result<Vec<u64>, String>>()
             .map(Self)
@@ -204,6 +210,9 @@ pub enum TraceError {
     /// The trace is larger than [`MAX_TRACE_BYTES`].
     #[error("the trace is larger than {MAX_TRACE_BYTES} bytes")]
     TooLarge,
+    /// Its arrivals span more than [`MAX_AT_US`].
+    #[error("the arrivals span more than {MAX_AT_US} us (30 days)")]
+    Span,
 }
 
 impl From<std::io::Error> for TraceError {

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -358,16 +359,8 @@ async fn route(
         Some(priority) => crate::dispatch::with_fields(&sent, &format!(r#""priority":{priority}"#)),
         None => sent,
     };
-    let replay = match &recording {
-        Some((log, _)) if log.replayable() => Some(
-            ready
-                .replay_fields(endpoint, ctx, &body, arrival.started.elapsed())
-                .await,
-        ),
-        _ => None,
-    };
     let selected = &flowed.selected;
-    let record = recording.as_ref().map(|(log, explanation)| {
+    let mut record = recording.as_ref().map(|(log, explanation)| {
         let report = explanation::Report {
             endpoint: endpoint.path,
             model: &ready.route.id,
@@ -383,11 +376,17 @@ async fn route(
         if let Some(queue) = flowed.record() {
             json["flow"] = queue;
         }
-        if let Some(replay) = replay {
-            json["replay"] = replay;
-        }
         PendingRecord::new(Arc::clone(log), json, id, arrival.started)
     });
+    if let (Some(record), Some(key)) = (
+        record.as_mut(),
+        recording.as_ref().and_then(|(log, _)| log.page_hashing()),
+    ) {
+        let arrived = SystemTime::now()
+            .checked_sub(arrival.started.elapsed())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        record.with_replay(ready.replay(endpoint, ctx, &body, arrived, selected.is_ok(), key));
+    }
     let flowed::Flowed {
         selected,
         refused,

@@ -1,25 +1,55 @@
 //! What a replayable record adds (`decisions.replayable`): the request's arrival in
 //! microseconds and its prompt as page hashes, so `switchyard replay --records` can
 //! send the same prompts, sharing the same prefixes, at the same times. The prompt's
-//! text and token ids are never written: a page is named by the hash the prefix index
-//! gives it (the model's `block_size` tokens, chained to the pages before it, in the
-//! request's cache namespace), which says which requests share a prefix and how long,
-//! and nothing more.
+//! text and token ids are never written, nor the hashes the prefix index and the
+//! engines give its pages (which anyone can compute, and so test guesses against, a
+//! page at a time): each page is recorded as a keyed hash (SipHash under keys drawn
+//! when the router starts, written nowhere) of the index's hash of that page, which
+//! commits to every page before it in the request's cache namespace. Equal hashes,
+//! within one router process, say two prompts share a prefix that far, and nothing
+//! more.
 //!
 //! ```json
 //! "replay": {"arrival_unix_us": 1764892800123456, "prompt_tokens": 40,
 //!            "block_size": 16, "pages": "9f0c…(16 hex digits a page)"}
 //! ```
 //! `pages` is left out when the prompt was not tokenized (a model without a
-//! tokenizer): the replay then sends a prompt of `prompt_tokens` that shares nothing.
+//! tokenizer, a failed tokenization, or a request no bucket took): the replay then
+//! sends a prompt of `prompt_tokens` that shares nothing.
 
-use std::time::{Duration, SystemTime};
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::time::SystemTime;
 
 use router_state::kv_events::{chain_hashes, namespace_seed};
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 
 /// Hex digits of a page hash, most significant first.
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// A record's `replay` object: made, or being made (its prompt tokenized) while the
+/// request goes on.
+#[derive(Debug)]
+pub(crate) enum Replay {
+    /// Made.
+    Ready(Value),
+    /// Being made by a task of its own; the record waits for it once the request
+    /// has ended.
+    Pending(oneshot::Receiver<Value>),
+}
+
+impl Replay {
+    /// The object `made` makes, on a task of its own.
+    pub(crate) fn spawn(made: impl Future<Output = Value> + Send + 'static) -> Self {
+        let (sender, receiver) = oneshot::channel();
+        tokio::spawn(async move {
+            // A record dropped meanwhile no longer waits for it.
+            let _ = sender.send(made.await);
+        });
+        Self::Pending(receiver)
+    }
+}
 
 /// A request's prompt, as the record describes it.
 #[derive(Debug, Clone, Copy)]
@@ -34,11 +64,11 @@ pub(crate) struct Prompt<'a> {
     pub(crate) namespace: Option<&'a str>,
 }
 
-/// The `replay` object of a request that arrived `waited` before `now`.
-pub(crate) fn fields(prompt: Prompt<'_>, now: SystemTime, waited: Duration) -> Value {
-    let arrival_unix_us = now
-        .checked_sub(waited)
-        .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
+/// The `replay` object of a request that arrived at `arrived`, its pages hashed under
+/// `key`.
+pub(crate) fn fields(prompt: Prompt<'_>, arrived: SystemTime, key: &RandomState) -> Value {
+    let arrival_unix_us = arrived
+        .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     let mut fields = json!({
         "arrival_unix_us": arrival_unix_us,
@@ -51,13 +81,13 @@ pub(crate) fn fields(prompt: Prompt<'_>, now: SystemTime, waited: Duration) -> V
             prompt.block_size as usize,
             namespace_seed(prompt.namespace),
         );
-        fields["pages"] = Value::String(hex(&pages));
+        fields["pages"] = Value::String(hex(pages.into_iter().map(|page| key.hash_one(page))));
     }
     fields
 }
 
 /// `pages` as 16 lowercase hex digits each, most significant first.
-fn hex(pages: &[u64]) -> String {
+fn hex(pages: impl ExactSizeIterator<Item = u64>) -> String {
     let mut out = String::with_capacity(pages.len() * 16);
     for page in pages {
         for nibble in (0..16).rev() {
@@ -69,10 +99,12 @@ fn hex(pages: &[u64]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
-    fn pages_are_the_index_hashes_in_hex_and_the_arrival_is_when_the_request_came() {
+    fn pages_are_the_index_hashes_keyed_in_hex_and_the_arrival_is_in_microseconds() {
         let ids: Vec<u32> = (0..40).collect();
         let prompt = Prompt {
             token_ids: Some(&ids),
@@ -80,12 +112,21 @@ mod tests {
             block_size: 16,
             namespace: Some("adapter"),
         };
-        let now = SystemTime::UNIX_EPOCH + Duration::from_micros(5_000_000);
-        let fields = fields(prompt, now, Duration::from_micros(1_500));
+        let key = RandomState::new();
+        let arrived = SystemTime::UNIX_EPOCH + Duration::from_micros(4_998_500);
+        let fields = fields(prompt, arrived, &key);
         let hashes = chain_hashes(&ids, 16, namespace_seed(Some("adapter")));
         assert_eq!(hashes.len(), 2, "two full pages of 16 in 40 tokens");
-        let expected = format!("{:016x}{:016x}", hashes[0], hashes[1]);
+        let expected = format!(
+            "{:016x}{:016x}",
+            key.hash_one(hashes[0]),
+            key.hash_one(hashes[1])
+        );
         assert_eq!(fields["pages"], expected.as_str());
+        assert!(
+            !expected.contains(&format!("{:016x}", hashes[0])),
+            "the index's own hash is not written"
+        );
         assert_eq!(fields["prompt_tokens"], 40);
         assert_eq!(fields["block_size"], 16);
         assert_eq!(fields["arrival_unix_us"], 4_998_500);
@@ -99,7 +140,7 @@ mod tests {
             block_size: 16,
             namespace: None,
         };
-        let fields = fields(prompt, SystemTime::now(), Duration::ZERO);
+        let fields = fields(prompt, SystemTime::now(), &RandomState::new());
         assert_eq!(fields["prompt_tokens"], 300);
         assert!(fields.get("pages").is_none());
     }
@@ -107,7 +148,7 @@ mod tests {
     #[test]
     fn hex_is_sixteen_digits_a_page() {
         assert_eq!(
-            hex(&[0, u64::MAX, 0x0123_4567_89ab_cdef]),
+            hex([0, u64::MAX, 0x0123_4567_89ab_cdef].into_iter()),
             "0000000000000000ffffffffffffffff0123456789abcdef"
         );
     }

@@ -109,7 +109,7 @@ fn a_full_queue_or_an_oversized_record_is_dropped_and_counted() {
             logged: Arc::default(),
         },
         key_hashing: None,
-        replayable: false,
+        page_hashing: None,
     };
     for _ in 0..100 {
         log.send("{}".into());
@@ -132,7 +132,7 @@ fn a_record_dropped_unfinished_is_queued_as_cancelled() {
             logged: Arc::default(),
         },
         key_hashing: None,
-        replayable: false,
+        page_hashing: None,
     });
     drop(PendingRecord::new(
         Arc::clone(&log),
@@ -237,4 +237,56 @@ async fn keys_are_recorded_verbatim_or_as_keyed_hashes_on_request() {
         "the rest as it was"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_record_whose_pages_are_still_being_hashed_is_written_once_they_are() {
+    let dir = tempdir();
+    let family = Family::default();
+    let log = Arc::new(DecisionLog::open(&config(&dir, 1.0), family.clone()).unwrap());
+    // The first record's pages come after its request ended; the second's never
+    // come (their task ended without them); the third's client left before the
+    // answer, its pages still to come.
+    let (late, late_made) = tokio::sync::oneshot::channel();
+    let (gone, gone_made) = tokio::sync::oneshot::channel::<Value>();
+    let (left, left_made) = tokio::sync::oneshot::channel();
+    for (n, made) in [late_made, gone_made, left_made].into_iter().enumerate() {
+        let mut record =
+            PendingRecord::new(Arc::clone(&log), json!({"n": n}), "id", Instant::now());
+        record.with_replay(replay::Replay::Pending(made));
+        if n < 2 {
+            record.finish(200, "ok", "ok", Usage::default());
+        }
+    }
+    drop(gone);
+    assert_eq!(
+        written(&family, "written"),
+        0,
+        "the late ones wait for their pages"
+    );
+    late.send(json!({"pages": "00000000000000aa"})).unwrap();
+    left.send(json!({"pages": "00000000000000bb"})).unwrap();
+    let all_written = async {
+        while written(&family, "written") < 3 {
+            tokio::task::yield_now().await;
+            std::thread::yield_now();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), all_written)
+        .await
+        .expect("every record is written");
+    let text = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap();
+    let mut records: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    records.sort_by_key(|r| r["n"].as_u64());
+    assert_eq!(records[0]["replay"]["pages"], "00000000000000aa");
+    assert!(
+        records[1].get("replay").is_none(),
+        "no pages, still recorded"
+    );
+    assert_eq!(records[2]["replay"]["pages"], "00000000000000bb");
+    assert_eq!(records[2]["result"]["outcome"], "cancelled");
+    std::fs::remove_dir_all(dir).unwrap();
 }

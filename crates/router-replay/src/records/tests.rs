@@ -132,7 +132,7 @@ fn a_malformed_record_is_refused_with_its_line() {
     let bad_hex = record("r2", 20, "00000000000000zz", 4, 200);
     assert!(
         message(format!("{good}{bad_hex}\n"))
-            .starts_with("trace line 2: (records 1) pages hold hex digits only")
+            .starts_with("trace line 2: (records 1) pages hold lowercase hex digits only")
     );
     let short = record("r2", 20, "abc", 4, 200);
     assert!(message(format!("{good}{short}\n")).contains("pages take 16 hex digits each"));
@@ -151,5 +151,61 @@ fn a_malformed_record_is_refused_with_its_line() {
     assert!(message(format!("{good}{huge}\n")).contains("the prompt is longer than"));
     assert!(message(format!("{good}not json\n")).starts_with("trace line 2: (records 1) "));
     let late = record("r2", 10 + MAX_AT_US + 1, A, 4, 200);
-    assert!(message(format!("{good}{late}\n")).contains("more than"));
+    assert!(message(format!("{good}{late}\n")).contains("the arrivals span more than"));
+    let upper = record("r2", 20, "00000000000000AA", 4, 200);
+    assert!(message(format!("{good}{upper}\n")).contains("lowercase hex digits only"));
+    let signed = record("r2", 20, "+00000000000000a", 4, 200);
+    assert!(message(format!("{good}{signed}\n")).contains("lowercase hex digits only"));
+    let mut odd_pick = record("r2", 20, A, 4, 200);
+    odd_pick["pick"] = json!("e0");
+    assert!(message(format!("{good}{odd_pick}\n")).contains("pick: "));
+}
+
+#[test]
+fn only_an_answer_that_ended_well_is_served_and_refusals_of_any_kind_are_rejected() {
+    let mut cut = record("r2", 20, A, 4, 200);
+    cut["result"]["outcome"] = json!("server_error");
+    let mut left = record("r3", 30, A, 4, 200);
+    left["result"]["outcome"] = json!("cancelled");
+    let mut queue_full = record("r4", 40, A, 4, 503);
+    queue_full["result"]["code"] = json!("queue_full");
+    let mut tenant = record("r5", 50, A, 4, 429);
+    tenant["result"]["code"] = json!("tenant_over_cap");
+    let mut endless = record("r6", 60, A, 4, 200);
+    endless["result"]["duration_ms"] = json!(1e300);
+    endless["result"]["cached_tokens"] = json!(u64::MAX);
+    let mut short = record("r7", 70, "", 3, 200);
+    short["replay"]["block_size"] = json!(64);
+    // Records of another kind without a replay object are skipped, whatever they hold.
+    let other = json!({"pick": "anything", "result": 7});
+    let text = lines(&[
+        record("r1", 10, A, 4, 200),
+        cut,
+        left,
+        queue_full,
+        tenant,
+        endless,
+        short,
+        other,
+    ]);
+    let recorded = read(&text).unwrap();
+    assert_eq!(recorded.not_replayable, 1);
+    assert_eq!(
+        recorded.page_tokens,
+        Some(4),
+        "a prompt under a page sets no size"
+    );
+    let happened = recorded.happened.outcomes();
+    let served: Vec<bool> = happened.iter().map(|o| o.ttft_us.is_some()).collect();
+    assert_eq!(served, [true, false, false, false, false, true, true]);
+    assert!(happened[1].failed && happened[2].failed);
+    assert!(happened[3].rejected && happened[4].rejected);
+    assert_eq!(
+        happened[5].finished_us,
+        Some(50 + MAX_AT_US),
+        "held to the span"
+    );
+    assert_eq!(happened[5].cached_tokens, 4, "never more than the prompt");
+    let summary = recorded.happened.summary("recorded", 0);
+    assert_eq!((summary.rejected, summary.failed), (2, 2));
 }

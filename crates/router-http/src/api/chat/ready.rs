@@ -2,19 +2,19 @@
 //! it, its model's route resolved (and refused when the model's engines do not serve
 //! the endpoint), its prompt tokenized where routing needs it, its affinity keys read.
 
+use std::hash::RandomState;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::HeaderMap;
 use router_config::PdProtocol;
 use router_policy::{PrefixMemo, RequestFacts};
 use router_state::kv_events::cache_namespace;
-use serde_json::Value;
 
 use super::model_of;
 use crate::app::AppContext;
-use crate::decisions::replay::{self, Prompt};
+use crate::decisions::replay::{self, Prompt, Replay};
 use crate::error::ApiError;
 use crate::prepare::{Counted, Endpoint, Prepared, Tokenize, prepare};
 use crate::routing::ModelRoute;
@@ -81,40 +81,51 @@ impl Ready<'_> {
 
 impl Ready<'_> {
     /// The `replay` object of this request's replayable decision record
-    /// ([`replay`](crate::decisions::replay)), the request having arrived `waited`
-    /// ago: its prompt's pages hashed from the ids routing read, or, when routing
-    /// reads no prompt, from tokenizing it now, off the request thread (only recorded
-    /// requests pay for it); its length alone when neither is possible.
-    pub(in crate::api) async fn replay_fields(
+    /// ([`replay`](crate::decisions::replay)), the request having arrived at
+    /// `arrived`, its pages hashed under `key`: from the ids routing read; when
+    /// routing reads no prompt and the request was `selected`, from tokenizing it on a
+    /// task of its own, off the request threads, while the request goes on (only
+    /// recorded requests pay for it); its length alone when neither is possible.
+    pub(in crate::api) fn replay(
         &self,
         endpoint: &'static Endpoint,
-        ctx: &AppContext,
+        ctx: &Arc<AppContext>,
         body: &Bytes,
-        waited: Duration,
-    ) -> Value {
-        let mut tokens = self.prepared.input_tokens;
-        let tokenized;
-        let token_ids = match (&self.prepared.token_ids, &self.route.record_tokenizer) {
-            (Some(ids), _) => Some(ids.as_slice()),
-            (None, Some(tokenizer)) => {
-                tokenized = Tokenize::new(endpoint, body.clone(), Arc::clone(tokenizer))
-                    .off_thread(&ctx.tokenizing)
-                    .await
-                    .ok();
-                if let Some(counted) = &tokenized {
-                    tokens = counted.tokens();
-                }
-                tokenized.as_ref().map(Counted::ids)
+        arrived: SystemTime,
+        selected: bool,
+        key: &RandomState,
+    ) -> Replay {
+        let estimate = self.prepared.input_tokens;
+        let block_size = self.route.block_size;
+        let namespace = self.salted.as_deref().or(self.adapter());
+        let prompt = |token_ids: Option<&[u32]>, tokens: u64, namespace: Option<&str>| {
+            let prompt = Prompt {
+                token_ids,
+                tokens,
+                block_size,
+                namespace,
+            };
+            replay::fields(prompt, arrived, key)
+        };
+        match (&self.prepared.token_ids, &self.route.record_tokenizer) {
+            (Some(ids), _) => Replay::Ready(prompt(Some(ids), estimate, namespace)),
+            (None, Some(tokenizer)) if selected => {
+                let tokenize = Tokenize::new(endpoint, body.clone(), Arc::clone(tokenizer));
+                let (ctx, key) = (Arc::clone(ctx), key.clone());
+                let namespace = namespace.map(str::to_owned);
+                Replay::spawn(async move {
+                    let counted = tokenize.off_thread(&ctx.tokenizing).await.ok();
+                    let prompt = Prompt {
+                        token_ids: counted.as_ref().map(Counted::ids),
+                        tokens: counted.as_ref().map_or(estimate, Counted::tokens),
+                        block_size,
+                        namespace: namespace.as_deref(),
+                    };
+                    replay::fields(prompt, arrived, &key)
+                })
             }
-            (None, None) => None,
-        };
-        let prompt = Prompt {
-            token_ids,
-            tokens,
-            block_size: self.route.block_size,
-            namespace: self.salted.as_deref().or(self.adapter()),
-        };
-        replay::fields(prompt, SystemTime::now(), waited)
+            _ => Replay::Ready(prompt(None, estimate, namespace)),
+        }
     }
 }
 
