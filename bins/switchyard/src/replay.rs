@@ -275,7 +275,8 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     print!("{}", table(&summaries));
     if let Some(path) = &args.json {
-        write_json(path, &serde_json::to_value(&summaries)?)?;
+        serde_json::to_writer_pretty(json_file(path)?, &summaries)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -285,15 +286,24 @@ fn run_diff(args: &DiffArgs) -> anyhow::Result<()> {
     let run = &args.run;
     let configs = [read_config(run.config()?)?, read_config(&args.against)?];
     let (trace, _) = run.requests(&[&configs[0], &configs[1]])?;
-    let mut runs = Vec::new();
-    for (config, path) in configs.iter().zip([run.config()?, args.against.as_path()]) {
-        let name = path.file_name().map_or_else(
+    let paths = [run.config()?, args.against.as_path()];
+    // Each run by its file's name, or its path when the two names are one.
+    let names = paths.map(|path| {
+        path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
-        );
+        )
+    });
+    let names = if names[0] == names[1] {
+        paths.map(|path| path.display().to_string())
+    } else {
+        names
+    };
+    let mut runs = Vec::new();
+    for (config, name) in configs.iter().zip(&names) {
         eprintln!("replaying {} requests with {name} ...", trace.len());
         let report = replay(config, &trace, None, &run.settings(config)?)?;
-        let summary = report.summary(&name, oracle_cached_tokens(&trace, page_size(config)));
+        let summary = report.summary(name, oracle_cached_tokens(&trace, page_size(config)));
         runs.push((summary, report));
     }
     let [(before, before_run), (after, after_run)]: [(Summary, RunReport); 2] =
@@ -301,17 +311,17 @@ fn run_diff(args: &DiffArgs) -> anyhow::Result<()> {
     let diff = Diff::of(&trace, (before, after), &before_run, &after_run, args.top);
     print!("{}", diff.table());
     if let Some(path) = &args.json {
-        write_json(path, &serde_json::to_value(&diff)?)?;
+        serde_json::to_writer_pretty(json_file(path)?, &diff)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
 
-/// Writes `value` as pretty JSON to `path`.
-fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
+/// The file `--json` names, created.
+fn json_file(path: &std::path::Path) -> anyhow::Result<BufWriter<std::fs::File>> {
     let out =
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    serde_json::to_writer_pretty(BufWriter::new(out), value)
-        .with_context(|| format!("writing {}", path.display()))
+    Ok(BufWriter::new(out))
 }
 
 /// The replayable decision records in `paths`, read as one trace; what was left out

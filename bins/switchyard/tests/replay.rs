@@ -369,8 +369,12 @@ async fn a_drive_recorded_by_the_router_replays_as_it_happened() {
         rows[1].starts_with("recorded ") && rows[2].starts_with("config "),
         "{table}"
     );
-    let summaries: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&replayed.0).unwrap()).unwrap();
+    let written = std::fs::read_to_string(&replayed.0).unwrap();
+    assert!(
+        written.find("\"policy\"") < written.find("\"ttft_p50_ms\""),
+        "the summaries' fields in their order"
+    );
+    let summaries: Vec<serde_json::Value> = serde_json::from_str(&written).unwrap();
     let (recorded, replay) = (&summaries[0], &summaries[1]);
     for summary in [recorded, replay] {
         assert_eq!(summary["requests"], 4, "{summary}");
@@ -517,4 +521,38 @@ fn a_diff_sets_two_configurations_side_by_side_and_names_the_requests_that_moved
         "{}",
         String::from_utf8_lossy(&same.stdout)
     );
+}
+
+#[test]
+fn replay_refuses_two_inputs_and_a_diff_without_its_second_configuration() {
+    let config =
+        TempFile::new("models: [{id: m, engines: [{id: a, url: 'http://127.0.0.1:1'}]}]\n");
+    let trace = TempFile::new(CONVERSATIONS);
+    let refused = |args: &[&str], says: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    let (config, trace) = (config.0.to_str().unwrap(), trace.0.to_str().unwrap());
+    refused(
+        &[
+            "replay",
+            "--trace",
+            trace,
+            "--records",
+            trace,
+            "--config",
+            config,
+        ],
+        "cannot be used with",
+    );
+    refused(
+        &["replay", "diff", "--trace", trace, "--config", config],
+        "--against",
+    );
+    refused(&["replay", "--trace", trace], "--config");
 }

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 
 use crate::metrics::OutcomeLabels;
@@ -52,7 +52,16 @@ pub(crate) struct DecisionLog {
     /// With `replayable`: the keyed hash (SipHash, keys drawn per process) page
     /// hashes are recorded as ([`replay`]).
     page_hashing: Option<RandomState>,
+    /// Recorded requests being tokenized for their pages alone, at most
+    /// [`RECORD_TOKENIZING`] at once.
+    tokenizing: Arc<Semaphore>,
 }
+
+/// Recorded requests tokenized for their records alone (their model's routing reads no
+/// prompt) at once, at most; a recorded request finding none free is recorded without
+/// its pages. It bounds the bodies such records keep, and the tokenizing threads they
+/// take from routing.
+pub(crate) const RECORD_TOKENIZING: usize = 1;
 
 /// `switchyard_decision_records_total` by outcome, and when a problem was last
 /// logged.
@@ -91,7 +100,7 @@ impl DecisionLog {
         config: &DecisionsConfig,
         family: Family<OutcomeLabels, Counter>,
     ) -> std::io::Result<Self> {
-        for outcome in ["written", "dropped", "failed"] {
+        for outcome in ["written", "dropped", "failed", "unpaged"] {
             drop(family.get_or_create(&OutcomeLabels { outcome }));
         }
         let file = append(&config.path)?;
@@ -122,6 +131,7 @@ impl DecisionLog {
             counts,
             key_hashing: config.hash_keys.then(RandomState::new),
             page_hashing: config.replayable.then(RandomState::new),
+            tokenizing: Arc::new(Semaphore::new(RECORD_TOKENIZING)),
         })
     }
 
@@ -149,6 +159,16 @@ impl DecisionLog {
     /// With `replayable`, the keyed hash page hashes are recorded as ([`replay`]).
     pub(crate) fn page_hashing(&self) -> Option<&RandomState> {
         self.page_hashing.as_ref()
+    }
+
+    /// Leave to tokenize one recorded request for its record alone, while it is held;
+    /// `None` (counted as `unpaged`) when [`RECORD_TOKENIZING`] are being tokenized.
+    pub(crate) fn tokenizing(&self) -> Option<OwnedSemaphorePermit> {
+        let permit = Arc::clone(&self.tokenizing).try_acquire_owned().ok();
+        if permit.is_none() {
+            self.counts.count("unpaged", 1);
+        }
+        permit
     }
 
     fn send(&self, line: String) {

@@ -318,7 +318,7 @@ impl Metrics {
         register_config_reloads(&mut self.registry, &self.config_reloads);
         self.registry.register(
             "decision_records",
-            "Decision records: written, dropped (the writer's queue was full) or failed (the file could not be written)",
+            "Decision records: written, dropped (the writer's queue was full) or failed (the file could not be written); of those written, unpaged (replayable, without their pages)",
             self.decision_records.clone(),
         );
         self.registry.register(

@@ -225,7 +225,9 @@ async fn replayable_records_carry_page_hashes_and_never_the_prompt() {
         let answer: Value = response.json().await.unwrap();
         completions.push(answer["usage"]["completion_tokens"].clone());
     }
-    let records = common::decision_records(&router, &file, 5).await;
+    let mut records = common::decision_records(&router, &file, 5).await;
+    // Written as requests end and their pages are hashed: put in arrival order.
+    records.sort_by_key(|r| r["replay"]["arrival_unix_us"].as_u64());
     let lines = std::fs::read_to_string(&file).unwrap();
     for fragment in ["zebra", "quartz", "harbour", "7f3q"] {
         assert!(!lines.contains(fragment), "a record holds {fragment:?}");

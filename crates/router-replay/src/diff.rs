@@ -68,7 +68,7 @@ impl Decision {
             reason: outcome.reason.clone(),
             outcome: if outcome.rejected {
                 "rejected"
-            } else if outcome.failed || outcome.ttft_us.is_none() {
+            } else if outcome.failed {
                 "failed"
             } else {
                 "served"
@@ -103,10 +103,15 @@ impl Diff {
                 if b == a {
                     return None;
                 }
-                let moved = match (b.ttft_ms, a.ttft_ms) {
-                    (Some(b), Some(a)) => ((a - b).abs() * 1000.0) as u64,
+                let moved = match (b.outcome == "served", a.outcome == "served") {
+                    (true, true) => match (b.ttft_ms, a.ttft_ms) {
+                        (Some(b), Some(a)) => ((a - b).abs() * 1000.0) as u64,
+                        _ => 0,
+                    },
                     // Served in one run only: before every request served in both.
-                    _ => u64::MAX,
+                    (true, false) | (false, true) => u64::MAX,
+                    // Served in neither: after those.
+                    (false, false) => 0,
                 };
                 let diff = RequestDiff {
                     index,
@@ -130,38 +135,43 @@ impl Diff {
     }
 
     /// The diff as text: the cells, one a line with both runs and the change, then
-    /// the requests that differ most, one a line.
+    /// the requests that differ most, one a line. A column is as wide as its run's
+    /// name; a figure that is not finite (a load spread with an idle engine) and a
+    /// change involving one print as `-`.
     pub fn table(&self) -> String {
         let (b, a) = (&self.before, &self.after);
+        let (wb, wa) = (b.policy.len().max(14), a.policy.len().max(14));
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<18} {:>14} {:>14} {:>12}",
+            "{:<18} {:>wb$} {:>wa$} {:>12}",
             "cell", b.policy, a.policy, "change"
         );
-        let mut cell = |name: &str, before: f64, after: f64, unit: &str| {
+        let figure = |x: f64, width: usize, signed: bool| match (x.is_finite(), signed) {
+            (false, _) => format!("{:>width$}", "-"),
+            (true, false) => format!("{x:>width$.2}"),
+            (true, true) => format!("{x:>+width$.2}"),
+        };
+        let mut cell = |name: &str, before: f64, after: f64| {
             let _ = writeln!(
                 out,
-                "{name:<18} {before:>14.2} {after:>14.2} {:>+11.2}{unit}",
-                after - before
+                "{name:<18} {} {} {}",
+                figure(before, wb, false),
+                figure(after, wa, false),
+                figure(after - before, 12, true)
             );
         };
-        cell("served", served(b), served(a), "");
-        cell("rejected", b.rejected as f64, a.rejected as f64, "");
-        cell("failed", b.failed as f64, a.failed as f64, "");
+        cell("served", served(b), served(a));
+        cell("rejected", b.rejected as f64, a.rejected as f64);
+        cell("failed", b.failed as f64, a.failed as f64);
         for (name, at) in SHOWN {
             let at_most = |s: &Summary| s.ttft_percentiles_ms.get(at).copied().unwrap_or(0.0);
-            cell(name, at_most(b), at_most(a), "");
+            cell(name, at_most(b), at_most(a));
         }
-        cell(
-            "cached_%",
-            b.cached_share * 100.0,
-            a.cached_share * 100.0,
-            "",
-        );
-        cell("of_oracle_%", b.of_oracle * 100.0, a.of_oracle * 100.0, "");
-        cell("load_max/min", b.load_max_over_min, a.load_max_over_min, "");
-        cell("req/s", b.requests_per_sec, a.requests_per_sec, "");
+        cell("cached_%", b.cached_share * 100.0, a.cached_share * 100.0);
+        cell("of_oracle_%", b.of_oracle * 100.0, a.of_oracle * 100.0);
+        cell("load_max/min", b.load_max_over_min, a.load_max_over_min);
+        cell("req/s", b.requests_per_sec, a.requests_per_sec);
         if self.requests.is_empty() {
             let _ = writeln!(out, "\nevery request went as before");
             return out;

@@ -116,7 +116,7 @@ struct PickedEngines {
     prefill: Option<Picked>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Picked {
     engine: String,
     #[serde(default)]
@@ -148,6 +148,16 @@ struct RecordedResult {
     cached_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+    /// The engines that never started the request, and those picked next.
+    #[serde(default)]
+    retries: Vec<Retried>,
+}
+
+/// An engine that never started the request, and the engines picked next.
+#[derive(Debug, Default, Deserialize)]
+struct Retried {
+    #[serde(default)]
+    then: PickedEngines,
 }
 
 /// A record read, before the arrivals are made relative to the first.
@@ -160,13 +170,8 @@ struct Read {
     without_output: bool,
 }
 
-/// The `code`s of capacity refusals: the fleet's, a full or slow queue's, a tenant's.
-const REFUSALS: [&str; 4] = [
-    "at_capacity",
-    "queue_full",
-    "queue_timeout",
-    "tenant_over_cap",
-];
+/// The `code`s of capacity refusals recorded: the fleet's, a full or slow queue's.
+const REFUSALS: [&str; 3] = ["at_capacity", "queue_full", "queue_timeout"];
 
 /// Reads decision records (JSON lines; blank lines skipped) as a trace, in arrival
 /// order, with what they say happened. `sources` are read in turn (a rotated file and
@@ -331,7 +336,15 @@ fn request_of(record: Replayable, replay: ReplayFields, place: usize) -> Result<
         output_tokens,
     };
     let mut happened = Outcome::arrived(&trace_request);
-    let picked = pick.and_then(|p| p.engines.plain.or(p.engines.prefill));
+    // A retried request went, in the end, to the last engines picked for it.
+    let retried = result
+        .as_ref()
+        .and_then(|r| r.retries.last())
+        .map(|r| &r.then);
+    let picked = match retried {
+        Some(then) => then.plain.as_ref().or(then.prefill.as_ref()).cloned(),
+        None => pick.and_then(|p| p.engines.plain.or(p.engines.prefill)),
+    };
     let engine = picked.as_ref().map(|p| p.engine.clone());
     happened.reason = picked.and_then(|p| p.reason);
     // Times past the trace's span are not a request's: held to it.

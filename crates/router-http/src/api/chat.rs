@@ -378,14 +378,15 @@ async fn route(
         }
         PendingRecord::new(Arc::clone(log), json, id, arrival.started)
     });
-    if let (Some(record), Some(key)) = (
-        record.as_mut(),
-        recording.as_ref().and_then(|(log, _)| log.page_hashing()),
-    ) {
+    if let (Some(record), Some((log, _))) = (record.as_mut(), &recording)
+        && let Some(key) = log.page_hashing()
+    {
         let arrived = SystemTime::now()
             .checked_sub(arrival.started.elapsed())
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        record.with_replay(ready.replay(endpoint, ctx, &body, arrived, selected.is_ok(), key));
+        record.with_replay(ready.replay(endpoint, ctx, &body, arrived, key, || {
+            selected.is_ok().then(|| log.tokenizing()).flatten()
+        }));
     }
     let flowed::Flowed {
         selected,

@@ -28,6 +28,10 @@ use tokio::sync::oneshot;
 /// Hex digits of a page hash, most significant first.
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
+/// The most pages a record names (128 KiB of hex, in a record of at most 256 KiB):
+/// a longer prompt's pages past them replay as tokens shared with no other prompt.
+pub(crate) const MAX_PAGES: usize = 8192;
+
 /// A record's `replay` object: made, or being made (its prompt tokenized) while the
 /// request goes on.
 #[derive(Debug)]
@@ -76,8 +80,11 @@ pub(crate) fn fields(prompt: Prompt<'_>, arrived: SystemTime, key: &RandomState)
         "block_size": prompt.block_size,
     });
     if let Some(ids) = prompt.token_ids {
+        let paged = ids
+            .len()
+            .min(MAX_PAGES.saturating_mul(prompt.block_size as usize));
         let pages = chain_hashes(
-            ids,
+            &ids[..paged],
             prompt.block_size as usize,
             namespace_seed(prompt.namespace),
         );
@@ -143,6 +150,20 @@ mod tests {
         let fields = fields(prompt, SystemTime::now(), &RandomState::new());
         assert_eq!(fields["prompt_tokens"], 300);
         assert!(fields.get("pages").is_none());
+    }
+
+    #[test]
+    fn a_prompt_of_more_pages_than_a_record_names_is_cut_at_them() {
+        let ids: Vec<u32> = (0..20_000).collect();
+        let prompt = Prompt {
+            token_ids: Some(&ids),
+            tokens: 20_000,
+            block_size: 1,
+            namespace: None,
+        };
+        let fields = fields(prompt, SystemTime::now(), &RandomState::new());
+        assert_eq!(fields["pages"].as_str().unwrap().len(), MAX_PAGES * 16);
+        assert_eq!(fields["prompt_tokens"], 20_000);
     }
 
     #[test]

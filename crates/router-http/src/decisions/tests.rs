@@ -110,6 +110,7 @@ fn a_full_queue_or_an_oversized_record_is_dropped_and_counted() {
         },
         key_hashing: None,
         page_hashing: None,
+        tokenizing: Arc::new(Semaphore::new(RECORD_TOKENIZING)),
     };
     for _ in 0..100 {
         log.send("{}".into());
@@ -133,6 +134,7 @@ fn a_record_dropped_unfinished_is_queued_as_cancelled() {
         },
         key_hashing: None,
         page_hashing: None,
+        tokenizing: Arc::new(Semaphore::new(RECORD_TOKENIZING)),
     });
     drop(PendingRecord::new(
         Arc::clone(&log),
@@ -288,5 +290,21 @@ async fn a_record_whose_pages_are_still_being_hashed_is_written_once_they_are() 
     );
     assert_eq!(records[2]["replay"]["pages"], "00000000000000bb");
     assert_eq!(records[2]["result"]["outcome"], "cancelled");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn recorded_requests_are_tokenized_for_their_records_one_at_a_time() {
+    let dir = tempdir();
+    let family = Family::default();
+    let mut config = config(&dir, 1.0);
+    config.replayable = true;
+    let log = DecisionLog::open(&config, family.clone()).unwrap();
+    let first = log.tokenizing().expect("leave to tokenize one");
+    assert!(log.tokenizing().is_none(), "a second waits for none");
+    assert_eq!(written(&family, "unpaged"), 1);
+    drop(first);
+    assert!(log.tokenizing().is_some());
+    assert_eq!(written(&family, "unpaged"), 1);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -98,3 +98,72 @@ fn the_same_run_twice_differs_in_nothing() {
     assert!(diff.requests.is_empty());
     assert!(diff.table().contains("every request went as before"));
 }
+
+#[test]
+fn a_request_served_in_neither_run_comes_after_those_that_moved() {
+    let trace: Vec<TraceRequest> = (0..3).map(|i| request(i * 1000)).collect();
+    let engines = vec!["a".to_owned(), "b".to_owned()];
+    let before = RunReport::new(
+        vec![
+            outcome(&trace[0], 0, None),
+            outcome(&trace[1], 0, Some(500)),
+            outcome(&trace[2], 0, Some(500)),
+        ],
+        engines.clone(),
+    );
+    let mut failed = outcome(&trace[0], 1, None);
+    (failed.rejected, failed.failed) = (false, true);
+    let after = RunReport::new(
+        vec![
+            failed,
+            outcome(&trace[1], 0, Some(700)),
+            outcome(&trace[2], 1, Some(500)),
+        ],
+        engines,
+    );
+    let diff = Diff::of(
+        &trace,
+        (before.summary("a", 0), after.summary("b", 0)),
+        &before,
+        &after,
+        10,
+    );
+    let order: Vec<usize> = diff.requests.iter().map(|r| r.index).collect();
+    assert_eq!(
+        order,
+        [1, 0, 2],
+        "the move first; unserved in both and unmoved after, in trace order"
+    );
+    assert_eq!(diff.requests[1].after.outcome, "failed");
+}
+
+#[test]
+fn a_load_spread_that_is_not_finite_prints_as_a_dash_and_long_names_widen_their_columns() {
+    let trace = vec![request(0)];
+    let run = RunReport::new(
+        vec![outcome(&trace[0], 0, Some(700))],
+        vec!["a".to_owned(), "idle".to_owned()],
+    );
+    let name = "a-configuration-with-a-long-name.yaml";
+    let diff = Diff::of(
+        &trace,
+        (run.summary(name, 0), run.summary("b", 0)),
+        &run,
+        &run,
+        10,
+    );
+    let text = diff.table();
+    let header = text.lines().next().unwrap();
+    assert!(header.contains(name), "{text}");
+    let spread = text
+        .lines()
+        .find(|l| l.starts_with("load_max/min"))
+        .unwrap();
+    assert_eq!(
+        spread.split_whitespace().collect::<Vec<_>>(),
+        ["load_max/min", "-", "-", "-"],
+        "{text}"
+    );
+    let served = text.lines().find(|l| l.starts_with("served")).unwrap();
+    assert_eq!(served.len(), header.len(), "{text}");
+}

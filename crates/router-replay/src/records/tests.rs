@@ -209,3 +209,16 @@ fn only_an_answer_that_ended_well_is_served_and_refusals_of_any_kind_are_rejecte
     let summary = recorded.happened.summary("recorded", 0);
     assert_eq!((summary.rejected, summary.failed), (2, 2));
 }
+
+#[test]
+fn a_retried_request_is_the_last_engine_picked_for_it() {
+    let mut retried = record("r1", 10, A, 4, 200);
+    retried["result"]["retries"] = json!([
+        {"failed": "E0", "reason": "status_503", "then": {"plain": {"engine": "E7", "reason": "round_robin"}}},
+        {"failed": "E7", "reason": "connect", "then": {"plain": {"engine": "E9", "reason": "round_robin"}}},
+    ]);
+    let recorded = read(&lines(&[retried])).unwrap();
+    let outcome = &recorded.happened.outcomes()[0];
+    assert_eq!(recorded.happened.engines()[outcome.engine.unwrap()], "E9");
+    assert_eq!(outcome.reason.as_deref(), Some("round_robin"));
+}

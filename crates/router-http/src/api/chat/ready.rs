@@ -11,6 +11,7 @@ use http::HeaderMap;
 use router_config::PdProtocol;
 use router_policy::{PrefixMemo, RequestFacts};
 use router_state::kv_events::cache_namespace;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::model_of;
 use crate::app::AppContext;
@@ -83,17 +84,18 @@ impl Ready<'_> {
     /// The `replay` object of this request's replayable decision record
     /// ([`replay`](crate::decisions::replay)), the request having arrived at
     /// `arrived`, its pages hashed under `key`: from the ids routing read; when
-    /// routing reads no prompt and the request was `selected`, from tokenizing it on a
-    /// task of its own, off the request threads, while the request goes on (only
-    /// recorded requests pay for it); its length alone when neither is possible.
+    /// routing reads no prompt, from tokenizing it on a task of its own, off the
+    /// request threads, while the request goes on, if `tokenizing` gives leave (held
+    /// until the tokenization ends; none for a request no bucket took); its length
+    /// alone when neither is possible.
     pub(in crate::api) fn replay(
         &self,
         endpoint: &'static Endpoint,
         ctx: &Arc<AppContext>,
         body: &Bytes,
         arrived: SystemTime,
-        selected: bool,
         key: &RandomState,
+        tokenizing: impl FnOnce() -> Option<OwnedSemaphorePermit>,
     ) -> Replay {
         let estimate = self.prepared.input_tokens;
         let block_size = self.route.block_size;
@@ -107,14 +109,19 @@ impl Ready<'_> {
             };
             replay::fields(prompt, arrived, key)
         };
-        match (&self.prepared.token_ids, &self.route.record_tokenizer) {
-            (Some(ids), _) => Replay::Ready(prompt(Some(ids), estimate, namespace)),
-            (None, Some(tokenizer)) if selected => {
+        let permit = match (&self.prepared.token_ids, &self.route.record_tokenizer) {
+            (Some(ids), _) => return Replay::Ready(prompt(Some(ids), estimate, namespace)),
+            (None, Some(_)) => tokenizing(),
+            _ => None,
+        };
+        match (permit, &self.route.record_tokenizer) {
+            (Some(permit), Some(tokenizer)) => {
                 let tokenize = Tokenize::new(endpoint, body.clone(), Arc::clone(tokenizer));
                 let (ctx, key) = (Arc::clone(ctx), key.clone());
                 let namespace = namespace.map(str::to_owned);
                 Replay::spawn(async move {
                     let counted = tokenize.off_thread(&ctx.tokenizing).await.ok();
+                    drop(permit);
                     let prompt = Prompt {
                         token_ids: counted.as_ref().map(Counted::ids),
                         tokens: counted.as_ref().map_or(estimate, Counted::tokens),
