@@ -24,35 +24,33 @@ fn outcome(request: &TraceRequest, engine: usize, ttft_us: Option<u64>) -> Outco
     outcome
 }
 
+/// A run over engines `a` and `b`.
+fn on_two_engines(outcomes: Vec<Outcome>) -> RunReport {
+    RunReport::new(outcomes, vec!["a".to_owned(), "b".to_owned()])
+}
+
+/// `before` and `after` compared, named `a.yaml` and `b.yaml`.
+fn compare(trace: &[TraceRequest], before: &RunReport, after: &RunReport, top: usize) -> Diff {
+    let summaries = (before.summary("a.yaml", 0), after.summary("b.yaml", 0));
+    Diff::of(trace, summaries, before, after, top)
+}
+
 #[test]
 fn the_requests_that_moved_most_come_first_and_those_that_did_not_are_left_out() {
     let trace: Vec<TraceRequest> = (0..4).map(|i| request(i * 1000)).collect();
-    let engines = vec!["a".to_owned(), "b".to_owned()];
-    let before = RunReport::new(
-        vec![
-            outcome(&trace[0], 0, Some(500)),
-            outcome(&trace[1], 0, Some(500)),
-            outcome(&trace[2], 0, Some(500)),
-            outcome(&trace[3], 0, Some(500)),
-        ],
-        engines.clone(),
-    );
-    let after = RunReport::new(
-        vec![
-            outcome(&trace[0], 0, Some(500)),
-            outcome(&trace[1], 1, Some(900)),
-            outcome(&trace[2], 1, None),
-            outcome(&trace[3], 1, Some(5_500)),
-        ],
-        engines,
-    );
-    let diff = Diff::of(
-        &trace,
-        (before.summary("a.yaml", 0), after.summary("b.yaml", 0)),
-        &before,
-        &after,
-        10,
-    );
+    let before = on_two_engines(vec![
+        outcome(&trace[0], 0, Some(500)),
+        outcome(&trace[1], 0, Some(500)),
+        outcome(&trace[2], 0, Some(500)),
+        outcome(&trace[3], 0, Some(500)),
+    ]);
+    let after = on_two_engines(vec![
+        outcome(&trace[0], 0, Some(500)),
+        outcome(&trace[1], 1, Some(900)),
+        outcome(&trace[2], 1, None),
+        outcome(&trace[3], 1, Some(5_500)),
+    ]);
+    let diff = compare(&trace, &before, &after, 10);
     let order: Vec<usize> = diff.requests.iter().map(|r| r.index).collect();
     assert_eq!(
         order,
@@ -71,13 +69,7 @@ fn the_requests_that_moved_most_come_first_and_those_that_did_not_are_left_out()
         text.contains("the 3 requests whose decisions differ most"),
         "{text}"
     );
-    let top = Diff::of(
-        &trace,
-        (before.summary("a", 0), after.summary("b", 0)),
-        &before,
-        &after,
-        1,
-    );
+    let top = compare(&trace, &before, &after, 1);
     assert_eq!(top.requests.len(), 1);
 }
 
@@ -102,32 +94,19 @@ fn the_same_run_twice_differs_in_nothing() {
 #[test]
 fn a_request_served_in_neither_run_comes_after_those_that_moved() {
     let trace: Vec<TraceRequest> = (0..3).map(|i| request(i * 1000)).collect();
-    let engines = vec!["a".to_owned(), "b".to_owned()];
-    let before = RunReport::new(
-        vec![
-            outcome(&trace[0], 0, None),
-            outcome(&trace[1], 0, Some(500)),
-            outcome(&trace[2], 0, Some(500)),
-        ],
-        engines.clone(),
-    );
+    let before = on_two_engines(vec![
+        outcome(&trace[0], 0, None),
+        outcome(&trace[1], 0, Some(500)),
+        outcome(&trace[2], 0, Some(500)),
+    ]);
     let mut failed = outcome(&trace[0], 1, None);
     (failed.rejected, failed.failed) = (false, true);
-    let after = RunReport::new(
-        vec![
-            failed,
-            outcome(&trace[1], 0, Some(700)),
-            outcome(&trace[2], 1, Some(500)),
-        ],
-        engines,
-    );
-    let diff = Diff::of(
-        &trace,
-        (before.summary("a", 0), after.summary("b", 0)),
-        &before,
-        &after,
-        10,
-    );
+    let after = on_two_engines(vec![
+        failed,
+        outcome(&trace[1], 0, Some(700)),
+        outcome(&trace[2], 1, Some(500)),
+    ]);
+    let diff = compare(&trace, &before, &after, 10);
     let order: Vec<usize> = diff.requests.iter().map(|r| r.index).collect();
     assert_eq!(
         order,
