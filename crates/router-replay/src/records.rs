@@ -20,8 +20,8 @@ use serde_json::Value;
 
 use crate::report::{Outcome, RunReport};
 use crate::trace::{
-    MAX_AT_US, MAX_LINE_BYTES, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_TRACE_BYTES,
-    PageHashes, Segment, TraceError, TraceRequest,
+    Lines, MAX_AT_US, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_REQUESTS, PageHashes, Segment,
+    TraceError, TraceRequest,
 };
 
 /// Records read as a trace, with what they say happened.
@@ -188,30 +188,15 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
     let mut page_tokens: Option<u32> = None;
     let (mut not_replayable, mut without_pages, mut without_output) = (0, 0, 0);
     let mut buf = Vec::new();
-    for (source, mut reader) in sources.into_iter().enumerate() {
-        let mut line = 0;
-        loop {
-            buf.clear();
-            line += 1;
-            let n = std::io::Read::take(&mut reader, MAX_LINE_BYTES as u64 + 1)
-                .read_until(b'\n', &mut buf)?;
-            if n == 0 {
-                break;
-            }
-            let at = |message: String| TraceError::Line {
-                line,
-                message: format!("(records {}) {message}", source + 1),
-            };
-            if buf.len() > MAX_LINE_BYTES {
-                return Err(at(format!("longer than {MAX_LINE_BYTES} bytes")));
-            }
-            total += buf.len() as u64;
-            if total > MAX_TRACE_BYTES {
-                return Err(TraceError::TooLarge);
-            }
-            if buf.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
+    for (source, reader) in sources.into_iter().enumerate() {
+        let mut lines = Lines::new(reader);
+        let named = |line: usize, message: String| TraceError::Line {
+            line,
+            message: format!("(records {}) {message}", source + 1),
+        };
+        while lines.next(&mut buf, &mut total, named)? {
+            let line = lines.line();
+            let at = |message: String| named(line, message);
             let mut record: Record = serde_json::from_slice(&buf).map_err(|e| at(e.to_string()))?;
             let Some(replay) = record.replay.take() else {
                 not_replayable += 1;

@@ -227,30 +227,17 @@ impl From<std::io::Error> for TraceError {
 /// # Errors
 /// The first line that is not a request, breaks a bound or arrives before the line
 /// above it.
-pub fn read_trace(mut reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> {
+pub fn read_trace(reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> {
     let mut requests = Vec::new();
-    let mut buf = Vec::new();
-    let mut line = 0;
+    let mut lines = Lines::new(reader);
     let mut total = 0u64;
-    loop {
-        buf.clear();
-        line += 1;
-        let read = std::io::Read::take(&mut reader, MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut buf)?;
-        if read == 0 {
-            return Ok(requests);
-        }
+    let mut buf = Vec::new();
+    while lines.next(&mut buf, &mut total, |line, message| TraceError::Line {
+        line,
+        message,
+    })? {
+        let line = lines.line();
         let at = |message: String| TraceError::Line { line, message };
-        if buf.len() > MAX_LINE_BYTES {
-            return Err(at(format!("longer than {MAX_LINE_BYTES} bytes")));
-        }
-        total += buf.len() as u64;
-        if total > MAX_TRACE_BYTES {
-            return Err(TraceError::TooLarge);
-        }
-        if buf.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
         let request: TraceRequest = serde_json::from_slice(&buf).map_err(|e| at(e.to_string()))?;
         if request.prompt_tokens() > MAX_PROMPT_TOKENS {
             return Err(at(format!(
@@ -275,6 +262,58 @@ pub fn read_trace(mut reader: impl BufRead) -> Result<Vec<TraceRequest>, TraceEr
             return Err(TraceError::TooLong);
         }
         requests.push(request);
+    }
+    Ok(requests)
+}
+
+/// The lines of one reader, read under a trace's bounds: at most [`MAX_LINE_BYTES`]
+/// a line, blank lines skipped, numbered from 1.
+pub(crate) struct Lines<R> {
+    reader: R,
+    line: usize,
+}
+
+impl<R: BufRead> Lines<R> {
+    pub(crate) fn new(reader: R) -> Self {
+        Self { reader, line: 0 }
+    }
+
+    /// The number of the line read last.
+    pub(crate) fn line(&self) -> usize {
+        self.line
+    }
+
+    /// Reads the next line that is not blank into `buf`; `false` at the end. `total`
+    /// counts the bytes of every reader under one [`MAX_TRACE_BYTES`]; `at` makes a
+    /// line's error from its number and message.
+    ///
+    /// # Errors
+    /// Reading failed, the line is too long, or the bytes in all are too many.
+    pub(crate) fn next(
+        &mut self,
+        buf: &mut Vec<u8>,
+        total: &mut u64,
+        at: impl Fn(usize, String) -> TraceError,
+    ) -> Result<bool, TraceError> {
+        loop {
+            buf.clear();
+            self.line += 1;
+            let read = std::io::Read::take(&mut self.reader, MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', buf)?;
+            if read == 0 {
+                return Ok(false);
+            }
+            if buf.len() > MAX_LINE_BYTES {
+                return Err(at(self.line, format!("longer than {MAX_LINE_BYTES} bytes")));
+            }
+            *total += buf.len() as u64;
+            if *total > MAX_TRACE_BYTES {
+                return Err(TraceError::TooLarge);
+            }
+            if !buf.iter().all(u8::is_ascii_whitespace) {
+                return Ok(true);
+            }
+        }
     }
 }
 
