@@ -78,9 +78,7 @@ impl Ready<'_> {
             .with_session_key(self.session_key)
             .with_routing_key(self.routing_key))
     }
-}
 
-impl Ready<'_> {
     /// The `replay` object of this request's replayable decision record
     /// ([`replay`](crate::decisions::replay)), the request having arrived at
     /// `arrived`, its pages hashed under `key`: from the ids routing read; when
@@ -109,30 +107,28 @@ impl Ready<'_> {
             };
             replay::fields(prompt, arrived, key)
         };
-        let permit = match (&self.prepared.token_ids, &self.route.record_tokenizer) {
+        let tokenizer = match (&self.prepared.token_ids, &self.route.record_tokenizer) {
             (Some(ids), _) => return Replay::Ready(prompt(Some(ids), estimate, namespace)),
-            (None, Some(_)) => tokenizing(),
-            _ => None,
+            (None, Some(tokenizer)) => tokenizer,
+            (None, None) => return Replay::Ready(prompt(None, estimate, namespace)),
         };
-        match (permit, &self.route.record_tokenizer) {
-            (Some(permit), Some(tokenizer)) => {
-                let tokenize = Tokenize::new(endpoint, body.clone(), Arc::clone(tokenizer));
-                let (ctx, key) = (Arc::clone(ctx), key.clone());
-                let namespace = namespace.map(str::to_owned);
-                Replay::spawn(async move {
-                    let counted = tokenize.off_thread(&ctx.tokenizing).await.ok();
-                    drop(permit);
-                    let prompt = Prompt {
-                        token_ids: counted.as_ref().map(Counted::ids),
-                        tokens: counted.as_ref().map_or(estimate, Counted::tokens),
-                        block_size,
-                        namespace: namespace.as_deref(),
-                    };
-                    replay::fields(prompt, arrived, &key)
-                })
-            }
-            _ => Replay::Ready(prompt(None, estimate, namespace)),
-        }
+        let Some(permit) = tokenizing() else {
+            return Replay::Ready(prompt(None, estimate, namespace));
+        };
+        let tokenize = Tokenize::new(endpoint, body.clone(), Arc::clone(tokenizer));
+        let (ctx, key) = (Arc::clone(ctx), key.clone());
+        let namespace = namespace.map(str::to_owned);
+        Replay::spawn(async move {
+            let counted = tokenize.off_thread(&ctx.tokenizing).await.ok();
+            drop(permit);
+            let prompt = Prompt {
+                token_ids: counted.as_ref().map(Counted::ids),
+                tokens: counted.as_ref().map_or(estimate, Counted::tokens),
+                block_size,
+                namespace: namespace.as_deref(),
+            };
+            replay::fields(prompt, arrived, &key)
+        })
     }
 }
 
