@@ -157,6 +157,7 @@ pub fn spawn_kv_subscriber(
             source: &source,
             stats: &stats,
             next: None,
+            last: None,
             replayed: VecDeque::new(),
         };
         let mut backoff = Duration::from_millis(50);
@@ -231,7 +232,7 @@ enum Arrival {
 }
 
 /// What a replay does when its first batch is later than the one asked for (the
-/// older ones are gone from the engine's buffer).
+/// older ones are gone from the engine's buffer), or not the one expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Gone {
     /// Applies from there (a bootstrap: the buffer is all the history there is).
@@ -240,6 +241,14 @@ enum Gone {
     StartOver,
     /// Applies nothing (a repair, which its caller then gives up).
     GiveUp,
+    /// The first batch asked for is the last one applied, whose payload digest this
+    /// is: it is skipped, and the rest applied. A later first batch starts over as
+    /// [`Gone::StartOver`]; none, or another batch under its number, ends the replay
+    /// as [`End::NotHeld`].
+    Held(u64),
+    /// Whatever comes is a new incarnation's history: the source is cleared before
+    /// its first batch (counted as a restart), then everything applied.
+    Replace,
 }
 
 /// How a replay ended.
@@ -252,6 +261,9 @@ enum End {
     Broken,
     /// At its first batch, by [`Gone::GiveUp`].
     GaveUp,
+    /// At its start, by [`Gone::Held`]: the engine no longer holds the last batch
+    /// applied, so its sequence began again (a restart) since.
+    NotHeld,
 }
 
 /// What a replay did.
@@ -268,6 +280,8 @@ struct Stream<'a> {
     stats: &'a KvFeedStats,
     /// The sequence number expected next, once known.
     next: Option<u64>,
+    /// `(seq, payload digest)` of the last batch applied, the one before `next`.
+    last: Option<(u64, u64)>,
     /// `(seq, payload digest)` of batches applied from a replay whose live copies
     /// may still arrive. The digest tells a late copy from a new incarnation's batch
     /// that reuses the number.
@@ -302,21 +316,27 @@ impl Stream<'_> {
             self.stats.restarts.fetch_add(1, Ordering::Relaxed);
             self.clear();
             self.next = Some(0);
+            self.last = None;
         }
         match self.next {
             Some(next) if seq > next => {
                 self.stats.gaps.fetch_add(1, Ordering::Relaxed);
                 self.repair(next, seq, &envelope.payload).await;
             }
-            _ => {
-                self.apply(&envelope.payload, Arrival::Live);
-                self.next = Some(seq + 1);
-            }
+            _ => self.apply_at(
+                seq,
+                &envelope.payload,
+                xxh3_64(&envelope.payload),
+                Arrival::Live,
+            ),
         }
     }
 
     /// Applies whatever the engine published since `next` that the live stream has
-    /// not delivered (see [`CATCH_UP_AFTER`]).
+    /// not delivered (see [`CATCH_UP_AFTER`]). It asks from the last batch applied
+    /// on: an engine that no longer holds that batch restarted meanwhile (its new
+    /// numbers are below the ones asked for), and its whole history replaces the
+    /// source's.
     async fn catch_up(&mut self) {
         let Some(next) = self.next else {
             return;
@@ -324,7 +344,17 @@ impl Stream<'_> {
         if self.source.replay_endpoint.is_none() {
             return;
         }
-        let replay = self.replay(next, Gone::StartOver).await;
+        let replay = match self.last {
+            Some((seq, digest)) if seq + 1 == next => {
+                match self.replay(seq, Gone::Held(digest)).await {
+                    Replay {
+                        end: End::NotHeld, ..
+                    } => self.replay(0, Gone::Replace).await,
+                    replay => replay,
+                }
+            }
+            _ => self.replay(next, Gone::StartOver).await,
+        };
         if replay.end == End::Complete && replay.applied > 0 && !replay.started_over {
             self.stats.catch_ups.fetch_add(1, Ordering::Relaxed);
         }
@@ -351,6 +381,7 @@ impl Stream<'_> {
             self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
             self.clear();
             self.next = None;
+            self.last = None;
         }
         match self.next {
             Some(after) if after > seq => {
@@ -359,10 +390,7 @@ impl Stream<'_> {
                     self.record_age(&batch);
                 }
             }
-            _ => {
-                self.apply(payload, Arrival::Live);
-                self.next = Some(seq + 1);
-            }
+            _ => self.apply_at(seq, payload, xxh3_64(payload), Arrival::Live),
         }
         drop(held);
         self.index
@@ -442,33 +470,47 @@ impl Stream<'_> {
                 _ => return replay,
             };
             if seq.is_empty() || seq.as_ref() == [0xFF; 8] {
-                replay.end = End::Complete;
+                replay.end = match (gone, last) {
+                    (Gone::Held(_), None) => End::NotHeld,
+                    _ => End::Complete,
+                };
                 return replay;
             }
             let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes) else {
                 return replay;
             };
-            match last {
-                Some(last) if seq <= last => return replay,
-                None if seq != start => match gone {
-                    Gone::Accept => {}
-                    Gone::StartOver => {
-                        // Even the batches asked for are gone: start over from what
-                        // is buffered.
-                        self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
-                        self.clear();
-                        replay.started_over = true;
-                    }
-                    Gone::GiveUp => {
-                        replay.end = End::GaveUp;
-                        return replay;
-                    }
-                },
-                _ => {}
+            let digest = xxh3_64(payload);
+            match (last, gone) {
+                (Some(last), _) if seq <= last => return replay,
+                (Some(_), _) | (None, Gone::Accept) => {}
+                (None, Gone::Held(held)) if seq == start && digest == held => {
+                    last = Some(seq);
+                    continue;
+                }
+                (None, Gone::Held(_)) if seq <= start => {
+                    replay.end = End::NotHeld;
+                    return replay;
+                }
+                (None, Gone::Replace) => {
+                    self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                    self.clear();
+                    replay.started_over = true;
+                }
+                (None, _) if seq == start => {}
+                (None, Gone::StartOver | Gone::Held(_)) => {
+                    // Even the batches asked for are gone: start over from what is
+                    // buffered.
+                    self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
+                    self.clear();
+                    replay.started_over = true;
+                }
+                (None, Gone::GiveUp) => {
+                    replay.end = End::GaveUp;
+                    return replay;
+                }
             }
-            self.apply(payload, Arrival::Replayed);
-            self.next = Some(seq + 1);
-            self.replayed.push_back((seq, xxh3_64(payload)));
+            self.apply_at(seq, payload, digest, Arrival::Replayed);
+            self.replayed.push_back((seq, digest));
             last = Some(seq);
             replay.applied += 1;
         }
@@ -523,6 +565,14 @@ impl Stream<'_> {
         self.stats.applied.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Applies batch `seq`, whose payload has `digest` (see [`apply`](Self::apply));
+    /// `seq + 1` is expected next.
+    fn apply_at(&mut self, seq: u64, payload: &[u8], digest: u64, arrival: Arrival) {
+        self.apply(payload, arrival);
+        self.next = Some(seq + 1);
+        self.last = Some((seq, digest));
+    }
+
     /// Records how far behind the feed was when the live `batch` arrived.
     fn record_age(&self, batch: &KvBatch) {
         let now = SystemTime::now()
@@ -536,6 +586,7 @@ impl Stream<'_> {
     fn forget(&mut self) {
         self.clear();
         self.next = None;
+        self.last = None;
         self.replayed.clear();
     }
 
@@ -545,3 +596,6 @@ impl Stream<'_> {
         self.stats.clears.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests;
