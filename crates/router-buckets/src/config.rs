@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
 use crate::group::EngineGroup;
 use crate::resolver::BucketResolver;
+use crate::shadow::ShadowConfig;
 use crate::slo::SloTargets;
 
 /// One bucket as configured.
@@ -80,6 +81,10 @@ pub struct GroupConfig {
     /// The group's policy; absent = the default policy for the role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyConfig>,
+    /// A policy that picks beside the group's on a share of its picks, as a dry run,
+    /// to count how often they agree and the cached tokens each finds; absent = none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowConfig>,
 }
 
 /// The engines a model's configuration declares, by id and (when known) role;
@@ -171,7 +176,7 @@ impl DefaultPolicies {
 }
 
 /// The policy every group of a model runs, with the group's role: each configured
-/// group's own policy or its role's default; without buckets, the default of every
+/// group's own policy or its role's default, and its shadow policy; without buckets, the default of every
 /// role (the catch-all bucket's kind follows the engines). The application reads it
 /// to provide what the policies need (token ids, a prefix index, affinity headers).
 pub fn group_policies<'a>(
@@ -194,6 +199,9 @@ pub fn group_policies<'a>(
                     .as_ref()
                     .unwrap_or_else(|| defaults.for_role(role)),
             ));
+            if let Some(shadow) = &config.shadow {
+                policies.push((role, &shadow.policy));
+            }
         };
         if let Some(plain) = &bucket.groups.plain {
             group(Role::Plain, plain);
@@ -397,8 +405,14 @@ fn build_group(
     let policy = policy_config
         .build(role, handles)
         .map_err(|e| ConfigError::at(format!("{path}.policy"), e))?;
+    let shadowed = |group: EngineGroup| match &config.shadow {
+        Some(shadow) => {
+            Ok(group.with_shadow(shadow.build(&format!("{path}.shadow"), role, handles)?))
+        }
+        None => Ok(group),
+    };
     let Some(ids) = &config.engine_ids else {
-        return Ok(EngineGroup::new(policy));
+        return shadowed(EngineGroup::new(policy));
     };
     let mut members = BTreeSet::new();
     for (k, id) in ids.iter().enumerate() {
@@ -427,5 +441,5 @@ fn build_group(
             ));
         }
     }
-    Ok(EngineGroup::with_members(policy, members))
+    shadowed(EngineGroup::with_members(policy, members))
 }

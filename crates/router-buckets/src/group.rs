@@ -6,6 +6,8 @@ use std::sync::Arc;
 use router_policy::{Observation, Pick, PickError, PickRequest, Policy};
 use router_state::{Engine, EngineId, EngineListMemo, RegistrySnapshot, Role};
 
+use crate::shadow::Shadow;
+
 /// How many times a group's policy picks for one request when concurrent picks keep
 /// taking the chosen engine's last slot first; after that the pick fails with the
 /// engine's cap, as if the policy had seen it full.
@@ -41,6 +43,8 @@ impl Membership {
 pub struct EngineGroup {
     membership: Membership,
     policy: Arc<dyn Policy>,
+    /// The policy picking beside `policy` on a share of its picks, if any.
+    shadow: Option<Shadow>,
     /// Each role's candidates, by the model's engines they were filtered from.
     candidates: Arc<[EngineListMemo<Vec<Arc<Engine>>>; 3]>,
 }
@@ -54,6 +58,7 @@ impl EngineGroup {
         Self {
             membership: Membership::All,
             policy,
+            shadow: None,
             candidates: Arc::default(),
         }
     }
@@ -63,8 +68,20 @@ impl EngineGroup {
         Self {
             membership: Membership::Only(ids.into_iter().collect()),
             policy,
+            shadow: None,
             candidates: Arc::default(),
         }
+    }
+
+    /// With `shadow` picking beside the group's policy.
+    pub fn with_shadow(mut self, shadow: Shadow) -> Self {
+        self.shadow = Some(shadow);
+        self
+    }
+
+    /// The group's shadow policy, if it has one.
+    pub fn shadow(&self) -> Option<&Shadow> {
+        self.shadow.as_ref()
     }
 
     /// The group's membership.
@@ -145,6 +162,11 @@ impl EngineGroup {
                 error: error.clone(),
             },
         });
+        if let (Ok(pick), Some(shadow)) = (&picked, &self.shadow)
+            && !request.is_dry_run()
+        {
+            shadow.beside(&candidates, request, pick).await;
+        }
         picked
     }
 

@@ -52,6 +52,7 @@ mod pair;
 mod pick;
 mod resolver;
 mod select;
+mod shadow;
 mod slo;
 
 pub use bucket::{Bucket, BucketError, BucketGroups, TokenLimits};
@@ -63,4 +64,5 @@ pub use group::{Candidates, EngineGroup, Membership, RESERVE_TRIES};
 pub use pick::{BucketPick, EnginePicks};
 pub use resolver::BucketResolver;
 pub use select::{BucketAttempt, SelectError, Selection};
+pub use shadow::{Shadow, ShadowConfig, ShadowStats, ShadowTotals};
 pub use slo::{MAX_SLO_MS, SloPrediction, SloTargets};

@@ -8,4 +8,5 @@ mod pairing;
 mod reservation;
 mod resolver;
 mod selection;
+mod shadow;
 mod slo;

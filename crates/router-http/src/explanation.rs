@@ -367,7 +367,8 @@ fn candidates_seen<'a>(
     of
 }
 
-/// The stage's pick or failure, and whether its cache lookups were unavailable.
+/// The stage's pick or failure, whether its cache lookups were unavailable, and what
+/// its shadow policy picked beside it.
 fn stage_outcome(entry: &mut Value, seen: &[Observation], here: &dyn Fn(&str, Role) -> bool) {
     if seen
         .iter()
@@ -396,6 +397,26 @@ fn stage_outcome(entry: &mut Value, seen: &[Observation], here: &dyn Fn(&str, Ro
                 error,
             } if here(b, *s) => {
                 entry["error"] = json!({ "code": error.code(), "message": error.to_string() });
+            }
+            Observation::Shadow {
+                bucket: b,
+                stage: s,
+                policy,
+                engine,
+                cached_tokens,
+                live_cached_tokens,
+            } if here(b, *s) => {
+                // The group's pick is observed before its shadow's.
+                let agreed = engine
+                    .as_ref()
+                    .map(|e| entry["pick"]["engine"] == e.as_str());
+                entry["shadow"] = json!({
+                    "policy": policy,
+                    "engine": engine.as_ref().map(EngineId::as_str),
+                    "agreed": agreed,
+                    "cached_tokens": cached_tokens,
+                    "live_cached_tokens": live_cached_tokens,
+                });
             }
             _ => {}
         }

@@ -8,6 +8,7 @@ mod flow;
 mod indexers;
 mod prefix_cache;
 mod regret;
+mod shadow;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -329,7 +330,8 @@ impl Metrics {
     }
 
     /// Registers the collectors read at scrape time: the fleet's, the affinity
-    /// store's (when there is one) and the tokenizers' prefix caches'.
+    /// store's (when there is one), the tokenizers' prefix caches' and the shadow
+    /// policies'.
     fn register_collectors(
         &mut self,
         fleet: &Arc<Fleet>,
@@ -346,6 +348,8 @@ impl Metrics {
             .register_collector(Box::new(prefix_cache::PrefixCacheCollector(Arc::clone(
                 routing,
             ))));
+        self.registry
+            .register_collector(Box::new(shadow::ShadowCollector(Arc::clone(routing))));
     }
 
     /// The exposition of every family in `format`, written where the last one and an

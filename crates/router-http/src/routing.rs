@@ -7,16 +7,27 @@ use std::sync::{Arc, Weak};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use router_buckets::{
-    BucketGroups, BucketResolver, DefaultPolicies, Membership, ModelRoster, build_resolver,
+    BucketGroups, BucketResolver, DefaultPolicies, Membership, ModelRoster, ShadowTotals,
+    build_resolver,
 };
 use router_policy::{ConfigError, PolicyHandles};
-use router_state::{Engine, EngineId, RegistrySnapshot};
+use router_state::{Engine, EngineId, RegistrySnapshot, Role};
 
 use router_config::{FlowConfig, ModelConfig, PdProtocol};
 use router_flow::WaitingRoom;
 use router_tokenize::ChatTokenizer;
 
 use crate::flow::ModelFlow;
+
+/// One group's shadow policy, for metrics.
+#[derive(Debug)]
+pub(crate) struct ShadowSeries {
+    pub(crate) model: Arc<str>,
+    pub(crate) bucket: String,
+    pub(crate) stage: Role,
+    pub(crate) policy: &'static str,
+    pub(crate) totals: ShadowTotals,
+}
 
 /// A model's routing: its buckets and, when configured, its tokenizer.
 #[derive(Debug)]
@@ -317,6 +328,37 @@ impl Routing {
             }
         }
         listed
+    }
+
+    /// Every group with a shadow policy: its model, bucket and stage, the shadow's
+    /// policy type and sums; sorted by model, then in bucket order.
+    pub(crate) fn shadows(&self) -> Vec<ShadowSeries> {
+        let models = self.models.load();
+        let mut routes: Vec<&Arc<ModelRoute>> = models.values().collect();
+        routes.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut series = Vec::new();
+        for route in routes {
+            for bucket in route.resolver.buckets() {
+                let groups = match bucket.groups() {
+                    BucketGroups::Plain(group) => vec![(Role::Plain, group)],
+                    BucketGroups::Pd { prefill, decode } => {
+                        vec![(Role::Prefill, prefill), (Role::Decode, decode)]
+                    }
+                };
+                for (stage, group) in groups {
+                    if let Some(shadow) = group.shadow() {
+                        series.push(ShadowSeries {
+                            model: Arc::clone(&route.id),
+                            bucket: bucket.id().to_owned(),
+                            stage,
+                            policy: shadow.policy_name(),
+                            totals: shadow.stats().totals(),
+                        });
+                    }
+                }
+            }
+        }
+        series
     }
 
     /// The served models, sorted.

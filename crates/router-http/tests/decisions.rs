@@ -288,3 +288,71 @@ async fn records_carry_no_replay_fields_unless_asked() {
     router.shutdown().await;
     std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_policys_picks_are_counted_and_recorded_beside_the_groups() {
+    let a = sim(|_| {}).await;
+    let b = sim(|_| {}).await;
+    let file = records_file("decisions-shadow");
+    let router = router(config(
+        &file,
+        1.0,
+        json!({
+            "id": "m",
+            "engines": [
+                {"id": "A", "url": a.url(), "role": "plain"},
+                {"id": "B", "url": b.url(), "role": "plain"},
+            ],
+            "buckets": [{"id": "all", "groups": {"plain": {
+                "policy": {"type": "round_robin"},
+                "shadow": {"policy": {"type": "load_based"}, "every": 2},
+            }}}],
+        }),
+    ))
+    .await;
+    for i in 0..4 {
+        let response = common::post(&router, &common::chat("m", &format!("question {i}"))).await;
+        assert_eq!(response.status(), 200);
+    }
+    let records = common::decision_records(&router, &file, 4).await;
+    let shadows: Vec<&Value> = records
+        .iter()
+        .map(|r| &r["buckets"][0]["stages"][0]["shadow"])
+        .collect();
+    assert!(shadows[1].is_null() && shadows[3].is_null(), "{shadows:?}");
+    for (record, shadow) in records.iter().zip(&shadows).step_by(2) {
+        let live = &record["pick"]["engines"]["plain"]["engine"];
+        assert_eq!(shadow["policy"], "load_based");
+        assert_eq!(
+            shadow["agreed"],
+            json!(shadow["engine"] == *live),
+            "{record}"
+        );
+        assert_eq!(
+            (&shadow["cached_tokens"], &shadow["live_cached_tokens"]),
+            (&json!(0), &json!(0)),
+            "no prefix lookup: nothing is known held"
+        );
+    }
+    let agreed = shadows.iter().filter(|s| s["agreed"] == true).count();
+    let metrics = common::metrics(&router).await;
+    let series = |outcome: &str| {
+        format!(
+            "switchyard_shadow_picks_total{{model=\"m\",bucket=\"all\",stage=\"plain\",policy=\"load_based\",outcome=\"{outcome}\"}}"
+        )
+    };
+    assert!(
+        metrics.contains(&format!("{} {agreed}", series("agreed"))),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("{} {}", series("disagreed"), 2 - agreed)),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("{} 0", series("none"))));
+    assert!(metrics.contains(
+        "switchyard_shadow_cached_tokens_total{model=\"m\",bucket=\"all\",stage=\"plain\",policy=\"load_based\",side=\"live\"} 0"
+    ));
+    router.shutdown().await;
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}

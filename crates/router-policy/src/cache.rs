@@ -141,6 +141,14 @@ impl PrefixMemo {
         answer
     }
 
+    /// The answer of the first source asked, if any was.
+    pub fn first(&self) -> Option<Arc<Result<CacheLookup, CacheQueryError>>> {
+        self.entries
+            .lock()
+            .first()
+            .map(|(_, answer)| Arc::clone(answer))
+    }
+
     /// How many sources were asked.
     pub fn len(&self) -> usize {
         self.entries.lock().len()

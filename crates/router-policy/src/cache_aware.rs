@@ -236,7 +236,7 @@ impl CacheAwarePolicy {
     ) -> Result<Pick, PickError> {
         let snapshot = self.load.snapshot();
         // One pick's draws, so a dry run draws what the next real pick will.
-        let mut draws = self.rng.draws(request.is_dry_run());
+        let mut draws = self.rng.draws(!request.moves_own_state());
         let Some(hits) = hits else {
             return self.cold(
                 engines,

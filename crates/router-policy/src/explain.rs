@@ -5,7 +5,8 @@
 //! explanation's pick is made as it would be, with nothing changed: no affinity
 //! binding is written, rotation cursors do not advance, and random draws come from a
 //! copy of the policy's generator, so the next real request in the same state gets
-//! the pick the explanation names.
+//! the pick the explanation names. A [shadow](Explanation::shadow) pick changes
+//! nothing shared either, but its own policy's rotation and generator move on.
 //!
 //! [`RequestFacts::explain`]: crate::RequestFacts::explain
 
@@ -125,6 +126,21 @@ pub enum Observation {
         /// Why.
         error: PickError,
     },
+    /// What the group's shadow policy picked beside the group's pick, as a dry run.
+    Shadow {
+        /// The bucket.
+        bucket: String,
+        /// The stage.
+        stage: Role,
+        /// The shadow policy's type.
+        policy: &'static str,
+        /// Its pick; `None` when it picked nothing.
+        engine: Option<EngineId>,
+        /// Prompt tokens its engine holds, by the request's prefix lookup.
+        cached_tokens: u64,
+        /// Prompt tokens the group's own pick holds, by the same lookup.
+        live_cached_tokens: u64,
+    },
 }
 
 /// The observations of one request's selection, in the order they were made: for an
@@ -137,6 +153,9 @@ pub enum Observation {
 pub struct Explanation {
     observations: Mutex<Vec<Observation>>,
     dry_run: bool,
+    /// Whether the policy's own rotation and generator move on (a real or a shadow
+    /// pick) or stay (a dry run).
+    moves_own_state: bool,
 }
 
 impl Explanation {
@@ -145,6 +164,7 @@ impl Explanation {
         Self {
             observations: Mutex::default(),
             dry_run: true,
+            moves_own_state: false,
         }
     }
 
@@ -153,12 +173,30 @@ impl Explanation {
         Self {
             observations: Mutex::default(),
             dry_run: false,
+            moves_own_state: true,
         }
     }
 
-    /// Whether the selection must change nothing.
+    /// For a shadow policy's pick: nothing shared changes (no affinity binding, no
+    /// prefix index touched, nothing reserved), as in a dry run, but the shadow
+    /// policy's own rotation and random generator move on, as they would if it were
+    /// the live policy, so its picks are not all the same.
+    pub fn shadow() -> Self {
+        Self {
+            observations: Mutex::default(),
+            dry_run: true,
+            moves_own_state: true,
+        }
+    }
+
+    /// Whether the selection must change nothing shared.
     pub fn is_dry_run(&self) -> bool {
         self.dry_run
+    }
+
+    /// Whether the policy's own rotation and generator move on.
+    pub fn moves_own_state(&self) -> bool {
+        self.moves_own_state
     }
 
     /// Adds an observation.

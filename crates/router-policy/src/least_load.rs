@@ -62,7 +62,7 @@ impl LeastLoadPolicy {
         }
         let snapshot = self.load.snapshot();
         // A dry run reads the rotor without turning it.
-        let start = if request.is_dry_run() {
+        let start = if !request.moves_own_state() {
             self.rotor.load(Ordering::Relaxed)
         } else {
             self.rotor.fetch_add(1, Ordering::Relaxed)

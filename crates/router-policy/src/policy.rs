@@ -77,6 +77,12 @@ impl<'a> PickRequest<'a> {
         self.facts.is_dry_run()
     }
 
+    /// Whether the policy's own rotation and generator move on (see
+    /// [`Explanation::shadow`](crate::Explanation::shadow)).
+    pub fn moves_own_state(&self) -> bool {
+        self.facts.moves_own_state()
+    }
+
     /// Records `observation` when the pick is recorded; builds it only then.
     pub fn observe(&self, observation: impl FnOnce() -> Observation) {
         self.facts.observe(observation);

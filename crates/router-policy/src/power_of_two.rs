@@ -73,7 +73,7 @@ impl PowerOfTwoPolicy {
         } else {
             let (i, j) = self
                 .rng
-                .draws(request.is_dry_run())
+                .draws(!request.moves_own_state())
                 .two_distinct(engines.len());
             let (a, b) = (&engines[i], &engines[j]);
             let (oa, ob) = (snapshot.observe(a.id()), snapshot.observe(b.id()));

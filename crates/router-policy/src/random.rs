@@ -66,7 +66,7 @@ impl RandomPolicy {
             let metrics = snapshot.observe(engine.id()).metrics();
             admit(self.admission.as_ref(), engine, &metrics, request)
         };
-        let mut draws = self.rng.draws(request.is_dry_run());
+        let mut draws = self.rng.draws(!request.moves_own_state());
         let first = draws.index(n);
         let Some(first_rejection) = check(&engines[first])? else {
             let reason = if n == 1 {

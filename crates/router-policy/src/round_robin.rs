@@ -50,7 +50,7 @@ impl RoundRobinPolicy {
             });
         }
         // A dry run reads the cursor without moving it.
-        let start = if request.is_dry_run() {
+        let start = if !request.moves_own_state() {
             self.cursor.load(Ordering::Relaxed)
         } else {
             self.cursor.fetch_add(1, Ordering::Relaxed)
