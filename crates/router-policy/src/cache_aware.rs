@@ -162,9 +162,10 @@ impl CacheAwarePolicy {
         let (picked, held_blocks) = match answer.as_ref() {
             Ok(CacheLookup::Answered(hits)) => {
                 // Every holder among the candidates is named only to an explanation.
-                let held = match request.facts.explain {
-                    Some(_) => hits.held_among(engines),
-                    None => Vec::new(),
+                let held = if request.facts.keeps_observations() {
+                    hits.held_among(engines)
+                } else {
+                    Vec::new()
                 };
                 for h in &held {
                     let engine = engines[h.index].id();

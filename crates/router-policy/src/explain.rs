@@ -156,6 +156,8 @@ pub struct Explanation {
     /// Whether the policy's own rotation and generator move on (a real or a shadow
     /// pick) or stay (a dry run).
     moves_own_state: bool,
+    /// Whether observations are kept (a shadow pick's are not built at all).
+    keeps_observations: bool,
 }
 
 impl Explanation {
@@ -165,6 +167,7 @@ impl Explanation {
             observations: Mutex::default(),
             dry_run: true,
             moves_own_state: false,
+            keeps_observations: true,
         }
     }
 
@@ -174,18 +177,20 @@ impl Explanation {
             observations: Mutex::default(),
             dry_run: false,
             moves_own_state: true,
+            keeps_observations: true,
         }
     }
 
     /// For a shadow policy's pick: nothing shared changes (no affinity binding, no
     /// prefix index touched, nothing reserved), as in a dry run, but the shadow
     /// policy's own rotation and random generator move on, as they would if it were
-    /// the live policy, so its picks are not all the same.
+    /// the live policy, so its picks are not all the same. It keeps no observations.
     pub fn shadow() -> Self {
         Self {
             observations: Mutex::default(),
             dry_run: true,
             moves_own_state: true,
+            keeps_observations: false,
         }
     }
 
@@ -197,6 +202,11 @@ impl Explanation {
     /// Whether the policy's own rotation and generator move on.
     pub fn moves_own_state(&self) -> bool {
         self.moves_own_state
+    }
+
+    /// Whether observations are kept, and so worth building.
+    pub fn keeps_observations(&self) -> bool {
+        self.keeps_observations
     }
 
     /// Adds an observation.

@@ -144,15 +144,24 @@ impl<'a> RequestFacts<'a> {
         self.explain.is_some_and(Explanation::is_dry_run)
     }
 
+    /// Whether observations of the selection are kept: worth building (see
+    /// [`observe`](Self::observe)).
+    pub fn keeps_observations(&self) -> bool {
+        self.explain.is_some_and(Explanation::keeps_observations)
+    }
+
     /// Whether the policy's own rotation and generator move on: in every pick but a
     /// dry run's (see [`Explanation::shadow`]).
     pub fn moves_own_state(&self) -> bool {
         self.explain.is_none_or(Explanation::moves_own_state)
     }
 
-    /// Records what `observation` builds, when the request carries an explanation.
+    /// Records what `observation` builds, when the request carries an explanation
+    /// that keeps it.
     pub fn observe(&self, observation: impl FnOnce() -> Observation) {
-        if let Some(explanation) = self.explain {
+        if let Some(explanation) = self.explain
+            && explanation.keeps_observations()
+        {
             explanation.record(observation());
         }
     }
