@@ -11,8 +11,8 @@ use engine_sim::EngineSpec;
 use router_config::RouterConfig;
 use router_replay::{
     Arrivals, Diff, HostTier, LaggingFeeds, MAX_CLIENTS, Recorded, ReplaySettings, RunReport,
-    Summary, TraceRequest, oracle_cached_tokens, read_records, read_trace, replay,
-    siblings_on_first_engine, table,
+    Summary, TraceRequest, calibrate, fit_capacity, oracle_cached_tokens, read_records, read_trace,
+    replay, siblings_on_first_engine, table,
 };
 
 /// How the modelled engines run: engine-sim's model, the same for every engine.
@@ -73,6 +73,7 @@ impl EngineModelArgs {
             silent_kv_engines: 0,
             arrivals: Arrivals::Open,
             seed,
+            first_token_delay: Duration::ZERO,
         };
         settings.check()?;
         Ok(settings)
@@ -177,6 +178,11 @@ struct RunArgs {
     /// Seed of the policies that draw random numbers and name no seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Fit the modelled engines to the records before replaying (prefill speed,
+    /// decode pace, the first-token delay outside the engine, the KV capacity),
+    /// in place of the engine flags, and print the fit and its error.
+    #[arg(long)]
+    calibrate: bool,
 }
 
 impl RunArgs {
@@ -221,6 +227,46 @@ impl RunArgs {
         }
     }
 
+    /// [`settings`](Self::settings), fitted to `recorded` when `--calibrate` asks,
+    /// with the records replayed through `config` (the configuration that recorded
+    /// them); the fit is printed.
+    fn calibrated(
+        &self,
+        config: &RouterConfig,
+        trace: &[TraceRequest],
+        recorded: Option<&Recorded>,
+    ) -> anyhow::Result<ReplaySettings> {
+        let settings = self.settings(config)?;
+        if !self.calibrate {
+            return Ok(settings);
+        }
+        let Some(recorded) = recorded else {
+            anyhow::bail!("--calibrate fits the engines to decision records: give --records");
+        };
+        let fitted = calibrate(recorded).context("calibrating to the records")?;
+        let mut settings = fitted.apply(&settings);
+        let oracle = oracle_cached_tokens(trace, page_size(config));
+        let cached = recorded.happened.summary("recorded", oracle).cached_share;
+        eprintln!("fitting the KV capacity to the records' cached share ...");
+        let (capacity, share) = fit_capacity(config, trace, &settings, cached)?;
+        settings.engine.kv_capacity_tokens = capacity;
+        settings.check()?;
+        println!(
+            "calibrated to {} streamed answers:\n  prefill            {:.0} tokens/s\n  first-token delay  {:.1} ms (outside the engine)\n  decode             {}\n  KV capacity        {capacity} tokens a rank (cached share {:.1}% replayed, {:.1}% recorded)\n  fit error          {:.1}% (median, time to first token)\n",
+            fitted.answers,
+            fitted.prefill_tokens_per_sec,
+            settings.first_token_delay.as_secs_f64() * 1e3,
+            fitted.decode_tokens_per_sec.map_or_else(
+                || "not fitted (no answer of two tokens or more)".to_owned(),
+                |rate| format!("{rate:.0} tokens/s"),
+            ),
+            share * 100.0,
+            cached * 100.0,
+            fitted.ttft_error * 100.0,
+        );
+        Ok(settings)
+    }
+
     /// The replay's settings for `config`, checked.
     fn settings(&self, config: &RouterConfig) -> anyhow::Result<ReplaySettings> {
         let mut settings = self
@@ -252,7 +298,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let run = &args.run;
     let config = read_config(run.config()?)?;
     let (trace, recorded) = run.requests(&[&config])?;
-    let settings = run.settings(&config)?;
+    let settings = run.calibrated(&config, &trace, recorded.as_ref())?;
     let oracle = oracle_cached_tokens(&trace, page_size(&config));
     let policies: Vec<Option<&str>> = if args.policies.is_empty() {
         vec![None]
@@ -285,7 +331,9 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 fn run_diff(args: &DiffArgs) -> anyhow::Result<()> {
     let run = &args.run;
     let configs = [read_config(run.config()?)?, read_config(&args.against)?];
-    let (trace, _) = run.requests(&[&configs[0], &configs[1]])?;
+    let (trace, recorded) = run.requests(&[&configs[0], &configs[1]])?;
+    // The engines are the same in both runs: fitted once, through `--config`.
+    let calibrated = run.calibrated(&configs[0], &trace, recorded.as_ref())?;
     let paths = [run.config()?, args.against.as_path()];
     // Each run by its file's name, or its path when the two names are one.
     let names = paths.map(|path| {
@@ -302,7 +350,16 @@ fn run_diff(args: &DiffArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for (config, name) in configs.iter().zip(&names) {
         eprintln!("replaying {} requests with {name} ...", trace.len());
-        let report = replay(config, &trace, None, &run.settings(config)?)?;
+        let mut settings = run.settings(config)?;
+        if run.calibrate {
+            let page_size = settings.engine.page_size;
+            settings.engine = EngineSpec {
+                page_size,
+                ..calibrated.engine
+            };
+            settings.first_token_delay = calibrated.first_token_delay;
+        }
+        let report = replay(config, &trace, None, &settings)?;
         let summary = report.summary(name, oracle_cached_tokens(&trace, page_size(config)));
         runs.push((summary, report));
     }

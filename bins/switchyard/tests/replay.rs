@@ -435,6 +435,20 @@ async fn a_drive_recorded_by_the_router_replays_as_it_happened() {
             "{moved}"
         );
     }
+
+    // Four streamed answers are too few to fit the engines to: refused by name.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["replay", "--calibrate", "--records"])
+        .arg(&records.0)
+        .arg("--config")
+        .arg(&config.0)
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("4 streamed answers served"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -555,4 +569,15 @@ fn replay_refuses_two_inputs_and_a_diff_without_its_second_configuration() {
         "--against",
     );
     refused(&["replay", "--trace", trace], "--config");
+    refused(
+        &[
+            "replay",
+            "--calibrate",
+            "--trace",
+            trace,
+            "--config",
+            config,
+        ],
+        "--records",
+    );
 }

@@ -7,7 +7,10 @@ use router_state::kv_events::{BatchError, SkipReason};
 use router_state::{EngineId, IngestError, LoadDecodeError};
 
 use crate::closed_loop::MAX_CLIENTS;
-use crate::sim::{MAX_HOST_PAGES, MAX_KV_DELAY, MAX_LOAD_COST, MAX_RATE, MAX_SLOTS, MIN_RATE};
+use crate::sim::{
+    MAX_FIRST_TOKEN_DELAY, MAX_HOST_PAGES, MAX_KV_DELAY, MAX_LOAD_COST, MAX_RATE, MAX_SLOTS,
+    MIN_RATE,
+};
 
 /// Why a replay could not run.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +111,9 @@ pub enum SettingsError {
     /// The host tier's size.
     #[error("the host tier must hold at most {MAX_HOST_PAGES} pages")]
     HostPages,
+    /// The first-token delay.
+    #[error("the first-token delay must be at most {} s", MAX_FIRST_TOKEN_DELAY.as_secs())]
+    FirstTokenDelay,
     /// The host tier's load cost.
     #[error(
         "the host load cost must be 0 to {MAX_LOAD_COST} (a share of prefill time), not {cost}"

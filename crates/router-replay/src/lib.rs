@@ -24,6 +24,7 @@
 //! # Ok::<(), router_replay::ReplayError>(())
 //! ```
 
+mod calibrate;
 mod closed_loop;
 mod diff;
 mod engine;
@@ -38,6 +39,9 @@ mod sim;
 mod trace;
 mod workload;
 
+pub use calibrate::{
+    CAPACITY_RANGE, Calibration, CalibrationError, MIN_CALIBRATION_ANSWERS, calibrate, fit_capacity,
+};
 pub use closed_loop::{ClosedLoop, MAX_CLIENTS};
 pub use diff::{Decision, Diff, RequestDiff};
 pub use error::{ModelDefect, ReplayError, SettingsError, TraceMismatch};

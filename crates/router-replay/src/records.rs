@@ -45,6 +45,9 @@ pub struct Recorded {
     /// Requests served whose answer reported no output tokens: replayed with their
     /// `max_tokens`, or 1.
     pub without_output: usize,
+    /// Whether each request of [`trace`](Self::trace) asked for a streamed answer
+    /// (whose first byte is its first token).
+    pub streamed: Vec<bool>,
 }
 
 /// The fields of a decision record a replay reads: `replay` first, the others only
@@ -100,6 +103,8 @@ struct RecordedRequest {
     routing_key: Option<String>,
     #[serde(default)]
     max_output_tokens: Option<u64>,
+    #[serde(default)]
+    stream: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -168,6 +173,8 @@ struct Read {
     engine: Option<String>,
     /// Served, but its answer reported no output tokens.
     without_output: bool,
+    /// A streamed answer was asked for.
+    streamed: bool,
 }
 
 /// The `code`s of capacity refusals recorded: the fleet's, a full or slow queue's.
@@ -238,6 +245,7 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
     let mut engines: Vec<String> = Vec::new();
     let mut trace = Vec::with_capacity(read.len());
     let mut outcomes = Vec::with_capacity(read.len());
+    let streamed = read.iter().map(|r| r.streamed).collect();
     for mut r in read {
         let at_us = r.arrival_unix_us - first;
         r.request.at_us = at_us;
@@ -262,6 +270,7 @@ pub fn read_records<R: BufRead>(sources: Vec<R>) -> Result<Recorded, TraceError>
         not_replayable,
         without_pages,
         without_output,
+        streamed,
     })
 }
 
@@ -358,6 +367,7 @@ fn request_of(record: Replayable, replay: ReplayFields, place: usize) -> Result<
         happened,
         engine,
         without_output,
+        streamed: request.stream,
     })
 }
 

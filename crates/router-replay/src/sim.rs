@@ -30,7 +30,8 @@ mod settings;
 
 pub use settings::{Arrivals, HostTier, LaggingFeeds, ReplaySettings};
 pub(crate) use settings::{
-    MAX_HOST_PAGES, MAX_KV_DELAY, MAX_LOAD_COST, MAX_RATE, MAX_SLOTS, MIN_RATE,
+    MAX_FIRST_TOKEN_DELAY, MAX_HOST_PAGES, MAX_KV_DELAY, MAX_LOAD_COST, MAX_RATE, MAX_SLOTS,
+    MIN_RATE,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -146,6 +147,13 @@ pub(crate) async fn run(
             Event::Finish(id) => replay.finish(id),
             Event::Publish => replay.publish()?,
             Event::Deliver(engine) => replay.deliver(engine)?,
+        }
+    }
+    // Time outside the engine model comes after everything the model decided.
+    let delay = u64::try_from(settings.first_token_delay.as_micros()).unwrap_or(u64::MAX);
+    for outcome in &mut replay.outcomes {
+        for time in [&mut outcome.ttft_us, &mut outcome.finished_us] {
+            *time = time.map(|t| t.saturating_add(delay));
         }
     }
     Ok(RunReport::new(

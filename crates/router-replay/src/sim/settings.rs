@@ -27,6 +27,10 @@ pub struct ReplaySettings {
     pub arrivals: Arrivals,
     /// The seed given to policies that draw random numbers and name no seed.
     pub seed: u64,
+    /// Time outside the engine model (the router, HTTP, the engine's front end)
+    /// added to every answer's first token and end; 0 by default. Calibration fits it
+    /// to records ([`calibrate`](crate::calibrate)).
+    pub first_token_delay: Duration,
 }
 
 /// A host-memory tier behind each rank's device cache: every page computed is
@@ -82,6 +86,8 @@ pub(crate) const MIN_RATE: f64 = 1.0;
 pub(crate) const MAX_RATE: f64 = 1e9;
 /// The longest KV-event delay.
 pub(crate) const MAX_KV_DELAY: Duration = Duration::from_secs(60);
+/// The longest first-token delay.
+pub(crate) const MAX_FIRST_TOKEN_DELAY: Duration = Duration::from_secs(60);
 /// The most host-tier pages per rank.
 pub(crate) const MAX_HOST_PAGES: usize = 1 << 26;
 /// The costliest host load, as a share of prefilling.
@@ -114,6 +120,9 @@ impl ReplaySettings {
         if self.kv_delay.max(self.lagging_feeds.delay) > MAX_KV_DELAY {
             return Err(SettingsError::KvDelay.into());
         }
+        if self.first_token_delay > MAX_FIRST_TOKEN_DELAY {
+            return Err(SettingsError::FirstTokenDelay.into());
+        }
         if self.host_tier.pages > MAX_HOST_PAGES {
             return Err(SettingsError::HostPages.into());
         }
@@ -140,6 +149,7 @@ impl Default for ReplaySettings {
             silent_kv_engines: 0,
             arrivals: Arrivals::Open,
             seed: 0,
+            first_token_delay: Duration::ZERO,
         }
     }
 }
