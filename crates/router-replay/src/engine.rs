@@ -12,6 +12,11 @@
 //! With a host tier ([`HostTier`]), a rank also writes every page it computes through
 //! to host memory and loads a prefix that continues there back onto the device, at
 //! `load_cost` of the time prefilling it would take; its events name each tier.
+//!
+//! A prefill/decode pair splits a request in two runs: the prefill engine's, which
+//! ends when its prefill does, and the decode engine's ([`Run::handed_over`]), which
+//! holds the KV cache handed over, prefills nothing, caches nothing and generates the
+//! output.
 
 use std::collections::VecDeque;
 
@@ -43,6 +48,8 @@ pub(crate) struct Run {
     held: usize,
     /// Prompt tokens found in the cache.
     pub(crate) cached_tokens: u64,
+    /// Its KV cache was handed over by a prefill engine: nothing to prefill or cache.
+    handed_over: bool,
 }
 
 impl Run {
@@ -65,7 +72,28 @@ impl Run {
             loaded: 0,
             held: 0,
             cached_tokens: 0,
+            handed_over: false,
         }
+    }
+
+    /// The same request on a decode engine, its KV cache handed over by the prefill
+    /// engine whose run this was.
+    pub(crate) fn handed_over(self) -> Self {
+        Self {
+            handed_over: true,
+            ..Self::new(
+                self.request,
+                self.tokens,
+                self.keys,
+                self.output_tokens,
+                self.arrived,
+            )
+        }
+    }
+
+    /// Whether its KV cache was handed over by a prefill engine.
+    pub(crate) fn is_handed_over(&self) -> bool {
+        self.handed_over
     }
 
     fn prompt_tokens(&self) -> u64 {
@@ -112,6 +140,13 @@ impl Rank {
     pub(crate) fn arrive(&mut self, id: usize, run: &mut Run) {
         let page = u64::from(self.spec.page_size);
         let prompt = run.prompt_tokens();
+        if run.handed_over {
+            run.waiting_uncached = 0;
+            self.load.waiting_requests += 1;
+            self.load.total_tokens += prompt;
+            self.waiting.push_back(id);
+            return;
+        }
         let device = self.cache.peek(&run.keys);
         let host = self
             .host
@@ -143,6 +178,9 @@ impl Rank {
         self.load.waiting_uncached_tokens -= run.waiting_uncached;
         self.load.running_requests += 1;
         self.load.used_kv_tokens += run.prompt_tokens();
+        if run.handed_over {
+            return now;
+        }
         self.prefilling = true;
         run.matched = self.cache.hold_prefix(&run.keys);
         run.loaded = match &mut self.host {
@@ -174,6 +212,13 @@ impl Rank {
     /// Ends `run`'s prefill: caches its new pages and returns the events that says,
     /// the time of its first output token and the time of its last.
     pub(crate) fn prefilled(&mut self, run: &mut Run, now: u64) -> (Vec<KvEvent>, u64, u64) {
+        // As engine-sim does: each token takes one decode step.
+        let step = micros(self.spec.decode_time(1));
+        let first_token = now + step.min(step * run.output_tokens);
+        let last_token = now + step * run.output_tokens;
+        if run.handed_over {
+            return (Vec::new(), first_token, last_token);
+        }
         let uncached = self.uncached(run);
         self.prefilling = false;
         self.load.prefill_uncached_tokens_total += uncached;
@@ -207,10 +252,7 @@ impl Rank {
                 });
             }
         }
-        // As engine-sim does: each token takes one decode step.
-        let step = micros(self.spec.decode_time(1));
-        let first_token = now + step.min(step * run.output_tokens);
-        (events, first_token, now + step * run.output_tokens)
+        (events, first_token, last_token)
     }
 
     /// The event storing `run`'s pages `first..end` on `medium`.

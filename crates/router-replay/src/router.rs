@@ -4,8 +4,8 @@
 //!
 //! A replay is one process routing token ids: no tokenizer is read, each cache-aware
 //! model keeps a prefix index of its own (never a shared indexer's), bindings stay in
-//! the process whatever the affinity backend (rendezvous binds none), and engines are
-//! plain (a configured role other than plain is refused).
+//! the process whatever the affinity backend (rendezvous binds none), and an engine
+//! configured without a role is plain.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -40,8 +40,9 @@ pub(crate) struct Router {
     pub(crate) registry: EngineRegistry,
     pub(crate) load: Arc<EngineReportedLoadTable>,
     pub(crate) models: BTreeMap<String, Model>,
-    /// Every engine: its id, model and data-parallel ranks, in configuration order.
-    pub(crate) engines: Vec<(EngineId, String, u32)>,
+    /// Every engine: its id, model, data-parallel ranks and role, in configuration
+    /// order.
+    pub(crate) engines: Vec<(EngineId, String, u32, Role)>,
 }
 
 /// A replay's [`Resources`]: its prompts are the trace's token ids.
@@ -73,13 +74,13 @@ impl Resources for TokenIds {
 /// (see the module documentation for what a replay does differently).
 ///
 /// # Errors
-/// What the router would refuse, and prefill or decode engines.
+/// What the router would refuse.
 pub fn selection(config: &RouterConfig) -> Result<SelectionPlan<()>, ReplayError> {
     let problems = config.check_fields();
     if !problems.is_empty() {
         return Err(ReplayError::Config(problems));
     }
-    let config = replayed(config)?;
+    let config = replayed(config);
     // Bindings stay in the process whatever the backend: a replay is one router.
     let backend = match config.affinity.backend {
         AffinityBackendKind::Rendezvous => AffinityBackend::Rendezvous,
@@ -93,26 +94,22 @@ pub fn selection(config: &RouterConfig) -> Result<SelectionPlan<()>, ReplayError
 
 /// `config` as a replay serves it: engines without a role are plain, cache-aware
 /// groups keep an index of their own.
-///
-/// # Errors
-/// An engine configured as prefill or decode.
-fn replayed(config: &RouterConfig) -> Result<RouterConfig, ReplayError> {
+fn replayed(config: &RouterConfig) -> RouterConfig {
     let mut config = config.clone();
     config.prefix_indexer = None;
-    for (m, model) in config.models.iter_mut().enumerate() {
-        for (e, engine) in model.engines.iter_mut().enumerate() {
-            match engine.role {
-                None | Some(EngineRole::Plain) => engine.role = Some(EngineRole::Plain),
-                Some(EngineRole::Prefill | EngineRole::Decode) => {
-                    return Err(ReplayError::Config(vec![ConfigError::at(
-                        format!("models[{m}].engines[{e}].role"),
-                        "replay models plain engines; prefill/decode pairs are not replayed",
-                    )]));
-                }
-            }
-        }
+    for engine in config.models.iter_mut().flat_map(|m| m.engines.iter_mut()) {
+        engine.role.get_or_insert(EngineRole::Plain);
     }
-    Ok(config)
+    config
+}
+
+/// The registry's role of an engine configured as `role`.
+fn role(role: Option<EngineRole>) -> Role {
+    match role {
+        None | Some(EngineRole::Plain) => Role::Plain,
+        Some(EngineRole::Prefill) => Role::Prefill,
+        Some(EngineRole::Decode) => Role::Decode,
+    }
 }
 
 impl Router {
@@ -142,14 +139,14 @@ impl Router {
                             engine.id.as_str(),
                             engine.url.as_str(),
                             model.id.as_str(),
-                            Role::Plain,
+                            role(engine.role),
                         )
                         .with_dp_size(dp_size),
                     )
                     .map_err(|problem| at(format!(".engines[{e}]"), &problem))?;
                 let id = EngineId::new(engine.id.as_str());
                 load.register(&id, dp_size);
-                engines.push((id, model.id.clone(), dp));
+                engines.push((id, model.id.clone(), dp, role(engine.role)));
             }
             // Every replayed engine has its role: the buckets are built already.
             let resolver = selection.routing.resolve(|_| None).map_err(|problem| {

@@ -17,7 +17,7 @@ use engine_sim::{
 use router_buckets::{EnginePicks, SelectError, Selection};
 use router_policy::{Pick, PrefixMemo, RequestFacts};
 use router_state::kv_events::decode_batch;
-use router_state::{EngineId, InflightGuard, LoadReport};
+use router_state::{EngineId, InflightGuard, LoadReport, Role};
 
 use crate::closed_loop::ClosedLoop;
 use crate::engine::{Rank, Run, micros};
@@ -55,6 +55,18 @@ struct Placed {
     engine: usize,
     rank: usize,
     _guard: InflightGuard,
+    /// Where a prefill engine's run goes once prefilled: the decode engine picked
+    /// with it.
+    decode: Option<Leg>,
+}
+
+/// The decode engine of a prefill/decode pick: its engine, rank and the router's
+/// in-flight count for it, taken when both legs are sent.
+#[derive(Debug)]
+struct Leg {
+    engine: usize,
+    rank: usize,
+    guard: InflightGuard,
 }
 
 /// A modelled engine.
@@ -62,6 +74,8 @@ struct Placed {
 struct ModelEngine {
     id: EngineId,
     model: String,
+    /// Whether it is a decode engine (a request's outcome names its prefill engine).
+    decode: bool,
     ranks: Vec<Rank>,
     /// How long its KV-event batches take to reach the router, microseconds.
     kv_delay: u64,
@@ -156,14 +170,20 @@ pub(crate) async fn run(
             *time = time.map(|t| t.saturating_add(delay));
         }
     }
-    Ok(RunReport::new(
-        replay.outcomes,
-        replay
-            .engines
-            .iter()
-            .map(|e| e.id.as_str().to_owned())
-            .collect(),
-    ))
+    // Outcomes name plain and prefill engines, the ones holding the prompts: the
+    // report's engines are those.
+    let mut named = Vec::new();
+    let mut place = vec![None; replay.engines.len()];
+    for (i, engine) in replay.engines.iter().enumerate() {
+        if !engine.decode {
+            place[i] = Some(named.len());
+            named.push(engine.id.as_str().to_owned());
+        }
+    }
+    for outcome in &mut replay.outcomes {
+        outcome.engine = outcome.engine.and_then(|e| place[e]);
+    }
+    Ok(RunReport::new(replay.outcomes, named))
 }
 
 /// A replay in progress.
@@ -233,9 +253,10 @@ impl<'a> Replay<'a> {
             .engines
             .iter()
             .enumerate()
-            .map(|(i, (id, model, dp))| ModelEngine {
+            .map(|(i, (id, model, dp, role))| ModelEngine {
                 id: id.clone(),
                 model: model.clone(),
+                decode: *role == Role::Decode,
                 ranks: (0..*dp)
                     .map(|_| Rank::new(spec, settings.host_tier))
                     .collect(),
@@ -297,12 +318,24 @@ impl<'a> Replay<'a> {
             self.completed(index);
             return Ok(());
         };
-        // Replay refuses prefill/decode fleets: a selection is one plain pick.
-        let (EnginePicks::Plain(mut pick)
-        | EnginePicks::Pd {
-            prefill: mut pick, ..
-        }) = selection.pick.engines;
-        self.place(index, &mut pick, tokens);
+        match selection.pick.engines {
+            EnginePicks::Plain(mut pick) => self.place(index, &mut pick, tokens, None),
+            // Both legs are sent at once: the decode engine counts the request in
+            // flight from now, and takes it once the prefill engine is done.
+            EnginePicks::Pd {
+                mut prefill,
+                mut decode,
+            } => {
+                let engine = self.engine_index[decode.engine.id()];
+                let (rank, guard) = self.rank_and_guard(&mut decode, engine);
+                let leg = Leg {
+                    engine,
+                    rank,
+                    guard,
+                };
+                self.place(index, &mut prefill, tokens, Some(leg));
+            }
+        }
         Ok(())
     }
 
@@ -379,8 +412,9 @@ impl<'a> Replay<'a> {
     }
 
     /// Places the request at `index` on the engine `pick` chose, where it queues on
-    /// the rank the router's dispatch chooses.
-    fn place(&mut self, index: usize, pick: &mut Pick, tokens: Vec<u32>) {
+    /// the rank the router's dispatch chooses; a prefill engine's run then goes to
+    /// `decode`.
+    fn place(&mut self, index: usize, pick: &mut Pick, tokens: Vec<u32>, decode: Option<Leg>) {
         let request = &self.trace[index];
         let engine = self.engine_index[pick.engine.id()];
         let (rank, guard) = self.rank_and_guard(pick, engine);
@@ -399,14 +433,20 @@ impl<'a> Replay<'a> {
             u64::from(request.output_tokens),
             self.now,
         );
-        let id = self.run_id();
-        let mut placed = Placed {
+        self.live += 1;
+        self.queue_run(Placed {
             run,
             engine,
             rank,
             _guard: guard,
-        };
-        self.live += 1;
+            decode,
+        });
+    }
+
+    /// Queues `placed` on its rank, starting it if it can start now.
+    fn queue_run(&mut self, mut placed: Placed) {
+        let id = self.run_id();
+        let (engine, rank) = (placed.engine, placed.rank);
         self.engines[engine].ranks[rank].arrive(id, &mut placed.run);
         self.runs[id] = Some(placed);
         self.start_ready(engine, rank);
@@ -445,8 +485,12 @@ impl<'a> Replay<'a> {
         let (events, first_token, last_token) =
             self.engines[engine].ranks[rank].prefilled(&mut placed.run, now);
         let outcome = &mut self.outcomes[placed.run.request];
-        outcome.ttft_us = Some(first_token - placed.run.arrived);
-        outcome.cached_tokens = placed.run.cached_tokens;
+        if !placed.run.is_handed_over() {
+            outcome.cached_tokens = placed.run.cached_tokens;
+        }
+        if placed.decode.is_none() {
+            outcome.ttft_us = Some(first_token - placed.run.arrived);
+        }
         let indexed = self.router.models[&self.engines[engine].model]
             .index
             .is_some();
@@ -456,8 +500,26 @@ impl<'a> Replay<'a> {
             model.in_flight.push_back((rank as u32, payload));
             self.queue.at(now + model.kv_delay, Event::Deliver(engine));
         }
-        self.queue.at(last_token, Event::Finish(id));
+        match self.runs[id].as_mut().and_then(|p| p.decode.take()) {
+            Some(leg) => self.hand_over(id, leg),
+            None => self.queue.at(last_token, Event::Finish(id)),
+        }
         self.start_ready(engine, rank);
+    }
+
+    /// A prefill engine's run `id` is prefilled: the prefill engine gives it back and
+    /// the decode engine `leg` takes its KV cache and generates its output.
+    fn hand_over(&mut self, id: usize, leg: Leg) {
+        let placed = self.runs[id].take().expect("a prefilled run is placed");
+        self.free.push(id);
+        self.engines[placed.engine].ranks[placed.rank].finish(&placed.run);
+        self.queue_run(Placed {
+            run: placed.run.handed_over(),
+            engine: leg.engine,
+            rank: leg.rank,
+            _guard: leg.guard,
+            decode: None,
+        });
     }
 
     /// A run's last token is generated: it gives everything back.

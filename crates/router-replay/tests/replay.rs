@@ -133,23 +133,42 @@ fn seeding_gives_unseeded_random_policies_the_seed_and_keeps_a_configured_one() 
     assert_eq!((seed(0), seed(1)), (42.into(), 5.into()));
 }
 
+/// A prefill/decode pair: the prefill engine prefills and gives the request back, the
+/// decode engine takes its KV cache and generates, each with its own slots.
 #[test]
-fn prefill_decode_fleets_are_refused_by_name() {
+fn a_prefill_decode_pair_prefills_on_one_engine_and_generates_on_the_other() {
     let config = router_config::RouterConfig::from_yaml(
-        "models:\n  - id: m\n    engines:\n      - {id: p, url: 'http://127.0.0.1:1', role: prefill}\n      - {id: d, url: 'http://127.0.0.1:2', role: decode}\n",
+        "models:\n  - id: m\n    engines:\n      - {id: P, url: 'http://127.0.0.1:1', role: prefill}\n      - {id: D, url: 'http://127.0.0.1:2', role: decode}\n",
     )
     .unwrap();
-    let trace = SharedPrefixWorkload {
-        requests: 1,
-        ..SharedPrefixWorkload::default()
-    }
-    .generate();
-    let error = replay(&config, &trace, None, &settings())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("models[0].engines[0].role") && error.contains("prefill/decode"),
-        "{error}"
+    // The same ten-page prompt twice, a microsecond apart, three tokens each.
+    let trace = router_replay::read_trace(
+        &b"{\"at_us\": 0, \"prompt\": [{\"id\": \"doc\", \"tokens\": 160}], \"output_tokens\": 3}\n\
+           {\"at_us\": 1, \"prompt\": [{\"id\": \"doc\", \"tokens\": 160}], \"output_tokens\": 3}\n"[..],
+    )
+    .unwrap();
+    // One slot a rank, a millisecond a prompt token, ten a generated one.
+    let mut settings = settings();
+    settings.engine.max_running_requests = 1;
+    settings.engine.serial_prefill = false;
+    settings.engine.prefill_tokens_per_sec = 1_000.0;
+    settings.engine.decode_tokens_per_sec = 100.0;
+    let report = replay(&config, &trace, None, &settings).unwrap();
+    assert_eq!(report.engines(), ["P"], "outcomes name the prefill engine");
+    let seen: Vec<_> = report
+        .outcomes()
+        .iter()
+        .map(|o| (o.engine, o.ttft_us, o.finished_us, o.cached_tokens))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            // Prefilled on P by 160 ms, its first token on D 10 ms later.
+            (Some(0), Some(170_000), Some(190_000), 0),
+            // P's slot is free at 160 ms and the prompt cached there: prefilled at
+            // once, it waits for D's one slot until 190 ms.
+            (Some(0), Some(199_999), Some(220_000), 160),
+        ]
     );
 }
 
