@@ -162,11 +162,6 @@ impl EngineGroup {
                 error: error.clone(),
             },
         });
-        if let (Ok(pick), Some(shadow)) = (&picked, &self.shadow)
-            && !request.is_dry_run()
-        {
-            shadow.beside(&candidates, request, pick).await;
-        }
         picked
     }
 
@@ -189,10 +184,11 @@ impl EngineGroup {
         Arc::new(candidates.iter().filter(eligible).cloned().collect())
     }
 
-    /// Runs the policy and, unless the request is a dry run, reserves the engine it
-    /// returned ([`Policy::reserve`]). A concurrent pick may take an engine's last
-    /// slot between the policy's check and the reservation: the policy then picks
-    /// again, seeing that engine full, up to [`RESERVE_TRIES`] times in all.
+    /// Runs the policy and, unless the request is a dry run, lets the group's shadow
+    /// pick beside its first pick, then reserves the engine it returned
+    /// ([`Policy::reserve`]). A concurrent pick may take an engine's last slot between
+    /// the policy's check and the reservation: the policy then picks again, seeing
+    /// that engine full, up to [`RESERVE_TRIES`] times in all.
     async fn pick_among(
         &self,
         candidates: &[Arc<Engine>],
@@ -209,6 +205,10 @@ impl EngineGroup {
             }
             if request.is_dry_run() {
                 return Ok(pick);
+            }
+            // The shadow sees what the policy saw: before the pick is reserved.
+            if let (0, Some(shadow)) = (tries, &self.shadow) {
+                shadow.beside(candidates, request, &pick).await;
             }
             tries += 1;
             match self.policy.reserve(&pick) {

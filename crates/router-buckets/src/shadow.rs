@@ -26,8 +26,10 @@ use serde::{Deserialize, Serialize};
 pub struct ShadowConfig {
     /// The policy that picks beside the group's own.
     pub policy: PolicyConfig,
-    /// One pick of the group in this many is shadowed (1: every pick); default 10.
+    /// One pick of the group in this many is shadowed, on average (1: every pick);
+    /// 1 to 1,000,000, default 10.
     #[serde(default = "ShadowConfig::default_every")]
+    #[schemars(range(min = 1, max = 1_000_000))]
     pub every: u32,
 }
 
@@ -69,14 +71,16 @@ impl ShadowConfig {
     }
 }
 
-/// What a group's shadow picks added up to; read at scrape time.
+/// What a group's shadow picks added up to; read at scrape time. Each counter moves
+/// once a shadowed pick's outcome is known, so none of them ever goes back.
 #[derive(Debug, Default)]
 pub struct ShadowStats {
-    /// The group's picks so far, shadowed or not: the sampling's count.
+    /// The group's picks offered to the shadow so far (real picks the group made,
+    /// shadowed or not): the sampling's count.
     seen: AtomicU64,
-    picks: AtomicU64,
-    picked: AtomicU64,
     agreed: AtomicU64,
+    disagreed: AtomicU64,
+    none: AtomicU64,
     cached_tokens: AtomicU64,
     live_cached_tokens: AtomicU64,
 }
@@ -84,16 +88,23 @@ pub struct ShadowStats {
 /// A snapshot of [`ShadowStats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShadowTotals {
-    /// Picks of the group that were shadowed.
-    pub picks: u64,
-    /// Of those, the ones the shadow policy picked an engine for.
-    pub picked: u64,
-    /// Of those, the ones where it picked the group's engine.
+    /// Shadowed picks where the shadow policy picked the group's engine.
     pub agreed: u64,
-    /// Prompt tokens the shadow's engines held, summed.
+    /// Shadowed picks where it picked another engine.
+    pub disagreed: u64,
+    /// Shadowed picks where it picked none.
+    pub none: u64,
+    /// Prompt tokens the shadow's engines held, summed over the picks it made.
     pub cached_tokens: u64,
     /// Prompt tokens the group's engines held on the same picks, summed.
     pub live_cached_tokens: u64,
+}
+
+impl ShadowTotals {
+    /// Every shadowed pick.
+    pub fn picks(&self) -> u64 {
+        self.agreed + self.disagreed + self.none
+    }
 }
 
 impl ShadowStats {
@@ -101,13 +112,23 @@ impl ShadowStats {
     pub fn totals(&self) -> ShadowTotals {
         let read = |n: &AtomicU64| n.load(Ordering::Relaxed);
         ShadowTotals {
-            picks: read(&self.picks),
-            picked: read(&self.picked),
             agreed: read(&self.agreed),
+            disagreed: read(&self.disagreed),
+            none: read(&self.none),
             cached_tokens: read(&self.cached_tokens),
             live_cached_tokens: read(&self.live_cached_tokens),
         }
     }
+}
+
+/// Whether the `n`-th pick offered is shadowed: one in `every` on average, spread by
+/// a mixing of `n` (splitmix64's finalizer) so that the sampled picks do not line up
+/// with a rotation of the group's engines, as every `every`-th pick would.
+fn sampled(n: u64, every: u64) -> bool {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).is_multiple_of(every)
 }
 
 /// A group's shadow policy, its sampling and its sums.
@@ -130,23 +151,19 @@ impl Shadow {
         &self.stats
     }
 
-    /// Picks beside the group's `live` pick of `request` when this pick is sampled,
-    /// and counts the outcome; records it when the request is recorded.
+    /// Picks beside the group's `live` pick of `request` (made, not yet reserved)
+    /// when this pick is sampled, and counts the outcome; records it when the request
+    /// is recorded.
     pub(crate) async fn beside(
         &self,
         candidates: &[Arc<Engine>],
         request: &PickRequest<'_>,
         live: &Pick,
     ) {
-        if !self
-            .stats
-            .seen
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(self.every)
-        {
+        let n = self.stats.seen.fetch_add(1, Ordering::Relaxed);
+        if !sampled(n, self.every) {
             return;
         }
-        self.stats.picks.fetch_add(1, Ordering::Relaxed);
         let explanation = Explanation::shadow();
         let facts = request.facts.with_explanation(Some(&explanation));
         let shadowed = PickRequest::new(facts, request.stage, request.bucket_id);
@@ -163,11 +180,14 @@ impl Shadow {
             .as_ref()
             .map_or(0, |p| held(p.engine.id(), p.predicted_cached_tokens));
         let engine = picked.map(|p| p.engine.id().clone());
-        if let Some(engine) = &engine {
-            self.stats.picked.fetch_add(1, Ordering::Relaxed);
-            if engine == live.engine.id() {
-                self.stats.agreed.fetch_add(1, Ordering::Relaxed);
-            }
+        let agreed = engine.as_ref().map(|e| e == live.engine.id());
+        let outcome = match agreed {
+            Some(true) => &self.stats.agreed,
+            Some(false) => &self.stats.disagreed,
+            None => &self.stats.none,
+        };
+        outcome.fetch_add(1, Ordering::Relaxed);
+        if engine.is_some() {
             self.stats
                 .cached_tokens
                 .fetch_add(cached_tokens, Ordering::Relaxed);
@@ -180,6 +200,7 @@ impl Shadow {
             stage: request.stage,
             policy: self.name,
             engine,
+            agreed: agreed.unwrap_or(false),
             cached_tokens,
             live_cached_tokens,
         });

@@ -108,9 +108,9 @@ fn a_shadow_of_the_same_rotation_agrees_on_every_pick() {
     assert_eq!(
         totals(&resolver),
         ShadowTotals {
-            picks: 4,
-            picked: 4,
             agreed: 4,
+            disagreed: 0,
+            none: 0,
             cached_tokens: 0,
             live_cached_tokens: 0,
         },
@@ -119,14 +119,44 @@ fn a_shadow_of_the_same_rotation_agrees_on_every_pick() {
 }
 
 #[test]
-fn a_sampled_shadow_counts_what_each_pick_holds_and_changes_nothing_shared() {
+fn a_shadow_samples_a_share_of_picks_not_every_nth() {
+    let handles = PolicyHandles::new(Arc::new(EngineReportedLoadTable::default()));
+    let resolver = resolver(
+        r#"[{"id": "b", "groups": {"plain": {
+            "policy": {"type": "round_robin"},
+            "shadow": {"policy": {"type": "round_robin"}, "every": 2}}}}]"#,
+        &handles,
+    )
+    .expect("valid");
+    let picks = select(&resolver, 400);
+    let shadowed: Vec<&str> = picks
+        .iter()
+        .filter(|(_, seen)| seen.iter().any(|o| matches!(o, Observation::Shadow { .. })))
+        .map(|(live, _)| live.as_str())
+        .collect();
+    assert!(
+        (160..=240).contains(&shadowed.len()),
+        "about one in two: {}",
+        shadowed.len()
+    );
+    assert_eq!(totals(&resolver).picks(), shadowed.len() as u64);
+    let on_a1 = shadowed.iter().filter(|e| **e == "A1").count();
+    assert!(
+        on_a1 > 0 && on_a1 < shadowed.len(),
+        "every second pick would all be A1's: {on_a1} of {}",
+        shadowed.len()
+    );
+}
+
+#[test]
+fn a_shadow_counts_what_each_pick_holds_and_changes_nothing_shared() {
     let source = Arc::new(A2Holds::default());
     let handles = PolicyHandles::new(Arc::new(EngineReportedLoadTable::default()))
         .with_prefix_source(Some(Arc::clone(&source) as Arc<dyn CacheSource>));
     let resolver = resolver(
         r#"[{"id": "b", "groups": {"plain": {
             "policy": {"type": "round_robin"},
-            "shadow": {"policy": {"type": "cache_aware", "min_matched_tokens": 16}, "every": 2}}}}]"#,
+            "shadow": {"policy": {"type": "cache_aware", "min_matched_tokens": 16}, "every": 1}}}}]"#,
         &handles,
     )
     .expect("valid");
@@ -136,13 +166,13 @@ fn a_sampled_shadow_counts_what_each_pick_holds_and_changes_nothing_shared() {
     assert_eq!(
         totals(&resolver),
         ShadowTotals {
-            picks: 2,
-            picked: 2,
-            agreed: 0,
-            cached_tokens: 128,
-            live_cached_tokens: 0,
+            agreed: 2,
+            disagreed: 2,
+            none: 0,
+            cached_tokens: 4 * 64,
+            live_cached_tokens: 2 * 64,
         },
-        "requests 1 and 3 are shadowed: the live A1 holds nothing, the shadow's A2 64 tokens"
+        "the shadow picks A2, which holds the prompt's 64 tokens, every time"
     );
     assert_eq!(
         (
@@ -150,7 +180,7 @@ fn a_sampled_shadow_counts_what_each_pick_holds_and_changes_nothing_shared() {
             source.dry_lookups.load(Ordering::Relaxed),
             source.routed.load(Ordering::Relaxed)
         ),
-        (2, 2, 0),
+        (4, 4, 0),
         "the shadow's lookups leave the source as it was, and it is told of no routing"
     );
     let shadows: Vec<Option<&Observation>> = picks
@@ -160,7 +190,6 @@ fn a_sampled_shadow_counts_what_each_pick_holds_and_changes_nothing_shared() {
                 .find(|o| matches!(o, Observation::Shadow { .. }))
         })
         .collect();
-    assert!(shadows[1].is_none() && shadows[3].is_none());
     assert_eq!(
         shadows[0],
         Some(&Observation::Shadow {
@@ -168,11 +197,16 @@ fn a_sampled_shadow_counts_what_each_pick_holds_and_changes_nothing_shared() {
             stage: Role::Plain,
             policy: "cache_aware",
             engine: Some(EngineId::from("A2")),
+            agreed: false,
             cached_tokens: 64,
             live_cached_tokens: 0,
         }),
         "a recorded request carries its shadow's pick"
     );
+    assert!(matches!(
+        shadows[1],
+        Some(Observation::Shadow { agreed: true, .. })
+    ));
 }
 
 #[test]
@@ -197,4 +231,30 @@ fn a_shadow_is_validated_at_its_path() {
     );
     let unknown = error(r#"{"policy": {"type": "random"}, "share": 0.5}"#);
     assert!(unknown.contains("share"), "{unknown}");
+}
+
+#[test]
+fn a_shadow_sees_the_engines_as_the_group_did_before_its_pick_is_reserved() {
+    let handles = PolicyHandles::new(Arc::new(EngineReportedLoadTable::default()));
+    let resolver = resolver(
+        r#"[{"id": "b", "groups": {"plain": {
+            "policy": {"type": "round_robin", "admission": {"max_inflight_requests": 1}},
+            "shadow": {"policy": {"type": "load_based"}, "every": 1}}}}]"#,
+        &handles,
+    )
+    .expect("valid");
+    let engines = registry(&[("A1", Role::Plain), ("A2", Role::Plain)]);
+    let selection = runtime().block_on(async {
+        resolver
+            .select(&engines.snapshot(), &RequestFacts::new("m", 64))
+            .await
+            .expect("a pick")
+    });
+    let live = selection.pick.engines.iter().next().expect("one engine");
+    assert_eq!(live.engine.id().as_str(), "A1");
+    assert_eq!(
+        totals(&resolver).agreed,
+        1,
+        "both engines idle to the shadow too: the least loaded is A1, not the A2 a reserved A1 would leave"
+    );
 }

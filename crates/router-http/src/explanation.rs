@@ -403,13 +403,10 @@ fn stage_outcome(entry: &mut Value, seen: &[Observation], here: &dyn Fn(&str, Ro
                 stage: s,
                 policy,
                 engine,
+                agreed,
                 cached_tokens,
                 live_cached_tokens,
             } if here(b, *s) => {
-                // The group's pick is observed before its shadow's.
-                let agreed = engine
-                    .as_ref()
-                    .map(|e| entry["pick"]["engine"] == e.as_str());
                 entry["shadow"] = json!({
                     "policy": policy,
                     "engine": engine.as_ref().map(EngineId::as_str),

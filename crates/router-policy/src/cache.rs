@@ -101,9 +101,11 @@ impl CacheSource for LocalCacheSource {
     }
 }
 
+/// A source, its answer, and whether that answer came from a dry-run lookup.
 type Entry = (
     Arc<dyn CacheSource>,
     Arc<Result<CacheLookup, CacheQueryError>>,
+    bool,
 );
 
 /// One request's prefix lookups, one per source, shared by every bucket attempt of
@@ -121,7 +123,9 @@ impl PrefixMemo {
     }
 
     /// The lookup of `token_ids` in `namespace` of `source`, asking the source only
-    /// the first time (a `dry_run` one: see [`CacheSource::lookup`]).
+    /// the first time (a `dry_run` one: see [`CacheSource::lookup`]); a lookup that is
+    /// no dry run after a dry one (a shadow policy's) asks again, so the source's
+    /// recency is kept as the request's real picks leave it.
     pub async fn lookup(
         &self,
         source: &Arc<dyn CacheSource>,
@@ -129,15 +133,17 @@ impl PrefixMemo {
         token_ids: &[u32],
         dry_run: bool,
     ) -> Arc<Result<CacheLookup, CacheQueryError>> {
-        if let Some(found) = self.find(source) {
-            return found;
+        let usable = |entry: &Entry| Arc::ptr_eq(&entry.0, source) && (dry_run || !entry.2);
+        if let Some((_, found, _)) = self.entries.lock().iter().find(|e| usable(e)) {
+            return Arc::clone(found);
         }
         let answer = Arc::new(source.lookup(namespace, token_ids, dry_run).await);
         let mut entries = self.entries.lock();
-        if let Some((_, found)) = entries.iter().find(|(s, _)| Arc::ptr_eq(s, source)) {
+        if let Some((_, found, _)) = entries.iter().find(|e| usable(e)) {
             return Arc::clone(found);
         }
-        entries.push((Arc::clone(source), Arc::clone(&answer)));
+        entries.retain(|(s, _, _)| !Arc::ptr_eq(s, source));
+        entries.push((Arc::clone(source), Arc::clone(&answer), dry_run));
         answer
     }
 
@@ -146,7 +152,7 @@ impl PrefixMemo {
         self.entries
             .lock()
             .first()
-            .map(|(_, answer)| Arc::clone(answer))
+            .map(|(_, answer, _)| Arc::clone(answer))
     }
 
     /// How many sources were asked.
@@ -157,17 +163,6 @@ impl PrefixMemo {
     /// Whether no source was asked yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn find(
-        &self,
-        source: &Arc<dyn CacheSource>,
-    ) -> Option<Arc<Result<CacheLookup, CacheQueryError>>> {
-        self.entries
-            .lock()
-            .iter()
-            .find(|(s, _)| Arc::ptr_eq(s, source))
-            .map(|(_, answer)| Arc::clone(answer))
     }
 }
 

@@ -136,6 +136,8 @@ pub enum Observation {
         policy: &'static str,
         /// Its pick; `None` when it picked nothing.
         engine: Option<EngineId>,
+        /// Whether it picked the group's engine.
+        agreed: bool,
         /// Prompt tokens its engine holds, by the request's prefix lookup.
         cached_tokens: u64,
         /// Prompt tokens the group's own pick holds, by the same lookup.

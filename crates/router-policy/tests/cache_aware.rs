@@ -351,6 +351,36 @@ fn an_unavailable_source_falls_back_visibly_and_a_refused_query_is_an_error() {
 }
 
 #[test]
+fn a_real_lookup_after_a_dry_one_asks_the_source_again() {
+    let source = Scripted::hits(&[("e1", cached(4096))]);
+    let shared: Arc<dyn CacheSource> = source.clone();
+    let memo = PrefixMemo::new();
+    let rt = runtime();
+    let ask = |dry_run: bool| rt.block_on(memo.lookup(&shared, None, &[1, 2, 3], dry_run));
+    ask(true);
+    ask(true);
+    assert_eq!(
+        source.asked.load(Ordering::SeqCst),
+        1,
+        "dry answers are shared"
+    );
+    ask(false);
+    assert_eq!(
+        source.asked.load(Ordering::SeqCst),
+        2,
+        "a shadow's dry answer does not stand in for a real pick's lookup"
+    );
+    ask(false);
+    ask(true);
+    assert_eq!(
+        source.asked.load(Ordering::SeqCst),
+        2,
+        "a real answer serves both"
+    );
+    assert_eq!(memo.len(), 1);
+}
+
+#[test]
 fn one_request_looks_its_prefix_up_once_per_source() {
     let s = Setup::new(2);
     s.idle_all();

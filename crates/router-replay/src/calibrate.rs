@@ -181,23 +181,26 @@ pub fn fit_capacity(
 ) -> Result<(u64, f64), ReplayError> {
     let page = u64::from(settings.engine.page_size);
     let oracle = oracle_cached_tokens(trace, settings.engine.page_size);
-    let mut best: Option<(u64, f64)> = None;
-    let mut capacity = CAPACITY_RANGE.0.max(page).next_power_of_two();
-    while capacity <= CAPACITY_RANGE.1 {
+    let share_at = |capacity: u64| -> Result<f64, ReplayError> {
         let mut tried = *settings;
         tried.engine.kv_capacity_tokens = capacity;
-        let share = crate::replay(config, trace, None, &tried)?
+        Ok(crate::replay(config, trace, None, &tried)?
             .summary("capacity", oracle)
-            .cached_share;
-        if share >= recorded_share - 0.005 {
-            return Ok((capacity, share));
-        }
-        if best.is_none_or(|(_, b)| (share - recorded_share).abs() < (b - recorded_share).abs()) {
-            best = Some((capacity, share));
-        }
+            .cached_share)
+    };
+    let enough = |share: f64| share >= recorded_share - 0.005;
+    let mut capacity = CAPACITY_RANGE.0.max(page).next_power_of_two();
+    // At least one capacity is tried, however large a page.
+    let largest = CAPACITY_RANGE.1.max(capacity);
+    let mut best = (capacity, share_at(capacity)?);
+    while !enough(best.1) && capacity < largest {
         capacity *= 2;
+        let share = share_at(capacity)?;
+        if enough(share) || (share - recorded_share).abs() < (best.1 - recorded_share).abs() {
+            best = (capacity, share);
+        }
     }
-    Ok(best.unwrap_or((settings.engine.kv_capacity_tokens, 0.0)))
+    Ok(best)
 }
 
 #[cfg(test)]

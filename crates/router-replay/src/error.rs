@@ -114,6 +114,11 @@ pub enum SettingsError {
     /// The first-token delay.
     #[error("the first-token delay must be at most {} s", MAX_FIRST_TOKEN_DELAY.as_secs())]
     FirstTokenDelay,
+    /// A first-token delay with a closed loop.
+    #[error(
+        "a first-token delay (calibration's) is replayed with open arrivals only: a closed loop's clients would not wait for it"
+    )]
+    DelayInClosedLoop,
     /// The host tier's load cost.
     #[error(
         "the host load cost must be 0 to {MAX_LOAD_COST} (a share of prefill time), not {cost}"

@@ -57,9 +57,8 @@ impl Collector for ShadowCollector {
                 let t = s.totals;
                 vec![
                     ("agreed", t.agreed),
-                    // Read one after another, the sums may be a pick apart.
-                    ("disagreed", t.picked.saturating_sub(t.agreed)),
-                    ("none", t.picks.saturating_sub(t.picked)),
+                    ("disagreed", t.disagreed),
+                    ("none", t.none),
                 ]
             },
         )?;

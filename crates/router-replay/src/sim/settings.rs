@@ -29,7 +29,7 @@ pub struct ReplaySettings {
     pub seed: u64,
     /// Time outside the engine model (the router, HTTP, the engine's front end)
     /// added to every answer's first token and end; 0 by default. Calibration fits it
-    /// to records ([`calibrate`](crate::calibrate)).
+    /// to records ([`calibrate`](crate::calibrate)). Open arrivals only.
     pub first_token_delay: Duration,
 }
 
@@ -122,6 +122,11 @@ impl ReplaySettings {
         }
         if self.first_token_delay > MAX_FIRST_TOKEN_DELAY {
             return Err(SettingsError::FirstTokenDelay.into());
+        }
+        // Added once the run is over, the delay would not hold a closed loop's
+        // clients back.
+        if !self.first_token_delay.is_zero() && matches!(self.arrivals, Arrivals::Closed { .. }) {
+            return Err(SettingsError::DelayInClosedLoop.into());
         }
         if self.host_tier.pages > MAX_HOST_PAGES {
             return Err(SettingsError::HostPages.into());

@@ -242,13 +242,11 @@ enum Gone {
     /// Applies nothing (a repair, which its caller then gives up).
     GiveUp,
     /// The first batch asked for is the last one applied, whose payload digest this
-    /// is: it is skipped, and the rest applied. A later first batch starts over as
-    /// [`Gone::StartOver`]; none, or another batch under its number, ends the replay
-    /// as [`End::NotHeld`].
+    /// is: it is skipped, and the rest applied. The batch after it first (the one
+    /// asked for just left the buffer) is applied as it comes; a later one starts over
+    /// as [`Gone::StartOver`]; none, or another batch under its number, ends the
+    /// replay as [`End::NotHeld`].
     Held(u64),
-    /// Whatever comes is a new incarnation's history: the source is cleared before
-    /// its first batch (counted as a restart), then everything applied.
-    Replace,
 }
 
 /// How a replay ended.
@@ -346,12 +344,16 @@ impl Stream<'_> {
         }
         let replay = match self.last {
             Some((seq, digest)) if seq + 1 == next => {
-                match self.replay(seq, Gone::Held(digest)).await {
-                    Replay {
-                        end: End::NotHeld, ..
-                    } => self.replay(0, Gone::Replace).await,
-                    replay => replay,
+                let replay = self.replay(seq, Gone::Held(digest)).await;
+                if replay.end == End::NotHeld {
+                    // A new incarnation: nothing of the old one survives, and its own
+                    // history is replayed as on connecting.
+                    self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                    self.forget();
+                    self.bootstrap().await;
+                    return;
                 }
+                replay
             }
             _ => self.replay(next, Gone::StartOver).await,
         };
@@ -491,11 +493,7 @@ impl Stream<'_> {
                     replay.end = End::NotHeld;
                     return replay;
                 }
-                (None, Gone::Replace) => {
-                    self.stats.restarts.fetch_add(1, Ordering::Relaxed);
-                    self.clear();
-                    replay.started_over = true;
-                }
+                (None, Gone::Held(_)) if start.checked_add(1) == Some(seq) => {}
                 (None, _) if seq == start => {}
                 (None, Gone::StartOver | Gone::Held(_)) => {
                     // Even the batches asked for are gone: start over from what is

@@ -94,20 +94,22 @@ impl Fixture {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catch_up_finds_a_restart_the_live_stream_missed() {
     let f = Fixture::start(64).await;
-    let old = prompt(1, 4);
-    f.serve(&old).await;
+    let old = [prompt(1, 4), prompt(4, 1)];
+    for prompt in &old {
+        f.serve(prompt).await;
+    }
     let mut stream = f.stream();
     stream.bootstrap().await;
-    assert_eq!(held(&f.index, &old), 4);
+    assert_eq!((held(&f.index, &old[0]), stream.next), (4, Some(2)));
 
     f.engine.engine().restart_publishers();
     let new = prompt(2, 2);
     f.serve(&new).await;
     stream.catch_up().await;
     assert_eq!(
-        held(&f.index, &old),
-        0,
-        "the old incarnation's pages are gone, though its numbers are past the new one's"
+        (held(&f.index, &old[0]), held(&f.index, &old[1])),
+        (0, 0),
+        "the old incarnation's pages are gone, though nothing comes from the number asked for on"
     );
     assert_eq!(
         held(&f.index, &new),
@@ -126,6 +128,54 @@ async fn a_catch_up_finds_a_restart_the_live_stream_missed() {
         "the same incarnation is caught up, not started over"
     );
     assert_eq!(counter(&f.stats, "restarts"), 1);
+    f.engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_published_as_far_is_told_by_its_batch() {
+    let f = Fixture::start(64).await;
+    let old = prompt(1, 4);
+    f.serve(&old).await;
+    let mut stream = f.stream();
+    stream.bootstrap().await;
+    f.engine.engine().restart_publishers();
+    let new = prompt(2, 2);
+    f.serve(&new).await;
+    stream.catch_up().await;
+    assert_eq!(
+        (held(&f.index, &old), held(&f.index, &new)),
+        (0, 2),
+        "batch 0 again, but another payload: a new incarnation"
+    );
+    assert_eq!(counter(&f.stats, "restarts"), 1);
+    f.engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_whose_last_batch_just_left_the_buffer_goes_on_from_it() {
+    let f = Fixture::start(2).await;
+    let first = prompt(1, 1);
+    f.serve(&first).await;
+    let mut stream = f.stream();
+    stream.bootstrap().await;
+    let missed = [prompt(2, 1), prompt(3, 1)];
+    for prompt in &missed {
+        f.serve(prompt).await;
+    }
+    stream.catch_up().await;
+    assert_eq!(
+        [&first, &missed[0], &missed[1]].map(|p| held(&f.index, p)),
+        [1, 1, 1],
+        "nothing is missing: the buffer begins right after the last batch applied"
+    );
+    assert_eq!(
+        (
+            counter(&f.stats, "replay_failures"),
+            counter(&f.stats, "catch_ups"),
+            counter(&f.stats, "clears")
+        ),
+        (0, 1, 0)
+    );
     f.engine.shutdown().await;
 }
 
