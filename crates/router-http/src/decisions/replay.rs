@@ -95,17 +95,13 @@ pub(crate) fn fields(prompt: Prompt<'_>, arrived: SystemTime, key: &RandomState)
 
 /// `pages` as 16 lowercase hex digits each, most significant first.
 fn hex(pages: impl ExactSizeIterator<Item = u64>) -> String {
-    let mut out = Vec::with_capacity(pages.len() * 16);
+    let mut out = String::with_capacity(pages.len() * 16);
     for page in pages {
-        for byte in page.to_be_bytes() {
-            out.extend([
-                DIGITS[usize::from(byte >> 4)],
-                DIGITS[usize::from(byte & 0xf)],
-            ]);
+        for nibble in (0..16).rev() {
+            out.push(char::from(DIGITS[((page >> (nibble * 4)) & 0xf) as usize]));
         }
     }
-    // Hex digits are ASCII.
-    String::from_utf8(out).unwrap_or_default()
+    out
 }
 
 #[cfg(test)]
