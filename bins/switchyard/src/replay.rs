@@ -186,6 +186,19 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// Refuses flags that do not go together, before anything is read.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.calibrate && self.records.is_empty() {
+            anyhow::bail!("--calibrate fits the engines to decision records: give --records");
+        }
+        if self.calibrate && self.closed_loop.is_some() {
+            anyhow::bail!(
+                "--calibrate fits a first-token delay, which a closed loop's clients would not wait for: replay calibrated records at their times"
+            );
+        }
+        Ok(())
+    }
+
     /// `--config`, which clap requires.
     fn config(&self) -> anyhow::Result<&std::path::Path> {
         self.config
@@ -237,11 +250,8 @@ impl RunArgs {
         recorded: Option<&Recorded>,
     ) -> anyhow::Result<ReplaySettings> {
         let settings = self.settings(config)?;
-        if !self.calibrate {
+        let (true, Some(recorded)) = (self.calibrate, recorded) else {
             return Ok(settings);
-        }
-        let Some(recorded) = recorded else {
-            anyhow::bail!("--calibrate fits the engines to decision records: give --records");
         };
         let fitted = calibrate(recorded).context("calibrating to the records")?;
         let mut settings = fitted.apply(&settings);
@@ -296,6 +306,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         return run_diff(diff);
     }
     let run = &args.run;
+    run.check()?;
     let config = read_config(run.config()?)?;
     let (trace, recorded) = run.requests(&[&config])?;
     let settings = run.calibrated(&config, &trace, recorded.as_ref())?;
@@ -330,6 +341,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 /// `switchyard replay diff`: the same requests through two configurations.
 fn run_diff(args: &DiffArgs) -> anyhow::Result<()> {
     let run = &args.run;
+    run.check()?;
     let configs = [read_config(run.config()?)?, read_config(&args.against)?];
     let (trace, recorded) = run.requests(&[&configs[0], &configs[1]])?;
     // The engines are the same in both runs: fitted once, through `--config`.

@@ -580,4 +580,17 @@ fn replay_refuses_two_inputs_and_a_diff_without_its_second_configuration() {
         ],
         "--records",
     );
+    refused(
+        &[
+            "replay",
+            "--calibrate",
+            "--closed-loop",
+            "2",
+            "--records",
+            trace,
+            "--config",
+            config,
+        ],
+        "closed loop",
+    );
 }

@@ -185,7 +185,8 @@ impl EngineGroup {
     }
 
     /// Runs the policy and, unless the request is a dry run, lets the group's shadow
-    /// pick beside its first pick, then reserves the engine it returned
+    /// pick beside its first pick (counted against the pick reserved), then reserves
+    /// the engine it returned
     /// ([`Policy::reserve`]). A concurrent pick may take an engine's last slot between
     /// the policy's check and the reservation: the policy then picks again, seeing
     /// that engine full, up to [`RESERVE_TRIES`] times in all.
@@ -195,6 +196,7 @@ impl EngineGroup {
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         let mut tries = 0;
+        let mut shadowed = None;
         loop {
             let mut pick = self.policy.pick(candidates, request).await?;
             if !candidates.iter().any(|c| Arc::ptr_eq(c, &pick.engine)) {
@@ -206,14 +208,18 @@ impl EngineGroup {
             if request.is_dry_run() {
                 return Ok(pick);
             }
-            // The shadow sees what the policy saw: before the pick is reserved.
+            // The shadow sees what the policy saw: before the pick is reserved. It is
+            // counted against the pick reserved, and not at all without one.
             if let (0, Some(shadow)) = (tries, &self.shadow) {
-                shadow.beside(candidates, request, &pick).await;
+                shadowed = shadow.pick(candidates, request).await;
             }
             tries += 1;
             match self.policy.reserve(&pick) {
                 Ok(reservation) => {
                     pick.reservation = reservation;
+                    if let (Some(picked), Some(shadow)) = (shadowed, &self.shadow) {
+                        shadow.count(picked, request, &pick);
+                    }
                     return Ok(pick);
                 }
                 Err(rejection) if tries >= RESERVE_TRIES => {

@@ -151,23 +151,28 @@ impl Shadow {
         &self.stats
     }
 
-    /// Picks beside the group's `live` pick of `request` (made, not yet reserved)
-    /// when this pick is sampled, and counts the outcome; records it when the request
-    /// is recorded.
-    pub(crate) async fn beside(
+    /// Picks beside the group's pick of `request` when this pick is sampled, as the
+    /// group's policy has just picked (before its pick is reserved): `None` when not
+    /// sampled, else the shadow's pick, if it made one. [`count`](Self::count) then
+    /// counts it against the pick the group made.
+    pub(crate) async fn pick(
         &self,
         candidates: &[Arc<Engine>],
         request: &PickRequest<'_>,
-        live: &Pick,
-    ) {
+    ) -> Option<Option<Pick>> {
         let n = self.stats.seen.fetch_add(1, Ordering::Relaxed);
         if !sampled(n, self.every) {
-            return;
+            return None;
         }
         let explanation = Explanation::shadow();
         let facts = request.facts.with_explanation(Some(&explanation));
         let shadowed = PickRequest::new(facts, request.stage, request.bucket_id);
-        let picked = self.policy.pick(candidates, &shadowed).await.ok();
+        Some(self.policy.pick(candidates, &shadowed).await.ok())
+    }
+
+    /// Counts the shadow's `picked` against the group's `live` pick of `request`, as
+    /// reserved; records it when the request is recorded.
+    pub(crate) fn count(&self, picked: Option<Pick>, request: &PickRequest<'_>, live: &Pick) {
         let lookup = request.facts.prefix_memo.and_then(|memo| memo.first());
         let held = |engine: &EngineId, predicted: Option<u64>| match lookup.as_deref() {
             Some(Ok(CacheLookup::Answered(hits))) => {

@@ -142,8 +142,12 @@ impl PrefixMemo {
         if let Some((_, found, _)) = entries.iter().find(|e| usable(e)) {
             return Arc::clone(found);
         }
-        entries.retain(|(s, _, _)| !Arc::ptr_eq(s, source));
-        entries.push((Arc::clone(source), Arc::clone(&answer), dry_run));
+        let entry = (Arc::clone(source), Arc::clone(&answer), dry_run);
+        // A dry answer replaced keeps its place: `first` stays the first source asked.
+        match entries.iter_mut().find(|(s, _, _)| Arc::ptr_eq(s, source)) {
+            Some(replaced) => *replaced = entry,
+            None => entries.push(entry),
+        }
         answer
     }
 

@@ -277,6 +277,21 @@ impl Rank {
         self.cache.release(&run.keys[..run.held]);
     }
 
+    /// Whether nothing waits, runs or is counted on it: so every rank ends a replay.
+    pub(crate) fn is_idle(&self) -> bool {
+        let load = &self.load;
+        self.waiting.is_empty()
+            && [
+                load.running_requests,
+                load.waiting_requests,
+                load.used_kv_tokens,
+                load.waiting_uncached_tokens,
+                load.total_tokens,
+            ]
+            .iter()
+            .all(|n| *n == 0)
+    }
+
     /// The load to publish at `now`, when it changed or has not been published for
     /// `republish` microseconds (as engine-sim's publisher decides).
     pub(crate) fn publish(&mut self, now: u64, republish: u64) -> Option<LoadSample> {

@@ -48,13 +48,15 @@ enum Event {
     Deliver(usize),
 }
 
-/// A run on an engine's rank, with the router's in-flight count for it.
+/// A run on an engine's rank, with the router's in-flight counts for it: its
+/// engine's and, on a decode engine, its prefill engine's too (the router counts a
+/// pair's both legs until the answer ends).
 #[derive(Debug)]
 struct Placed {
     run: Run,
     engine: usize,
     rank: usize,
-    _guard: InflightGuard,
+    _guards: Vec<InflightGuard>,
     /// Where a prefill engine's run goes once prefilled: the decode engine picked
     /// with it.
     decode: Option<Leg>,
@@ -163,6 +165,14 @@ pub(crate) async fn run(
             Event::Deliver(engine) => replay.deliver(engine)?,
         }
     }
+    debug_assert!(
+        replay.live == 0
+            && replay
+                .engines
+                .iter()
+                .all(|e| e.ranks.iter().all(Rank::is_idle)),
+        "every run ended and gave back what it held"
+    );
     // Time outside the engine model comes after everything the model decided.
     let delay = u64::try_from(settings.first_token_delay.as_micros()).unwrap_or(u64::MAX);
     for outcome in &mut replay.outcomes {
@@ -438,7 +448,7 @@ impl<'a> Replay<'a> {
             run,
             engine,
             rank,
-            _guard: guard,
+            _guards: vec![guard],
             decode,
         });
     }
@@ -513,11 +523,13 @@ impl<'a> Replay<'a> {
         let placed = self.runs[id].take().expect("a prefilled run is placed");
         self.free.push(id);
         self.engines[placed.engine].ranks[placed.rank].finish(&placed.run);
+        let mut guards = placed._guards;
+        guards.push(leg.guard);
         self.queue_run(Placed {
             run: placed.run.handed_over(),
             engine: leg.engine,
             rank: leg.rank,
-            _guard: leg.guard,
+            _guards: guards,
             decode: None,
         });
     }

@@ -172,6 +172,39 @@ fn a_prefill_decode_pair_prefills_on_one_engine_and_generates_on_the_other() {
     );
 }
 
+/// The router counts both legs of a pair in flight until the answer ends: a prefill
+/// engine capped at one request in flight takes no second request while the first
+/// is still decoding elsewhere.
+#[test]
+fn a_pairs_prefill_engine_counts_its_request_until_the_answer_ends() {
+    let config = router_config::RouterConfig::from_yaml(
+        "models:\n  - id: m\n    engines:\n      - {id: P, url: 'http://127.0.0.1:1', role: prefill}\n      - {id: D, url: 'http://127.0.0.1:2', role: decode}\n    buckets:\n      - id: all\n        groups: {pd: {prefill: {policy: {type: round_robin, admission: {max_inflight_requests: 1}}}, decode: {}}}\n",
+    )
+    .unwrap();
+    // The second arrives at 100 ms: the first was prefilled at 16 ms and decodes
+    // until 216 ms.
+    let trace = router_replay::read_trace(
+        &b"{\"at_us\": 0, \"prompt\": [{\"id\": \"a\", \"tokens\": 16}], \"output_tokens\": 20}\n\
+           {\"at_us\": 100000, \"prompt\": [{\"id\": \"b\", \"tokens\": 16}], \"output_tokens\": 20}\n"[..],
+    )
+    .unwrap();
+    let mut settings = settings();
+    settings.engine.serial_prefill = false;
+    settings.engine.prefill_tokens_per_sec = 1_000.0;
+    settings.engine.decode_tokens_per_sec = 100.0;
+    let report = replay(&config, &trace, None, &settings).unwrap();
+    let seen: Vec<_> = report
+        .outcomes()
+        .iter()
+        .map(|o| (o.rejected, o.ttft_us, o.finished_us))
+        .collect();
+    assert_eq!(
+        seen,
+        [(false, Some(26_000), Some(216_000)), (true, None, None)],
+        "the prefill engine still counts the first request at 100 ms"
+    );
+}
+
 #[test]
 fn an_error_says_what_it_carries_once() {
     // The binary prints an error with its chain of sources: what a message already

@@ -242,10 +242,10 @@ enum Gone {
     /// Applies nothing (a repair, which its caller then gives up).
     GiveUp,
     /// The first batch asked for is the last one applied, whose payload digest this
-    /// is: it is skipped, and the rest applied. The batch after it first (the one
-    /// asked for just left the buffer) is applied as it comes; a later one starts over
-    /// as [`Gone::StartOver`]; none, or another batch under its number, ends the
-    /// replay as [`End::NotHeld`].
+    /// is: it is skipped, and the rest applied. A later first batch starts over as
+    /// [`Gone::StartOver`] (the batch may have left the buffer, or the engine may have
+    /// restarted and published past it: which, the replay cannot tell); none, or
+    /// another batch under its number, ends the replay as [`End::NotHeld`].
     Held(u64),
 }
 
@@ -493,7 +493,6 @@ impl Stream<'_> {
                     replay.end = End::NotHeld;
                     return replay;
                 }
-                (None, Gone::Held(_)) if start.checked_add(1) == Some(seq) => {}
                 (None, _) if seq == start => {}
                 (None, Gone::StartOver | Gone::Held(_)) => {
                     // Even the batches asked for are gone: start over from what is

@@ -151,8 +151,11 @@ async fn a_restart_that_published_as_far_is_told_by_its_batch() {
     f.engine.shutdown().await;
 }
 
+/// The buffer no longer holds the last batch applied: it left the buffer, or a
+/// restarted engine published past it; the replay cannot tell which, so the rank
+/// starts over from what is buffered rather than lay new batches over old ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_catch_up_whose_last_batch_just_left_the_buffer_goes_on_from_it() {
+async fn a_catch_up_whose_last_batch_left_the_buffer_starts_over() {
     let f = Fixture::start(2).await;
     let first = prompt(1, 1);
     f.serve(&first).await;
@@ -165,16 +168,14 @@ async fn a_catch_up_whose_last_batch_just_left_the_buffer_goes_on_from_it() {
     stream.catch_up().await;
     assert_eq!(
         [&first, &missed[0], &missed[1]].map(|p| held(&f.index, p)),
-        [1, 1, 1],
-        "nothing is missing: the buffer begins right after the last batch applied"
+        [0, 1, 1]
     );
     assert_eq!(
         (
             counter(&f.stats, "replay_failures"),
-            counter(&f.stats, "catch_ups"),
-            counter(&f.stats, "clears")
+            counter(&f.stats, "catch_ups")
         ),
-        (0, 1, 0)
+        (1, 0)
     );
     f.engine.shutdown().await;
 }
