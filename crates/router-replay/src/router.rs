@@ -103,15 +103,6 @@ fn replayed(config: &RouterConfig) -> RouterConfig {
     config
 }
 
-/// The registry's role of an engine configured as `role`.
-fn role(role: Option<EngineRole>) -> Role {
-    match role {
-        None | Some(EngineRole::Plain) => Role::Plain,
-        Some(EngineRole::Prefill) => Role::Prefill,
-        Some(EngineRole::Decode) => Role::Decode,
-    }
-}
-
 impl Router {
     /// Builds the router `config` describes, its engines registered.
     ///
@@ -132,6 +123,8 @@ impl Router {
             };
             for (e, engine) in model.engines.iter().enumerate() {
                 let dp = engine.dp_size.unwrap_or(1).max(1);
+                // Without a role an engine is plain, as `replayed` makes it.
+                let role = engine.role.map_or(Role::Plain, Role::from);
                 let dp_size = NonZeroU32::new(dp).unwrap_or(NonZeroU32::MIN);
                 registry
                     .add(
@@ -139,14 +132,14 @@ impl Router {
                             engine.id.as_str(),
                             engine.url.as_str(),
                             model.id.as_str(),
-                            role(engine.role),
+                            role,
                         )
                         .with_dp_size(dp_size),
                     )
                     .map_err(|problem| at(format!(".engines[{e}]"), &problem))?;
                 let id = EngineId::new(engine.id.as_str());
                 load.register(&id, dp_size);
-                engines.push((id, model.id.clone(), dp, role(engine.role)));
+                engines.push((id, model.id.clone(), dp, role));
             }
             // Every replayed engine has its role: the buckets are built already.
             let resolver = selection.routing.resolve(|_| None).map_err(|problem| {
