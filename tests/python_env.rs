@@ -11,6 +11,7 @@ use std::process::Command;
 /// venv's interpreter and the marker each unpacked wheel gets last.
 const PREPARED: &[&str] = &[
     "venv/bin/python",
+    "venv/bin/envoy",
     "sglang/.complete",
     "vllm/.complete",
     "qwen3/.complete",

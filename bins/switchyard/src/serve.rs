@@ -121,7 +121,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             file,
             move |config| overridden(config, &args, env_token.clone()),
         ));
-        println!("{}", json!({"event": "ready", "addr": router.addr()}));
+        println!(
+            "{}",
+            json!({"event": "ready", "addr": router.addr(), "picker": router.picker_addr()})
+        );
         crate::sim_engine::shutdown_signal().await;
         reloads.abort();
         tracing::info!("shutting down: draining in-flight requests");

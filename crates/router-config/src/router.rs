@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::validate_models;
 use crate::{
     AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
-    LimitsConfig, LoadConfig, ModelConfig, PrefixIndexerConfig, RetryConfig, RolePolicies,
-    RoutingHeaders, TimeoutConfig, TracesConfig,
+    LimitsConfig, LoadConfig, ModelConfig, PickerConfig, PrefixIndexerConfig, RetryConfig,
+    RolePolicies, RoutingHeaders, TimeoutConfig, TracesConfig,
 };
 
 /// The whole configuration file.
@@ -64,6 +64,10 @@ pub struct RouterConfig {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decisions: Option<DecisionsConfig>,
+    /// The endpoint picker of a Gateway API inference gateway (Envoy's `ext_proc`);
+    /// off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub picker: Option<PickerConfig>,
     /// The router's own spans, exported over OTLP; off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traces: Option<TracesConfig>,
@@ -91,6 +95,7 @@ impl RouterConfig {
             affinity: AffinitySettings::default(),
             prefix_indexer: None,
             decisions: None,
+            picker: None,
             traces: None,
             routing_headers: RoutingHeaders::default(),
             discovery: DiscoveryConfig::default(),
@@ -161,6 +166,7 @@ impl RouterConfig {
             discovery,
             prefix_indexer,
             decisions,
+            picker,
             traces,
             // Every value is valid.
             routing_headers: _,
@@ -189,6 +195,9 @@ impl RouterConfig {
         health.validate(&mut errors);
         load.validate(&mut errors);
         admin.validate_listen(*listen, &mut errors);
+        if let Some(picker) = picker {
+            picker.validate(*listen, admin.listen, models, discovery, &mut errors);
+        }
         if models.is_empty() {
             errors.push(ConfigError::at("models", "must list at least one model"));
         }

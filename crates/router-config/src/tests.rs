@@ -607,3 +607,37 @@ fn the_prefix_indexer_section_names_one_indexer_or_a_few_in_order() {
         ["http://a:1"]
     );
 }
+
+#[test]
+fn the_picker_needs_its_own_address_bounded_streams_and_no_prefill_decode_model() {
+    let plain = "models: [{id: m, engines: [{id: A, url: 'http://10.0.0.1:1', role: plain}]}]\n";
+    assert!(errors(&format!("picker: {{listen: 127.0.0.1:9002}}\n{plain}")).is_empty());
+    for (yaml, want) in [
+        (
+            format!("listen: 127.0.0.1:9000\npicker: {{listen: 127.0.0.1:9000}}\n{plain}"),
+            "picker.listen: must differ from listen and admin.listen",
+        ),
+        (
+            format!("admin: {{token: t, listen: 127.0.0.1:9090}}\npicker: {{listen: 127.0.0.1:9090}}\n{plain}"),
+            "picker.listen: must differ from listen and admin.listen",
+        ),
+        (
+            format!("picker: {{listen: 127.0.0.1:9002, max_streams: 0}}\n{plain}"),
+            "picker.max_streams: must be between 1 and 1048576",
+        ),
+        (
+            "picker: {listen: 127.0.0.1:9002}\nmodels: [{id: m, engines: [{id: P, url: 'http://10.0.0.1:1', role: prefill}, {id: D, url: 'http://10.0.0.2:1', role: decode}]}]\n".to_owned(),
+            "models[0]: model \"m\" has prefill/decode engines, which the endpoint picker cannot serve",
+        ),
+        (
+            "picker: {listen: 127.0.0.1:9002}\nmodels: [{id: m}]\ndiscovery: {kubernetes: {namespace: llm, models: [{model: m, selector: {app: m}, role: decode, port: 1}]}}\n".to_owned(),
+            "discovery.kubernetes.models[0].role: prefill and decode engines cannot be served by the endpoint picker",
+        ),
+    ] {
+        let found = errors(&yaml);
+        assert!(
+            found.iter().any(|e| e.starts_with(want)),
+            "{yaml}: {found:?}"
+        );
+    }
+}

@@ -6,6 +6,8 @@ mod explain;
 mod health;
 mod metrics;
 mod models;
+#[cfg(feature = "picker")]
+pub(crate) mod picker;
 
 use std::sync::Arc;
 

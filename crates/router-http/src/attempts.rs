@@ -83,7 +83,7 @@ pub(crate) async fn run(
 }
 
 /// Counts the attempt's picks, and the cached tokens cache-aware picks predicted.
-fn count_picks(ctx: &AppContext, out: &Outgoing, pick: &BucketPick, input_tokens: u64) {
+pub(crate) fn count_picks(ctx: &AppContext, out: &Outgoing, pick: &BucketPick, input_tokens: u64) {
     for engine in pick.engines.iter() {
         let labels = PickLabels {
             model: Arc::clone(&out.model),

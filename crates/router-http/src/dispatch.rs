@@ -22,10 +22,12 @@ use tokio::time::Instant;
 use crate::app::AppContext;
 use crate::decisions::PendingRecord;
 use crate::error::ApiError;
-use crate::relay::{Companion, Predicted, RelayBody};
+use crate::relay::{Companion, Predicted, RelayBody, Tally};
 use crate::retries::RetryReason;
 use crate::trace::Tracing;
 
+#[cfg(feature = "picker")]
+pub(crate) mod gateway;
 mod leg;
 pub(crate) use leg::with_fields;
 mod plain;
@@ -269,22 +271,16 @@ fn relay(
         .generating
         .filter(|_| out.batch.is_none() && status.is_success());
     let measured = one_answered.filter(|_| out.measure_tpot && out.leg.stream);
-    let body = RelayBody::new(
-        body,
-        companion,
-        Arc::clone(ctx),
-        Arc::clone(&out.model),
-        out.started,
-        guards,
-    )
-    .with_record(record, status.as_u16())
-    .with_span(out.trace.span.clone())
-    .with_tenant(out.tenant.lock().take())
-    .with_tpot(measured)
-    .with_usage(
-        one_answered.map(|engine| engine.role().as_str()),
-        answering.predicted,
-    );
+    let tally = Tally::new(Arc::clone(ctx), Arc::clone(&out.model), out.started, guards)
+        .with_record(record, status.as_u16())
+        .with_span(out.trace.span.clone())
+        .with_tenant(out.tenant.lock().take())
+        .with_tpot(measured)
+        .with_usage(
+            one_answered.map(|engine| engine.role().as_str()),
+            answering.predicted,
+        );
+    let body = RelayBody::new(body, companion, ctx.idle_timeout, tally);
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     for name in [

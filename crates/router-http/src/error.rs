@@ -52,6 +52,28 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_body", message)
     }
 
+    /// 404 for a request to a path no endpoint serves.
+    #[cfg(feature = "picker")]
+    pub(crate) fn unknown_endpoint(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            format!(
+                "the router routes POST /v1/chat/completions, /v1/completions, /v1/embeddings and /generate, not {method} {path}"
+            ),
+        )
+    }
+
+    /// 503 for a request the endpoint picker cannot name one engine for.
+    #[cfg(feature = "picker")]
+    pub(crate) fn unservable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unservable_by_picker",
+            message,
+        )
+    }
+
     /// 404 for a model the router does not serve.
     pub(crate) fn model_not_found(model: &str) -> Self {
         Self {

@@ -145,6 +145,9 @@ pub(crate) struct Metrics {
     pub(crate) picks: Picks,
     /// Requests routed with a bucket demoted for its latency targets.
     pub(crate) slo_demotions: Family<BucketLabels, Counter>,
+    /// The endpoint picker's streams (one a request through a gateway), by how they
+    /// ended.
+    pub(crate) picker_streams: Family<OutcomeLabels, Counter>,
     /// Time from dispatch to an engine's response head, by stage.
     pub(crate) upstream_latency: Histograms<StageLabels>,
     /// Time from a request's arrival to the first response byte sent to the client.
@@ -213,6 +216,7 @@ impl Metrics {
             requests: Family::default(),
             picks: Picks::default(),
             slo_demotions: Family::default(),
+            picker_streams: Family::default(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
             time_to_first_token: Family::new_with_constructor(latency_histogram),
             selection: Family::new_with_constructor(selection_histogram),
@@ -247,6 +251,11 @@ impl Metrics {
             "slo_demotions",
             "Routed requests that tried a fitting bucket last because it was predicted to miss its latency targets, by model and bucket",
             self.slo_demotions.clone(),
+        );
+        self.registry.register(
+            "picker_streams",
+            "Requests through a gateway's endpoint picker, by how their stream ended: routed, answered (the router's error), cancelled, timeout or invalid",
+            self.picker_streams.clone(),
         );
     }
 

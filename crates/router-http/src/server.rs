@@ -24,6 +24,8 @@ pub struct RunningRouter {
     server: JoinHandle<()>,
     /// The admin API's own address and server, when `admin.listen` is set.
     admin: Option<(SocketAddr, JoinHandle<()>)>,
+    /// The endpoint picker's address and server, when `picker` is set.
+    picker: Option<(SocketAddr, JoinHandle<()>)>,
 }
 
 impl RunningRouter {
@@ -35,6 +37,11 @@ impl RunningRouter {
     /// The admin API's own address, when it has one (`admin.listen`).
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// The endpoint picker's address, when it is served (`picker`).
+    pub fn picker_addr(&self) -> Option<SocketAddr> {
+        self.picker.as_ref().map(|(addr, _)| *addr)
     }
 
     /// The shared services.
@@ -49,6 +56,9 @@ impl RunningRouter {
         drop(self.server.await);
         if let Some((_, admin)) = self.admin {
             drop(admin.await);
+        }
+        if let Some((_, picker)) = self.picker {
+            drop(picker.await);
         }
         if let Some(spans) = self.ctx.spans.clone() {
             // Exports what is queued; the exporter blocks.
@@ -77,6 +87,8 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
     #[cfg(feature = "kubernetes")]
     let kubernetes = config.kubernetes.clone();
     let admin_listen = config.admin_listen;
+    #[cfg(feature = "picker")]
+    let picker = config.picker.clone();
     let client = config.client;
     let ctx = AppContext::new(config).await?;
     let (listener, addr) = bind(listen).await?;
@@ -100,6 +112,24 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
         }
         None => None,
     };
+    #[cfg(feature = "picker")]
+    let picker = match picker {
+        Some(settings) => {
+            let (listener, addr) = bind(settings.listen).await?;
+            let server = tokio::spawn(crate::api::picker::serve(
+                Arc::clone(&ctx),
+                listener,
+                settings.max_streams,
+                stopped.clone(),
+                grace,
+            ));
+            tracing::info!(%addr, "endpoint picker (ext_proc) listening");
+            Some((addr, server))
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "picker"))]
+    let picker = None;
     let health = ctx.fleet.spawn_health_checks();
     #[cfg(feature = "kubernetes")]
     let discovery = match kubernetes {
@@ -132,6 +162,7 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
         stop,
         server,
         admin,
+        picker,
     })
 }
 

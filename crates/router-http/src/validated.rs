@@ -72,6 +72,9 @@ pub struct ValidatedConfig {
     pub(crate) admin: AdminAccess,
     /// Where the admin API is served instead of the public address, if anywhere.
     pub(crate) admin_listen: Option<SocketAddr>,
+    /// The endpoint picker's address and its stream bound, when it is served.
+    #[cfg(feature = "picker")]
+    pub(crate) picker: Option<router_config::PickerConfig>,
     /// The policies of a model that first appears at runtime, and their state.
     pub(crate) defaults: DefaultPolicies,
     pub(crate) handles: PolicyHandles,
@@ -159,6 +162,12 @@ impl ValidatedConfig {
         shared: SharedState,
     ) -> Result<Self, Vec<ConfigError>> {
         let mut errors = config.check_fields();
+        if cfg!(not(feature = "picker")) && config.picker.is_some() {
+            errors.push(ConfigError::at(
+                "picker",
+                "this build has no endpoint picker (router-http's feature `picker`, which the released binary enables)",
+            ));
+        }
         let admin = AdminAccess::of(&config.admin, &mut errors);
         let engine_tls = engine_tls::load(config.engine_tls.as_ref(), &mut errors);
         let restart_only = RestartOnly::of(&config);
@@ -228,6 +237,8 @@ impl ValidatedConfig {
             },
             admin,
             admin_listen: config.admin.listen,
+            #[cfg(feature = "picker")]
+            picker: config.picker.clone(),
             defaults: plan.defaults,
             handles: plan.handles,
             models,

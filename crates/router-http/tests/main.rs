@@ -18,6 +18,8 @@ mod indexer;
 mod indexer_follows;
 mod lora;
 mod pairing;
+#[cfg(feature = "picker")]
+mod picker;
 mod ranks;
 mod regret;
 mod reload;

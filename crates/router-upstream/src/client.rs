@@ -130,6 +130,11 @@ impl Upstream {
         }
     }
 
+    /// How long a request waits for an engine's response head once sent.
+    pub fn first_byte_timeout(&self) -> Duration {
+        self.first_byte
+    }
+
     /// Closes engine connections that have been idle too long.
     pub fn prune_idle(&self) {
         self.client.prune_idle();

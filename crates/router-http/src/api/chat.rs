@@ -19,9 +19,10 @@ use http::{HeaderMap, HeaderValue};
 use http_body_util::BodyExt;
 use opentelemetry::KeyValue;
 use parking_lot::Mutex;
-use router_buckets::{SelectError, Selection};
+use router_buckets::{BucketPick, SelectError, Selection};
 use router_flow::TenantGuard;
 use router_policy::{Explanation, PrefixMemo, RequestFacts};
+use router_state::EngineId;
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
@@ -58,7 +59,60 @@ async fn handle(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Requ
         Ok((body, charge)) => (Ok(body), charge),
         Err(e) => (Err(e), Charge::default()),
     };
-    respond(endpoint, ctx, parts.headers, body).await
+    match respond(endpoint, ctx, parts.headers, body, &Proxy).await {
+        Ok(response) | Err(response) => response,
+    }
+}
+
+/// What a routed request's selection becomes once it is made: the proxy sends it to
+/// the engines picked and relays their answer (`attempts::run`); the endpoint picker
+/// names the engine to the gateway that sends it.
+pub(in crate::api) trait Deliver: Sync {
+    /// What a delivered request gives its caller.
+    type Answer: Send;
+
+    /// The engines no pick may return, of the request's model on `route`.
+    ///
+    /// # Errors
+    /// The request cannot be served on what it allows.
+    fn excluded(&self, _ctx: &AppContext, _route: &ModelRoute) -> Result<Vec<EngineId>, ApiError> {
+        Ok(Vec::new())
+    }
+
+    /// Delivers `pick`, the request's selection.
+    fn deliver(
+        &self,
+        ctx: &Arc<AppContext>,
+        route: &ModelRoute,
+        request: &RequestFacts<'_>,
+        pick: BucketPick,
+        out: &Outgoing,
+    ) -> impl Future<Output = Result<Self::Answer, ApiError>> + Send;
+
+    /// The status the answer is counted under in the request's span.
+    fn status(answer: &Self::Answer) -> u16;
+}
+
+/// The proxy's delivery: dispatched, retried, relayed.
+struct Proxy;
+
+impl Deliver for Proxy {
+    type Answer = Response;
+
+    async fn deliver(
+        &self,
+        ctx: &Arc<AppContext>,
+        route: &ModelRoute,
+        request: &RequestFacts<'_>,
+        pick: BucketPick,
+        out: &Outgoing,
+    ) -> Result<Response, ApiError> {
+        attempts::run(ctx, route, request, pick, out).await
+    }
+
+    fn status(answer: &Response) -> u16 {
+        answer.status().as_u16()
+    }
 }
 
 /// Reads a routed request's body within the client body timeout, [`MAX_BODY_BYTES`]
@@ -180,12 +234,15 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-async fn respond(
+/// Routes a request whose body has been read, answering its errors; `Err` is the
+/// error's response, with the request's id.
+pub(in crate::api) async fn respond<D: Deliver>(
     endpoint: &'static Endpoint,
     ctx: Arc<AppContext>,
     headers: HeaderMap,
     body: Result<Bytes, ApiError>,
-) -> Response {
+    delivery: &D,
+) -> Result<D::Answer, Response> {
     let started = Instant::now();
     // A client's id is echoed and sent to the engines only when it is short and
     // visible ASCII; any other is replaced.
@@ -215,12 +272,12 @@ async fn respond(
         request_id: request_id.clone(),
         tracing: &tracing,
     };
-    let (model, result) = route(endpoint, &ctx, arrival, body, &mut unanswered).await;
+    let (model, result) = route(endpoint, &ctx, arrival, body, &mut unanswered, delivery).await;
     unanswered.armed = false;
     if let Some(span) = &tracing.span {
         span.set(KeyValue::new("switchyard.model", model.to_string()));
         let status = match &result {
-            Ok(response) => response.status().as_u16(),
+            Ok(answer) => D::status(answer),
             Err(error) => {
                 span.fail(format!("{}: {}", error.code(), error.message()));
                 error.status().as_u16()
@@ -232,7 +289,7 @@ async fn respond(
         ));
     }
     match result {
-        Ok(response) => response,
+        Ok(answer) => Ok(answer),
         Err(error) => {
             let labels = RequestLabels {
                 model,
@@ -243,7 +300,7 @@ async fn respond(
             tracing::debug!(code = error.code(), status = %error.status(), message = error.message(), "request failed");
             let mut response = error.into_response();
             response.headers_mut().insert(REQUEST_ID, request_id);
-            response
+            Err(response)
         }
     }
 }
@@ -299,14 +356,15 @@ struct Arrival<'a> {
     tracing: &'a Tracing,
 }
 
-/// The model (for metrics; empty until known) and the response.
-async fn route(
+/// The model (for metrics; empty until known) and the delivered answer.
+async fn route<D: Deliver>(
     endpoint: &'static Endpoint,
     ctx: &Arc<AppContext>,
     arrival: Arrival<'_>,
     body: Result<Bytes, ApiError>,
     unanswered: &mut Unanswered<'_>,
-) -> (Arc<str>, Result<Response, ApiError>) {
+    delivery: &D,
+) -> (Arc<str>, Result<D::Answer, ApiError>) {
     let body = match body {
         Ok(body) => body,
         Err(e) => return (unknown_model(), Err(e)),
@@ -324,8 +382,12 @@ async fn route(
     let model = Arc::clone(&ready.route.id);
     unanswered.model = Arc::clone(&model);
     let memo = PrefixMemo::new();
+    let excluded = match delivery.excluded(ctx, &ready.route) {
+        Ok(excluded) => excluded,
+        Err(e) => return (model, Err(e)),
+    };
     let request = match ready.bucket_request(&memo) {
-        Ok(request) => request,
+        Ok(request) => request.with_excluded(&excluded),
         Err(e) => return (model, Err(e)),
     };
     // A sampled request's selection is recorded as it is made.
@@ -411,7 +473,9 @@ async fn route(
     };
     count_demotions(ctx, &model, &selection.demoted);
     let out = outgoing(endpoint, &ready, sent, arrival, record, tenant);
-    let answer = attempts::run(ctx, &ready.route, &request, selection.pick, &out).await;
+    let answer = delivery
+        .deliver(ctx, &ready.route, &request, selection.pick, &out)
+        .await;
     // An answer's relayed body takes the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
         record.finish(

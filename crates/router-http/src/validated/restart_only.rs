@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 
 use router_config::{
     AdminConfig, AffinitySettings, DecisionsConfig, DiscoveryConfig, EngineTlsConfig, HealthConfig,
-    LimitsConfig, LoadConfig, PrefixIndexerConfig, RetryConfig, RouterConfig, RoutingHeaders,
-    TimeoutConfig, TracesConfig,
+    LimitsConfig, LoadConfig, PickerConfig, PrefixIndexerConfig, RetryConfig, RouterConfig,
+    RoutingHeaders, TimeoutConfig, TracesConfig,
 };
 use router_policy::ConfigError;
 
@@ -28,6 +28,7 @@ pub(crate) struct RestartOnly {
     retries: RetryConfig,
     prefix_indexer: Option<PrefixIndexerConfig>,
     decisions: Option<DecisionsConfig>,
+    picker: Option<PickerConfig>,
     traces: Option<TracesConfig>,
     routing_headers: RoutingHeaders,
     discovery: DiscoveryConfig,
@@ -59,6 +60,7 @@ impl RestartOnly {
             discovery,
             prefix_indexer,
             decisions,
+            picker,
             traces,
             routing_headers,
             shutdown_grace_ms,
@@ -75,6 +77,7 @@ impl RestartOnly {
             retries: *retries,
             prefix_indexer: prefix_indexer.clone(),
             decisions: decisions.clone(),
+            picker: picker.clone(),
             traces: traces.clone(),
             routing_headers: *routing_headers,
             discovery: discovery.clone(),
@@ -117,6 +120,7 @@ impl RestartOnly {
             retries,
             prefix_indexer,
             decisions,
+            picker,
             traces,
             routing_headers,
             discovery,
@@ -134,6 +138,7 @@ impl RestartOnly {
             ("retries", *retries != next.retries),
             ("prefix_indexer", *prefix_indexer != next.prefix_indexer),
             ("decisions", *decisions != next.decisions),
+            ("picker", *picker != next.picker),
             ("traces", *traces != next.traces),
             ("routing_headers", *routing_headers != next.routing_headers),
             ("discovery", *discovery != next.discovery),

@@ -1,0 +1,94 @@
+//! The `picker` section: Switchyard as the endpoint picker of a Gateway API
+//! inference gateway, answering Envoy's external processing gRPC service
+//! (`ext_proc`) on an address of its own. Off unless configured.
+
+use std::net::SocketAddr;
+
+use router_policy::ConfigError;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{DiscoveryConfig, EngineRole, ModelConfig};
+
+/// The most gRPC streams (requests) one gateway connection may hold open at once.
+pub const MAX_PICKER_STREAMS: u32 = 1 << 20;
+
+/// The endpoint picker: a gateway asks it which engine serves each request, and
+/// routes the request there itself.
+///
+/// ```yaml
+/// picker: {listen: 0.0.0.0:9002}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PickerConfig {
+    /// The address the `ext_proc` gRPC service listens on (plain HTTP/2).
+    pub listen: SocketAddr,
+    /// Most requests one gateway connection has in the picker at once (one gRPC
+    /// stream each, from the request's headers to its answer's end); further ones
+    /// wait in the gateway.
+    #[serde(default = "default_max_streams")]
+    #[schemars(range(min = 1, max = 1_048_576))]
+    pub max_streams: u32,
+}
+
+fn default_max_streams() -> u32 {
+    4096
+}
+
+impl PickerConfig {
+    /// The picker's own address, its stream bound, and no model it cannot serve: a
+    /// gateway sends a request to the one endpoint it is named, so a prefill/decode
+    /// pair, which needs two legs, is served on the proxy path only.
+    pub(crate) fn validate(
+        &self,
+        listen: SocketAddr,
+        admin: Option<SocketAddr>,
+        models: &[ModelConfig],
+        discovery: &DiscoveryConfig,
+        errors: &mut Vec<ConfigError>,
+    ) {
+        let taken = |other: SocketAddr| other == self.listen && other.port() != 0;
+        if taken(listen) || admin.is_some_and(taken) {
+            errors.push(ConfigError::at(
+                "picker.listen",
+                "must differ from listen and admin.listen",
+            ));
+        }
+        if !(1..=MAX_PICKER_STREAMS).contains(&self.max_streams) {
+            errors.push(ConfigError::at(
+                "picker.max_streams",
+                format!("must be between 1 and {MAX_PICKER_STREAMS}"),
+            ));
+        }
+        let paired = |role: Option<EngineRole>| {
+            matches!(role, Some(EngineRole::Prefill | EngineRole::Decode))
+        };
+        for (i, model) in models.iter().enumerate() {
+            let engines = model.engines.iter().any(|e| paired(e.role));
+            let buckets = model
+                .buckets
+                .iter()
+                .flatten()
+                .any(|bucket| bucket.groups.pd.is_some());
+            if engines || buckets {
+                errors.push(ConfigError::at(
+                    format!("models[{i}]"),
+                    format!(
+                        "model {:?} has prefill/decode engines, which the endpoint picker cannot serve (a gateway sends a request to one endpoint); serve it on the proxy path, from a router without `picker`",
+                        model.id
+                    ),
+                ));
+            }
+        }
+        let discovered = discovery.kubernetes.iter().flat_map(|k| k.models.iter());
+        for (i, found) in discovered.enumerate() {
+            if paired(found.role) {
+                errors.push(ConfigError::at(
+                    format!("discovery.kubernetes.models[{i}].role"),
+                    "prefill and decode engines cannot be served by the endpoint picker (a gateway sends a request to one endpoint)",
+                ));
+            }
+        }
+    }
+}

