@@ -15,7 +15,8 @@
 //! `--no-peers`, `--baseline PATH` (another switchyard binary, say the previous
 //! commit's, measured beside this one in the same rounds), `--flow` (also this
 //! binary with a flow section: a queue, which stays empty, and a priority header),
-//! `--tokenizer PATH`, `--no-tokenizer`.
+//! `--picker` (also Envoy alone, and Envoy with this binary as its endpoint picker:
+//! `picker`), `--tokenizer PATH`, `--no-tokenizer`.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -27,6 +28,8 @@ use anyhow::{Context, bail};
 
 use crate::processes::{Target, json_field, profile_dir, rss_kib, spawn_ready};
 use crate::{cargo, step};
+
+mod picker;
 
 /// Peer routers and the versions benchmarked.
 const PEERS: &[(&str, &str)] = &[
@@ -43,6 +46,8 @@ struct Options {
     baseline: Option<PathBuf>,
     /// Also measure this binary with a `flow` section.
     flow: bool,
+    /// Also measure Envoy alone and Envoy with this binary as its endpoint picker.
+    picker: bool,
     /// `None`: no tokenizer; `Some(None)`: the Qwen3 one from the test cache.
     tokenizer: Option<Option<PathBuf>>,
 }
@@ -66,6 +71,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
         peers: true,
         baseline: None,
         flow: false,
+        picker: false,
         tokenizer: Some(None),
     };
     let mut args = args.iter();
@@ -83,6 +89,7 @@ fn options(args: &[String]) -> anyhow::Result<Options> {
             "--no-peers" => options.peers = false,
             "--baseline" => options.baseline = Some(value()?.into()),
             "--flow" => options.flow = true,
+            "--picker" => options.picker = true,
             "--tokenizer" => options.tokenizer = Some(Some(value()?.into())),
             "--no-tokenizer" => options.tokenizer = None,
             other => bail!("unknown option {other}"),
@@ -205,6 +212,40 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         let port = free_port()?;
         targets.push(start(serve(baseline, port), BASELINE, port)?);
     }
+    // Processes whose CPU and memory count with a target's: the picker with Envoy.
+    let mut also: BTreeMap<String, u32> = BTreeMap::new();
+    let mut picker_files = Vec::new();
+    let mut _picker = None;
+    if options.picker {
+        let config = config.as_ref().context(
+            "--picker needs the tokenizer (the picker serves the bounded configuration)",
+        )?;
+        let engine = engine_url.trim_start_matches("http://");
+        let (envoy, file) = picker::envoy(root, picker::ENVOY, free_port()?, engine, None)?;
+        targets.push(envoy);
+        picker_files.push(file);
+        let picker_port = free_port()?;
+        let picker_config = picker::picker_config(config, picker_port)?;
+        let router_port = free_port()?;
+        let serving = serve_with(
+            &release.join("switchyard"),
+            router_port,
+            &Some(picker_config.clone()),
+        );
+        let server = start(serving, "the picker's router", router_port)?;
+        picker_files.push(picker_config);
+        let pid = server
+            .process
+            .as_ref()
+            .map(Child::id)
+            .context("the picker runs")?;
+        also.insert(picker::PICKER.to_owned(), pid);
+        _picker = Some(server);
+        let port = free_port()?;
+        let (envoy, file) = picker::envoy(root, picker::PICKER, port, engine, Some(picker_port))?;
+        targets.push(envoy);
+        picker_files.push(file);
+    }
     if options.peers {
         for (peer, version) in PEERS {
             let python = peer_venv(root, peer, version)?;
@@ -269,7 +310,8 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
                     );
                     // A target that cannot serve a load (a peer without the endpoint)
                     // has no row for it; the others are still measured.
-                    match measure(target, &script, path, concurrency, options.duration) {
+                    let with = also.get(&target.name).copied();
+                    match measure(target, with, &script, path, concurrency, options.duration) {
                         Ok(sample) => results
                             .entry((kind, concurrency, target.name.clone()))
                             .or_default()
@@ -281,7 +323,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> anyhow::Result<()> {
         }
     }
     print_report(&targets, &results, &options);
-    for file in config.iter().chain(&flow_config) {
+    for file in config.iter().chain(&flow_config).chain(&picker_files) {
         std::fs::remove_file(file)?;
     }
     Ok(())
@@ -344,15 +386,18 @@ fn wait_ready(target: &Target) -> anyhow::Result<()> {
     bail!("timed out")
 }
 
+/// One wrk run against `target`, its CPU and memory counted with `with`'s.
 fn measure(
     target: &Target,
+    with: Option<u32>,
     script: &Path,
     path: &str,
     concurrency: u32,
     duration: u64,
 ) -> anyhow::Result<Sample> {
     let pid = target.process.as_ref().map(Child::id);
-    let cpu_before = pid.map(tree_cpu_ticks);
+    let cpu = |pid: u32| tree_cpu_ticks(pid) + with.map_or(0, tree_cpu_ticks);
+    let cpu_before = pid.map(cpu);
     let output = Command::new("wrk")
         .args([
             "-t1",
@@ -372,13 +417,13 @@ fn measure(
     let requests: f64 = field_after(&text, "requests in").context("wrk request count")?;
     let cpu = pid
         .zip(cpu_before)
-        .map(|(pid, before)| (tree_cpu_ticks(pid) - before) as f64 * 10_000.0 / requests);
+        .map(|(pid, before)| (cpu(pid) - before) as f64 * 10_000.0 / requests);
     Ok(Sample {
         requests_per_sec: field_after(&text, "Requests/sec:").context("wrk throughput")?,
         p50_us: latency(&text, "50%").context("wrk p50")?,
         p99_us: latency(&text, "99%").context("wrk p99")?,
         cpu_us_per_request: cpu,
-        rss_mib: pid.map(|p| tree_rss_kib(p) as f64 / 1024.0),
+        rss_mib: pid.map(|p| (tree_rss_kib(p) + with.map_or(0, tree_rss_kib)) as f64 / 1024.0),
     })
 }
 
@@ -492,8 +537,16 @@ fn print_report(
             let best_peer = targets
                 .iter()
                 .filter(|t| {
-                    !["direct", "pass-through", "switchyard", BASELINE, FLOW]
-                        .contains(&t.name.as_str())
+                    ![
+                        "direct",
+                        "pass-through",
+                        "switchyard",
+                        BASELINE,
+                        FLOW,
+                        picker::ENVOY,
+                        picker::PICKER,
+                    ]
+                    .contains(&t.name.as_str())
                 })
                 .filter_map(|t| stat(&t.name, |s| Some(s.requests_per_sec)))
                 .fold(f64::NAN, f64::max);

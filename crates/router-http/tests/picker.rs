@@ -3,6 +3,7 @@
 //! serves each request and sends it there, simulated engines answer.
 
 mod envoy;
+mod protocol;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -173,6 +174,15 @@ async fn requests_sharing_a_prefix_reach_the_engine_holding_it_through_envoy() {
         text.contains(r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 8"#),
         "{text}"
     );
+    let compared: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("switchyard_engine_compared_answers_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        compared, 8.0,
+        "every answer compared with its pick's prediction: {text}"
+    );
     released(router.context(), &["E0", "E1", "E2"]).await;
     drop(envoy);
     router.shutdown().await;
@@ -186,7 +196,15 @@ async fn streamed_answers_and_large_bodies_pass_whole() {
     })
     .await;
     let engines = [engine];
-    let (router, envoy) = gateway(&engines, json!({"type": "round_robin"}), Failure::Closed).await;
+    let records = crate::common::TempDir::new("picker-records");
+    let file = records.path().join("decisions.jsonl");
+    let mut recorded = config(&engines, json!({"type": "round_robin"}), any_port());
+    recorded.decisions = Some(
+        serde_json::from_value(json!({"path": file, "sample_ratio": 1.0})).expect("a section"),
+    );
+    let router = common::router(recorded).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let envoy = Envoy::start(picker, &addresses(&engines), Failure::Closed).await;
     // A prompt of several of the picker's body chunks, whose length the engine counts.
     let prompt = "0123456789abcdef".repeat(10_000);
     let mut body = chat(&prompt);
@@ -200,7 +218,14 @@ async fn streamed_answers_and_large_bodies_pass_whole() {
         .json()
         .await
         .expect("an answer");
-    let routed: Value = post(&envoy, &body).await.json().await.expect("an answer");
+    let routed = post(&envoy, &body).await;
+    let ids = vec![
+        routed.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned(),
+    ];
+    let routed: Value = routed.json().await.expect("an answer");
     assert_eq!(
         routed["usage"]["prompt_tokens"], direct["usage"]["prompt_tokens"],
         "the whole prompt reached the engine"
@@ -210,6 +235,13 @@ async fn streamed_answers_and_large_bodies_pass_whole() {
     let response = post(&envoy, &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut ids = ids;
+    ids.push(
+        response.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned(),
+    );
     let text = response.text().await.expect("the whole stream");
     let events: Vec<&str> = text.lines().filter(|l| l.starts_with("data: ")).collect();
     assert_eq!(events.last(), Some(&"data: [DONE]"), "{text}");
@@ -231,8 +263,29 @@ async fn streamed_answers_and_large_bodies_pass_whole() {
         text.contains(r#"switchyard_reported_prompt_tokens_total{model="m",stage="plain"}"#),
         "usage is counted from the answer the gateway streamed: {text}"
     );
+    let written = common::decision_records(&router, &file, 2).await;
+    for (record, id) in written.iter().zip(&ids) {
+        assert_eq!(
+            &record["request_id"], id,
+            "the id the client got through Envoy"
+        );
+        assert_eq!(record["pick"]["engines"]["plain"]["engine"], "E0");
+        let result = &record["result"];
+        assert_eq!(
+            (&result["status"], &result["outcome"], &result["code"]),
+            (&json!(200), &json!("ok"), &json!("ok")),
+            "{record}"
+        );
+        assert!(result["first_byte_ms"].is_number(), "{record}");
+    }
+    assert_eq!(
+        written[1]["result"]["completion_tokens"], 40,
+        "{}",
+        written[1]
+    );
     drop(envoy);
     router.shutdown().await;
+    records.remove();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

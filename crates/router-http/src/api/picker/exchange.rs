@@ -97,10 +97,17 @@ pub(super) async fn exchange(
 ) -> Outcome {
     match run(&ctx, &mut inbound, &sender).await {
         Ok(outcome) | Err(outcome) => {
-            if outcome == Outcome::Invalid {
-                drop(sender.try_send(Err(Status::invalid_argument(
+            let status = match outcome {
+                Outcome::Invalid => Some(Status::invalid_argument(
                     "the endpoint picker expects the request's headers, then its body (FULL_DUPLEX_STREAMED), then the answer's",
-                ))));
+                )),
+                Outcome::Timeout => Some(Status::deadline_exceeded(
+                    "the gateway sent nothing within the router's timeouts",
+                )),
+                _ => None,
+            };
+            if let Some(status) = status {
+                drop(sender.try_send(Err(status)));
             }
             outcome
         }

@@ -1,0 +1,280 @@
+//! The picker's side of the `ext_proc` protocol, driven by a gRPC client of the
+//! test's own where Envoy cannot be made to misbehave: the subset hint, requests the
+//! router answers itself, a gateway that breaks the protocol or falls silent.
+
+use std::net::SocketAddr;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as Proto, value::Kind};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tonic::Streaming;
+
+use super::{addresses, any_port, chat, config, in_flight, released, within};
+use crate::common::{self, metrics, sim};
+
+/// One stream to the picker: what the test sends, what it gets.
+struct Exchange {
+    to: mpsc::Sender<ProcessingRequest>,
+    from: Streaming<ProcessingResponse>,
+}
+
+impl Exchange {
+    async fn open(picker: SocketAddr) -> Self {
+        let mut client = ExternalProcessorClient::connect(format!("http://{picker}"))
+            .await
+            .expect("the picker accepts");
+        let (to, mut outgoing) = mpsc::channel(8);
+        let requests = futures_util::stream::poll_fn(move |cx| outgoing.poll_recv(cx));
+        let from = client
+            .process(requests)
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        Self { to, from }
+    }
+
+    async fn send(&self, request: Request, metadata: Option<Metadata>) {
+        let message = ProcessingRequest {
+            request: Some(request),
+            metadata_context: metadata,
+            ..ProcessingRequest::default()
+        };
+        self.to.send(message).await.expect("the stream is open");
+    }
+
+    /// Sends a request's headers (`POST path`) and, unless `body` is `None`, its body.
+    async fn request(&self, path: &str, body: Option<&Value>, metadata: Option<Metadata>) {
+        let header = |key: &str, value: &str| HeaderValue {
+            key: key.to_owned(),
+            raw_value: value.as_bytes().to_vec(),
+            ..HeaderValue::default()
+        };
+        let headers = HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    header(":method", "POST"),
+                    header(":path", path),
+                    header("content-type", "application/json"),
+                ],
+            }),
+            end_of_stream: body.is_none(),
+            ..HttpHeaders::default()
+        };
+        self.send(Request::RequestHeaders(headers), metadata).await;
+        if let Some(body) = body {
+            let body = HttpBody {
+                body: body.to_string().into_bytes(),
+                end_of_stream: true,
+                ..HttpBody::default()
+            };
+            self.send(Request::RequestBody(body), None).await;
+        }
+    }
+
+    /// The picker's next message.
+    async fn next(&mut self) -> Result<Option<ProcessingResponse>, tonic::Status> {
+        within("the picker's next message", self.from.message()).await
+    }
+
+    /// The engine the picker names, after the request's headers and body.
+    async fn destination(&mut self) -> String {
+        let message = self.next().await.expect("no error").expect("a message");
+        let Some(Response::RequestHeaders(headers)) = message.response else {
+            panic!("a headers response, not {message:?}");
+        };
+        let mutation = headers
+            .response
+            .and_then(|r| r.header_mutation)
+            .expect("headers set");
+        let destination = mutation
+            .set_headers
+            .iter()
+            .filter_map(|h| h.header.as_ref())
+            .find(|h| h.key == "x-gateway-destination-endpoint")
+            .expect("the destination header");
+        String::from_utf8(destination.raw_value.clone()).expect("an address")
+    }
+
+    /// The router's own answer, sent in the gateway's stead: its status and body.
+    async fn immediate(&mut self) -> (i32, Value) {
+        let message = self.next().await.expect("no error").expect("a message");
+        let Some(Response::ImmediateResponse(answer)) = message.response else {
+            panic!("an immediate response, not {message:?}");
+        };
+        let body = serde_json::from_slice(&answer.body).expect("a JSON body");
+        (answer.status.expect("a status").code, body)
+    }
+}
+
+fn subset(endpoints: &[String]) -> Metadata {
+    let values = endpoints
+        .iter()
+        .map(|e| Proto {
+            kind: Some(Kind::StringValue(e.clone())),
+        })
+        .collect();
+    let list = Proto {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    };
+    let hint = Struct {
+        fields: [("x-gateway-destination-endpoint-subset".to_owned(), list)].into(),
+    };
+    Metadata {
+        filter_metadata: [("envoy.lb.subset_hint".to_owned(), hint)].into(),
+        ..Metadata::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_narrows_the_pick_to_the_endpoints_it_lists() {
+    let engines = [
+        sim(|c| c.model = "m".into()).await,
+        sim(|c| c.model = "m".into()).await,
+        sim(|c| c.model = "m".into()).await,
+    ];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let third = addresses(&engines)[2].to_string();
+    for _ in 0..4 {
+        let mut exchange = Exchange::open(picker).await;
+        let hint = subset(std::slice::from_ref(&third));
+        exchange
+            .request("/v1/chat/completions", Some(&chat("hinted")), Some(hint))
+            .await;
+        assert_eq!(
+            exchange.destination().await,
+            third,
+            "round robin, within the hint"
+        );
+    }
+    let mut exchange = Exchange::open(picker).await;
+    let nowhere = subset(&["10.255.0.1:80".to_owned()]);
+    exchange
+        .request(
+            "/v1/chat/completions",
+            Some(&chat("nowhere")),
+            Some(nowhere),
+        )
+        .await;
+    let (status, body) = exchange.immediate().await;
+    assert_eq!(status, 503, "{body}");
+    let mut exchange = Exchange::open(picker).await;
+    let malformed = subset(&["pod-a".to_owned()]);
+    exchange
+        .request(
+            "/v1/chat/completions",
+            Some(&chat("malformed")),
+            Some(malformed),
+        )
+        .await;
+    let (status, body) = exchange.immediate().await;
+    assert_eq!(status, 400, "{body}");
+    released(router.context(), &["E0", "E1", "E2"]).await;
+    router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_router_cannot_route_are_answered_in_the_gateways_stead() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let mut exchange = Exchange::open(picker).await;
+    exchange.request("/v1/models", None, None).await;
+    let (status, body) = exchange.immediate().await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_endpoint"))
+    );
+    let mut exchange = Exchange::open(picker).await;
+    exchange.request("/v1/chat/completions", None, None).await;
+    let (status, body) = exchange.immediate().await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_body"))
+    );
+    let mut exchange = Exchange::open(picker).await;
+    let unknown = common::chat("not-served", "hello");
+    exchange
+        .request("/v1/chat/completions", Some(&unknown), None)
+        .await;
+    let (status, body) = exchange.immediate().await;
+    assert_eq!(status, 404, "{body}");
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(r#"switchyard_picker_streams_total{outcome="answered"} 3"#),
+        "{text}"
+    );
+    assert_eq!(engines[0].visits().answered, 0, "no engine was reached");
+    router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_breaking_the_protocol_has_its_stream_ended() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let mut exchange = Exchange::open(router.picker_addr().expect("the picker listens")).await;
+    let body = HttpBody {
+        body: b"{}".to_vec(),
+        end_of_stream: true,
+        ..HttpBody::default()
+    };
+    exchange.send(Request::RequestBody(body), None).await;
+    let ended = exchange
+        .next()
+        .await
+        .expect_err("the stream ends in an error");
+    assert_eq!(ended.code(), tonic::Code::InvalidArgument, "{ended:?}");
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(r#"switchyard_picker_streams_total{outcome="invalid"} 1"#),
+        "{text}"
+    );
+    router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_falling_silent_after_the_pick_releases_the_engine() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let mut config = config(&engines, json!({"type": "round_robin"}), any_port());
+    config.timeouts.first_byte_ms = 200;
+    let router = common::router(config).await;
+    let mut exchange = Exchange::open(router.picker_addr().expect("the picker listens")).await;
+    exchange
+        .request("/v1/chat/completions", Some(&chat("then silence")), None)
+        .await;
+    exchange.destination().await;
+    assert_eq!(
+        in_flight(router.context(), &["E0"]),
+        1,
+        "held from the pick"
+    );
+    // The body goes back, then nothing comes: the answer's head never arrives.
+    let ended = loop {
+        match exchange.next().await {
+            Ok(Some(_)) => continue,
+            ended => break ended,
+        }
+    };
+    let ended = ended.expect_err("the stream ends in an error");
+    assert_eq!(ended.code(), tonic::Code::DeadlineExceeded, "{ended:?}");
+    released(router.context(), &["E0"]).await;
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(
+            r#"switchyard_requests_total{model="m",outcome="server_error",code="upstream_timeout"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"switchyard_picker_streams_total{outcome="timeout"} 1"#),
+        "{text}"
+    );
+    router.shutdown().await;
+}
