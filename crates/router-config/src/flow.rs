@@ -17,6 +17,8 @@ pub(crate) const MAX_QUEUED: usize = 1 << 16;
 pub(crate) const MAX_BANDS: usize = 8;
 /// The largest tenant weight.
 pub(crate) const MAX_WEIGHT: u32 = 1000;
+/// The most objectives a priority header may name.
+pub(crate) const MAX_OBJECTIVES: usize = 256;
 /// The most tenants counted by name; past it, new tenants share one count.
 pub(crate) const MAX_TRACKED_TENANTS: usize = 1 << 16;
 /// The most bytes of a tenant's name (a header's value, or the API key's digest).
@@ -88,6 +90,14 @@ pub struct PriorityConfig {
     /// served once: no band starves, whatever arrives above it.
     #[serde(default = "default_starvation_limit")]
     pub starvation_limit: u32,
+    /// Names the header may carry instead of an integer, each with its priority. A
+    /// Gateway API inference gateway's clients name an objective in
+    /// `x-gateway-inference-objective`, whose `InferenceObjective` gives it a priority:
+    /// `{header: x-gateway-inference-objective, objectives: {chat: 10, batch: -10}}`
+    /// repeats those priorities here. A name not listed is a 400, as a header that is
+    /// not an integer is.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub objectives: BTreeMap<String, i64>,
     /// Writes a priority read from the header into the body's `priority` field, for
     /// engines scheduling by priority (vLLM refuses a non-zero priority unless it
     /// schedules by priority, so this is off by default). A priority the body sent is
@@ -107,6 +117,7 @@ impl Default for PriorityConfig {
             order: PriorityOrder::default(),
             bands: Vec::new(),
             starvation_limit: default_starvation_limit(),
+            objectives: BTreeMap::new(),
             forward: false,
         }
     }
@@ -247,6 +258,23 @@ impl FlowConfig {
         if priority.starvation_limit == 0 {
             problem("priority.starvation_limit", "must be at least 1".to_owned());
         }
+        if priority.objectives.len() > MAX_OBJECTIVES {
+            problem(
+                "priority.objectives",
+                format!("at most {MAX_OBJECTIVES} objectives"),
+            );
+        }
+        if !priority.objectives.is_empty() && priority.header.is_none() {
+            problem(
+                "priority.objectives",
+                "name the header that carries them (priority.header)".to_owned(),
+            );
+        }
+        for name in priority.objectives.keys() {
+            if let Err(e) = check_name(name) {
+                problem(&format!("priority.objectives.{name}"), e.to_string());
+            }
+        }
         if let Some(tenants) = &self.tenants {
             tenant_problems(tenants, &mut problem);
         }
@@ -356,7 +384,7 @@ mod tests {
     fn every_bound_is_checked_with_its_path() {
         let flow = parse(
             "queue: {max_wait_ms: 0, max_queued: 0}\n\
-             priority: {header: 'X Bad', bands: [0, 1], starvation_limit: 0}\n\
+             priority: {header: 'X Bad', bands: [0, 1], starvation_limit: 0, objectives: {'a b': 1}}\n\
              tenants: {header: 'Bad Header', weights: {a: 0}, default_weight: 1001, \
              max_inflight: {'b c': 0}, max_tracked: 0}",
         );
@@ -367,6 +395,7 @@ mod tests {
             "priority.header",
             "priority.bands",
             "priority.starvation_limit",
+            "priority.objectives.a b",
             "tenants.header",
             "tenants.weights.a",
             "tenants.default_weight",

@@ -2,6 +2,7 @@
 //! its API key) and its priority band (a header's integer, else the body's
 //! `priority`).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -37,7 +38,7 @@ impl ModelFlow {
     ) -> Result<Class, ApiError> {
         let priority = &self.config.priority;
         let from_header = match &priority.header {
-            Some(name) => header_priority(headers, name)?,
+            Some(name) => header_priority(headers, name, &priority.objectives)?,
             None => None,
         };
         let band = priority.band(from_header.or(body_priority).unwrap_or(0));
@@ -56,20 +57,29 @@ impl ModelFlow {
     }
 }
 
-fn header_priority(headers: &HeaderMap, name: &str) -> Result<Option<i64>, ApiError> {
+/// The priority the header `name` gives: an integer, or an objective's.
+fn header_priority(
+    headers: &HeaderMap,
+    name: &str,
+    objectives: &BTreeMap<String, i64>,
+) -> Result<Option<i64>, ApiError> {
     let Some(value) = headers.get(name) else {
         return Ok(None);
     };
+    let value = value.to_str().ok().map(str::trim);
     value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<i64>().ok())
+        .and_then(|v| v.parse::<i64>().ok().or_else(|| objectives.get(v).copied()))
         .map(Some)
         .ok_or_else(|| {
+            let named = if objectives.is_empty() {
+                String::new()
+            } else {
+                " or an objective of flow.priority.objectives".to_owned()
+            };
             ApiError::invalid(
                 "invalid_priority",
                 name,
-                format!("the {name} header must be an integer"),
+                format!("the {name} header must be an integer{named}"),
             )
         })
 }

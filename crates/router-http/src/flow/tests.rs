@@ -55,6 +55,35 @@ fn the_header_priority_wins_and_is_forwarded_only_to_a_body_without_one() {
 }
 
 #[test]
+fn a_gateways_inference_objective_names_its_priority() {
+    let flow = flow(serde_json::json!({"priority": {
+        "header": "x-gateway-inference-objective",
+        "bands": [10, 0],
+        "objectives": {"chat": 10, "batch": -10},
+    }}));
+    let band = |objective: &str| {
+        flow.classify(
+            &headers(&[("x-gateway-inference-objective", objective)]),
+            None,
+        )
+        .map(|class| class.band)
+    };
+    assert_eq!(band("chat").unwrap(), 0);
+    assert_eq!(band("batch").unwrap(), 2);
+    assert_eq!(band("3").unwrap(), 1, "an integer is still a priority");
+    assert_eq!(flow.classify(&HeaderMap::new(), None).unwrap().band, 1);
+    let unknown = band("unlisted").unwrap_err();
+    assert_eq!(
+        (unknown.status().as_u16(), unknown.code()),
+        (400, "invalid_priority")
+    );
+    assert!(
+        unknown.message().contains("flow.priority.objectives"),
+        "{unknown:?}"
+    );
+}
+
+#[test]
 fn a_tenant_comes_from_its_header_or_a_digest_of_its_key() {
     let by_header = flow(serde_json::json!({"tenants": {"header": "x-tenant"}}));
     let class = by_header

@@ -278,3 +278,56 @@ async fn a_gateway_falling_silent_after_the_pick_releases_the_engine() {
     );
     router.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_while_it_waits_in_the_queue_leaves_it() {
+    let engine = sim(|c| {
+        c.model = "m".into();
+        c.decode_tokens_per_sec = 20.0;
+    })
+    .await;
+    let engines = [engine];
+    let capped = json!({"type": "round_robin", "admission": {"max_inflight_requests": 1}});
+    let mut config = config(&engines, capped, any_port());
+    config.models[0].flow =
+        serde_json::from_value(json!({"queue": {"max_wait_ms": 60000}})).expect("a flow section");
+    let router = common::router(config).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let mut holding = Exchange::open(picker).await;
+    let mut long = chat("hold the slot");
+    long["max_tokens"] = 1000.into();
+    holding.request("/v1/chat/completions", Some(&long), None).await;
+    holding.destination().await;
+    let waiting = Exchange::open(picker).await;
+    waiting.request("/v1/chat/completions", Some(&chat("wait")), None).await;
+    let depth = r#"switchyard_queue_depth{model="m",band="0"} "#;
+    within("the request queued", async {
+        while common::metric(&router, depth).await < 1.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // The gateway gives up on it (its client went away).
+    drop(waiting);
+    within("the queue emptied", async {
+        while common::metric(&router, depth).await > 0.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(r#"switchyard_picker_streams_total{outcome="cancelled"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"switchyard_requests_total{model="m",outcome="cancelled",code="client_disconnected"} 1"#
+        ),
+        "{text}"
+    );
+    assert_eq!(in_flight(router.context(), &["E0"]), 1, "only the first holds the engine");
+    drop(holding);
+    released(router.context(), &["E0"]).await;
+    router.shutdown().await;
+}
