@@ -48,8 +48,11 @@ class Router:
         if not line:
             self.process.wait(timeout=10)
             raise RuntimeError(f"switchyard serve exited before it was ready (config {path})")
-        self.addr = json.loads(line)["addr"]
+        ready = json.loads(line)
+        self.addr = ready["addr"]
         self.url = f"http://{self.addr}"
+        # The endpoint picker's address, when the config serves one.
+        self.picker = ready.get("picker")
 
     def stop(self):
         if self.process.poll() is None:

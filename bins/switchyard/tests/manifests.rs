@@ -4,18 +4,22 @@
 //! types would drop, fails here), and the pieces fit: the role lets the routers watch
 //! pods, the deployment runs the image the Dockerfile builds under that service
 //! account with the config map's file, that file is a router configuration the
-//! router accepts, and each layout is what its name says.
+//! router accepts, and each layout is what its name says. The Gateway API objects
+//! (an `InferencePool`, an `HTTPRoute`), which k8s-openapi has no types for, are
+//! read into the small types below, which know the fields the overlays write.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use router_config::{AffinityBackendKind, EngineRole, RouterConfig};
-use serde::Serialize;
-use serde::de::{Deserialize, DeserializeOwned};
+use router_config::{AffinityBackendKind, EngineRole, KubernetesPool, RouterConfig};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The image the Dockerfile's docs build, which every layout runs.
@@ -57,6 +61,93 @@ struct Rendered {
     config_maps: Vec<ConfigMap>,
     deployments: Vec<Deployment>,
     services: Vec<Service>,
+    pools: Vec<InferencePool>,
+    routes: Vec<HttpRoute>,
+}
+
+/// An `InferencePool` of `inference.networking.k8s.io/v1`, as far as the overlays
+/// write one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct InferencePool {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: InferencePoolSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct InferencePoolSpec {
+    selector: PoolSelector,
+    target_ports: Vec<PortNumber>,
+    endpoint_picker_ref: EndpointPickerRef,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PoolSelector {
+    match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortNumber {
+    number: i32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct EndpointPickerRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    name: String,
+    port: PortNumber,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failure_mode: Option<String>,
+}
+
+/// An `HTTPRoute` of `gateway.networking.k8s.io/v1`, as far as the overlays write
+/// one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HttpRoute {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: HttpRouteSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HttpRouteSpec {
+    parent_refs: Vec<ObjectRef>,
+    rules: Vec<HttpRouteRule>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HttpRouteRule {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    matches: Vec<Value>,
+    backend_refs: Vec<ObjectRef>,
+}
+
+/// A parent or backend reference.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObjectRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    port: Option<i32>,
 }
 
 /// `kubectl kustomize deploy/kubernetes/{dir}`, every object read into its type; a
@@ -86,6 +177,8 @@ fn render(dir: &str) -> Rendered {
             "ConfigMap" => rendered.config_maps.push(read(&name, written)),
             "Deployment" => rendered.deployments.push(read(&name, written)),
             "Service" => rendered.services.push(read(&name, written)),
+            "InferencePool" => rendered.pools.push(read(&name, written)),
+            "HTTPRoute" => rendered.routes.push(read(&name, written)),
             _ => panic!("{name}: a kind this test does not read"),
         }
     }
@@ -131,13 +224,6 @@ fn fits_together(dir: &str, rendered: &Rendered) -> (PodSpec, i32, RouterConfig)
     let [binding] = &rendered.bindings[..] else {
         panic!("{dir}: one role binding")
     };
-    let rules = role.rules.clone().expect("rules");
-    assert_eq!(rules.len(), 1);
-    assert_eq!(
-        rules[0].resources.as_deref(),
-        Some(&["pods".to_owned()][..])
-    );
-    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
     assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
     let subjects = binding.subjects.clone().expect("subjects");
     assert_eq!(subjects[0].name, account.metadata.name.clone().unwrap());
@@ -197,9 +283,31 @@ fn fits_together(dir: &str, rendered: &Rendered) -> (PodSpec, i32, RouterConfig)
     );
     let kubernetes = router.discovery.kubernetes.clone().expect("pod discovery");
     assert_eq!(
-        Some(kubernetes.namespace),
+        Some(kubernetes.namespace.clone()),
         role.metadata.namespace,
         "{dir}: it watches the namespace the role is for"
+    );
+    // The role lets discovery read what it reads: pods, and InferencePools exactly
+    // when it follows pools.
+    let rules = role.rules.clone().expect("rules");
+    let reads = |group: &str, resource: &str| {
+        rules.iter().any(|rule: &PolicyRule| {
+            rule.api_groups.as_deref() == Some(&[group.to_owned()][..])
+                && rule.resources.as_deref() == Some(&[resource.to_owned()][..])
+                && rule.verbs == ["get", "list", "watch"]
+        })
+    };
+    assert!(reads("", "pods"), "{dir}: the role reads pods");
+    let pools = !kubernetes.pools.is_empty();
+    assert_eq!(
+        reads("inference.networking.k8s.io", "inferencepools"),
+        pools,
+        "{dir}: the role reads InferencePools when discovery follows pools"
+    );
+    assert_eq!(
+        rules.len(),
+        1 + usize::from(pools),
+        "{dir}: the role grants nothing else"
     );
     (pod, spec.replicas.expect("replicas"), router)
 }
@@ -221,7 +329,7 @@ fn each_overlay_is_checked() {
     overlays.sort();
     assert_eq!(
         overlays,
-        ["prefill-decode", "replicas-redis", "single"],
+        ["gateway", "prefill-decode", "replicas-redis", "single"],
         "each overlay has its test below"
     );
 }
@@ -316,5 +424,131 @@ fn the_prefill_decode_overlay_serves_its_model_by_pairs() {
     assert!(
         discovery.models[0].bootstrap_port.is_some(),
         "prefill pods' bootstrap port"
+    );
+}
+
+#[test]
+fn the_gateway_overlay_serves_the_picker_of_the_inference_pool_it_discovers() {
+    let rendered = render("overlays/gateway");
+    let (pod, replicas, router) = fits_together("gateway", &rendered);
+    assert_eq!(replicas, 3);
+    let picker = router.picker.clone().expect("the picker is on").listen;
+
+    // The pool selects the engine pods the base's discovery does, on their port.
+    let base = fits_together("base", &render("base")).2;
+    let engines = &base.discovery.kubernetes.expect("pod discovery").models[0];
+    let [pool] = &rendered.pools[..] else {
+        panic!("one InferencePool")
+    };
+    assert_eq!(
+        (pool.api_version.as_str(), pool.kind.as_str()),
+        ("inference.networking.k8s.io/v1", "InferencePool")
+    );
+    assert_eq!(
+        pool.spec.selector.match_labels, engines.selector,
+        "the pool selects the engine pods"
+    );
+    let [target] = &pool.spec.target_ports[..] else {
+        panic!("one target port")
+    };
+    assert_eq!(
+        target.number,
+        i32::from(engines.port),
+        "the engines' container port"
+    );
+
+    // Discovery follows this pool, in its namespace, for a model of the file, and
+    // names no pods by selector.
+    let discovery = router.discovery.kubernetes.clone().expect("pod discovery");
+    let pool_name = pool.metadata.name.clone().expect("a name");
+    assert_eq!(
+        discovery.pools,
+        [KubernetesPool {
+            model: router.models[0].id.clone(),
+            name: pool_name.clone(),
+        }]
+    );
+    assert!(discovery.models.is_empty());
+    assert_eq!(pool.metadata.namespace, Some(discovery.namespace.clone()));
+
+    // The pool's endpoint picker is the routers' Service, on a port it exposes that
+    // reaches the container port the picker listens on, over h2c.
+    let picker_ref = &pool.spec.endpoint_picker_ref;
+    assert!(picker_ref.group.as_deref().is_none_or(str::is_empty));
+    assert!(picker_ref.kind.as_deref().is_none_or(|k| k == "Service"));
+    assert_eq!(picker_ref.failure_mode.as_deref(), Some("FailClose"));
+    let service = named(&rendered.services, |s| &s.metadata.name, &picker_ref.name);
+    assert_eq!(service.metadata.namespace, pool.metadata.namespace);
+    let deployment = named(&rendered.deployments, |d| &d.metadata.name, "switchyard");
+    assert_eq!(
+        service.spec.clone().expect("spec").selector,
+        deployment.metadata.labels,
+        "the picker's Service selects the router pods"
+    );
+    let ports = service.spec.clone().expect("spec").ports.expect("ports");
+    let service_port = ports
+        .iter()
+        .find(|p| p.port == picker_ref.port.number)
+        .unwrap_or_else(|| panic!("the Service exposes {}", picker_ref.port.number));
+    assert_eq!(
+        service_port.port,
+        i32::from(picker.port()),
+        "the picker's Service port is picker.listen's"
+    );
+    assert_eq!(
+        service_port.app_protocol.as_deref(),
+        Some("kubernetes.io/h2c")
+    );
+    let container = &pod.containers[0];
+    let target = service_port.target_port.clone().expect("a target port");
+    let container_port = container
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| match &target {
+            IntOrString::String(name) => p.name.as_ref() == Some(name),
+            IntOrString::Int(number) => p.container_port == *number,
+        })
+        .expect("the Service's target port is a router container port");
+    assert_eq!(
+        container_port.container_port,
+        i32::from(picker.port()),
+        "the picker listens on the container port the Service reaches"
+    );
+
+    // The route sends the gateway's requests to the pool.
+    let [route] = &rendered.routes[..] else {
+        panic!("one HTTPRoute")
+    };
+    assert_eq!(
+        (route.api_version.as_str(), route.kind.as_str()),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute")
+    );
+    assert_eq!(route.metadata.namespace, pool.metadata.namespace);
+    assert!(!route.spec.parent_refs.is_empty(), "attached to a gateway");
+    let backends: Vec<&ObjectRef> = route
+        .spec
+        .rules
+        .iter()
+        .flat_map(|r| &r.backend_refs)
+        .collect();
+    let [backend] = &backends[..] else {
+        panic!("one backend")
+    };
+    assert_eq!(
+        (
+            backend.group.as_deref(),
+            backend.kind.as_deref(),
+            backend.name.as_str()
+        ),
+        (
+            Some("inference.networking.k8s.io"),
+            Some("InferencePool"),
+            pool_name.as_str()
+        )
+    );
+    assert!(
+        backend.namespace.is_none() || backend.namespace == pool.metadata.namespace,
+        "the pool of the route's namespace"
     );
 }

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ConfigError, EngineRole, MAX_MS};
 
+/// The longest InferencePool name (a DNS subdomain, as Kubernetes names objects).
+const MAX_POOL_NAME: usize = 253;
+
 /// Sources of engines besides the file and the admin API.
 ///
 /// ```yaml
@@ -15,6 +18,8 @@ use crate::{ConfigError, EngineRole, MAX_MS};
 ///     namespace: llm
 ///     models:
 ///       - {model: qwen3, selector: {app: sglang}, role: plain, port: 30000}
+///     pools:
+///       - {model: llama, name: llama-pool}
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -40,8 +45,13 @@ pub struct KubernetesConfig {
     /// Changes are applied once this long passed without another, in milliseconds.
     #[serde(default = "default_debounce")]
     pub debounce_ms: u64,
-    /// Which pods serve which model of `models`.
+    /// Which pods serve which model of `models`, by label selector.
+    #[serde(default)]
     pub models: Vec<KubernetesModel>,
+    /// Which pods serve which model of `models`, as a Gateway API Inference
+    /// Extension `InferencePool` of the namespace names them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<KubernetesPool>,
 }
 
 /// The pods of one model (and role).
@@ -63,6 +73,21 @@ pub struct KubernetesModel {
     pub bootstrap_port: Option<u16>,
 }
 
+/// The pods of one model as an `InferencePool` (API group
+/// `inference.networking.k8s.io`, version `v1`) names them: those its
+/// `spec.selector.matchLabels` select, each a plain engine on its first
+/// `spec.targetPorts` number. The pool is read again at every relist and when it
+/// changes; while it is missing or malformed it names no engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesPool {
+    /// A model of `models`: its buckets and policies route the pool's engines, which
+    /// join the groups that list no `engine_ids`.
+    pub model: String,
+    /// The InferencePool's name, in the section's `namespace`.
+    pub name: String,
+}
+
 fn default_relist() -> u64 {
     60_000
 }
@@ -79,6 +104,7 @@ impl DiscoveryConfig {
             relist_interval_ms,
             debounce_ms,
             models: pods,
+            pools,
         }) = kubernetes
         else {
             return;
@@ -115,14 +141,55 @@ impl DiscoveryConfig {
                 "must be at most 60000",
             ));
         }
-        if pods.is_empty() {
+        if pods.is_empty() && pools.is_empty() {
             errors.push(ConfigError::at(
                 "discovery.kubernetes.models",
-                "must name at least one model's pods",
+                "must name at least one model's pods (or `pools` an InferencePool)",
             ));
         }
         for (m, pod) in pods.iter().enumerate() {
             pod.validate(m, models, errors);
+        }
+        for (p, pool) in pools.iter().enumerate() {
+            pool.validate(p, models, errors);
+            if pools[..p].iter().any(|other| other.name == pool.name) {
+                errors.push(ConfigError::at(
+                    format!("discovery.kubernetes.pools[{p}].name"),
+                    format_args!("pool {:?} is named twice", pool.name),
+                ));
+            }
+            // A model's pods are described one way: a pod a selector and a pool both
+            // select would join once, with the first one's port and role, and which
+            // one that is would be an accident of the order.
+            if pods.iter().any(|pod| pod.model == pool.model) {
+                errors.push(ConfigError::at(
+                    format!("discovery.kubernetes.pools[{p}].model"),
+                    format_args!(
+                        "model {:?} is in `models` too: name its pods by selectors or by pools, not both",
+                        pool.model
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+impl KubernetesPool {
+    /// `discovery.kubernetes.pools[p]`: a model of `models` and a name Kubernetes
+    /// can give an object.
+    fn validate(&self, p: usize, models: &[&str], errors: &mut Vec<ConfigError>) {
+        let KubernetesPool { model, name } = self;
+        let at = |field: &str| format!("discovery.kubernetes.pools[{p}].{field}");
+        if !models.contains(&model.as_str()) {
+            errors.push(ConfigError::at(at("model"), "must be a model of `models`"));
+        }
+        if !dns_subdomain(name) {
+            errors.push(ConfigError::at(
+                at("name"),
+                format_args!(
+                    "must be a DNS subdomain: 1 to {MAX_POOL_NAME} lowercase letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit"
+                ),
+            ));
         }
     }
 }
@@ -170,6 +237,21 @@ fn dns_label(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-')
+}
+
+/// A DNS-1123 subdomain, as Kubernetes names most objects: dot-separated DNS labels
+/// (lowercase letters, digits and '-', starting and ending with a letter or digit),
+/// at most [`MAX_POOL_NAME`] bytes in all.
+fn dns_subdomain(name: &str) -> bool {
+    (1..=MAX_POOL_NAME).contains(&name.len())
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
 }
 
 /// A label key (an optional DNS prefix and `/`, then a name) or value: letters,

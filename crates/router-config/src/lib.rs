@@ -43,7 +43,7 @@ mod traces;
 pub use admin::AdminConfig;
 pub use affinity::{AffinityBackendKind, AffinitySettings, RedisConfig};
 pub use decisions::DecisionsConfig;
-pub use discovery::{DiscoveryConfig, KubernetesConfig, KubernetesModel};
+pub use discovery::{DiscoveryConfig, KubernetesConfig, KubernetesModel, KubernetesPool};
 pub use engine_tls::EngineTlsConfig;
 pub use flow::{
     FlowConfig, MAX_TENANT_BYTES, PriorityConfig, PriorityOrder, QueueConfig, TenantsConfig,

@@ -3,12 +3,13 @@
 //! (`ext_proc`) on an address of its own. Off unless configured.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use router_policy::ConfigError;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{DiscoveryConfig, EngineRole, ModelConfig};
+use crate::{DiscoveryConfig, EngineRole, ModelConfig, Secret};
 
 /// The most gRPC streams (requests) one gateway connection may hold open at once.
 pub const MAX_PICKER_STREAMS: u32 = 1 << 20;
@@ -17,7 +18,7 @@ pub const MAX_PICKER_STREAMS: u32 = 1 << 20;
 /// routes the request there itself.
 ///
 /// ```yaml
-/// picker: {listen: 0.0.0.0:9002}
+/// picker: {listen: 0.0.0.0:9002, token_file: /run/secrets/switchyard-picker}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +31,15 @@ pub struct PickerConfig {
     #[serde(default = "default_max_streams")]
     #[schemars(range(min = 1, max = 1_048_576))]
     pub max_streams: u32,
+    /// Bearer token every stream must carry in its `authorization` metadata (Envoy's
+    /// `grpc_service.initial_metadata`; never logged); without one (or `token_file`)
+    /// whoever reaches `listen` may have requests routed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// A file whose first line is the token (instead of `token`): a regular file of at
+    /// most 16 KiB, read at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
 }
 
 fn default_max_streams() -> u32 {

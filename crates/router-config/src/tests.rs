@@ -497,7 +497,9 @@ fn the_discovery_section_is_checked() {
             .first()
             .map(String::as_str),
         if kubernetes {
-            Some("discovery.kubernetes.models: must name at least one model's pods")
+            Some(
+                "discovery.kubernetes.models: must name at least one model's pods (or `pools` an InferencePool)",
+            )
         } else {
             Some(
                 "discovery.kubernetes: this build has no Kubernetes discovery (cargo feature kubernetes)",
@@ -514,6 +516,77 @@ fn the_discovery_section_is_checked() {
         "the default relist"
     );
     assert_eq!(kubernetes_config.debounce_ms, 500);
+    assert!(kubernetes_config.pools.is_empty(), "no pools by default");
+}
+
+#[test]
+fn the_discovery_sections_pools_are_checked() {
+    let with = |section: &str| {
+        let found = errors(&format!(
+            "models: [{{id: a}}, {{id: b}}]\ndiscovery: {{kubernetes: {{namespace: llm, {section}}}}}\n"
+        ));
+        let kubernetes = cfg!(feature = "kubernetes");
+        found
+            .into_iter()
+            .filter(|e| kubernetes || !e.contains("cargo feature kubernetes"))
+            .collect::<Vec<_>>()
+    };
+    // Pools alone are enough, as are pools beside selectors of other models; a name
+    // may have dots, as a DNS subdomain does.
+    assert_eq!(
+        with("pools: [{model: a, name: a-pool.v1}]"),
+        [] as [&str; 0]
+    );
+    assert_eq!(
+        with("models: [{model: a, selector: {app: a}, port: 1}], pools: [{model: b, name: b}]"),
+        [] as [&str; 0]
+    );
+    let long = format!("{}.{}", "a".repeat(63), "b".repeat(190));
+    assert_eq!(long.len(), 254);
+    let bad = with(&format!(
+        "models: [{{model: a, selector: {{app: a}}, port: 1}}], pools: [{{model: nope, name: Pool}}, {{model: a, name: p}}, {{model: b, name: p}}, {{model: b, name: '-p'}}, {{model: b, name: 'p..q'}}, {{model: b, name: ''}}, {{model: b, name: '{long}'}}, {{model: b, name: 'p_q'}}]"
+    ));
+    let name = "must be a DNS subdomain: 1 to 253 lowercase letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit";
+    let expected = [
+        "discovery.kubernetes.pools[0].model: must be a model of `models`".to_owned(),
+        format!("discovery.kubernetes.pools[0].name: {name}"),
+        "discovery.kubernetes.pools[1].model: model \"a\" is in `models` too: name its pods by selectors or by pools, not both".to_owned(),
+        "discovery.kubernetes.pools[2].name: pool \"p\" is named twice".to_owned(),
+        format!("discovery.kubernetes.pools[3].name: {name}"),
+        format!("discovery.kubernetes.pools[4].name: {name}"),
+        format!("discovery.kubernetes.pools[5].name: {name}"),
+        format!("discovery.kubernetes.pools[6].name: {name}"),
+        format!("discovery.kubernetes.pools[7].name: {name}"),
+    ];
+    assert_eq!(bad, expected);
+    // The longest name there may be is one.
+    let longest = &long[1..];
+    assert_eq!(
+        with(&format!("pools: [{{model: a, name: '{longest}'}}]")),
+        [] as [&str; 0]
+    );
+    // A pool is read as written, and written back as read.
+    let config = RouterConfig::from_yaml(
+        "models: [{id: a}]\ndiscovery: {kubernetes: {namespace: llm, pools: [{model: a, name: a-pool}]}}\n",
+    )
+    .unwrap();
+    let kubernetes = config.discovery.kubernetes.clone().unwrap();
+    assert!(kubernetes.models.is_empty());
+    assert_eq!(
+        kubernetes.pools,
+        [KubernetesPool {
+            model: "a".into(),
+            name: "a-pool".into()
+        }],
+        "the pool as written"
+    );
+    assert!(
+        RouterConfig::from_yaml(
+            "models: [{id: a}]\ndiscovery: {kubernetes: {namespace: llm, pools: [{model: a, name: p, port: 1}]}}\n"
+        )
+        .is_err(),
+        "a pool has no port of its own: the InferencePool's is used"
+    );
 }
 
 #[test]

@@ -12,6 +12,11 @@
 //! ends is resumed, and every `relist_interval` a full relist replaces what the
 //! watch said, so a missed event (a delete the watch never delivered) is healed.
 //! Changes are applied once `debounce` passed without another.
+//!
+//! An [`InferencePoolRef`] names a Gateway API Inference Extension `InferencePool`
+//! instead (`pool`): its label selector and target port are read from the object, at
+//! every relist and when a watch says it changed, and its pods follow as a
+//! selector's do; a pool that is missing or malformed names no engine.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -29,6 +34,10 @@ use tokio::time::Instant;
 
 use crate::fleet::Fleet;
 use crate::spec::{Change, EngineSpec, Source};
+
+mod pool;
+
+pub use pool::InferencePoolRef;
 
 /// Pods listed a page at a time.
 const PAGE: u32 = 500;
@@ -64,6 +73,9 @@ pub struct KubernetesSettings {
     pub namespace: String,
     /// The selectors; a pod several select joins once, for the first.
     pub selectors: Vec<PodSelector>,
+    /// The InferencePools whose pods are engines, after the selectors' (a pod a
+    /// selector or an earlier pool selects joins for that one).
+    pub pools: Vec<InferencePoolRef>,
     /// How often everything is listed again, whatever the watches said.
     pub relist_interval: Duration,
     /// How long changes settle before they are applied.
@@ -76,6 +88,7 @@ impl fmt::Debug for KubernetesSettings {
             .field("api_url", &self.api_url)
             .field("namespace", &self.namespace)
             .field("selectors", &self.selectors)
+            .field("pools", &self.pools)
             .field("relist_interval", &self.relist_interval)
             .field("debounce", &self.debounce)
             .finish()
@@ -108,13 +121,75 @@ struct PodView {
     version: Option<u64>,
 }
 
-/// Each selector's pods, as last listed and watched.
+/// Each selector's and each pool's pods, as last listed and watched.
 #[derive(Debug, Default)]
 struct Observed {
+    /// The pods of `selectors[s]`.
     pods: Vec<BTreeMap<String, PodView>>,
+    /// The pods of `pools[p]`.
+    pools: Vec<PoolPods>,
 }
 
-/// Starts discovering `settings.selectors`' pods into `fleet`.
+/// What a pool's pods are, as last listed and watched.
+#[derive(Debug, Default)]
+struct PoolPods {
+    /// Which of the pool's selectors may write here: the last one read (a listing of
+    /// an earlier one, ending as it is replaced, changes nothing).
+    generation: u64,
+    /// The selector `pods` were listed with; absent while the pool names no pods.
+    selector: Option<PodSelector>,
+    pods: BTreeMap<String, PodView>,
+}
+
+/// Where a task following pods writes them.
+#[derive(Debug, Clone)]
+enum Slot {
+    /// `selectors[s]`.
+    Selector(usize),
+    /// `pools[index]` while its generation is `generation`, whose pods `selector`
+    /// selects.
+    Pool {
+        index: usize,
+        generation: u64,
+        selector: PodSelector,
+    },
+}
+
+impl Observed {
+    /// The pods `slot` stands for, unless it is a pool's replaced selector.
+    fn pods_mut(&mut self, slot: &Slot) -> Option<&mut BTreeMap<String, PodView>> {
+        match slot {
+            Slot::Selector(s) => self.pods.get_mut(*s),
+            Slot::Pool {
+                index, generation, ..
+            } => self
+                .pools
+                .get_mut(*index)
+                .filter(|pool| pool.generation == *generation)
+                .map(|pool| &mut pool.pods),
+        }
+    }
+
+    /// Replaces the pods of `slot` by a listing; a pool's are those of its selector
+    /// from now on.
+    fn listed(&mut self, slot: &Slot, pods: BTreeMap<String, PodView>) {
+        if let Slot::Pool {
+            index,
+            generation,
+            selector,
+        } = slot
+            && let Some(pool) = self.pools.get_mut(*index)
+            && pool.generation == *generation
+        {
+            pool.selector = Some(selector.clone());
+        }
+        if let Some(slot) = self.pods_mut(slot) {
+            *slot = pods;
+        }
+    }
+}
+
+/// Starts discovering `settings.selectors`' and `settings.pools`' pods into `fleet`.
 ///
 /// # Errors
 /// No client could be made (not in a cluster and no `api_url`, or a bad URL).
@@ -140,6 +215,7 @@ pub fn spawn_discovery(
     let client = kube::Client::try_from(config).map_err(|e| KubernetesError(e.to_string()))?;
     let observed = Arc::new(Mutex::new(Observed {
         pods: vec![BTreeMap::new(); settings.selectors.len()],
+        pools: settings.pools.iter().map(|_| PoolPods::default()).collect(),
     }));
     let changed = Arc::new(Notify::new());
     let mut tasks = Vec::new();
@@ -148,7 +224,18 @@ pub fn spawn_discovery(
         tasks.push(tokio::spawn(follow(
             api,
             label_selector(&selector.labels),
-            s,
+            Slot::Selector(s),
+            settings.relist_interval,
+            Arc::clone(&observed),
+            Arc::clone(&changed),
+        )));
+    }
+    for (index, pool) in settings.pools.iter().enumerate() {
+        tasks.push(tokio::spawn(pool::follow_pool(
+            client.clone(),
+            settings.namespace.clone(),
+            pool.clone(),
+            index,
             settings.relist_interval,
             Arc::clone(&observed),
             Arc::clone(&changed),
@@ -204,7 +291,7 @@ fn view(pod: &Pod) -> Option<(String, PodView)> {
 async fn follow(
     api: Api<Pod>,
     selector: String,
-    slot: usize,
+    slot: Slot,
     relist_interval: Duration,
     observed: Arc<Mutex<Observed>>,
     changed: Arc<Notify>,
@@ -221,11 +308,11 @@ async fn follow(
             }
         };
         backoff = Duration::from_millis(100);
-        observed.lock().pods[slot] = pods;
+        observed.lock().listed(&slot, pods);
         changed.notify_one();
         let relist_at = Instant::now() + relist_interval;
         watch(
-            &api, &selector, version, relist_at, slot, &observed, &changed,
+            &api, &selector, version, relist_at, &slot, &observed, &changed,
         )
         .await;
     }
@@ -260,7 +347,7 @@ async fn watch(
     selector: &str,
     mut version: String,
     relist_at: Instant,
-    slot: usize,
+    slot: &Slot,
     observed: &Mutex<Observed>,
     changed: &Notify,
 ) {
@@ -287,8 +374,10 @@ async fn watch(
                     if let Some(v) = pod.metadata.resource_version.clone() {
                         version = v;
                     }
-                    if let Some((name, view)) = view(&pod) {
-                        record(&mut observed.lock().pods[slot], name, view);
+                    if let Some((name, view)) = view(&pod)
+                        && let Some(pods) = observed.lock().pods_mut(slot)
+                    {
+                        record(pods, name, view);
                         changed.notify_one();
                     }
                 }
@@ -301,8 +390,10 @@ async fn watch(
                             address: None,
                             ..view
                         };
-                        record(&mut observed.lock().pods[slot], name, gone);
-                        changed.notify_one();
+                        if let Some(pods) = observed.lock().pods_mut(slot) {
+                            record(pods, name, gone);
+                            changed.notify_one();
+                        }
                     }
                 }
                 Some(Ok(WatchEvent::Bookmark(bookmark))) => {
@@ -395,14 +486,19 @@ async fn reconcile(
 }
 
 /// The engines the pods of `namespace` stand for: one per pod that is an engine, for
-/// the first selector matching it, with the id `namespace/pod`.
+/// the first selector matching it (the configured selectors, then the pools' in
+/// order), with the id `namespace/pod`.
 fn desired(
     namespace: &str,
     selectors: &[PodSelector],
     observed: &Observed,
 ) -> BTreeMap<EngineId, EngineSpec> {
     let mut engines = BTreeMap::new();
-    for (selector, pods) in selectors.iter().zip(&observed.pods) {
+    let pools = observed
+        .pools
+        .iter()
+        .filter_map(|pool| Some((pool.selector.as_ref()?, &pool.pods)));
+    for (selector, pods) in selectors.iter().zip(&observed.pods).chain(pools) {
         for (name, view) in pods {
             let Some(address) = &view.address else {
                 continue;

@@ -107,6 +107,15 @@ impl<'a> TokenSetting<'a> {
         }
     }
 
+    /// The endpoint picker's token.
+    pub(crate) fn picker(config: &'a router_config::PickerConfig) -> Self {
+        Self {
+            section: "picker",
+            token: config.token.as_ref(),
+            token_file: config.token_file.as_ref(),
+        }
+    }
+
     /// The shared prefix indexer's token.
     pub(crate) fn prefix_indexer(config: &'a PrefixIndexerConfig) -> Self {
         Self {

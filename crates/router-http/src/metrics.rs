@@ -254,7 +254,7 @@ impl Metrics {
         );
         self.registry.register(
             "picker_streams",
-            "Requests through a gateway's endpoint picker, by how their stream ended: routed, answered (the router's error), cancelled, timeout or invalid",
+            "Requests through a gateway's endpoint picker, by how their stream ended: routed, answered (the router's error), cancelled, timeout, invalid or unauthenticated",
             self.picker_streams.clone(),
         );
     }

@@ -119,7 +119,7 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
             let server = tokio::spawn(crate::api::picker::serve(
                 Arc::clone(&ctx),
                 listener,
-                settings.max_streams,
+                settings,
                 stopped.clone(),
                 grace,
             ));

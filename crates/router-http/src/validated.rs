@@ -72,9 +72,9 @@ pub struct ValidatedConfig {
     pub(crate) admin: AdminAccess,
     /// Where the admin API is served instead of the public address, if anywhere.
     pub(crate) admin_listen: Option<SocketAddr>,
-    /// The endpoint picker's address and its stream bound, when it is served.
+    /// The endpoint picker's address, stream bound and token, when it is served.
     #[cfg(feature = "picker")]
-    pub(crate) picker: Option<router_config::PickerConfig>,
+    pub(crate) picker: Option<crate::api::picker::PickerSettings>,
     /// The policies of a model that first appears at runtime, and their state.
     pub(crate) defaults: DefaultPolicies,
     pub(crate) handles: PolicyHandles,
@@ -169,6 +169,11 @@ impl ValidatedConfig {
             ));
         }
         let admin = AdminAccess::of(&config.admin, &mut errors);
+        #[cfg(feature = "picker")]
+        let picker = config
+            .picker
+            .as_ref()
+            .map(|picker| crate::api::picker::PickerSettings::of(picker, &mut errors));
         let engine_tls = engine_tls::load(config.engine_tls.as_ref(), &mut errors);
         let restart_only = RestartOnly::of(&config);
         let SharedState {
@@ -238,7 +243,7 @@ impl ValidatedConfig {
             admin,
             admin_listen: config.admin.listen,
             #[cfg(feature = "picker")]
-            picker: config.picker.clone(),
+            picker,
             defaults: plan.defaults,
             handles: plan.handles,
             models,

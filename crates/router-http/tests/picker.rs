@@ -44,7 +44,7 @@ fn config(engines: &[RunningEngine], policy: Value, picker: SocketAddr) -> Route
             "policies": {"plain": policy},
         }],
         "health": {"interval_ms": 50, "timeout_ms": 5000, "failure_threshold": 3, "success_threshold": 1},
-        "picker": {"listen": picker, "max_streams": 64},
+        "picker": {"listen": picker, "max_streams": 64, "token": envoy::token()},
     })
     .to_string();
     RouterConfig::from_yaml(&text).expect("a configuration")

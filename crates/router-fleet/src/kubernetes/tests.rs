@@ -1,7 +1,9 @@
 //! Discovery against an in-process fake API server that speaks list and watch the
 //! way the Kubernetes API server does: pod lists with a resource version, watch
 //! streams of JSON lines, `410 Gone` error events, watches it ends, and changes it
-//! leaves out of the watch (a missed event only a relist sees).
+//! leaves out of the watch (a missed event only a relist sees). It serves
+//! InferencePools too, listed and watched by name, and selects pods by their labels
+//! (a pod whose labels change is not told apart from one that keeps them).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,6 +23,8 @@ const GUARD: Duration = Duration::from_secs(20);
 #[derive(Debug)]
 struct FakeApi {
     pods: Mutex<BTreeMap<String, Value>>,
+    /// InferencePools by name.
+    pools: Mutex<BTreeMap<String, Value>>,
     version: AtomicU64,
     events: broadcast::Sender<(u64, Value)>,
     /// Every event sent, with its resource version: a watch from version R is sent
@@ -31,25 +35,50 @@ struct FakeApi {
     /// Watches end after their first event.
     short_watches: AtomicBool,
     lists: AtomicUsize,
+    /// InferencePool lists.
+    pool_lists: AtomicUsize,
 }
 
 impl FakeApi {
     fn new() -> Arc<Self> {
         Arc::new(Self {
             pods: Mutex::new(BTreeMap::new()),
+            pools: Mutex::new(BTreeMap::new()),
             version: AtomicU64::new(100),
             events: broadcast::channel(64).0,
             log: Mutex::new(Vec::new()),
             gone: AtomicBool::new(false),
             short_watches: AtomicBool::new(false),
             lists: AtomicUsize::new(0),
+            pool_lists: AtomicUsize::new(0),
         })
     }
 
-    /// Creates or updates a pod; the watch hears of it unless `silent`.
+    /// Creates or updates a pod labelled `app: sglang`; the watch hears of it unless
+    /// `silent`.
     fn put(&self, name: &str, ip: &str, ready: bool, deleting: bool, silent: bool) {
+        self.put_labelled(
+            name,
+            ip,
+            json!({"app": "sglang"}),
+            (ready, deleting, silent),
+        );
+    }
+
+    /// Creates or updates a Ready pod with `labels`; the watch hears of it.
+    fn put_in(&self, name: &str, ip: &str, labels: &Value) {
+        self.put_labelled(name, ip, labels.clone(), (true, false, false));
+    }
+
+    fn put_labelled(
+        &self,
+        name: &str,
+        ip: &str,
+        labels: Value,
+        (ready, deleting, silent): (bool, bool, bool),
+    ) {
         let version = self.version.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut metadata = json!({"name": name, "namespace": "llm", "resourceVersion": version.to_string(), "labels": {"app": "sglang"}});
+        let mut metadata = json!({"name": name, "namespace": "llm", "resourceVersion": version.to_string(), "labels": labels});
         if deleting {
             metadata["deletionTimestamp"] = json!("2026-12-01T00:00:00Z");
         }
@@ -79,6 +108,40 @@ impl FakeApi {
         }
     }
 
+    /// Creates or updates InferencePool `name` with `spec`; the watch hears of it
+    /// unless `silent`.
+    fn put_pool(&self, name: &str, spec: Value, silent: bool) {
+        let version = self.version.fetch_add(1, Ordering::SeqCst) + 1;
+        let pool = json!({
+            "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": name, "namespace": "llm", "resourceVersion": version.to_string()},
+            "spec": spec,
+        });
+        let kind = if self
+            .pools
+            .lock()
+            .insert(name.into(), pool.clone())
+            .is_some()
+        {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        if !silent {
+            self.emit(version, json!({"type": kind, "object": pool}));
+        }
+    }
+
+    /// Deletes InferencePool `name`; the watch hears of it.
+    fn delete_pool(&self, name: &str) {
+        let version = self.version.fetch_add(1, Ordering::SeqCst) + 1;
+        let Some(mut pool) = self.pools.lock().remove(name) else {
+            return;
+        };
+        pool["metadata"]["resourceVersion"] = json!(version.to_string());
+        self.emit(version, json!({"type": "DELETED", "object": pool}));
+    }
+
     /// Sends an event as it is, at a resource version of its own in the log.
     fn send(&self, event: Value) {
         let version = self.version.fetch_add(1, Ordering::SeqCst) + 1;
@@ -92,17 +155,42 @@ impl FakeApi {
     }
 }
 
+/// The labels `selector` (`a=b,c=d`) names.
+fn selected(selector: &str) -> BTreeMap<String, String> {
+    selector
+        .split(',')
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').expect("key=value");
+            (key.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+/// Whether `object` carries every label of `labels`.
+fn carries(object: &Value, labels: &BTreeMap<String, String>) -> bool {
+    labels
+        .iter()
+        .all(|(key, value)| object["metadata"]["labels"][key].as_str() == Some(value))
+}
+
 async fn pods(
     State(api): State<Arc<FakeApi>>,
     Query(query): Query<BTreeMap<String, String>>,
 ) -> Response {
-    assert_eq!(
-        query.get("labelSelector").map(String::as_str),
-        Some("app=sglang")
-    );
+    let selector = query
+        .get("labelSelector")
+        .expect("pods are listed by label");
+    let labels = selected(selector);
+    assert!(labels.contains_key("app"), "{selector}");
     if query.get("watch").map(String::as_str) != Some("true") {
         api.lists.fetch_add(1, Ordering::SeqCst);
-        let items: Vec<Value> = api.pods.lock().values().cloned().collect();
+        let items: Vec<Value> = api
+            .pods
+            .lock()
+            .values()
+            .filter(|pod| carries(pod, &labels))
+            .cloned()
+            .collect();
         let version = api.version.load(Ordering::SeqCst).to_string();
         return axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})).into_response();
     }
@@ -110,6 +198,42 @@ async fn pods(
         let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "message": "too old resource version", "code": 410}});
         return axum::body::Body::from(format!("{gone}\n")).into_response();
     }
+    watch_stream(&api, &query, move |event| {
+        let object = &event["object"];
+        object["kind"] == "Status" || (object["kind"] == "Pod" && carries(object, &labels))
+    })
+}
+
+/// InferencePools, listed and watched by name (`fieldSelector=metadata.name=NAME`).
+async fn pools(
+    State(api): State<Arc<FakeApi>>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let selector = query.get("fieldSelector").expect("a pool is read by name");
+    let name = selector
+        .strip_prefix("metadata.name=")
+        .unwrap_or_else(|| panic!("{selector}"))
+        .to_owned();
+    if query.get("watch").map(String::as_str) != Some("true") {
+        api.pool_lists.fetch_add(1, Ordering::SeqCst);
+        let items: Vec<Value> = api.pools.lock().get(&name).cloned().into_iter().collect();
+        let version = api.version.load(Ordering::SeqCst).to_string();
+        return axum::Json(json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePoolList", "metadata": {"resourceVersion": version}, "items": items})).into_response();
+    }
+    watch_stream(&api, &query, move |event| {
+        let object = &event["object"];
+        object["kind"] == "InferencePool" && object["metadata"]["name"] == name.as_str()
+    })
+}
+
+/// A watch from the query's resource version of the events `keep` keeps: those
+/// logged after it, then those sent while it is open (ending after the first when
+/// watches are short).
+fn watch_stream(
+    api: &FakeApi,
+    query: &BTreeMap<String, String>,
+    keep: impl Fn(&Value) -> bool + Send + Sync + 'static,
+) -> Response {
     let short = api.short_watches.load(Ordering::SeqCst);
     let from: u64 = query
         .get("resourceVersion")
@@ -119,29 +243,37 @@ async fn pods(
     let events = {
         let log = api.log.lock();
         let events = api.events.subscribe();
-        let missed: Vec<(u64, Value)> = log.iter().filter(|(v, _)| *v > from).cloned().collect();
+        let missed: Vec<(u64, Value)> = log
+            .iter()
+            .filter(|(v, event)| *v > from && keep(event))
+            .cloned()
+            .collect();
         (missed, events)
     };
     let last = from;
+    let keep = Arc::new(keep);
     let lines = stream::unfold(
         (events, last, false),
-        move |((mut missed, mut live), last, done)| async move {
-            if done {
-                return None;
-            }
-            let (version, event) = if missed.is_empty() {
-                loop {
-                    let (version, event) = live.recv().await.ok()?;
-                    // Sent live and logged: the replay had it already.
-                    if version > last || event["type"] == "ERROR" {
-                        break (version, event);
-                    }
+        move |((mut missed, mut live), last, done)| {
+            let keep = Arc::clone(&keep);
+            async move {
+                if done {
+                    return None;
                 }
-            } else {
-                missed.remove(0)
-            };
-            let line = Ok::<_, std::convert::Infallible>(format!("{event}\n"));
-            Some((line, ((missed, live), version.max(last), short)))
+                let (version, event) = if missed.is_empty() {
+                    loop {
+                        let (version, event) = live.recv().await.ok()?;
+                        // Sent live and logged: the replay had it already.
+                        if (version > last || event["type"] == "ERROR") && keep(&event) {
+                            break (version, event);
+                        }
+                    }
+                } else {
+                    missed.remove(0)
+                };
+                let line = Ok::<_, std::convert::Infallible>(format!("{event}\n"));
+                Some((line, ((missed, live), version.max(last), short)))
+            }
         },
     );
     axum::body::Body::from_stream(lines).into_response()
@@ -151,6 +283,10 @@ async fn fake_api() -> (Arc<FakeApi>, String, tokio::task::JoinHandle<()>) {
     let api = FakeApi::new();
     let app = axum::Router::new()
         .route("/api/v1/namespaces/llm/pods", axum::routing::get(pods))
+        .route(
+            "/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools",
+            axum::routing::get(pools),
+        )
         .with_state(Arc::clone(&api));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -186,6 +322,7 @@ fn settings(url: &str, relist: Duration) -> KubernetesSettings {
             port: 9,
             bootstrap_port: None,
         }],
+        pools: Vec::new(),
         relist_interval: relist,
         debounce: Duration::from_millis(20),
     }
@@ -201,6 +338,11 @@ fn engines(fleet: &Fleet) -> BTreeSet<String> {
 
 /// Waits until the fleet's engines are `expected` (id@url).
 async fn until(fleet: &Arc<Fleet>, changed: &Notify, expected: &[&str]) {
+    until_after(fleet, changed, expected, "").await;
+}
+
+/// Waits until the fleet's engines are `expected` (id@url) after `what` happened.
+async fn until_after(fleet: &Arc<Fleet>, changed: &Notify, expected: &[&str], what: &str) {
     let expected: BTreeSet<String> = expected.iter().map(|s| (*s).to_owned()).collect();
     let wait = async {
         loop {
@@ -212,7 +354,10 @@ async fn until(fleet: &Arc<Fleet>, changed: &Notify, expected: &[&str]) {
         }
     };
     if tokio::time::timeout(GUARD, wait).await.is_err() {
-        panic!("engines {:?}, expected {expected:?}", engines(fleet));
+        panic!(
+            "{what}: engines {:?}, expected {expected:?}",
+            engines(fleet)
+        );
     }
 }
 
@@ -230,10 +375,18 @@ fn discover_into(
     url: &str,
     relist: Duration,
 ) -> (Arc<Notify>, DiscoveryHandle) {
+    discover_with(fleet, settings(url, relist))
+}
+
+/// `fleet` discovering as `settings` say, and a signal of its changes.
+fn discover_with(
+    fleet: &Arc<Fleet>,
+    settings: KubernetesSettings,
+) -> (Arc<Notify>, DiscoveryHandle) {
     let changed = Arc::new(Notify::new());
     let notify = Arc::clone(&changed);
     fleet.on_change(move |_| notify.notify_waiters());
-    let discovery = spawn_discovery(Arc::clone(fleet), settings(url, relist)).unwrap();
+    let discovery = spawn_discovery(Arc::clone(fleet), settings).unwrap();
     (changed, discovery)
 }
 
@@ -249,6 +402,7 @@ fn a_pods_engine_is_named_namespace_slash_pod_and_comes_from_kubernetes() {
             ("p0".to_owned(), pod(Some("10.0.0.1"))),
             ("p1".to_owned(), pod(None)),
         ])],
+        pools: Vec::new(),
     };
     let engines = desired("llm", &selectors, &observed);
     let ids: Vec<&str> = engines.keys().map(EngineId::as_str).collect();
@@ -414,4 +568,218 @@ async fn an_event_older_than_the_one_recorded_changes_nothing() {
     api.put("p1", "127.0.0.2", true, false, false);
     until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
     server.abort();
+}
+
+/// Discovery of pool `qwen3-pool`'s pods as model `m`'s, and no selector.
+fn pool_settings(url: &str, relist: Duration) -> KubernetesSettings {
+    KubernetesSettings {
+        selectors: Vec::new(),
+        pools: vec![InferencePoolRef {
+            model: "m".into(),
+            name: "qwen3-pool".into(),
+        }],
+        ..settings(url, relist)
+    }
+}
+
+/// An InferencePool's spec: pods with `labels`, engines on `port`.
+fn pool_spec(labels: &Value, port: u64) -> Value {
+    json!({
+        "selector": {"matchLabels": labels},
+        "targetPorts": [{"number": port}],
+        "endpointPickerRef": {"name": "switchyard", "port": {"number": 9002}, "failureMode": "FailClose"},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_pods_are_plain_engines_at_its_target_port() {
+    let (api, url, server) = fake_api().await;
+    let a = json!({"app": "sglang", "pool": "a"});
+    api.put_pool("qwen3-pool", pool_spec(&a, 7), false);
+    api.put_pool(
+        "another-pool",
+        pool_spec(&json!({"app": "sglang"}), 9),
+        false,
+    );
+    api.put_in("p0", "127.0.0.1", &a);
+    api.put_in("p1", "127.0.0.2", &json!({"app": "sglang", "pool": "b"}));
+    api.put("p2", "127.0.0.3", true, false, false);
+    let fleet = fleet();
+    let (changed, _discovery) =
+        discover_with(&fleet, pool_settings(&url, Duration::from_secs(3600)));
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:7"]).await;
+    let spec = fleet.spec(&"llm/p0".into()).expect("p0's engine");
+    assert_eq!(
+        (spec.model.as_str(), spec.role, spec.source),
+        ("m", Some(Role::Plain), Source::Kubernetes)
+    );
+    // A pod that joins the pool later, through the pods' watch; one that leaves it.
+    api.put_in("p3", "127.0.0.4", &a);
+    until(
+        &fleet,
+        &changed,
+        &["llm/p0@http://127.0.0.1:7", "llm/p3@http://127.0.0.4:7"],
+    )
+    .await;
+    api.delete("p0", false);
+    until(&fleet, &changed, &["llm/p3@http://127.0.0.4:7"]).await;
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_new_selector_or_port_moves_its_engines() {
+    let (api, url, server) = fake_api().await;
+    let a = json!({"app": "sglang", "pool": "a"});
+    let b = json!({"app": "sglang", "pool": "b"});
+    api.put_pool("qwen3-pool", pool_spec(&a, 7), false);
+    api.put_in("p0", "127.0.0.1", &a);
+    api.put_in("p1", "127.0.0.2", &b);
+    let fleet = fleet();
+    let (changed, _discovery) =
+        discover_with(&fleet, pool_settings(&url, Duration::from_secs(3600)));
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:7"]).await;
+    // Through the pool's watch: another selector, then another port.
+    api.put_pool("qwen3-pool", pool_spec(&b, 7), false);
+    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:7"]).await;
+    api.put_pool("qwen3-pool", pool_spec(&b, 9), false);
+    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
+    // The old selector's pods are followed no more.
+    api.put_in("p2", "127.0.0.3", &a);
+    api.put_in("p3", "127.0.0.4", &b);
+    until(
+        &fleet,
+        &changed,
+        &["llm/p1@http://127.0.0.2:9", "llm/p3@http://127.0.0.4:9"],
+    )
+    .await;
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_change_the_watch_missed_is_seen_at_the_relist() {
+    let (api, url, server) = fake_api().await;
+    let a = json!({"app": "sglang", "pool": "a"});
+    let b = json!({"app": "sglang", "pool": "b"});
+    api.put_pool("qwen3-pool", pool_spec(&a, 7), false);
+    api.put_in("p0", "127.0.0.1", &a);
+    api.put_in("p1", "127.0.0.2", &b);
+    let fleet = fleet();
+    let (changed, _discovery) =
+        discover_with(&fleet, pool_settings(&url, Duration::from_millis(300)));
+    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:7"]).await;
+    let lists = api.pool_lists.load(Ordering::SeqCst);
+    api.put_pool("qwen3-pool", pool_spec(&b, 9), true);
+    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
+    assert!(
+        api.pool_lists.load(Ordering::SeqCst) > lists,
+        "the pool was listed again"
+    );
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_deleted_or_malformed_pool_names_no_engines() {
+    let (api, url, server) = fake_api().await;
+    let a = json!({"app": "sglang", "pool": "a"});
+    api.put_in("p0", "127.0.0.1", &a);
+    let fleet = fleet();
+    let (changed, _discovery) =
+        discover_with(&fleet, pool_settings(&url, Duration::from_secs(3600)));
+    // Missing at first: read, and no engine; its creation is watched for.
+    let guard = tokio::time::timeout(GUARD, async {
+        while api.pool_lists.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    });
+    guard.await.expect("the pool is read");
+    assert_eq!(engines(&fleet), BTreeSet::new());
+    let good = pool_spec(&a, 7);
+    let joined = ["llm/p0@http://127.0.0.1:7"];
+    api.put_pool("qwen3-pool", good.clone(), false);
+    until(&fleet, &changed, &joined).await;
+    let many: serde_json::Map<String, Value> =
+        (0..65).map(|n| (format!("l{n}"), json!("v"))).collect();
+    for malformed in [
+        json!({"targetPorts": [{"number": 7}]}),
+        json!({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 7}]}),
+        json!({"selector": {"matchLabels": a}}),
+        json!({"selector": {"matchLabels": a}, "targetPorts": []}),
+        pool_spec(&a, 0),
+        pool_spec(&a, 70_000),
+        pool_spec(&json!(many), 7),
+        pool_spec(&json!({"app": "sglang,pool=a"}), 7),
+        json!("not an object"),
+    ] {
+        api.put_pool("qwen3-pool", malformed.clone(), false);
+        until_after(
+            &fleet,
+            &changed,
+            &[],
+            &format!("a pool of spec {malformed}"),
+        )
+        .await;
+        api.put_pool("qwen3-pool", good.clone(), false);
+        until(&fleet, &changed, &joined).await;
+    }
+    // Deleted: its engines leave; made again: they come back.
+    api.delete_pool("qwen3-pool");
+    until(&fleet, &changed, &[]).await;
+    api.put_pool("qwen3-pool", good, false);
+    until(&fleet, &changed, &joined).await;
+    server.abort();
+}
+
+#[test]
+fn a_pod_a_selector_and_a_pool_both_select_joins_for_the_selector() {
+    let selectors = settings("http://unused", Duration::from_secs(1)).selectors;
+    let view = PodView {
+        address: Some("10.0.0.1".into()),
+        version: None,
+    };
+    let pods = BTreeMap::from([("p0".to_owned(), view.clone())]);
+    let pool = |port| PoolPods {
+        generation: 1,
+        selector: Some(PodSelector {
+            port,
+            ..selectors[0].clone()
+        }),
+        pods: BTreeMap::from([
+            ("p0".to_owned(), view.clone()),
+            ("p1".to_owned(), view.clone()),
+        ]),
+    };
+    let observed = Observed {
+        pods: vec![pods],
+        pools: vec![
+            pool(7),
+            pool(8),
+            PoolPods {
+                generation: 3,
+                selector: None,
+                pods: BTreeMap::new(),
+            },
+        ],
+    };
+    let urls: Vec<(String, String)> = desired("llm", &selectors, &observed)
+        .into_iter()
+        .map(|(id, spec)| (id.as_str().to_owned(), spec.url))
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            ("llm/p0".to_owned(), "http://10.0.0.1:9".to_owned()),
+            ("llm/p1".to_owned(), "http://10.0.0.1:7".to_owned()),
+        ]
+    );
+    // A listing of a replaced selector changes nothing.
+    let mut observed = observed;
+    let stale = Slot::Pool {
+        index: 0,
+        generation: 0,
+        selector: selectors[0].clone(),
+    };
+    observed.listed(&stale, BTreeMap::new());
+    assert!(observed.pods_mut(&stale).is_none());
+    assert_eq!(observed.pools[0].pods.len(), 2);
+    assert_eq!(observed.pools[0].selector.as_ref().map(|s| s.port), Some(7));
 }

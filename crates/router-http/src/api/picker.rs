@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
@@ -19,7 +20,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use futures_util::Stream;
+use parking_lot::Mutex;
 use router_buckets::BucketPick;
+use router_config::{ConfigError, PickerConfig};
 use router_policy::RequestFacts;
 use router_state::EngineId;
 use tokio::net::TcpListener;
@@ -27,6 +30,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::chat::Deliver;
+use crate::access::{TokenDigest, TokenSetting};
 use crate::app::AppContext;
 use crate::attempts::count_picks;
 use crate::dispatch::Outgoing;
@@ -40,6 +44,30 @@ use crate::routing::ModelRoute;
 const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// Responses a stream may have waiting for the gateway to read them.
 const QUEUED_RESPONSES: usize = 16;
+
+/// The picker as a validated configuration serves it.
+#[derive(Debug, Clone)]
+pub(crate) struct PickerSettings {
+    /// The address it listens on.
+    pub(crate) listen: SocketAddr,
+    /// Streams one gateway connection may hold open.
+    max_streams: u32,
+    /// The token every stream must carry, when one is configured.
+    token: Option<TokenDigest>,
+}
+
+impl PickerSettings {
+    /// The settings of `config`, its token read (each problem in `errors`).
+    pub(crate) fn of(config: &PickerConfig, errors: &mut Vec<ConfigError>) -> Self {
+        Self {
+            listen: config.listen,
+            max_streams: config.max_streams,
+            token: TokenSetting::picker(config)
+                .read(errors)
+                .map(|token| TokenDigest::of(&token)),
+        }
+    }
+}
 
 /// How a request is delivered through a gateway: its engine named, among those the
 /// gateway can reach and allows.
@@ -85,6 +113,8 @@ impl Deliver for Gateway {
 /// The `ext_proc` service.
 struct Picker {
     ctx: Arc<AppContext>,
+    /// The token every stream must carry, when one is configured.
+    token: Option<TokenDigest>,
     /// Set when the shutdown grace is over: the streams still open are ended.
     forced: watch::Receiver<bool>,
 }
@@ -99,20 +129,40 @@ impl ExternalProcessor for Picker {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Responses>, Status> {
+        if let Some(token) = &self.token
+            && !token.admits_request(&request.metadata().clone().into_headers())
+        {
+            let labels = OutcomeLabels {
+                outcome: "unauthenticated",
+            };
+            self.ctx.metrics.picker_streams.get_or_create(&labels).inc();
+            tracing::warn!("a stream without the picker's token (picker.token) was refused");
+            return Err(Status::unauthenticated(
+                "the endpoint picker requires its token (picker.token) as `authorization: Bearer`",
+            ));
+        }
         let inbound = request.into_inner();
         let (sender, mut receiver) = mpsc::channel(QUEUED_RESPONSES);
+        // The status the stream ends with when the exchange did not complete: set
+        // before the last sender goes, so the stream never closes with OK first.
+        let ending: Arc<Mutex<Option<Status>>> = Arc::default();
+        let ended = Arc::clone(&ending);
         let ctx = Arc::clone(&self.ctx);
         let mut forced = self.forced.clone();
         tokio::spawn(async move {
-            let ending = sender.clone();
+            let last = sender.clone();
             let exchange = exchange::exchange(Arc::clone(&ctx), inbound, sender);
-            let outcome = tokio::select! {
-                outcome = exchange => outcome,
-                _ = forced.wait_for(|forced| *forced) => {
-                    drop(ending.try_send(Err(Status::unavailable("the router is shutting down"))));
-                    exchange::Outcome::Cancelled
-                }
+            let (outcome, status) = tokio::select! {
+                outcome = exchange => (outcome, outcome.status()),
+                _ = forced.wait_for(|forced| *forced) => (
+                    exchange::Outcome::Cancelled,
+                    Status::unavailable("the router is shutting down"),
+                ),
             };
+            if !outcome.is_complete() {
+                *ended.lock() = Some(status);
+            }
+            drop(last);
             let labels = OutcomeLabels {
                 outcome: outcome.as_str(),
             };
@@ -123,7 +173,10 @@ impl ExternalProcessor for Picker {
                 );
             }
         });
-        let responses = futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx));
+        let responses = futures_util::stream::poll_fn(move |cx| match receiver.poll_recv(cx) {
+            Poll::Ready(None) => Poll::Ready(ending.lock().take().map(Err)),
+            polled => polled,
+        });
         Ok(Response::new(Box::pin(responses)))
     }
 }
@@ -133,13 +186,14 @@ impl ExternalProcessor for Picker {
 pub(crate) async fn serve(
     ctx: Arc<AppContext>,
     listener: TcpListener,
-    max_streams: u32,
+    settings: PickerSettings,
     mut stopped: watch::Receiver<bool>,
     grace: Duration,
 ) {
     let (forced, mut force) = watch::channel(false);
     let picker = Picker {
         ctx,
+        token: settings.token,
         forced: force.clone(),
     };
     let service = ExternalProcessorServer::new(picker)
@@ -153,7 +207,7 @@ pub(crate) async fn serve(
         });
     };
     let server = tonic::transport::Server::builder()
-        .max_concurrent_streams(max_streams)
+        .max_concurrent_streams(settings.max_streams)
         .tcp_nodelay(true)
         .add_service(service)
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), stop);

@@ -207,7 +207,7 @@ impl Resources for Serving {
     }
 }
 
-/// What the fleet discovers pods with.
+/// What the fleet discovers pods with: the selectors' and the InferencePools'.
 #[cfg(feature = "kubernetes")]
 pub(super) fn kubernetes(
     discovery: &router_config::DiscoveryConfig,
@@ -225,6 +225,14 @@ pub(super) fn kubernetes(
                 role: m.role.map(Into::into),
                 port: m.port,
                 bootstrap_port: m.bootstrap_port,
+            })
+            .collect(),
+        pools: kubernetes
+            .pools
+            .iter()
+            .map(|p| router_fleet::kubernetes::InferencePoolRef {
+                model: p.model.clone(),
+                name: p.name.clone(),
             })
             .collect(),
         relist_interval: std::time::Duration::from_millis(kubernetes.relist_interval_ms),

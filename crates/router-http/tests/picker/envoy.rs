@@ -38,24 +38,45 @@ pub(crate) enum Failure {
     Open,
 }
 
-/// The sample configuration with `picker` as the picker, `pool` as the fail-open
-/// pool, and loopback listeners on ports the OS picks.
-fn configuration(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> Value {
+/// The sample configuration.
+fn sample() -> Value {
     let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/envoy.yaml");
     let text = std::fs::read_to_string(&sample).expect("the sample Envoy configuration");
-    let mut config: Value = serde_norway::from_str(&text).expect("the sample is YAML");
-    let loopback =
-        |port: u16| json!({"socket_address": {"address": "127.0.0.1", "port_value": port}});
-    let resources = &mut config["static_resources"];
-    let listener = &mut resources["listeners"][0];
-    listener["address"] = loopback(0);
+    serde_norway::from_str(&text).expect("the sample is YAML")
+}
+
+/// The ext_proc filter of a configuration.
+fn ext_proc(config: &mut Value) -> &mut Value {
+    let listener = &mut config["static_resources"]["listeners"][0];
     let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
         .as_array_mut()
         .expect("the HTTP filters");
-    let ext_proc = filters
+    filters
         .iter_mut()
         .find(|f| f["name"] == "envoy.filters.http.ext_proc")
-        .expect("the ext_proc filter");
+        .expect("the ext_proc filter")
+}
+
+/// The token the sample sends the picker.
+pub(crate) fn token() -> String {
+    let mut config = sample();
+    let metadata = &ext_proc(&mut config)["typed_config"]["grpc_service"]["initial_metadata"][0];
+    assert_eq!(metadata["key"], "authorization");
+    let value = metadata["value"].as_str().expect("a value");
+    value
+        .strip_prefix("Bearer ")
+        .expect("a bearer token")
+        .to_owned()
+}
+
+/// The sample configuration with `picker` as the picker, `pool` as the fail-open
+/// pool, and loopback listeners on ports the OS picks.
+fn configuration(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> Value {
+    let mut config = sample();
+    let loopback =
+        |port: u16| json!({"socket_address": {"address": "127.0.0.1", "port_value": port}});
+    config["static_resources"]["listeners"][0]["address"] = loopback(0);
+    let ext_proc = ext_proc(&mut config);
     assert_eq!(
         ext_proc["typed_config"]["failure_mode_allow"], false,
         "the sample fails closed"
@@ -68,7 +89,10 @@ fn configuration(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> V
             .collect();
         json!([{"lb_endpoints": endpoints}])
     };
-    for cluster in resources["clusters"].as_array_mut().expect("the clusters") {
+    for cluster in config["static_resources"]["clusters"]
+        .as_array_mut()
+        .expect("the clusters")
+    {
         let addresses = match cluster["name"].as_str() {
             Some("picker") => vec![picker],
             Some("pool") => pool.to_vec(),

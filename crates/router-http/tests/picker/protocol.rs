@@ -5,11 +5,12 @@
 use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest, ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as Proto, value::Kind};
 use serde_json::{Value, json};
@@ -26,18 +27,26 @@ struct Exchange {
 }
 
 impl Exchange {
+    /// A stream with the picker's token.
     async fn open(picker: SocketAddr) -> Self {
+        Self::with_token(picker, Some(&super::envoy::token()))
+            .await
+            .expect("the stream opens")
+    }
+
+    async fn with_token(picker: SocketAddr, token: Option<&str>) -> Result<Self, tonic::Status> {
         let mut client = ExternalProcessorClient::connect(format!("http://{picker}"))
             .await
             .expect("the picker accepts");
         let (to, mut outgoing) = mpsc::channel(8);
         let requests = futures_util::stream::poll_fn(move |cx| outgoing.poll_recv(cx));
-        let from = client
-            .process(requests)
-            .await
-            .expect("the stream opens")
-            .into_inner();
-        Self { to, from }
+        let mut request = tonic::Request::new(requests);
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().expect("a metadata value");
+            request.metadata_mut().insert("authorization", value);
+        }
+        let from = client.process(request).await?.into_inner();
+        Ok(Self { to, from })
     }
 
     async fn send(&self, request: Request, metadata: Option<Metadata>) {
@@ -175,7 +184,7 @@ async fn the_subset_hint_narrows_the_pick_to_the_endpoints_it_lists() {
         )
         .await;
     let (status, body) = exchange.immediate().await;
-    assert_eq!(status, 400, "{body}");
+    assert_eq!(status, 500, "a gateway's fault, not the client's: {body}");
     released(router.context(), &["E0", "E1", "E2"]).await;
     router.shutdown().await;
 }
@@ -212,6 +221,24 @@ async fn requests_the_router_cannot_route_are_answered_in_the_gateways_stead() {
         "{text}"
     );
     assert_eq!(engines[0].visits().answered, 0, "no engine was reached");
+    router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_the_pickers_token_is_refused() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    for token in [None, Some("not-the-token")] {
+        let refused = Exchange::with_token(picker, token).await;
+        let status = refused.err().expect("refused");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    }
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(r#"switchyard_picker_streams_total{outcome="unauthenticated"} 2"#),
+        "{text}"
+    );
     router.shutdown().await;
 }
 
@@ -296,10 +323,14 @@ async fn a_request_given_up_while_it_waits_in_the_queue_leaves_it() {
     let mut holding = Exchange::open(picker).await;
     let mut long = chat("hold the slot");
     long["max_tokens"] = 1000.into();
-    holding.request("/v1/chat/completions", Some(&long), None).await;
+    holding
+        .request("/v1/chat/completions", Some(&long), None)
+        .await;
     holding.destination().await;
     let waiting = Exchange::open(picker).await;
-    waiting.request("/v1/chat/completions", Some(&chat("wait")), None).await;
+    waiting
+        .request("/v1/chat/completions", Some(&chat("wait")), None)
+        .await;
     let depth = r#"switchyard_queue_depth{model="m",band="0"} "#;
     within("the request queued", async {
         while common::metric(&router, depth).await < 1.0 {
@@ -326,8 +357,114 @@ async fn a_request_given_up_while_it_waits_in_the_queue_leaves_it() {
         ),
         "{text}"
     );
-    assert_eq!(in_flight(router.context(), &["E0"]), 1, "only the first holds the engine");
+    assert_eq!(
+        in_flight(router.context(), &["E0"]),
+        1,
+        "only the first holds the engine"
+    );
     drop(holding);
+    released(router.context(), &["E0"]).await;
+    router.shutdown().await;
+}
+
+/// A body chunk the picker sends on: its bytes and whether it ends the body.
+fn chunk(message: ProcessingResponse) -> (Vec<u8>, bool) {
+    let Some(Response::RequestBody(body)) = message.response else {
+        panic!("a body response, not {message:?}");
+    };
+    let mutation = body
+        .response
+        .and_then(|r| r.body_mutation)
+        .and_then(|b| b.mutation);
+    let Some(Mutation::StreamedResponse(streamed)) = mutation else {
+        panic!("a streamed body, not {mutation:?}");
+    };
+    (streamed.body, streamed.end_of_stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_the_bound_is_refused_and_trailers_are_answered_after_the_body() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    // 33 chunks of 1 MiB: past the 32 MiB a request body may have.
+    let mut exchange = Exchange::open(picker).await;
+    let headers = HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: vec![
+                HeaderValue {
+                    key: ":method".into(),
+                    raw_value: b"POST".to_vec(),
+                    ..HeaderValue::default()
+                },
+                HeaderValue {
+                    key: ":path".into(),
+                    raw_value: b"/v1/chat/completions".to_vec(),
+                    ..HeaderValue::default()
+                },
+            ],
+        }),
+        ..HttpHeaders::default()
+    };
+    exchange
+        .send(Request::RequestHeaders(headers.clone()), None)
+        .await;
+    let sending = {
+        let to = exchange.to.clone();
+        tokio::spawn(async move {
+            for _ in 0..33 {
+                let body = HttpBody {
+                    body: vec![b' '; 1 << 20],
+                    ..HttpBody::default()
+                };
+                let message = ProcessingRequest {
+                    request: Some(Request::RequestBody(body)),
+                    ..ProcessingRequest::default()
+                };
+                if to.send(message).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let (status, body) = exchange.immediate().await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("body_too_large")),
+        "{body}"
+    );
+    sending.abort();
+    // A body that trailers end: the body goes on unended, the trailers' answer after it.
+    let mut exchange = Exchange::open(picker).await;
+    exchange.send(Request::RequestHeaders(headers), None).await;
+    let body = HttpBody {
+        body: chat("with trailers").to_string().into_bytes(),
+        ..HttpBody::default()
+    };
+    exchange.send(Request::RequestBody(body), None).await;
+    exchange
+        .send(Request::RequestTrailers(HttpTrailers::default()), None)
+        .await;
+    exchange.destination().await;
+    let mut sent = Vec::new();
+    let last = loop {
+        let message = exchange.next().await.expect("no error").expect("a message");
+        if matches!(message.response, Some(Response::RequestTrailers(_))) {
+            break message;
+        }
+        let (bytes, end) = chunk(message);
+        assert!(!end, "the trailers end the body, not a chunk");
+        sent.extend(bytes);
+    };
+    assert!(matches!(last.response, Some(Response::RequestTrailers(_))));
+    let sent: Value = serde_json::from_slice(&sent).expect("the body, whole");
+    assert_eq!(sent["messages"], chat("with trailers")["messages"]);
+    let text = metrics(&router).await;
+    assert!(
+        text.contains(r#"switchyard_picker_streams_total{outcome="answered"} 1"#),
+        "the body past the bound is answered by the router: {text}"
+    );
+    drop(exchange);
     released(router.context(), &["E0"]).await;
     router.shutdown().await;
 }

@@ -66,7 +66,21 @@ async fn next(
     match tokio::time::timeout(limit, inbound.message()).await {
         Err(_) => Err(Outcome::Timeout),
         Ok(Ok(Some(message))) => message.request.ok_or(Outcome::Invalid),
-        Ok(Ok(None) | Err(_)) => Err(Outcome::Cancelled),
+        Ok(Ok(None)) => Err(Outcome::Cancelled),
+        Ok(Err(status)) => Err(broken(&status)),
+    }
+}
+
+/// How a stream the gateway's side broke ends: a message the picker refused to
+/// decode (too large, malformed) is the gateway's fault; anything else (a reset) is
+/// the request gone.
+fn broken(status: &Status) -> Outcome {
+    match status.code() {
+        tonic::Code::OutOfRange
+        | tonic::Code::ResourceExhausted
+        | tonic::Code::InvalidArgument
+        | tonic::Code::Internal => Outcome::Invalid,
+        _ => Outcome::Cancelled,
     }
 }
 
@@ -89,6 +103,31 @@ fn endpoint(method: &str, path: &str) -> Option<&'static Endpoint> {
         .find(|endpoint| endpoint.path == path)
 }
 
+impl Outcome {
+    /// Whether the stream ended as the protocol has it end: every message answered.
+    /// Any other end must reach the gateway as an error status, never as a stream
+    /// closed with OK, which Envoy takes as "processing complete" and sends the
+    /// request on unprocessed.
+    pub(super) fn is_complete(self) -> bool {
+        matches!(self, Outcome::Routed | Outcome::Answered)
+    }
+
+    /// The status the stream ends with, for an end that is not complete.
+    pub(super) fn status(self) -> Status {
+        match self {
+            Outcome::Invalid => Status::invalid_argument(
+                "the endpoint picker expects the request's headers, then its body (FULL_DUPLEX_STREAMED), then the answer's",
+            ),
+            Outcome::Timeout => {
+                Status::deadline_exceeded("the gateway sent nothing within the router's timeouts")
+            }
+            Outcome::Routed | Outcome::Answered | Outcome::Cancelled => {
+                Status::aborted("the endpoint picker ended the request's processing")
+            }
+        }
+    }
+}
+
 /// Runs one stream to its end; see the module documentation.
 pub(super) async fn exchange(
     ctx: Arc<AppContext>,
@@ -96,21 +135,7 @@ pub(super) async fn exchange(
     sender: Sender,
 ) -> Outcome {
     match run(&ctx, &mut inbound, &sender).await {
-        Ok(outcome) | Err(outcome) => {
-            let status = match outcome {
-                Outcome::Invalid => Some(Status::invalid_argument(
-                    "the endpoint picker expects the request's headers, then its body (FULL_DUPLEX_STREAMED), then the answer's",
-                )),
-                Outcome::Timeout => Some(Status::deadline_exceeded(
-                    "the gateway sent nothing within the router's timeouts",
-                )),
-                _ => None,
-            };
-            if let Some(status) = status {
-                drop(sender.try_send(Err(status)));
-            }
-            outcome
-        }
+        Ok(outcome) | Err(outcome) => outcome,
     }
 }
 
@@ -121,49 +146,72 @@ async fn run(
 ) -> Result<Outcome, Outcome> {
     let started = Instant::now();
     let limit = ctx.client_body_timeout;
-    let first = tokio::time::timeout(limit, inbound.message()).await;
-    let first = match first {
+    let first = match tokio::time::timeout(limit, inbound.message()).await {
         Err(_) => return Err(Outcome::Timeout),
         Ok(Ok(Some(first))) => first,
-        Ok(Ok(None) | Err(_)) => return Err(Outcome::Cancelled),
+        Ok(Ok(None)) => return Err(Outcome::Cancelled),
+        Ok(Err(status)) => return Err(broken(&status)),
     };
     let Some(Request::RequestHeaders(headers)) = &first.request else {
         return Err(Outcome::Invalid);
     };
     let head = wire::head(headers.headers.as_ref());
-    let subset = wire::subset(first.metadata_context.as_ref());
-    let mut body = Err(ApiError::bad_body("the request has no body"));
-    // The body's charge is held until the engine is named.
-    let mut charge = Charge::default();
-    if !headers.end_of_stream {
-        let remaining = limit.saturating_sub(started.elapsed());
-        body = read_body(ctx, inbound, sender, remaining, &mut charge).await?;
-    }
+    // Answered before the body is read: nothing of it would be used.
     let Some(endpoint) = endpoint(&head.method, &head.path) else {
         let error = ApiError::unknown_endpoint(&head.method, &head.path);
         return answer(sender, error.into_response()).await;
     };
-    let gateway = match subset {
+    let gateway = match wire::subset(first.metadata_context.as_ref()) {
         Ok(subset) => Gateway { subset },
         Err(problem) => {
             tracing::warn!(%problem, "a gateway's subset hint refused");
-            let error = ApiError::bad_body(problem);
+            let error = ApiError::internal(format!("the gateway's subset hint: {problem}"));
             return answer(sender, error.into_response()).await;
         }
     };
-    let routed = respond(endpoint, Arc::clone(ctx), head.headers, body, &gateway);
+    let mut read = Read {
+        body: Err(ApiError::bad_body("the request has no body")),
+        trailers: false,
+    };
+    // The body's charge is held until the engine is named.
+    let mut charge = Charge::default();
+    if !headers.end_of_stream {
+        let remaining = limit.saturating_sub(started.elapsed());
+        read = read_body(ctx, inbound, remaining, &mut charge).await?;
+    }
+    let routed = respond(endpoint, Arc::clone(ctx), head.headers, read.body, &gateway);
     let named = tokio::select! {
+        // A request answered at once (a refused body) is answered, whatever came.
+        biased;
         named = routed => named,
-        // Nothing comes between the body's end and the picker's answer but the
-        // stream's end: the client went away while the request was routed.
-        _ = inbound.message() => return Err(Outcome::Cancelled),
+        // Nothing but the stream's end comes between the body's end and the
+        // picker's answer (the client went away while the request was routed);
+        // what is left of a body refused before its end is read and dropped.
+        outcome = gone(inbound) => return Err(outcome),
     };
     drop(charge);
     let named = match named {
         Ok(named) => named,
         Err(error) => return answer(sender, error).await,
     };
-    follow(ctx, inbound, sender, named).await
+    follow(ctx, inbound, sender, named, read.trailers).await
+}
+
+/// Reads messages until the stream ends: how it ended.
+async fn gone(inbound: &mut Streaming<ProcessingRequest>) -> Outcome {
+    loop {
+        match inbound.message().await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Outcome::Cancelled,
+            Err(status) => return broken(&status),
+        }
+    }
+}
+
+/// A request's body as read, and whether trailers ended it.
+struct Read {
+    body: Result<Bytes, ApiError>,
+    trailers: bool,
 }
 
 /// Reads the request's body to its end within `limit`, [`MAX_BODY_BYTES`] and the
@@ -171,42 +219,48 @@ async fn run(
 async fn read_body(
     ctx: &AppContext,
     inbound: &mut Streaming<ProcessingRequest>,
-    sender: &Sender,
     limit: Duration,
     charge: &mut Charge,
-) -> Result<Result<Bytes, ApiError>, Outcome> {
+) -> Result<Read, Outcome> {
     let deadline = Instant::now() + limit;
     let mut read = BytesMut::new();
+    let refused = |error| {
+        Ok(Read {
+            body: Err(error),
+            trailers: false,
+        })
+    };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let message = match next(inbound, left).await {
             Ok(message) => message,
-            Err(Outcome::Timeout) => return Ok(Err(ApiError::body_timeout(limit))),
+            Err(Outcome::Timeout) => return refused(ApiError::body_timeout(limit)),
             Err(outcome) => return Err(outcome),
         };
-        let (chunk, end) = match message {
-            Request::RequestBody(body) => (body.body, body.end_of_stream),
-            Request::RequestTrailers(_) => {
-                send(sender, wire::trailers(true)).await?;
-                (Vec::new(), true)
-            }
+        // Trailers end the body; they are answered after it is sent on.
+        let (chunk, end, trailers) = match message {
+            Request::RequestBody(body) => (body.body, body.end_of_stream, false),
+            Request::RequestTrailers(_) => (Vec::new(), true, true),
             _ => return Err(Outcome::Invalid),
         };
         if read.len() + chunk.len() > MAX_BODY_BYTES {
-            return Ok(Err(ApiError::too_large(MAX_BODY_BYTES)));
+            return refused(ApiError::too_large(MAX_BODY_BYTES));
         }
         if !ctx.body_budget.charge(charge, chunk.len()) {
             tracing::warn!(
                 bytes = chunk.len(),
                 "request body refused: the memory for request bodies (limits.body_memory_bytes) is spent"
             );
-            return Ok(Err(ApiError::overloaded(
+            return refused(ApiError::overloaded(
                 "the router's memory for request bodies is spent; retry shortly",
-            )));
+            ));
         }
         read.extend_from_slice(&chunk);
         if end {
-            return Ok(Ok(read.freeze()));
+            return Ok(Read {
+                body: Ok(read.freeze()),
+                trailers,
+            });
         }
     }
 }
@@ -229,6 +283,7 @@ async fn follow(
     inbound: &mut Streaming<ProcessingRequest>,
     sender: &Sender,
     named: Named,
+    trailers: bool,
 ) -> Result<Outcome, Outcome> {
     let Named {
         address,
@@ -238,13 +293,13 @@ async fn follow(
         record,
         mut tally,
     } = named;
-    send(
-        sender,
-        wire::destination(address, &request_headers, body.len()),
-    )
-    .await?;
-    for chunk in wire::body_chunks(&body, true, true) {
+    send(sender, wire::destination(address, &request_headers)).await?;
+    // A body that trailers ended is ended by their answer.
+    for chunk in wire::body_chunks(&body, true, !trailers) {
         send(sender, chunk).await?;
+    }
+    if trailers {
+        send(sender, wire::trailers(true)).await?;
     }
     drop(body);
     let mut record = record;
@@ -254,6 +309,10 @@ async fn follow(
         let message = match next(inbound, limit).await {
             Ok(message) => message,
             Err(Outcome::Timeout) => {
+                if let Some(record) = record.take() {
+                    let usage = crate::decisions::Usage::default();
+                    record.finish(504, "server_error", "upstream_timeout", usage);
+                }
                 tally.finish(Ending::Failed, "upstream_timeout");
                 return Err(Outcome::Timeout);
             }
@@ -274,7 +333,9 @@ async fn follow(
             Request::ResponseBody(chunk) => {
                 let end = chunk.end_of_stream;
                 let data = Bytes::from(chunk.body);
-                if !data.is_empty() {
+                // An answer that is not a success (the gateway's own 503) has no
+                // first token, usage or pace to count.
+                if !data.is_empty() && (200..300).contains(&status) {
                     tally.data(&data);
                 }
                 send(sender, wire::body_response(Vec::from(data), false, end)).await?;

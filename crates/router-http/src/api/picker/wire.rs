@@ -124,17 +124,14 @@ fn set(name: &str, value: &[u8]) -> HeaderValueOption {
 }
 
 /// The answer to the request's headers: the request goes to `address`, with
-/// `headers` added and a body of `body_len` bytes.
+/// `headers` added. The body sent on is the router's (its length may differ), so the
+/// client's `content-length` goes; Envoy sends it on chunked.
 pub(super) fn destination(
     address: SocketAddr,
     headers: &[(HeaderName, HeaderValue)],
-    body_len: usize,
 ) -> ProcessingResponse {
     let address = address.to_string();
-    let mut set_headers = vec![
-        set(DESTINATION, address.as_bytes()),
-        set("content-length", body_len.to_string().as_bytes()),
-    ];
+    let mut set_headers = vec![set(DESTINATION, address.as_bytes())];
     set_headers.extend(
         headers
             .iter()
@@ -148,7 +145,7 @@ pub(super) fn destination(
             response: Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
                     set_headers,
-                    remove_headers: Vec::new(),
+                    remove_headers: vec!["content-length".to_owned()],
                 }),
                 // The route is chosen again, by the header just set.
                 clear_route_cache: true,
