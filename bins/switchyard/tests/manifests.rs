@@ -472,7 +472,7 @@ fn the_gateway_overlay_serves_the_picker_of_the_inference_pool_it_discovers() {
     assert_eq!(pool.metadata.namespace, Some(discovery.namespace.clone()));
 
     // The pool's endpoint picker is the routers' Service, on a port it exposes that
-    // reaches the container port the picker listens on, over h2c.
+    // reaches the container port the picker listens on, over TLS.
     let picker_ref = &pool.spec.endpoint_picker_ref;
     assert!(picker_ref.group.as_deref().is_none_or(str::is_empty));
     assert!(picker_ref.kind.as_deref().is_none_or(|k| k == "Service"));
@@ -495,9 +495,14 @@ fn the_gateway_overlay_serves_the_picker_of_the_inference_pool_it_discovers() {
         i32::from(picker.port()),
         "the picker's Service port is picker.listen's"
     );
-    assert_eq!(
+    assert!(
+        router.picker.as_ref().is_some_and(|p| p.tls.is_some()),
+        "the picker serves TLS, as the Inference Extension's gateways expect"
+    );
+    assert_ne!(
         service_port.app_protocol.as_deref(),
-        Some("kubernetes.io/h2c")
+        Some("kubernetes.io/h2c"),
+        "not cleartext"
     );
     let container = &pod.containers[0];
     let target = service_port.target_port.clone().expect("a target port");

@@ -53,7 +53,7 @@ pub use health::HealthConfig;
 pub use limits::{DEFAULT_TOKENIZE_CACHE_BYTES, LimitsConfig};
 pub use load::LoadConfig;
 pub use model::{EngineConfig, EngineRole, ModelConfig, PdProtocol, RolePolicies, ServingEngine};
-pub use picker::{MAX_PICKER_STREAMS, PickerConfig};
+pub use picker::{MAX_PICKER_STREAMS, PickerConfig, PickerTls};
 pub use plan::{ModelRouting, ModelSelection, Resources, SelectionPlan, SelectionState};
 pub use prefix_indexer::{MAX_INDEXERS, PrefixIndexerConfig};
 pub use retries::RetryConfig;

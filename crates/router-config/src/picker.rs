@@ -40,6 +40,24 @@ pub struct PickerConfig {
     /// most 16 KiB, read at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// Serve over TLS: with a certificate and key of the operator's, or (`tls: {}`)
+    /// a self-signed certificate made at start, for gateways that encrypt without
+    /// verifying (the Inference Extension's default); plain HTTP/2 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PickerTls>,
+}
+
+/// The picker's TLS: a PEM certificate chain and its private key, or neither for a
+/// self-signed certificate made at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PickerTls {
+    /// The PEM certificate chain (at most 1 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// Its PEM private key (at most 1 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
 }
 
 fn default_max_streams() -> u32 {
@@ -63,6 +81,14 @@ impl PickerConfig {
             errors.push(ConfigError::at(
                 "picker.listen",
                 "must differ from listen and admin.listen",
+            ));
+        }
+        if let Some(tls) = &self.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            errors.push(ConfigError::at(
+                "picker.tls",
+                "set both cert_file and key_file, or neither for a self-signed certificate",
             ));
         }
         if !(1..=MAX_PICKER_STREAMS).contains(&self.max_streams) {

@@ -114,6 +114,17 @@ fn in_flight(ctx: &AppContext, engines: &[&str]) -> u64 {
         .sum()
 }
 
+/// Waits until the router's `/metrics` has `line` (a stream is counted as it ends,
+/// which its client may see first).
+async fn counted(router: &RunningRouter, line: &str) {
+    within(line, async {
+        while !metrics(router).await.contains(line) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
 /// Waits until the router counts nothing in flight on `engines`.
 async fn released(ctx: &AppContext, engines: &[&str]) {
     within("the engines' slots released", async {
@@ -165,11 +176,12 @@ async fn requests_sharing_a_prefix_reach_the_engine_holding_it_through_envoy() {
             "the follow-up reached the holder"
         );
     }
+    counted(
+        &router,
+        r#"switchyard_picker_streams_total{outcome="routed"} 8"#,
+    )
+    .await;
     let text = metrics(&router).await;
-    assert!(
-        text.contains(r#"switchyard_picker_streams_total{outcome="routed"} 8"#),
-        "{text}"
-    );
     assert!(
         text.contains(r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 8"#),
         "{text}"
@@ -330,10 +342,11 @@ async fn a_client_cancelling_mid_stream_releases_the_engine_at_the_picker() {
         ),
         "{text}"
     );
-    assert!(
-        text.contains(r#"switchyard_picker_streams_total{outcome="cancelled"} 1"#),
-        "{text}"
-    );
+    counted(
+        &router,
+        r#"switchyard_picker_streams_total{outcome="cancelled"} 1"#,
+    )
+    .await;
     drop(envoy);
     router.shutdown().await;
 }
@@ -515,4 +528,33 @@ async fn a_picker_stopped_fails_open_to_the_pool_and_no_client_names_an_engine()
             envoy.log()
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_serves_tls_with_a_certificate_it_made() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let mut tls = config(&engines, json!({"type": "round_robin"}), any_port());
+    tls.picker.as_mut().expect("a picker").tls = Some(router_config::PickerTls::default());
+    let router = common::router(tls).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let envoy = Envoy::over_tls(picker, &addresses(&engines)).await;
+    let response = post(&envoy, &chat("over TLS")).await;
+    assert_eq!(response.status(), 200, "{}", envoy.log());
+    assert_eq!(response.headers()["x-switchyard-engine"], "E0");
+    // A gateway speaking plain HTTP/2 to it is not served.
+    let plain = Envoy::start(picker, &addresses(&engines), Failure::Closed).await;
+    assert_eq!(post(&plain, &chat("in the clear")).await.status(), 500);
+    assert_eq!(
+        engines[0].visits().answered,
+        1,
+        "only the request over TLS reached the engine"
+    );
+    counted(
+        &router,
+        r#"switchyard_picker_streams_total{outcome="routed"} 1"#,
+    )
+    .await;
+    drop(envoy);
+    drop(plain);
+    router.shutdown().await;
 }

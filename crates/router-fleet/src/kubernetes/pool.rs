@@ -257,7 +257,8 @@ pub(super) async fn follow_pool(
         let relist_at = Instant::now() + relist_interval;
         let wake = match version {
             Some(version) => watch(&pools, &name, version, relist_at).await,
-            // No pools are served (their API is not installed): read again later.
+            // No pools are served (their API is not installed), or the list gave no
+            // version to watch from: read again later.
             None => {
                 tokio::time::sleep_until(relist_at).await;
                 Wake::Relist
@@ -273,7 +274,7 @@ pub(super) async fn follow_pool(
 }
 
 /// Pool `name`, if it exists, and the resource version to watch it from (absent
-/// when the API server serves no InferencePools).
+/// when the API server serves no InferencePools, or names no version).
 async fn read(
     api: &Api<DynamicObject>,
     name: &str,
@@ -288,8 +289,9 @@ async fn read(
                 .items
                 .into_iter()
                 .find(|o| o.metadata.name.as_deref() == Some(name));
-            let version = list.metadata.resource_version.unwrap_or_default();
-            Ok((object, Some(version)))
+            // Without a version to watch from, the pool is read again at the relist.
+            let version = list.metadata.resource_version.filter(|v| !v.is_empty());
+            Ok((object, version))
         }
         Err(kube::Error::Api(status)) if status.code == 404 => Ok((None, None)),
         Err(e) => Err(e),

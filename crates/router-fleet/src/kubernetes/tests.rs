@@ -184,6 +184,9 @@ async fn pods(
     assert!(labels.contains_key("app"), "{selector}");
     if query.get("watch").map(String::as_str) != Some("true") {
         api.lists.fetch_add(1, Ordering::SeqCst);
+        // The version first: a change made while the list is read is also sent to
+        // the watch from it (at worst twice), never to neither.
+        let version = api.version.load(Ordering::SeqCst).to_string();
         let items: Vec<Value> = api
             .pods
             .lock()
@@ -191,7 +194,6 @@ async fn pods(
             .filter(|pod| carries(pod, &labels))
             .cloned()
             .collect();
-        let version = api.version.load(Ordering::SeqCst).to_string();
         return axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})).into_response();
     }
     if api.gone.swap(false, Ordering::SeqCst) {
@@ -216,8 +218,9 @@ async fn pools(
         .to_owned();
     if query.get("watch").map(String::as_str) != Some("true") {
         api.pool_lists.fetch_add(1, Ordering::SeqCst);
-        let items: Vec<Value> = api.pools.lock().get(&name).cloned().into_iter().collect();
+        // The version first, as for pods.
         let version = api.version.load(Ordering::SeqCst).to_string();
+        let items: Vec<Value> = api.pools.lock().get(&name).cloned().into_iter().collect();
         return axum::Json(json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePoolList", "metadata": {"resourceVersion": version}, "items": items})).into_response();
     }
     watch_stream(&api, &query, move |event| {

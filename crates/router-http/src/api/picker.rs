@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use futures_util::Stream;
 use parking_lot::Mutex;
 use router_buckets::BucketPick;
-use router_config::{ConfigError, PickerConfig};
+use router_config::{ConfigError, PickerConfig, PickerTls};
 use router_policy::RequestFacts;
 use router_state::EngineId;
 use tokio::net::TcpListener;
@@ -42,11 +42,20 @@ use crate::routing::ModelRoute;
 /// The largest message taken from a gateway: a chunk of a body (Envoy's are 64 KiB
 /// at most) or a request's headers, with room to spare.
 const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// How often an idle gateway connection is pinged, and how long the ping's answer
+/// may take before the connection is closed (a gateway that vanished).
+const H2_KEEPALIVE: Duration = Duration::from_secs(30);
+const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive of gateway connections.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// Responses a stream may have waiting for the gateway to read them.
 const QUEUED_RESPONSES: usize = 16;
 
+/// The largest PEM file of the picker's TLS read.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
 /// The picker as a validated configuration serves it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct PickerSettings {
     /// The address it listens on.
     pub(crate) listen: SocketAddr,
@@ -54,10 +63,23 @@ pub(crate) struct PickerSettings {
     max_streams: u32,
     /// The token every stream must carry, when one is configured.
     token: Option<TokenDigest>,
+    /// The certificate chain and key it serves TLS with, as PEM, when it does.
+    tls: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for PickerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PickerSettings")
+            .field("listen", &self.listen)
+            .field("max_streams", &self.max_streams)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PickerSettings {
-    /// The settings of `config`, its token read (each problem in `errors`).
+    /// The settings of `config`, its token and TLS files read (each problem in
+    /// `errors`).
     pub(crate) fn of(config: &PickerConfig, errors: &mut Vec<ConfigError>) -> Self {
         Self {
             listen: config.listen,
@@ -65,6 +87,56 @@ impl PickerSettings {
             token: TokenSetting::picker(config)
                 .read(errors)
                 .map(|token| TokenDigest::of(&token)),
+            tls: config.tls.as_ref().and_then(|tls| pem(tls, errors)),
+        }
+    }
+}
+
+/// The TLS a server of `cert` and `key` (PEM) serves.
+fn server_tls(cert: &str, key: &str) -> tonic::transport::ServerTlsConfig {
+    let identity = tonic::transport::Identity::from_pem(cert, key);
+    tonic::transport::ServerTlsConfig::new().identity(identity)
+}
+
+/// The certificate chain and key of `tls`: its files, or a self-signed certificate
+/// made now.
+fn pem(tls: &PickerTls, errors: &mut Vec<ConfigError>) -> Option<(String, String)> {
+    let read = |field: &str, path: &std::path::Path, errors: &mut Vec<ConfigError>| {
+        match crate::file::read_regular(path, MAX_PEM_BYTES) {
+            Ok(file) => Some(file.text().to_owned()),
+            Err(e) => {
+                let at = format!("picker.tls.{field}");
+                errors.push(ConfigError::at(at, format!("{}: {e}", path.display())));
+                None
+            }
+        }
+    };
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let cert = read("cert_file", cert, errors);
+            let key = read("key_file", key, errors);
+            let (cert, key) = cert.zip(key)?;
+            // Refused now, not when the picker starts to serve.
+            if let Err(e) = tonic::transport::Server::builder().tls_config(server_tls(&cert, &key))
+            {
+                let problem = format!("the certificate and key are unusable: {e}");
+                errors.push(ConfigError::at("picker.tls", problem));
+                return None;
+            }
+            Some((cert, key))
+        }
+        // Both or neither: the field checks say so.
+        (Some(_), None) | (None, Some(_)) => None,
+        (None, None) => {
+            let names = vec!["switchyard-picker".to_owned(), "localhost".to_owned()];
+            match rcgen::generate_simple_self_signed(names) {
+                Ok(made) => Some((made.cert.pem(), made.signing_key.serialize_pem())),
+                Err(e) => {
+                    let problem = format!("a self-signed certificate could not be made: {e}");
+                    errors.push(ConfigError::at("picker.tls", problem));
+                    None
+                }
+            }
         }
     }
 }
@@ -143,9 +215,12 @@ impl ExternalProcessor for Picker {
         }
         let inbound = request.into_inner();
         let (sender, mut receiver) = mpsc::channel(QUEUED_RESPONSES);
-        // The status the stream ends with when the exchange did not complete: set
-        // before the last sender goes, so the stream never closes with OK first.
-        let ending: Arc<Mutex<Option<Status>>> = Arc::default();
+        // The status the stream ends with unless the exchange completes: an error
+        // until then, so a stream whose task ends any other way (a panic included)
+        // never closes with OK, which Envoy would take as "send it on unprocessed".
+        let ending = Arc::new(Mutex::new(Some(Status::internal(
+            "the endpoint picker failed while processing the request",
+        ))));
         let ended = Arc::clone(&ending);
         let ctx = Arc::clone(&self.ctx);
         let mut forced = self.forced.clone();
@@ -159,10 +234,7 @@ impl ExternalProcessor for Picker {
                     Status::unavailable("the router is shutting down"),
                 ),
             };
-            if !outcome.is_complete() {
-                *ended.lock() = Some(status);
-            }
-            drop(last);
+            // Counted before the stream ends, so whoever sees it end sees it counted.
             let labels = OutcomeLabels {
                 outcome: outcome.as_str(),
             };
@@ -172,6 +244,8 @@ impl ExternalProcessor for Picker {
                     "a gateway broke the external processing protocol; its stream was ended"
                 );
             }
+            *ended.lock() = (!outcome.is_complete()).then_some(status);
+            drop(last);
         });
         let responses = futures_util::stream::poll_fn(move |cx| match receiver.poll_recv(cx) {
             Poll::Ready(None) => Poll::Ready(ending.lock().take().map(Err)),
@@ -206,11 +280,29 @@ pub(crate) async fn serve(
             forced.send_replace(true);
         });
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some((cert, key)) = &settings.tls {
+        builder = match builder.tls_config(server_tls(cert, key)) {
+            Ok(builder) => builder,
+            // Checked when the configuration was.
+            Err(e) => {
+                tracing::error!(error = %e, "the endpoint picker's TLS certificate or key is unusable; it does not serve");
+                return;
+            }
+        };
+    }
+    // The builder's own socket options apply only to an address it binds itself.
+    // Without TCP_NODELAY, each answer's second small frame waits for the gateway's
+    // delayed ACK: 40 ms a request.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(TCP_KEEPALIVE));
+    let server = builder
         .max_concurrent_streams(settings.max_streams)
-        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(H2_KEEPALIVE))
+        .http2_keepalive_timeout(Some(H2_KEEPALIVE_TIMEOUT))
         .add_service(service)
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), stop);
+        .serve_with_incoming_shutdown(incoming, stop);
     tokio::select! {
         served = server => {
             if let Err(e) = served {

@@ -57,7 +57,7 @@ impl ModelFlow {
     }
 }
 
-/// The priority the header `name` gives: an integer, or an objective's.
+/// The priority the header `name` gives: an objective's, or an integer.
 fn header_priority(
     headers: &HeaderMap,
     name: &str,
@@ -68,7 +68,7 @@ fn header_priority(
     };
     let value = value.to_str().ok().map(str::trim);
     value
-        .and_then(|v| v.parse::<i64>().ok().or_else(|| objectives.get(v).copied()))
+        .and_then(|v| objectives.get(v).copied().or_else(|| v.parse::<i64>().ok()))
         .map(Some)
         .ok_or_else(|| {
             let named = if objectives.is_empty() {

@@ -108,6 +108,32 @@ fn configuration(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> V
 impl Envoy {
     /// Starts Envoy in front of `picker` and waits until it serves.
     pub(crate) async fn start(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> Self {
+        let config = configuration(picker, pool, failure);
+        Self::run(config).await
+    }
+
+    /// Starts Envoy as [`start`](Self::start) does, reaching the picker over TLS
+    /// without verifying its certificate, as the Inference Extension's gateways do.
+    pub(crate) async fn over_tls(picker: SocketAddr, pool: &[SocketAddr]) -> Self {
+        let mut config = configuration(picker, pool, Failure::Closed);
+        let clusters = config["static_resources"]["clusters"]
+            .as_array_mut()
+            .expect("the clusters");
+        let picker = clusters
+            .iter_mut()
+            .find(|c| c["name"] == "picker")
+            .expect("the picker cluster");
+        picker["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {"alpn_protocols": ["h2"]},
+            },
+        });
+        Self::run(config).await
+    }
+
+    async fn run(config: Value) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!(
             "switchyard-envoy-{}-{}",
@@ -115,9 +141,9 @@ impl Envoy {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let dir = std::env::temp_dir();
+        let text = config.to_string();
         let config = dir.join(format!("{name}.json"));
         let admin = dir.join(format!("{name}.admin"));
-        let text = configuration(picker, pool, failure).to_string();
         std::fs::write(&config, text).expect("the configuration is written");
         let envoy = python_env::ensure().join("venv/bin/envoy");
         let mut child = Command::new(&envoy)

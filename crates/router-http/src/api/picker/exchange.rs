@@ -197,11 +197,18 @@ async fn run(
     follow(ctx, inbound, sender, named, read.trailers).await
 }
 
-/// Reads messages until the stream ends: how it ended.
+/// Waits for the stream to end while the request is routed: how it ended. What is
+/// left of a body refused before its end is read and dropped; any other message is
+/// the gateway breaking the protocol (nothing else may come before the picker's
+/// answer).
 async fn gone(inbound: &mut Streaming<ProcessingRequest>) -> Outcome {
     loop {
         match inbound.message().await {
-            Ok(Some(_)) => {}
+            Ok(Some(ProcessingRequest {
+                request: Some(Request::RequestBody(_) | Request::RequestTrailers(_)),
+                ..
+            })) => {}
+            Ok(Some(_)) => return Outcome::Invalid,
             Ok(None) => return Outcome::Cancelled,
             Err(status) => return broken(&status),
         }
