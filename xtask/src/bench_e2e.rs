@@ -104,6 +104,8 @@ struct Sample {
     p50_us: f64,
     p99_us: f64,
     cpu_us_per_request: Option<f64>,
+    /// The part of it the process counted with the target's took (the picker's).
+    with_cpu_us_per_request: Option<f64>,
     rss_mib: Option<f64>,
 }
 
@@ -398,6 +400,7 @@ fn measure(
     let pid = target.process.as_ref().map(Child::id);
     let cpu = |pid: u32| tree_cpu_ticks(pid) + with.map_or(0, tree_cpu_ticks);
     let cpu_before = pid.map(cpu);
+    let with_before = with.map(tree_cpu_ticks);
     let output = Command::new("wrk")
         .args([
             "-t1",
@@ -415,14 +418,19 @@ fn measure(
         bail!("{} answered errors under load:\n{text}", target.name);
     }
     let requests: f64 = field_after(&text, "requests in").context("wrk request count")?;
+    let per_request = |ticks: u64| ticks as f64 * 10_000.0 / requests;
     let cpu = pid
         .zip(cpu_before)
-        .map(|(pid, before)| (cpu(pid) - before) as f64 * 10_000.0 / requests);
+        .map(|(pid, before)| per_request(cpu(pid) - before));
+    let with_cpu = with
+        .zip(with_before)
+        .map(|(pid, before)| per_request(tree_cpu_ticks(pid) - before));
     Ok(Sample {
         requests_per_sec: field_after(&text, "Requests/sec:").context("wrk throughput")?,
         p50_us: latency(&text, "50%").context("wrk p50")?,
         p99_us: latency(&text, "99%").context("wrk p99")?,
         cpu_us_per_request: cpu,
+        with_cpu_us_per_request: with_cpu,
         rss_mib: pid.map(|p| (tree_rss_kib(p) + with.map_or(0, tree_rss_kib)) as f64 / 1024.0),
     })
 }
@@ -567,6 +575,12 @@ fn print_report(
                 let cpu = stat(name, |s| s.cpu_us_per_request)
                     .filter(|v| v.is_finite())
                     .map_or("-".into(), |v| format!("{v:.0} us"));
+                // The picker's part of Envoy's and its CPU.
+                let cpu = match stat(name, |s| s.with_cpu_us_per_request).filter(|v| v.is_finite())
+                {
+                    Some(with) => format!("{cpu} ({with:.0} us the picker)"),
+                    None => cpu,
+                };
                 let rss = stat(name, |s| s.rss_mib)
                     .filter(|v| v.is_finite())
                     .map_or("-".into(), |v| format!("{v:.1} MiB"));
