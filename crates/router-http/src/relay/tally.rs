@@ -23,10 +23,12 @@ use crate::spans::RequestSpan;
 /// How a request ended, for the request counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ending {
-    /// Not yet; dropped so, the client went away.
+    /// Not yet.
     Pending,
     Done,
     Failed,
+    /// The client went away before the end.
+    Cancelled,
 }
 
 /// See the module documentation.
@@ -185,12 +187,8 @@ impl Tally {
         let outcome = match ending {
             Ending::Done => "ok",
             Ending::Failed => "server_error",
-            Ending::Pending => "cancelled",
+            Ending::Cancelled | Ending::Pending => "cancelled",
         };
-        // A client gone before the end is what `Pending` records; the tally is over.
-        if ending == Ending::Pending {
-            self.ending = Ending::Failed;
-        }
         if let Some((record, status)) = self.record.take() {
             record.finish(status, outcome, code, self.reported());
         }
@@ -260,6 +258,6 @@ impl Tally {
 impl Drop for Tally {
     fn drop(&mut self) {
         // Dropped before the end: the client went away.
-        self.finish(Ending::Pending, "client_disconnected");
+        self.finish(Ending::Cancelled, "client_disconnected");
     }
 }

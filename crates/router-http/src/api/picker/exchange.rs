@@ -59,16 +59,27 @@ impl Outcome {
 }
 
 /// The gateway's next message within `limit`; `Err` ends the stream with that outcome.
+async fn next_message(
+    inbound: &mut Streaming<ProcessingRequest>,
+    limit: Duration,
+) -> Result<ProcessingRequest, Outcome> {
+    match tokio::time::timeout(limit, inbound.message()).await {
+        Err(_) => Err(Outcome::Timeout),
+        Ok(Ok(Some(message))) => Ok(message),
+        Ok(Ok(None)) => Err(Outcome::Cancelled),
+        Ok(Err(status)) => Err(broken(&status)),
+    }
+}
+
+/// What the gateway's next message within `limit` carries.
 async fn next(
     inbound: &mut Streaming<ProcessingRequest>,
     limit: Duration,
 ) -> Result<Request, Outcome> {
-    match tokio::time::timeout(limit, inbound.message()).await {
-        Err(_) => Err(Outcome::Timeout),
-        Ok(Ok(Some(message))) => message.request.ok_or(Outcome::Invalid),
-        Ok(Ok(None)) => Err(Outcome::Cancelled),
-        Ok(Err(status)) => Err(broken(&status)),
-    }
+    next_message(inbound, limit)
+        .await?
+        .request
+        .ok_or(Outcome::Invalid)
 }
 
 /// How a stream the gateway's side broke ends: a message the picker refused to
@@ -146,12 +157,7 @@ async fn run(
 ) -> Result<Outcome, Outcome> {
     let started = Instant::now();
     let limit = ctx.client_body_timeout;
-    let first = match tokio::time::timeout(limit, inbound.message()).await {
-        Err(_) => return Err(Outcome::Timeout),
-        Ok(Ok(Some(first))) => first,
-        Ok(Ok(None)) => return Err(Outcome::Cancelled),
-        Ok(Err(status)) => return Err(broken(&status)),
-    };
+    let first = next_message(inbound, limit).await?;
     let Some(Request::RequestHeaders(headers)) = &first.request else {
         return Err(Outcome::Invalid);
     };
