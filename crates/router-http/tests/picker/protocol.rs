@@ -50,12 +50,24 @@ impl Exchange {
     }
 
     async fn send(&self, request: Request, metadata: Option<Metadata>) {
+        self.offer(request, metadata)
+            .await
+            .expect("the stream is open");
+    }
+
+    /// Sends a message the picker may no longer read: `Err` if it already ended the
+    /// stream (it answers some requests from their headers alone).
+    async fn offer(
+        &self,
+        request: Request,
+        metadata: Option<Metadata>,
+    ) -> Result<(), mpsc::error::SendError<ProcessingRequest>> {
         let message = ProcessingRequest {
             request: Some(request),
             metadata_context: metadata,
             ..ProcessingRequest::default()
         };
-        self.to.send(message).await.expect("the stream is open");
+        self.to.send(message).await
     }
 
     /// Sends a request's headers (`POST path`) and, unless `body` is `None`, its body.
@@ -83,7 +95,9 @@ impl Exchange {
                 end_of_stream: true,
                 ..HttpBody::default()
             };
-            self.send(Request::RequestBody(body), None).await;
+            // A picker that answered from the headers has ended the stream; what it
+            // answered is read as any other answer.
+            let _ = self.offer(Request::RequestBody(body), None).await;
         }
     }
 
