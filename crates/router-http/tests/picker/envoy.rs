@@ -187,7 +187,7 @@ impl Envoy {
             config,
             log,
         };
-        if tokio::time::timeout(GUARD, started).await.is_err() {
+        if !matches!(tokio::time::timeout(GUARD, started).await, Ok(Ok(()))) {
             panic!("Envoy did not start:\n{}", envoy.log());
         }
         let admin = std::fs::read_to_string(&admin).expect("Envoy wrote its admin address");
