@@ -541,6 +541,29 @@ async fn a_picker_stopped_fails_open_to_the_pool_and_no_client_names_an_engine()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_picker_is_found_down_by_its_health_checks_and_the_gateway_fails_open() {
+    let engines = [sim(|c| c.model = "m".into()).await];
+    // A picker whose process froze: the kernel still completes connections to its
+    // listener, but nothing answers on them.
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let picker = frozen.local_addr().expect("its address");
+    let envoy =
+        Envoy::start_finding_the_picker_down(picker, &addresses(&engines), Failure::Open).await;
+    for _ in 0..3 {
+        let (status, served) = within("the pool's answer", while_down(&envoy, &engines, &[])).await;
+        assert_eq!(
+            (status, served),
+            (200, vec!["E0".to_owned()]),
+            "fail open: the pool serves it\n{}",
+            envoy.log()
+        );
+    }
+    drop(frozen);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_serves_tls_with_a_certificate_it_made() {
     let engines = [sim(|c| c.model = "m".into()).await];
     let mut tls = config(&engines, json!({"type": "round_robin"}), any_port());
@@ -551,8 +574,9 @@ async fn the_picker_serves_tls_with_a_certificate_it_made() {
     let response = post(&envoy, &chat("over TLS")).await;
     assert_eq!(response.status(), 200, "{}", envoy.log());
     assert_eq!(response.headers()["x-switchyard-engine"], "E0");
-    // A gateway speaking plain HTTP/2 to it is not served.
-    let plain = Envoy::start(picker, &addresses(&engines), Failure::Closed).await;
+    // A gateway speaking plain HTTP/2 to it finds it down and is not served.
+    let plain =
+        Envoy::start_finding_the_picker_down(picker, &addresses(&engines), Failure::Closed).await;
     assert_eq!(post(&plain, &chat("in the clear")).await.status(), 500);
     assert_eq!(
         engines[0].visits().answered,

@@ -4,6 +4,11 @@
 //! admission, flow control, decision records); the gateway is told the engine's
 //! address and sends the request there itself, and the picker follows the answer
 //! as the gateway streams it back (`exchange`). The messages are `wire`'s.
+//!
+//! The same listener serves gRPC's health service (`grpc.health.v1.Health`, no
+//! token needed), so a gateway's health checks reach the picker through HTTP/2 and
+//! gRPC rather than only a TCP connect, which a frozen process still accepts: the
+//! service and the server (`""`) are serving until the router shuts down.
 
 mod exchange;
 mod wire;
@@ -273,8 +278,18 @@ pub(crate) async fn serve(
     let service = ExternalProcessorServer::new(picker)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ExternalProcessorServer<Picker>>()
+        .await;
     let stop = async move {
         drop(stopped.wait_for(|stopped| *stopped).await);
+        health
+            .set_not_serving::<ExternalProcessorServer<Picker>>()
+            .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             forced.send_replace(true);
@@ -302,6 +317,7 @@ pub(crate) async fn serve(
         .http2_keepalive_interval(Some(H2_KEEPALIVE))
         .http2_keepalive_timeout(Some(H2_KEEPALIVE_TIMEOUT))
         .add_service(service)
+        .add_service(health_service)
         .serve_with_incoming_shutdown(incoming, stop);
     tokio::select! {
         served = server => {

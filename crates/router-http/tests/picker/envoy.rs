@@ -106,10 +106,22 @@ fn configuration(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> V
 }
 
 impl Envoy {
-    /// Starts Envoy in front of `picker` and waits until it serves.
+    /// Starts Envoy in front of `picker` and waits until it serves and its health
+    /// checks find the picker up.
     pub(crate) async fn start(picker: SocketAddr, pool: &[SocketAddr], failure: Failure) -> Self {
         let config = configuration(picker, pool, failure);
-        Self::run(config).await
+        Self::run(config, true).await
+    }
+
+    /// Starts Envoy as [`start`](Self::start) does, but waits until its health
+    /// checks find the picker down.
+    pub(crate) async fn start_finding_the_picker_down(
+        picker: SocketAddr,
+        pool: &[SocketAddr],
+        failure: Failure,
+    ) -> Self {
+        let config = configuration(picker, pool, failure);
+        Self::run(config, false).await
     }
 
     /// Starts Envoy as [`start`](Self::start) does, reaching the picker over TLS
@@ -130,10 +142,12 @@ impl Envoy {
                 "common_tls_context": {"alpn_protocols": ["h2"]},
             },
         });
-        Self::run(config).await
+        Self::run(config, true).await
     }
 
-    async fn run(config: Value) -> Self {
+    /// Runs Envoy on `config` until it serves and its health checks find the
+    /// picker up (`picker_up`) or down.
+    async fn run(config: Value, picker_up: bool) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!(
             "switchyard-envoy-{}-{}",
@@ -209,8 +223,27 @@ impl Envoy {
             u16::try_from(bound["port_value"].as_u64().expect("a port")).expect("a port"),
         );
         envoy.admin = admin.trim().to_owned();
-        envoy.picker_healthy(true).await;
+        envoy.live().await;
+        envoy.picker_healthy(picker_up).await;
         envoy
+    }
+
+    /// Waits until Envoy is live (`/ready`): its clusters initialized, the picker's
+    /// first health check among them, and its listener accepting.
+    async fn live(&self) {
+        let url = format!("http://{}/ready", self.admin);
+        let wait = async {
+            loop {
+                let ready = reqwest::get(&url).await.expect("Envoy's admin answers");
+                if ready.status().is_success() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        if tokio::time::timeout(GUARD, wait).await.is_err() {
+            panic!("Envoy never became live:\n{}", self.log());
+        }
     }
 
     /// Waits until Envoy's health checks find the picker up (`healthy`) or down.

@@ -259,6 +259,35 @@ async fn a_stream_without_the_pickers_token_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pickers_health_is_served_beside_it_without_its_token() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let engines = [sim(|c| c.model = "m".into()).await];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{picker}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("the picker accepts");
+    let mut client = HealthClient::new(channel);
+    for service in ["", "envoy.service.ext_proc.v3.ExternalProcessor"] {
+        let request = HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        let answer = client.check(request).await.expect("answered").into_inner();
+        assert_eq!(answer.status(), ServingStatus::Serving, "{service:?}");
+    }
+    let unknown = HealthCheckRequest {
+        service: "grpc.unknown.Service".to_owned(),
+    };
+    let status = client.check(unknown).await.expect_err("not a service");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_breaking_the_protocol_has_its_stream_ended() {
     let engines = [sim(|c| c.model = "m".into()).await];
     let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
