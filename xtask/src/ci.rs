@@ -53,6 +53,12 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<()> {
         "clippy on router-replay alone",
         &mut clippy(&["-p", "router-replay"]),
     )?;
+    // Without the features the binary enables (the picker, Kubernetes discovery), as
+    // a gateway embedding the serving crate builds it.
+    step(
+        "clippy on router-http without its features",
+        &mut clippy(&["-p", "router-http"]),
+    )?;
     eprintln!("==> the Dockerfile's rules");
     let image = crate::image::check(root)?;
     let python = crate::python::prepare(root)?;

@@ -131,3 +131,127 @@ async fn pods_an_api_server_lists_are_the_routers_engines() {
         sim.shutdown().await;
     }
 }
+
+/// Lists `objects` as a list of `kind`; a watch stays open and silent, so only a
+/// relist tells of a change.
+async fn objects(
+    State((kind, objects)): State<(&'static str, Pods)>,
+    Query(query): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    if query.get("watch").map(String::as_str) == Some("true") {
+        let silent = futures_util::stream::pending::<Result<String, std::convert::Infallible>>();
+        return axum::body::Body::from_stream(silent).into_response();
+    }
+    let items = objects.lock().clone();
+    axum::Json(json!({"kind": kind, "metadata": {"resourceVersion": "7"}, "items": items}))
+        .into_response()
+}
+
+fn objective(name: &str, priority: i64, pool: &str) -> Value {
+    json!({
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+        "metadata": {"name": name, "namespace": "llm", "resourceVersion": "7"},
+        "spec": {"priority": priority, "poolRef": {"name": pool}},
+    })
+}
+
+/// The band `/explain` gives a request naming `objective`, once it is `want`.
+async fn band_becomes(client: &reqwest::Client, router: &Replica, objective: &str, want: u64) {
+    let last = Mutex::new(Value::Null);
+    let wait = async {
+        loop {
+            let explained: Value = client
+                .post(router.url("/explain/v1/chat/completions"))
+                .bearer_auth(ADMIN_TOKEN)
+                .header("x-gateway-inference-objective", objective)
+                .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .expect("the router answers")
+                .json()
+                .await
+                .expect("an explanation");
+            if explained["flow"]["band"] == want {
+                return;
+            }
+            *last.lock() = explained;
+            tokio::task::yield_now().await;
+        }
+    };
+    if tokio::time::timeout(GUARD, wait).await.is_err() {
+        panic!(
+            "{objective:?} never in band {want}: {}",
+            last.lock().clone()
+        );
+    }
+}
+
+const ADMIN_TOKEN: &str = "objectives-test-admin-token";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inference_objectives_of_a_pool_give_its_models_requests_their_priorities() {
+    let sim = engine_sim::start(SimConfig::for_tests()).await.unwrap();
+    let listed: Pods = Arc::new(Mutex::new(vec![pod("pod-a", "0")]));
+    let pool = json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "llm", "resourceVersion": "7"},
+        "spec": {"selector": {"matchLabels": {"n": "0"}}, "targetPorts": [{"number": sim.ports().http.port()}]},
+    });
+    let pools: Pods = Arc::new(Mutex::new(vec![pool]));
+    let written: Pods = Arc::new(Mutex::new(vec![
+        objective("chat", 10, "p"),
+        objective("batch", -10, "p"),
+        objective("elsewhere", 10, "another-pool"),
+    ]));
+    let app = axum::Router::new()
+        .route("/api/v1/namespaces/llm/pods", axum::routing::get(pods))
+        .with_state(Arc::clone(&listed))
+        .route(
+            "/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools",
+            axum::routing::get(objects).with_state(("InferencePoolList", pools)),
+        )
+        .route(
+            "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/llm/inferenceobjectives",
+            axum::routing::get(objects)
+                .with_state(("InferenceObjectiveList", Arc::clone(&written))),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_url = format!("http://{}", listener.local_addr().unwrap());
+    let api = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let file = TempFile::new(
+        &json!({
+            "listen": "127.0.0.1:0",
+            "admin": {"token": ADMIN_TOKEN},
+            "models": [{
+                "id": "m",
+                "engines": [],
+                "flow": {
+                    "queue": {"max_wait_ms": 1000},
+                    "priority": {"header": "x-gateway-inference-objective", "bands": [1, 0]},
+                },
+            }],
+            "health": {"interval_ms": 50, "timeout_ms": 5000},
+            "discovery": {"kubernetes": {
+                "namespace": "llm", "api_url": api_url, "relist_interval_ms": 1000, "debounce_ms": 10,
+                "pools": [{"model": "m", "name": "p"}], "objectives": true,
+            }},
+        })
+        .to_string(),
+    );
+    let router = Replica::start(&file.0, &[]).await;
+    let client = reqwest::Client::new();
+    // Bands: priority 1 and more, then 0 (and no priority), then the rest.
+    band_becomes(&client, &router, "chat", 0).await;
+    band_becomes(&client, &router, "batch", 2).await;
+    for other in ["elsewhere", "not-yet", "5"] {
+        band_becomes(&client, &router, other, 1).await;
+    }
+    // A changed priority and a new objective, seen at the next relist.
+    *written.lock() = vec![objective("chat", -1, "p"), objective("not-yet", 3, "p")];
+    band_becomes(&client, &router, "chat", 2).await;
+    band_becomes(&client, &router, "not-yet", 0).await;
+    band_becomes(&client, &router, "batch", 1).await;
+    drop(router);
+    api.abort();
+    sim.shutdown().await;
+}

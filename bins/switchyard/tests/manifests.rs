@@ -62,7 +62,36 @@ struct Rendered {
     deployments: Vec<Deployment>,
     services: Vec<Service>,
     pools: Vec<InferencePool>,
+    objectives: Vec<InferenceObjective>,
     routes: Vec<HttpRoute>,
+}
+
+/// An `InferenceObjective` of `inference.networking.x-k8s.io/v1alpha2`, as far as the
+/// overlays write one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct InferenceObjective {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: InferenceObjectiveSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct InferenceObjectiveSpec {
+    priority: Option<i64>,
+    pool_ref: PoolRef,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    name: String,
 }
 
 /// An `InferencePool` of `inference.networking.k8s.io/v1`, as far as the overlays
@@ -178,6 +207,7 @@ fn render(dir: &str) -> Rendered {
             "Deployment" => rendered.deployments.push(read(&name, written)),
             "Service" => rendered.services.push(read(&name, written)),
             "InferencePool" => rendered.pools.push(read(&name, written)),
+            "InferenceObjective" => rendered.objectives.push(read(&name, written)),
             "HTTPRoute" => rendered.routes.push(read(&name, written)),
             _ => panic!("{name}: a kind this test does not read"),
         }
@@ -305,8 +335,13 @@ fn fits_together(dir: &str, rendered: &Rendered) -> (PodSpec, i32, RouterConfig)
         "{dir}: the role reads InferencePools when discovery follows pools"
     );
     assert_eq!(
+        reads("inference.networking.x-k8s.io", "inferenceobjectives"),
+        kubernetes.objectives,
+        "{dir}: the role reads InferenceObjectives when discovery follows them"
+    );
+    assert_eq!(
         rules.len(),
-        1 + usize::from(pools),
+        1 + usize::from(pools) + usize::from(kubernetes.objectives),
         "{dir}: the role grants nothing else"
     );
     (pod, spec.replicas.expect("replicas"), router)
@@ -519,6 +554,47 @@ fn the_gateway_overlay_serves_the_picker_of_the_inference_pool_it_discovers() {
         container_port.container_port,
         i32::from(picker.port()),
         "the picker listens on the container port the Service reaches"
+    );
+
+    // Its InferenceObjectives name the pool and order its model's queue: discovery
+    // reads them, and the model takes an objective's name from the gateway's header.
+    assert!(discovery.objectives, "discovery reads the objectives");
+    assert!(!rendered.objectives.is_empty(), "InferenceObjectives");
+    let flow = &router.models[0].flow;
+    assert_eq!(
+        flow.priority.header.as_deref(),
+        Some("x-gateway-inference-objective")
+    );
+    assert!(flow.queue.is_some(), "a queue the objectives order");
+    let mut bands = Vec::new();
+    for objective in &rendered.objectives {
+        assert_eq!(
+            (objective.api_version.as_str(), objective.kind.as_str()),
+            (
+                "inference.networking.x-k8s.io/v1alpha2",
+                "InferenceObjective"
+            )
+        );
+        assert_eq!(objective.metadata.namespace, pool.metadata.namespace);
+        let pool_ref = &objective.spec.pool_ref;
+        assert_eq!(pool_ref.name, pool_name, "the objective names the pool");
+        assert!(
+            pool_ref
+                .group
+                .as_deref()
+                .is_none_or(|g| g == "inference.networking.k8s.io")
+                && pool_ref
+                    .kind
+                    .as_deref()
+                    .is_none_or(|k| k == "InferencePool")
+        );
+        bands.push(flow.priority.band(objective.spec.priority.unwrap_or(0)));
+    }
+    bands.sort_unstable();
+    bands.dedup();
+    assert!(
+        bands.len() > 1,
+        "the objectives' priorities fall in different bands: {bands:?}"
     );
 
     // The route sends the gateway's requests to the pool.

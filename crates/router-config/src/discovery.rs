@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{ConfigError, EngineRole, MAX_MS};
+use crate::flow::PriorityOrder;
+use crate::{ConfigError, EngineRole, MAX_MS, ModelConfig};
 
 /// The longest InferencePool name (a DNS subdomain, as Kubernetes names objects).
 const MAX_POOL_NAME: usize = 253;
@@ -52,6 +53,12 @@ pub struct KubernetesConfig {
     /// Extension `InferencePool` of the namespace names them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<KubernetesPool>,
+    /// Reads the namespace's `InferenceObjective`s (API group
+    /// `inference.networking.x-k8s.io`, version `v1alpha2`) that name one of `pools`:
+    /// a request to the pool's model whose `flow.priority.header` names one takes its
+    /// priority (higher first; unset is 0). Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub objectives: bool,
 }
 
 /// The pods of one model (and role).
@@ -105,10 +112,17 @@ impl DiscoveryConfig {
             debounce_ms,
             models: pods,
             pools,
+            objectives,
         }) = kubernetes
         else {
             return;
         };
+        if *objectives && pools.is_empty() {
+            errors.push(ConfigError::at(
+                "discovery.kubernetes.objectives",
+                "reads the InferenceObjectives of `pools`, which names none",
+            ));
+        }
         if !cfg!(feature = "kubernetes") {
             errors.push(ConfigError::at(
                 "discovery.kubernetes",
@@ -168,6 +182,40 @@ impl DiscoveryConfig {
                         "model {:?} is in `models` too: name its pods by selectors or by pools, not both",
                         pool.model
                     ),
+                ));
+            }
+        }
+    }
+}
+
+impl DiscoveryConfig {
+    /// With `discovery.kubernetes.objectives`, each pool's model reads an objective's
+    /// name from a header, and orders priorities as InferenceObjectives do (higher
+    /// first).
+    pub(crate) fn validate_objectives(
+        &self,
+        models: &[ModelConfig],
+        errors: &mut Vec<ConfigError>,
+    ) {
+        let Some(kubernetes) = self.kubernetes.as_ref().filter(|k| k.objectives) else {
+            return;
+        };
+        for pool in &kubernetes.pools {
+            let Some((m, model)) = models.iter().enumerate().find(|(_, m)| m.id == pool.model)
+            else {
+                continue;
+            };
+            let priority = &model.flow.priority;
+            if priority.header.is_none() {
+                errors.push(ConfigError::at(
+                    format!("models[{m}].flow.priority.header"),
+                    "must name the header that carries an objective's name (x-gateway-inference-objective): discovery.kubernetes.objectives reads the model's InferenceObjectives",
+                ));
+            }
+            if priority.order != PriorityOrder::HigherFirst {
+                errors.push(ConfigError::at(
+                    format!("models[{m}].flow.priority.order"),
+                    "must be higher_first, as InferenceObjectives' priorities are: discovery.kubernetes.objectives reads the model's",
                 ));
             }
         }

@@ -94,8 +94,11 @@ pub struct PriorityConfig {
     /// Gateway API inference gateway's clients name an objective in
     /// `x-gateway-inference-objective`, whose `InferenceObjective` gives it a priority:
     /// `{header: x-gateway-inference-objective, objectives: {chat: 10, batch: -10}}`
-    /// repeats those priorities here. A name not listed is a 400, as a header that is
-    /// not an integer is.
+    /// repeats those priorities here (`discovery.kubernetes.objectives` reads them
+    /// from the cluster instead; a name listed here wins). A name not listed is a
+    /// 400, as a header that is not an integer is, unless the model's objectives are
+    /// read from the cluster, where one may come or go at any time: there it is no
+    /// priority (0), as the Inference Extension's own picker takes it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub objectives: BTreeMap<String, i64>,
     /// Writes a priority read from the header into the body's `priority` field, for

@@ -184,6 +184,7 @@ impl RouterConfig {
         }
         let model_ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
         discovery.validate(&model_ids, &mut errors);
+        discovery.validate_objectives(models, &mut errors);
         if let Some(indexer) = prefix_indexer {
             indexer.validate(&mut errors);
         }

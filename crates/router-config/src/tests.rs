@@ -590,6 +590,52 @@ fn the_discovery_sections_pools_are_checked() {
 }
 
 #[test]
+fn objectives_from_the_cluster_need_pools_and_a_header_ordered_higher_first() {
+    let with = |models: &str, section: &str| {
+        let found = errors(&format!(
+            "models: [{models}]\ndiscovery: {{kubernetes: {{namespace: llm, {section}}}}}\n"
+        ));
+        let kubernetes = cfg!(feature = "kubernetes");
+        found
+            .into_iter()
+            .filter(|e| kubernetes || !e.contains("cargo feature kubernetes"))
+            .collect::<Vec<_>>()
+    };
+    let header = "flow: {priority: {header: x-gateway-inference-objective}}";
+    assert_eq!(
+        with(
+            &format!("{{id: a, {header}}}"),
+            "pools: [{model: a, name: p}], objectives: true"
+        ),
+        [] as [&str; 0]
+    );
+    assert_eq!(
+        with(
+            "{id: a}",
+            "models: [{model: a, selector: {app: a}, port: 1}], objectives: true"
+        ),
+        [
+            "discovery.kubernetes.objectives: reads the InferenceObjectives of `pools`, which names none"
+        ]
+    );
+    assert_eq!(
+        with(
+            "{id: a}, {id: b, flow: {priority: {header: x-o, order: lower_first}}}",
+            "pools: [{model: a, name: p}, {model: b, name: q}], objectives: true"
+        ),
+        [
+            "models[0].flow.priority.header: must name the header that carries an objective's name (x-gateway-inference-objective): discovery.kubernetes.objectives reads the model's InferenceObjectives",
+            "models[1].flow.priority.order: must be higher_first, as InferenceObjectives' priorities are: discovery.kubernetes.objectives reads the model's",
+        ]
+    );
+    // Without objectives, a pool's model needs no header.
+    assert_eq!(
+        with("{id: a}", "pools: [{model: a, name: p}]"),
+        [] as [&str; 0]
+    );
+}
+
+#[test]
 fn the_schema_is_the_published_one() {
     // `switchyard config schema` prints it; a change to the file's shape shows here
     // and is made on purpose: regenerate with

@@ -17,6 +17,10 @@
 //! instead (`pool`): its label selector and target port are read from the object, at
 //! every relist and when a watch says it changed, and its pods follow as a
 //! selector's do; a pool that is missing or malformed names no engine.
+//!
+//! With [`KubernetesSettings::objectives`], the namespace's `InferenceObjective`s
+//! (`objective`) that name one of the pools are read too, and each model's
+//! objectives and their priorities are handed to the sink whenever they change.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,9 +39,18 @@ use tokio::time::Instant;
 use crate::fleet::Fleet;
 use crate::spec::{Change, EngineSpec, Source};
 
+mod changes;
+mod objective;
 mod pool;
 
 pub use pool::InferencePoolRef;
+
+/// Each model's InferenceObjectives: their names and the priorities they give.
+/// Every model of the pools has an entry, empty when no objective names its pool.
+pub type ObjectiveTable = BTreeMap<String, BTreeMap<String, i64>>;
+
+/// Told the whole [`ObjectiveTable`] each time it changes.
+pub type ObjectiveSink = Arc<dyn Fn(ObjectiveTable) + Send + Sync>;
 
 /// Pods listed a page at a time.
 const PAGE: u32 = 500;
@@ -80,6 +93,8 @@ pub struct KubernetesSettings {
     pub relist_interval: Duration,
     /// How long changes settle before they are applied.
     pub debounce: Duration,
+    /// Where the InferenceObjectives naming `pools` go; `None`: they are not read.
+    pub objectives: Option<ObjectiveSink>,
 }
 
 impl fmt::Debug for KubernetesSettings {
@@ -91,6 +106,7 @@ impl fmt::Debug for KubernetesSettings {
             .field("pools", &self.pools)
             .field("relist_interval", &self.relist_interval)
             .field("debounce", &self.debounce)
+            .field("objectives", &self.objectives.is_some())
             .finish()
     }
 }
@@ -239,6 +255,15 @@ pub fn spawn_discovery(
             settings.relist_interval,
             Arc::clone(&observed),
             Arc::clone(&changed),
+        )));
+    }
+    if let Some(sink) = &settings.objectives {
+        tasks.push(tokio::spawn(objective::follow_objectives(
+            client.clone(),
+            settings.namespace.clone(),
+            settings.pools.clone(),
+            settings.relist_interval,
+            Arc::clone(sink),
         )));
     }
     tasks.push(tokio::spawn(reconcile(

@@ -108,6 +108,7 @@ impl<'a> TokenSetting<'a> {
     }
 
     /// The endpoint picker's token.
+    #[cfg(feature = "picker")]
     pub(crate) fn picker(config: &'a router_config::PickerConfig) -> Self {
         Self {
             section: "picker",

@@ -20,7 +20,7 @@ use router_upstream::Upstream;
 use crate::access::AdminAccess;
 use crate::budget::BodyBudget;
 use crate::decisions::DecisionLog;
-use crate::flow::ModelFlow;
+use crate::flow::{ClusterObjectives, ModelFlow};
 use crate::metrics::Metrics;
 use crate::retries::RetryBudget;
 use crate::routing::{ModelRoute, Routing};
@@ -84,6 +84,9 @@ pub struct AppContext {
     pub(crate) spans: Option<Arc<Spans>>,
     /// What answers tell clients of their routing.
     pub(crate) routing_headers: RoutingHeaders,
+    /// The priorities the cluster's InferenceObjectives give, for the models whose
+    /// objectives discovery reads (`discovery.kubernetes.objectives`).
+    pub(crate) objectives: ClusterObjectives,
     /// What the configuration file brought; a reload holds it while it runs.
     pub(crate) configured: tokio::sync::Mutex<Configured>,
     rng: Mutex<Xoshiro256PlusPlus>,
@@ -222,6 +225,7 @@ impl AppContext {
             decisions,
             spans,
             routing_headers: config.routing_headers,
+            objectives: ClusterObjectives::default(),
             configured: tokio::sync::Mutex::new(configured),
             rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed())),
         }))

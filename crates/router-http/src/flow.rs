@@ -9,6 +9,7 @@
 //! give the turn to whoever the queue's order says goes next.
 
 mod class;
+mod objectives;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use router_policy::RequestFacts;
 
 use crate::error::ApiError;
 pub(crate) use class::Class;
+pub(crate) use objectives::ClusterObjectives;
 
 /// How many entries of the queue's order are offered the turn after one capacity
 /// event before the room waits for the next: past the first, those whose engines

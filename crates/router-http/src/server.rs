@@ -85,7 +85,7 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
     let grace = config.shutdown_grace;
     let listen = config.listen;
     #[cfg(feature = "kubernetes")]
-    let kubernetes = config.kubernetes.clone();
+    let (kubernetes, objectives) = (config.kubernetes.clone(), config.objectives_from_cluster);
     let admin_listen = config.admin_listen;
     #[cfg(feature = "picker")]
     let picker = config.picker.clone();
@@ -133,16 +133,21 @@ pub async fn start_validated(config: ValidatedConfig) -> Result<RunningRouter, S
     let health = ctx.fleet.spawn_health_checks();
     #[cfg(feature = "kubernetes")]
     let discovery = match kubernetes {
-        Some(settings) => Some(
-            router_fleet::kubernetes::spawn_discovery(Arc::clone(&ctx.fleet), settings).map_err(
-                |e| {
-                    StartError::Config(vec![router_policy::ConfigError::at(
-                        "discovery.kubernetes",
-                        e,
-                    )])
-                },
-            )?,
-        ),
+        Some(mut settings) => {
+            if objectives {
+                let models = settings.pools.iter().map(|pool| pool.model.clone());
+                settings.objectives = Some(ctx.objectives.follow(models));
+            }
+            Some(
+                router_fleet::kubernetes::spawn_discovery(Arc::clone(&ctx.fleet), settings)
+                    .map_err(|e| {
+                        StartError::Config(vec![router_policy::ConfigError::at(
+                            "discovery.kubernetes",
+                            e,
+                        )])
+                    })?,
+            )
+        }
         None => None,
     };
     let apps = Apps {

@@ -84,6 +84,9 @@ pub struct ValidatedConfig {
     /// Pods discovered as engines.
     #[cfg(feature = "kubernetes")]
     pub(crate) kubernetes: Option<router_fleet::kubernetes::KubernetesSettings>,
+    /// The pools' InferenceObjectives give priorities (`discovery.kubernetes.objectives`).
+    #[cfg(feature = "kubernetes")]
+    pub(crate) objectives_from_cluster: bool,
 }
 
 /// What a client connection may take.
@@ -250,6 +253,12 @@ impl ValidatedConfig {
             restart_only,
             #[cfg(feature = "kubernetes")]
             kubernetes: serving::kubernetes(&config.discovery),
+            #[cfg(feature = "kubernetes")]
+            objectives_from_cluster: config
+                .discovery
+                .kubernetes
+                .as_ref()
+                .is_some_and(|k| k.objectives),
         })
     }
 

@@ -16,18 +16,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use parking_lot::Mutex;
 use router_state::Role;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{
-    LIST_TIMEOUT, MAX_BACKOFF, Observed, PodSelector, Slot, WATCH_SECONDS, follow, label_selector,
-};
+use super::changes::{self, Wake};
+use super::{LIST_TIMEOUT, MAX_BACKOFF, Observed, PodSelector, Slot, follow, label_selector};
 
 /// The most labels a pool's selector may name (the InferencePool API's own bound).
 const MAX_POOL_LABELS: usize = 64;
@@ -255,15 +253,9 @@ pub(super) async fn follow_pool(
                 .map_or_else(|| Err("it does not exist".to_owned()), target),
         );
         let relist_at = Instant::now() + relist_interval;
-        let wake = match version {
-            Some(version) => watch(&pools, &name, version, relist_at).await,
-            // No pools are served (their API is not installed), or the list gave no
-            // version to watch from: read again later.
-            None => {
-                tokio::time::sleep_until(relist_at).await;
-                Wake::Relist
-            }
-        };
+        let fields = format!("metadata.name={name}");
+        let what = format!("InferencePool {name}");
+        let wake = changes::changed(&pools, Some(&fields), version, relist_at, &what).await;
         if matches!(wake, Wake::Failed) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -295,67 +287,6 @@ async fn read(
         }
         Err(kube::Error::Api(status)) if status.code == 404 => Ok((None, None)),
         Err(e) => Err(e),
-    }
-}
-
-/// Why a pool's watch ended.
-enum Wake {
-    /// The pool changed: read it again.
-    Changed,
-    /// It is time to read it again anyway.
-    Relist,
-    /// The watch failed: read it again after a backoff.
-    Failed,
-}
-
-/// Watches pool `name` from `version` until it changes, the watch fails, or it is
-/// time to read it again (`relist_at`); a watch the server ends is resumed.
-async fn watch(
-    api: &Api<DynamicObject>,
-    name: &str,
-    mut version: String,
-    relist_at: Instant,
-) -> Wake {
-    let params = WatchParams::default()
-        .fields(&format!("metadata.name={name}"))
-        .timeout(WATCH_SECONDS);
-    loop {
-        let started = Instant::now();
-        let stream = tokio::select! {
-            stream = api.watch(&params, &version) => stream,
-            () = tokio::time::sleep_until(relist_at) => return Wake::Relist,
-        };
-        let Ok(stream) = stream else {
-            return Wake::Failed;
-        };
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let event = tokio::select! {
-                event = stream.next() => event,
-                () = tokio::time::sleep_until(relist_at) => return Wake::Relist,
-            };
-            match event {
-                Some(Ok(
-                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
-                )) => {
-                    return Wake::Changed;
-                }
-                Some(Ok(WatchEvent::Bookmark(bookmark))) => {
-                    version = bookmark.metadata.resource_version;
-                }
-                Some(Ok(WatchEvent::Error(status))) => {
-                    tracing::info!(pool = %name, code = status.code, message = %status.message, "the InferencePool watch ended: reading it again");
-                    return Wake::Failed;
-                }
-                Some(Err(e)) => {
-                    tracing::info!(pool = %name, error = %e, "the InferencePool watch failed: reading it again");
-                    return Wake::Failed;
-                }
-                None => break,
-            }
-        }
-        // Resumed at most once a second, as a pod watch is.
-        tokio::time::sleep_until(started + Duration::from_secs(1)).await;
     }
 }
 

@@ -3,12 +3,15 @@
 //! streams of JSON lines, `410 Gone` error events, watches it ends, and changes it
 //! leaves out of the watch (a missed event only a relist sees). It serves
 //! InferencePools too, listed and watched by name, and selects pods by their labels
-//! (a pod whose labels change is not told apart from one that keeps them).
+//! (a pod whose labels change is not told apart from one that keeps them); and the
+//! namespace's InferenceObjectives, listed a page at a time and watched, or refused
+//! (their API not installed, access denied).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde_json::{Value, json};
@@ -16,6 +19,9 @@ use tokio::sync::broadcast;
 
 use super::*;
 use crate::health::HealthPolicy;
+
+mod objectives;
+mod pools;
 
 /// Upper bound on any wait; a healthy run needs milliseconds.
 const GUARD: Duration = Duration::from_secs(20);
@@ -37,6 +43,13 @@ struct FakeApi {
     lists: AtomicUsize,
     /// InferencePool lists.
     pool_lists: AtomicUsize,
+    /// InferenceObjectives by name.
+    objectives: Mutex<BTreeMap<String, Value>>,
+    /// When not 0, the status InferenceObjective requests are answered with (404:
+    /// their API is not installed, 403: access is denied).
+    objectives_refused: AtomicU16,
+    /// InferenceObjective list requests (each page, refused ones too).
+    objective_lists: AtomicUsize,
 }
 
 impl FakeApi {
@@ -51,6 +64,9 @@ impl FakeApi {
             short_watches: AtomicBool::new(false),
             lists: AtomicUsize::new(0),
             pool_lists: AtomicUsize::new(0),
+            objectives: Mutex::new(BTreeMap::new()),
+            objectives_refused: AtomicU16::new(0),
+            objective_lists: AtomicUsize::new(0),
         })
     }
 
@@ -111,35 +127,65 @@ impl FakeApi {
     /// Creates or updates InferencePool `name` with `spec`; the watch hears of it
     /// unless `silent`.
     fn put_pool(&self, name: &str, spec: Value, silent: bool) {
+        let kind = ("inference.networking.k8s.io/v1", "InferencePool");
+        self.put_object(&self.pools, kind, name, spec, silent);
+    }
+
+    /// Deletes InferencePool `name`; the watch hears of it.
+    fn delete_pool(&self, name: &str) {
+        self.delete_object(&self.pools, name);
+    }
+
+    /// Creates or updates InferenceObjective `name` with `spec`; the watch hears of
+    /// it unless `silent`.
+    fn put_objective(&self, name: &str, spec: Value, silent: bool) {
+        let kind = (
+            "inference.networking.x-k8s.io/v1alpha2",
+            "InferenceObjective",
+        );
+        self.put_object(&self.objectives, kind, name, spec, silent);
+    }
+
+    /// Deletes InferenceObjective `name`; the watch hears of it.
+    fn delete_objective(&self, name: &str) {
+        self.delete_object(&self.objectives, name);
+    }
+
+    /// Creates or updates object `name` of `objects` (whose API version and kind
+    /// are `api_version` and `kind`) with `spec`; the watch hears of it unless
+    /// `silent`.
+    fn put_object(
+        &self,
+        objects: &Mutex<BTreeMap<String, Value>>,
+        (api_version, kind): (&str, &str),
+        name: &str,
+        spec: Value,
+        silent: bool,
+    ) {
         let version = self.version.fetch_add(1, Ordering::SeqCst) + 1;
-        let pool = json!({
-            "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        let object = json!({
+            "apiVersion": api_version, "kind": kind,
             "metadata": {"name": name, "namespace": "llm", "resourceVersion": version.to_string()},
             "spec": spec,
         });
-        let kind = if self
-            .pools
-            .lock()
-            .insert(name.into(), pool.clone())
-            .is_some()
-        {
+        let change = if objects.lock().insert(name.into(), object.clone()).is_some() {
             "MODIFIED"
         } else {
             "ADDED"
         };
         if !silent {
-            self.emit(version, json!({"type": kind, "object": pool}));
+            self.emit(version, json!({"type": change, "object": object}));
         }
     }
 
-    /// Deletes InferencePool `name`; the watch hears of it.
-    fn delete_pool(&self, name: &str) {
+    /// Deletes object `name` of `objects`; the watch hears of it.
+    fn delete_object(&self, objects: &Mutex<BTreeMap<String, Value>>, name: &str) {
         let version = self.version.fetch_add(1, Ordering::SeqCst) + 1;
-        let Some(mut pool) = self.pools.lock().remove(name) else {
+        let Some(mut object) = objects.lock().remove(name) else {
             return;
         };
-        pool["metadata"]["resourceVersion"] = json!(version.to_string());
-        self.emit(version, json!({"type": "DELETED", "object": pool}));
+        object["metadata"]["resourceVersion"] = json!(version.to_string());
+        self.emit(version, json!({"type": "DELETED", "object": object}));
     }
 
     /// Sends an event as it is, at a resource version of its own in the log.
@@ -229,6 +275,55 @@ async fn pools(
     })
 }
 
+/// InferenceObjectives, listed a page at a time (`limit`; `continue` is the list's
+/// resource version and the last name sent, and every page has the first's resource
+/// version, as the API server's do) and watched; refused while `objectives_refused`
+/// says so.
+async fn objectives(
+    State(api): State<Arc<FakeApi>>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let watching = query.get("watch").map(String::as_str) == Some("true");
+    if !watching {
+        api.objective_lists.fetch_add(1, Ordering::SeqCst);
+    }
+    let refused = api.objectives_refused.load(Ordering::SeqCst);
+    if refused != 0 {
+        let code = StatusCode::from_u16(refused).expect("a status");
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "refused", "reason": code.canonical_reason(), "code": refused});
+        return (code, axum::Json(status)).into_response();
+    }
+    if watching {
+        return watch_stream(&api, &query, |event| {
+            event["object"]["kind"] == "InferenceObjective"
+        });
+    }
+    let limit = query
+        .get("limit")
+        .map_or(usize::MAX, |l| l.parse().expect("a limit"));
+    // The version first, as for pods.
+    let (version, after) = match query.get("continue") {
+        Some(token) => {
+            let (version, after) = token.split_once('/').expect("version/name");
+            (version.to_owned(), Some(after.to_owned()))
+        }
+        None => (api.version.load(Ordering::SeqCst).to_string(), None),
+    };
+    let objectives = api.objectives.lock();
+    let mut rest = objectives
+        .iter()
+        .filter(|(name, _)| after.as_ref().is_none_or(|after| *name > after));
+    let page: Vec<(&String, &Value)> = rest.by_ref().take(limit).collect();
+    let mut metadata = json!({"resourceVersion": version});
+    if rest.next().is_some()
+        && let Some((last, _)) = page.last()
+    {
+        metadata["continue"] = json!(format!("{version}/{last}"));
+    }
+    let items: Vec<Value> = page.into_iter().map(|(_, o)| o.clone()).collect();
+    axum::Json(json!({"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjectiveList", "metadata": metadata, "items": items})).into_response()
+}
+
 /// A watch from the query's resource version of the events `keep` keeps: those
 /// logged after it, then those sent while it is open (ending after the first when
 /// watches are short).
@@ -290,6 +385,10 @@ async fn fake_api() -> (Arc<FakeApi>, String, tokio::task::JoinHandle<()>) {
             "/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools",
             axum::routing::get(pools),
         )
+        .route(
+            "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/llm/inferenceobjectives",
+            axum::routing::get(objectives),
+        )
         .with_state(Arc::clone(&api));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -328,6 +427,7 @@ fn settings(url: &str, relist: Duration) -> KubernetesSettings {
         pools: Vec::new(),
         relist_interval: relist,
         debounce: Duration::from_millis(20),
+        objectives: None,
     }
 }
 
@@ -571,218 +671,4 @@ async fn an_event_older_than_the_one_recorded_changes_nothing() {
     api.put("p1", "127.0.0.2", true, false, false);
     until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
     server.abort();
-}
-
-/// Discovery of pool `qwen3-pool`'s pods as model `m`'s, and no selector.
-fn pool_settings(url: &str, relist: Duration) -> KubernetesSettings {
-    KubernetesSettings {
-        selectors: Vec::new(),
-        pools: vec![InferencePoolRef {
-            model: "m".into(),
-            name: "qwen3-pool".into(),
-        }],
-        ..settings(url, relist)
-    }
-}
-
-/// An InferencePool's spec: pods with `labels`, engines on `port`.
-fn pool_spec(labels: &Value, port: u64) -> Value {
-    json!({
-        "selector": {"matchLabels": labels},
-        "targetPorts": [{"number": port}],
-        "endpointPickerRef": {"name": "switchyard", "port": {"number": 9002}, "failureMode": "FailClose"},
-    })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pools_pods_are_plain_engines_at_its_target_port() {
-    let (api, url, server) = fake_api().await;
-    let a = json!({"app": "sglang", "pool": "a"});
-    api.put_pool("qwen3-pool", pool_spec(&a, 7), false);
-    api.put_pool(
-        "another-pool",
-        pool_spec(&json!({"app": "sglang"}), 9),
-        false,
-    );
-    api.put_in("p0", "127.0.0.1", &a);
-    api.put_in("p1", "127.0.0.2", &json!({"app": "sglang", "pool": "b"}));
-    api.put("p2", "127.0.0.3", true, false, false);
-    let fleet = fleet();
-    let (changed, _discovery) =
-        discover_with(&fleet, pool_settings(&url, Duration::from_secs(3600)));
-    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:7"]).await;
-    let spec = fleet.spec(&"llm/p0".into()).expect("p0's engine");
-    assert_eq!(
-        (spec.model.as_str(), spec.role, spec.source),
-        ("m", Some(Role::Plain), Source::Kubernetes)
-    );
-    // A pod that joins the pool later, through the pods' watch; one that leaves it.
-    api.put_in("p3", "127.0.0.4", &a);
-    until(
-        &fleet,
-        &changed,
-        &["llm/p0@http://127.0.0.1:7", "llm/p3@http://127.0.0.4:7"],
-    )
-    .await;
-    api.delete("p0", false);
-    until(&fleet, &changed, &["llm/p3@http://127.0.0.4:7"]).await;
-    server.abort();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pools_new_selector_or_port_moves_its_engines() {
-    let (api, url, server) = fake_api().await;
-    let a = json!({"app": "sglang", "pool": "a"});
-    let b = json!({"app": "sglang", "pool": "b"});
-    api.put_pool("qwen3-pool", pool_spec(&a, 7), false);
-    api.put_in("p0", "127.0.0.1", &a);
-    api.put_in("p1", "127.0.0.2", &b);
-    let fleet = fleet();
-    let (changed, _discovery) =
-        discover_with(&fleet, pool_settings(&url, Duration::from_secs(3600)));
-    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:7"]).await;
-    // Through the pool's watch: another selector, then another port.
-    api.put_pool("qwen3-pool", pool_spec(&b, 7), false);
-    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:7"]).await;
-    api.put_pool("qwen3-pool", pool_spec(&b, 9), false);
-    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
-    // The old selector's pods are followed no more.
-    api.put_in("p2", "127.0.0.3", &a);
-    api.put_in("p3", "127.0.0.4", &b);
-    until(
-        &fleet,
-        &changed,
-        &["llm/p1@http://127.0.0.2:9", "llm/p3@http://127.0.0.4:9"],
-    )
-    .await;
-    server.abort();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_change_the_watch_missed_is_seen_at_the_relist() {
-    let (api, url, server) = fake_api().await;
-    let a = json!({"app": "sglang", "pool": "a"});
-    let b = json!({"app": "sglang", "pool": "b"});
-    api.put_pool("qwen3-pool", pool_spec(&a, 7), false);
-    api.put_in("p0", "127.0.0.1", &a);
-    api.put_in("p1", "127.0.0.2", &b);
-    let fleet = fleet();
-    let (changed, _discovery) =
-        discover_with(&fleet, pool_settings(&url, Duration::from_millis(300)));
-    until(&fleet, &changed, &["llm/p0@http://127.0.0.1:7"]).await;
-    let lists = api.pool_lists.load(Ordering::SeqCst);
-    api.put_pool("qwen3-pool", pool_spec(&b, 9), true);
-    until(&fleet, &changed, &["llm/p1@http://127.0.0.2:9"]).await;
-    assert!(
-        api.pool_lists.load(Ordering::SeqCst) > lists,
-        "the pool was listed again"
-    );
-    server.abort();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_deleted_or_malformed_pool_names_no_engines() {
-    let (api, url, server) = fake_api().await;
-    let a = json!({"app": "sglang", "pool": "a"});
-    api.put_in("p0", "127.0.0.1", &a);
-    let fleet = fleet();
-    let (changed, _discovery) =
-        discover_with(&fleet, pool_settings(&url, Duration::from_secs(3600)));
-    // Missing at first: read, and no engine; its creation is watched for.
-    let guard = tokio::time::timeout(GUARD, async {
-        while api.pool_lists.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
-    });
-    guard.await.expect("the pool is read");
-    assert_eq!(engines(&fleet), BTreeSet::new());
-    let good = pool_spec(&a, 7);
-    let joined = ["llm/p0@http://127.0.0.1:7"];
-    api.put_pool("qwen3-pool", good.clone(), false);
-    until(&fleet, &changed, &joined).await;
-    let many: serde_json::Map<String, Value> =
-        (0..65).map(|n| (format!("l{n}"), json!("v"))).collect();
-    for malformed in [
-        json!({"targetPorts": [{"number": 7}]}),
-        json!({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 7}]}),
-        json!({"selector": {"matchLabels": a}}),
-        json!({"selector": {"matchLabels": a}, "targetPorts": []}),
-        pool_spec(&a, 0),
-        pool_spec(&a, 70_000),
-        pool_spec(&json!(many), 7),
-        pool_spec(&json!({"app": "sglang,pool=a"}), 7),
-        json!("not an object"),
-    ] {
-        api.put_pool("qwen3-pool", malformed.clone(), false);
-        until_after(
-            &fleet,
-            &changed,
-            &[],
-            &format!("a pool of spec {malformed}"),
-        )
-        .await;
-        api.put_pool("qwen3-pool", good.clone(), false);
-        until(&fleet, &changed, &joined).await;
-    }
-    // Deleted: its engines leave; made again: they come back.
-    api.delete_pool("qwen3-pool");
-    until(&fleet, &changed, &[]).await;
-    api.put_pool("qwen3-pool", good, false);
-    until(&fleet, &changed, &joined).await;
-    server.abort();
-}
-
-#[test]
-fn a_pod_a_selector_and_a_pool_both_select_joins_for_the_selector() {
-    let selectors = settings("http://unused", Duration::from_secs(1)).selectors;
-    let view = PodView {
-        address: Some("10.0.0.1".into()),
-        version: None,
-    };
-    let pods = BTreeMap::from([("p0".to_owned(), view.clone())]);
-    let pool = |port| PoolPods {
-        generation: 1,
-        selector: Some(PodSelector {
-            port,
-            ..selectors[0].clone()
-        }),
-        pods: BTreeMap::from([
-            ("p0".to_owned(), view.clone()),
-            ("p1".to_owned(), view.clone()),
-        ]),
-    };
-    let observed = Observed {
-        pods: vec![pods],
-        pools: vec![
-            pool(7),
-            pool(8),
-            PoolPods {
-                generation: 3,
-                selector: None,
-                pods: BTreeMap::new(),
-            },
-        ],
-    };
-    let urls: Vec<(String, String)> = desired("llm", &selectors, &observed)
-        .into_iter()
-        .map(|(id, spec)| (id.as_str().to_owned(), spec.url))
-        .collect();
-    assert_eq!(
-        urls,
-        [
-            ("llm/p0".to_owned(), "http://10.0.0.1:9".to_owned()),
-            ("llm/p1".to_owned(), "http://10.0.0.1:7".to_owned()),
-        ]
-    );
-    // A listing of a replaced selector changes nothing.
-    let mut observed = observed;
-    let stale = Slot::Pool {
-        index: 0,
-        generation: 0,
-        selector: selectors[0].clone(),
-    };
-    observed.listed(&stale, BTreeMap::new());
-    assert!(observed.pods_mut(&stale).is_none());
-    assert_eq!(observed.pools[0].pods.len(), 2);
-    assert_eq!(observed.pools[0].selector.as_ref().map(|s| s.port), Some(7));
 }

@@ -45,7 +45,11 @@ async fn explain(endpoint: &'static Endpoint, ctx: Arc<AppContext>, request: Req
         Err(e) => return e.into_response(),
     };
     let class = match ready.route.flow.as_deref() {
-        Some(flow) => match flow.classify(&parts.headers, ready.prepared.priority) {
+        Some(flow) => match flow.classify(
+            &parts.headers,
+            ready.prepared.priority,
+            (&ctx.objectives, &ready.route.id),
+        ) {
             Ok(class) => Some((flow, class)),
             Err(e) => return e.into_response(),
         },

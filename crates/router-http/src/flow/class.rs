@@ -10,6 +10,7 @@ use http::HeaderMap;
 use http::header::AUTHORIZATION;
 use sha2::{Digest, Sha256};
 
+use super::objectives::{ClusterObjectives, Found};
 use super::{ANONYMOUS, ModelFlow};
 use crate::error::ApiError;
 
@@ -26,19 +27,23 @@ pub(crate) struct Class {
 }
 
 impl ModelFlow {
-    /// The class of a request with `headers` whose body sent `body_priority`.
+    /// The class of a request to `model` with `headers` whose body sent
+    /// `body_priority`; `cluster` has the objectives the cluster gives the model.
     ///
     /// # Errors
-    /// 400 for a priority header that is not an integer, or a tenant header that is
-    /// not a valid tenant name.
+    /// 400 for a priority header that is not an integer or an objective, or a tenant
+    /// header that is not a valid tenant name.
     pub(crate) fn classify(
         &self,
         headers: &HeaderMap,
         body_priority: Option<i64>,
+        (cluster, model): (&ClusterObjectives, &str),
     ) -> Result<Class, ApiError> {
         let priority = &self.config.priority;
         let from_header = match &priority.header {
-            Some(name) => header_priority(headers, name, &priority.objectives)?,
+            Some(name) => header_priority(headers, name, &priority.objectives, |objective| {
+                cluster.find(model, objective)
+            })?,
             None => None,
         };
         let band = priority.band(from_header.or(body_priority).unwrap_or(0));
@@ -57,31 +62,43 @@ impl ModelFlow {
     }
 }
 
-/// The priority the header `name` gives: an objective's, or an integer.
+/// The priority the header `name` gives: an objective's of the configuration, else,
+/// for a model whose objectives the cluster gives, the cluster's objective's (a name
+/// it does not know is no priority, as one may come or go at any time, and an
+/// integer is a name like any other), else an integer.
 fn header_priority(
     headers: &HeaderMap,
     name: &str,
     objectives: &BTreeMap<String, i64>,
+    cluster: impl Fn(&str) -> Found,
 ) -> Result<Option<i64>, ApiError> {
     let Some(value) = headers.get(name) else {
         return Ok(None);
     };
     let value = value.to_str().ok().map(str::trim);
-    value
-        .and_then(|v| objectives.get(v).copied().or_else(|| v.parse::<i64>().ok()))
-        .map(Some)
-        .ok_or_else(|| {
-            let named = if objectives.is_empty() {
-                String::new()
-            } else {
-                " or an objective of flow.priority.objectives".to_owned()
-            };
-            ApiError::invalid(
-                "invalid_priority",
-                name,
-                format!("the {name} header must be an integer{named}"),
-            )
-        })
+    if let Some(value) = value {
+        if let Some(priority) = objectives.get(value) {
+            return Ok(Some(*priority));
+        }
+        match cluster(value) {
+            Found::Priority(priority) => return Ok(Some(priority)),
+            Found::Unknown => return Ok(None),
+            Found::NotFollowed => {}
+        }
+        if let Ok(priority) = value.parse::<i64>() {
+            return Ok(Some(priority));
+        }
+    }
+    let named = if objectives.is_empty() {
+        ""
+    } else {
+        " or an objective of flow.priority.objectives"
+    };
+    Err(ApiError::invalid(
+        "invalid_priority",
+        name,
+        format!("the {name} header must be an integer{named}"),
+    ))
 }
 
 fn header_tenant(headers: &HeaderMap, name: &str) -> Result<Arc<str>, ApiError> {

@@ -5,6 +5,10 @@ use router_config::FlowConfig;
 
 use super::*;
 
+/// No model's objectives are read from the cluster.
+static NOT_FOLLOWED: std::sync::LazyLock<ClusterObjectives> =
+    std::sync::LazyLock::new(ClusterObjectives::default);
+
 fn flow(json: serde_json::Value) -> Arc<ModelFlow> {
     let config: FlowConfig = serde_json::from_value(json).unwrap();
     ModelFlow::new(&config).expect("a section that is not the default")
@@ -35,23 +39,92 @@ fn the_header_priority_wins_and_is_forwarded_only_to_a_body_without_one() {
         serde_json::json!({"priority": {"header": "x-priority", "bands": [10, 1], "forward": true}}),
     );
     let class = flow
-        .classify(&headers(&[("x-priority", "12")]), Some(0))
+        .classify(
+            &headers(&[("x-priority", "12")]),
+            Some(0),
+            (&NOT_FOLLOWED, "m"),
+        )
         .unwrap();
     assert_eq!((class.band, class.forward_priority), (0, None));
     let class = flow
-        .classify(&headers(&[("x-priority", "5")]), None)
+        .classify(&headers(&[("x-priority", "5")]), None, (&NOT_FOLLOWED, "m"))
         .unwrap();
     assert_eq!((class.band, class.forward_priority), (1, Some(5)));
-    let class = flow.classify(&HeaderMap::new(), Some(3)).unwrap();
+    let class = flow
+        .classify(&HeaderMap::new(), Some(3), (&NOT_FOLLOWED, "m"))
+        .unwrap();
     assert_eq!((class.band, class.forward_priority), (1, None));
-    assert_eq!(flow.classify(&HeaderMap::new(), None).unwrap().band, 2);
+    assert_eq!(
+        flow.classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+            .unwrap()
+            .band,
+        2
+    );
     let bad = flow
-        .classify(&headers(&[("x-priority", "high")]), None)
+        .classify(
+            &headers(&[("x-priority", "high")]),
+            None,
+            (&NOT_FOLLOWED, "m"),
+        )
         .unwrap_err();
     assert_eq!(
         (bad.status().as_u16(), bad.code()),
         (400, "invalid_priority")
     );
+}
+
+#[test]
+fn the_clusters_inference_objectives_name_priorities_and_an_unknown_name_is_none() {
+    let flow = flow(serde_json::json!({"priority": {
+        "header": "x-gateway-inference-objective",
+        "bands": [10, 0],
+        "objectives": {"pinned": 10},
+    }}));
+    let cluster = ClusterObjectives::default();
+    cluster.replace([(
+        "m".to_owned(),
+        [
+            ("chat".to_owned(), 10),
+            ("batch".to_owned(), -10),
+            ("pinned".to_owned(), -10),
+        ]
+        .into_iter()
+        .collect(),
+    )]);
+    let band = |model: &str, objective: &str| {
+        flow.classify(
+            &headers(&[("x-gateway-inference-objective", objective)]),
+            None,
+            (&cluster, model),
+        )
+        .map(|class| class.band)
+    };
+    assert_eq!(band("m", "chat").unwrap(), 0);
+    assert_eq!(band("m", "batch").unwrap(), 2);
+    assert_eq!(
+        band("m", "pinned").unwrap(),
+        0,
+        "the configuration's name wins"
+    );
+    assert_eq!(
+        band("m", "unknown-yet").unwrap(),
+        1,
+        "a name the cluster does not know is no priority"
+    );
+    assert_eq!(
+        band("m", "100").unwrap(),
+        1,
+        "an integer is a name like any other: no client picks its own priority"
+    );
+    let other = band("other", "chat").unwrap_err();
+    assert_eq!(
+        (other.status().as_u16(), other.code()),
+        (400, "invalid_priority"),
+        "a model not followed knows only its own names and integers"
+    );
+    // Followed with no objective yet: every name is no priority.
+    cluster.replace([("m".to_owned(), std::collections::BTreeMap::new())]);
+    assert_eq!(band("m", "chat").unwrap(), 1);
 }
 
 #[test]
@@ -65,13 +138,19 @@ fn a_gateways_inference_objective_names_its_priority() {
         flow.classify(
             &headers(&[("x-gateway-inference-objective", objective)]),
             None,
+            (&NOT_FOLLOWED, "m"),
         )
         .map(|class| class.band)
     };
     assert_eq!(band("chat").unwrap(), 0);
     assert_eq!(band("batch").unwrap(), 2);
     assert_eq!(band("3").unwrap(), 1, "an integer is still a priority");
-    assert_eq!(flow.classify(&HeaderMap::new(), None).unwrap().band, 1);
+    assert_eq!(
+        flow.classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+            .unwrap()
+            .band,
+        1
+    );
     let unknown = band("unlisted").unwrap_err();
     assert_eq!(
         (unknown.status().as_u16(), unknown.code()),
@@ -87,29 +166,48 @@ fn a_gateways_inference_objective_names_its_priority() {
 fn a_tenant_comes_from_its_header_or_a_digest_of_its_key() {
     let by_header = flow(serde_json::json!({"tenants": {"header": "x-tenant"}}));
     let class = by_header
-        .classify(&headers(&[("x-tenant", "team-a")]), None)
+        .classify(
+            &headers(&[("x-tenant", "team-a")]),
+            None,
+            (&NOT_FOLLOWED, "m"),
+        )
         .unwrap();
     assert_eq!(&*class.tenant, "team-a");
     assert_eq!(
-        &*by_header.classify(&HeaderMap::new(), None).unwrap().tenant,
+        &*by_header
+            .classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+            .unwrap()
+            .tenant,
         ANONYMOUS
     );
     let long = "x".repeat(MAX_TENANT_BYTES + 1);
     for bad in ["a b", "a,b", long.as_str()] {
         let error = by_header
-            .classify(&headers(&[("x-tenant", bad)]), None)
+            .classify(&headers(&[("x-tenant", bad)]), None, (&NOT_FOLLOWED, "m"))
             .unwrap_err();
         assert_eq!(error.code(), "invalid_tenant", "{bad:?}");
     }
     let by_key = flow(serde_json::json!({"tenants": {"api_key": true}}));
     let one = by_key
-        .classify(&headers(&[("authorization", "Bearer sk-1")]), None)
+        .classify(
+            &headers(&[("authorization", "Bearer sk-1")]),
+            None,
+            (&NOT_FOLLOWED, "m"),
+        )
         .unwrap();
     let again = by_key
-        .classify(&headers(&[("authorization", "Bearer sk-1")]), None)
+        .classify(
+            &headers(&[("authorization", "Bearer sk-1")]),
+            None,
+            (&NOT_FOLLOWED, "m"),
+        )
         .unwrap();
     let other = by_key
-        .classify(&headers(&[("authorization", "Bearer sk-2")]), None)
+        .classify(
+            &headers(&[("authorization", "Bearer sk-2")]),
+            None,
+            (&NOT_FOLLOWED, "m"),
+        )
         .unwrap();
     assert_eq!(one.tenant, again.tenant);
     assert_ne!(one.tenant, other.tenant);
@@ -140,7 +238,10 @@ fn metrics_name_only_configured_tenants() {
 fn a_tenant_at_its_cap_is_refused_with_429_while_others_pass() {
     let flow =
         flow(serde_json::json!({"tenants": {"header": "x-tenant", "max_inflight": {"a": 1}}}));
-    let class = |t: &str| flow.classify(&headers(&[("x-tenant", t)]), None).unwrap();
+    let class = |t: &str| {
+        flow.classify(&headers(&[("x-tenant", t)]), None, (&NOT_FOLLOWED, "m"))
+            .unwrap()
+    };
     let held = flow.hold_tenant(&class("a")).unwrap();
     let refused = flow.hold_tenant(&class("a")).unwrap_err();
     assert_eq!(
@@ -155,7 +256,9 @@ fn a_tenant_at_its_cap_is_refused_with_429_while_others_pass() {
 #[tokio::test(start_paused = true)]
 async fn without_a_queue_a_full_fleet_is_refused_at_once() {
     let flow = flow(serde_json::json!({"tenants": {"header": "x-tenant"}}));
-    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let class = flow
+        .classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+        .unwrap();
     let tries = AtomicUsize::new(0);
     let refused = flow
         .select(
@@ -179,7 +282,9 @@ async fn without_a_queue_a_full_fleet_is_refused_at_once() {
 async fn a_queued_request_tries_again_on_each_capacity_event_until_its_deadline() {
     let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000}}));
     let room = Arc::clone(flow.room().unwrap());
-    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let class = flow
+        .classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+        .unwrap();
     let tries = Arc::new(AtomicUsize::new(0));
     let task = tokio::spawn({
         let (flow, tries) = (Arc::clone(&flow), Arc::clone(&tries));
@@ -232,7 +337,9 @@ async fn an_attempt_that_drops_its_own_reservation_does_not_wake_the_queue() {
         move || room.capacity_freed()
     })));
     let prefill = router_state::EngineId::new("P");
-    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let class = flow
+        .classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+        .unwrap();
     let tries = Arc::new(AtomicUsize::new(0));
     let task = tokio::spawn({
         let (flow, tries, table) = (Arc::clone(&flow), Arc::clone(&tries), Arc::clone(&table));
@@ -268,7 +375,9 @@ async fn an_attempt_that_drops_its_own_reservation_does_not_wake_the_queue() {
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_refuses_at_once() {
     let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000, "max_queued": 1}}));
-    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let class = flow
+        .classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+        .unwrap();
     let waiting = tokio::spawn({
         let (flow, class) = (Arc::clone(&flow), class.clone());
         async move {
@@ -303,7 +412,9 @@ async fn a_full_queue_refuses_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_failure_other_than_capacity_is_not_waited_out() {
     let flow = flow(serde_json::json!({"queue": {"max_wait_ms": 1000}}));
-    let class = flow.classify(&HeaderMap::new(), None).unwrap();
+    let class = flow
+        .classify(&HeaderMap::new(), None, (&NOT_FOLLOWED, "m"))
+        .unwrap();
     let tries = AtomicUsize::new(0);
     let started = tokio::time::Instant::now();
     let refused = flow
@@ -340,7 +451,10 @@ async fn an_explanation_says_where_the_request_would_wait_and_why() {
         "queue": {"max_wait_ms": 1000, "max_queued": 1},
         "tenants": {"header": "x-tenant", "max_inflight": {"a": 1}},
     }));
-    let class = |t: &str| flow.classify(&headers(&[("x-tenant", t)]), None).unwrap();
+    let class = |t: &str| {
+        flow.classify(&headers(&[("x-tenant", t)]), None, (&NOT_FOLLOWED, "m"))
+            .unwrap()
+    };
     let explained = |t: &str, selected: Result<Selection, SelectError>| {
         let answer = flow.explain(&class(t), &selected);
         answer["outcome"].as_str().unwrap().to_owned() + ": " + answer["why"].as_str().unwrap()

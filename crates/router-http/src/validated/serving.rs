@@ -237,5 +237,6 @@ pub(super) fn kubernetes(
             .collect(),
         relist_interval: std::time::Duration::from_millis(kubernetes.relist_interval_ms),
         debounce: std::time::Duration::from_millis(kubernetes.debounce_ms),
+        objectives: None,
     })
 }

@@ -81,7 +81,11 @@ pub(super) async fn flowed(
             tenant: None,
         });
     };
-    let class = flow.classify(headers, ready.prepared.priority)?;
+    let class = flow.classify(
+        headers,
+        ready.prepared.priority,
+        (&ctx.objectives, &route.id),
+    )?;
     let tenant = admit_tenant(ctx, flow, &route.id, &class)?;
     let again = || {
         if let Some(explanation) = recording {
