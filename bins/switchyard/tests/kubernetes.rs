@@ -155,8 +155,24 @@ fn objective(name: &str, priority: i64, pool: &str) -> Value {
     })
 }
 
-/// The band `/explain` gives a request naming `objective`, once it is `want`.
+/// Waits until `/explain` gives a request naming `objective` band `want`.
 async fn band_becomes(client: &reqwest::Client, router: &Replica, objective: &str, want: u64) {
+    band_of_body_becomes(client, router, objective, None, want).await;
+}
+
+/// Waits until `/explain` gives a request naming `objective`, whose body sends
+/// `priority`, band `want`.
+async fn band_of_body_becomes(
+    client: &reqwest::Client,
+    router: &Replica,
+    objective: &str,
+    priority: Option<i64>,
+    want: u64,
+) {
+    let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    if let Some(priority) = priority {
+        body["priority"] = priority.into();
+    }
     let last = Mutex::new(Value::Null);
     let wait = async {
         loop {
@@ -164,7 +180,7 @@ async fn band_becomes(client: &reqwest::Client, router: &Replica, objective: &st
                 .post(router.url("/explain/v1/chat/completions"))
                 .bearer_auth(ADMIN_TOKEN)
                 .header("x-gateway-inference-objective", objective)
-                .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+                .json(&body)
                 .send()
                 .await
                 .expect("the router answers")
@@ -246,6 +262,9 @@ async fn the_inference_objectives_of_a_pool_give_its_models_requests_their_prior
     for other in ["elsewhere", "not-yet", "5"] {
         band_becomes(&client, &router, other, 1).await;
     }
+    // The body's priority orders nothing: the objectives alone do.
+    band_of_body_becomes(&client, &router, "not-yet", Some(1000), 1).await;
+    band_of_body_becomes(&client, &router, "batch", Some(1000), 2).await;
     // A changed priority and a new objective, seen at the next relist.
     *written.lock() = vec![objective("chat", -1, "p"), objective("not-yet", 3, "p")];
     band_becomes(&client, &router, "chat", 2).await;

@@ -190,8 +190,8 @@ impl DiscoveryConfig {
 
 impl DiscoveryConfig {
     /// With `discovery.kubernetes.objectives`, each pool's model reads an objective's
-    /// name from a header, and orders priorities as InferenceObjectives do (higher
-    /// first).
+    /// name from a header, orders priorities as InferenceObjectives do (higher
+    /// first), and has a queue with bands for them to order.
     pub(crate) fn validate_objectives(
         &self,
         models: &[ModelConfig],
@@ -200,22 +200,33 @@ impl DiscoveryConfig {
         let Some(kubernetes) = self.kubernetes.as_ref().filter(|k| k.objectives) else {
             return;
         };
-        for pool in &kubernetes.pools {
-            let Some((m, model)) = models.iter().enumerate().find(|(_, m)| m.id == pool.model)
-            else {
+        for (m, model) in models.iter().enumerate() {
+            if !kubernetes.pools.iter().any(|pool| pool.model == model.id) {
                 continue;
-            };
-            let priority = &model.flow.priority;
-            if priority.header.is_none() {
+            }
+            let at = |field: &str| format!("models[{m}].flow.{field}");
+            let why = "discovery.kubernetes.objectives reads the model's InferenceObjectives";
+            let flow = &model.flow;
+            if flow.priority.header.is_none() {
                 errors.push(ConfigError::at(
-                    format!("models[{m}].flow.priority.header"),
-                    "must name the header that carries an objective's name (x-gateway-inference-objective): discovery.kubernetes.objectives reads the model's InferenceObjectives",
+                    at("priority.header"),
+                    format_args!("must name the header that carries an objective's name (x-gateway-inference-objective): {why}"),
                 ));
             }
-            if priority.order != PriorityOrder::HigherFirst {
+            if flow.priority.order != PriorityOrder::HigherFirst {
                 errors.push(ConfigError::at(
-                    format!("models[{m}].flow.priority.order"),
-                    "must be higher_first, as InferenceObjectives' priorities are: discovery.kubernetes.objectives reads the model's",
+                    at("priority.order"),
+                    format_args!(
+                        "must be higher_first, as InferenceObjectives' priorities are: {why}"
+                    ),
+                ));
+            }
+            if flow.priority.bands.is_empty() || flow.queue.is_none() {
+                errors.push(ConfigError::at(
+                    at("queue"),
+                    format_args!(
+                        "needs a queue and priority.bands for priorities to order anything: {why}"
+                    ),
                 ));
             }
         }

@@ -98,7 +98,8 @@ pub struct PriorityConfig {
     /// from the cluster instead; a name listed here wins). A name not listed is a
     /// 400, as a header that is not an integer is, unless the model's objectives are
     /// read from the cluster, where one may come or go at any time: there it is no
-    /// priority (0), as the Inference Extension's own picker takes it.
+    /// priority (0), as the Inference Extension's own picker takes it, and the
+    /// body's `priority` orders nothing.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub objectives: BTreeMap<String, i64>,
     /// Writes a priority read from the header into the body's `priority` field, for

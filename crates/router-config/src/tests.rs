@@ -590,7 +590,7 @@ fn the_discovery_sections_pools_are_checked() {
 }
 
 #[test]
-fn objectives_from_the_cluster_need_pools_and_a_header_ordered_higher_first() {
+fn objectives_from_the_cluster_need_pools_a_header_ordered_higher_first_and_a_queue() {
     let with = |models: &str, section: &str| {
         let found = errors(&format!(
             "models: [{models}]\ndiscovery: {{kubernetes: {{namespace: llm, {section}}}}}\n"
@@ -601,7 +601,7 @@ fn objectives_from_the_cluster_need_pools_and_a_header_ordered_higher_first() {
             .filter(|e| kubernetes || !e.contains("cargo feature kubernetes"))
             .collect::<Vec<_>>()
     };
-    let header = "flow: {priority: {header: x-gateway-inference-objective}}";
+    let header = "flow: {queue: {max_wait_ms: 100}, priority: {header: x-gateway-inference-objective, bands: [1]}}";
     assert_eq!(
         with(
             &format!("{{id: a, {header}}}"),
@@ -611,21 +611,33 @@ fn objectives_from_the_cluster_need_pools_and_a_header_ordered_higher_first() {
     );
     assert_eq!(
         with(
-            "{id: a}",
+            &format!("{{id: a, {header}}}"),
             "models: [{model: a, selector: {app: a}, port: 1}], objectives: true"
         ),
         [
             "discovery.kubernetes.objectives: reads the InferenceObjectives of `pools`, which names none"
         ]
     );
+    let why = "discovery.kubernetes.objectives reads the model's InferenceObjectives";
     assert_eq!(
         with(
-            "{id: a}, {id: b, flow: {priority: {header: x-o, order: lower_first}}}",
-            "pools: [{model: a, name: p}, {model: b, name: q}], objectives: true"
+            "{id: a}, {id: b, flow: {queue: {max_wait_ms: 100}, priority: {header: x-o, order: lower_first, bands: [1]}}}, {id: c, flow: {priority: {header: x-o}}}",
+            // A model behind two pools is told once.
+            "pools: [{model: a, name: p}, {model: a, name: p2}, {model: b, name: q}, {model: c, name: r}], objectives: true"
         ),
         [
-            "models[0].flow.priority.header: must name the header that carries an objective's name (x-gateway-inference-objective): discovery.kubernetes.objectives reads the model's InferenceObjectives",
-            "models[1].flow.priority.order: must be higher_first, as InferenceObjectives' priorities are: discovery.kubernetes.objectives reads the model's",
+            format!(
+                "models[0].flow.priority.header: must name the header that carries an objective's name (x-gateway-inference-objective): {why}"
+            ),
+            format!(
+                "models[0].flow.queue: needs a queue and priority.bands for priorities to order anything: {why}"
+            ),
+            format!(
+                "models[1].flow.priority.order: must be higher_first, as InferenceObjectives' priorities are: {why}"
+            ),
+            format!(
+                "models[2].flow.queue: needs a queue and priority.bands for priorities to order anything: {why}"
+            ),
         ]
     );
     // Without objectives, a pool's model needs no header.

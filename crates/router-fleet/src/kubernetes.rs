@@ -262,7 +262,7 @@ pub fn spawn_discovery(
             client.clone(),
             settings.namespace.clone(),
             settings.pools.clone(),
-            settings.relist_interval,
+            (settings.relist_interval, settings.debounce),
             Arc::clone(sink),
         )));
     }

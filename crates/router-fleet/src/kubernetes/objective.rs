@@ -4,8 +4,9 @@
 //! gateway's `x-gateway-inference-objective` header) a priority.
 //!
 //! The namespace's objectives are listed (a page at a time), then watched from the
-//! list's resource version: any change the watch tells of lists them all again (they
-//! change rarely), as do a failed watch (after a backoff) and every relist interval.
+//! list's resource version: any change the watch tells of lists them all again once
+//! the discovery's debounce has passed (they change rarely, and a burst is listed
+//! once), as do a failed watch (after a backoff) and every relist interval.
 //! Each listing makes an [`ObjectiveTable`]: an entry for every pool's model, holding
 //! the objectives whose `spec.poolRef` names that pool (by name; its group and kind
 //! absent or an InferencePool's) and their `spec.priority` (absent: 0). An objective
@@ -217,12 +218,14 @@ impl Logged {
 }
 
 /// Reads the namespace's InferenceObjectives for ever and hands each model's to
-/// `sink` whenever they change.
+/// `sink` whenever they change. A change the watch tells of is listed `settle`
+/// after it, so a burst of changes (a rollout, a controller writing statuses) is
+/// listed once.
 pub(super) async fn follow_objectives(
     client: kube::Client,
     namespace: String,
     pools: Vec<InferencePoolRef>,
-    relist_interval: Duration,
+    (relist_interval, settle): (Duration, Duration),
     sink: ObjectiveSink,
 ) {
     let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource());
@@ -256,11 +259,16 @@ pub(super) async fn follow_objectives(
         }
         let relist_at = Instant::now() + relist_interval;
         let wake = changes::changed(&api, None, version, relist_at, "InferenceObjectives").await;
-        if matches!(wake, Wake::Failed) {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        } else {
-            backoff = Duration::from_millis(100);
+        match wake {
+            Wake::Failed => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            Wake::Changed => {
+                tokio::time::sleep(settle).await;
+                backoff = Duration::from_millis(100);
+            }
+            Wake::Relist => backoff = Duration::from_millis(100),
         }
     }
 }

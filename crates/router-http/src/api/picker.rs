@@ -5,12 +5,12 @@
 //! address and sends the request there itself, and the picker follows the answer
 //! as the gateway streams it back (`exchange`). The messages are `wire`'s.
 //!
-//! The same listener serves gRPC's health service (`grpc.health.v1.Health`, no
-//! token needed), so a gateway's health checks reach the picker through HTTP/2 and
-//! gRPC rather than only a TCP connect, which a frozen process still accepts: the
-//! service and the server (`""`) are serving until the router shuts down.
+//! The same listener serves gRPC's health checks (`health`), so a gateway's reach
+//! the picker through HTTP/2 and gRPC rather than only a TCP connect, which a
+//! frozen process still accepts.
 
 mod exchange;
+mod health;
 mod wire;
 
 use std::collections::HashSet;
@@ -33,6 +33,7 @@ use router_state::EngineId;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
+use tonic_health::pb::health_server::HealthServer;
 
 use super::chat::Deliver;
 use crate::access::{TokenDigest, TokenSetting};
@@ -278,18 +279,8 @@ pub(crate) async fn serve(
     let service = ExternalProcessorServer::new(picker)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<ExternalProcessorServer<Picker>>()
-        .await;
     let stop = async move {
         drop(stopped.wait_for(|stopped| *stopped).await);
-        health
-            .set_not_serving::<ExternalProcessorServer<Picker>>()
-            .await;
-        health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             forced.send_replace(true);
@@ -317,7 +308,7 @@ pub(crate) async fn serve(
         .http2_keepalive_interval(Some(H2_KEEPALIVE))
         .http2_keepalive_timeout(Some(H2_KEEPALIVE_TIMEOUT))
         .add_service(service)
-        .add_service(health_service)
+        .add_service(HealthServer::new(health::PickerHealth))
         .serve_with_incoming_shutdown(incoming, stop);
     tokio::select! {
         served = server => {

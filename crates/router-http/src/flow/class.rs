@@ -28,7 +28,8 @@ pub(crate) struct Class {
 
 impl ModelFlow {
     /// The class of a request to `model` with `headers` whose body sent
-    /// `body_priority`; `cluster` has the objectives the cluster gives the model.
+    /// `body_priority`; `cluster` has the objectives the cluster gives the model (its
+    /// band is then the header's objective's alone).
     ///
     /// # Errors
     /// 400 for a priority header that is not an integer or an objective, or a tenant
@@ -46,7 +47,14 @@ impl ModelFlow {
             })?,
             None => None,
         };
-        let band = priority.band(from_header.or(body_priority).unwrap_or(0));
+        // A model whose objectives the cluster gives is ordered by them alone: the
+        // body's priority goes to the engine, but no client chooses its own band.
+        let ordering = if cluster.follows(model) {
+            from_header
+        } else {
+            from_header.or(body_priority)
+        };
+        let band = priority.band(ordering.unwrap_or(0));
         let tenant = match &self.config.tenants {
             Some(tenants) => match &tenants.header {
                 Some(name) => header_tenant(headers, name)?,

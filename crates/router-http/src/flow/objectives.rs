@@ -47,6 +47,12 @@ impl ClusterObjectives {
         Arc::new(move |read| table.store(Arc::new(read.into_iter().collect())))
     }
 
+    /// Whether `model`'s objectives are the cluster's.
+    pub(crate) fn follows(&self, model: &str) -> bool {
+        let table = self.0.load();
+        !table.is_empty() && table.contains_key(model)
+    }
+
     /// What objective `name` of `model` gives.
     pub(crate) fn find(&self, model: &str, name: &str) -> Found {
         match self.0.load().get(model) {

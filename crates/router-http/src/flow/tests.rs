@@ -122,6 +122,26 @@ fn the_clusters_inference_objectives_name_priorities_and_an_unknown_name_is_none
         (400, "invalid_priority"),
         "a model not followed knows only its own names and integers"
     );
+    // The body's priority orders nothing there: no header, an unknown name or an
+    // objective, the band is the header's alone (the body still reaches the engine).
+    let with_body = |pairs: &[(&'static str, &str)]| {
+        flow.classify(&headers(pairs), Some(1000), (&cluster, "m"))
+            .unwrap()
+            .band
+    };
+    assert_eq!(with_body(&[]), 1);
+    assert_eq!(
+        with_body(&[("x-gateway-inference-objective", "made-up")]),
+        1
+    );
+    assert_eq!(with_body(&[("x-gateway-inference-objective", "batch")]), 2);
+    assert_eq!(
+        flow.classify(&HeaderMap::new(), Some(1000), (&cluster, "other"))
+            .unwrap()
+            .band,
+        0,
+        "a model not followed takes the body's"
+    );
     // Followed with no objective yet: every name is no priority.
     cluster.replace([("m".to_owned(), std::collections::BTreeMap::new())]);
     assert_eq!(band("m", "chat").unwrap(), 1);

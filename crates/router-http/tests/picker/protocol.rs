@@ -284,6 +284,12 @@ async fn the_pickers_health_is_served_beside_it_without_its_token() {
     };
     let status = client.check(unknown).await.expect_err("not a service");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    // No stream held open for a caller that shows no token.
+    let watched = client
+        .watch(HealthCheckRequest::default())
+        .await
+        .expect_err("not watched");
+    assert_eq!(watched.code(), tonic::Code::Unimplemented, "{watched:?}");
     router.shutdown().await;
 }
 
