@@ -49,7 +49,15 @@ pub(crate) struct ModelRoute {
     pub(crate) measures_tpot: bool,
     /// Its flow control; `None` when its `flow` section is the default.
     pub(crate) flow: Option<Arc<ModelFlow>>,
+    /// The address a gateway reaches each of its engines at, by list of engines
+    /// (the endpoint picker's, computed once a list rather than once a request).
+    #[cfg(feature = "picker")]
+    pub(crate) gateway_addresses: router_state::EngineListMemo<Vec<GatewayAddress>>,
 }
+
+/// An engine, and the address a gateway reaches it at (`None`: none it can).
+#[cfg(feature = "picker")]
+pub(crate) type GatewayAddress = (router_state::EngineId, Option<std::net::SocketAddr>);
 
 impl ModelRoute {
     /// The route of model `id`. Its prompts are tokenized only when the route can
@@ -85,6 +93,8 @@ impl ModelRoute {
             pd_protocol: PdProtocol::default(),
             measures_tpot,
             flow: None,
+            #[cfg(feature = "picker")]
+            gateway_addresses: router_state::EngineListMemo::new(),
         }
     }
 

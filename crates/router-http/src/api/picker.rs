@@ -159,15 +159,23 @@ impl Deliver for Gateway {
 
     fn excluded(&self, ctx: &AppContext, route: &ModelRoute) -> Result<Vec<EngineId>, ApiError> {
         let snapshot = ctx.fleet.snapshot();
-        Ok(snapshot
-            .model_engines(&route.id)
+        // An engine's address follows from its URL, which its `Arc` never changes.
+        let addresses = route
+            .gateway_addresses
+            .get(snapshot.model_engines(&route.id), |engines| {
+                engines
+                    .iter()
+                    .map(|engine| (engine.id().clone(), gateway::address(ctx, engine)))
+                    .collect()
+            });
+        Ok(addresses
             .iter()
-            .filter(|engine| match gateway::address(ctx, engine) {
+            .filter(|(_, address)| match address {
                 // A gateway cannot reach an engine without an IP address.
                 None => true,
-                Some(address) => self.subset.as_ref().is_some_and(|s| !s.contains(&address)),
+                Some(address) => self.subset.as_ref().is_some_and(|s| !s.contains(address)),
             })
-            .map(|engine| engine.id().clone())
+            .map(|(id, _)| id.clone())
             .collect())
     }
 

@@ -206,6 +206,49 @@ async fn the_subset_hint_narrows_the_pick_to_the_endpoints_it_lists() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_moves_is_named_at_its_new_address() {
+    let engines = [
+        sim(|c| c.model = "m".into()).await,
+        sim(|c| c.model = "m".into()).await,
+    ];
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
+    let picker = router.picker_addr().expect("the picker listens");
+    let hinted = async |address: &str| {
+        let mut exchange = Exchange::open(picker).await;
+        let hint = subset(&[address.to_owned()]);
+        exchange
+            .request("/v1/chat/completions", Some(&chat("hinted")), Some(hint))
+            .await;
+        exchange.next().await
+    };
+    let old = addresses(&engines)[1].to_string();
+    let named = hinted(&old).await.expect("no error").expect("a message");
+    assert!(
+        format!("{named:?}").contains(&old),
+        "E1 at its address: {named:?}"
+    );
+    // E1 moves: the same id at another engine's address, a third engine started
+    // for it. The picker names it there, not at the address it had.
+    let moved = sim(|c| c.model = "m".into()).await;
+    let new = moved.url().trim_start_matches("http://").to_owned();
+    let spec = router_fleet::EngineSpec::new("E1", moved.url(), "m")
+        .with_role(Some(router_state::Role::Plain));
+    router
+        .context()
+        .fleet()
+        .apply(router_fleet::Change::Upsert(spec))
+        .await
+        .expect("E1 moves");
+    let named = hinted(&new).await.expect("no error").expect("a message");
+    assert!(
+        format!("{named:?}").contains(&new),
+        "E1 at its new address: {named:?}"
+    );
+    router.shutdown().await;
+    moved.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_the_router_cannot_route_are_answered_in_the_gateways_stead() {
     let engines = [sim(|c| c.model = "m".into()).await];
     let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
