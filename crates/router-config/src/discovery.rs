@@ -276,7 +276,9 @@ impl KubernetesModel {
             ));
         }
         for (key, value) in selector {
-            if !label_part(key, 253, true) || !label_part(value, 63, false) {
+            if !router_state::is_label_part(key, 253, true)
+                || !router_state::is_label_part(value, 63, false)
+            {
                 errors.push(ConfigError::at(
                     at("selector"),
                     format_args!("`{key}: {value}` is not a Kubernetes label"),
@@ -310,16 +312,5 @@ fn dns_subdomain(name: &str) -> bool {
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !part.starts_with('-')
                 && !part.ends_with('-')
-        })
-}
-
-/// A label key (an optional DNS prefix and `/`, then a name) or value: letters,
-/// digits, `-`, `_`, `.` (and `/` in a key), at most `max` bytes; a value may be
-/// empty.
-fn label_part(part: &str, max: usize, key: bool) -> bool {
-    (part.len() <= max)
-        && (!key || !part.is_empty())
-        && part.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') || (key && b == b'/')
         })
 }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use router_policy::ConfigError;
+use router_state::Role;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +24,8 @@ pub const MAX_PICKER_STREAMS: u32 = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PickerConfig {
-    /// The address the `ext_proc` gRPC service listens on (plain HTTP/2).
+    /// The address the `ext_proc` gRPC service listens on (HTTP/2, over TLS with
+    /// `tls`).
     pub listen: SocketAddr,
     /// Most requests one gateway connection has in the picker at once (one gRPC
     /// stream each, from the request's headers to its answer's end); further ones
@@ -97,9 +99,7 @@ impl PickerConfig {
                 format!("must be between 1 and {MAX_PICKER_STREAMS}"),
             ));
         }
-        let paired = |role: Option<EngineRole>| {
-            matches!(role, Some(EngineRole::Prefill | EngineRole::Decode))
-        };
+        let paired = |role: Option<EngineRole>| role.is_some_and(|r| Role::from(r).is_pd());
         for (i, model) in models.iter().enumerate() {
             let engines = model.engines.iter().any(|e| paired(e.role));
             let buckets = model

@@ -252,7 +252,7 @@ pub fn spawn_discovery(
             settings.namespace.clone(),
             pool.clone(),
             index,
-            settings.relist_interval,
+            (settings.relist_interval, settings.debounce),
             Arc::clone(&observed),
             Arc::clone(&changed),
         )));

@@ -55,6 +55,11 @@ impl ApiError {
     /// 404 for a request to a path no endpoint serves.
     #[cfg(feature = "picker")]
     pub(crate) fn unknown_endpoint(method: &str, path: &str) -> Self {
+        /// What the client sent is repeated at most this long.
+        fn shown(text: &str) -> &str {
+            &text[..text.floor_char_boundary(256)]
+        }
+        let (method, path) = (shown(method), shown(path));
         Self::new(
             StatusCode::NOT_FOUND,
             "unknown_endpoint",

@@ -148,8 +148,9 @@ impl ModelPlan {
 }
 
 impl ValidatedConfig {
-    /// Checks every field of `config`, reads the admin token and the tokenizers, and
-    /// builds what the router runs on (no engine is contacted). Engines without a
+    /// Checks every field of `config`, reads the admin and picker tokens (and the
+    /// picker's TLS files) and the tokenizers, and builds what the router runs on
+    /// (no engine is contacted). Engines without a
     /// configured role are accepted in any group: their role is read at startup.
     ///
     /// # Errors

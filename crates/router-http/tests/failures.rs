@@ -160,7 +160,7 @@ async fn counted_only(router: &RunningRouter, outcome: &str, code: &str) {
 /// Waits until the router's metrics have `line`.
 async fn until_metric(router: &RunningRouter, line: &str) {
     within(line, async {
-        while !metrics(router).await.contains(line) {
+        while !common::has_line(&metrics(router).await, line) {
             tokio::task::yield_now().await;
         }
     })

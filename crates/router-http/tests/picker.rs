@@ -118,7 +118,7 @@ fn in_flight(ctx: &AppContext, engines: &[&str]) -> u64 {
 /// which its client may see first).
 async fn counted(router: &RunningRouter, line: &str) {
     within(line, async {
-        while !metrics(router).await.contains(line) {
+        while !common::has_line(&metrics(router).await, line) {
             tokio::task::yield_now().await;
         }
     })
@@ -183,7 +183,10 @@ async fn requests_sharing_a_prefix_reach_the_engine_holding_it_through_envoy() {
     .await;
     let text = metrics(&router).await;
     assert!(
-        text.contains(r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 8"#),
+        common::has_line(
+            &text,
+            r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 8"#
+        ),
         "{text}"
     );
     let compared: f64 = text
@@ -264,11 +267,17 @@ async fn streamed_answers_and_large_bodies_pass_whole() {
     released(router.context(), &["E0"]).await;
     let text = metrics(&router).await;
     assert!(
-        text.contains(r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 2"#),
+        common::has_line(
+            &text,
+            r#"switchyard_requests_total{model="m",outcome="ok",code="ok"} 2"#
+        ),
         "{text}"
     );
     assert!(
-        text.contains(r#"switchyard_time_to_first_token_seconds_count{model="m"} 2"#),
+        common::has_line(
+            &text,
+            r#"switchyard_time_to_first_token_seconds_count{model="m"} 2"#
+        ),
         "{text}"
     );
     assert!(
@@ -497,8 +506,11 @@ async fn a_picker_stopped_fails_open_to_the_pool_and_no_client_names_an_engine()
         sim(|c| c.model = "m".into()).await,
         sim(|c| c.model = "m".into()).await,
     ];
-    let router = common::router(config(&engines, json!({"type": "round_robin"}), any_port())).await;
-    let picker = router.picker_addr().expect("the picker listens");
+    // Outside the ephemeral range, so no other test's `bind(0)` takes the address
+    // once the picker has closed it.
+    let [port] = engine_sim::free_port_ranges([1]);
+    let picker = SocketAddr::from(([127, 0, 0, 1], port));
+    let router = common::router(config(&engines, json!({"type": "round_robin"}), picker)).await;
     // The pool of a failing-open gateway holds E0 only.
     let envoy = Envoy::start(picker, &addresses(&engines[..1]), Failure::Open).await;
     let other = addresses(&engines)[1].to_string();

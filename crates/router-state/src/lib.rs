@@ -66,6 +66,6 @@ pub use load_monitor::{
     InflightGuard, IngestError, LOAD_STAT_TAG, LoadDecodeError, LoadReport, LoadSnapshot,
     LoadTableConfig, NativeAggregate, NativeLoad, ReportedLoad, Reservation, TPOT_FRESHNESS,
 };
-pub use names::{MAX_NAME_BYTES, NameError, check_name};
+pub use names::{MAX_NAME_BYTES, NameError, check_name, is_label_part};
 pub use pd::{PdMismatch, PdProfile};
 pub use registry::{EngineRegistry, ModelMode, RegistryError, RegistrySnapshot};

@@ -40,3 +40,15 @@ pub fn check_name(name: &str) -> Result<(), NameError> {
         None => Ok(()),
     }
 }
+
+/// Whether `part` may be a Kubernetes label key (`key`: an optional DNS prefix and
+/// `/`, then a name) or value: letters, digits, `-`, `_`, `.` (and `/` in a key), at
+/// most `max` bytes; a value may be empty. What passes can be written into a label
+/// selector as it is.
+pub fn is_label_part(part: &str, max: usize, key: bool) -> bool {
+    part.len() <= max
+        && (!key || !part.is_empty())
+        && part.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') || (key && b == b'/')
+        })
+}

@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, WatchEvent, WatchParams};
 use tokio::time::Instant;
 
-use super::WATCH_SECONDS;
+use super::{MAX_BACKOFF, WATCH_SECONDS};
 
 /// Why the wait ended.
 #[derive(Debug)]
@@ -77,5 +77,22 @@ pub(super) async fn changed(
         }
         // Resumed at most once a second, as a pod watch is.
         tokio::time::sleep_until(started + Duration::from_secs(1)).await;
+    }
+}
+
+/// Waits as `wake` says before the objects are read again: `backoff` after a failed
+/// watch (doubled for the next, to [`MAX_BACKOFF`]), `settle` after a change (so a
+/// burst is read once); `backoff` starts over unless the watch failed.
+pub(super) async fn pause(wake: Wake, backoff: &mut Duration, settle: Duration) {
+    match wake {
+        Wake::Failed => {
+            tokio::time::sleep(*backoff).await;
+            *backoff = (*backoff * 2).min(MAX_BACKOFF);
+        }
+        Wake::Changed => {
+            tokio::time::sleep(settle).await;
+            *backoff = Duration::from_millis(100);
+        }
+        Wake::Relist => *backoff = Duration::from_millis(100),
     }
 }

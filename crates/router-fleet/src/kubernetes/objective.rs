@@ -25,7 +25,7 @@ use k8s_openapi::serde_json::Value;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use tokio::time::Instant;
 
-use super::changes::{self, Wake};
+use super::changes;
 use super::{InferencePoolRef, LIST_TIMEOUT, MAX_BACKOFF, ObjectiveSink, ObjectiveTable, PAGE};
 
 /// The most objectives kept for one model (the router's memory is not the
@@ -259,17 +259,7 @@ pub(super) async fn follow_objectives(
         }
         let relist_at = Instant::now() + relist_interval;
         let wake = changes::changed(&api, None, version, relist_at, "InferenceObjectives").await;
-        match wake {
-            Wake::Failed => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            Wake::Changed => {
-                tokio::time::sleep(settle).await;
-                backoff = Duration::from_millis(100);
-            }
-            Wake::Relist => backoff = Duration::from_millis(100),
-        }
+        changes::pause(wake, &mut backoff, settle).await;
     }
 }
 

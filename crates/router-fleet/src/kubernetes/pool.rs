@@ -4,8 +4,8 @@
 //! A pool's `spec.selector.matchLabels` and its first `spec.targetPorts` number are
 //! what a [`PodSelector`] says (the labels and the port; the role is plain), and its
 //! pods are followed as a selector's are. The pool itself is listed by name, then
-//! watched from the list's resource version: it is read again when the watch says it
-//! changed, when the watch fails, and every relist interval. A new selector or port
+//! watched from the list's resource version: it is read again once the discovery's
+//! debounce has passed after the watch says it changed, when the watch fails, and every relist interval. A new selector or port
 //! starts a new listing of the pods, which replaces the old one's engines when it
 //! arrives. A pool that is missing or malformed (no labels, more than
 //! [`MAX_POOL_LABELS`], a label Kubernetes would refuse, no target port or one out of
@@ -21,11 +21,12 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use parking_lot::Mutex;
 use router_state::Role;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::changes::{self, Wake};
-use super::{LIST_TIMEOUT, MAX_BACKOFF, Observed, PodSelector, Slot, follow, label_selector};
+use super::changes;
+use super::{
+    DiscoveryHandle, LIST_TIMEOUT, MAX_BACKOFF, Observed, PodSelector, Slot, follow, label_selector,
+};
 
 /// The most labels a pool's selector may name (the InferencePool API's own bound).
 const MAX_POOL_LABELS: usize = 64;
@@ -90,7 +91,8 @@ fn target(pool: &DynamicObject) -> Result<Target, String> {
         let value = value
             .as_str()
             .filter(|v| {
-                label_part(key, MAX_LABEL_KEY, true) && label_part(v, MAX_LABEL_VALUE, false)
+                router_state::is_label_part(key, MAX_LABEL_KEY, true)
+                    && router_state::is_label_part(v, MAX_LABEL_VALUE, false)
             })
             .ok_or("spec.selector.matchLabels has an entry that is not a Kubernetes label")?;
         selected.insert(key.clone(), value.to_owned());
@@ -112,27 +114,6 @@ fn target(pool: &DynamicObject) -> Result<Target, String> {
     })
 }
 
-/// A label key (an optional DNS prefix and `/`, then a name) or value: letters,
-/// digits, `-`, `_`, `.` (and `/` in a key), at most `max` bytes; a value may be
-/// empty. What passes can be written into a label selector as it is.
-fn label_part(part: &str, max: usize, key: bool) -> bool {
-    part.len() <= max
-        && (!key || !part.is_empty())
-        && part.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') || (key && b == b'/')
-        })
-}
-
-/// A task that ends when its handle is dropped.
-#[derive(Debug)]
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// One pool's state: the target it follows, the task following its pods.
 struct Follower {
     pool: InferencePoolRef,
@@ -146,7 +127,7 @@ struct Follower {
     /// Why the pool names no engine, as last logged.
     problem: Option<String>,
     /// Lists and watches `current`'s pods.
-    task: Option<AbortOnDrop>,
+    task: Option<DiscoveryHandle>,
 }
 
 impl Follower {
@@ -201,25 +182,26 @@ impl Follower {
                 bootstrap_port: None,
             },
         };
-        self.task = Some(AbortOnDrop(tokio::spawn(follow(
+        self.task = Some(DiscoveryHandle(vec![tokio::spawn(follow(
             self.pods.clone(),
             selector,
             slot,
             self.relist_interval,
             Arc::clone(&self.observed),
             Arc::clone(&self.changed),
-        ))));
+        ))]));
     }
 }
 
 /// Reads pool `pool` (the `index`th) for ever and follows the pods it names into
-/// `observed`.
+/// `observed`. A change the watch tells of is read `settle` after it, so a burst
+/// (a controller writing the pool's status) is read once.
 pub(super) async fn follow_pool(
     client: kube::Client,
     namespace: String,
     pool: InferencePoolRef,
     index: usize,
-    relist_interval: Duration,
+    (relist_interval, settle): (Duration, Duration),
     observed: Arc<Mutex<Observed>>,
     changed: Arc<Notify>,
 ) {
@@ -256,12 +238,7 @@ pub(super) async fn follow_pool(
         let fields = format!("metadata.name={name}");
         let what = format!("InferencePool {name}");
         let wake = changes::changed(&pools, Some(&fields), version, relist_at, &what).await;
-        if matches!(wake, Wake::Failed) {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        } else {
-            backoff = Duration::from_millis(100);
-        }
+        changes::pause(wake, &mut backoff, settle).await;
     }
 }
 

@@ -72,11 +72,8 @@ pub(in crate::api) trait Deliver: Sync {
     type Answer: Send;
 
     /// The engines no pick may return, of the request's model on `route`.
-    ///
-    /// # Errors
-    /// The request cannot be served on what it allows.
-    fn excluded(&self, _ctx: &AppContext, _route: &ModelRoute) -> Result<Vec<EngineId>, ApiError> {
-        Ok(Vec::new())
+    fn excluded(&self, _ctx: &AppContext, _route: &ModelRoute) -> Vec<EngineId> {
+        Vec::new()
     }
 
     /// Delivers `pick`, the request's selection.
@@ -382,10 +379,7 @@ async fn route<D: Deliver>(
     let model = Arc::clone(&ready.route.id);
     unanswered.model = Arc::clone(&model);
     let memo = PrefixMemo::new();
-    let excluded = match delivery.excluded(ctx, &ready.route) {
-        Ok(excluded) => excluded,
-        Err(e) => return (model, Err(e)),
-    };
+    let excluded = delivery.excluded(ctx, &ready.route);
     let request = match ready.bucket_request(&memo) {
         Ok(request) => request.with_excluded(&excluded),
         Err(e) => return (model, Err(e)),
@@ -476,7 +470,8 @@ async fn route<D: Deliver>(
     let answer = delivery
         .deliver(ctx, &ready.route, &request, selection.pick, &out)
         .await;
-    // An answer's relayed body takes the record; an error completes it here.
+    // An answer (its relayed body, or the gateway's stream the picker follows) takes
+    // the record; an error completes it here.
     if let (Some(record), Err(e)) = (out.record.into_inner(), &answer) {
         record.finish(
             e.status().as_u16(),

@@ -5,8 +5,8 @@
 //! address and sends the request there itself, and the picker follows the answer
 //! as the gateway streams it back (`exchange`). The messages are `wire`'s.
 //!
-//! The same listener serves gRPC's health checks (`health`), so a gateway's reach
-//! the picker through HTTP/2 and gRPC rather than only a TCP connect, which a
+//! The same listener answers gRPC's health checks (`health`), so a gateway's checks
+//! reach the picker through HTTP/2 and gRPC rather than only a TCP connect, which a
 //! frozen process still accepts.
 
 mod exchange;
@@ -157,7 +157,7 @@ struct Gateway {
 impl Deliver for Gateway {
     type Answer = Named;
 
-    fn excluded(&self, ctx: &AppContext, route: &ModelRoute) -> Result<Vec<EngineId>, ApiError> {
+    fn excluded(&self, ctx: &AppContext, route: &ModelRoute) -> Vec<EngineId> {
         let snapshot = ctx.fleet.snapshot();
         // An engine's address follows from its URL, which its `Arc` never changes.
         let addresses = route
@@ -168,7 +168,7 @@ impl Deliver for Gateway {
                     .map(|engine| (engine.id().clone(), gateway::address(ctx, engine)))
                     .collect()
             });
-        Ok(addresses
+        addresses
             .iter()
             .filter(|(_, address)| match address {
                 // A gateway cannot reach an engine without an IP address.
@@ -176,7 +176,7 @@ impl Deliver for Gateway {
                 Some(address) => self.subset.as_ref().is_some_and(|s| !s.contains(address)),
             })
             .map(|(id, _)| id.clone())
-            .collect())
+            .collect()
     }
 
     async fn deliver(
@@ -216,7 +216,7 @@ impl ExternalProcessor for Picker {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Responses>, Status> {
         if let Some(token) = &self.token
-            && !token.admits_request(&request.metadata().clone().into_headers())
+            && !token.admits_request(request.metadata().as_ref())
         {
             let labels = OutcomeLabels {
                 outcome: "unauthenticated",

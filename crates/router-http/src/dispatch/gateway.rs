@@ -33,9 +33,9 @@ pub(crate) struct Named {
     pub(crate) tally: Tally,
 }
 
-/// The address a gateway reaches `engine` at: its URL's, which must be an IP
-/// address and a port (a gateway's original-destination cluster connects to it as
-/// it is); `None` otherwise.
+/// The address a gateway reaches `engine` at: its URL's, which must be plain
+/// `http://` with an IP address and a port (a gateway's original-destination cluster
+/// connects to it as it is); `None` otherwise.
 pub(crate) fn address(ctx: &AppContext, engine: &router_state::Engine) -> Option<SocketAddr> {
     let origin = ctx.fleet.origin(engine)?;
     if origin.is_tls() {

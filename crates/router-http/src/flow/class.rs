@@ -10,7 +10,7 @@ use http::HeaderMap;
 use http::header::AUTHORIZATION;
 use sha2::{Digest, Sha256};
 
-use super::objectives::{ClusterObjectives, Found};
+use super::objectives::ClusterObjectives;
 use super::{ANONYMOUS, ModelFlow};
 use crate::error::ApiError;
 
@@ -41,19 +41,20 @@ impl ModelFlow {
         (cluster, model): (&ClusterObjectives, &str),
     ) -> Result<Class, ApiError> {
         let priority = &self.config.priority;
-        let from_header = match &priority.header {
-            Some(name) => header_priority(headers, name, &priority.objectives, |objective| {
-                cluster.find(model, objective)
-            })?,
-            None => None,
-        };
-        // A model whose objectives the cluster gives is ordered by them alone: the
-        // body's priority goes to the engine, but no client chooses its own band.
-        let ordering = if cluster.follows(model) {
-            from_header
-        } else {
-            from_header.or(body_priority)
-        };
+        let (from_header, ordering) = cluster.read(model, |cluster| {
+            let from_header = match &priority.header {
+                Some(name) => header_priority(headers, name, &priority.objectives, cluster)?,
+                None => None,
+            };
+            // A model whose objectives the cluster gives is ordered by them alone:
+            // the body's priority goes to the engine, but no client chooses its own
+            // band.
+            let ordering = match cluster {
+                Some(_) => from_header,
+                None => from_header.or(body_priority),
+            };
+            Ok::<_, ApiError>((from_header, ordering))
+        })?;
         let band = priority.band(ordering.unwrap_or(0));
         let tenant = match &self.config.tenants {
             Some(tenants) => match &tenants.header {
@@ -78,7 +79,7 @@ fn header_priority(
     headers: &HeaderMap,
     name: &str,
     objectives: &BTreeMap<String, i64>,
-    cluster: impl Fn(&str) -> Found,
+    cluster: Option<&BTreeMap<String, i64>>,
 ) -> Result<Option<i64>, ApiError> {
     let Some(value) = headers.get(name) else {
         return Ok(None);
@@ -88,10 +89,8 @@ fn header_priority(
         if let Some(priority) = objectives.get(value) {
             return Ok(Some(*priority));
         }
-        match cluster(value) {
-            Found::Priority(priority) => return Ok(Some(priority)),
-            Found::Unknown => return Ok(None),
-            Found::NotFollowed => {}
+        if let Some(cluster) = cluster {
+            return Ok(cluster.get(value).copied());
         }
         if let Ok(priority) = value.parse::<i64>() {
             return Ok(Some(priority));

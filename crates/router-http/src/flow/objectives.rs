@@ -15,17 +15,6 @@ type Table = HashMap<String, BTreeMap<String, i64>>;
 #[derive(Debug, Default)]
 pub(crate) struct ClusterObjectives(Arc<ArcSwap<Table>>);
 
-/// What the cluster says of an objective a request names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Found {
-    /// The model's objectives are not read from the cluster.
-    NotFollowed,
-    /// Followed, and no objective of the model has that name.
-    Unknown,
-    /// The objective's priority.
-    Priority(i64),
-}
-
 impl ClusterObjectives {
     /// Replaces every model's objectives with `table`'s; a model of `table` is
     /// followed (an empty entry: followed, no objective yet).
@@ -47,19 +36,12 @@ impl ClusterObjectives {
         Arc::new(move |read| table.store(Arc::new(read.into_iter().collect())))
     }
 
-    /// Whether `model`'s objectives are the cluster's.
-    pub(crate) fn follows(&self, model: &str) -> bool {
-        let table = self.0.load();
-        !table.is_empty() && table.contains_key(model)
-    }
-
-    /// What objective `name` of `model` gives.
-    pub(crate) fn find(&self, model: &str, name: &str) -> Found {
-        match self.0.load().get(model) {
-            None => Found::NotFollowed,
-            Some(objectives) => objectives
-                .get(name)
-                .map_or(Found::Unknown, |priority| Found::Priority(*priority)),
-        }
+    /// Runs `read` on `model`'s objectives: `None` when they are not the cluster's.
+    pub(crate) fn read<R>(
+        &self,
+        model: &str,
+        read: impl FnOnce(Option<&BTreeMap<String, i64>>) -> R,
+    ) -> R {
+        read(self.0.load().get(model))
     }
 }

@@ -100,6 +100,12 @@ pub(crate) async fn metrics(router: &RunningRouter) -> String {
         .expect("text")
 }
 
+/// Whether the `/metrics` exposition `text` has `line`, whole (`...} 1` is not
+/// `...} 10`).
+pub(crate) fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
 /// The value of the `/metrics` line that starts with `line_prefix` (0 without one).
 pub(crate) async fn metric(router: &RunningRouter, line_prefix: &str) -> f64 {
     metrics(router)

@@ -26,7 +26,7 @@ use crate::budget::Charge;
 use crate::dispatch::gateway::Named;
 use crate::error::ApiError;
 use crate::prepare::{CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, GENERATE};
-use crate::relay::Ending;
+use crate::relay::{Ending, Tally};
 
 /// Where a stream's responses go.
 pub(super) type Sender = mpsc::Sender<Result<ProcessingResponse, Status>>;
@@ -247,7 +247,9 @@ async fn read_body(
         let left = deadline.saturating_duration_since(Instant::now());
         let message = match next(inbound, left).await {
             Ok(message) => message,
-            Err(Outcome::Timeout) => return refused(ApiError::body_timeout(limit)),
+            Err(Outcome::Timeout) => {
+                return refused(ApiError::body_timeout(ctx.client_body_timeout));
+            }
             Err(outcome) => return Err(outcome),
         };
         // Trailers end the body; they are answered after it is sent on.
@@ -303,7 +305,7 @@ async fn follow(
         request_headers,
         body,
         answer_headers,
-        record,
+        mut record,
         mut tally,
     } = named;
     send(sender, wire::destination(address, &request_headers)).await?;
@@ -315,7 +317,6 @@ async fn follow(
         send(sender, wire::trailers(true)).await?;
     }
     drop(body);
-    let mut record = record;
     let mut status = 0;
     let mut limit = ctx.upstream.first_byte_timeout();
     loop {
@@ -339,7 +340,7 @@ async fn follow(
                 tally.answered(record.take(), status);
                 send(sender, wire::answer_headers(&answer_headers)).await?;
                 if headers.end_of_stream {
-                    tally.finish(ended(status), code(status));
+                    finish(&mut tally, status);
                     return Ok(Outcome::Routed);
                 }
             }
@@ -353,13 +354,13 @@ async fn follow(
                 }
                 send(sender, wire::body_response(Vec::from(data), false, end)).await?;
                 if end {
-                    tally.finish(ended(status), code(status));
+                    finish(&mut tally, status);
                     return Ok(Outcome::Routed);
                 }
             }
             Request::ResponseTrailers(_) => {
                 send(sender, wire::trailers(false)).await?;
-                tally.finish(ended(status), code(status));
+                finish(&mut tally, status);
                 return Ok(Outcome::Routed);
             }
             _ => return Err(Outcome::Invalid),
@@ -367,20 +368,12 @@ async fn follow(
     }
 }
 
-/// How an answer of `status` ends: an engine's (or the gateway's) server error
-/// fails the request.
-fn ended(status: u16) -> Ending {
+/// Ends `tally` as an answer of `status` ends: an engine's (or the gateway's)
+/// server error fails the request.
+fn finish(tally: &mut Tally, status: u16) {
     if status >= 500 {
-        Ending::Failed
+        tally.finish(Ending::Failed, "upstream_error");
     } else {
-        Ending::Done
-    }
-}
-
-fn code(status: u16) -> &'static str {
-    if status >= 500 {
-        "upstream_error"
-    } else {
-        "ok"
+        tally.finish(Ending::Done, "ok");
     }
 }
